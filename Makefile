@@ -1,0 +1,49 @@
+# streamd build. `make demo` runs the wordcount demo; `make test` runs the tests.
+# Both install what a fresh Debian machine lacks (Rust's wasm32 target, wabt) first.
+
+SHELL := /bin/bash
+GO ?= go
+CARGO := RUSTC=/usr/bin/rustc /usr/bin/cargo
+BIN := bin/streamd
+
+.PHONY: all deps wasm build test test-long bench demo clean
+
+all: build wasm
+
+# --- toolchain -------------------------------------------------------------
+# Debian's rustc/cargo with the wasm32 std, and wabt for the WAT fixtures.
+deps:
+	@if [ ! -x /usr/bin/cargo ] || [ ! -d /usr/lib/rustlib/wasm32-unknown-unknown ] || ! command -v wat2wasm >/dev/null; then \
+		echo "installing rustc cargo libstd-rust-dev-wasm32 wabt from Debian"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq rustc cargo libstd-rust-dev-wasm32 wabt >/dev/null; \
+	fi
+
+build:
+	$(GO) build -o $(BIN) ./cmd/streamd
+
+# --- wasm guests -------------------------------------------------------------
+GO_WASM = GOOS=wasip1 GOARCH=wasm $(GO) build -buildmode=c-shared
+
+WASM_TARGETS :=
+
+# Each family of guests has its own fragment that adds its outputs to WASM_TARGETS.
+include $(sort $(wildcard mk/*.mk))
+
+wasm: deps $(WASM_TARGETS)
+
+# --- tests and benchmarks ------------------------------------------------------
+test: deps wasm
+	$(GO) vet ./...
+	$(GO) test -count=1 -timeout 14m ./...
+
+test-long: deps wasm
+	$(GO) test -count=1 -timeout 60m -tags long ./...
+
+bench: deps wasm build
+	$(GO) run ./internal/benchharness
+
+demo: deps wasm build
+	./scripts/demo.sh
+
+clean:
+	rm -rf bin $(WASM_TARGETS)
