@@ -1,0 +1,44 @@
+// Package jobfile reads and validates streamd job files (docs/job-file.md)
+// and turns them into a control.JobGraph whose vertices carry the specs below.
+package jobfile
+
+import "time"
+
+// SourceSpec is a built-in source (Vertex.Spec of a vertex without inputs).
+type SourceSpec struct {
+	Type string // "generator" | "file"
+
+	// file: one record per line (value = line without the newline, no key, no timestamp).
+	Path string // absolute (resolved against the job file's directory)
+
+	// generator: deterministic records. Record n (0-based, counted over the whole
+	// operator; subtask i of p produces n = i, i+p, i+2p, ...) has
+	//   key   = KeyPattern with "{n}" replaced by n and "{k}" by n % Keys  ("" -> no key)
+	//   value = ValuePattern with the same replacements, padded with '.' to ValueSize bytes if ValueSize > len
+	//   timestamp = StartTS + n*TSStep
+	Count        int64         // bounded: total records over all subtasks; 0 with Rate > 0 -> unbounded
+	Rate         float64       // records per second over all subtasks; 0 = as fast as possible
+	KeyPattern   string        // default "key-{k}"
+	ValuePattern string        // default "value-{n}"
+	Keys         int64         // default 100
+	ValueSize    int           // default 0 (no padding)
+	StartTS      int64         // default 0
+	TSStep       int64         // default 1
+	WatermarkLag time.Duration // watermark = max timestamp seen - lag, emitted every batch; default 0
+}
+
+// SinkSpec is a built-in sink (Vertex.Spec of a vertex of type sink).
+type SinkSpec struct {
+	Type string // "file" | "stdout" | "discard"
+	// file: a directory (absolute); subtask i writes part-<i> files into it, one line per record:
+	// the value, or "key<TAB>value" when Format is "kv".
+	Path   string
+	Format string // "value" (default) | "kv"
+}
+
+// WasmSpec is a user operator compiled to WebAssembly.
+type WasmSpec struct {
+	Path       string            // absolute path of the .wasm module
+	Config     map[string]string // the operator's config, flattened to strings (abi.OpenContext.Config)
+	AllowClock bool              // grant the guest a real wall clock
+}
