@@ -39,6 +39,7 @@ type Vertex struct {
 	UID            string
 	Parallelism    int
 	MaxParallelism int
+	Kind           Kind   // source, operator or sink; checked by NewJobGraph
 	Inputs         []Edge // in declaration order; Inputs[i].Input == i
 	Spec           any    // what runs: a source, a sink or a wasm operator spec (set by the job file loader)
 }
@@ -46,7 +47,7 @@ type Vertex struct {
 // IsSource reports whether v has no inputs.
 func (v *Vertex) IsSource() bool { return len(v.Inputs) == 0 }
 
-// JobGraph is a validated job: its vertices in topological order.
+// JobGraph is a validated job: its vertices in topological order. Build it with NewJobGraph.
 type JobGraph struct {
 	Name     string
 	Vertices []*Vertex
