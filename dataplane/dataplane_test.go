@@ -1,0 +1,357 @@
+package dataplane
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/streamd/streamd/abi"
+)
+
+func rec(key, value string, ts int64) abi.Record {
+	var k []byte
+	if key != "" {
+		k = []byte(key)
+	}
+	return abi.Record{Key: k, Value: []byte(value), Timestamp: ts}
+}
+
+func TestHashTargetAgreesWithKeyGroupRanges(t *testing.T) {
+	for _, maxPar := range []int{1, 7, 128, 1000} {
+		for p := 1; p <= maxPar && p <= 17; p++ {
+			for i := 0; i < 2000; i++ {
+				key := fmt.Sprintf("key-%d", i)
+				r := rec(key, "v", 0)
+				got := HashTarget(r, maxPar, p)
+				kg := abi.KeyGroup([]byte(key), maxPar)
+				if rg := abi.RangeForSubtask(got, maxPar, p); !rg.Contains(kg) {
+					t.Fatalf("maxPar %d p %d key %q: key group %d sent to subtask %d owning %s", maxPar, p, key, kg, got, rg)
+				}
+				// No key: the value decides.
+				nk := rec("", key, 0)
+				if HashTarget(nk, maxPar, p) != got {
+					t.Fatalf("record without key %q not partitioned by its value", key)
+				}
+			}
+		}
+	}
+}
+
+// collect drains a channel's input without a gate.
+func drain(t *testing.T, c *LocalChannel) []Event {
+	t.Helper()
+	var evs []Event
+	for {
+		ev, ok, err := c.Input().TryRecv()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !ok {
+			return evs
+		}
+		evs = append(evs, ev)
+	}
+}
+
+func TestPartitionerDistribution(t *testing.T) {
+	ctx := context.Background()
+	const n, records = 4, 10000
+	for _, p := range []Partitioning{Rebalance, Hash, Broadcast} {
+		t.Run(p.String(), func(t *testing.T) {
+			chans := make([]*LocalChannel, n)
+			outs := make([]Output, n)
+			for i := range chans {
+				chans[i] = NewLocalChannel(fmt.Sprint(i), 1000)
+				outs[i] = chans[i].Output()
+			}
+			w, err := NewRecordWriter(outs, p, WriterOptions{BatchSize: 100, Start: 1})
+			if err != nil {
+				t.Fatal(err)
+			}
+			for i := 0; i < records; i++ {
+				if err := w.Emit(ctx, rec(fmt.Sprintf("k%d", i%97), fmt.Sprint(i), int64(i))); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if err := w.Broadcast(ctx, WatermarkEvent(5)); err != nil {
+				t.Fatal(err)
+			}
+			total := 0
+			for target, c := range chans {
+				evs := drain(t, c)
+				last := evs[len(evs)-1]
+				if last.Kind != KindWatermark || last.Watermark.TS != 5 {
+					t.Fatalf("target %d: last event %s, want watermark(5)", target, last)
+				}
+				count := 0
+				for _, ev := range evs[:len(evs)-1] {
+					if ev.Kind != KindRecords {
+						t.Fatalf("target %d: unexpected %s before the watermark", target, ev)
+					}
+					if ev.Batch.Len() > 100 {
+						t.Fatalf("batch of %d records > batch size 100", ev.Batch.Len())
+					}
+					for _, r := range ev.Batch.Records {
+						if p == Hash && HashTarget(r, abi.DefaultMaxParallelism, n) != target {
+							t.Fatalf("key %s went to %d", r.Key, target)
+						}
+					}
+					count += ev.Batch.Len()
+					ev.Batch.Release()
+				}
+				switch p {
+				case Rebalance:
+					if count != records/n {
+						t.Errorf("rebalance: target %d got %d records, want %d", target, count, records/n)
+					}
+				case Broadcast:
+					if count != records {
+						t.Errorf("broadcast: target %d got %d records, want %d", target, count, records)
+					}
+				case Hash:
+					if count == 0 {
+						t.Errorf("hash: target %d got no records of 97 keys", target)
+					}
+				}
+				total += count
+			}
+			want := records
+			if p == Broadcast {
+				want *= n
+			}
+			if total != want {
+				t.Fatalf("total %d records, want %d", total, want)
+			}
+		})
+	}
+}
+
+func TestSequenceGapAndDuplicate(t *testing.T) {
+	ctx := context.Background()
+	c := NewLocalChannel("a[0]->b[0]", 8)
+	for _, seq := range []uint64{1, 2, 4} { // 3 is lost
+		if err := c.put(ctx, message{seq: seq, ev: WatermarkEvent(int64(seq))}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	in := c.Input()
+	for i := 0; i < 2; i++ {
+		if _, ok, err := in.TryRecv(); !ok || err != nil {
+			t.Fatalf("message %d: ok=%v err=%v", i+1, ok, err)
+		}
+	}
+	_, _, err := in.TryRecv()
+	if !errors.Is(err, ErrSequence) || !strings.Contains(err.Error(), "gap: got message 4, want 3") {
+		t.Fatalf("gap: got %v", err)
+	}
+
+	c = NewLocalChannel("dup", 8)
+	for _, seq := range []uint64{1, 2, 2} {
+		_ = c.put(ctx, message{seq: seq, ev: WatermarkEvent(1)})
+	}
+	in = c.Input()
+	in.TryRecv()
+	in.TryRecv()
+	if _, _, err := in.TryRecv(); !errors.Is(err, ErrSequence) || !strings.Contains(err.Error(), "duplicate") {
+		t.Fatalf("duplicate: got %v", err)
+	}
+
+	// The sending side numbers messages 1, 2, 3, ... and refuses to send after EndOfPartition.
+	c = NewLocalChannel("ok", 8)
+	out := c.Output()
+	for _, ev := range []Event{WatermarkEvent(1), EndOfDataEvent(true), EndOfPartitionEvent()} {
+		if err := out.Send(ctx, ev); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := out.Send(ctx, WatermarkEvent(2)); !errors.Is(err, ErrChannelEnded) {
+		t.Fatalf("send after end-of-partition: %v", err)
+	}
+	if evs := drain(t, c); len(evs) != 3 {
+		t.Fatalf("got %d events, want 3", len(evs))
+	}
+	// A message after EndOfPartition is refused by the receiver too.
+	_ = c.put(ctx, message{seq: 4, ev: WatermarkEvent(3)})
+	if _, _, err := c.Input().TryRecv(); !errors.Is(err, ErrChannelEnded) {
+		t.Fatalf("receive after end-of-partition: %v", err)
+	}
+}
+
+func TestBackPressure(t *testing.T) {
+	const capacity = 3
+	c := NewLocalChannel("slow", capacity)
+	w, err := NewRecordWriter([]Output{c.Output()}, Forward, WriterOptions{BatchSize: 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var emitted atomic.Int64
+	done := make(chan error, 1)
+	go func() {
+		for i := 0; i < 1000; i++ {
+			if err := w.Emit(ctx, rec("k", "v", int64(i))); err != nil {
+				done <- err
+				return
+			}
+			emitted.Add(1)
+		}
+		done <- w.Flush(ctx)
+	}()
+	// The producer fills the channel (capacity batches) plus one pending
+	// batch, then blocks.
+	deadline := time.Now().Add(2 * time.Second)
+	for emitted.Load() < capacity*10 && time.Now().Before(deadline) {
+		time.Sleep(time.Millisecond)
+	}
+	time.Sleep(50 * time.Millisecond)
+	if n := emitted.Load(); n > (capacity+1)*10 {
+		t.Fatalf("producer emitted %d records into a channel of %d batches of 10 without a consumer", n, capacity)
+	}
+	if c.Len() != capacity {
+		t.Fatalf("channel holds %d batches, want %d (full)", c.Len(), capacity)
+	}
+	// A slow consumer lets it advance, never past capacity.
+	g := NewInputGate([]GateChannel{{In: c.Input()}})
+	got := 0
+	for got < 1000 {
+		if c.Len() > capacity {
+			t.Fatalf("channel holds %d > %d", c.Len(), capacity)
+		}
+		_, ev, err := g.Next(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got += ev.Batch.Len()
+		ev.Batch.Release()
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	// A blocked sender returns when its context ends.
+	for i := 0; i < capacity; i++ {
+		_ = c.Output().Send(ctx, WatermarkEvent(int64(i)))
+	}
+	errc := make(chan error)
+	go func() { errc <- c.Output().Send(ctx, WatermarkEvent(99)) }()
+	time.Sleep(10 * time.Millisecond)
+	cancel()
+	if err := <-errc; !errors.Is(err, context.Canceled) {
+		t.Fatalf("blocked send after cancel: %v", err)
+	}
+}
+
+func TestGateFairAndBlockable(t *testing.T) {
+	ctx := context.Background()
+	a, b := NewLocalChannel("a", 100), NewLocalChannel("b", 100)
+	g := NewInputGate([]GateChannel{{In: a.Input(), Input: 0}, {In: b.Input(), Input: 1}})
+	for i := 0; i < 5; i++ {
+		_ = a.Output().Send(ctx, WatermarkEvent(int64(i)))
+		_ = b.Output().Send(ctx, WatermarkEvent(int64(100+i)))
+	}
+	var order []int
+	for i := 0; i < 4; i++ {
+		ch, _, err := g.Next(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		order = append(order, ch)
+	}
+	if fmt.Sprint(order) != "[0 1 0 1]" {
+		t.Fatalf("gate served channels %v, want alternating", order)
+	}
+	if g.Input(1) != 1 {
+		t.Fatalf("input of channel 1 = %d", g.Input(1))
+	}
+	g.Block(0)
+	for i := 0; i < 3; i++ {
+		ch, ev, err := g.Next(ctx)
+		if err != nil || ch != 1 {
+			t.Fatalf("blocked channel 0 served: ch %d %s %v", ch, ev, err)
+		}
+	}
+	// Only the blocked channel has data: Next must not return it.
+	if _, _, ok, _ := g.TryNext(); ok {
+		t.Fatal("TryNext returned an event of a blocked channel")
+	}
+	// Unblocking from another goroutine's point of view: a waiting Next wakes
+	// when a new message arrives on an unblocked channel.
+	go func() {
+		time.Sleep(10 * time.Millisecond)
+		_ = b.Output().Send(ctx, EndOfPartitionEvent())
+	}()
+	ch, ev, err := g.Next(ctx)
+	if err != nil || ch != 1 || ev.Kind != KindEndOfPartition {
+		t.Fatalf("got ch %d %s %v, want end-of-partition of channel 1", ch, ev, err)
+	}
+	if _, _, err := g.Next(ctx); err == nil || !strings.Contains(err.Error(), "blocked") {
+		t.Fatalf("Next with every open channel blocked: %v", err)
+	}
+	g.Unblock(0)
+	ch, ev, err = g.Next(ctx)
+	if err != nil || ch != 0 || ev.Watermark.TS != 2 {
+		t.Fatalf("after unblock: ch %d %s %v", ch, ev, err)
+	}
+	_ = a.Output().Send(ctx, EndOfPartitionEvent())
+	for {
+		_, _, err := g.Next(ctx)
+		if errors.Is(err, ErrGateEnded) {
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+func TestWriterFlushesBeforeControlEvents(t *testing.T) {
+	ctx := context.Background()
+	c := NewLocalChannel("c", 100)
+	w, _ := NewRecordWriter([]Output{c.Output()}, Forward, WriterOptions{BatchSize: 4})
+	for i := 0; i < 6; i++ {
+		_ = w.Emit(ctx, rec("", fmt.Sprint(i), 0))
+	}
+	_ = w.Broadcast(ctx, BarrierEvent(Barrier{ID: 7, Kind: Savepoint, IsSync: true}))
+	_ = w.Emit(ctx, rec("", "6", 0))
+	_ = w.Broadcast(ctx, EndOfDataEvent(true))
+	var got []string
+	for _, ev := range drain(t, c) {
+		if ev.Kind == KindRecords {
+			for _, r := range ev.Batch.Records {
+				got = append(got, string(r.Value))
+			}
+			got = append(got, "|")
+			continue
+		}
+		got = append(got, ev.String())
+	}
+	want := "0 1 2 3 | 4 5 | barrier(7, savepoint, sync=true) 6 | end-of-data(drain=true)"
+	if s := strings.Join(got, " "); s != want {
+		t.Fatalf("got  %s\nwant %s", s, want)
+	}
+}
+
+func TestBatchReuseDoesNotAllocate(t *testing.T) {
+	r := rec("key-42", strings.Repeat("x", 100), 1)
+	b := GetBatch()
+	fill := func() {
+		for i := 0; i < 1024; i++ {
+			b.Append(r)
+		}
+		b.Reset()
+	}
+	fill()
+	fill()
+	if n := testing.AllocsPerRun(10, fill); n != 0 {
+		t.Fatalf("refilling a batch allocates %v times", n)
+	}
+	b.Append(rec("", "v", 3))
+	if b.Records[0].Key != nil || string(b.Records[0].Value) != "v" || b.Records[0].Timestamp != 3 {
+		t.Fatalf("record without key: %+v", b.Records[0])
+	}
+	b.Release()
+}

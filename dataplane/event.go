@@ -1,0 +1,151 @@
+// Package dataplane carries records and control events between the subtasks
+// of a streamd job: the event types of a channel, bounded in-process channels
+// with per-message sequence numbers, the input gate that multiplexes a
+// subtask's input channels, the partitioners and the record writer that
+// batches records per target.
+//
+// A channel is point to point: one sending subtask, one receiving subtask. Its
+// sending side (Output) stamps every message with the next sequence number; its
+// receiving side (Input) checks it, so a lost or duplicated message fails the
+// receiver instead of silently breaking exactly-once. Channels are bounded: a
+// full channel blocks the sender, which back-pressures the whole upstream.
+//
+// Ownership: a Batch sent on a channel belongs to the receiver, which returns
+// it to the pool with Release once it has processed the records.
+//
+// dataplane imports only abi.
+package dataplane
+
+import (
+	"fmt"
+
+	"github.com/streamd/streamd/abi"
+)
+
+// Kind says what an Event is.
+type Kind uint8
+
+const (
+	KindRecords          Kind = iota + 1 // a batch of records
+	KindWatermark                        // event time advanced
+	KindBarrier                          // a checkpoint or savepoint barrier
+	KindEndOfData                        // the sender will send no more records
+	KindEndOfPartition                   // the sender will send nothing at all; the channel ends
+	KindCancelCheckpoint                 // abort the alignment of a checkpoint
+)
+
+func (k Kind) String() string {
+	switch k {
+	case KindRecords:
+		return "records"
+	case KindWatermark:
+		return "watermark"
+	case KindBarrier:
+		return "barrier"
+	case KindEndOfData:
+		return "end-of-data"
+	case KindEndOfPartition:
+		return "end-of-partition"
+	case KindCancelCheckpoint:
+		return "cancel-checkpoint"
+	}
+	return fmt.Sprintf("kind(%d)", uint8(k))
+}
+
+// BarrierKind distinguishes checkpoints from savepoints.
+type BarrierKind uint8
+
+const (
+	Checkpoint BarrierKind = iota
+	Savepoint
+)
+
+func (k BarrierKind) String() string {
+	if k == Savepoint {
+		return "savepoint"
+	}
+	return "checkpoint"
+}
+
+// Watermark says no record with a smaller timestamp will follow on the channel.
+type Watermark struct{ TS int64 }
+
+// Barrier separates the records before checkpoint ID from those after it.
+type Barrier struct {
+	ID     int64
+	Kind   BarrierKind
+	IsSync bool // a synchronous savepoint (stop-with-savepoint): the job stops after it
+}
+
+// EndOfData says the sender has emitted its last record. Drain is false only
+// for stop-with-savepoint without --drain: then the receiver calls neither
+// end_input nor finish.
+type EndOfData struct{ Drain bool }
+
+// EndOfPartition is the last message of a channel.
+type EndOfPartition struct{}
+
+// CancelCheckpoint aborts checkpoint ID: a receiver aligning it stops waiting.
+type CancelCheckpoint struct{ ID int64 }
+
+// Event is one message on a channel: a tagged union, so control events travel
+// without allocation. Exactly the field that Kind names is meaningful.
+type Event struct {
+	Kind      Kind
+	Batch     *Batch // KindRecords
+	Watermark Watermark
+	Barrier   Barrier
+	EndOfData EndOfData
+	Cancel    CancelCheckpoint
+}
+
+// RecordsEvent wraps a batch.
+func RecordsEvent(b *Batch) Event { return Event{Kind: KindRecords, Batch: b} }
+
+// WatermarkEvent returns a watermark event.
+func WatermarkEvent(ts int64) Event { return Event{Kind: KindWatermark, Watermark: Watermark{ts}} }
+
+// BarrierEvent returns a barrier event.
+func BarrierEvent(b Barrier) Event { return Event{Kind: KindBarrier, Barrier: b} }
+
+// EndOfDataEvent returns an end-of-data event.
+func EndOfDataEvent(drain bool) Event { return Event{Kind: KindEndOfData, EndOfData: EndOfData{drain}} }
+
+// EndOfPartitionEvent returns the end-of-partition event.
+func EndOfPartitionEvent() Event { return Event{Kind: KindEndOfPartition} }
+
+// CancelCheckpointEvent returns a cancel-checkpoint event.
+func CancelCheckpointEvent(id int64) Event {
+	return Event{Kind: KindCancelCheckpoint, Cancel: CancelCheckpoint{id}}
+}
+
+// IsControl reports whether e is a control event (anything but records).
+func (e Event) IsControl() bool { return e.Kind != KindRecords }
+
+func (e Event) String() string {
+	switch e.Kind {
+	case KindRecords:
+		n := 0
+		if e.Batch != nil {
+			n = len(e.Batch.Records)
+		}
+		return fmt.Sprintf("records(%d)", n)
+	case KindWatermark:
+		switch e.Watermark.TS {
+		case abi.MaxWatermark:
+			return "watermark(MAX)"
+		case abi.MinWatermark:
+			return "watermark(MIN)"
+		}
+		return fmt.Sprintf("watermark(%d)", e.Watermark.TS)
+	case KindBarrier:
+		return fmt.Sprintf("barrier(%d, %s, sync=%v)", e.Barrier.ID, e.Barrier.Kind, e.Barrier.IsSync)
+	case KindEndOfData:
+		return fmt.Sprintf("end-of-data(drain=%v)", e.EndOfData.Drain)
+	case KindEndOfPartition:
+		return "end-of-partition"
+	case KindCancelCheckpoint:
+		return fmt.Sprintf("cancel-checkpoint(%d)", e.Cancel.ID)
+	}
+	return e.Kind.String()
+}
