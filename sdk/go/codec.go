@@ -1,0 +1,192 @@
+package streamd
+
+import (
+	"encoding/binary"
+	"errors"
+	"strconv"
+)
+
+// This file holds the ABI v1 frame codecs (abi/ABI.md "Frames"). It is plain
+// Go so that it is tested natively; the SDK does not import the host's abi
+// package to keep guest binaries small.
+
+const (
+	abiVersion   = 1
+	recordHeader = 8 + 4 + 4 // timestamp, key length, value length
+
+	// flushThreshold is the size at which Emit sends the output frame to the
+	// host before the export call ends.
+	flushThreshold = 64 << 10
+)
+
+var errFrame = errors.New("streamd: malformed frame")
+
+// frameErr is a decode error; it wraps errFrame.
+type frameErr struct{ msg string }
+
+func (e *frameErr) Error() string { return errFrame.Error() + ": " + e.msg }
+func (e *frameErr) Unwrap() error { return errFrame }
+
+func frameError(what string, at int) error {
+	return &frameErr{what + " at byte " + strconv.Itoa(at)}
+}
+
+// checkBatch validates a batch frame and returns its record count. After it
+// succeeds, nextRecord can walk the frame without bounds errors.
+func checkBatch(src []byte) (int, error) {
+	if len(src) < 4 {
+		return 0, frameError("batch of "+strconv.Itoa(len(src))+" bytes has no record count", 0)
+	}
+	n := binary.LittleEndian.Uint32(src)
+	if uint64(n)*recordHeader > uint64(len(src)-4) {
+		return 0, frameError("batch says "+strconv.FormatUint(uint64(n), 10)+" records but has "+strconv.Itoa(len(src))+" bytes", 0)
+	}
+	off := 4
+	for i := uint32(0); i < n; i++ {
+		if len(src)-off < recordHeader {
+			return 0, frameError("record header truncated", off)
+		}
+		kl := uint64(binary.LittleEndian.Uint32(src[off+8:]))
+		off += 12
+		if kl > uint64(len(src)-off-4) {
+			return 0, frameError("key length "+strconv.FormatUint(kl, 10)+" runs past the frame", off)
+		}
+		off += int(kl)
+		vl := uint64(binary.LittleEndian.Uint32(src[off:]))
+		off += 4
+		if vl > uint64(len(src)-off) {
+			return 0, frameError("value length "+strconv.FormatUint(vl, 10)+" runs past the frame", off)
+		}
+		off += int(vl)
+	}
+	if off != len(src) {
+		return 0, frameError(strconv.Itoa(len(src)-off)+" trailing bytes", off)
+	}
+	return int(n), nil
+}
+
+// nextRecord decodes the record at off of a frame checkBatch accepted and
+// returns it with the offset of the next one. Key and Value alias src; an
+// empty key is nil.
+func nextRecord(src []byte, off int) (Record, int) {
+	ts := int64(binary.LittleEndian.Uint64(src[off:]))
+	kl := int(binary.LittleEndian.Uint32(src[off+8:]))
+	off += 12
+	var key []byte
+	if kl > 0 {
+		key = src[off : off+kl : off+kl]
+	}
+	off += kl
+	vl := int(binary.LittleEndian.Uint32(src[off:]))
+	off += 4
+	val := src[off : off+vl : off+vl]
+	return Record{Key: key, Value: val, Timestamp: ts}, off + vl
+}
+
+// outFrame accumulates emitted records into one batch frame. Its buffer is
+// reused across flushes, so steady-state emitting does not allocate.
+type outFrame struct {
+	buf   []byte // u32 count placeholder, then the records
+	count uint32
+}
+
+func (o *outFrame) add(key, value []byte, ts int64) {
+	if len(o.buf) == 0 {
+		if o.buf == nil {
+			o.buf = make([]byte, 4, 4096)
+		} else {
+			o.buf = o.buf[:4]
+		}
+	}
+	b := o.buf
+	b = binary.LittleEndian.AppendUint64(b, uint64(ts))
+	b = binary.LittleEndian.AppendUint32(b, uint32(len(key)))
+	b = append(b, key...)
+	b = binary.LittleEndian.AppendUint32(b, uint32(len(value)))
+	b = append(b, value...)
+	o.buf = b
+	o.count++
+}
+
+// frame returns the finished batch frame, or nil when nothing was added.
+func (o *outFrame) frame() []byte {
+	if o.count == 0 {
+		return nil
+	}
+	binary.LittleEndian.PutUint32(o.buf, o.count)
+	return o.buf
+}
+
+// reset empties the frame and keeps its buffer.
+func (o *outFrame) reset() {
+	o.buf = o.buf[:0]
+	o.count = 0
+}
+
+func (o *outFrame) size() int { return len(o.buf) }
+
+// decodeContext parses the open-context frame.
+func decodeContext(src []byte) (*Context, error) {
+	d := decoder{b: src}
+	if v := d.u32(); d.err == nil && v != abiVersion {
+		return nil, &frameErr{"open context has ABI version " + strconv.FormatUint(uint64(v), 10) + ", want 1"}
+	}
+	c := &Context{}
+	c.Subtask = int(d.u32())
+	c.Parallelism = int(d.u32())
+	c.MaxParallelism = int(d.u32())
+	c.Attempt = int(d.u32())
+	c.NumInputs = int(d.u32())
+	c.Restored = d.u32()&1 != 0
+	c.Job = d.str()
+	c.Operator = d.str()
+	n := d.u32()
+	if d.err == nil && uint64(n)*8 > uint64(len(src)-d.off) {
+		return nil, frameError("open context says "+strconv.FormatUint(uint64(n), 10)+" config entries but has "+strconv.Itoa(len(src)-d.off)+" bytes left", d.off)
+	}
+	c.Config = make(Config, n)
+	for i := uint32(0); i < n && d.err == nil; i++ {
+		k := d.str()
+		c.Config[k] = d.str()
+	}
+	if d.err != nil {
+		return nil, d.err
+	}
+	if d.off != len(src) {
+		return nil, frameError(strconv.Itoa(len(src)-d.off)+" trailing bytes in open context", d.off)
+	}
+	return c, nil
+}
+
+type decoder struct {
+	b   []byte
+	off int
+	err error
+}
+
+func (d *decoder) u32() uint32 {
+	if d.err != nil {
+		return 0
+	}
+	if len(d.b)-d.off < 4 {
+		d.err = frameError("open context truncated", d.off)
+		return 0
+	}
+	v := binary.LittleEndian.Uint32(d.b[d.off:])
+	d.off += 4
+	return v
+}
+
+func (d *decoder) str() string {
+	n := d.u32()
+	if d.err != nil {
+		return ""
+	}
+	if uint64(n) > uint64(len(d.b)-d.off) {
+		d.err = frameError("string of "+strconv.FormatUint(uint64(n), 10)+" bytes runs past the frame", d.off)
+		return ""
+	}
+	s := string(d.b[d.off : d.off+int(n)])
+	d.off += int(n)
+	return s
+}
