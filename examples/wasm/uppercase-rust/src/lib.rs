@@ -1,0 +1,18 @@
+//! Upper-cases the ASCII letters of each record's value; key and timestamp
+//! pass through. The Rust twin of the Go `uppercase` example, for comparing
+//! guest languages (and native Go) in benchmarks.
+
+use streamd::{Operator, Record, Result};
+
+/// The stateless map.
+pub struct Uppercase;
+
+impl Operator for Uppercase {
+    fn process_element(&mut self, _input: u32, rec: &Record<'_>) -> Result<()> {
+        // Written straight into the output frame: no allocation per record.
+        streamd::emit_with(rec.key, rec.timestamp, |v| v.extend(rec.value.iter().map(u8::to_ascii_uppercase)));
+        Ok(())
+    }
+}
+
+streamd::export_operator!(Uppercase, Uppercase);

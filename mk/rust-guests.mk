@@ -1,0 +1,31 @@
+# Rust guests built with the Rust SDK (sdk/rust) for wasm32-unknown-unknown.
+# Each guest is its own crate (no dependencies but the SDK, by path); they share
+# one cargo target directory so the SDK is compiled once. Builds are offline and
+# use the committed Cargo.lock files (--locked).
+
+RUST_TARGET_DIR := $(CURDIR)/target/rust
+RUST_WASM_OUT := $(RUST_TARGET_DIR)/wasm32-unknown-unknown/release
+RUST_SDK_SRC := sdk/rust/Cargo.toml $(wildcard sdk/rust/src/*.rs)
+RUST_BUILD = CARGO_TARGET_DIR=$(RUST_TARGET_DIR) CARGO_NET_OFFLINE=true $(CARGO) build --quiet --locked --offline \
+	--target wasm32-unknown-unknown --release --manifest-path
+
+# rust_guest(output, crate dir, artifact name)
+define rust_guest
+$(1): $(RUST_SDK_SRC) $(2)/Cargo.toml $(2)/Cargo.lock $(wildcard $(2)/src/*.rs)
+	$$(RUST_BUILD) $(2)/Cargo.toml
+	cp $(RUST_WASM_OUT)/$(3).wasm $$@
+WASM_TARGETS += $(1)
+endef
+
+$(eval $(call rust_guest,examples/wasm/wordcount/split.wasm,examples/wasm/wordcount/split,wordcount_split))
+$(eval $(call rust_guest,examples/wasm/wordcount/count.wasm,examples/wasm/wordcount/count,wordcount_count))
+$(eval $(call rust_guest,examples/wasm/uppercase-rust/uppercase_rust.wasm,examples/wasm/uppercase-rust,uppercase_rust))
+$(eval $(call rust_guest,internal/conformance/guests/rust/conformance.wasm,internal/conformance/guests/rust,conformance_rust))
+
+.PHONY: rust-guests test-rust-sdk
+rust-guests: examples/wasm/wordcount/split.wasm examples/wasm/wordcount/count.wasm \
+	examples/wasm/uppercase-rust/uppercase_rust.wasm internal/conformance/guests/rust/conformance.wasm
+
+# Native unit tests of the SDK's codecs and helpers (against its fake host).
+test-rust-sdk:
+	CARGO_TARGET_DIR=$(RUST_TARGET_DIR) CARGO_NET_OFFLINE=true $(CARGO) test --quiet --offline --manifest-path sdk/rust/Cargo.toml

@@ -1,0 +1,168 @@
+//! Emitting records: they are appended to one output batch frame that the SDK
+//! sends with the host's `emit` import at the end of each lifecycle call, or
+//! earlier when the frame grows past [`FLUSH_BYTES`].
+
+use crate::frame::Record;
+use crate::sys;
+use core::cell::RefCell;
+use core::fmt;
+
+/// The output frame is sent as soon as it holds this many bytes.
+pub const FLUSH_BYTES: usize = 64 * 1024;
+
+struct Out {
+    /// The batch frame under construction: a u32 count placeholder, then records.
+    buf: Vec<u8>,
+    count: u32,
+}
+
+thread_local! {
+    static OUT: RefCell<Out> = const { RefCell::new(Out { buf: Vec::new(), count: 0 }) };
+}
+
+impl Out {
+    #[inline(always)]
+    fn begin(&mut self, extra: usize) {
+        if self.buf.is_empty() {
+            self.buf.reserve(FLUSH_BYTES + 1024);
+            self.buf.extend_from_slice(&[0, 0, 0, 0]);
+        }
+        self.buf.reserve(extra);
+    }
+
+    #[inline(always)]
+    fn end(&mut self) {
+        self.count += 1;
+        if self.buf.len() >= FLUSH_BYTES {
+            self.flush();
+        }
+    }
+
+    fn flush(&mut self) {
+        if self.count == 0 {
+            return;
+        }
+        let c = self.count.to_le_bytes();
+        self.buf[..4].copy_from_slice(&c);
+        sys::emit(&self.buf);
+        self.buf.clear();
+        self.count = 0;
+    }
+}
+
+/// Emits a record downstream. `key` may be empty (no key); `timestamp` may be
+/// [`crate::NO_TIMESTAMP`]. Records reach the host in the order they are emitted.
+///
+/// Allowed in `process_element`, `on_watermark`, `on_timer`, `end_input` and
+/// `finish`; the host fails the subtask for an emit anywhere else.
+#[inline]
+pub fn emit(key: &[u8], value: &[u8], timestamp: i64) {
+    OUT.with(|o| {
+        let mut o = o.borrow_mut();
+        o.begin(16 + key.len() + value.len());
+        let b = &mut o.buf;
+        b.extend_from_slice(&timestamp.to_le_bytes());
+        b.extend_from_slice(&(key.len() as u32).to_le_bytes());
+        b.extend_from_slice(key);
+        b.extend_from_slice(&(value.len() as u32).to_le_bytes());
+        b.extend_from_slice(value);
+        o.end();
+    })
+}
+
+/// Emits `rec` unchanged.
+#[inline]
+pub fn emit_record(rec: &Record<'_>) {
+    emit(rec.key, rec.value, rec.timestamp)
+}
+
+/// Emits a record whose value `write` produces straight into the output
+/// frame, without an intermediate buffer:
+///
+/// ```ignore
+/// streamd::emit_with(rec.key, rec.timestamp, |v| v.extend(rec.value.iter().map(u8::to_ascii_uppercase)));
+/// streamd::emit_with(word, ts, |v| { let _ = write!(v, "{} {}", w, n); });
+/// ```
+///
+/// `write` must not emit itself (that panics).
+#[inline]
+pub fn emit_with<F: FnOnce(&mut ValueWriter<'_>)>(key: &[u8], timestamp: i64, write: F) {
+    OUT.with(|o| {
+        let mut o = o.borrow_mut();
+        o.begin(16 + key.len());
+        let b = &mut o.buf;
+        b.extend_from_slice(&timestamp.to_le_bytes());
+        b.extend_from_slice(&(key.len() as u32).to_le_bytes());
+        b.extend_from_slice(key);
+        let len_at = b.len();
+        b.extend_from_slice(&[0, 0, 0, 0]);
+        let start = b.len();
+        write(&mut ValueWriter { buf: b });
+        let n = (b.len() - start) as u32;
+        b[len_at..len_at + 4].copy_from_slice(&n.to_le_bytes());
+        o.end();
+    })
+}
+
+/// Sends the buffered records to the host now. The SDK calls it at the end of
+/// every lifecycle call; operators rarely need it.
+pub fn flush() {
+    OUT.with(|o| o.borrow_mut().flush())
+}
+
+/// Drops buffered records without sending them.
+pub(crate) fn discard() {
+    OUT.with(|o| {
+        let mut o = o.borrow_mut();
+        o.buf.clear();
+        o.count = 0;
+    })
+}
+
+/// Appends the value of a record being emitted with [`emit_with`]. It only
+/// appends: what was written before (other records) cannot be touched.
+pub struct ValueWriter<'a> {
+    buf: &'a mut Vec<u8>,
+}
+
+impl<'a> ValueWriter<'a> {
+    /// Appends bytes.
+    #[inline]
+    pub fn write_bytes(&mut self, b: &[u8]) {
+        self.buf.extend_from_slice(b)
+    }
+
+    /// Appends one byte.
+    #[inline]
+    pub fn push(&mut self, b: u8) {
+        self.buf.push(b)
+    }
+
+    /// Reserves room for `n` more bytes.
+    #[inline]
+    pub fn reserve(&mut self, n: usize) {
+        self.buf.reserve(n)
+    }
+}
+
+impl<'a> Extend<u8> for ValueWriter<'a> {
+    #[inline]
+    fn extend<I: IntoIterator<Item = u8>>(&mut self, iter: I) {
+        self.buf.extend(iter)
+    }
+}
+
+impl<'a, 'b> Extend<&'b u8> for ValueWriter<'a> {
+    #[inline]
+    fn extend<I: IntoIterator<Item = &'b u8>>(&mut self, iter: I) {
+        self.buf.extend(iter)
+    }
+}
+
+impl<'a> fmt::Write for ValueWriter<'a> {
+    #[inline]
+    fn write_str(&mut self, s: &str) -> fmt::Result {
+        self.buf.extend_from_slice(s.as_bytes());
+        Ok(())
+    }
+}

@@ -1,0 +1,257 @@
+//! streamd guest SDK for Rust: write a stream operator as a type that
+//! implements [`Operator`], export it with [`export_operator!`], and build a
+//! `cdylib` for `wasm32-unknown-unknown`. The module speaks the streamd guest
+//! ABI v1 (abi/ABI.md in the streamd repository).
+//!
+//! ```ignore
+//! use streamd::{Operator, Record, Result};
+//!
+//! struct Upper;
+//!
+//! impl Operator for Upper {
+//!     fn process_element(&mut self, _input: u32, rec: &Record) -> Result<()> {
+//!         streamd::emit_with(rec.key, rec.timestamp, |v| {
+//!             v.extend(rec.value.iter().map(u8::to_ascii_uppercase))
+//!         });
+//!         Ok(())
+//!     }
+//! }
+//!
+//! streamd::export_operator!(Upper, Upper);
+//! ```
+//!
+//! The SDK exports every `streamd_*` function, keeps one input buffer for the
+//! host (grown on demand), decodes record batches without allocating per
+//! record, buffers emitted records into one output frame per lifecycle call,
+//! and turns a panic into a subtask failure whose message holds the panic text
+//! and its source location.
+//!
+//! Everything that reaches the host (emit, state, timers, log, fail) is a Wasm
+//! import on wasm32. Built for another target (native `cargo test`), the SDK
+//! talks to an in-memory fake host instead, so codecs and helpers are testable
+//! without a Wasm runtime.
+
+#![warn(missing_docs)]
+
+mod context;
+mod emit;
+pub mod frame;
+pub mod list_state;
+pub mod log;
+pub mod state;
+mod sys;
+
+pub use context::Context;
+pub use emit::{emit, emit_record, emit_with, flush, ValueWriter, FLUSH_BYTES};
+pub use frame::{Batch, Record, NO_TIMESTAMP};
+pub use list_state::ListMode;
+pub use state::ValueState;
+
+use core::fmt;
+
+/// The ABI version this SDK implements (`streamd_abi_version`).
+pub const ABI_VERSION: i32 = 1;
+
+/// The watermark before the first one arrived.
+pub const MIN_WATERMARK: i64 = i64::MIN;
+
+/// The watermark that ends event time: every timer fires before
+/// `on_watermark(MAX_WATERMARK)`. Bounded inputs end with it.
+pub const MAX_WATERMARK: i64 = i64::MAX;
+
+/// An operator failure. Returning it from a lifecycle method fails the subtask
+/// with this message (the SDK passes it to the host's `fail`).
+#[derive(Clone, PartialEq, Eq)]
+pub struct Error {
+    msg: String,
+}
+
+impl Error {
+    /// An error with this message.
+    pub fn new(msg: impl Into<String>) -> Error {
+        Error { msg: msg.into() }
+    }
+
+    /// The message.
+    pub fn message(&self) -> &str {
+        &self.msg
+    }
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.msg)
+    }
+}
+
+impl fmt::Debug for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Error({:?})", self.msg)
+    }
+}
+
+impl std::error::Error for Error {}
+
+impl From<String> for Error {
+    fn from(msg: String) -> Error {
+        Error { msg }
+    }
+}
+
+impl From<&str> for Error {
+    fn from(msg: &str) -> Error {
+        Error { msg: msg.to_string() }
+    }
+}
+
+impl From<frame::FrameError> for Error {
+    fn from(e: frame::FrameError) -> Error {
+        Error { msg: e.to_string() }
+    }
+}
+
+impl From<core::num::ParseIntError> for Error {
+    fn from(e: core::num::ParseIntError) -> Error {
+        Error { msg: e.to_string() }
+    }
+}
+
+impl From<core::str::Utf8Error> for Error {
+    fn from(e: core::str::Utf8Error) -> Error {
+        Error { msg: e.to_string() }
+    }
+}
+
+impl From<fmt::Error> for Error {
+    fn from(e: fmt::Error) -> Error {
+        Error { msg: e.to_string() }
+    }
+}
+
+/// `Result<T, streamd::Error>`.
+pub type Result<T, E = Error> = core::result::Result<T, E>;
+
+/// A stream operator: one value per subtask, driven by the host through these
+/// methods in this order, never concurrently:
+///
+/// ```text
+/// open                                   once, first
+/// ( process_batch / process_element      for each batch / record of each input, in order
+/// | on_timer* on_watermark               when the watermark advances
+/// | snapshot_state | notify_checkpoint_complete )*
+/// end_input                              once per input, when it ended with drain
+/// finish                                 once, after every end_input
+/// ( snapshot_state | notify_checkpoint_complete )*   the final checkpoint
+/// close                                  always last (not after a trap)
+/// ```
+///
+/// A method that returns `Err`, or panics, fails the subtask: the error text
+/// (or the panic text and location) becomes the host's error message, and the
+/// job fails over according to its restart strategy. Every method but
+/// `process_element` has a default that does nothing.
+pub trait Operator {
+    /// Called once before anything else. When `ctx.restored` is true, read
+    /// back the operator list state written in `snapshot_state` with
+    /// [`list_state::entries`]. May use keyed state and timers; must not emit.
+    fn open(&mut self, ctx: &Context) -> Result<()> {
+        let _ = ctx;
+        Ok(())
+    }
+
+    /// Called for every record of input `input` (0-based, the order of the
+    /// operator's inputs in the job file). May emit, and use keyed state and
+    /// timers with `rec.key`. `rec`'s slices are valid only during the call.
+    fn process_element(&mut self, input: u32, rec: &Record<'_>) -> Result<()>;
+
+    /// Called for each batch the host passes; the default calls
+    /// `process_element` for each record. Override it to work on whole batches.
+    fn process_batch(&mut self, input: u32, batch: &Batch<'_>) -> Result<()> {
+        for rec in batch {
+            self.process_element(input, &rec)?;
+        }
+        Ok(())
+    }
+
+    /// Called when the subtask's watermark advances to `ts`, after the timers
+    /// it fired. The host forwards watermarks itself. May emit.
+    fn on_watermark(&mut self, ts: i64) -> Result<()> {
+        let _ = ts;
+        Ok(())
+    }
+
+    /// Called for each event-time timer with `ts` at or below the new
+    /// watermark, in `ts` order (ties in key order), before `on_watermark`.
+    /// The timer is already removed. Use `key` for keyed state. May emit.
+    fn on_timer(&mut self, ts: i64, key: &[u8]) -> Result<()> {
+        let _ = (ts, key);
+        Ok(())
+    }
+
+    /// Called once per input when it has delivered all its records (end of
+    /// data with drain). May emit.
+    fn end_input(&mut self, input: u32) -> Result<()> {
+        let _ = input;
+        Ok(())
+    }
+
+    /// Called once after every `end_input`: emit what is still buffered. No
+    /// record may be emitted after it returns. A stop with savepoint without
+    /// drain calls neither `end_input` nor `finish`.
+    fn finish(&mut self) -> Result<()> {
+        Ok(())
+    }
+
+    /// Called at each checkpoint barrier: write the operator list state to
+    /// keep with [`list_state::add`]. Keyed state and timers are snapshotted by
+    /// the host. Must not emit.
+    fn snapshot_state(&mut self, checkpoint_id: i64) -> Result<()> {
+        let _ = checkpoint_id;
+        Ok(())
+    }
+
+    /// Called when checkpoint `checkpoint_id` is durable. Must not emit.
+    fn notify_checkpoint_complete(&mut self, checkpoint_id: i64) -> Result<()> {
+        let _ = checkpoint_id;
+        Ok(())
+    }
+
+    /// Called last, also after a failure or cancel (but not after a trap):
+    /// release resources only. Must not emit.
+    fn close(&mut self) -> Result<()> {
+        Ok(())
+    }
+}
+
+/// Event-time timers, held by the host per key and checkpointed with keyed
+/// state. A timer fires once when the watermark reaches its timestamp.
+pub mod timer {
+    use crate::sys;
+
+    /// Registers a timer for `key` at `ts` (registering it twice keeps one).
+    /// A timer at or below the current watermark fires at the next advance;
+    /// one at [`crate::MAX_WATERMARK`] fires at the end of event time.
+    pub fn register(key: &[u8], ts: i64) {
+        sys::timer_register(key, ts)
+    }
+
+    /// Deletes the timer for `key` at `ts`, if there is one.
+    pub fn delete(key: &[u8], ts: i64) {
+        sys::timer_delete(key, ts)
+    }
+}
+
+/// The subtask's current watermark ([`MIN_WATERMARK`] before the first).
+pub fn current_watermark() -> i64 {
+    sys::current_watermark()
+}
+
+/// Fails the subtask with `msg` now; never returns.
+pub fn fail(msg: &str) -> ! {
+    sys::fail(msg)
+}
+
+#[doc(hidden)]
+pub mod __rt;
+
+#[cfg(test)]
+mod tests;

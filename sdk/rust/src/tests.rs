@@ -1,0 +1,150 @@
+//! Native unit tests against the fake host of `sys` (one per test thread).
+
+use crate::frame::{decode_batch_owned, encode_batch, Batch, FrameError};
+use crate::sys::HOST;
+use crate::*;
+
+fn take_frames() -> Vec<Vec<(Vec<u8>, Vec<u8>, i64)>> {
+    HOST.with(|h| std::mem::take(&mut h.borrow_mut().frames))
+        .iter()
+        .map(|f| decode_batch_owned(f).expect("emitted frame decodes"))
+        .collect()
+}
+
+#[test]
+fn batch_round_trip() {
+    let recs = [
+        Record::new(b"k1", b"hello", 42),
+        Record::new(b"", b"", NO_TIMESTAMP),
+        Record::new(b"key-3", &[0xff; 300], -7),
+    ];
+    let frame = encode_batch(&recs);
+    let b = Batch::parse(&frame).unwrap();
+    assert_eq!(b.len(), 3);
+    let got: Vec<Record> = b.iter().collect();
+    assert_eq!(&got[..], &recs[..]);
+    assert!(!got[1].has_key() && !got[1].has_timestamp());
+    assert!(Batch::parse(&encode_batch(&[])).unwrap().is_empty());
+}
+
+#[test]
+fn batch_rejects_malformed_frames() {
+    let frame = encode_batch(&[Record::new(b"k", b"value", 1)]);
+    assert_eq!(Batch::parse(&frame[..2]).unwrap_err(), FrameError::Truncated { at: 0, what: "record count" });
+    // Every strict prefix is invalid, and so is a trailing byte.
+    for n in 4..frame.len() {
+        assert!(Batch::parse(&frame[..n]).is_err(), "prefix of {} bytes accepted", n);
+    }
+    let mut long = frame.clone();
+    long.push(0);
+    assert_eq!(Batch::parse(&long).unwrap_err(), FrameError::Trailing { bytes: 1 });
+    // A huge count must be refused before looping.
+    let mut huge = frame.clone();
+    huge[..4].copy_from_slice(&u32::MAX.to_le_bytes());
+    assert!(matches!(Batch::parse(&huge).unwrap_err(), FrameError::CountTooLarge { .. }));
+    // A key length past the end.
+    let mut bad = frame;
+    bad[12..16].copy_from_slice(&1000u32.to_le_bytes());
+    assert!(matches!(Batch::parse(&bad).unwrap_err(), FrameError::LengthOutOfBounds { what: "key", .. }));
+}
+
+#[test]
+fn context_round_trip_and_config() {
+    let c = Context {
+        subtask: 1,
+        parallelism: 4,
+        max_parallelism: 128,
+        attempt: 2,
+        num_inputs: 1,
+        restored: true,
+        job: "wc".into(),
+        operator: "count".into(),
+        config: vec![
+            ("min_length".into(), "3".into()),
+            ("flag".into(), "true".into()),
+            ("bad".into(), "x".into()),
+        ],
+    };
+    let d = Context::decode(&c.encode()).unwrap();
+    assert_eq!(d, c);
+    assert_eq!(d.config_u64_or("min_length", 1).unwrap(), 3);
+    assert_eq!(d.config_u64_or("absent", 1).unwrap(), 1);
+    assert!(d.config_bool_or("flag", false).unwrap());
+    let e = d.config_u64("bad").unwrap_err();
+    assert!(e.message().contains("\"bad\"") && e.message().contains("count"), "{}", e);
+    assert!(d.config_bool("bad").is_err());
+    let mut enc = c.encode();
+    enc.push(9);
+    assert_eq!(Context::decode(&enc).unwrap_err(), FrameError::Trailing { bytes: 1 });
+    enc[0] = 2;
+    assert_eq!(Context::decode(&enc).unwrap_err(), FrameError::Version { got: 2 });
+}
+
+#[test]
+fn emits_are_buffered_in_order_and_flushed() {
+    take_frames();
+    emit(b"a", b"1", 1);
+    emit_with(b"b", 2, |v| {
+        use core::fmt::Write;
+        write!(v, "{} {}", "x", 42).unwrap()
+    });
+    emit_record(&Record::new(b"", b"up", NO_TIMESTAMP));
+    assert!(take_frames().is_empty(), "nothing is sent before flush");
+    flush();
+    flush();
+    let f = take_frames();
+    assert_eq!(f.len(), 1);
+    assert_eq!(
+        f[0],
+        vec![
+            (b"a".to_vec(), b"1".to_vec(), 1),
+            (b"b".to_vec(), b"x 42".to_vec(), 2),
+            (vec![], b"up".to_vec(), NO_TIMESTAMP)
+        ]
+    );
+}
+
+#[test]
+fn large_output_is_flushed_in_frames_of_about_64k() {
+    take_frames();
+    let v = [7u8; 1000];
+    for i in 0..200u32 {
+        emit(&i.to_le_bytes(), &v, i as i64);
+    }
+    flush();
+    let f = take_frames();
+    assert!(f.len() >= 3, "{} frames", f.len());
+    let all: Vec<_> = f.concat();
+    assert_eq!(all.len(), 200);
+    for (i, r) in all.iter().enumerate() {
+        assert_eq!(r.0, (i as u32).to_le_bytes());
+        assert_eq!(r.2, i as i64);
+    }
+}
+
+#[test]
+fn value_state_and_u64_helpers() {
+    const COUNT: ValueState = ValueState::new("count");
+    assert_eq!(COUNT.get_u64(b"w").unwrap(), None);
+    COUNT.put_u64(b"w", 41);
+    assert_eq!(COUNT.get_u64(b"w").unwrap(), Some(41));
+    COUNT.put(b"w", &[1; 100]);
+    assert!(COUNT.get_u64(b"w").is_err());
+    let mut buf = Vec::with_capacity(4);
+    assert!(COUNT.get_into(b"w", &mut buf));
+    assert_eq!(buf, vec![1; 100]);
+    COUNT.delete(b"w");
+    assert_eq!(COUNT.get(b"w"), None);
+}
+
+#[test]
+fn list_state_entries() {
+    HOST.with(|h| {
+        h.borrow_mut().lists_restored.insert(b"total".to_vec(), vec![vec![1; 8], vec![2; 3000]]);
+    });
+    let e = list_state::entries("total");
+    assert_eq!(e, vec![vec![1; 8], vec![2; 3000]]);
+    assert!(list_state::entries("none").is_empty());
+    list_state::add("ckpt", ListMode::Union, b"x");
+    HOST.with(|h| assert_eq!(h.borrow().lists_added, vec![(b"ckpt".to_vec(), 1, b"x".to_vec())]));
+}
