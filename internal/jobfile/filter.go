@@ -1,0 +1,145 @@
+package jobfile
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+
+	"github.com/streamd/streamd/control"
+)
+
+// Filter describes a job without a job file: one wasm operator between a
+// source and a sink, as `streamd run MODULE.wasm` runs it.
+type Filter struct {
+	Module      string            // path of the .wasm module (relative to the current directory)
+	Source      string            // "stdin" (default) | "file:PATH" | "generator:COUNT"
+	Sink        string            // "stdout" (default) | "file:DIR" | "discard"
+	Parallelism int               // of the operator (and of generator sources and file/discard sinks); default 1
+	Config      map[string]string // the operator's config
+	AllowClock  bool
+}
+
+// Uids of the vertices of a filter job; the operator's uid is derived from the module's file name.
+const (
+	FilterSourceUID = "source"
+	FilterSinkUID   = "sink"
+)
+
+var notUIDChar = regexp.MustCompile(`[^A-Za-z0-9_-]+`)
+
+// FilterJob builds and validates the three-vertex job of f. Standard input
+// and a file are read by one source subtask and standard output is written by
+// one sink subtask; edges between different parallelisms rebalance.
+func FilterJob(f Filter) (*Job, error) {
+	fail := func(field, format string, args ...any) (*Job, error) {
+		return nil, &Error{Problems: []Problem{{Field: field, Message: fmt.Sprintf(format, args...)}}}
+	}
+	par := f.Parallelism
+	if par == 0 {
+		par = 1
+	}
+	if par < 1 || par > control.DefaultMaxParallelism {
+		return fail("--parallelism", "must be between 1 and %d, got %d", control.DefaultMaxParallelism, par)
+	}
+	module, err := filepath.Abs(f.Module)
+	if err != nil {
+		return nil, fmt.Errorf("jobfile: %w", err)
+	}
+	p := &parser{err: &Error{}}
+	p.checkModule("", "module", 0, module)
+	if len(p.err.Problems) > 0 {
+		return nil, p.err
+	}
+
+	src := &SourceSpec{Type: "file", Path: "-"}
+	srcPar := 1
+	kind, arg, _ := strings.Cut(f.Source, ":")
+	switch kind {
+	case "", "stdin":
+		if arg != "" {
+			return fail("--source", "stdin takes no argument, got %q", f.Source)
+		}
+	case "file":
+		if arg == "" {
+			return fail("--source", "file needs a path: file:PATH")
+		}
+		path, err := filepath.Abs(arg)
+		if err != nil {
+			return nil, fmt.Errorf("jobfile: %w", err)
+		}
+		if !p.checkReadableFile("", "--source", 0, path, "input file") {
+			return nil, p.err
+		}
+		src.Path = path
+	case "generator":
+		n, err := strconv.ParseInt(arg, 10, 64)
+		if err != nil || n < 1 {
+			return fail("--source", "generator needs a record count: generator:COUNT, got %q", f.Source)
+		}
+		src = &SourceSpec{Type: "generator", Count: n, KeyPattern: "key-{k}", ValuePattern: "value-{n}", Keys: 100, TSStep: 1}
+		srcPar = par
+	default:
+		return fail("--source", "unknown source %q (want stdin, file:PATH or generator:COUNT)", f.Source)
+	}
+
+	sink := &SinkSpec{Type: "stdout", Format: "value"}
+	sinkPar := 1
+	kind, arg, _ = strings.Cut(f.Sink, ":")
+	switch kind {
+	case "", "stdout":
+		if arg != "" {
+			return fail("--sink", "stdout takes no argument, got %q", f.Sink)
+		}
+	case "file":
+		if arg == "" {
+			return fail("--sink", "file needs a directory: file:DIR")
+		}
+		dir, err := filepath.Abs(arg)
+		if err != nil {
+			return nil, fmt.Errorf("jobfile: %w", err)
+		}
+		if fi, err := os.Stat(dir); err == nil && !fi.IsDir() {
+			return fail("--sink", "%s is a file; a file sink writes into a directory", dir)
+		}
+		sink = &SinkSpec{Type: "file", Path: dir, Format: "value"}
+		sinkPar = par
+	case "discard":
+		if arg != "" {
+			return fail("--sink", "discard takes no argument, got %q", f.Sink)
+		}
+		sink = &SinkSpec{Type: "discard", Format: "value"}
+		sinkPar = par
+	default:
+		return fail("--sink", "unknown sink %q (want stdout, file:DIR or discard)", f.Sink)
+	}
+
+	opUID := notUIDChar.ReplaceAllString(strings.TrimSuffix(filepath.Base(module), filepath.Ext(module)), "_")
+	if opUID == "" || opUID == FilterSourceUID || opUID == FilterSinkUID || len(opUID) > control.MaxUIDLength {
+		opUID = "operator"
+	}
+	cfg := map[string]string{}
+	for k, v := range f.Config {
+		cfg[k] = v
+	}
+	edge := func(from string, fromPar, toPar int) control.Edge {
+		if fromPar == toPar {
+			return control.Edge{From: from, Partition: control.Forward}
+		}
+		return control.Edge{From: from, Partition: control.Rebalance}
+	}
+	vertices := []*control.Vertex{
+		{UID: FilterSourceUID, Kind: control.KindSource, Parallelism: srcPar, Spec: src},
+		{UID: opUID, Kind: control.KindOperator, Parallelism: par, Spec: &WasmSpec{Path: module, Config: cfg, AllowClock: f.AllowClock},
+			Inputs: []control.Edge{edge(FilterSourceUID, srcPar, par)}},
+		{UID: FilterSinkUID, Kind: control.KindSink, Parallelism: sinkPar, Spec: sink,
+			Inputs: []control.Edge{edge(opUID, par, sinkPar)}},
+	}
+	g, err := control.NewJobGraph(opUID, vertices)
+	if err != nil {
+		return nil, fmt.Errorf("jobfile: %w", err)
+	}
+	return &Job{Graph: g, Restart: RestartSettings{Strategy: RestartNone}}, nil
+}

@@ -1,0 +1,896 @@
+package jobfile
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"math"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"time"
+
+	"gopkg.in/yaml.v3"
+
+	"github.com/streamd/streamd/control"
+)
+
+// Job is a loaded, validated job file: the graph to run and the job-wide settings.
+type Job struct {
+	Path       string              // absolute path of the job file; "" when parsed from bytes
+	Graph      *control.JobGraph   // vertices carry *SourceSpec, *SinkSpec or *WasmSpec
+	Checkpoint *CheckpointSettings // nil: the job has no checkpoint section
+	Restart    RestartSettings
+}
+
+// CheckpointSettings is the job file's checkpoint section.
+type CheckpointSettings struct {
+	Interval time.Duration // time between checkpoint triggers; required, > 0
+	Dir      string        // absolute; default "checkpoints" beside the job file
+	Retain   int           // completed checkpoints kept; default 1
+	Timeout  time.Duration // a checkpoint not complete after this is aborted; default 10m
+	MinPause time.Duration // least time between the end of one checkpoint and the next trigger; default 0
+}
+
+// RestartSettings is the job file's restart section.
+type RestartSettings struct {
+	Strategy string        // "none" or "fixed-delay"
+	Attempts int           // fixed-delay: restarts before the job fails
+	Delay    time.Duration // fixed-delay: pause before each restart
+}
+
+// Restart strategies.
+const (
+	RestartNone       = "none"
+	RestartFixedDelay = "fixed-delay"
+)
+
+// Options change how a job file is read.
+type Options struct {
+	// Filename names the file in error messages. Load sets it to the path it was given.
+	Filename string
+	// Parallelism, when > 0, replaces the job's default parallelism; operators
+	// that set their own parallelism keep it.
+	Parallelism int
+}
+
+// Load reads, validates and returns the job graph of the job file at path.
+func Load(path string) (*control.JobGraph, error) {
+	j, err := LoadJob(path, Options{})
+	if err != nil {
+		return nil, err
+	}
+	return j.Graph, nil
+}
+
+// Parse validates a job file's contents; relative paths in it are resolved
+// against baseDir.
+func Parse(data []byte, baseDir string) (*control.JobGraph, error) {
+	j, err := ParseJob(data, baseDir, Options{})
+	if err != nil {
+		return nil, err
+	}
+	return j.Graph, nil
+}
+
+// LoadJob reads and validates the job file at path.
+func LoadJob(path string, opts Options) (*Job, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("jobfile: %w", err)
+	}
+	abs, err := filepath.Abs(path)
+	if err != nil {
+		return nil, fmt.Errorf("jobfile: %w", err)
+	}
+	if opts.Filename == "" {
+		opts.Filename = path
+	}
+	j, err := ParseJob(data, filepath.Dir(abs), opts)
+	if err != nil {
+		return nil, err
+	}
+	j.Path = abs
+	return j, nil
+}
+
+// ParseJob validates a job file's contents; relative paths in it are resolved
+// against baseDir. Every problem found is reported in one *Error.
+func ParseJob(data []byte, baseDir string, opts Options) (*Job, error) {
+	baseDir, err := filepath.Abs(baseDir)
+	if err != nil {
+		return nil, fmt.Errorf("jobfile: %w", err)
+	}
+	p := &parser{baseDir: baseDir, err: &Error{File: opts.Filename}, opts: opts}
+	job := p.parse(data)
+	if len(p.err.Problems) > 0 {
+		p.err.sort()
+		return nil, p.err
+	}
+	return job, nil
+}
+
+// parser walks the YAML node tree itself, so that every problem is reported
+// with its line, unknown fields are errors, and all problems are collected.
+type parser struct {
+	baseDir string
+	opts    Options
+	err     *Error
+}
+
+func (p *parser) add(op string, line int, field, format string, args ...any) {
+	p.err.Problems = append(p.err.Problems, Problem{Operator: op, Line: line, Field: field, Message: fmt.Sprintf(format, args...)})
+}
+
+var yamlLineRE = regexp.MustCompile(`^yaml: line (\d+): (.*)$`)
+
+var jobFields = []string{"name", "parallelism", "max_parallelism", "checkpoint", "restart", "operators"}
+
+// operator is one parsed operators[] entry.
+type operator struct {
+	vertex *control.Vertex
+	line   int
+	lines  map[string]int // field path -> line, for problems found by control
+	pinned bool           // sets its own parallelism
+}
+
+func (p *parser) parse(data []byte) *Job {
+	var doc yaml.Node
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	if err := dec.Decode(&doc); err != nil {
+		if errors.Is(err, io.EOF) {
+			p.add("", 0, "", "the job file is empty")
+			return nil
+		}
+		msg := err.Error()
+		if m := yamlLineRE.FindStringSubmatch(msg); m != nil {
+			line, _ := strconv.Atoi(m[1])
+			p.add("", line, "", "YAML: %s", m[2])
+		} else {
+			p.add("", 0, "", "YAML: %s", strings.TrimPrefix(msg, "yaml: "))
+		}
+		return nil
+	}
+	var extra yaml.Node
+	if err := dec.Decode(&extra); err == nil {
+		p.add("", extra.Line, "", "more than one YAML document; a job file holds one")
+	}
+	root := resolve(doc.Content[0])
+	if root.Kind != yaml.MappingNode {
+		p.add("", root.Line, "", "the job file must be a mapping with name, parallelism and operators")
+		return nil
+	}
+	f := p.fields("", "", root, jobFields)
+
+	job := &Job{Restart: RestartSettings{Strategy: RestartNone}}
+	name := ""
+	if n := f["name"]; n != nil {
+		if name = p.str("", "name", n); name == "" && n.Tag != "!!null" {
+			p.add("", n.Line, "name", "empty: name the job")
+		}
+	} else if p.opts.Filename != "" {
+		base := filepath.Base(p.opts.Filename)
+		name = strings.TrimSuffix(base, filepath.Ext(base))
+	} else {
+		p.add("", root.Line, "name", "missing: name the job")
+	}
+
+	maxPar := control.DefaultMaxParallelism
+	if n := f["max_parallelism"]; n != nil {
+		if v, ok := p.int("", "max_parallelism", n); ok {
+			if v < 1 || v > control.MaxMaxParallelism {
+				p.add("", n.Line, "max_parallelism", "must be between 1 and %d, got %d", control.MaxMaxParallelism, v)
+			} else {
+				maxPar = v
+			}
+		}
+	}
+	par := 1
+	if n := f["parallelism"]; n != nil {
+		if v, ok := p.int("", "parallelism", n); ok {
+			switch {
+			case v < 1:
+				p.add("", n.Line, "parallelism", "must be at least 1, got %d", v)
+			case v > maxPar:
+				p.add("", n.Line, "parallelism", "%d is above max_parallelism %d", v, maxPar)
+			default:
+				par = v
+			}
+		}
+	}
+	if o := p.opts.Parallelism; o > 0 {
+		if o > maxPar {
+			p.add("", 0, "parallelism", "the override %d is above max_parallelism %d", o, maxPar)
+		} else {
+			par = o
+		}
+	} else if o < 0 {
+		p.add("", 0, "parallelism", "the override must be at least 1, got %d", o)
+	}
+
+	if n := f["checkpoint"]; n != nil {
+		job.Checkpoint = p.checkpoint(n)
+		job.Restart = RestartSettings{Strategy: RestartFixedDelay, Attempts: 3, Delay: time.Second}
+	}
+	if n := f["restart"]; n != nil {
+		p.restart(n, &job.Restart)
+	}
+
+	var ops []*operator
+	if n := f["operators"]; n == nil {
+		p.add("", root.Line, "operators", "missing: a job needs at least one operator")
+	} else if n.Kind != yaml.SequenceNode {
+		p.add("", n.Line, "operators", "want a list of operators")
+	} else if len(n.Content) == 0 {
+		p.add("", n.Line, "operators", "empty: a job needs at least one operator")
+	} else {
+		for i, c := range n.Content {
+			if op := p.operator(i, resolve(c), par, maxPar); op != nil {
+				ops = append(ops, op)
+			}
+		}
+	}
+
+	// Duplicate uids are reported here, with both lines; control sees each uid once.
+	first := map[string]*operator{}
+	var vertices []*control.Vertex
+	byUID := map[string]*operator{}
+	for _, op := range ops {
+		uid := op.vertex.UID
+		if prev, dup := first[uid]; dup && uid != "" {
+			p.add(uid, op.lines["uid"], "uid", "duplicate uid %q, first used on line %d", uid, prev.lines["uid"])
+			continue
+		}
+		first[uid] = op
+		byUID[uid] = op
+		vertices = append(vertices, op.vertex)
+	}
+	if len(ops) == 0 {
+		return nil
+	}
+	graphName := name
+	if graphName == "" {
+		graphName = "job" // the missing name is reported already
+	}
+	g, err := control.NewJobGraph(graphName, vertices)
+	if err != nil {
+		var ige *control.InvalidGraphError
+		if !errors.As(err, &ige) {
+			p.add("", 0, "", "%v", err)
+			return nil
+		}
+		for _, pr := range ige.Problems {
+			op := byUID[pr.Operator]
+			line := 0
+			if op != nil {
+				line = op.line
+				if l, ok := op.lines[pr.Field]; ok {
+					line = l
+				} else if base, _, ok := strings.Cut(pr.Field, "."); ok {
+					if l, ok := op.lines[base]; ok {
+						line = l
+					}
+				}
+			}
+			p.add(pr.Operator, line, pr.Field, "%s", pr.Message)
+		}
+		return nil
+	}
+	job.Graph = g
+	return job
+}
+
+var operatorFields = []string{"uid", "parallelism", "max_parallelism", "source", "sink", "wasm", "config", "allow_clock", "inputs"}
+
+func (p *parser) operator(i int, n *yaml.Node, defaultPar, maxPar int) *operator {
+	where := fmt.Sprintf("operators[%d]", i)
+	if n.Kind != yaml.MappingNode {
+		p.add("", n.Line, where, "want a mapping with uid and one of source, sink or wasm")
+		return nil
+	}
+	op := &operator{line: n.Line, lines: map[string]int{}}
+	v := &control.Vertex{Parallelism: defaultPar, MaxParallelism: maxPar}
+	op.vertex = v
+
+	uidNode := findKey(n, "uid")
+	uid := ""
+	if uidNode != nil {
+		uid = p.str("", where+".uid", uidNode)
+		op.lines["uid"] = uidNode.Line
+	}
+	if uid == "" {
+		if uidNode == nil {
+			p.add("", n.Line, where+".uid", "missing: every operator needs a stable uid")
+		} else {
+			p.add("", uidNode.Line, where+".uid", "empty: every operator needs a stable uid")
+		}
+		uid = "" // control is not told about it; the problem is reported
+	}
+	v.UID = uid
+	label := uid // how problems name the operator
+	prefix := ""
+	if uid == "" {
+		prefix = where + "."
+	}
+	f := p.fields(label, prefix, n, operatorFields)
+	for k, c := range f {
+		op.lines[k] = c.Line
+	}
+
+	if c := f["max_parallelism"]; c != nil {
+		if x, ok := p.int(label, prefix+"max_parallelism", c); ok {
+			v.MaxParallelism = x
+			if v.Parallelism > x && f["parallelism"] == nil {
+				v.Parallelism = x
+			}
+		}
+	}
+	if c := f["parallelism"]; c != nil {
+		if x, ok := p.int(label, prefix+"parallelism", c); ok {
+			v.Parallelism = x
+			op.pinned = true
+		}
+	}
+
+	var kinds []string
+	for _, k := range []string{"source", "sink", "wasm"} {
+		if f[k] != nil {
+			kinds = append(kinds, k)
+		}
+	}
+	switch len(kinds) {
+	case 0:
+		p.add(label, n.Line, strings.TrimSuffix(prefix, "."), "needs one of source, sink or wasm")
+	case 1:
+	default:
+		p.add(label, f[kinds[1]].Line, prefix+kinds[1], "an operator has exactly one of source, sink or wasm; this one also has %s", kinds[0])
+	}
+	kind := ""
+	if len(kinds) > 0 {
+		kind = kinds[0]
+	}
+	switch kind {
+	case "source":
+		v.Kind = control.KindSource
+		v.Spec = p.source(label, prefix, f["source"])
+	case "sink":
+		v.Kind = control.KindSink
+		v.Spec = p.sink(label, prefix, f["sink"])
+	case "wasm":
+		v.Kind = control.KindOperator
+		ws := &WasmSpec{Config: map[string]string{}}
+		ws.Path = p.path(label, prefix+"wasm", f["wasm"])
+		if ws.Path != "" {
+			p.checkModule(label, prefix+"wasm", f["wasm"].Line, ws.Path)
+		}
+		if c := f["config"]; c != nil {
+			ws.Config = p.config(label, prefix+"config", c)
+		}
+		if c := f["allow_clock"]; c != nil {
+			ws.AllowClock = p.bool(label, prefix+"allow_clock", c)
+		}
+		v.Spec = ws
+	}
+	if kind != "wasm" {
+		for _, k := range []string{"config", "allow_clock"} {
+			if c := f[k]; c != nil && kind != "" {
+				p.add(label, c.Line, prefix+k, "only a wasm operator takes %s", k)
+			}
+		}
+	}
+
+	if c := f["inputs"]; c != nil {
+		if c.Kind != yaml.SequenceNode {
+			p.add(label, c.Line, prefix+"inputs", "want a list like [{from: lines, partition: hash}]")
+		} else {
+			for j, in := range c.Content {
+				in = resolve(in)
+				field := fmt.Sprintf("inputs[%d]", j)
+				op.lines[field] = in.Line
+				e := control.Edge{}
+				switch in.Kind {
+				case yaml.ScalarNode: // shorthand: "- lines"
+					e.From = in.Value
+					op.lines[field+".from"] = in.Line
+				case yaml.MappingNode:
+					ff := p.fields(label, prefix+field+".", in, []string{"from", "partition"})
+					if x := ff["from"]; x != nil {
+						e.From = p.str(label, prefix+field+".from", x)
+						op.lines[field+".from"] = x.Line
+					}
+					if x := ff["partition"]; x != nil {
+						e.Partition = control.Partitioning(p.str(label, prefix+field+".partition", x))
+						op.lines[field+".partition"] = x.Line
+					}
+				default:
+					p.add(label, in.Line, prefix+field, "want {from: UID, partition: forward|rebalance|hash|broadcast}")
+					continue
+				}
+				v.Inputs = append(v.Inputs, e)
+			}
+		}
+	}
+	if uid == "" {
+		return nil
+	}
+	return op
+}
+
+var (
+	sourceFields    = []string{"type", "path", "count", "rate", "key", "value", "keys", "value_size", "start_ts", "ts_step", "watermark_lag"}
+	fileSourceOnly  = []string{"path"}
+	generatorFields = []string{"count", "rate", "key", "value", "keys", "value_size", "start_ts", "ts_step", "watermark_lag"}
+	sinkFields      = []string{"type", "path", "format"}
+)
+
+// SourceTypes and SinkTypes are the built-in connector types a job file may name.
+var (
+	SourceTypes = []string{"file", "generator"}
+	SinkTypes   = []string{"file", "stdout", "discard"}
+)
+
+func (p *parser) source(op, prefix string, n *yaml.Node) *SourceSpec {
+	prefix += "source."
+	if n.Kind != yaml.MappingNode {
+		p.add(op, n.Line, strings.TrimSuffix(prefix, "."), "want a mapping like {type: file, path: input.txt}")
+		return nil
+	}
+	f := p.fields(op, prefix, n, sourceFields)
+	s := &SourceSpec{KeyPattern: "key-{k}", ValuePattern: "value-{n}", Keys: 100, TSStep: 1}
+	t := f["type"]
+	if t == nil {
+		p.add(op, n.Line, prefix+"type", "missing (want %s)", strings.Join(SourceTypes, " or "))
+		return nil
+	}
+	s.Type = p.str(op, prefix+"type", t)
+	notFor := func(allowed []string) {
+		for _, k := range sourceFields {
+			if c := f[k]; c != nil && k != "type" && !contains(allowed, k) {
+				p.add(op, c.Line, prefix+k, "not a field of a %s source", s.Type)
+			}
+		}
+	}
+	switch s.Type {
+	case "file":
+		notFor(fileSourceOnly)
+		c := f["path"]
+		if c == nil {
+			p.add(op, n.Line, prefix+"path", "missing: a file source reads the file at path (\"-\" for standard input)")
+			return s
+		}
+		if c.Value == "-" {
+			s.Path = "-"
+			return s
+		}
+		s.Path = p.path(op, prefix+"path", c)
+		if s.Path != "" {
+			p.checkReadableFile(op, prefix+"path", c.Line, s.Path, "input file")
+		}
+	case "generator":
+		notFor(generatorFields)
+		if c := f["count"]; c != nil {
+			if x, ok := p.int64(op, prefix+"count", c); ok {
+				if x < 0 {
+					p.add(op, c.Line, prefix+"count", "must not be negative, got %d", x)
+				}
+				s.Count = x
+			}
+		}
+		if c := f["rate"]; c != nil {
+			if x, ok := p.float(op, prefix+"rate", c); ok {
+				if x < 0 || math.IsNaN(x) || math.IsInf(x, 0) {
+					p.add(op, c.Line, prefix+"rate", "must be a non-negative number of records per second, got %v", c.Value)
+				}
+				s.Rate = x
+			}
+		}
+		if s.Count == 0 && s.Rate == 0 {
+			p.add(op, n.Line, prefix+"count", "a generator needs count (records in total) or rate (records per second; unbounded without count)")
+		}
+		if c := f["key"]; c != nil {
+			s.KeyPattern = p.str(op, prefix+"key", c)
+		}
+		if c := f["value"]; c != nil {
+			s.ValuePattern = p.str(op, prefix+"value", c)
+		}
+		if c := f["keys"]; c != nil {
+			if x, ok := p.int64(op, prefix+"keys", c); ok {
+				if x < 1 {
+					p.add(op, c.Line, prefix+"keys", "must be at least 1, got %d", x)
+				}
+				s.Keys = x
+			}
+		}
+		if c := f["value_size"]; c != nil {
+			if x, ok := p.int(op, prefix+"value_size", c); ok {
+				if x < 0 {
+					p.add(op, c.Line, prefix+"value_size", "must not be negative, got %d", x)
+				}
+				s.ValueSize = x
+			}
+		}
+		if c := f["start_ts"]; c != nil {
+			s.StartTS, _ = p.int64(op, prefix+"start_ts", c)
+		}
+		if c := f["ts_step"]; c != nil {
+			s.TSStep, _ = p.int64(op, prefix+"ts_step", c)
+		}
+		if c := f["watermark_lag"]; c != nil {
+			if d, ok := p.duration(op, prefix+"watermark_lag", c); ok {
+				if d < 0 {
+					p.add(op, c.Line, prefix+"watermark_lag", "must not be negative, got %v", d)
+				}
+				s.WatermarkLag = d
+			}
+		}
+	default:
+		p.add(op, t.Line, prefix+"type", "unknown source type %q (want %s)", s.Type, strings.Join(SourceTypes, " or "))
+	}
+	return s
+}
+
+func (p *parser) sink(op, prefix string, n *yaml.Node) *SinkSpec {
+	prefix += "sink."
+	if n.Kind != yaml.MappingNode {
+		p.add(op, n.Line, strings.TrimSuffix(prefix, "."), "want a mapping like {type: file, path: out/}")
+		return nil
+	}
+	f := p.fields(op, prefix, n, sinkFields)
+	s := &SinkSpec{Format: "value"}
+	t := f["type"]
+	if t == nil {
+		p.add(op, n.Line, prefix+"type", "missing (want %s)", strings.Join(SinkTypes, ", "))
+		return nil
+	}
+	s.Type = p.str(op, prefix+"type", t)
+	if c := f["format"]; c != nil {
+		s.Format = p.str(op, prefix+"format", c)
+		if s.Format != "value" && s.Format != "kv" {
+			p.add(op, c.Line, prefix+"format", "unknown format %q (want value or kv)", s.Format)
+		}
+	}
+	switch s.Type {
+	case "file":
+		c := f["path"]
+		if c == nil {
+			p.add(op, n.Line, prefix+"path", "missing: a file sink writes part files into the directory at path")
+			return s
+		}
+		s.Path = p.path(op, prefix+"path", c)
+		if s.Path != "" {
+			if fi, err := os.Stat(s.Path); err == nil && !fi.IsDir() {
+				p.add(op, c.Line, prefix+"path", "%s is a file; a file sink writes into a directory", s.Path)
+			}
+		}
+	case "stdout", "discard":
+		if c := f["path"]; c != nil {
+			p.add(op, c.Line, prefix+"path", "not a field of a %s sink", s.Type)
+		}
+		if c := f["format"]; c != nil && s.Type == "discard" {
+			p.add(op, c.Line, prefix+"format", "not a field of a discard sink")
+		}
+	default:
+		p.add(op, t.Line, prefix+"type", "unknown sink type %q (want %s)", s.Type, strings.Join(SinkTypes, ", "))
+	}
+	return s
+}
+
+var checkpointFields = []string{"interval", "dir", "retain", "timeout", "min_pause"}
+
+func (p *parser) checkpoint(n *yaml.Node) *CheckpointSettings {
+	const prefix = "checkpoint."
+	if n.Kind != yaml.MappingNode {
+		p.add("", n.Line, "checkpoint", "want a mapping like {interval: 5s, dir: ./checkpoints}")
+		return nil
+	}
+	f := p.fields("", prefix, n, checkpointFields)
+	c := &CheckpointSettings{Dir: filepath.Join(p.baseDir, "checkpoints"), Retain: 1, Timeout: 10 * time.Minute}
+	if x := f["interval"]; x == nil {
+		p.add("", n.Line, prefix+"interval", "missing: how often to checkpoint, like 5s")
+	} else if d, ok := p.duration("", prefix+"interval", x); ok {
+		if d <= 0 {
+			p.add("", x.Line, prefix+"interval", "must be positive, got %v", d)
+		}
+		c.Interval = d
+	}
+	if x := f["dir"]; x != nil {
+		c.Dir = p.path("", prefix+"dir", x)
+	}
+	if x := f["retain"]; x != nil {
+		if v, ok := p.int("", prefix+"retain", x); ok {
+			if v < 1 {
+				p.add("", x.Line, prefix+"retain", "must be at least 1, got %d", v)
+			}
+			c.Retain = v
+		}
+	}
+	if x := f["timeout"]; x != nil {
+		if d, ok := p.duration("", prefix+"timeout", x); ok {
+			if d <= 0 {
+				p.add("", x.Line, prefix+"timeout", "must be positive, got %v", d)
+			}
+			c.Timeout = d
+		}
+	}
+	if x := f["min_pause"]; x != nil {
+		if d, ok := p.duration("", prefix+"min_pause", x); ok {
+			if d < 0 {
+				p.add("", x.Line, prefix+"min_pause", "must not be negative, got %v", d)
+			}
+			c.MinPause = d
+		}
+	}
+	return c
+}
+
+func (p *parser) restart(n *yaml.Node, r *RestartSettings) {
+	const prefix = "restart."
+	if n.Kind != yaml.MappingNode {
+		p.add("", n.Line, "restart", "want a mapping like {strategy: fixed-delay, attempts: 3, delay: 1s}")
+		return
+	}
+	f := p.fields("", prefix, n, []string{"strategy", "attempts", "delay"})
+	if x := f["strategy"]; x != nil {
+		r.Strategy = p.str("", prefix+"strategy", x)
+		switch r.Strategy {
+		case RestartNone:
+			r.Attempts, r.Delay = 0, 0
+		case RestartFixedDelay:
+			if r.Attempts == 0 {
+				r.Attempts, r.Delay = 3, time.Second
+			}
+		default:
+			p.add("", x.Line, prefix+"strategy", "unknown strategy %q (want none or fixed-delay)", r.Strategy)
+		}
+	}
+	if x := f["attempts"]; x != nil {
+		if v, ok := p.int("", prefix+"attempts", x); ok {
+			if v < 0 {
+				p.add("", x.Line, prefix+"attempts", "must not be negative, got %d", v)
+			}
+			r.Attempts = v
+		}
+	}
+	if x := f["delay"]; x != nil {
+		if d, ok := p.duration("", prefix+"delay", x); ok {
+			if d < 0 {
+				p.add("", x.Line, prefix+"delay", "must not be negative, got %v", d)
+			}
+			r.Delay = d
+		}
+	}
+	if r.Strategy == RestartNone && (f["attempts"] != nil || f["delay"] != nil) {
+		p.add("", n.Line, prefix+"strategy", "attempts and delay need strategy fixed-delay")
+	}
+}
+
+// config flattens a YAML mapping into strings: scalars as written (null as
+// ""), lists and mappings as JSON.
+func (p *parser) config(op, field string, n *yaml.Node) map[string]string {
+	out := map[string]string{}
+	if n.Kind != yaml.MappingNode {
+		if n.Tag == "!!null" {
+			return out
+		}
+		p.add(op, n.Line, field, "want a mapping of names to values, like {min_length: 3}")
+		return out
+	}
+	for i := 0; i+1 < len(n.Content); i += 2 {
+		k, v := resolve(n.Content[i]), resolve(n.Content[i+1])
+		if k.Kind != yaml.ScalarNode {
+			p.add(op, k.Line, field, "keys must be strings")
+			continue
+		}
+		name := field + "." + k.Value
+		if _, dup := out[k.Value]; dup {
+			p.add(op, k.Line, name, "given twice")
+			continue
+		}
+		switch v.Kind {
+		case yaml.ScalarNode:
+			if v.Tag == "!!null" {
+				out[k.Value] = ""
+			} else {
+				out[k.Value] = v.Value
+			}
+		default:
+			var x any
+			if err := v.Decode(&x); err != nil {
+				p.add(op, v.Line, name, "%v", err)
+				continue
+			}
+			b, err := json.Marshal(x)
+			if err != nil {
+				p.add(op, v.Line, name, "cannot be written as JSON: %v", err)
+				continue
+			}
+			out[k.Value] = string(b)
+		}
+	}
+	return out
+}
+
+// fields returns the values of mapping n by key, reporting unknown and repeated keys.
+func (p *parser) fields(op, prefix string, n *yaml.Node, known []string) map[string]*yaml.Node {
+	out := map[string]*yaml.Node{}
+	for i := 0; i+1 < len(n.Content); i += 2 {
+		k := resolve(n.Content[i])
+		if k.Kind != yaml.ScalarNode {
+			p.add(op, k.Line, strings.TrimSuffix(prefix, "."), "field names must be strings")
+			continue
+		}
+		if !contains(known, k.Value) {
+			p.add(op, k.Line, prefix+k.Value, "unknown field%s", suggest(k.Value, known))
+			continue
+		}
+		if _, dup := out[k.Value]; dup {
+			p.add(op, k.Line, prefix+k.Value, "given twice")
+			continue
+		}
+		out[k.Value] = resolve(n.Content[i+1])
+	}
+	return out
+}
+
+func findKey(n *yaml.Node, key string) *yaml.Node {
+	for i := 0; i+1 < len(n.Content); i += 2 {
+		if k := resolve(n.Content[i]); k.Kind == yaml.ScalarNode && k.Value == key {
+			return resolve(n.Content[i+1])
+		}
+	}
+	return nil
+}
+
+func resolve(n *yaml.Node) *yaml.Node {
+	for n.Kind == yaml.AliasNode && n.Alias != nil {
+		n = n.Alias
+	}
+	return n
+}
+
+func contains(list []string, s string) bool {
+	for _, x := range list {
+		if x == s {
+			return true
+		}
+	}
+	return false
+}
+
+func (p *parser) str(op, field string, n *yaml.Node) string {
+	if n.Kind != yaml.ScalarNode || n.Tag == "!!null" {
+		p.add(op, n.Line, field, "want a string")
+		return ""
+	}
+	return n.Value
+}
+
+func (p *parser) int(op, field string, n *yaml.Node) (int, bool) {
+	x, ok := p.int64(op, field, n)
+	if ok && (x > math.MaxInt32 || x < math.MinInt32) {
+		p.add(op, n.Line, field, "%d is out of range", x)
+		return 0, false
+	}
+	return int(x), ok
+}
+
+func (p *parser) int64(op, field string, n *yaml.Node) (int64, bool) {
+	var x int64
+	if n.Kind != yaml.ScalarNode || n.Tag != "!!int" || n.Decode(&x) != nil {
+		p.add(op, n.Line, field, "want an integer, got %s", describe(n))
+		return 0, false
+	}
+	return x, true
+}
+
+func (p *parser) float(op, field string, n *yaml.Node) (float64, bool) {
+	var x float64
+	if n.Kind != yaml.ScalarNode || (n.Tag != "!!int" && n.Tag != "!!float") || n.Decode(&x) != nil {
+		p.add(op, n.Line, field, "want a number, got %s", describe(n))
+		return 0, false
+	}
+	return x, true
+}
+
+func (p *parser) bool(op, field string, n *yaml.Node) bool {
+	var x bool
+	if n.Kind != yaml.ScalarNode || n.Tag != "!!bool" || n.Decode(&x) != nil {
+		p.add(op, n.Line, field, "want true or false, got %s", describe(n))
+		return false
+	}
+	return x
+}
+
+// duration accepts Go durations ("500ms", "5s", "1m30s") and the integer 0.
+func (p *parser) duration(op, field string, n *yaml.Node) (time.Duration, bool) {
+	if n.Kind == yaml.ScalarNode && n.Tag == "!!int" && n.Value == "0" {
+		return 0, true
+	}
+	if n.Kind == yaml.ScalarNode && n.Tag == "!!str" {
+		if d, err := time.ParseDuration(n.Value); err == nil {
+			return d, true
+		}
+	}
+	p.add(op, n.Line, field, "want a duration like 500ms, 5s or 1m, got %s", describe(n))
+	return 0, false
+}
+
+func describe(n *yaml.Node) string {
+	switch n.Kind {
+	case yaml.MappingNode:
+		return "a mapping"
+	case yaml.SequenceNode:
+		return "a list"
+	}
+	return strconv.Quote(n.Value)
+}
+
+// path resolves a path against the job file's directory.
+func (p *parser) path(op, field string, n *yaml.Node) string {
+	s := p.str(op, field, n)
+	if s == "" {
+		if n.Kind == yaml.ScalarNode && n.Tag != "!!null" {
+			p.add(op, n.Line, field, "empty path")
+		}
+		return ""
+	}
+	if strings.HasPrefix(s, "~/") {
+		if home, err := os.UserHomeDir(); err == nil {
+			s = filepath.Join(home, s[2:])
+		}
+	}
+	if !filepath.IsAbs(s) {
+		s = filepath.Join(p.baseDir, s)
+	}
+	return filepath.Clean(s)
+}
+
+func (p *parser) checkReadableFile(op, field string, line int, path, what string) bool {
+	f, err := os.Open(path)
+	if err != nil {
+		p.add(op, line, field, "cannot read %s %s: %v", what, path, unwrapPathError(err))
+		return false
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		p.add(op, line, field, "cannot read %s %s: %v", what, path, unwrapPathError(err))
+		return false
+	}
+	if fi.IsDir() {
+		p.add(op, line, field, "%s %s is a directory", what, path)
+		return false
+	}
+	return true
+}
+
+// checkModule checks that the module file exists, is readable and starts with
+// the WebAssembly magic number. The host checks the rest before the job starts.
+func (p *parser) checkModule(op, field string, line int, path string) {
+	if !p.checkReadableFile(op, field, line, path, "module") {
+		return
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		p.add(op, line, field, "cannot read module %s: %v", path, unwrapPathError(err))
+		return
+	}
+	defer f.Close()
+	var magic [4]byte
+	if _, err := io.ReadFull(f, magic[:]); err != nil || magic != [4]byte{0, 'a', 's', 'm'} {
+		p.add(op, line, field, "%s is not a WebAssembly module (no \\0asm header)", path)
+	}
+}
+
+func unwrapPathError(err error) error {
+	var pe *fs.PathError
+	if errors.As(err, &pe) {
+		return pe.Err
+	}
+	return err
+}

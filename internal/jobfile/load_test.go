@@ -1,0 +1,443 @@
+package jobfile
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/streamd/streamd/control"
+)
+
+// emptyModule is the smallest valid WebAssembly module: the header only.
+var emptyModule = []byte{0, 'a', 's', 'm', 1, 0, 0, 0}
+
+// fixture writes a job file and the files it refers to into a new directory.
+func fixture(t *testing.T, job string) string {
+	t.Helper()
+	dir := t.TempDir()
+	must(t, os.WriteFile(filepath.Join(dir, "input.txt"), []byte("a b c\n"), 0o644))
+	must(t, os.MkdirAll(filepath.Join(dir, "mods"), 0o755))
+	must(t, os.WriteFile(filepath.Join(dir, "mods", "count.wasm"), emptyModule, 0o644))
+	must(t, os.WriteFile(filepath.Join(dir, "mods", "notwasm.wasm"), []byte("hello"), 0o644))
+	path := filepath.Join(dir, "wordcount.yaml")
+	// The cases below append to a common head with a raw string that starts
+	// on a new line; drop that blank line so line numbers count naturally.
+	job = strings.ReplaceAll(strings.TrimLeft(job, "\n"), "\n\n", "\n")
+	must(t, os.WriteFile(path, []byte(job), 0o644))
+	return path
+}
+
+func must(t *testing.T, err error) {
+	t.Helper()
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+const wordcount = `
+name: wordcount
+parallelism: 2                  # default for operators
+checkpoint: {interval: 5s, dir: ./checkpoints}
+operators:
+  - uid: lines
+    source: {type: file, path: input.txt}
+  - uid: count
+    wasm: mods/count.wasm
+    config: {min_length: 3, words: [a, b], nested: {x: 1}, empty: ~, quoted: "007", flag: true}
+    inputs: [{from: lines, partition: hash}]
+  - uid: out
+    sink: {type: file, path: out/}
+    inputs: [{from: count}]
+`
+
+func TestLoadWordcount(t *testing.T) {
+	path := fixture(t, wordcount)
+	dir := filepath.Dir(path)
+	job, err := LoadJob(path, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := job.Graph
+	if g.Name != "wordcount" || len(g.Vertices) != 3 {
+		t.Fatalf("graph %q with %d vertices", g.Name, len(g.Vertices))
+	}
+	lines, count, out := g.Vertex("lines"), g.Vertex("count"), g.Vertex("out")
+	if lines.Kind != control.KindSource || count.Kind != control.KindOperator || out.Kind != control.KindSink {
+		t.Errorf("kinds %q %q %q", lines.Kind, count.Kind, out.Kind)
+	}
+	for _, v := range g.Vertices {
+		if v.Parallelism != 2 || v.MaxParallelism != 128 {
+			t.Errorf("%s: parallelism %d max %d, want 2 and 128", v.UID, v.Parallelism, v.MaxParallelism)
+		}
+	}
+	if src := lines.Spec.(*SourceSpec); src.Type != "file" || src.Path != filepath.Join(dir, "input.txt") {
+		t.Errorf("source spec %+v", src)
+	}
+	ws := count.Spec.(*WasmSpec)
+	if ws.Path != filepath.Join(dir, "mods", "count.wasm") {
+		t.Errorf("wasm path %q", ws.Path)
+	}
+	wantCfg := map[string]string{"min_length": "3", "words": `["a","b"]`, "nested": `{"x":1}`, "empty": "", "quoted": "007", "flag": "true"}
+	if !reflect.DeepEqual(ws.Config, wantCfg) {
+		t.Errorf("config = %v, want %v", ws.Config, wantCfg)
+	}
+	if e := count.Inputs[0]; e.From != "lines" || e.Partition != control.Hash || e.To != "count" || e.Input != 0 {
+		t.Errorf("count input %+v", e)
+	}
+	if e := out.Inputs[0]; e.Partition != control.Forward {
+		t.Errorf("out input partition %q, want forward by default", e.Partition)
+	}
+	if sink := out.Spec.(*SinkSpec); sink.Type != "file" || sink.Path != filepath.Join(dir, "out") || sink.Format != "value" {
+		t.Errorf("sink spec %+v", sink)
+	}
+	want := &CheckpointSettings{Interval: 5 * time.Second, Dir: filepath.Join(dir, "checkpoints"), Retain: 1, Timeout: 10 * time.Minute}
+	if !reflect.DeepEqual(job.Checkpoint, want) {
+		t.Errorf("checkpoint %+v, want %+v", job.Checkpoint, want)
+	}
+	if job.Restart.Strategy != RestartFixedDelay || job.Path != path {
+		t.Errorf("restart %+v path %q", job.Restart, job.Path)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "out")); !os.IsNotExist(err) {
+		t.Errorf("loading created the output directory (or: %v)", err)
+	}
+
+	g2, err := Load(path)
+	if err != nil || g2.Name != "wordcount" {
+		t.Fatalf("Load: %v", err)
+	}
+}
+
+func TestParallelismOverride(t *testing.T) {
+	path := fixture(t, `
+name: p
+parallelism: 2
+operators:
+  - uid: gen
+    parallelism: 1
+    source: {type: generator, count: 10}
+  - uid: op
+    wasm: mods/count.wasm
+    inputs: [{from: gen, partition: rebalance}]
+  - uid: out
+    sink: {type: discard}
+    inputs: [op]
+`)
+	for _, tt := range []struct{ override, gen, op, out int }{{0, 1, 2, 2}, {4, 1, 4, 4}, {1, 1, 1, 1}} {
+		job, err := LoadJob(path, Options{Parallelism: tt.override})
+		if err != nil {
+			t.Fatal(err)
+		}
+		g := job.Graph
+		if got := [3]int{g.Vertex("gen").Parallelism, g.Vertex("op").Parallelism, g.Vertex("out").Parallelism}; got != [3]int{tt.gen, tt.op, tt.out} {
+			t.Errorf("override %d: parallelisms %v, want %d %d %d", tt.override, got, tt.gen, tt.op, tt.out)
+		}
+	}
+	_, err := LoadJob(path, Options{Parallelism: 500})
+	if err == nil || !strings.Contains(err.Error(), "parallelism: the override 500 is above max_parallelism 128") {
+		t.Fatalf("override 500: %v", err)
+	}
+}
+
+func TestGeneratorAndSinkFields(t *testing.T) {
+	path := fixture(t, `
+name: gen
+operators:
+  - uid: gen
+    source: {type: generator, count: 1000, rate: 50.5, key: "k{k}", value: "", keys: 7, value_size: 16, start_ts: 1000, ts_step: 10, watermark_lag: 250ms}
+  - uid: out
+    sink: {type: stdout, format: kv}
+    inputs:
+      - gen
+`)
+	g, err := Load(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := &SourceSpec{Type: "generator", Count: 1000, Rate: 50.5, KeyPattern: "k{k}", ValuePattern: "", Keys: 7, ValueSize: 16, StartTS: 1000, TSStep: 10, WatermarkLag: 250 * time.Millisecond}
+	if got := g.Vertex("gen").Spec.(*SourceSpec); !reflect.DeepEqual(got, want) {
+		t.Errorf("generator = %+v\nwant %+v", got, want)
+	}
+	if got := g.Vertex("out").Spec.(*SinkSpec); got.Type != "stdout" || got.Format != "kv" {
+		t.Errorf("sink = %+v", got)
+	}
+	if g.Vertex("gen").Parallelism != 1 {
+		t.Errorf("default parallelism %d, want 1", g.Vertex("gen").Parallelism)
+	}
+}
+
+func TestDefaults(t *testing.T) {
+	path := fixture(t, `
+operators:
+  - uid: gen
+    source: {type: generator, count: 5}
+  - uid: out
+    sink: {type: discard}
+    inputs: [gen]
+`)
+	job, err := LoadJob(path, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if job.Graph.Name != "wordcount" {
+		t.Errorf("name %q: want the file's base name", job.Graph.Name)
+	}
+	if job.Checkpoint != nil || job.Restart.Strategy != RestartNone {
+		t.Errorf("checkpoint %+v restart %+v: want none", job.Checkpoint, job.Restart)
+	}
+	want := &SourceSpec{Type: "generator", Count: 5, KeyPattern: "key-{k}", ValuePattern: "value-{n}", Keys: 100, TSStep: 1}
+	if got := job.Graph.Vertex("gen").Spec.(*SourceSpec); !reflect.DeepEqual(got, want) {
+		t.Errorf("generator defaults %+v, want %+v", got, want)
+	}
+	if _, err := Parse([]byte("operators: []\n"), t.TempDir()); err == nil || !strings.Contains(err.Error(), "name: missing") {
+		t.Errorf("Parse without a name: %v", err)
+	}
+}
+
+// TestInvalid checks that each broken job file is rejected with every
+// expected problem, rendered with the file, operator, line and field.
+func TestInvalid(t *testing.T) {
+	const head = "name: bad\noperators:\n  - uid: lines\n    source: {type: file, path: input.txt}\n"
+	tests := []struct {
+		name string
+		job  string
+		want []string
+	}{
+		{"unknown input", head + `
+  - uid: count
+    wasm: mods/count.wasm
+    inputs: [{from: lnes, partition: hash}]
+`, []string{`jobfile: wordcount.yaml: operator "count" (line 7): inputs[0].from: unknown operator "lnes"`}},
+		{"cycle", head + `
+  - uid: a
+    wasm: mods/count.wasm
+    inputs: [lines, b]
+  - uid: b
+    wasm: mods/count.wasm
+    inputs: [a]
+`, []string{`operator "a" (line 7): inputs[1].from: cycle: a -> b -> a`}},
+		{"duplicate uid", head + `
+  - uid: lines
+    sink: {type: stdout}
+    inputs: [lines]
+`, []string{`operator "lines" (line 5): uid: duplicate uid "lines", first used on line 3`}},
+		{"forward between parallelisms", head + `
+  - uid: out
+    parallelism: 3
+    sink: {type: stdout}
+    inputs: [{from: lines}]
+`, []string{`operator "out" (line 8): inputs[0].partition: forward from "lines" (parallelism 1) to "out" (parallelism 3) needs equal parallelism; use rebalance, hash or broadcast`}},
+		{"parallelism zero", head + `
+  - uid: out
+    parallelism: 0
+    sink: {type: stdout}
+    inputs: [{from: lines, partition: rebalance}]
+`, []string{`operator "out" (line 6): parallelism: must be at least 1, got 0`}},
+		{"parallelism above max", `name: bad
+max_parallelism: 8
+parallelism: 9
+operators:
+  - uid: g
+    source: {type: generator, count: 1}
+  - uid: o
+    parallelism: 20
+    sink: {type: discard}
+    inputs: [{from: g, partition: rebalance}]
+`, []string{`line 3: parallelism: 9 is above max_parallelism 8`, `operator "o" (line 8): parallelism: 20 is above max_parallelism 8`}},
+		{"missing module", head + `
+  - uid: count
+    wasm: mods/nope.wasm
+    inputs: [lines]
+`, []string{`operator "count" (line 6): wasm: cannot read module `, `mods/nope.wasm: no such file or directory`}},
+		{"not a module", head + `
+  - uid: count
+    wasm: mods/notwasm.wasm
+    inputs: [lines]
+`, []string{`operator "count" (line 6): wasm: `, `notwasm.wasm is not a WebAssembly module`}},
+		{"unknown source type", `name: bad
+operators:
+  - uid: k
+    source: {type: kafka, path: x}
+`, []string{`operator "k" (line 4): source.type: unknown source type "kafka" (want file or generator)`}},
+		{"unknown sink type", head + `
+  - uid: out
+    sink: {type: s3}
+    inputs: [lines]
+`, []string{`operator "out" (line 6): sink.type: unknown sink type "s3" (want file, stdout, discard)`}},
+		{"typo in field", head + `
+  - uid: out
+    snk: {type: stdout}
+    inputs: [lines]
+`, []string{`operator "out" (line 6): snk: unknown field (did you mean "sink"?)`, `operator "out" (line 5): needs one of source, sink or wasm`}},
+		{"typo at top level", "nmae: x\n" + head[len("name: bad\n"):], []string{`line 1: nmae: unknown field (did you mean "name"?)`}},
+		{"two kinds", head + `
+  - uid: both
+    sink: {type: stdout}
+    wasm: mods/count.wasm
+    inputs: [lines]
+`, []string{`operator "both" (line 7): wasm: an operator has exactly one of source, sink or wasm; this one also has sink`}},
+		{"missing uid", head + `
+  - sink: {type: stdout}
+    inputs: [lines]
+`, []string{`line 5: operators[1].uid: missing: every operator needs a stable uid`}},
+		{"missing input file", `name: bad
+operators:
+  - uid: lines
+    source: {type: file, path: nothere.txt}
+`, []string{`operator "lines" (line 4): source.path: cannot read input file `, `nothere.txt: no such file or directory`}},
+		{"source field of another type", `name: bad
+operators:
+  - uid: lines
+    source: {type: file, path: input.txt, count: 3}
+`, []string{`operator "lines" (line 4): source.count: not a field of a file source`}},
+		{"generator without count", `name: bad
+operators:
+  - uid: g
+    source:
+      type: generator
+      keys: 0
+`, []string{`operator "g" (line 5): source.count: a generator needs count`, `operator "g" (line 6): source.keys: must be at least 1, got 0`}},
+		{"bad types", `name: bad
+parallelism: two
+checkpoint: {interval: 5, retain: 0}
+operators:
+  - uid: g
+    source: {type: generator, count: 1, watermark_lag: soon}
+`, []string{
+			`line 2: parallelism: want an integer, got "two"`,
+			`line 3: checkpoint.interval: want a duration like 500ms, 5s or 1m, got "5"`,
+			`line 3: checkpoint.retain: must be at least 1, got 0`,
+			`operator "g" (line 6): source.watermark_lag: want a duration like 500ms, 5s or 1m, got "soon"`,
+		}},
+		{"sink without input and source with input", `name: bad
+operators:
+  - uid: g
+    source: {type: generator, count: 1}
+    inputs: [o]
+  - uid: o
+    sink: {type: discard}
+`, []string{`operator "g" (line 5): inputs: a source takes no inputs`, `operator "o" (line 6): inputs: a sink needs at least one input`}},
+		{"config on a sink", head + `
+  - uid: out
+    sink: {type: stdout}
+    config: {a: 1}
+    inputs: [lines]
+`, []string{`operator "out" (line 7): config: only a wasm operator takes config`}},
+		{"unknown partition", head + `
+  - uid: out
+    sink: {type: stdout}
+    inputs: [{from: lines, partition: hsh}]
+`, []string{`operator "out" (line 7): inputs[0].partition: unknown partitioning "hsh"`}},
+		{"file sink on a file", head + `
+  - uid: out
+    sink: {type: file, path: input.txt}
+    inputs: [lines]
+`, []string{`operator "out" (line 6): sink.path: `, `input.txt is a file; a file sink writes into a directory`}},
+		{"yaml syntax", "name: bad\noperators:\n  - uid: [\n", []string{`jobfile: wordcount.yaml: line `, `YAML: `}},
+		{"empty", "", []string{`jobfile: wordcount.yaml: the job file is empty`}},
+		{"not a mapping", "- a\n- b\n", []string{`line 1: the job file must be a mapping`}},
+		{"no operators", "name: x\n", []string{`line 1: operators: missing: a job needs at least one operator`}},
+		{"restart", head + "restart: {strategy: forever}\n", []string{`line 5: restart.strategy: unknown strategy "forever" (want none or fixed-delay)`}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			path := fixture(t, tt.job)
+			_, err := LoadJob(path, Options{Filename: "wordcount.yaml"})
+			if err == nil {
+				t.Fatalf("loaded; want errors %q", tt.want)
+			}
+			if !errors.Is(err, ErrInvalid) {
+				t.Errorf("%v does not match ErrInvalid", err)
+			}
+			var je *Error
+			if !errors.As(err, &je) {
+				t.Fatalf("%T is not *Error", err)
+			}
+			msg := err.Error()
+			for _, w := range tt.want {
+				if !strings.Contains(msg, w) {
+					t.Errorf("error lacks %q:\n%s", w, msg)
+				}
+			}
+			for _, line := range strings.Split(msg, "\n") {
+				if !strings.HasPrefix(line, "jobfile: wordcount.yaml: ") {
+					t.Errorf("line %q lacks the file prefix", line)
+				}
+			}
+			if _, err := os.Stat(filepath.Join(filepath.Dir(path), "out")); !os.IsNotExist(err) {
+				t.Errorf("an invalid job created out/")
+			}
+		})
+	}
+}
+
+func TestLoadMissingFile(t *testing.T) {
+	_, err := Load(filepath.Join(t.TempDir(), "none.yaml"))
+	if err == nil || !strings.Contains(err.Error(), "jobfile: open ") || !strings.Contains(err.Error(), "none.yaml: no such file") {
+		t.Fatalf("err = %v", err)
+	}
+}
+
+func TestFilterJob(t *testing.T) {
+	dir := t.TempDir()
+	mod := filepath.Join(dir, "upper-case.wasm")
+	must(t, os.WriteFile(mod, emptyModule, 0o644))
+	in := filepath.Join(dir, "in.txt")
+	must(t, os.WriteFile(in, []byte("x\n"), 0o644))
+
+	job, err := FilterJob(Filter{Module: mod, Config: map[string]string{"a": "1"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := job.Graph
+	if g.Name != "upper-case" || len(g.Vertices) != 3 || g.Vertices[1].UID != "upper-case" {
+		t.Fatalf("graph %q %v", g.Name, g.Vertices)
+	}
+	if s := g.Vertex("source").Spec.(*SourceSpec); s.Type != "file" || s.Path != "-" {
+		t.Errorf("default source %+v, want stdin", s)
+	}
+	if s := g.Vertex("sink").Spec.(*SinkSpec); s.Type != "stdout" {
+		t.Errorf("default sink %+v", s)
+	}
+	if ws := g.Vertex("upper-case").Spec.(*WasmSpec); ws.Path != mod || ws.Config["a"] != "1" {
+		t.Errorf("wasm spec %+v", ws)
+	}
+
+	job, err = FilterJob(Filter{Module: mod, Source: "file:" + in, Sink: "file:" + filepath.Join(dir, "out"), Parallelism: 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	g = job.Graph
+	if src, op, sink := g.Vertex("source"), g.Vertex("upper-case"), g.Vertex("sink"); src.Parallelism != 1 || op.Parallelism != 4 || sink.Parallelism != 4 ||
+		op.Inputs[0].Partition != control.Rebalance || sink.Inputs[0].Partition != control.Forward {
+		t.Errorf("parallel filter: %d %d %d, edges %q %q", src.Parallelism, op.Parallelism, sink.Parallelism, op.Inputs[0].Partition, sink.Inputs[0].Partition)
+	}
+	job, err = FilterJob(Filter{Module: mod, Source: "generator:50", Sink: "discard", Parallelism: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s := job.Graph.Vertex("source"); s.Parallelism != 2 || s.Spec.(*SourceSpec).Count != 50 {
+		t.Errorf("generator source %+v", s)
+	}
+
+	for _, tt := range []struct {
+		f    Filter
+		want string
+	}{
+		{Filter{Module: filepath.Join(dir, "none.wasm")}, "module: cannot read module"},
+		{Filter{Module: in}, "is not a WebAssembly module"},
+		{Filter{Module: mod, Source: "kafka:x"}, `--source: unknown source "kafka:x"`},
+		{Filter{Module: mod, Source: "generator:many"}, "--source: generator needs a record count"},
+		{Filter{Module: mod, Source: "file:" + filepath.Join(dir, "nope")}, "--source: cannot read input file"},
+		{Filter{Module: mod, Sink: "s3:bucket"}, `--sink: unknown sink "s3:bucket"`},
+		{Filter{Module: mod, Sink: "file:" + in}, "a file sink writes into a directory"},
+		{Filter{Module: mod, Parallelism: -1}, "--parallelism: must be between 1 and 128"},
+	} {
+		if _, err := FilterJob(tt.f); err == nil || !strings.Contains(err.Error(), tt.want) {
+			t.Errorf("%+v: err %v, want %q", tt.f, err, tt.want)
+		}
+	}
+}
