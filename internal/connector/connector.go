@@ -1,0 +1,44 @@
+// Package connector holds streamd's built-in sources (generator, file) and
+// sinks (file, stdout, discard). The task runtime drives them: a source
+// subtask calls Read in a loop and sends what it returns downstream; a sink
+// subtask calls Write for every batch it receives, Flush when its input ended
+// and Close last.
+//
+// Sources report their position (Position) so a checkpoint can store it, and
+// their constructors take a position to resume from.
+package connector
+
+import (
+	"context"
+
+	"github.com/streamd/streamd/abi"
+)
+
+// Source is one subtask of a built-in source. One goroutine uses it.
+type Source interface {
+	// Read fills recs[:n] with the next records and returns n > 0, or 0 and
+	// io.EOF when a bounded source is exhausted. The keys and values alias
+	// memory of the source that stays valid until the next Read. Read may
+	// block (rate limiting, a slow reader) and returns ctx's error when ctx
+	// ends first.
+	Read(ctx context.Context, recs []abi.Record) (n int, err error)
+	// Watermark is the source's watermark after the records read so far;
+	// abi.MinWatermark when it has none.
+	Watermark() int64
+	// Position encodes where the next Read continues; the source's
+	// constructor resumes from it.
+	Position() []byte
+	// Close releases the source's resources.
+	Close() error
+}
+
+// Sink is one subtask of a built-in sink. One goroutine uses it.
+type Sink interface {
+	// Write consumes recs; the sink copies what it keeps.
+	Write(recs []abi.Record) error
+	// Flush makes everything written so far durable (file sink: flush and fsync).
+	Flush() error
+	// Close flushes and releases the sink's resources. It is always called
+	// last, also after a failure.
+	Close() error
+}

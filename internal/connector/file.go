@@ -1,0 +1,170 @@
+package connector
+
+import (
+	"bufio"
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strconv"
+
+	"github.com/streamd/streamd/abi"
+)
+
+// FileSource reads a text file, one record per line: the value is the line
+// without its newline ("\n" or "\r\n"); records have no key and no
+// timestamp. With parallelism p > 1 every subtask reads the whole file and
+// subtask i keeps the lines whose 0-based index is i modulo p. Standard input
+// (path "-") can be read only once: subtask 0 reads all of it and the other
+// subtasks produce nothing. The position is the byte offset and index of the
+// next line.
+type FileSource struct {
+	name                 string
+	f                    *os.File // nil for stdin
+	r                    *bufio.Reader
+	subtask, parallelism int
+	offset               int64 // byte offset of the next line
+	line                 int64 // index of the next line
+	eof                  bool
+	arena                []byte
+	ends                 []int
+}
+
+// NewFileSource opens path for subtask of parallelism, resuming at pos (a
+// Position() of an earlier FileSource of the same file and subtask) unless
+// pos is nil. stdin is read when path is "-".
+func NewFileSource(path string, stdin io.Reader, subtask, parallelism int, pos []byte) (*FileSource, error) {
+	if parallelism < 1 || subtask < 0 || subtask >= parallelism {
+		return nil, fmt.Errorf("connector: file source %s: subtask %d of parallelism %d", path, subtask, parallelism)
+	}
+	s := &FileSource{name: path, subtask: subtask, parallelism: parallelism}
+	if pos != nil {
+		if len(pos) != 17 || pos[0] != positionVersion {
+			return nil, fmt.Errorf("connector: file source %s: bad position %x", path, pos)
+		}
+		s.offset = int64(binary.BigEndian.Uint64(pos[1:]))
+		s.line = int64(binary.BigEndian.Uint64(pos[9:]))
+	}
+	if path == "-" {
+		s.name = "stdin"
+		if stdin == nil {
+			stdin = os.Stdin
+		}
+		if pos != nil && s.offset != 0 {
+			return nil, fmt.Errorf("connector: file source: cannot resume stdin at byte %d", s.offset)
+		}
+		if subtask != 0 {
+			s.eof = true
+			return s, nil
+		}
+		// One reader only: subtask 0 takes every line.
+		s.parallelism = 1
+		s.r = bufio.NewReaderSize(stdin, 64<<10)
+		return s, nil
+	}
+	f, err := os.Open(filepath.Clean(path))
+	if err != nil {
+		return nil, fmt.Errorf("connector: file source: %w", err)
+	}
+	if s.offset > 0 {
+		if _, err := f.Seek(s.offset, io.SeekStart); err != nil {
+			f.Close()
+			return nil, fmt.Errorf("connector: file source %s: resume at byte %d: %w", path, s.offset, err)
+		}
+	}
+	s.f = f
+	s.r = bufio.NewReaderSize(f, 64<<10)
+	return s, nil
+}
+
+// Position encodes the byte offset and index of the next line.
+func (s *FileSource) Position() []byte {
+	b := make([]byte, 17)
+	b[0] = positionVersion
+	binary.BigEndian.PutUint64(b[1:], uint64(s.offset))
+	binary.BigEndian.PutUint64(b[9:], uint64(s.line))
+	return b
+}
+
+// Watermark is abi.MinWatermark: lines have no event time.
+func (s *FileSource) Watermark() int64 { return abi.MinWatermark }
+
+// Close closes the file.
+func (s *FileSource) Close() error {
+	if s.f != nil {
+		err := s.f.Close()
+		s.f = nil
+		if err != nil {
+			return fmt.Errorf("connector: file source %s: %w", s.name, err)
+		}
+	}
+	return nil
+}
+
+// Read returns the next lines of this subtask.
+func (s *FileSource) Read(ctx context.Context, recs []abi.Record) (int, error) {
+	if err := ctx.Err(); err != nil {
+		return 0, fmt.Errorf("connector: file source %s: %w", s.name, err)
+	}
+	a := s.arena[:0]
+	ends := s.ends[:0]
+	n := 0
+	for n < len(recs) && !s.eof {
+		start := len(a)
+		var err error
+		a, err = s.readLine(a)
+		if err == io.EOF {
+			s.eof = true
+			if len(a) == start {
+				break // no last line without a newline
+			}
+		} else if err != nil {
+			return 0, fmt.Errorf("connector: file source %s: line %d (byte %d): %w", s.name, s.line+1, s.offset, err)
+		}
+		s.offset += int64(len(a) - start)
+		mine := s.line%int64(s.parallelism) == int64(s.subtask)
+		s.line++
+		if !mine {
+			a = a[:start]
+			continue
+		}
+		// Strip the newline.
+		e := len(a)
+		if e > start && a[e-1] == '\n' {
+			e--
+			if e > start && a[e-1] == '\r' {
+				e--
+			}
+		}
+		ends = append(ends, start, e)
+		n++
+	}
+	for i := 0; i < n; i++ {
+		st, e := ends[2*i], ends[2*i+1]
+		recs[i] = abi.Record{Value: a[st:e:e], Timestamp: abi.NoTimestamp}
+	}
+	s.arena, s.ends = a, ends
+	if n == 0 && s.eof {
+		return 0, io.EOF
+	}
+	return n, nil
+}
+
+// readLine appends the next line including its newline to dst.
+func (s *FileSource) readLine(dst []byte) ([]byte, error) {
+	for {
+		frag, err := s.r.ReadSlice('\n')
+		dst = append(dst, frag...)
+		if !errors.Is(err, bufio.ErrBufferFull) {
+			return dst, err
+		}
+	}
+}
+
+// String names the source in errors.
+func (s *FileSource) String() string {
+	return "file source " + s.name + " subtask " + strconv.Itoa(s.subtask)
+}
