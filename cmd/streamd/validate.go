@@ -1,0 +1,150 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"path/filepath"
+	"sort"
+	"strings"
+	"text/tabwriter"
+
+	"github.com/spf13/cobra"
+
+	"github.com/streamd/streamd/host"
+	"github.com/streamd/streamd/internal/jobfile"
+)
+
+func (c *cli) validateCommand() *cobra.Command {
+	var parallelism int
+	cmd := &cobra.Command{
+		Use:   "validate JOB.yaml",
+		Short: "Check a job file and its modules without running anything, and print the job graph",
+		Long: `Check a job file and its modules without running anything, and print the job graph.
+
+Every problem in the file is reported, one per line, with the operator, line and
+field. Each wasm module is also compiled and checked for the exports and ABI
+version streamd needs. Exit status 0 when the job is valid, 1 when it is not.`,
+		Args: exactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			job, err := jobfile.LoadJob(args[0], jobfile.Options{Parallelism: parallelism})
+			if err != nil {
+				return err
+			}
+			if err := c.checkModules(cmd.Context(), job); err != nil {
+				return err
+			}
+			printGraph(c.stdout, job)
+			return nil
+		},
+	}
+	cmd.Flags().IntVarP(&parallelism, "parallelism", "p", 0, "replace the job's default parallelism, as run would")
+	return cmd
+}
+
+// checkModules compiles every wasm module of job and checks its exports.
+func (c *cli) checkModules(ctx context.Context, job *jobfile.Job) error {
+	opts, err := c.engineOptions()
+	if err != nil {
+		return err
+	}
+	eng, err := host.NewEngine(ctx, opts...)
+	if err != nil {
+		return err
+	}
+	defer eng.Close(context.WithoutCancel(ctx))
+	for _, v := range job.Graph.Vertices {
+		ws, ok := v.Spec.(*jobfile.WasmSpec)
+		if !ok {
+			continue
+		}
+		m, err := eng.LoadFile(ctx, ws.Path)
+		if err != nil {
+			return fmt.Errorf("operator %q: %w", v.UID, err)
+		}
+		_ = m.Close(ctx)
+	}
+	return nil
+}
+
+// printGraph writes the job's operators in topological order.
+func printGraph(w io.Writer, job *jobfile.Job) {
+	g := job.Graph
+	fmt.Fprintf(w, "job %q: %d operators", g.Name, len(g.Vertices))
+	if job.Path != "" {
+		fmt.Fprintf(w, " (%s)", job.Path)
+	}
+	fmt.Fprintln(w)
+	tw := tabwriter.NewWriter(w, 0, 8, 2, ' ', 0)
+	fmt.Fprintln(tw, "  OPERATOR\tPARALLELISM\tINPUTS\tRUNS")
+	for _, v := range g.Vertices {
+		var ins []string
+		for _, e := range v.Inputs {
+			ins = append(ins, fmt.Sprintf("%s(%s)", e.From, e.Partition))
+		}
+		in := strings.Join(ins, " ")
+		if in == "" {
+			in = "-"
+		}
+		par := fmt.Sprint(v.Parallelism)
+		if v.MaxParallelism != 128 {
+			par += fmt.Sprintf(" (max %d)", v.MaxParallelism)
+		}
+		fmt.Fprintf(tw, "  %s\t%s\t%s\t%s\n", v.UID, par, in, describeSpec(v.Spec))
+	}
+	tw.Flush()
+	if cp := job.Checkpoint; cp != nil {
+		fmt.Fprintf(w, "checkpoint: every %v into %s (retain %d, timeout %v)\n", cp.Interval, cp.Dir, cp.Retain, cp.Timeout)
+	} else {
+		fmt.Fprintln(w, "checkpoint: none")
+	}
+	if r := job.Restart; r.Strategy == jobfile.RestartFixedDelay {
+		fmt.Fprintf(w, "restart: fixed-delay, %d attempts, delay %v\n", r.Attempts, r.Delay)
+	} else {
+		fmt.Fprintln(w, "restart: none")
+	}
+}
+
+func describeSpec(spec any) string {
+	switch s := spec.(type) {
+	case *jobfile.SourceSpec:
+		switch s.Type {
+		case "file":
+			if s.Path == "-" {
+				return "source stdin"
+			}
+			return "source file " + s.Path
+		case "generator":
+			d := fmt.Sprintf("source generator count=%d", s.Count)
+			if s.Rate > 0 {
+				d += fmt.Sprintf(" rate=%g/s", s.Rate)
+			}
+			return d
+		}
+		return "source " + s.Type
+	case *jobfile.SinkSpec:
+		d := "sink " + s.Type
+		if s.Path != "" {
+			d += " " + s.Path + string(filepath.Separator)
+		}
+		if s.Format == "kv" {
+			d += " format=kv"
+		}
+		return d
+	case *jobfile.WasmSpec:
+		d := "wasm " + s.Path
+		keys := make([]string, 0, len(s.Config))
+		for k := range s.Config {
+			keys = append(keys, k)
+		}
+		sort.Strings(keys)
+		for _, k := range keys {
+			d += fmt.Sprintf(" %s=%s", k, s.Config[k])
+		}
+		if s.AllowClock {
+			d += " allow_clock"
+		}
+		return d
+	}
+	return fmt.Sprintf("%T", spec)
+}
