@@ -1,0 +1,262 @@
+package host
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+
+	"github.com/tetratelabs/wazero/api"
+
+	"github.com/streamd/streamd/abi"
+)
+
+var (
+	i32 = api.ValueTypeI32
+	i64 = api.ValueTypeI64
+)
+
+type hostFunc func(i *Instance, stack []uint64)
+
+// instantiateHostModule registers the streamd_v1 imports once per runtime. Each
+// finds its calling Instance from the api.Module it is called with.
+func (e *Engine) instantiateHostModule(ctx context.Context) (api.Module, error) {
+	b := e.runtime.NewHostModuleBuilder(abi.ImportModule)
+	add := func(name string, f hostFunc, params, results []api.ValueType, names ...string) {
+		b.NewFunctionBuilder().
+			WithGoModuleFunction(api.GoModuleFunc(func(ctx context.Context, mod api.Module, stack []uint64) {
+				v, ok := e.instances.Load(mod)
+				if !ok {
+					e.callOutsideSubtask(name, mod, stack)
+					return
+				}
+				f(v.(*Instance), stack)
+			}), params, results).
+			WithParameterNames(names...).
+			Export(name)
+	}
+	add(abi.ImportEmit, hostEmit, []api.ValueType{i32, i32}, nil, "batch_ptr", "batch_len")
+	add(abi.ImportStateGet, hostStateGet, []api.ValueType{i32, i32, i32, i32, i32, i32}, []api.ValueType{i32},
+		"name_ptr", "name_len", "key_ptr", "key_len", "buf_ptr", "buf_cap")
+	add(abi.ImportStatePut, hostStatePut, []api.ValueType{i32, i32, i32, i32, i32, i32}, nil,
+		"name_ptr", "name_len", "key_ptr", "key_len", "val_ptr", "val_len")
+	add(abi.ImportStateDelete, hostStateDelete, []api.ValueType{i32, i32, i32, i32}, nil,
+		"name_ptr", "name_len", "key_ptr", "key_len")
+	add(abi.ImportListStateAdd, hostListStateAdd, []api.ValueType{i32, i32, i32, i32, i32}, nil,
+		"name_ptr", "name_len", "mode", "val_ptr", "val_len")
+	add(abi.ImportListStateGet, hostListStateGet, []api.ValueType{i32, i32, i32, i32, i32}, []api.ValueType{i32},
+		"name_ptr", "name_len", "index", "buf_ptr", "buf_cap")
+	add(abi.ImportTimerRegister, hostTimerRegister, []api.ValueType{i32, i32, i64}, nil, "key_ptr", "key_len", "ts")
+	add(abi.ImportTimerDelete, hostTimerDelete, []api.ValueType{i32, i32, i64}, nil, "key_ptr", "key_len", "ts")
+	add(abi.ImportCurrentWatermark, hostCurrentWatermark, nil, []api.ValueType{i64})
+	add(abi.ImportLog, hostLog, []api.ValueType{i32, i32, i32}, nil, "level", "msg_ptr", "msg_len")
+	add(abi.ImportFail, hostFail, []api.ValueType{i32, i32}, nil, "msg_ptr", "msg_len")
+	return b.Instantiate(ctx)
+}
+
+// callOutsideSubtask serves imports called by the load-time throwaway instance
+// (during _initialize or streamd_abi_version): log and current_watermark work,
+// fail and the rest fail the call.
+func (e *Engine) callOutsideSubtask(name string, mod api.Module, stack []uint64) {
+	switch name {
+	case abi.ImportLog:
+		if msg, ok := mod.Memory().Read(uint32(stack[1]), uint32(stack[2])); ok {
+			e.cfg.logger.Log(context.Background(), logLevel(int32(stack[0])), string(msg), "module", mod.Name())
+		}
+		return
+	case abi.ImportCurrentWatermark:
+		stack[0] = api.EncodeI64(abi.MinWatermark)
+		return
+	case abi.ImportFail:
+		if msg, ok := mod.Memory().Read(uint32(stack[0]), uint32(stack[1])); ok {
+			panic(&hostCallPanic{ErrGuestFailed, string(msg)})
+		}
+	}
+	panic(&hostCallPanic{ErrHostCall, fmt.Sprintf("%s.%s called outside a subtask (while loading)", abi.ImportModule, name)})
+}
+
+// misuse fails the calling guest with ErrHostCall; it does not return.
+func (i *Instance) misuse(format string, args ...any) {
+	i.failure = &hostCallPanic{ErrHostCall, fmt.Sprintf(format, args...)}
+	panic(i.failure)
+}
+
+// read returns a view of guest memory [ptr, ptr+n) or fails the guest.
+func (i *Instance) read(ptr, n uint32, import_, what string) []byte {
+	b, ok := i.mem.Read(ptr, n)
+	if !ok {
+		i.misuse("%s: %s [%#x, +%d) is outside memory (%d bytes)", import_, what, ptr, n, i.mem.Size())
+	}
+	return b
+}
+
+// keyGroup checks key against this subtask's key groups and returns its group.
+func (i *Instance) keyGroup(import_ string, key []byte) int {
+	if len(key) == 0 {
+		i.misuse("%s: empty key (keyed state and timers need the record's key)", import_)
+	}
+	kg := abi.KeyGroup(key, i.maxP)
+	if !i.state.rng.Contains(kg) {
+		i.misuse("%s: key %q is in key group %d, outside this subtask's key groups %s", import_, key, kg, i.state.rng)
+	}
+	return kg
+}
+
+func (i *Instance) requireStateWrite(import_ string) {
+	switch i.phase {
+	case abi.PhaseOpen, abi.PhaseProcess, abi.PhaseWatermark, abi.PhaseTimer, abi.PhaseEndInput, abi.PhaseFinish:
+		return
+	case abi.PhaseSnapshot, abi.PhaseNotify:
+		if !i.finished {
+			return
+		}
+		i.misuse("%s not allowed after finish", import_)
+	}
+	i.misuse("%s not allowed in phase %s", import_, i.phase)
+}
+
+// emit(batch_ptr, batch_len): allowed in process, on_watermark, on_timer, end_input, finish.
+func hostEmit(i *Instance, stack []uint64) {
+	switch i.phase {
+	case abi.PhaseProcess, abi.PhaseWatermark, abi.PhaseTimer, abi.PhaseEndInput, abi.PhaseFinish:
+	default:
+		if i.finished {
+			i.misuse("emit after finish (phase %s)", i.phase)
+		}
+		i.misuse("emit not allowed in phase %s", i.phase)
+	}
+	frame := i.read(uint32(stack[0]), uint32(stack[1]), abi.ImportEmit, "batch")
+	recs, err := i.decodeEmit(frame)
+	if err != nil {
+		i.misuse("emit: %v", err)
+	}
+	if i.emit != nil && len(recs) > 0 {
+		i.emit(recs)
+	}
+}
+
+// state_get(name_ptr, name_len, key_ptr, key_len, buf_ptr, buf_cap) -> len | -1
+func hostStateGet(i *Instance, stack []uint64) {
+	if i.phase == abi.PhaseClose || i.phase == abi.PhaseLoad {
+		i.misuse("state_get not allowed in phase %s", i.phase)
+	}
+	name := i.read(uint32(stack[0]), uint32(stack[1]), abi.ImportStateGet, "name")
+	key := i.read(uint32(stack[2]), uint32(stack[3]), abi.ImportStateGet, "key")
+	v, ok := i.state.get(i.keyGroup(abi.ImportStateGet, key), name, key)
+	if !ok {
+		stack[0] = api.EncodeI32(abi.AbsentLength)
+		return
+	}
+	if uint32(len(v)) <= uint32(stack[5]) {
+		copy(i.read(uint32(stack[4]), uint32(len(v)), abi.ImportStateGet, "buffer"), v)
+	}
+	stack[0] = api.EncodeI32(int32(len(v)))
+}
+
+// state_put(name_ptr, name_len, key_ptr, key_len, val_ptr, val_len)
+func hostStatePut(i *Instance, stack []uint64) {
+	i.requireStateWrite(abi.ImportStatePut)
+	name := i.read(uint32(stack[0]), uint32(stack[1]), abi.ImportStatePut, "name")
+	key := i.read(uint32(stack[2]), uint32(stack[3]), abi.ImportStatePut, "key")
+	val := i.read(uint32(stack[4]), uint32(stack[5]), abi.ImportStatePut, "value")
+	i.state.put(i.keyGroup(abi.ImportStatePut, key), name, key, val)
+}
+
+// state_delete(name_ptr, name_len, key_ptr, key_len)
+func hostStateDelete(i *Instance, stack []uint64) {
+	i.requireStateWrite(abi.ImportStateDelete)
+	name := i.read(uint32(stack[0]), uint32(stack[1]), abi.ImportStateDelete, "name")
+	key := i.read(uint32(stack[2]), uint32(stack[3]), abi.ImportStateDelete, "key")
+	i.state.del(i.keyGroup(abi.ImportStateDelete, key), name, key)
+}
+
+// list_state_add(name_ptr, name_len, mode, val_ptr, val_len): snapshot_state only.
+func hostListStateAdd(i *Instance, stack []uint64) {
+	if i.phase != abi.PhaseSnapshot || i.pendingLists == nil {
+		i.misuse("list_state_add not allowed in phase %s (only in snapshot_state)", i.phase)
+	}
+	name := i.read(uint32(stack[0]), uint32(stack[1]), abi.ImportListStateAdd, "name")
+	mode := abi.ListMode(int32(uint32(stack[2])))
+	if !mode.Valid() {
+		i.misuse("list_state_add: invalid mode %d for list state %q", int32(mode), name)
+	}
+	val := i.read(uint32(stack[3]), uint32(stack[4]), abi.ImportListStateAdd, "value")
+	l := i.pendingLists[string(name)]
+	if l == nil {
+		l = &ListState{Mode: mode}
+		i.pendingLists[string(name)] = l
+	} else if l.Mode != mode {
+		i.misuse("list_state_add: list state %q used with modes %s and %s", name, l.Mode, mode)
+	}
+	l.Entries = append(l.Entries, append(make([]byte, 0, len(val)), val...))
+}
+
+// list_state_get(name_ptr, name_len, index, buf_ptr, buf_cap) -> len | -1
+func hostListStateGet(i *Instance, stack []uint64) {
+	name := i.read(uint32(stack[0]), uint32(stack[1]), abi.ImportListStateGet, "name")
+	idx := int32(uint32(stack[2]))
+	l := i.restoredLists[string(name)]
+	if l == nil || idx < 0 || int(idx) >= len(l.Entries) {
+		stack[0] = api.EncodeI32(abi.AbsentLength)
+		return
+	}
+	v := l.Entries[idx]
+	if uint32(len(v)) <= uint32(stack[4]) {
+		copy(i.read(uint32(stack[3]), uint32(len(v)), abi.ImportListStateGet, "buffer"), v)
+	}
+	stack[0] = api.EncodeI32(int32(len(v)))
+}
+
+// timer_register(key_ptr, key_len, ts i64)
+func hostTimerRegister(i *Instance, stack []uint64) {
+	i.requireStateWrite(abi.ImportTimerRegister)
+	key := i.read(uint32(stack[0]), uint32(stack[1]), abi.ImportTimerRegister, "key")
+	i.keyGroup(abi.ImportTimerRegister, key)
+	i.state.registerTimer(key, int64(stack[2]))
+}
+
+// timer_delete(key_ptr, key_len, ts i64)
+func hostTimerDelete(i *Instance, stack []uint64) {
+	i.requireStateWrite(abi.ImportTimerDelete)
+	key := i.read(uint32(stack[0]), uint32(stack[1]), abi.ImportTimerDelete, "key")
+	i.keyGroup(abi.ImportTimerDelete, key)
+	i.state.deleteTimer(key, int64(stack[2]))
+}
+
+// current_watermark() -> i64
+func hostCurrentWatermark(i *Instance, stack []uint64) {
+	stack[0] = uint64(i.watermark)
+}
+
+// log(level, msg_ptr, msg_len)
+func hostLog(i *Instance, stack []uint64) {
+	level := logLevel(int32(uint32(stack[0])))
+	msg := i.read(uint32(stack[1]), uint32(stack[2]), abi.ImportLog, "message")
+	if i.logger.Enabled(context.Background(), level) {
+		i.logger.Log(context.Background(), level, string(msg), "phase", string(i.phase))
+	}
+}
+
+// fail(msg_ptr, msg_len): fails the subtask; never returns.
+func hostFail(i *Instance, stack []uint64) {
+	msg := i.read(uint32(stack[0]), uint32(stack[1]), abi.ImportFail, "message")
+	i.failure = &hostCallPanic{ErrGuestFailed, string(msg)}
+	panic(i.failure)
+}
+
+func logLevel(l int32) slog.Level {
+	switch abi.LogLevel(l) {
+	case abi.LogDebug:
+		return slog.LevelDebug
+	case abi.LogInfo:
+		return slog.LevelInfo
+	case abi.LogWarn:
+		return slog.LevelWarn
+	}
+	if l > int32(abi.LogError) {
+		return slog.LevelError
+	}
+	if l < 0 {
+		return slog.LevelDebug
+	}
+	return slog.LevelError
+}

@@ -1,0 +1,516 @@
+package host
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math"
+	"strings"
+
+	"github.com/tetratelabs/wazero"
+	"github.com/tetratelabs/wazero/api"
+	"github.com/tetratelabs/wazero/sys"
+
+	"github.com/streamd/streamd/abi"
+)
+
+// InstanceConfig describes the subtask an instance runs.
+type InstanceConfig struct {
+	Job, Operator  string
+	Subtask        int
+	Parallelism    int
+	MaxParallelism int // 0 -> abi.DefaultMaxParallelism
+	Attempt        int
+	NumInputs      int
+	Config         map[string]string // flattened operator config
+	Restore        *Snapshot         // nil: fresh state. Already redistributed for this subtask.
+}
+
+// Emitter receives the records of one guest emit call. The slices (the record
+// slice and every key and value) are owned by the receiver: the host copied
+// them out of guest memory and never touches them again.
+type Emitter func(recs []abi.Record)
+
+// Instance is one subtask's guest instance. It is driven by one goroutine at a
+// time, in the call order of ABI.md. After any error it is discarded: the wasm
+// instance is closed and every later call returns an *Error of kind
+// ErrInstanceDiscarded without calling the guest.
+type Instance struct {
+	eng    *Engine
+	mod    api.Module
+	mem    api.Memory
+	cfg    InstanceConfig
+	maxP   int
+	logger *slog.Logger
+	stdout *lineWriter
+	stderr *lineWriter
+
+	fnInit, fnAlloc, fnOpen, fnProcess, fnWatermark, fnTimer api.Function
+	fnEndInput, fnFinish, fnSnapshot, fnNotify, fnClose      api.Function
+
+	stack  [4]uint64 // reused for every guest call
+	bufPtr uint32    // the guest's input buffer (streamd_alloc)
+	bufCap uint32
+
+	phase    abi.Phase // phase of the guest call in progress (or the last one)
+	opened   bool
+	finished bool   // finish returned OK: no more emits or state writes
+	closed   bool   // Close was called
+	dead     *Error // the error that discarded the instance
+	failure  *hostCallPanic
+
+	emit      Emitter
+	byteArena []byte       // emitted frames are copied here; handed out, never reused
+	recArena  []abi.Record // decoded records; handed out, never reused
+
+	state         keyedState
+	restoredLists map[string]*ListState
+	pendingLists  map[string]*ListState
+	watermark     int64
+	due           []timerID
+	scratch       []byte
+}
+
+// NewInstance instantiates the module for one subtask, with WASI sandboxed as
+// ABI.md says, restores cfg.Restore and calls _initialize if exported. It does
+// not call streamd_open.
+func (m *Module) NewInstance(ctx context.Context, cfg InstanceConfig) (*Instance, error) {
+	e := m.eng
+	if cfg.MaxParallelism == 0 {
+		cfg.MaxParallelism = abi.DefaultMaxParallelism
+	}
+	switch {
+	case cfg.Parallelism < 1:
+		return nil, fmt.Errorf("host: operator %q: parallelism %d < 1", cfg.Operator, cfg.Parallelism)
+	case cfg.Subtask < 0 || cfg.Subtask >= cfg.Parallelism:
+		return nil, fmt.Errorf("host: operator %q: subtask %d outside [0, %d)", cfg.Operator, cfg.Subtask, cfg.Parallelism)
+	case cfg.MaxParallelism < cfg.Parallelism:
+		return nil, fmt.Errorf("host: operator %q: max parallelism %d < parallelism %d", cfg.Operator, cfg.MaxParallelism, cfg.Parallelism)
+	case cfg.NumInputs < 0:
+		return nil, fmt.Errorf("host: operator %q: negative number of inputs", cfg.Operator)
+	}
+	logger := e.cfg.logger.With("job", cfg.Job, "operator", cfg.Operator, "subtask", cfg.Subtask)
+	i := &Instance{
+		eng:       e,
+		cfg:       cfg,
+		maxP:      cfg.MaxParallelism,
+		logger:    logger,
+		stdout:    &lineWriter{logger: logger, level: slog.LevelInfo, stream: "stdout"},
+		stderr:    &lineWriter{logger: logger, level: slog.LevelWarn, stream: "stderr"},
+		phase:     abi.PhaseLoad,
+		watermark: abi.MinWatermark,
+		state:     newKeyedState(cfg.MaxParallelism, abi.RangeForSubtask(cfg.Subtask, cfg.MaxParallelism, cfg.Parallelism)),
+	}
+	if cfg.Restore != nil {
+		if err := i.state.restore(cfg.Restore.KeyGroups); err != nil {
+			return nil, fmt.Errorf("host: job %q operator %q subtask %d/%d: %w", cfg.Job, cfg.Operator, cfg.Subtask, cfg.Parallelism, err)
+		}
+		i.restoredLists = cfg.Restore.Lists
+	}
+	mc := wazero.NewModuleConfig().
+		WithName(fmt.Sprintf("%s/%s/%d#%d", cfg.Job, cfg.Operator, cfg.Subtask, e.seq.Add(1))).
+		WithStartFunctions().
+		WithArgs(cfg.Operator).
+		WithStdout(i.stdout).
+		WithStderr(i.stderr)
+	if e.cfg.allowClock {
+		mc = mc.WithSysWalltime().WithSysNanotime().WithSysNanosleep()
+	}
+	mod, err := e.runtime.InstantiateModule(ctx, m.compiled, mc)
+	if err != nil {
+		kind := ErrTrap
+		if s := err.Error(); strings.Contains(s, "memory") && (strings.Contains(s, "limit") || strings.Contains(s, "exceed")) {
+			kind = ErrMemoryLimit
+		}
+		return nil, i.newError(abi.PhaseLoad, kind, "instantiate: "+err.Error(), "", err)
+	}
+	i.mod = mod
+	i.mem = mod.Memory()
+	i.fnInit = mod.ExportedFunction("_initialize")
+	i.fnAlloc = mod.ExportedFunction(abi.ExportAlloc)
+	i.fnOpen = mod.ExportedFunction(abi.ExportOpen)
+	i.fnProcess = mod.ExportedFunction(abi.ExportProcess)
+	i.fnWatermark = mod.ExportedFunction(abi.ExportOnWatermark)
+	i.fnTimer = mod.ExportedFunction(abi.ExportOnTimer)
+	i.fnEndInput = mod.ExportedFunction(abi.ExportEndInput)
+	i.fnFinish = mod.ExportedFunction(abi.ExportFinish)
+	i.fnSnapshot = mod.ExportedFunction(abi.ExportSnapshotState)
+	i.fnNotify = mod.ExportedFunction(abi.ExportNotifyCheckpoint)
+	i.fnClose = mod.ExportedFunction(abi.ExportClose)
+	e.instances.Store(mod, i)
+	if m.hasInit && i.fnInit != nil {
+		if err := i.invoke(ctx, abi.PhaseLoad, i.fnInit, 1); err != nil {
+			return nil, err
+		}
+	}
+	return i, nil
+}
+
+// Watermark is the subtask's current watermark (abi.MinWatermark before the first).
+func (i *Instance) Watermark() int64 { return i.watermark }
+
+// Open writes the open context and calls streamd_open.
+func (i *Instance) Open(ctx context.Context) error {
+	if err := i.ready(abi.PhaseOpen); err != nil {
+		return err
+	}
+	if i.opened {
+		return fmt.Errorf("host: operator %q subtask %d: open called twice", i.cfg.Operator, i.cfg.Subtask)
+	}
+	i.opened = true
+	i.scratch = abi.AppendOpenContext(i.scratch[:0], abi.OpenContext{
+		Job:            i.cfg.Job,
+		Operator:       i.cfg.Operator,
+		Subtask:        i.cfg.Subtask,
+		Parallelism:    i.cfg.Parallelism,
+		MaxParallelism: i.maxP,
+		Attempt:        i.cfg.Attempt,
+		NumInputs:      i.cfg.NumInputs,
+		Restored:       i.cfg.Restore != nil,
+		Config:         i.cfg.Config,
+	})
+	ptr, buf, err := i.buffer(ctx, abi.PhaseOpen, len(i.scratch))
+	if err != nil {
+		return err
+	}
+	copy(buf, i.scratch)
+	i.stack[0], i.stack[1] = uint64(ptr), uint64(len(i.scratch))
+	return i.call(ctx, abi.PhaseOpen, i.fnOpen, 2)
+}
+
+// Process passes one batch of records of input (0-based) to streamd_process.
+// The records are encoded straight into the guest's input buffer.
+func (i *Instance) Process(ctx context.Context, input int, recs []abi.Record, emit Emitter) error {
+	if err := i.ready(abi.PhaseProcess); err != nil {
+		return err
+	}
+	if input < 0 || (i.cfg.NumInputs > 0 && input >= i.cfg.NumInputs) {
+		return fmt.Errorf("host: operator %q subtask %d: input %d outside [0, %d)", i.cfg.Operator, i.cfg.Subtask, input, i.cfg.NumInputs)
+	}
+	size := abi.BatchSize(recs)
+	ptr, buf, err := i.buffer(ctx, abi.PhaseProcess, size)
+	if err != nil {
+		return err
+	}
+	abi.PutBatch(buf, recs)
+	i.stack[0], i.stack[1], i.stack[2] = uint64(input), uint64(ptr), uint64(size)
+	i.emit = emit
+	err = i.call(ctx, abi.PhaseProcess, i.fnProcess, 3)
+	i.emit = nil
+	return err
+}
+
+// AdvanceWatermark: if ts > the current watermark, sets it, fires the due
+// timers (streamd_on_timer) in (ts, key) order, then calls
+// streamd_on_watermark(ts). A ts <= the current watermark is ignored.
+func (i *Instance) AdvanceWatermark(ctx context.Context, ts int64, emit Emitter) error {
+	if err := i.ready(abi.PhaseWatermark); err != nil {
+		return err
+	}
+	if ts <= i.watermark {
+		return nil
+	}
+	i.watermark = ts
+	i.emit = emit
+	defer func() { i.emit = nil }()
+	// Timers registered while these fire (even at or below ts) wait for the next advance.
+	i.due = i.state.popDue(ts, i.due[:0])
+	for _, t := range i.due {
+		if !i.state.hasTimer(t) {
+			continue // deleted by an earlier on_timer
+		}
+		i.state.removeTimer(t)
+		if i.fnTimer == nil {
+			continue
+		}
+		ptr, buf, err := i.buffer(ctx, abi.PhaseTimer, len(t.key))
+		if err != nil {
+			return err
+		}
+		copy(buf, t.key)
+		i.stack[0], i.stack[1], i.stack[2] = uint64(t.ts), uint64(ptr), uint64(len(t.key))
+		if err := i.call(ctx, abi.PhaseTimer, i.fnTimer, 3); err != nil {
+			return err
+		}
+	}
+	i.stack[0] = uint64(ts)
+	return i.call(ctx, abi.PhaseWatermark, i.fnWatermark, 1)
+}
+
+// EndInput calls streamd_end_input(input).
+func (i *Instance) EndInput(ctx context.Context, input int, emit Emitter) error {
+	if err := i.ready(abi.PhaseEndInput); err != nil {
+		return err
+	}
+	i.stack[0] = uint64(input)
+	i.emit = emit
+	err := i.call(ctx, abi.PhaseEndInput, i.fnEndInput, 1)
+	i.emit = nil
+	return err
+}
+
+// Finish calls streamd_finish; afterwards the guest may not emit or write state.
+func (i *Instance) Finish(ctx context.Context, emit Emitter) error {
+	if err := i.ready(abi.PhaseFinish); err != nil {
+		return err
+	}
+	i.emit = emit
+	err := i.call(ctx, abi.PhaseFinish, i.fnFinish, 1)
+	i.emit = nil
+	if err == nil {
+		i.finished = true
+	}
+	return err
+}
+
+// SnapshotState calls streamd_snapshot_state and returns a deep copy of keyed
+// state (by key group), timers and the list state the guest added.
+func (i *Instance) SnapshotState(ctx context.Context, checkpointID int64) (*Snapshot, error) {
+	if err := i.ready(abi.PhaseSnapshot); err != nil {
+		return nil, err
+	}
+	i.pendingLists = make(map[string]*ListState)
+	i.stack[0] = uint64(checkpointID)
+	err := i.call(ctx, abi.PhaseSnapshot, i.fnSnapshot, 1)
+	lists := i.pendingLists
+	i.pendingLists = nil
+	if err != nil {
+		return nil, err
+	}
+	return &Snapshot{KeyGroups: i.state.snapshot(), Lists: lists}, nil
+}
+
+// NotifyCheckpointComplete calls streamd_notify_checkpoint_complete.
+func (i *Instance) NotifyCheckpointComplete(ctx context.Context, checkpointID int64) error {
+	if err := i.ready(abi.PhaseNotify); err != nil {
+		return err
+	}
+	i.stack[0] = uint64(checkpointID)
+	return i.call(ctx, abi.PhaseNotify, i.fnNotify, 1)
+}
+
+// Close calls streamd_close (unless the instance was discarded or never
+// opened), then releases the wasm instance. It is idempotent.
+func (i *Instance) Close(ctx context.Context) error {
+	if i.closed {
+		return nil
+	}
+	i.closed = true
+	var err error
+	if i.dead == nil && i.opened {
+		err = i.call(ctx, abi.PhaseClose, i.fnClose, 1)
+	}
+	i.release()
+	if i.dead == nil {
+		i.dead = i.newError(abi.PhaseClose, ErrInstanceDiscarded, "instance closed", "", nil)
+	}
+	return err
+}
+
+// ready refuses calls on a discarded or closed instance, and lifecycle calls before open.
+func (i *Instance) ready(phase abi.Phase) error {
+	if i.dead != nil {
+		return i.discarded(phase)
+	}
+	if i.closed {
+		return i.newError(phase, ErrInstanceDiscarded, "instance closed", "", nil)
+	}
+	if !i.opened && phase != abi.PhaseOpen {
+		return fmt.Errorf("host: operator %q subtask %d: %s before open", i.cfg.Operator, i.cfg.Subtask, phase)
+	}
+	return nil
+}
+
+func (i *Instance) discarded(phase abi.Phase) error {
+	d := i.dead
+	msg := fmt.Sprintf("discarded after %s in phase %s", kindLabel(d.Kind), d.Phase)
+	if d.Kind == ErrInstanceDiscarded {
+		msg = d.Message
+	}
+	return i.newError(phase, ErrInstanceDiscarded, msg, "", d)
+}
+
+// buffer returns the guest input buffer, at least size bytes, and a view of
+// its first size bytes. It calls streamd_alloc when the buffer is too small.
+func (i *Instance) buffer(ctx context.Context, phase abi.Phase, size int) (uint32, []byte, error) {
+	if size > math.MaxInt32 {
+		return 0, nil, i.discard(i.newError(phase, ErrHostCall, fmt.Sprintf("input frame of %d bytes exceeds the 2 GiB wasm32 limit", size), "", nil))
+	}
+	if uint32(size) > i.bufCap || i.bufPtr == 0 {
+		want := max(uint32(size), 2*i.bufCap, 4096)
+		if want > math.MaxInt32 {
+			want = uint32(size)
+		}
+		i.stack[0] = uint64(want)
+		if err := i.invoke(ctx, phase, i.fnAlloc, 1); err != nil {
+			return 0, nil, err
+		}
+		ptr := uint32(i.stack[0])
+		if ptr == 0 {
+			return 0, nil, i.discard(i.newError(phase, ErrMemoryLimit, fmt.Sprintf("%s(%d) returned 0 (out of memory)", abi.ExportAlloc, want), i.stderr.text(), nil))
+		}
+		if uint64(ptr)+uint64(want) > uint64(i.mem.Size()) {
+			return 0, nil, i.discard(i.newError(phase, ErrHostCall, fmt.Sprintf("%s(%d) returned %#x, past the end of memory (%d bytes)", abi.ExportAlloc, want, ptr, i.mem.Size()), "", nil))
+		}
+		i.bufPtr, i.bufCap = ptr, want
+	}
+	buf, _ := i.mem.Read(i.bufPtr, uint32(size)) // in range: checked at alloc, memory never shrinks
+	return i.bufPtr, buf, nil
+}
+
+// call invokes a lifecycle export taking nparams parameters from i.stack and
+// checks its status. An absent optional export is a successful no-op.
+func (i *Instance) call(ctx context.Context, phase abi.Phase, fn api.Function, nparams int) error {
+	if fn == nil {
+		return nil
+	}
+	if err := i.invoke(ctx, phase, fn, max(nparams, 1)); err != nil {
+		return err
+	}
+	if st := abi.Status(int32(uint32(i.stack[0]))); st != abi.StatusOK {
+		msg := fmt.Sprintf("status %d (%s)", int32(st), st)
+		if st == abi.StatusInvalidInput {
+			msg += ": the guest could not decode the frame the host passed"
+		}
+		return i.discard(i.newError(phase, ErrGuestFailed, msg, "", nil))
+	}
+	return nil
+}
+
+// invoke calls fn with i.stack[:n] and turns any failure into a discarding *Error.
+func (i *Instance) invoke(ctx context.Context, phase abi.Phase, fn api.Function, n int) error {
+	i.phase = phase
+	i.failure = nil
+	if i.stderr.crash != "" { // only this goroutine writes it (WASI fd_write runs inside our calls)
+		i.stderr.crash = ""
+	}
+	var err error
+	if d := i.eng.cfg.callDeadline; d > 0 {
+		cctx, cancel := context.WithTimeout(ctx, d)
+		err = fn.CallWithStack(cctx, i.stack[:n])
+		cancel()
+	} else {
+		err = fn.CallWithStack(ctx, i.stack[:n])
+	}
+	if err != nil {
+		return i.discard(i.classify(phase, err))
+	}
+	return nil
+}
+
+// classify turns a wazero call error into an *Error.
+func (i *Instance) classify(phase abi.Phase, err error) *Error {
+	stderr := i.stderr.text()
+	crash := i.stderr.crashLine()
+	msg, stack := splitTrace(err.Error())
+	var exit *sys.ExitError
+	switch {
+	case errors.As(err, &exit):
+		switch exit.ExitCode() {
+		case sys.ExitCodeDeadlineExceeded:
+			return i.newError(phase, ErrDeadline, fmt.Sprintf("guest call exceeded the %v deadline", i.eng.cfg.callDeadline), stderr, err)
+		case sys.ExitCodeContextCanceled:
+			return i.newError(phase, ErrCanceled, "context canceled during the guest call", stderr, err)
+		}
+		m := fmt.Sprintf("proc_exit(%d)", exit.ExitCode())
+		if crash != "" {
+			m = crash + " (" + m + ")"
+		}
+		kind := ErrExit
+		if oomText(crash) || oomText(stderr) {
+			kind = ErrMemoryLimit
+		}
+		e := i.newError(phase, kind, m, stderr, err)
+		e.Stack = stack
+		return e
+	case i.failure != nil:
+		e := i.newError(phase, i.failure.kind, i.failure.msg, stderr, err)
+		e.Stack = stack
+		return e
+	}
+	msg = strings.TrimPrefix(msg, "wasm error: ")
+	kind := ErrTrap
+	if oomText(crash) || oomText(stderr) || i.atMemoryLimit() {
+		kind = ErrMemoryLimit
+	}
+	if crash != "" {
+		msg = crash + " (" + msg + ")"
+	}
+	e := i.newError(phase, kind, msg, stderr, err)
+	e.Stack = stack
+	return e
+}
+
+// atMemoryLimit: a trap with memory (nearly) at the limit is most likely an
+// allocator giving up after memory.grow failed. Best effort.
+func (i *Instance) atMemoryLimit() bool {
+	if i.mem == nil {
+		return false
+	}
+	limit := i.eng.memLimit
+	if max, ok := i.mem.Definition().Max(); ok && uint64(max)*65536 < limit {
+		limit = uint64(max) * 65536
+	}
+	slack := min(uint64(4<<20), limit/8)
+	return uint64(i.mem.Size())+slack >= limit
+}
+
+func oomText(s string) bool {
+	return strings.Contains(s, "out of memory") || strings.Contains(s, "memory allocation of")
+}
+
+func (i *Instance) newError(phase abi.Phase, kind error, msg, stderr string, cause error) *Error {
+	return &Error{
+		Job: i.cfg.Job, Operator: i.cfg.Operator, Subtask: i.cfg.Subtask, Parallelism: i.cfg.Parallelism,
+		Phase: phase, Kind: kind, Message: msg, Stderr: stderr, cause: cause,
+	}
+}
+
+// discard records err, closes the wasm instance and returns err.
+func (i *Instance) discard(err *Error) error {
+	if i.dead == nil {
+		i.dead = err
+	}
+	i.release()
+	i.logger.Warn("guest instance discarded", "phase", string(err.Phase), "error", kindLabel(err.Kind), "message", err.Message)
+	return err
+}
+
+func (i *Instance) release() {
+	if i.mod == nil {
+		return
+	}
+	i.eng.instances.Delete(i.mod)
+	_ = i.mod.Close(context.Background())
+	i.mod = nil
+	i.stdout.flush()
+	i.stderr.flush()
+}
+
+// copyOut copies an emitted frame out of guest memory into the arena and
+// decodes it; the result is handed to the emitter and never reused.
+func (i *Instance) decodeEmit(frame []byte) ([]abi.Record, error) {
+	if cap(i.byteArena)-len(i.byteArena) < len(frame) {
+		i.byteArena = make([]byte, 0, max(64<<10, len(frame)))
+	}
+	start := len(i.byteArena)
+	i.byteArena = append(i.byteArena, frame...)
+	cp := i.byteArena[start:len(i.byteArena):len(i.byteArena)]
+	if len(cp) >= 4 {
+		n := int(binary.LittleEndian.Uint32(cp))
+		if n <= len(cp)/16 && cap(i.recArena)-len(i.recArena) < n {
+			i.recArena = make([]abi.Record, 0, max(1024, n))
+		}
+	}
+	base := len(i.recArena)
+	recs, err := abi.DecodeBatch(cp, i.recArena[base:base])
+	if err != nil {
+		return nil, err
+	}
+	if len(recs) > 0 && cap(recs) == cap(i.recArena)-base { // decoded in place
+		i.recArena = i.recArena[:base+len(recs)]
+	}
+	return recs[:len(recs):len(recs)], nil
+}

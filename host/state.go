@@ -1,0 +1,280 @@
+package host
+
+import (
+	"bytes"
+	"cmp"
+	"fmt"
+	"slices"
+
+	"github.com/streamd/streamd/abi"
+)
+
+// Snapshot is the state of one subtask at a checkpoint: keyed state and timers
+// by key group (only non-empty groups), and the operator list state the guest
+// wrote in snapshot_state. A Snapshot never aliases instance memory.
+type Snapshot struct {
+	KeyGroups map[int]*KeyGroupState
+	Lists     map[string]*ListState
+}
+
+// KeyGroupState is the keyed state and timers of one key group.
+type KeyGroupState struct {
+	Entries map[string]map[string][]byte // state name -> key -> value
+	Timers  []Timer                      // sorted by (TS, Key)
+}
+
+// Timer is an event-time timer of a key.
+type Timer struct {
+	Key []byte
+	TS  int64
+}
+
+// ListState is one operator list state: its redistribution mode and entries.
+type ListState struct {
+	Mode    abi.ListMode
+	Entries [][]byte
+}
+
+// keyedState holds the keyed state and timers of one subtask's key groups.
+type keyedState struct {
+	maxP   int
+	rng    abi.KeyGroupRange
+	groups []map[string]map[string][]byte // [kg-rng.Start]: name -> key -> value
+	timers map[timerID]struct{}
+	heap   []timerID // min-heap by (ts, key); may hold deleted timers (lazy deletion)
+}
+
+type timerID struct {
+	key string
+	ts  int64
+}
+
+func timerLess(a, b timerID) bool {
+	if a.ts != b.ts {
+		return a.ts < b.ts
+	}
+	return a.key < b.key
+}
+
+func newKeyedState(maxP int, rng abi.KeyGroupRange) keyedState {
+	return keyedState{
+		maxP:   maxP,
+		rng:    rng,
+		groups: make([]map[string]map[string][]byte, rng.End-rng.Start+1),
+		timers: make(map[timerID]struct{}),
+	}
+}
+
+func (s *keyedState) get(kg int, name, key []byte) ([]byte, bool) {
+	g := s.groups[kg-s.rng.Start]
+	if g == nil {
+		return nil, false
+	}
+	m := g[string(name)]
+	if m == nil {
+		return nil, false
+	}
+	v, ok := m[string(key)]
+	return v, ok
+}
+
+// put stores a copy of val; it reuses the old value's memory when it fits
+// (snapshots deep-copy, so nothing else aliases it).
+func (s *keyedState) put(kg int, name, key, val []byte) {
+	g := s.groups[kg-s.rng.Start]
+	if g == nil {
+		g = make(map[string]map[string][]byte)
+		s.groups[kg-s.rng.Start] = g
+	}
+	m := g[string(name)]
+	if m == nil {
+		m = make(map[string][]byte)
+		g[string(name)] = m
+	}
+	if old, ok := m[string(key)]; ok && len(old) == len(val) {
+		copy(old, val)
+		return
+	}
+	v := make([]byte, len(val))
+	copy(v, val)
+	m[string(key)] = v
+}
+
+func (s *keyedState) del(kg int, name, key []byte) {
+	g := s.groups[kg-s.rng.Start]
+	if g == nil {
+		return
+	}
+	m := g[string(name)]
+	if m == nil {
+		return
+	}
+	delete(m, string(key))
+	if len(m) == 0 {
+		delete(g, string(name))
+	}
+}
+
+func (s *keyedState) registerTimer(key []byte, ts int64) {
+	id := timerID{string(key), ts}
+	if _, ok := s.timers[id]; ok {
+		return
+	}
+	s.timers[id] = struct{}{}
+	s.push(id)
+}
+
+func (s *keyedState) deleteTimer(key []byte, ts int64) {
+	delete(s.timers, timerID{string(key), ts})
+	// Rebuild the heap when deleted timers dominate it.
+	if len(s.heap) > 64 && len(s.heap) > 2*len(s.timers) {
+		s.heap = s.heap[:0]
+		for id := range s.timers {
+			s.heap = append(s.heap, id)
+		}
+		slices.SortFunc(s.heap, func(a, b timerID) int {
+			if timerLess(a, b) {
+				return -1
+			}
+			if timerLess(b, a) {
+				return 1
+			}
+			return 0
+		}) // a sorted slice is a valid heap
+	}
+}
+
+func (s *keyedState) hasTimer(id timerID) bool {
+	_, ok := s.timers[id]
+	return ok
+}
+
+func (s *keyedState) removeTimer(id timerID) { delete(s.timers, id) }
+
+// popDue moves every heap entry with ts <= w to dst in (ts, key) order. The
+// caller checks hasTimer before firing each (it may have been deleted).
+func (s *keyedState) popDue(w int64, dst []timerID) []timerID {
+	for len(s.heap) > 0 && s.heap[0].ts <= w {
+		id := s.pop()
+		if _, ok := s.timers[id]; !ok {
+			continue
+		}
+		if n := len(dst); n > 0 && dst[n-1] == id {
+			continue // duplicate heap entry of a re-registered timer
+		}
+		dst = append(dst, id)
+	}
+	return dst
+}
+
+func (s *keyedState) push(id timerID) {
+	s.heap = append(s.heap, id)
+	i := len(s.heap) - 1
+	for i > 0 {
+		p := (i - 1) / 2
+		if !timerLess(s.heap[i], s.heap[p]) {
+			break
+		}
+		s.heap[i], s.heap[p] = s.heap[p], s.heap[i]
+		i = p
+	}
+}
+
+func (s *keyedState) pop() timerID {
+	h := s.heap
+	top := h[0]
+	n := len(h) - 1
+	h[0] = h[n]
+	h = h[:n]
+	i := 0
+	for {
+		l := 2*i + 1
+		if l >= n {
+			break
+		}
+		m := l
+		if r := l + 1; r < n && timerLess(h[r], h[l]) {
+			m = r
+		}
+		if !timerLess(h[m], h[i]) {
+			break
+		}
+		h[i], h[m] = h[m], h[i]
+		i = m
+	}
+	s.heap = h
+	return top
+}
+
+// snapshot deep-copies the keyed state and timers into key groups.
+func (s *keyedState) snapshot() map[int]*KeyGroupState {
+	out := make(map[int]*KeyGroupState)
+	group := func(kg int) *KeyGroupState {
+		g := out[kg]
+		if g == nil {
+			g = &KeyGroupState{Entries: make(map[string]map[string][]byte)}
+			out[kg] = g
+		}
+		return g
+	}
+	for idx, g := range s.groups {
+		if len(g) == 0 {
+			continue
+		}
+		kgs := group(s.rng.Start + idx)
+		for name, m := range g {
+			cp := make(map[string][]byte, len(m))
+			for k, v := range m {
+				cp[k] = bytes.Clone(v)
+				if cp[k] == nil {
+					cp[k] = []byte{}
+				}
+			}
+			kgs.Entries[name] = cp
+		}
+	}
+	for id := range s.timers {
+		g := group(abi.KeyGroup([]byte(id.key), s.maxP))
+		g.Timers = append(g.Timers, Timer{Key: []byte(id.key), TS: id.ts})
+	}
+	for _, g := range out {
+		sortTimers(g.Timers)
+	}
+	return out
+}
+
+func sortTimers(ts []Timer) {
+	slices.SortFunc(ts, func(a, b Timer) int {
+		if c := cmp.Compare(a.TS, b.TS); c != 0 {
+			return c
+		}
+		return bytes.Compare(a.Key, b.Key)
+	})
+}
+
+// restore loads groups (deep copy); every group must lie in this subtask's range.
+func (s *keyedState) restore(groups map[int]*KeyGroupState) error {
+	for kg, g := range groups {
+		if !s.rng.Contains(kg) {
+			return fmt.Errorf("host: restored key group %d is outside this subtask's key groups %s", kg, s.rng)
+		}
+		if g == nil {
+			continue
+		}
+		for name, m := range g.Entries {
+			for k, v := range m {
+				if got := abi.KeyGroup([]byte(k), s.maxP); got != kg {
+					return fmt.Errorf("host: restored state %q key %q is in key group %d, stored under %d (max parallelism changed?)", name, k, got, kg)
+				}
+				s.put(kg, []byte(name), []byte(k), v)
+			}
+		}
+		for _, t := range g.Timers {
+			if got := abi.KeyGroup(t.Key, s.maxP); got != kg {
+				return fmt.Errorf("host: restored timer key %q is in key group %d, stored under %d", t.Key, got, kg)
+			}
+			s.registerTimer(t.Key, t.TS)
+		}
+	}
+	return nil
+}

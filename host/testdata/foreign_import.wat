@@ -1,0 +1,10 @@
+;; Bad module: imports from a module other than streamd_v1 and wasi_snapshot_preview1.
+(module
+  (import "env" "abort" (func))
+  (memory (export "memory") 1)
+  (func (export "streamd_abi_version") (result i32) (i32.const 1))
+  (func (export "streamd_alloc") (param i32) (result i32) (i32.const 1024))
+  (func (export "streamd_open") (param i32 i32) (result i32) (i32.const 0))
+  (func (export "streamd_process") (param i32 i32 i32) (result i32) (i32.const 0))
+  (func (export "streamd_close") (result i32) (i32.const 0))
+)

@@ -1,0 +1,20 @@
+;; Minimal ABI v1 guest whose exports do nothing: measures pure boundary cost.
+(module
+  (memory (export "memory") 1)
+  (global $heap (mut i32) (i32.const 1024))
+  (func (export "streamd_abi_version") (result i32) (i32.const 1))
+  (func (export "streamd_alloc") (param $size i32) (result i32)
+    (local $ptr i32) (local $end i32)
+    (local.set $ptr (global.get $heap))
+    (local.set $end (i32.add (local.get $ptr) (local.get $size)))
+    (if (i32.gt_u (local.get $end) (i32.mul (memory.size) (i32.const 65536)))
+      (then
+        (if (i32.eq (memory.grow (i32.add (i32.shr_u (i32.sub (local.get $end) (i32.mul (memory.size) (i32.const 65536))) (i32.const 16)) (i32.const 1)))
+                    (i32.const -1))
+          (then (return (i32.const 0))))))
+    (global.set $heap (local.get $end))
+    (local.get $ptr))
+  (func (export "streamd_open") (param i32 i32) (result i32) (i32.const 0))
+  (func (export "streamd_process") (param i32 i32 i32) (result i32) (i32.const 0))
+  (func (export "streamd_close") (result i32) (i32.const 0))
+)
