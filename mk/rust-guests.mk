@@ -6,7 +6,12 @@
 RUST_TARGET_DIR := $(CURDIR)/target/rust
 RUST_WASM_OUT := $(RUST_TARGET_DIR)/wasm32-unknown-unknown/release
 RUST_SDK_SRC := sdk/rust/Cargo.toml $(wildcard sdk/rust/src/*.rs)
-RUST_BUILD = CARGO_TARGET_DIR=$(RUST_TARGET_DIR) CARGO_NET_OFFLINE=true $(CARGO) build --quiet --locked --offline \
+# bulk-memory turns memcpy into memory.copy and simd128 lets LLVM vectorize byte
+# loops: both are Wasm 2.0 core features that wazero enables by default, and
+# together they make the uppercase map ~1.5x faster through the host.
+RUST_WASM_FLAGS := -C target-feature=+bulk-memory,+simd128
+RUST_BUILD = CARGO_TARGET_DIR=$(RUST_TARGET_DIR) CARGO_NET_OFFLINE=true RUSTFLAGS="$(RUST_WASM_FLAGS)" \
+	$(CARGO) build --quiet --locked --offline \
 	--target wasm32-unknown-unknown --release --manifest-path
 
 # rust_guest(output, crate dir, artifact name)
