@@ -11,37 +11,16 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"os"
-	"os/exec"
-	"path/filepath"
-	"runtime"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/streamd/streamd/abi"
 	"github.com/streamd/streamd/host"
+	"github.com/streamd/streamd/internal/testwasm"
 )
 
 const guest = "internal/conformance/guests/rust/conformance.wasm"
-
-func wasmPath(t *testing.T, target string) string {
-	t.Helper()
-	_, file, _, _ := runtime.Caller(0)
-	root := filepath.Join(filepath.Dir(file), "..", "..")
-	path := filepath.Join(root, target)
-	if testing.Short() {
-		if _, err := os.Stat(path); err != nil {
-			t.Skipf("%s not built (-short does not build): %v", target, err)
-		}
-		return path
-	}
-	out, err := exec.Command("make", "-s", "-C", root, target).CombinedOutput()
-	if err != nil {
-		t.Fatalf("make %s: %v\n%s", target, err, out)
-	}
-	return path
-}
 
 type logBuf struct{ bytes.Buffer }
 
@@ -55,7 +34,7 @@ func newInstance(t *testing.T, cfg host.InstanceConfig, opts ...host.Option) (*h
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { eng.Close(ctx) })
-	mod, err := eng.LoadFile(ctx, wasmPath(t, guest))
+	mod, err := eng.LoadFile(ctx, testwasm.Path(t, guest))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -223,7 +202,7 @@ func TestFailInOpen(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer eng.Close(ctx)
-	mod, err := eng.LoadFile(ctx, wasmPath(t, guest))
+	mod, err := eng.LoadFile(ctx, testwasm.Path(t, guest))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -4,35 +4,12 @@ import (
 	"bytes"
 	"context"
 	"fmt"
-	"os"
-	"os/exec"
-	"path/filepath"
-	"runtime"
 	"testing"
 
 	"github.com/streamd/streamd/abi"
 	"github.com/streamd/streamd/host"
+	"github.com/streamd/streamd/internal/testwasm"
 )
-
-// wasmPath builds target (relative to the repository root) with make and
-// returns its absolute path.
-func wasmPath(tb testing.TB, target string) string {
-	tb.Helper()
-	_, file, _, _ := runtime.Caller(0)
-	root := filepath.Join(filepath.Dir(file), "..", "..", "..")
-	path := filepath.Join(root, target)
-	if testing.Short() {
-		if _, err := os.Stat(path); err != nil {
-			tb.Skipf("%s not built (-short does not build): %v", target, err)
-		}
-		return path
-	}
-	out, err := exec.Command("make", "-s", "-C", root, target).CombinedOutput()
-	if err != nil {
-		tb.Fatalf("make %s: %v\n%s", target, err, out)
-	}
-	return path
-}
 
 func open(tb testing.TB) *host.Instance {
 	tb.Helper()
@@ -42,7 +19,7 @@ func open(tb testing.TB) *host.Instance {
 		tb.Fatal(err)
 	}
 	tb.Cleanup(func() { eng.Close(ctx) })
-	mod, err := eng.LoadFile(ctx, wasmPath(tb, "examples/wasm/uppercase-rust/uppercase_rust.wasm"))
+	mod, err := eng.LoadFile(ctx, testwasm.Path(tb, "examples/wasm/uppercase-rust/uppercase_rust.wasm"))
 	if err != nil {
 		tb.Fatal(err)
 	}

@@ -9,9 +9,6 @@ import (
 	"fmt"
 	"math"
 	"os"
-	"os/exec"
-	"path/filepath"
-	"runtime"
 	"sort"
 	"strings"
 	"testing"
@@ -20,6 +17,7 @@ import (
 	"github.com/streamd/streamd/abi"
 	"github.com/streamd/streamd/host"
 	"github.com/streamd/streamd/internal/jobfile"
+	"github.com/streamd/streamd/internal/testwasm"
 )
 
 var update = flag.Bool("update", false, "rewrite expected.txt from input.txt")
@@ -77,26 +75,6 @@ func TestExpectedFile(t *testing.T) {
 	}
 }
 
-// wasmPath builds target (a path relative to the repository root) with make
-// and returns its absolute path.
-func wasmPath(t *testing.T, target string) string {
-	t.Helper()
-	_, file, _, _ := runtime.Caller(0)
-	root := filepath.Join(filepath.Dir(file), "..", "..", "..")
-	path := filepath.Join(root, target)
-	if testing.Short() {
-		if _, err := os.Stat(path); err != nil {
-			t.Skipf("%s not built (-short does not build): %v", target, err)
-		}
-		return path
-	}
-	out, err := exec.Command("make", "-s", "-C", root, target).CombinedOutput()
-	if err != nil {
-		t.Fatalf("make %s: %v\n%s", target, err, out)
-	}
-	return path
-}
-
 type harness struct {
 	t   *testing.T
 	ctx context.Context
@@ -139,11 +117,11 @@ func (h *harness) instances(mod *host.Module, uid string, p int, cfg map[string]
 // restores it at another parallelism, and checks the final counts.
 func TestWordCountOnHost(t *testing.T) {
 	h := newHarness(t)
-	splitMod, err := h.eng.LoadFile(h.ctx, wasmPath(t, "examples/wasm/wordcount/split.wasm"))
+	splitMod, err := h.eng.LoadFile(h.ctx, testwasm.Path(t, "examples/wasm/wordcount/split.wasm"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	countMod, err := h.eng.LoadFile(h.ctx, wasmPath(t, "examples/wasm/wordcount/count.wasm"))
+	countMod, err := h.eng.LoadFile(h.ctx, testwasm.Path(t, "examples/wasm/wordcount/count.wasm"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -273,7 +251,7 @@ func head(s []string) []string { return s[:min(len(s), 20)] }
 // TestCountRejectsUnkeyed: count fails the subtask, with its message, on a record without a key.
 func TestCountRejectsUnkeyed(t *testing.T) {
 	h := newHarness(t)
-	mod, err := h.eng.LoadFile(h.ctx, wasmPath(t, "examples/wasm/wordcount/count.wasm"))
+	mod, err := h.eng.LoadFile(h.ctx, testwasm.Path(t, "examples/wasm/wordcount/count.wasm"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -288,7 +266,7 @@ func TestCountRejectsUnkeyed(t *testing.T) {
 // TestSplitRejectsBadConfig: a min_length that is not a number fails open with a message naming it.
 func TestSplitRejectsBadConfig(t *testing.T) {
 	h := newHarness(t)
-	mod, err := h.eng.LoadFile(h.ctx, wasmPath(t, "examples/wasm/wordcount/split.wasm"))
+	mod, err := h.eng.LoadFile(h.ctx, testwasm.Path(t, "examples/wasm/wordcount/split.wasm"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -306,8 +284,8 @@ func TestSplitRejectsBadConfig(t *testing.T) {
 
 // TestJobFile: wordcount.yaml is valid and names the modules this example builds.
 func TestJobFile(t *testing.T) {
-	wasmPath(t, "examples/wasm/wordcount/split.wasm")
-	wasmPath(t, "examples/wasm/wordcount/count.wasm")
+	testwasm.Path(t, "examples/wasm/wordcount/split.wasm")
+	testwasm.Path(t, "examples/wasm/wordcount/count.wasm")
 	j, err := jobfile.Load("wordcount.yaml")
 	if err != nil {
 		t.Fatal(err)
