@@ -167,7 +167,7 @@ func (c *cli) run(ctx context.Context, cmd *cobra.Command, target string, f runF
 	switch {
 	case err == nil:
 		prog.finish(stats, "finished")
-		log.Info("job finished", "elapsed", stats.Elapsed.Round(time.Millisecond))
+		startLevel("job finished", "elapsed", stats.Elapsed.Round(time.Millisecond))
 		if !filter || mode == progressTable {
 			c.printOutputs(job)
 		}

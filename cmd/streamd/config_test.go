@@ -1,0 +1,108 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// invoke runs the CLI in-process and returns its exit status, the cli (for its
+// resolved configuration) and what it wrote.
+func invoke(t *testing.T, args ...string) (int, *cli, string, string) {
+	t.Helper()
+	var out, errb bytes.Buffer
+	c := newCLI(strings.NewReader(""), &out, &errb)
+	code := c.execute(context.Background(), args)
+	return code, c, out.String(), errb.String()
+}
+
+func TestConfigPrecedence(t *testing.T) {
+	dir := t.TempDir()
+	t.Chdir(dir)
+	os.Unsetenv("STREAMD_LOG_LEVEL")
+	os.Unsetenv("STREAMD_WASM_MEMORY_LIMIT_MIB")
+
+	check := func(name string, wantLevel string, wantMiB int, wantDeadline time.Duration, args ...string) {
+		t.Helper()
+		code, c, _, stderr := invoke(t, append(args, "version")...)
+		if code != 0 {
+			t.Fatalf("%s: exit %d: %s", name, code, stderr)
+		}
+		if got := c.v.GetString(keyLogLevel); got != wantLevel {
+			t.Errorf("%s: log.level = %q, want %q", name, got, wantLevel)
+		}
+		if got, err := c.positiveInt(keyWasmMemoryLimit); err != nil || got != wantMiB {
+			t.Errorf("%s: wasm.memory_limit_mib = %d (%v), want %d", name, got, err, wantMiB)
+		}
+		if got, err := c.duration(keyWasmDeadline); err != nil || got != wantDeadline {
+			t.Errorf("%s: wasm.call_deadline = %v (%v), want %v", name, got, err, wantDeadline)
+		}
+	}
+	check("defaults", "info", 256, 0)
+
+	must(t, os.WriteFile(filepath.Join(dir, "streamd.yaml"), []byte("log: {level: warn}\nwasm: {memory_limit_mib: 512, call_deadline: 30s}\n"), 0o644))
+	check("file", "warn", 512, 30*time.Second)
+
+	t.Setenv("STREAMD_LOG_LEVEL", "error")
+	t.Setenv("STREAMD_WASM_MEMORY_LIMIT_MIB", "300")
+	check("env over file", "error", 300, 30*time.Second)
+
+	check("flags over env", "debug", 100, time.Second, "--log-level", "debug", "--wasm-memory-limit-mib", "100", "--wasm-call-deadline", "1s")
+
+	other := filepath.Join(dir, "other.yaml")
+	must(t, os.WriteFile(other, []byte("wasm: {call_deadline: 5s}\n"), 0o644))
+	check("--config-file", "error", 300, 5*time.Second, "--config-file", other)
+}
+
+func TestConfigErrors(t *testing.T) {
+	dir := t.TempDir()
+	t.Chdir(dir)
+	tests := []struct {
+		name, file string
+		args       []string
+		want       string
+	}{
+		{"unknown key", "wasm: {memory_limit: 5}\n", nil, `streamd: config file streamd.yaml: unknown key "wasm.memory_limit"`},
+		{"bad level", "log: {level: loud}\n", nil, `streamd: log.level: "loud" is not a log level`},
+		{"bad format", "", []string{"--log-format", "xml"}, `streamd: log.format: "xml" is not a log format`},
+		{"missing config file", "", []string{"--config-file", "nope.yaml"}, "streamd: config file nope.yaml: "},
+		{"bad yaml", "log: [\n", nil, "streamd: config file streamd.yaml: "},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			os.Remove(filepath.Join(dir, "streamd.yaml"))
+			if tt.file != "" {
+				must(t, os.WriteFile(filepath.Join(dir, "streamd.yaml"), []byte(tt.file), 0o644))
+			}
+			code, _, _, stderr := invoke(t, append(tt.args, "version")...)
+			if code != exitUsage || !strings.HasPrefix(stderr, tt.want) {
+				t.Errorf("exit %d stderr %q, want %d and %q", code, stderr, exitUsage, tt.want)
+			}
+		})
+	}
+}
+
+func TestRunRejectsModuleFlagsForJobFiles(t *testing.T) {
+	dir := t.TempDir()
+	t.Chdir(dir)
+	must(t, os.WriteFile("job.yaml", []byte("name: x\noperators: []\n"), 0o644))
+	code, _, _, stderr := invoke(t, "run", "--sink", "discard", "job.yaml")
+	if code != exitUsage || !strings.Contains(stderr, "streamd: --sink applies only when running a .wasm module") {
+		t.Errorf("exit %d stderr %q", code, stderr)
+	}
+	code, _, _, stderr = invoke(t, "run", "job.yaml")
+	if code != exitFailed || !strings.Contains(stderr, "streamd: jobfile: job.yaml: line 2: operators: empty") {
+		t.Errorf("exit %d stderr %q", code, stderr)
+	}
+}
+
+func must(t *testing.T, err error) {
+	t.Helper()
+	if err != nil {
+		t.Fatal(err)
+	}
+}
