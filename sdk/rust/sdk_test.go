@@ -11,6 +11,9 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -242,5 +245,26 @@ func TestTraps(t *testing.T) {
 				t.Fatalf("after the trap: got %v, want ErrInstanceDiscarded", err)
 			}
 		})
+	}
+}
+
+// TestNativeUnitTests runs the crate's own unit tests (codecs, emit buffer,
+// state helpers against the fake host) natively with Debian's cargo.
+func TestNativeUnitTests(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short: skipping cargo test")
+	}
+	root, err := testwasm.Root()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command("/usr/bin/cargo", "test", "--quiet", "--offline", "--manifest-path", filepath.Join(root, "sdk", "rust", "Cargo.toml"))
+	cmd.Env = append(os.Environ(), "RUSTC=/usr/bin/rustc", "CARGO_NET_OFFLINE=true", "CARGO_TARGET_DIR="+filepath.Join(root, "target", "rust"))
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("cargo test in sdk/rust: %v\n%s", err, out)
+	}
+	if !strings.Contains(string(out), "test result: ok") {
+		t.Fatalf("cargo test printed no result:\n%s", out)
 	}
 }
