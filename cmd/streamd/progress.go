@@ -132,10 +132,15 @@ func (p *progress) finish(s runtime.Stats, status string) {
 func statsTable(s runtime.Stats, rates map[string]float64, title string) string {
 	var b strings.Builder
 	b.WriteString(title + "\n")
-	tw := tabwriter.NewWriter(&b, 0, 8, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "OPERATOR\tPARALLELISM\tIN\tOUT\tRATE/S\t")
+	// Numbers align right; the operator column, padded here, stays left-aligned.
+	w := len("OPERATOR")
 	for _, op := range s.Operators {
-		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%.0f\t\n", op.UID, op.Parallelism, op.RecordsIn, op.RecordsOut, rates[op.UID])
+		w = max(w, len(op.UID))
+	}
+	tw := tabwriter.NewWriter(&b, 0, 8, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintf(tw, "%-*s\tPARALLELISM\tIN\tOUT\tRATE/S\t\n", w, "OPERATOR")
+	for _, op := range s.Operators {
+		fmt.Fprintf(tw, "%-*s\t%d\t%d\t%d\t%.0f\t\n", w, op.UID, op.Parallelism, op.RecordsIn, op.RecordsOut, rates[op.UID])
 	}
 	tw.Flush()
 	return b.String()
