@@ -264,6 +264,16 @@ func (c *Coordinator) emit(a Action) { c.ready = append(c.ready, a) }
 // no longer exist are normal and not errors. In a terminal job state every
 // event is ignored (late acks still yield DiscardState).
 func (c *Coordinator) Step(ev Event) error {
+	switch ev.(type) {
+	case TriggerSavepoint, StopWithSavepoint:
+		if c.state != JobRunning && c.state != JobFinishing {
+			what := "take a savepoint"
+			if _, ok := ev.(StopWithSavepoint); ok {
+				what = "stop with a savepoint"
+			}
+			return fmt.Errorf("control: job %q: cannot %s while the job is %s: %w", c.g.Name, what, c.state, ErrUnexpectedEvent)
+		}
+	}
 	if c.state.Terminal() {
 		if a, ok := ev.(Ack); ok && a.StateRef != "" {
 			c.emit(DiscardState{a.CheckpointID, a.Subtask, a.StateRef})
@@ -300,9 +310,6 @@ func (c *Coordinator) Step(ev Event) error {
 		}
 		c.abort(p, AbortPersistFailed, e.Reason, true)
 	case TriggerSavepoint:
-		if c.state != JobRunning && c.state != JobFinishing {
-			return fmt.Errorf("control: job %q: cannot take a savepoint while the job is %s: %w", c.g.Name, c.state, ErrUnexpectedEvent)
-		}
 		c.trigger(KindSavepoint, false, false)
 	case StopWithSavepoint:
 		err = c.stopWithSavepoint(e)
@@ -450,9 +457,6 @@ func (c *Coordinator) triggerFailed(e TriggerFailed) error {
 }
 
 func (c *Coordinator) stopWithSavepoint(e StopWithSavepoint) error {
-	if c.state != JobRunning && c.state != JobFinishing {
-		return fmt.Errorf("control: job %q: cannot stop with a savepoint while the job is %s: %w", c.g.Name, c.state, ErrUnexpectedEvent)
-	}
 	c.state = JobStopping
 	c.stop = &stopRequest{drain: e.Drain}
 	for _, p := range slices.Clone(c.pending) {
