@@ -90,22 +90,40 @@ type outFrame struct {
 	count uint32
 }
 
+// Go's wasm code pays for every branch and call, so the common path is kept
+// short: growth is out of line and empty keys and values are not copied.
 func (o *outFrame) add(key, value []byte, ts int64) {
-	if len(o.buf) == 0 {
-		if o.buf == nil {
-			o.buf = make([]byte, 4, 4096)
-		} else {
-			o.buf = o.buf[:4]
-		}
+	off := len(o.buf)
+	if off == 0 {
+		off = 4 // room for the count
 	}
-	b := o.buf
-	b = binary.LittleEndian.AppendUint64(b, uint64(ts))
-	b = binary.LittleEndian.AppendUint32(b, uint32(len(key)))
-	b = append(b, key...)
-	b = binary.LittleEndian.AppendUint32(b, uint32(len(value)))
-	b = append(b, value...)
+	need := off + recordHeader + len(key) + len(value)
+	if need > cap(o.buf) {
+		o.grow(need)
+	}
+	b := o.buf[:need]
+	binary.LittleEndian.PutUint64(b[off:], uint64(ts))
+	binary.LittleEndian.PutUint32(b[off+8:], uint32(len(key)))
+	off += 12
+	if len(key) > 0 {
+		off += copy(b[off:], key)
+	}
+	binary.LittleEndian.PutUint32(b[off:], uint32(len(value)))
+	if len(value) > 0 {
+		copy(b[off+4:], value)
+	}
 	o.buf = b
 	o.count++
+}
+
+// grow makes room for need bytes, at least doubling the buffer.
+//
+//go:noinline
+func (o *outFrame) grow(need int) {
+	n := max(need, 2*cap(o.buf), 4096)
+	b := make([]byte, len(o.buf), n)
+	copy(b, o.buf)
+	o.buf = b
 }
 
 // frame returns the finished batch frame, or nil when nothing was added.
