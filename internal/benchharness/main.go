@@ -1,0 +1,228 @@
+// Command benchharness is `make bench`: it runs the Go benchmarks of the host
+// and the runtime in one go, measures cold and cached module compilation in
+// fresh processes, prints one table and writes it to BENCHMARKS.md with the
+// machine and the date. Ratios are computed within this one run, because the
+// machine is shared and noisy and absolute times move between runs.
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"runtime"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/streamd/streamd/host"
+)
+
+// A suite is one `go test -bench` invocation.
+type suite struct {
+	pkg     string
+	pattern string
+}
+
+var suites = []suite{
+	{"./host", "."},
+	{"./internal/runtime", "."},
+}
+
+type result struct {
+	name    string
+	metrics map[string]float64 // unit -> value
+}
+
+func main() {
+	benchtime := flag.String("benchtime", "2s", "go test -benchtime")
+	out := flag.String("o", "BENCHMARKS.md", "where to write the table")
+	compileOnce := flag.String("compile-once", "", "internal: load this module once and print the seconds it took")
+	cacheDir := flag.String("cache-dir", "", "internal: compilation cache for -compile-once")
+	flag.Parse()
+	if *compileOnce != "" {
+		os.Exit(runCompileOnce(*compileOnce, *cacheDir))
+	}
+
+	var results []result
+	for _, s := range suites {
+		rs, err := runSuite(s, *benchtime)
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "benchharness: %s: %v\n", s.pkg, err)
+			os.Exit(1)
+		}
+		results = append(results, rs...)
+	}
+	cold, cached, err := compileTimes("examples/wasm/uppercase/uppercase.wasm")
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "benchharness: compile times: %v\n", err)
+		os.Exit(1)
+	}
+	report := render(results, cold, cached)
+	fmt.Print(report)
+	if err := os.WriteFile(*out, []byte(report), 0o644); err != nil {
+		fmt.Fprintf(os.Stderr, "benchharness: %v\n", err)
+		os.Exit(1)
+	}
+	fmt.Printf("\nwritten to %s\n", *out)
+}
+
+var benchLine = regexp.MustCompile(`^(Benchmark\S+?)(?:-\d+)?\s+(\d+)\s+(.*)$`)
+
+func runSuite(s suite, benchtime string) ([]result, error) {
+	cmd := exec.Command("go", "test", "-run", "^$", "-bench", s.pattern, "-benchtime", benchtime, "-count", "1", s.pkg)
+	cmd.Stderr = os.Stderr
+	var buf bytes.Buffer
+	cmd.Stdout = &buf
+	err := cmd.Run()
+	os.Stdout.Write(buf.Bytes())
+	if err != nil {
+		return nil, fmt.Errorf("go test -bench failed: %w", err)
+	}
+	var rs []result
+	sc := bufio.NewScanner(&buf)
+	for sc.Scan() {
+		m := benchLine.FindStringSubmatch(sc.Text())
+		if m == nil {
+			continue
+		}
+		r := result{name: m[1], metrics: map[string]float64{}}
+		f := strings.Fields(m[3])
+		for i := 0; i+1 < len(f); i += 2 {
+			v, err := strconv.ParseFloat(f[i], 64)
+			if err == nil {
+				r.metrics[f[i+1]] = v
+			}
+		}
+		rs = append(rs, r)
+	}
+	return rs, nil
+}
+
+func runCompileOnce(path, cacheDir string) int {
+	ctx := context.Background()
+	start := time.Now()
+	e, err := host.NewEngine(ctx, host.WithCacheDir(cacheDir))
+	if err == nil {
+		_, err = e.LoadFile(ctx, path)
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	fmt.Println(time.Since(start).Seconds())
+	return 0
+}
+
+// compileTimes loads the module in a new process with an empty cache, then in
+// another new process with the cache the first one filled.
+func compileTimes(module string) (cold, cached float64, err error) {
+	dir, err := os.MkdirTemp("", "streamd-bench-cache")
+	if err != nil {
+		return 0, 0, err
+	}
+	defer os.RemoveAll(dir)
+	self, err := os.Executable()
+	if err != nil {
+		return 0, 0, err
+	}
+	abs, _ := filepath.Abs(module)
+	run := func() (float64, error) {
+		out, err := exec.Command(self, "-compile-once", abs, "-cache-dir", dir).Output()
+		if err != nil {
+			return 0, fmt.Errorf("%s: %w", module, err)
+		}
+		return strconv.ParseFloat(strings.TrimSpace(string(out)), 64)
+	}
+	if cold, err = run(); err != nil {
+		return 0, 0, err
+	}
+	cached, err = run()
+	return cold, cached, err
+}
+
+func render(results []result, cold, cached float64) string {
+	var b strings.Builder
+	host, _ := os.Hostname()
+	cpu := cpuModel()
+	fmt.Fprintf(&b, "# streamd benchmarks\n\n")
+	fmt.Fprintf(&b, "Measured %s on %s (%s, %d cores, %s). Regenerate with `make bench`.\n",
+		time.Now().UTC().Format("2006-01-02 15:04 MST"), host, cpu, runtime.NumCPU(), runtime.Version())
+	fmt.Fprintf(&b, "The machine is shared and noisy: compare the ratios, which come from one run, not absolute numbers across runs.\n\n")
+	fmt.Fprintf(&b, "| benchmark | ns/record | records/s | ns/op |\n|---|---:|---:|---:|\n")
+	for _, r := range results {
+		fmt.Fprintf(&b, "| %s | %s | %s | %s |\n", strings.TrimPrefix(r.name, "Benchmark"),
+			num(r.metrics["ns/record"]), num(r.metrics["records/s"]), num(r.metrics["ns/op"]))
+	}
+	fmt.Fprintf(&b, "\n## Ratios (same run)\n\n| ratio | value | target |\n|---|---:|---|\n")
+	for _, q := range ratios {
+		a, okA := find(results, q.num, q.unit)
+		d, okD := find(results, q.den, q.unit)
+		if !okA || !okD || d == 0 {
+			fmt.Fprintf(&b, "| %s | n/a (missing %s or %s) | %s |\n", q.label, q.num, q.den, q.target)
+			continue
+		}
+		fmt.Fprintf(&b, "| %s | %.2f | %s |\n", q.label, a/d, q.target)
+	}
+	fmt.Fprintf(&b, "| compile cold / cached, new process (uppercase Go guest: %.3fs / %.3fs) | %.1fx | cached at least 10x faster |\n",
+		cold, cached, cold/cached)
+	return b.String()
+}
+
+type ratio struct {
+	label, num, den, unit, target string
+}
+
+// ratios lists what the issues ask to be compared; each is computed from two
+// benchmarks of this same run.
+var ratios = []ratio{
+	{"per-record call / batched call, boundary cost per record", "BenchmarkCallPerRecord", "BenchmarkCallBatched", "ns/record", "batched under 20 ns/record"},
+	{"Go guest map / native Go, ns per record", "BenchmarkMapGoGuest", "BenchmarkMapNative", "ns/record", "report"},
+	{"Rust guest map / native Go, ns per record", "BenchmarkMapRustGuest", "BenchmarkMapNative", "ns/record", "report; Rust >= 1.2M records/s"},
+	{"pipeline Rust guest / native, records/s", "BenchmarkPipelineRust", "BenchmarkPipelineNative", "records/s", ">= 0.40; Rust >= 1M records/s"},
+	{"pipeline Go guest / native, records/s", "BenchmarkPipelineGo", "BenchmarkPipelineNative", "records/s", "report"},
+	{"pipeline hash p=2 / forward p=1, records/s", "BenchmarkPipelineHashP2", "BenchmarkPipelineNative", "records/s", ">= 0.70"},
+}
+
+func find(rs []result, name, unit string) (float64, bool) {
+	for _, r := range rs {
+		if r.name == name {
+			v, ok := r.metrics[unit]
+			return v, ok
+		}
+	}
+	return 0, false
+}
+
+func num(v float64) string {
+	switch {
+	case v == 0:
+		return ""
+	case v >= 1e6:
+		return fmt.Sprintf("%.2fM", v/1e6)
+	case v >= 1000:
+		return fmt.Sprintf("%.0f", v)
+	default:
+		return fmt.Sprintf("%.1f", v)
+	}
+}
+
+func cpuModel() string {
+	b, err := os.ReadFile("/proc/cpuinfo")
+	if err != nil {
+		return runtime.GOARCH
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if strings.HasPrefix(line, "model name") {
+			if i := strings.Index(line, ":"); i >= 0 {
+				return strings.TrimSpace(line[i+1:])
+			}
+		}
+	}
+	return runtime.GOARCH
+}
