@@ -244,6 +244,9 @@ func (i *Instance) EndInput(ctx context.Context, input int, emit Emitter) error 
 	if err := i.ready(abi.PhaseEndInput); err != nil {
 		return err
 	}
+	if input < 0 || (i.cfg.NumInputs > 0 && input >= i.cfg.NumInputs) {
+		return fmt.Errorf("host: operator %q subtask %d: end_input %d outside [0, %d)", i.cfg.Operator, i.cfg.Subtask, input, i.cfg.NumInputs)
+	}
 	i.stack[0] = uint64(input)
 	i.emit = emit
 	err := i.call(ctx, abi.PhaseEndInput, i.fnEndInput, 1)
@@ -474,7 +477,7 @@ func (i *Instance) discard(err *Error) error {
 		i.dead = err
 	}
 	i.release()
-	i.logger.Warn("guest instance discarded", "phase", string(err.Phase), "error", kindLabel(err.Kind), "message", err.Message)
+	i.logger.Debug("guest instance discarded", "phase", string(err.Phase), "error", kindLabel(err.Kind), "message", err.Message)
 	return err
 }
 
