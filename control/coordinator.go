@@ -55,8 +55,12 @@ import (
 //     completes and all subtasks have closed, JobDone{JobStopped}.
 //  7. Fail. Checkpoint failures (declines, timeouts, failed persists) count
 //     against Config.TolerableFailures until a checkpoint completes; one
-//     more fails the job (FailJob). A TaskFailed, FailJob or failover aborts
-//     everything pending and waits for all subtasks to run again.
+//     more fails the job (FailJob). A TaskFailed or FailJob aborts every
+//     pending checkpoint and waits for all subtasks to run again. A
+//     checkpoint whose metadata is being persisted is never aborted: it may
+//     already be durable. Its Persisted or PersistFailed still counts after
+//     a failover (it then notifies nobody), so the driver must learn its
+//     outcome before it picks the checkpoint to restore from.
 
 // JobState is the job's lifecycle state, as `streamd status` shows it.
 type JobState string
@@ -159,6 +163,7 @@ type pendingCheckpoint struct {
 	union      map[string]bool // operators with union list state in an ack
 	afterEOD   map[SubtaskID]bool
 	persisting bool
+	attempt    int // the job attempt it was triggered in
 }
 
 type stopRequest struct {
@@ -184,6 +189,7 @@ type Coordinator struct {
 	failures int // consecutive counted failures
 	latest   int64
 	stop     *stopRequest
+	attempt  int // incremented on every failover
 	ready    []Action
 }
 
@@ -486,7 +492,7 @@ func (c *Coordinator) trigger(kind CheckpointKind, stop, drain bool) {
 	p := &pendingCheckpoint{
 		id: c.nextID, kind: kind, stop: stop, drain: drain, tick: c.now, plan: plan,
 		waiting: make(map[SubtaskID]bool), acks: make(map[SubtaskID]AckedState),
-		union: make(map[string]bool), afterEOD: make(map[SubtaskID]bool),
+		union: make(map[string]bool), afterEOD: make(map[SubtaskID]bool), attempt: c.attempt,
 	}
 	c.nextID++
 	for _, id := range plan.Wait {
@@ -566,8 +572,8 @@ func (c *Coordinator) persisted(id int64) error {
 	}
 	var tasks []SubtaskID
 	for _, sid := range c.order {
-		if _, ok := p.acks[sid]; !ok {
-			continue
+		if _, ok := p.acks[sid]; !ok || p.attempt != c.attempt {
+			continue // the subtasks of an earlier attempt are gone
 		}
 		s := c.subtasks[sid]
 		if s.state == SubtaskFinished || s.state == SubtaskDeploying {
@@ -624,8 +630,11 @@ func (c *Coordinator) failover(why string, err error) {
 	}
 	c.stop = nil
 	c.state = JobRestarting
+	c.attempt++
 	for _, p := range slices.Clone(c.pending) {
-		c.abort(p, AbortJobFailover, why, false)
+		if !p.persisting {
+			c.abort(p, AbortJobFailover, why, false)
+		}
 	}
 	for _, s := range c.subtasks {
 		*s = subtask{id: s.id, state: SubtaskDeploying}
@@ -640,7 +649,9 @@ func (c *Coordinator) terminate(st JobState, why string) {
 	c.stop = nil
 	c.state = st
 	for _, p := range slices.Clone(c.pending) {
-		c.abort(p, AbortJobTerminated, why, false)
+		if !p.persisting {
+			c.abort(p, AbortJobTerminated, why, false)
+		}
 	}
 }
 
