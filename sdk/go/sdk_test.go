@@ -1,7 +1,7 @@
 package streamd_test
 
-// These tests build real guests with the SDK (GOOS=wasip1, c-shared) and run
-// them through the streamd host.
+// These tests build real guests with the SDK (GOOS=wasip1, c-shared, through
+// the Makefile) and run them through the streamd host.
 
 import (
 	"bytes"
@@ -10,8 +10,6 @@ import (
 	"errors"
 	"log/slog"
 	"os"
-	"os/exec"
-	"path/filepath"
 	"sort"
 	"strings"
 	"sync"
@@ -20,47 +18,16 @@ import (
 
 	"github.com/streamd/streamd/abi"
 	"github.com/streamd/streamd/host"
+	"github.com/streamd/streamd/internal/testwasm"
 )
 
-var (
-	built  sync.Map // package -> built .wasm path
-	tmpDir string   // holds the guests built by this test binary
+// Guests built by the repository's Makefile (mk/go-guests.mk).
+const (
+	uppercaseWasm   = "examples/wasm/uppercase/uppercase.wasm"
+	keybyWasm       = "examples/wasm/window-count/keyby.wasm"
+	windowCountWasm = "examples/wasm/window-count/window-count.wasm"
+	conformanceWasm = "internal/conformance/guests/go/conformance.wasm"
 )
-
-func TestMain(m *testing.M) {
-	var err error
-	if tmpDir, err = os.MkdirTemp("", "streamd-sdk-go-test"); err != nil {
-		panic(err)
-	}
-	code := m.Run()
-	os.RemoveAll(tmpDir)
-	os.Exit(code)
-}
-
-// buildGuest builds the main package at pkg (relative to the repository
-// root) into a temporary .wasm file and returns its path.
-func buildGuest(t testing.TB, pkg string) string {
-	t.Helper()
-	if testing.Short() {
-		t.Skip("builds a wasm guest; skipped with -short")
-	}
-	if p, ok := built.Load(pkg); ok {
-		return p.(string)
-	}
-	root, err := filepath.Abs("../..")
-	if err != nil {
-		t.Fatal(err)
-	}
-	out := filepath.Join(tmpDir, strings.ReplaceAll(pkg, "/", "_")+".wasm")
-	cmd := exec.Command("go", "build", "-buildmode=c-shared", "-o", out, "./"+pkg)
-	cmd.Dir = root
-	cmd.Env = append(os.Environ(), "GOOS=wasip1", "GOARCH=wasm")
-	if b, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("build %s: %v\n%s", pkg, err, b)
-	}
-	built.Store(pkg, out)
-	return out
-}
 
 func newInstance(t testing.TB, eng *host.Engine, path string, cfg host.InstanceConfig) *host.Instance {
 	t.Helper()
@@ -146,7 +113,7 @@ func readLines(t *testing.T, path string) []string {
 
 func TestUppercaseGuest(t *testing.T) {
 	ctx := context.Background()
-	inst := newInstance(t, newEngine(t), buildGuest(t, "examples/wasm/uppercase"), host.InstanceConfig{Operator: "upper"})
+	inst := newInstance(t, newEngine(t), testwasm.Path(t, uppercaseWasm), host.InstanceConfig{Operator: "upper"})
 	var c collector
 	in := readLines(t, "../../examples/wasm/uppercase/input.txt")
 	recs := make([]abi.Record, len(in))
@@ -185,8 +152,8 @@ func TestUppercaseGuest(t *testing.T) {
 }
 
 func TestWindowCountGuest(t *testing.T) {
-	keyby := buildGuest(t, "examples/wasm/window-count/keyby")
-	windows := buildGuest(t, "examples/wasm/window-count")
+	keyby := testwasm.Path(t, keybyWasm)
+	windows := testwasm.Path(t, windowCountWasm)
 	eng := newEngine(t)
 	ctx := context.Background()
 	in := readLines(t, "../../examples/wasm/window-count/input.txt")
@@ -238,7 +205,7 @@ func TestWindowCountGuest(t *testing.T) {
 func TestWindowCountLateAndConfig(t *testing.T) {
 	eng := newEngine(t)
 	ctx := context.Background()
-	w := newInstance(t, eng, buildGuest(t, "examples/wasm/window-count"), host.InstanceConfig{Operator: "windows",
+	w := newInstance(t, eng, testwasm.Path(t, windowCountWasm), host.InstanceConfig{Operator: "windows",
 		Config: map[string]string{"size_ms": "100"}})
 	var out collector
 	rec := func(line string) abi.Record { return abi.Record{Value: []byte(line), Timestamp: abi.NoTimestamp} }
@@ -261,7 +228,7 @@ func TestWindowCountLateAndConfig(t *testing.T) {
 	}
 
 	bad := newEngine(t)
-	mod, err := bad.LoadFile(ctx, buildGuest(t, "examples/wasm/window-count"))
+	mod, err := bad.LoadFile(ctx, testwasm.Path(t, windowCountWasm))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -293,7 +260,7 @@ func u64(v uint64) []byte { return binary.LittleEndian.AppendUint64(nil, v) }
 // TestConformanceGuestLifecycle runs the Go conformance operator through one
 // whole life, a checkpoint and a restore.
 func TestConformanceGuestLifecycle(t *testing.T) {
-	path := buildGuest(t, "internal/conformance/guests/go")
+	path := testwasm.Path(t, conformanceWasm)
 	log := &logBuffer{}
 	eng := newEngineLog(t, log)
 	ctx := context.Background()
@@ -380,7 +347,7 @@ func TestConformanceGuestLifecycle(t *testing.T) {
 // TestGuestFailures checks that every way a Go guest can die reaches the host
 // as an error of the right kind that carries the guest's own words.
 func TestGuestFailures(t *testing.T) {
-	path := buildGuest(t, "internal/conformance/guests/go")
+	path := testwasm.Path(t, conformanceWasm)
 	ctx := context.Background()
 	eng := newEngine(t, host.WithMemoryLimitMiB(64), host.WithCallDeadline(time.Second))
 	for _, tc := range []struct {
@@ -433,7 +400,7 @@ func TestGuestFailures(t *testing.T) {
 // BenchmarkUppercaseGuest measures records per second through the uppercase
 // guest in batches of 1024 records of 40 bytes.
 func BenchmarkUppercaseGuest(b *testing.B) {
-	inst := newInstance(b, newEngine(b), buildGuest(b, "examples/wasm/uppercase"), host.InstanceConfig{Operator: "upper"})
+	inst := newInstance(b, newEngine(b), testwasm.Path(b, uppercaseWasm), host.InstanceConfig{Operator: "upper"})
 	recs := make([]abi.Record, 1024)
 	for i := range recs {
 		recs[i] = abi.Record{Value: bytes.Repeat([]byte("abcd"), 10), Timestamp: int64(i)}
