@@ -6,62 +6,6 @@ import (
 	"slices"
 )
 
-// The checkpoint coordinator: a deterministic state machine in the style of
-// etcd's raft. It owns no goroutine, clock or IO. The driver
-//
-//   - feeds it events with Step: Tick from its ticker, task state changes,
-//     acknowledgements and declines from the subtasks, Persisted when the
-//     metadata it was asked to write is durable, and user requests;
-//   - reads the resulting actions with Ready, carries them out in order
-//     (trigger, persist, notify, abort, fail, ...), and calls Advance.
-//
-// Protocol (aligned barriers, FLIP-147 "checkpoints after tasks finished"):
-//
-//  1. Trigger. A checkpoint is planned with PlanTrigger over the subtasks
-//     that have not finished: the running subtasks nothing running can send
-//     a barrier to are triggered, every running subtask is waited for, and
-//     finished subtasks count as acknowledged. Periodic checkpoints start
-//     every Config.IntervalTicks, no sooner than Config.MinPauseTicks after
-//     the previous checkpoint ended, with at most Config.MaxConcurrent
-//     pending, and only while every subtask is deployed.
-//  2. Acknowledge. Each waited-for subtask acks (or declines). A subtask
-//     that has reached end of data still acks normally; pending checkpoints
-//     are not cancelled when subtasks reach end of data or finish. A subtask
-//     finishing without acknowledging a checkpoint that waits for it aborts
-//     that checkpoint (it finished between plan and trigger).
-//  3. Complete. With every ack in, the coordinator asks the driver to
-//     persist the metadata (PersistMetadata): operators are fully finished
-//     when all their subtasks were finished at trigger time or finished in
-//     their snapshot, partially finished when some were. If a partially
-//     finished operator has union list state, the checkpoint is aborted
-//     instead, without counting as a failure.
-//  4. Notify. Only after Persisted does it emit NotifyComplete; subtasks
-//     that took this snapshot after their end of data close afterwards.
-//  5. Finish. A subtask at end of data waits for any checkpoint it
-//     acknowledges after its end of data. When every running subtask has
-//     reached end of data (and Config.FinalCheckpointImmediately), the
-//     coordinator triggers that final checkpoint at once instead of waiting
-//     for the interval: one checkpoint serves a whole chain of
-//     two-phase-commit operators. When all subtasks have finished and no
-//     checkpoint is pending, it emits JobDone.
-//  6. Stop with savepoint. StopWithSavepoint aborts the pending checkpoints
-//     that are not yet being persisted (reason superseded-by-stop, not a
-//     failure) so that the savepoint is the one final checkpoint of every
-//     subtask, including those already at end of data. If a checkpoint is
-//     being persisted, the savepoint waits until it is persisted and the
-//     subtasks it released have closed. Then it emits StopSources and the
-//     savepoint's TriggerCheckpoint (Sync, Drain). If the savepoint fails in
-//     any way, it emits FailJob with ErrStopWithSavepointFailed; when it
-//     completes and all subtasks have closed, JobDone{JobStopped}.
-//  7. Fail. Checkpoint failures (declines, timeouts, failed persists) count
-//     against Config.TolerableFailures until a checkpoint completes; one
-//     more fails the job (FailJob). A TaskFailed or FailJob aborts every
-//     pending checkpoint and waits for all subtasks to run again. A
-//     checkpoint whose metadata is being persisted is never aborted: it may
-//     already be durable. Its Persisted or PersistFailed still counts after
-//     a failover (it then notifies nobody), so the driver must learn its
-//     outcome before it picks the checkpoint to restore from.
-
 // JobState is the job's lifecycle state, as `streamd status` shows it.
 type JobState string
 
@@ -172,8 +116,64 @@ type stopRequest struct {
 	completed bool
 }
 
-// Coordinator is the checkpoint coordinator of one job. It is not safe for
-// concurrent use; the driver serializes Step, Ready and Advance.
+// Coordinator is the checkpoint coordinator of one job: a deterministic
+// state machine in the style of etcd's raft. It owns no goroutine, clock or IO. The driver
+//
+//   - feeds it events with Step: Tick from its ticker, task state changes,
+//     acknowledgements and declines from the subtasks, Persisted when the
+//     metadata it was asked to write is durable, and user requests;
+//   - reads the resulting actions with Ready, carries them out in order
+//     (trigger, persist, notify, abort, fail, ...), and calls Advance.
+//
+// Protocol (aligned barriers, FLIP-147 "checkpoints after tasks finished"):
+//
+//  1. Trigger. A checkpoint is planned with PlanTrigger over the subtasks
+//     that have not finished: the running subtasks nothing running can send
+//     a barrier to are triggered, every running subtask is waited for, and
+//     finished subtasks count as acknowledged. Periodic checkpoints start
+//     every Config.IntervalTicks, no sooner than Config.MinPauseTicks after
+//     the previous checkpoint ended, with at most Config.MaxConcurrent
+//     pending, and only while every subtask is deployed.
+//  2. Acknowledge. Each waited-for subtask acks (or declines). A subtask
+//     that has reached end of data still acks normally; pending checkpoints
+//     are not cancelled when subtasks reach end of data or finish. A subtask
+//     finishing without acknowledging a checkpoint that waits for it aborts
+//     that checkpoint (it finished between plan and trigger).
+//  3. Complete. With every ack in, the coordinator asks the driver to
+//     persist the metadata (PersistMetadata): operators are fully finished
+//     when all their subtasks were finished at trigger time or finished in
+//     their snapshot, partially finished when some were. If a partially
+//     finished operator has union list state, the checkpoint is aborted
+//     instead, without counting as a failure.
+//  4. Notify. Only after Persisted does it emit NotifyComplete; subtasks
+//     that took this snapshot after their end of data close afterwards.
+//  5. Finish. A subtask at end of data waits for any checkpoint it
+//     acknowledges after its end of data. When every running subtask has
+//     reached end of data (and Config.FinalCheckpointImmediately), the
+//     coordinator triggers that final checkpoint at once instead of waiting
+//     for the interval: one checkpoint serves a whole chain of
+//     two-phase-commit operators. When all subtasks have finished and no
+//     checkpoint is pending, it emits JobDone.
+//  6. Stop with savepoint. StopWithSavepoint aborts the pending checkpoints
+//     that are not yet being persisted (reason superseded-by-stop, not a
+//     failure) so that the savepoint is the one final checkpoint of every
+//     subtask, including those already at end of data. If a checkpoint is
+//     being persisted, the savepoint waits until it is persisted and the
+//     subtasks it released have closed. Then it emits StopSources and the
+//     savepoint's TriggerCheckpoint (Sync, Drain). If the savepoint fails in
+//     any way, it emits FailJob with ErrStopWithSavepointFailed; when it
+//     completes and all subtasks have closed, JobDone{JobStopped}.
+//  7. Fail. Checkpoint failures (declines, timeouts, failed persists) count
+//     against Config.TolerableFailures until a checkpoint completes; one
+//     more fails the job (FailJob). A TaskFailed or FailJob aborts every
+//     pending checkpoint and waits for all subtasks to run again. A
+//     checkpoint whose metadata is being persisted is never aborted: it may
+//     already be durable. Its Persisted or PersistFailed still counts after
+//     a failover (it then notifies nobody), so the driver must learn its
+//     outcome before it picks the checkpoint to restore from.
+//
+// A Coordinator is not safe for concurrent use; the driver serializes Step,
+// Ready and Advance.
 type Coordinator struct {
 	g        *JobGraph
 	cfg      Config

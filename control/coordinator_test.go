@@ -233,7 +233,7 @@ func (s *sim) move(chaos bool) {
 		if !ts.deployed {
 			opts = append(opts, func() { ts.deployed = true; s.step(TaskRunning{Subtask: id}) })
 		}
-		if s.canEOD(id) && (chaos || true) {
+		if s.canEOD(id) {
 			opts = append(opts, func() {
 				drain := true
 				ts.eod, ts.drain = true, drain
