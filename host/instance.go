@@ -492,7 +492,7 @@ func (i *Instance) release() {
 	i.stderr.flush()
 }
 
-// copyOut copies an emitted frame out of guest memory into the arena and
+// decodeEmit copies an emitted frame out of guest memory into the arena and
 // decodes it; the result is handed to the emitter and never reused.
 func (i *Instance) decodeEmit(frame []byte) ([]abi.Record, error) {
 	if cap(i.byteArena)-len(i.byteArena) < len(frame) {
