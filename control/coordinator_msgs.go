@@ -53,6 +53,9 @@ type TaskEndOfData struct {
 
 // TaskFinished reports that a subtask closed and emitted EndOfPartition. It
 // will send no barrier again, so later trigger plans treat it as finished.
+// Normally it follows end of data and the notification of the subtask's
+// final checkpoint. A pending checkpoint still waiting for the subtask's ack
+// is aborted (finished-before-ack, not counted).
 type TaskFinished struct{ Subtask SubtaskID }
 
 // TaskFailed reports that a subtask failed (trap, lost host, channel gap).
