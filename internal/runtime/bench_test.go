@@ -1,0 +1,74 @@
+package runtime
+
+import (
+	"context"
+	"testing"
+
+	"github.com/streamd/streamd/control"
+	"github.com/streamd/streamd/host"
+	"github.com/streamd/streamd/internal/jobfile"
+	"github.com/streamd/streamd/internal/testwasm"
+)
+
+// The pipeline benchmarks run generator -> map -> discard with 100-byte
+// values; one b.N iteration is one record, so ns/op is ns per record and
+// records/s is the pipeline's throughput. Compare the map implementations:
+//
+//	go test -run '^$' -bench Pipeline -benchtime 3000000x ./internal/runtime/
+
+func benchPipeline(b *testing.B, mapSpec any, p int, part control.Partitioning, eng *host.Engine) {
+	b.Helper()
+	run := func(n int) Stats {
+		spec := &jobfile.SourceSpec{Type: "generator", Count: int64(n), KeyPattern: "key-{k}", ValuePattern: "value-{n}",
+			Keys: 1000, ValueSize: 100, TSStep: 1}
+		g := graph(b,
+			src("gen", p, spec),
+			op("map", p, mapSpec, in("gen", part)),
+			sink("out", p, &jobfile.SinkSpec{Type: "discard"}, in("map", control.Forward)),
+		)
+		stats, err := Run(context.Background(), g, Options{Engine: eng})
+		if err != nil {
+			b.Fatal(err)
+		}
+		if got := stats.Operators[2].RecordsIn; got != int64(n) {
+			b.Fatalf("discard got %d records, want %d", got, n)
+		}
+		return stats
+	}
+	run(10000) // warm up: compile (and cache) the module, fill the pools
+	b.ReportAllocs()
+	b.ResetTimer()
+	run(b.N)
+	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "records/s")
+}
+
+func benchEngine(b *testing.B) *host.Engine {
+	e, err := host.NewEngine(context.Background(), host.WithCacheDir(b.TempDir()))
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { e.Close(context.Background()) })
+	return e
+}
+
+func BenchmarkPipelineNativeMap(b *testing.B) {
+	benchPipeline(b, NativeFactory(newUpper), 1, control.Forward, nil)
+}
+
+func BenchmarkPipelineGoGuest(b *testing.B) {
+	wasm := testwasm.Path(b, "examples/wasm/uppercase/uppercase.wasm")
+	benchPipeline(b, &jobfile.WasmSpec{Path: wasm}, 1, control.Forward, benchEngine(b))
+}
+
+func BenchmarkPipelineRustGuest(b *testing.B) {
+	wasm := testwasm.Path(b, "examples/wasm/uppercase-rust/uppercase_rust.wasm")
+	benchPipeline(b, &jobfile.WasmSpec{Path: wasm}, 1, control.Forward, benchEngine(b))
+}
+
+func BenchmarkPipelineForwardP2(b *testing.B) {
+	benchPipeline(b, NativeFactory(newUpper), 2, control.Forward, nil)
+}
+
+func BenchmarkPipelineHashP2(b *testing.B) {
+	benchPipeline(b, NativeFactory(newUpper), 2, control.Hash, nil)
+}
