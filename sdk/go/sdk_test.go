@@ -1,3 +1,5 @@
+//go:build !wasip1
+
 package streamd_test
 
 // These tests build real guests with the SDK (GOOS=wasip1, c-shared, through
