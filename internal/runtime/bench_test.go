@@ -3,6 +3,7 @@ package runtime
 import (
 	"context"
 	"testing"
+	"time"
 
 	"github.com/streamd/streamd/control"
 	"github.com/streamd/streamd/host"
@@ -18,7 +19,18 @@ import (
 
 func benchPipeline(b *testing.B, mapSpec any, p int, part control.Partitioning, eng *host.Engine) {
 	b.Helper()
-	run := func(n int) Stats {
+	run := pipelineRunner(b, mapSpec, p, part, eng)
+	run(10000) // warm up: compile (and cache) the module, fill the pools
+	b.ReportAllocs()
+	b.ResetTimer()
+	run(b.N)
+	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "records/s")
+}
+
+// pipelineRunner returns a function that runs generator -> map -> discard
+// with n records and checks they all arrived.
+func pipelineRunner(b *testing.B, mapSpec any, p int, part control.Partitioning, eng *host.Engine) func(n int) Stats {
+	return func(n int) Stats {
 		spec := &jobfile.SourceSpec{Type: "generator", Count: int64(n), KeyPattern: "key-{k}", ValuePattern: "value-{n}",
 			Keys: 1000, ValueSize: 100, TSStep: 1}
 		g := graph(b,
@@ -35,11 +47,6 @@ func benchPipeline(b *testing.B, mapSpec any, p int, part control.Partitioning, 
 		}
 		return stats
 	}
-	run(10000) // warm up: compile (and cache) the module, fill the pools
-	b.ReportAllocs()
-	b.ResetTimer()
-	run(b.N)
-	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "records/s")
 }
 
 func benchEngine(b *testing.B) *host.Engine {
@@ -71,4 +78,31 @@ func BenchmarkPipelineForwardP2(b *testing.B) {
 
 func BenchmarkPipelineHashP2(b *testing.B) {
 	benchPipeline(b, NativeFactory(newUpper), 2, control.Hash, nil)
+}
+
+// BenchmarkGuestVsNative runs the native and the Rust and Go guest pipelines
+// back to back (1M records each per iteration, so they share the machine's
+// conditions) and reports each one's records/s and the guests' share of the
+// native throughput (target: Rust >= 40%).
+func BenchmarkGuestVsNative(b *testing.B) {
+	const n = 1_000_000
+	eng := benchEngine(b)
+	rust := pipelineRunner(b, &jobfile.WasmSpec{Path: testwasm.Path(b, "examples/wasm/uppercase-rust/uppercase_rust.wasm")}, 1, control.Forward, eng)
+	goGuest := pipelineRunner(b, &jobfile.WasmSpec{Path: testwasm.Path(b, "examples/wasm/uppercase/uppercase.wasm")}, 1, control.Forward, eng)
+	native := pipelineRunner(b, NativeFactory(newUpper), 1, control.Forward, nil)
+	rust(10000)
+	goGuest(10000)
+	var tn, tr, tg time.Duration
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		tn += native(n).Elapsed
+		tr += rust(n).Elapsed
+		tg += goGuest(n).Elapsed
+	}
+	rate := func(d time.Duration) float64 { return float64(b.N) * n / d.Seconds() }
+	b.ReportMetric(rate(tn), "native-records/s")
+	b.ReportMetric(rate(tr), "rust-records/s")
+	b.ReportMetric(rate(tg), "go-records/s")
+	b.ReportMetric(100*rate(tr)/rate(tn), "rust-%-of-native")
+	b.ReportMetric(100*rate(tg)/rate(tn), "go-%-of-native")
 }
