@@ -26,6 +26,7 @@ type InstanceConfig struct {
 	NumInputs      int
 	Config         map[string]string // flattened operator config
 	Restore        *Snapshot         // nil: fresh state. Already redistributed for this subtask.
+	AllowClock     bool              // real wall and monotonic clocks for this instance (the job's allow_clock)
 }
 
 // Emitter receives the records of one guest emit call. The slices (the record
@@ -115,7 +116,7 @@ func (m *Module) NewInstance(ctx context.Context, cfg InstanceConfig) (*Instance
 		WithArgs(cfg.Operator).
 		WithStdout(i.stdout).
 		WithStderr(i.stderr)
-	if e.cfg.allowClock {
+	if e.cfg.allowClock || cfg.AllowClock {
 		mc = mc.WithSysWalltime().WithSysNanotime().WithSysNanosleep()
 	}
 	mod, err := e.runtime.InstantiateModule(ctx, m.compiled, mc)

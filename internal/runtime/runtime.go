@@ -335,7 +335,7 @@ func (j *job) bindSpec(t *task, modules map[string]*host.Module) error {
 		t.op = &wasmOperator{mod: modules[spec.Path], cfg: host.InstanceConfig{
 			Job: t.info.Job, Operator: v.UID, Subtask: t.sub, Parallelism: v.Parallelism,
 			MaxParallelism: t.info.MaxParallelism, Attempt: t.info.Attempt, NumInputs: len(v.Inputs),
-			Config: spec.Config,
+			Config: spec.Config, AllowClock: spec.AllowClock,
 		}}
 	case NativeFactory:
 		t.op = spec(t.info)
