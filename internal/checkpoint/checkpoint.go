@@ -1,0 +1,121 @@
+// Package checkpoint stores streamd checkpoints and savepoints and plans
+// their restore.
+//
+// A checkpoint is a set of state blobs, one per subtask that has state, and a
+// metadata file that names them. The blobs are written first; the metadata
+// file, written atomically, is the commit point: a checkpoint without it does
+// not exist. The on-disk format is a contract, documented in
+// docs/checkpoint-format.md.
+//
+// Store is the storage interface (a local directory now, a NATS JetStream
+// object store later). Reassign redistributes an operator's state when the
+// parallelism changes; LoadRestore does everything a restore needs.
+package checkpoint
+
+import (
+	"errors"
+	"time"
+
+	"github.com/streamd/streamd/control"
+	"github.com/streamd/streamd/host"
+)
+
+// FormatVersion is the version of the metadata file and of state blobs.
+const FormatVersion = 1
+
+var (
+	// ErrNoCheckpoint is wrapped when a place holds no completed checkpoint.
+	ErrNoCheckpoint = errors.New("checkpoint: no completed checkpoint")
+	// ErrCorrupt is wrapped by every checksum, format and truncation error.
+	// The error message names the file.
+	ErrCorrupt = errors.New("checkpoint: corrupt")
+)
+
+// SubtaskState is what one subtask contributes to a checkpoint: the content
+// of its state blob.
+type SubtaskState struct {
+	// Operator is a wasm operator's state: keyed state by key group, timers
+	// and operator list state. Nil: none.
+	Operator *host.Snapshot
+	// SourcePosition is a built-in source's connector.Source.Position().
+	// Nil: not a source.
+	SourcePosition []byte
+	// SinkPending is a two-phase-commit sink's pending-commit data, opaque
+	// here (the sink defines it). Nil: none.
+	SinkPending []byte
+}
+
+// Metadata describes one completed checkpoint or savepoint.
+type Metadata struct {
+	Version   int                    `json:"version"`
+	Job       string                 `json:"job"`
+	ID        int64                  `json:"id"`
+	Kind      control.CheckpointKind `json:"kind"`
+	Time      time.Time              `json:"time"`
+	Operators []OperatorMeta         `json:"operators"` // graph (topological) order
+	// Location is where the checkpoint lives (its directory for Dir). It is
+	// not stored; Resolve, Load and Commit set it.
+	Location string `json:"-"`
+}
+
+// OperatorMeta is one operator of a checkpoint.
+type OperatorMeta struct {
+	UID            string                `json:"uid"`
+	Parallelism    int                   `json:"parallelism"`
+	MaxParallelism int                   `json:"max_parallelism"`
+	Finished       control.FinishedState `json:"-"` // stored as "finished": "running" | "partially-finished" | "fully-finished"
+	// Subtasks has one entry per subtask (len == Parallelism), none when
+	// the operator is fully finished.
+	Subtasks []SubtaskMeta `json:"subtasks"`
+}
+
+// SubtaskMeta is one subtask of an operator in a checkpoint.
+type SubtaskMeta struct {
+	Index    int    `json:"index"`
+	Finished bool   `json:"finished,omitempty"` // a finished subtask has no state (Ref == "")
+	Ref      string `json:"ref,omitempty"`      // blob name within the checkpoint; "" = no state
+	Size     int64  `json:"size,omitempty"`
+	CRC32C   uint32 `json:"crc32c,omitempty"`
+}
+
+// BlobRef names a stored state blob. Put String() into control.Ack.StateRef
+// and Size into control.Ack.Size; NewMetadata parses it back.
+type BlobRef struct {
+	Name   string
+	Size   int64
+	CRC32C uint32
+}
+
+// OperatorSnapshot is one operator's loaded state, the input of Reassign.
+type OperatorSnapshot struct {
+	Meta OperatorMeta
+	// Subtasks holds the state by old subtask index; nil for a finished
+	// subtask or one without state.
+	Subtasks []*SubtaskState
+}
+
+// SubtaskRestore is what one new subtask restores.
+type SubtaskRestore struct {
+	// Snapshot goes to host.InstanceConfig.Restore. Nil: fresh state.
+	Snapshot *host.Snapshot
+	// SourcePosition goes to the source connector's constructor. Nil: from
+	// the beginning.
+	SourcePosition []byte
+	// SourceFinished: this source subtask had finished; it reads nothing
+	// and ends its input at once.
+	SourceFinished bool
+	// SinkPending is the pending-commit data a two-phase-commit sink
+	// commits first (commits are idempotent).
+	SinkPending [][]byte
+}
+
+// Restore is a loaded checkpoint, redistributed for a job graph.
+type Restore struct {
+	Metadata *Metadata
+	// Finished is each operator's finished state, by uid (for
+	// control.DeployAsFinished).
+	Finished map[string]control.FinishedState
+	// Subtasks is what each subtask of the graph restores; a subtask
+	// missing here starts fresh.
+	Subtasks map[control.SubtaskID]*SubtaskRestore
+}
