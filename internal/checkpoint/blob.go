@@ -1,0 +1,164 @@
+package checkpoint
+
+import (
+	"encoding/binary"
+	"fmt"
+	"hash/crc32"
+	"net/url"
+	"strconv"
+
+	"github.com/streamd/streamd/host"
+)
+
+// State blob format, version 1 (integers little-endian):
+//
+//	"SDST" u32 version u32 section_count
+//	section_count times: u8 tag, u64 length, length bytes
+//	u32 crc32c (Castagnoli) of everything before it
+//
+// Tags: 1 operator snapshot (host.Snapshot.MarshalBinary), 2 source
+// position, 3 sink pending-commit data. Each tag at most once, in
+// ascending order.
+const (
+	blobMagic = "SDST"
+
+	tagOperator       = 1
+	tagSourcePosition = 2
+	tagSinkPending    = 3
+)
+
+var castagnoli = crc32.MakeTable(crc32.Castagnoli)
+
+func crc32c(b []byte) uint32 { return crc32.Checksum(b, castagnoli) }
+
+// EncodeState encodes s as a state blob: a versioned header, the sections and
+// a CRC32C.
+func EncodeState(s *SubtaskState) ([]byte, error) {
+	var snap []byte
+	if s.Operator != nil {
+		var err error
+		if snap, err = s.Operator.MarshalBinary(); err != nil {
+			return nil, fmt.Errorf("checkpoint: encode state: %w", err)
+		}
+	}
+	type section struct {
+		tag  byte
+		data []byte
+	}
+	var secs []section
+	if s.Operator != nil {
+		secs = append(secs, section{tagOperator, snap})
+	}
+	if s.SourcePosition != nil {
+		secs = append(secs, section{tagSourcePosition, s.SourcePosition})
+	}
+	if s.SinkPending != nil {
+		secs = append(secs, section{tagSinkPending, s.SinkPending})
+	}
+	size := len(blobMagic) + 8 + 4
+	for _, sec := range secs {
+		size += 9 + len(sec.data)
+	}
+	le := binary.LittleEndian
+	b := make([]byte, 0, size)
+	b = append(b, blobMagic...)
+	b = le.AppendUint32(b, FormatVersion)
+	b = le.AppendUint32(b, uint32(len(secs)))
+	for _, sec := range secs {
+		b = append(b, sec.tag)
+		b = le.AppendUint64(b, uint64(len(sec.data)))
+		b = append(b, sec.data...)
+	}
+	return le.AppendUint32(b, crc32c(b)), nil
+}
+
+// DecodeState decodes a state blob written by EncodeState. Errors wrap
+// ErrCorrupt.
+func DecodeState(data []byte) (*SubtaskState, error) {
+	s, err := decodeState(data)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %s", ErrCorrupt, err)
+	}
+	return s, nil
+}
+
+// decodeState returns errors without a prefix; the caller names the file.
+func decodeState(data []byte) (*SubtaskState, error) {
+	le := binary.LittleEndian
+	if len(data) >= 4 && string(data[:4]) != blobMagic {
+		return nil, fmt.Errorf("not a streamd state blob (magic %q)", data[:4])
+	}
+	if len(data) < len(blobMagic)+12 {
+		return nil, fmt.Errorf("truncated: %d bytes", len(data))
+	}
+	body := data[:len(data)-4]
+	if got, want := crc32c(body), le.Uint32(data[len(data)-4:]); got != want {
+		return nil, fmt.Errorf("checksum mismatch (crc32c %08x, stored %08x): corrupt or truncated", got, want)
+	}
+	if v := le.Uint32(body[4:]); v != FormatVersion {
+		return nil, fmt.Errorf("state blob version %d, this streamd reads version %d", v, FormatVersion)
+	}
+	n := le.Uint32(body[8:])
+	off := 12
+	s := &SubtaskState{}
+	last := byte(0)
+	for i := uint32(0); i < n; i++ {
+		if len(body)-off < 9 {
+			return nil, fmt.Errorf("section %d header truncated at byte %d", i, off)
+		}
+		tag := body[off]
+		l := le.Uint64(body[off+1:])
+		off += 9
+		if l > uint64(len(body)-off) {
+			return nil, fmt.Errorf("section %d (tag %d) of %d bytes exceeds the blob at byte %d", i, tag, l, off)
+		}
+		if tag <= last {
+			return nil, fmt.Errorf("section tag %d out of order or repeated", tag)
+		}
+		last = tag
+		p := body[off : off+int(l)]
+		off += int(l)
+		switch tag {
+		case tagOperator:
+			snap := &host.Snapshot{}
+			if err := snap.UnmarshalBinary(p); err != nil {
+				return nil, fmt.Errorf("operator snapshot: %w", err)
+			}
+			s.Operator = snap
+		case tagSourcePosition:
+			s.SourcePosition = append([]byte{}, p...)
+		case tagSinkPending:
+			s.SinkPending = append([]byte{}, p...)
+		default:
+			return nil, fmt.Errorf("unknown section tag %d", tag)
+		}
+	}
+	if off != len(body) {
+		return nil, fmt.Errorf("%d trailing bytes", len(body)-off)
+	}
+	return s, nil
+}
+
+// String encodes r for control.Ack.StateRef:
+// "NAME?size=SIZE&crc32c=HEX".
+func (r BlobRef) String() string {
+	return url.PathEscape(r.Name) + "?size=" + strconv.FormatInt(r.Size, 10) + "&crc32c=" + fmt.Sprintf("%08x", r.CRC32C)
+}
+
+// ParseBlobRef parses the String form of a BlobRef.
+func ParseBlobRef(s string) (BlobRef, error) {
+	u, err := url.Parse(s)
+	if err != nil || u.Path == "" || u.Scheme != "" || u.Host != "" {
+		return BlobRef{}, fmt.Errorf("checkpoint: state ref %q: want NAME?size=N&crc32c=HEX", s)
+	}
+	q := u.Query()
+	size, err1 := strconv.ParseInt(q.Get("size"), 10, 64)
+	crc, err2 := strconv.ParseUint(q.Get("crc32c"), 16, 32)
+	if err1 != nil || err2 != nil || size < 0 {
+		return BlobRef{}, fmt.Errorf("checkpoint: state ref %q: want NAME?size=N&crc32c=HEX", s)
+	}
+	if err := checkBlobName(u.Path); err != nil {
+		return BlobRef{}, fmt.Errorf("checkpoint: state ref %q: %w", s, err)
+	}
+	return BlobRef{Name: u.Path, Size: size, CRC32C: uint32(crc)}, nil
+}

@@ -1,0 +1,556 @@
+package checkpoint
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"hash/crc32"
+	"io"
+	"io/fs"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+
+	"github.com/streamd/streamd/control"
+)
+
+// File and directory names of the directory layout.
+const (
+	// MetadataFile is the commit point of a checkpoint directory.
+	MetadataFile    = "_metadata"
+	chkPrefix       = "chk-"
+	savepointPrefix = "savepoint-"
+)
+
+// Dir is the directory Store:
+//
+//	ROOT/chk-ID/op-UID-INDEX.state   one state blob per subtask with state
+//	ROOT/chk-ID/_metadata            the commit point, written last, atomically
+//	SAVEPOINTS/savepoint-ID-RAND/    a savepoint: the same content
+//
+// It is safe for concurrent use.
+type Dir struct {
+	root, savepoints string
+	retain           int
+	log              *slog.Logger
+
+	mu         sync.Mutex
+	savepointD map[int64]string // savepoint id -> directory being written
+}
+
+type dirConfig struct {
+	retain     int
+	savepoints string
+	log        *slog.Logger
+}
+
+// DirOption configures OpenDir.
+type DirOption func(*dirConfig) error
+
+// WithRetain sets how many completed checkpoints are kept (default 1).
+func WithRetain(n int) DirOption {
+	return func(c *dirConfig) error {
+		if n < 1 {
+			return fmt.Errorf("checkpoint: retain %d: want at least 1", n)
+		}
+		c.retain = n
+		return nil
+	}
+}
+
+// WithSavepointDir sets where savepoints go (default: the root).
+func WithSavepointDir(dir string) DirOption {
+	return func(c *dirConfig) error {
+		if dir == "" {
+			return errors.New("checkpoint: empty savepoint directory")
+		}
+		c.savepoints = dir
+		return nil
+	}
+}
+
+// WithLogger sets where Dir logs cleanup problems (retention runs after the
+// commit point, so its errors do not fail Commit). Default: discarded.
+func WithLogger(l *slog.Logger) DirOption {
+	return func(c *dirConfig) error {
+		if l == nil {
+			return errors.New("checkpoint: nil logger")
+		}
+		c.log = l
+		return nil
+	}
+}
+
+// OpenDir opens (creating it if needed) the checkpoint directory root.
+func OpenDir(root string, opts ...DirOption) (*Dir, error) {
+	c := dirConfig{retain: 1, log: slog.New(slog.DiscardHandler)}
+	for _, o := range opts {
+		if err := o(&c); err != nil {
+			return nil, err
+		}
+	}
+	if root == "" {
+		return nil, errors.New("checkpoint: empty checkpoint directory")
+	}
+	if c.savepoints == "" {
+		c.savepoints = root
+	}
+	if err := os.MkdirAll(root, 0o755); err != nil {
+		return nil, fmt.Errorf("checkpoint: create checkpoint directory: %w", err)
+	}
+	return &Dir{root: root, savepoints: c.savepoints, retain: c.retain, log: c.log, savepointD: map[int64]string{}}, nil
+}
+
+// Root returns the checkpoint directory.
+func (d *Dir) Root() string { return d.root }
+
+var _ Store = (*Dir)(nil)
+
+// checkpointDir returns the directory of checkpoint id of kind, creating
+// it (and choosing a savepoint's name) when create is set.
+func (d *Dir) checkpointDir(kind control.CheckpointKind, id int64, create bool) (string, error) {
+	switch kind {
+	case control.KindCheckpoint, "":
+		p := filepath.Join(d.root, chkPrefix+strconv.FormatInt(id, 10))
+		if create {
+			if err := os.MkdirAll(p, 0o755); err != nil {
+				return "", fmt.Errorf("checkpoint: %w", err)
+			}
+		}
+		return p, nil
+	case control.KindSavepoint:
+		d.mu.Lock()
+		defer d.mu.Unlock()
+		if p, ok := d.savepointD[id]; ok {
+			return p, nil
+		}
+		if !create {
+			return "", fmt.Errorf("checkpoint: savepoint %d has no directory", id)
+		}
+		var rnd [3]byte
+		_, _ = rand.Read(rnd[:])
+		p := filepath.Join(d.savepoints, fmt.Sprintf("%s%d-%s", savepointPrefix, id, hex.EncodeToString(rnd[:])))
+		if err := os.MkdirAll(p, 0o755); err != nil {
+			return "", fmt.Errorf("checkpoint: %w", err)
+		}
+		d.savepointD[id] = p
+		return p, nil
+	}
+	return "", fmt.Errorf("checkpoint: unknown kind %q", kind)
+}
+
+// WriteState writes a subtask's blob to DIR/op-UID-INDEX.state and fsyncs it.
+func (d *Dir) WriteState(ctx context.Context, kind control.CheckpointKind, id int64, sub control.SubtaskID, data []byte) (BlobRef, error) {
+	if err := ctx.Err(); err != nil {
+		return BlobRef{}, err
+	}
+	dir, err := d.checkpointDir(kind, id, true)
+	if err != nil {
+		return BlobRef{}, err
+	}
+	ref := BlobRef{Name: blobName(sub), Size: int64(len(data)), CRC32C: crc32c(data)}
+	if err := writeFileSync(filepath.Join(dir, ref.Name), data); err != nil {
+		return BlobRef{}, fmt.Errorf("checkpoint: write state of %v for %s %d: %w", sub, kindName(kind), id, err)
+	}
+	return ref, nil
+}
+
+func kindName(k control.CheckpointKind) string {
+	if k == "" {
+		return string(control.KindCheckpoint)
+	}
+	return string(k)
+}
+
+func writeFileSync(path string, data []byte) error {
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o644)
+	if err != nil {
+		return err
+	}
+	_, err = f.Write(data)
+	if err == nil {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	return err
+}
+
+func syncDir(dir string) error {
+	f, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	err = f.Sync()
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	return err
+}
+
+// Commit writes DIR/_metadata: to a temporary name, fsync, rename, fsync the
+// directory. Then, for a checkpoint, it applies retention.
+func (d *Dir) Commit(ctx context.Context, md *Metadata) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if md.Version == 0 {
+		md.Version = FormatVersion
+	}
+	data, err := encodeMetadata(md)
+	if err != nil {
+		return err
+	}
+	dir, err := d.checkpointDir(md.Kind, md.ID, true)
+	if err != nil {
+		return err
+	}
+	final := filepath.Join(dir, MetadataFile)
+	if _, err := os.Lstat(final); err == nil {
+		return fmt.Errorf("checkpoint: commit %s %d: %s already exists", kindName(md.Kind), md.ID, final)
+	}
+	// Every blob the metadata names must be there, whole.
+	for _, op := range md.Operators {
+		for _, s := range op.Subtasks {
+			if s.Ref == "" {
+				continue
+			}
+			fi, err := os.Stat(filepath.Join(dir, s.Ref))
+			if err != nil {
+				return fmt.Errorf("checkpoint: commit %s %d: state of %s/%d: %w", kindName(md.Kind), md.ID, op.UID, s.Index, err)
+			}
+			if fi.Size() != s.Size {
+				return fmt.Errorf("checkpoint: commit %s %d: %s has %d bytes, the acknowledgement says %d", kindName(md.Kind), md.ID, filepath.Join(dir, s.Ref), fi.Size(), s.Size)
+			}
+		}
+	}
+	// The blobs' directory entries are durable before the commit point.
+	if err := syncDir(dir); err != nil {
+		return fmt.Errorf("checkpoint: commit %s %d: %w", kindName(md.Kind), md.ID, err)
+	}
+	var rnd [4]byte
+	_, _ = rand.Read(rnd[:])
+	tmp := filepath.Join(dir, MetadataFile+".tmp-"+hex.EncodeToString(rnd[:]))
+	if err := writeFileSync(tmp, data); err != nil {
+		os.Remove(tmp)
+		return fmt.Errorf("checkpoint: commit %s %d: %w", kindName(md.Kind), md.ID, err)
+	}
+	if err := os.Rename(tmp, final); err != nil {
+		os.Remove(tmp)
+		return fmt.Errorf("checkpoint: commit %s %d: %w", kindName(md.Kind), md.ID, err)
+	}
+	if err := syncDir(dir); err != nil {
+		return fmt.Errorf("checkpoint: commit %s %d: %w", kindName(md.Kind), md.ID, err)
+	}
+	if err := syncDir(filepath.Dir(dir)); err != nil {
+		return fmt.Errorf("checkpoint: commit %s %d: %w", kindName(md.Kind), md.ID, err)
+	}
+	md.Location = dir
+	if md.Kind == control.KindSavepoint {
+		d.mu.Lock()
+		delete(d.savepointD, md.ID)
+		d.mu.Unlock()
+		return nil
+	}
+	d.cleanup(md.ID)
+	return nil
+}
+
+// chkEntry is one chk-ID directory of the root.
+type chkEntry struct {
+	id       int64
+	path     string
+	complete bool
+}
+
+// listChk lists the chk-ID directories of root, ascending by id.
+func listChk(root string) ([]chkEntry, error) {
+	ents, err := os.ReadDir(root)
+	if err != nil {
+		return nil, err
+	}
+	var out []chkEntry
+	for _, e := range ents {
+		if !e.IsDir() || !strings.HasPrefix(e.Name(), chkPrefix) {
+			continue
+		}
+		id, err := strconv.ParseInt(strings.TrimPrefix(e.Name(), chkPrefix), 10, 64)
+		if err != nil || id < 1 {
+			continue
+		}
+		p := filepath.Join(root, e.Name())
+		_, err = os.Lstat(filepath.Join(p, MetadataFile))
+		out = append(out, chkEntry{id: id, path: p, complete: err == nil})
+	}
+	slices.SortFunc(out, func(a, b chkEntry) int { return cmpInt64(a.id, b.id) })
+	return out, nil
+}
+
+func cmpInt64(a, b int64) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
+}
+
+// cleanup keeps the newest d.retain completed checkpoints (and always
+// committed), and removes incomplete checkpoints older than committed.
+func (d *Dir) cleanup(committed int64) {
+	ents, err := listChk(d.root)
+	if err != nil {
+		d.log.Warn("checkpoint: retention: cannot list checkpoints", "dir", d.root, "err", err)
+		return
+	}
+	var complete []chkEntry
+	for _, e := range ents {
+		if e.complete {
+			complete = append(complete, e)
+		} else if e.id < committed {
+			d.remove(e.path, "incomplete")
+		}
+	}
+	for i, e := range complete {
+		if i < len(complete)-d.retain && e.id != committed {
+			d.remove(e.path, "retention")
+		}
+	}
+}
+
+// remove deletes a checkpoint directory: first its _metadata, so that a
+// crash half way leaves an incomplete (ignored) directory, never a
+// complete one with missing blobs.
+func (d *Dir) remove(path, why string) {
+	err := os.Remove(filepath.Join(path, MetadataFile))
+	if err == nil || errors.Is(err, fs.ErrNotExist) {
+		err = os.RemoveAll(path)
+	}
+	if err != nil {
+		d.log.Warn("checkpoint: cannot remove checkpoint", "dir", path, "why", why, "err", err)
+		return
+	}
+	d.log.Debug("checkpoint: removed", "dir", path, "why", why)
+}
+
+// Completed lists the completed checkpoints of the root, ascending by id.
+// A corrupt _metadata is an error.
+func (d *Dir) Completed(ctx context.Context) ([]*Metadata, error) {
+	ents, err := listChk(d.root)
+	if err != nil {
+		return nil, fmt.Errorf("checkpoint: %w", err)
+	}
+	var out []*Metadata
+	for _, e := range ents {
+		if !e.complete {
+			continue
+		}
+		md, err := loadMetadata(e.path)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, md)
+	}
+	return out, nil
+}
+
+// Latest returns the newest completed checkpoint of the root.
+func (d *Dir) Latest(ctx context.Context) (*Metadata, error) {
+	return latestIn(d.root)
+}
+
+// ReadState reads a blob of md.
+func (d *Dir) ReadState(ctx context.Context, md *Metadata, sub SubtaskMeta) (*SubtaskState, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	return ReadState(md, sub)
+}
+
+// Delete removes a completed checkpoint of this store.
+func (d *Dir) Delete(ctx context.Context, md *Metadata) error {
+	if md.Kind == control.KindSavepoint {
+		return fmt.Errorf("checkpoint: refusing to delete savepoint %d at %s: savepoints are never deleted by streamd", md.ID, md.Location)
+	}
+	want := filepath.Join(d.root, chkPrefix+strconv.FormatInt(md.ID, 10))
+	if md.Location != "" && filepath.Clean(md.Location) != filepath.Clean(want) {
+		return fmt.Errorf("checkpoint: delete checkpoint %d: %s is not in %s", md.ID, md.Location, d.root)
+	}
+	if err := os.Remove(filepath.Join(want, MetadataFile)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("checkpoint: delete checkpoint %d: %w", md.ID, err)
+	}
+	if err := os.RemoveAll(want); err != nil {
+		return fmt.Errorf("checkpoint: delete checkpoint %d: %w", md.ID, err)
+	}
+	return nil
+}
+
+// Discard deletes an unreferenced blob. A checkpoint or savepoint that was
+// never committed loses its directory when its last blob is discarded.
+func (d *Dir) Discard(ctx context.Context, kind control.CheckpointKind, id int64, stateRef string) error {
+	ref, err := ParseBlobRef(stateRef)
+	if err != nil {
+		return err
+	}
+	dir, err := d.checkpointDir(kind, id, false)
+	if err != nil {
+		return nil // nothing was written
+	}
+	if _, err := os.Lstat(filepath.Join(dir, MetadataFile)); err == nil {
+		return fmt.Errorf("checkpoint: discard %s: %s %d is committed", ref.Name, kindName(kind), id)
+	}
+	if err := os.Remove(filepath.Join(dir, ref.Name)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("checkpoint: discard: %w", err)
+	}
+	if os.Remove(dir) == nil && kind == control.KindSavepoint { // only succeeds when empty
+		d.mu.Lock()
+		delete(d.savepointD, id)
+		d.mu.Unlock()
+	}
+	return nil
+}
+
+// NextID is one more than the highest chk-ID in the root, complete or not.
+func (d *Dir) NextID(ctx context.Context) (int64, error) {
+	ents, err := listChk(d.root)
+	if err != nil {
+		return 0, fmt.Errorf("checkpoint: %w", err)
+	}
+	if len(ents) == 0 {
+		return 1, nil
+	}
+	return ents[len(ents)-1].id + 1, nil
+}
+
+// latestIn loads the newest completed checkpoint of root.
+func latestIn(root string) (*Metadata, error) {
+	ents, err := listChk(root)
+	if err != nil {
+		return nil, fmt.Errorf("checkpoint: %w", err)
+	}
+	incomplete := 0
+	for i := len(ents) - 1; i >= 0; i-- {
+		if ents[i].complete {
+			return loadMetadata(ents[i].path)
+		}
+		incomplete++
+	}
+	if incomplete > 0 {
+		return nil, fmt.Errorf("%w in %s (%d incomplete checkpoint directories without %s)", ErrNoCheckpoint, root, incomplete, MetadataFile)
+	}
+	return nil, fmt.Errorf("%w in %s", ErrNoCheckpoint, root)
+}
+
+// loadMetadata reads and verifies DIR/_metadata.
+func loadMetadata(dir string) (*Metadata, error) {
+	p := filepath.Join(dir, MetadataFile)
+	data, err := os.ReadFile(p)
+	if err != nil {
+		return nil, fmt.Errorf("checkpoint: %w", err)
+	}
+	md, err := decodeMetadata(data)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %s: %s", ErrCorrupt, p, err)
+	}
+	md.Location = dir
+	return md, nil
+}
+
+// Resolve finds a completed checkpoint or savepoint from path: its
+// directory, its _metadata file, or a checkpoint root directory (then the
+// completed checkpoint with the highest id in it). The metadata is read and
+// verified; the blobs are not (see Verify).
+func Resolve(path string) (*Metadata, error) {
+	fi, err := os.Stat(path)
+	if err != nil {
+		return nil, fmt.Errorf("checkpoint: %w", err)
+	}
+	if !fi.IsDir() {
+		if filepath.Base(path) != MetadataFile {
+			return nil, fmt.Errorf("checkpoint: %s is neither a checkpoint directory nor a %s file", path, MetadataFile)
+		}
+		return loadMetadata(filepath.Dir(path))
+	}
+	if _, err := os.Lstat(filepath.Join(path, MetadataFile)); err == nil {
+		return loadMetadata(path)
+	}
+	base := filepath.Base(filepath.Clean(path))
+	if strings.HasPrefix(base, chkPrefix) || strings.HasPrefix(base, savepointPrefix) {
+		return nil, fmt.Errorf("%w: %s is incomplete: it has no %s (the checkpoint never completed)", ErrNoCheckpoint, path, MetadataFile)
+	}
+	return latestIn(path)
+}
+
+// ReadState reads the blob of subtask sub of md (directory layout) and
+// verifies its size, checksum and format. Errors name the file.
+func ReadState(md *Metadata, sub SubtaskMeta) (*SubtaskState, error) {
+	if sub.Ref == "" {
+		return nil, nil
+	}
+	if err := checkBlobName(sub.Ref); err != nil {
+		return nil, fmt.Errorf("checkpoint: %s: %w", md.Location, err)
+	}
+	p := filepath.Join(md.Location, sub.Ref)
+	data, err := os.ReadFile(p)
+	if err != nil {
+		return nil, fmt.Errorf("checkpoint: state of subtask %d: %w", sub.Index, err)
+	}
+	if err := checkBlob(p, int64(len(data)), crc32c(data), sub); err != nil {
+		return nil, err
+	}
+	s, err := decodeState(data)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %s: %s", ErrCorrupt, p, err)
+	}
+	return s, nil
+}
+
+func checkBlob(path string, size int64, sum uint32, sub SubtaskMeta) error {
+	switch {
+	case size < sub.Size:
+		return fmt.Errorf("%w: %s: truncated: %d of %d bytes", ErrCorrupt, path, size, sub.Size)
+	case size > sub.Size:
+		return fmt.Errorf("%w: %s: %d bytes, the metadata says %d", ErrCorrupt, path, size, sub.Size)
+	case sum != sub.CRC32C:
+		return fmt.Errorf("%w: %s: checksum mismatch (crc32c %08x, metadata says %08x)", ErrCorrupt, path, sum, sub.CRC32C)
+	}
+	return nil
+}
+
+// Verify checks that every blob md names exists with the size and CRC32C
+// the metadata records (directory layout), streaming each file.
+func Verify(md *Metadata) error {
+	for _, op := range md.Operators {
+		for _, s := range op.Subtasks {
+			if s.Ref == "" {
+				continue
+			}
+			if err := checkBlobName(s.Ref); err != nil {
+				return fmt.Errorf("checkpoint: %s: %w", md.Location, err)
+			}
+			p := filepath.Join(md.Location, s.Ref)
+			f, err := os.Open(p)
+			if err != nil {
+				return fmt.Errorf("checkpoint: state of %s/%d: %w", op.UID, s.Index, err)
+			}
+			h := crc32.New(castagnoli)
+			n, err := io.Copy(h, f)
+			f.Close()
+			if err != nil {
+				return fmt.Errorf("checkpoint: %s: %w", p, err)
+			}
+			if err := checkBlob(p, n, h.Sum32(), s); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
