@@ -92,6 +92,10 @@ type OperatorSnapshot struct {
 	// Subtasks holds the state by old subtask index; nil for a finished
 	// subtask or one without state.
 	Subtasks []*SubtaskState
+	// Source: the operator is a source (from the job graph). A source's
+	// parallelism cannot change. An operator whose state holds a source
+	// position counts as a source too.
+	Source bool
 }
 
 // SubtaskRestore is what one new subtask restores.
