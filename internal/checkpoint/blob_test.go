@@ -1,0 +1,93 @@
+package checkpoint
+
+import (
+	"bytes"
+	"cmp"
+	"errors"
+	"slices"
+	"math/rand/v2"
+	"reflect"
+	"strings"
+	"testing"
+
+	"github.com/streamd/streamd/abi"
+	"github.com/streamd/streamd/host"
+)
+
+func TestStateRoundTrip(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	snaps, _ := keyedSnapshots(rng, 1, 128, 200)
+	snaps[0].Lists["offsets"] = &host.ListState{Mode: abi.ListSplit, Entries: [][]byte{[]byte("a"), {}}}
+	cases := map[string]*SubtaskState{
+		"empty":    {},
+		"operator": {Operator: snaps[0]},
+		"source":   {SourcePosition: []byte{1, 2, 3}},
+		"all":      {Operator: snaps[0], SourcePosition: []byte{}, SinkPending: []byte("pending")},
+	}
+	for name, s := range cases {
+		t.Run(name, func(t *testing.T) {
+			b, err := EncodeState(s)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got, err := DecodeState(b)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !reflect.DeepEqual(normalize(got), normalize(s)) {
+				t.Fatalf("round trip differs:\n got %+v\nwant %+v", got, s)
+			}
+			// Every single-byte corruption and every truncation is refused.
+			for i := 0; i < len(b); i += 1 + len(b)/50 {
+				c := append([]byte{}, b...)
+				c[i] ^= 0x40
+				if _, err := DecodeState(c); !errors.Is(err, ErrCorrupt) {
+					t.Fatalf("byte %d flipped: err = %v, want ErrCorrupt", i, err)
+				}
+				if _, err := DecodeState(b[:i]); !errors.Is(err, ErrCorrupt) {
+					t.Fatalf("truncated to %d: err = %v, want ErrCorrupt", i, err)
+				}
+			}
+		})
+	}
+}
+
+// normalize makes empty and nil maps compare equal and sorts nothing (the
+// encoding keeps order).
+func normalize(s *SubtaskState) *SubtaskState {
+	c := *s
+	if c.Operator != nil {
+		o := c.Operator.Clone()
+		for _, g := range o.KeyGroups {
+			sortTimers(g.Timers)
+		}
+		c.Operator = o
+	}
+	return &c
+}
+
+func TestBlobRefString(t *testing.T) {
+	r := BlobRef{Name: "op-count-1.state", Size: 1234, CRC32C: 0xdeadbeef}
+	s := r.String()
+	if s != "op-count-1.state?size=1234&crc32c=deadbeef" {
+		t.Fatalf("String = %q", s)
+	}
+	got, err := ParseBlobRef(s)
+	if err != nil || got != r {
+		t.Fatalf("ParseBlobRef(%q) = %+v, %v", s, got, err)
+	}
+	for _, bad := range []string{"", "x", "../a?size=1&crc32c=0", "a?size=-1&crc32c=0", "a?size=1", "_metadata?size=1&crc32c=0", "a/b?size=1&crc32c=0"} {
+		if _, err := ParseBlobRef(bad); err == nil || !strings.Contains(err.Error(), "checkpoint:") {
+			t.Errorf("ParseBlobRef(%q) err = %v, want an error", bad, err)
+		}
+	}
+}
+
+func sortTimers(ts []host.Timer) {
+	slices.SortFunc(ts, func(a, b host.Timer) int {
+		if c := cmp.Compare(a.TS, b.TS); c != 0 {
+			return c
+		}
+		return bytes.Compare(a.Key, b.Key)
+	})
+}
