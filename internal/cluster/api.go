@@ -1,0 +1,276 @@
+// Package cluster is streamd's multi-host control plane: the controller (job
+// table, host registry, slot scheduling, failover), the host agent (runs the
+// subtasks assigned to it), the control API on NATS request/reply and its
+// client, and artifact transfer through a JetStream object store.
+//
+// Every message is JSON. Subjects are versioned (streamd.v1.) and listed in
+// docs/subjects.md; the constants below are the only place code names them.
+//
+// # Threading and lock order
+//
+// The controller keeps all its state under one mutex (Controller.mu); NATS
+// handlers take it, change the state and collect effects (assignments and
+// cancels to send to hosts), and the effects run after the mutex is released,
+// on goroutines tracked by the controller's wait group. The host agent has
+// one mutex (Host.mu) over its table of running attempts; it is never held
+// while talking to NATS or waiting for a run.
+package cluster
+
+import (
+	"time"
+
+	"github.com/streamd/streamd/internal/runtime"
+)
+
+// APIVersion is the version in every subject name.
+const APIVersion = "v1"
+
+// Control API subjects (client -> controller, request/reply).
+const (
+	SubjectDeploy    = "streamd.v1.ctl.deploy"
+	SubjectList      = "streamd.v1.ctl.list"
+	SubjectStatus    = "streamd.v1.ctl.status"
+	SubjectCancel    = "streamd.v1.ctl.cancel"
+	SubjectSavepoint = "streamd.v1.ctl.savepoint"
+	SubjectStop      = "streamd.v1.ctl.stop"
+	SubjectHosts     = "streamd.v1.ctl.hosts"
+)
+
+// Host subjects.
+const (
+	// SubjectHeartbeat: every host publishes a Heartbeat here (the first one
+	// registers it).
+	SubjectHeartbeat = "streamd.v1.hosts.heartbeat"
+	// SubjectHostEvents: hosts report attempt state changes here (request/reply,
+	// the controller acknowledges).
+	SubjectHostEvents = "streamd.v1.hosts.events"
+)
+
+// HostSubject is the subject on which host id receives verb from the
+// controller (request/reply): "assign", "cancel", "savepoint" or "stop".
+func HostSubject(id, verb string) string { return "streamd.v1.hosts." + id + "." + verb }
+
+// Host verbs.
+const (
+	HostVerbAssign    = "assign"
+	HostVerbCancel    = "cancel"
+	HostVerbSavepoint = "savepoint"
+	HostVerbStop      = "stop"
+)
+
+// ArtifactBucket is the JetStream object store bucket of modules, job files
+// and input files, keyed by content hash.
+const ArtifactBucket = "STREAMD_ARTIFACTS"
+
+// Job states (DESIGN.md "States").
+const (
+	JobCreated    = "created"
+	JobRunning    = "running"
+	JobFinishing  = "finishing"
+	JobFinished   = "finished"
+	JobRestarting = "restarting"
+	JobFailed     = "failed"
+	JobStopping   = "stopping"
+	JobStopped    = "stopped"
+	JobCanceled   = "canceled"
+)
+
+// Subtask states (DESIGN.md "States"), plus "scheduled" before deployment.
+const (
+	SubtaskScheduled = "scheduled"
+	SubtaskDeploying = "deploying"
+	SubtaskRunning   = "running"
+	SubtaskEndOfData = "end-of-data"
+	SubtaskFinished  = "finished"
+	SubtaskFailed    = "failed"
+	SubtaskCanceled  = "canceled"
+)
+
+// TerminalJobState reports whether a job in state s never changes again.
+func TerminalJobState(s string) bool {
+	switch s {
+	case JobFinished, JobFailed, JobStopped, JobCanceled:
+		return true
+	}
+	return false
+}
+
+// Reply is embedded in every reply: a non-empty Error means the request failed.
+type Reply struct {
+	Error string `json:"error,omitempty"`
+}
+
+// Err returns the reply's error, or nil.
+func (r Reply) Err() error {
+	if r.Error == "" {
+		return nil
+	}
+	return remoteError(r.Error)
+}
+
+type remoteError string
+
+func (e remoteError) Error() string { return string(e) }
+
+// DeployRequest (streamd.v1.ctl.deploy) submits a job.
+type DeployRequest struct {
+	Job JobSpec `json:"job"`
+}
+
+// DeployReply names the new job.
+type DeployReply struct {
+	Reply
+	JobID string `json:"job_id,omitempty"`
+}
+
+// ListRequest (streamd.v1.ctl.list) asks for every job.
+type ListRequest struct{}
+
+// ListReply lists jobs, newest first.
+type ListReply struct {
+	Reply
+	Jobs []JobStatus `json:"jobs"`
+}
+
+// JobRequest names a job: status and cancel take it.
+type JobRequest struct {
+	JobID string `json:"job_id"`
+}
+
+// JobReply carries one job's status.
+type JobReply struct {
+	Reply
+	Job *JobStatus `json:"job,omitempty"`
+}
+
+// SavepointRequest (streamd.v1.ctl.savepoint) takes a savepoint into Dir (a
+// directory on the host; empty = the job's checkpoint directory).
+type SavepointRequest struct {
+	JobID string `json:"job_id"`
+	Dir   string `json:"dir,omitempty"`
+}
+
+// StopRequest (streamd.v1.ctl.stop) stops a job with a savepoint.
+type StopRequest struct {
+	JobID        string `json:"job_id"`
+	SavepointDir string `json:"savepoint_dir,omitempty"`
+	Drain        bool   `json:"drain,omitempty"`
+}
+
+// SavepointReply says where the savepoint went.
+type SavepointReply struct {
+	Reply
+	Path string `json:"path,omitempty"`
+}
+
+// HostsReply (streamd.v1.ctl.hosts) lists the registered hosts.
+type HostsReply struct {
+	Reply
+	Hosts []HostStatus `json:"hosts"`
+}
+
+// HostStatus is one host as the controller sees it.
+type HostStatus struct {
+	ID       string    `json:"id"`
+	Slots    int       `json:"slots"`
+	Free     int       `json:"free"`
+	State    string    `json:"state"` // "alive" or "lost"
+	LastSeen time.Time `json:"last_seen"`
+}
+
+// JobStatus is what `streamd status --json` prints.
+type JobStatus struct {
+	ID      string     `json:"id"`
+	Name    string     `json:"name"`
+	State   string     `json:"state"`
+	Reason  string     `json:"reason,omitempty"` // why it failed, or what it waits for
+	Attempt int        `json:"attempt"`          // current attempt, 0-based
+	Slots   int        `json:"slots"`            // slots the job needs
+	Hosts   []string   `json:"hosts,omitempty"`  // hosts of the current attempt
+	Created time.Time  `json:"created"`
+	Updated time.Time  `json:"updated"`
+	Ended   *time.Time `json:"ended,omitempty"`
+	Elapsed string     `json:"elapsed,omitempty"` // of the current attempt's run, as the host measured it
+
+	Operators []OperatorStatus `json:"operators"`
+	Attempts  []AttemptStatus  `json:"attempts,omitempty"`
+}
+
+// OperatorStatus is one operator of a job.
+type OperatorStatus struct {
+	UID         string          `json:"uid"`
+	Parallelism int             `json:"parallelism"`
+	RecordsIn   int64           `json:"records_in"`
+	RecordsOut  int64           `json:"records_out"`
+	Subtasks    []SubtaskStatus `json:"subtasks"`
+}
+
+// SubtaskStatus is one subtask: where it runs and its state.
+type SubtaskStatus struct {
+	Index int    `json:"index"`
+	Host  string `json:"host,omitempty"`
+	State string `json:"state"`
+}
+
+// AttemptStatus is the history of one attempt.
+type AttemptStatus struct {
+	Attempt int      `json:"attempt"`
+	Hosts   []string `json:"hosts,omitempty"`
+	State   string   `json:"state"`
+	Reason  string   `json:"reason,omitempty"`
+}
+
+// Heartbeat is what a host publishes every heartbeat interval.
+type Heartbeat struct {
+	HostID   string       `json:"host_id"`
+	Slots    int          `json:"slots"`
+	Running  []AttemptRef `json:"running,omitempty"` // attempts the host runs now
+	Interval string       `json:"interval"`          // the host's heartbeat interval
+	Version  string       `json:"version,omitempty"`
+}
+
+// AttemptRef names one attempt of one job.
+type AttemptRef struct {
+	JobID   string `json:"job_id"`
+	Attempt int    `json:"attempt"`
+}
+
+// SubtaskRef names one subtask.
+type SubtaskRef struct {
+	Operator string `json:"operator"`
+	Subtask  int    `json:"subtask"`
+}
+
+// Assignment (streamd.v1.hosts.<id>.assign) tells a host to run its part of
+// one attempt. Placement has every subtask's host (slot i of the job runs
+// subtask i of every operator with parallelism > i), so a host knows which
+// subtasks are local and where the remote ends of its channels are.
+type Assignment struct {
+	JobID     string       `json:"job_id"`
+	Attempt   int          `json:"attempt"`
+	Job       JobSpec      `json:"job"`
+	Placement []string     `json:"placement"` // host of each slot
+	Local     []SubtaskRef `json:"local"`     // the subtasks this host runs
+}
+
+// HostRequest (streamd.v1.hosts.<id>.cancel|savepoint|stop) acts on an
+// attempt a host runs.
+type HostRequest struct {
+	JobID   string `json:"job_id"`
+	Attempt int    `json:"attempt"`
+	Dir     string `json:"dir,omitempty"`
+	Drain   bool   `json:"drain,omitempty"`
+}
+
+// HostEvent (streamd.v1.hosts.events) reports an attempt's state on a host:
+// running (with stats, about every second), finished, failed or canceled.
+type HostEvent struct {
+	HostID   string                  `json:"host_id"`
+	JobID    string                  `json:"job_id"`
+	Attempt  int                     `json:"attempt"`
+	State    string                  `json:"state"` // a subtask state word
+	Error    string                  `json:"error,omitempty"`
+	Elapsed  string                  `json:"elapsed,omitempty"`
+	Stats    []runtime.OperatorStats `json:"stats,omitempty"`
+	Subtasks []SubtaskRef            `json:"subtasks,omitempty"` // the subtasks the event is about; empty = all of the host's
+}

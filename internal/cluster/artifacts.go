@@ -1,0 +1,152 @@
+package cluster
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// Artifacts stores and fetches files in the JetStream object store bucket
+// ArtifactBucket. Objects are named "sha256-<hex>" after their content, so
+// the same module deployed twice is stored once.
+type Artifacts struct {
+	js jetstream.JetStream
+
+	mu  sync.Mutex // guards obs
+	obs jetstream.ObjectStore
+}
+
+// NewArtifacts uses the connection's JetStream.
+func NewArtifacts(nc *nats.Conn) (*Artifacts, error) {
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return nil, fmt.Errorf("cluster: artifacts: jetstream: %w", err)
+	}
+	return &Artifacts{js: js}, nil
+}
+
+// store opens the bucket, creating it if it does not exist.
+func (a *Artifacts) store(ctx context.Context) (jetstream.ObjectStore, error) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.obs != nil {
+		return a.obs, nil
+	}
+	obs, err := a.js.ObjectStore(ctx, ArtifactBucket)
+	if errors.Is(err, jetstream.ErrBucketNotFound) {
+		obs, err = a.js.CreateObjectStore(ctx, jetstream.ObjectStoreConfig{
+			Bucket:      ArtifactBucket,
+			Description: "streamd modules, job files and input files, by content hash",
+		})
+		if errors.Is(err, jetstream.ErrBucketExists) {
+			obs, err = a.js.ObjectStore(ctx, ArtifactBucket)
+		}
+	}
+	if err != nil {
+		return nil, fmt.Errorf("cluster: artifact bucket %s (the NATS server needs JetStream): %w", ArtifactBucket, err)
+	}
+	a.obs = obs
+	return obs, nil
+}
+
+func objectName(digest string) string { return strings.Replace(digest, ":", "-", 1) }
+
+// Upload stores the file at path unless an object with its hash exists.
+func (a *Artifacts) Upload(ctx context.Context, path string) (Artifact, error) {
+	digest, size, err := fileDigest(path)
+	if err != nil {
+		return Artifact{}, err
+	}
+	art := Artifact{Name: filepath.Base(path), Digest: digest, Size: size}
+	obs, err := a.store(ctx)
+	if err != nil {
+		return Artifact{}, err
+	}
+	name := objectName(digest)
+	if info, err := obs.GetInfo(ctx, name); err == nil && info.Size == uint64(size) {
+		return art, nil
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		return Artifact{}, fmt.Errorf("cluster: upload: %w", err)
+	}
+	defer f.Close()
+	if _, err := obs.Put(ctx, jetstream.ObjectMeta{Name: name, Description: art.Name}, f); err != nil {
+		return Artifact{}, fmt.Errorf("cluster: upload %s to object store %s: %w", path, ArtifactBucket, err)
+	}
+	return art, nil
+}
+
+// Fetch returns a path under cacheDir holding the artifact, downloading it
+// if the cache does not have it. The content is checked against the digest.
+func (a *Artifacts) Fetch(ctx context.Context, cacheDir string, art Artifact) (string, error) {
+	hexsum, ok := strings.CutPrefix(art.Digest, "sha256:")
+	if !ok || len(hexsum) != 64 {
+		return "", fmt.Errorf("cluster: artifact %s: digest %q is not sha256:<hex>", art.Name, art.Digest)
+	}
+	name := filepath.Base(art.Name)
+	if name == "." || name == "/" || name == "" {
+		name = "artifact"
+	}
+	dir := filepath.Join(cacheDir, hexsum)
+	path := filepath.Join(dir, name)
+	if d, _, err := fileDigest(path); err == nil && d == art.Digest {
+		return path, nil
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return "", fmt.Errorf("cluster: artifact cache: %w", err)
+	}
+	obs, err := a.store(ctx)
+	if err != nil {
+		return "", err
+	}
+	res, err := obs.Get(ctx, objectName(art.Digest))
+	if err != nil {
+		return "", fmt.Errorf("cluster: fetch artifact %s (%s) from object store %s: %w", art.Name, art.Digest, ArtifactBucket, err)
+	}
+	defer res.Close()
+	tmp, err := os.CreateTemp(dir, ".fetch-*")
+	if err != nil {
+		return "", fmt.Errorf("cluster: artifact cache: %w", err)
+	}
+	defer os.Remove(tmp.Name())
+	h := sha256.New()
+	if _, err := io.Copy(io.MultiWriter(tmp, h), res); err != nil {
+		tmp.Close()
+		return "", fmt.Errorf("cluster: fetch artifact %s: %w", art.Name, err)
+	}
+	if err := tmp.Close(); err != nil {
+		return "", fmt.Errorf("cluster: artifact cache: %w", err)
+	}
+	if got := "sha256:" + hex.EncodeToString(h.Sum(nil)); got != art.Digest {
+		return "", fmt.Errorf("cluster: fetch artifact %s: content has digest %s, want %s", art.Name, got, art.Digest)
+	}
+	if err := os.Rename(tmp.Name(), path); err != nil {
+		return "", fmt.Errorf("cluster: artifact cache: %w", err)
+	}
+	return path, nil
+}
+
+func fileDigest(path string) (string, int64, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return "", 0, fmt.Errorf("cluster: %w", err)
+	}
+	defer f.Close()
+	h := sha256.New()
+	n, err := io.Copy(h, f)
+	if err != nil {
+		return "", 0, fmt.Errorf("cluster: read %s: %w", path, err)
+	}
+	return "sha256:" + hex.EncodeToString(h.Sum(nil)), n, nil
+}

@@ -1,0 +1,97 @@
+package cluster
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/streamd/streamd/internal/jobfile"
+)
+
+// Client speaks the control API.
+type Client struct {
+	nc   *nats.Conn
+	arts *Artifacts
+}
+
+// NewClient uses nc for requests to the controller.
+func NewClient(nc *nats.Conn) (*Client, error) {
+	arts, err := NewArtifacts(nc)
+	if err != nil {
+		return nil, err
+	}
+	return &Client{nc: nc, arts: arts}, nil
+}
+
+func (c *Client) call(ctx context.Context, subject string, req, resp any, reply func() Reply) error {
+	if err := request(ctx, c.nc, subject, req, resp); err != nil {
+		if errors.Is(err, nats.ErrNoResponders) {
+			return fmt.Errorf("cluster: no controller answers on %s (is `streamd controller` or `streamd server` running on this NATS server?)", c.nc.ConnectedUrlRedacted())
+		}
+		return err
+	}
+	return reply().Err()
+}
+
+// Deploy uploads the job's artifacts (modules, input files of file sources,
+// and the job file when jobFile is set) and submits the job; it returns the
+// job id.
+func (c *Client) Deploy(ctx context.Context, job *jobfile.Job, jobFile string) (string, error) {
+	spec, err := NewJobSpec(job, jobFile, func(path string) (Artifact, error) { return c.arts.Upload(ctx, path) })
+	if err != nil {
+		return "", err
+	}
+	var r DeployReply
+	if err := c.call(ctx, SubjectDeploy, DeployRequest{Job: spec}, &r, func() Reply { return r.Reply }); err != nil {
+		return "", err
+	}
+	return r.JobID, nil
+}
+
+// List returns every job, newest first.
+func (c *Client) List(ctx context.Context) ([]JobStatus, error) {
+	var r ListReply
+	err := c.call(ctx, SubjectList, ListRequest{}, &r, func() Reply { return r.Reply })
+	return r.Jobs, err
+}
+
+// Status returns one job's status.
+func (c *Client) Status(ctx context.Context, jobID string) (*JobStatus, error) {
+	var r JobReply
+	if err := c.call(ctx, SubjectStatus, JobRequest{JobID: jobID}, &r, func() Reply { return r.Reply }); err != nil {
+		return nil, err
+	}
+	return r.Job, nil
+}
+
+// Cancel cancels a job and returns its status.
+func (c *Client) Cancel(ctx context.Context, jobID string) (*JobStatus, error) {
+	var r JobReply
+	if err := c.call(ctx, SubjectCancel, JobRequest{JobID: jobID}, &r, func() Reply { return r.Reply }); err != nil {
+		return nil, err
+	}
+	return r.Job, nil
+}
+
+// Savepoint takes a savepoint of a running job into dir.
+func (c *Client) Savepoint(ctx context.Context, jobID, dir string) (string, error) {
+	var r SavepointReply
+	err := c.call(ctx, SubjectSavepoint, SavepointRequest{JobID: jobID, Dir: dir}, &r, func() Reply { return r.Reply })
+	return r.Path, err
+}
+
+// Stop stops a job with a savepoint (with drain: after finishing its input).
+func (c *Client) Stop(ctx context.Context, jobID, dir string, drain bool) (string, error) {
+	var r SavepointReply
+	err := c.call(ctx, SubjectStop, StopRequest{JobID: jobID, SavepointDir: dir, Drain: drain}, &r, func() Reply { return r.Reply })
+	return r.Path, err
+}
+
+// Hosts lists the registered hosts.
+func (c *Client) Hosts(ctx context.Context) ([]HostStatus, error) {
+	var r HostsReply
+	err := c.call(ctx, SubjectHosts, struct{}{}, &r, func() Reply { return r.Reply })
+	return r.Hosts, err
+}

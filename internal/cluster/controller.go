@@ -1,0 +1,726 @@
+package cluster
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/streamd/streamd/control"
+	"github.com/streamd/streamd/internal/jobfile"
+	"github.com/streamd/streamd/internal/runtime"
+)
+
+// ControllerOptions configures a controller.
+type ControllerOptions struct {
+	Logger *slog.Logger
+	// HeartbeatInterval is the interval the controller expects when a host
+	// does not say its own; default 1s.
+	HeartbeatInterval time.Duration
+	// LostAfter is how many heartbeat intervals a host may miss before it is
+	// declared lost; default 3.
+	LostAfter int
+	// MaxFailovers bounds the restarts of one job caused by lost hosts (task
+	// failures follow the job's restart strategy); default 10.
+	MaxFailovers int
+	// RequestTimeout bounds requests to hosts; default 10s.
+	RequestTimeout time.Duration
+}
+
+// Defaults of ControllerOptions.
+const (
+	DefaultHeartbeatInterval = time.Second
+	DefaultLostAfter         = 3
+	DefaultMaxFailovers      = 10
+	DefaultRequestTimeout    = 10 * time.Second
+)
+
+// ErrCrossHost is the reason of a job that only fits spread over several
+// hosts: the runtime cannot run one job across hosts yet.
+var ErrCrossHost = errors.New("cluster: cross-host execution not available yet")
+
+// Controller keeps the job table and the host registry, schedules jobs onto
+// host slots and fails jobs over when a host is lost. Start it with
+// StartController; stop it with Close.
+type Controller struct {
+	nc   *nats.Conn
+	opts ControllerOptions
+	log  *slog.Logger
+
+	mu    sync.Mutex // guards everything below
+	jobs  map[string]*ctlJob
+	order []string // job ids in deploy order
+	hosts map[string]*ctlHost
+
+	subs   []*nats.Subscription
+	wg     sync.WaitGroup // effects and the ticker
+	done   chan struct{}
+	closed bool
+}
+
+type ctlHost struct {
+	id       string
+	slots    int
+	interval time.Duration
+	lastSeen time.Time
+	lost     bool
+}
+
+type ctlJob struct {
+	id      string
+	spec    JobSpec
+	state   string
+	reason  string
+	attempt int
+	slots   int
+
+	placement    *control.Placement // nil: not placed
+	subtaskState string             // of every subtask of the current attempt
+	stats        []runtime.OperatorStats
+	elapsed      string
+
+	created, updated time.Time
+	ended            *time.Time
+	restartAt        time.Time // restarting: not before
+	restartsUsed     int       // task-failure restarts
+	failovers        int       // lost-host restarts
+	attempts         []AttemptStatus
+}
+
+// StartController subscribes the controller to the control API and the host
+// subjects on nc and starts its ticker.
+func StartController(nc *nats.Conn, opts ControllerOptions) (*Controller, error) {
+	if opts.Logger == nil {
+		opts.Logger = slog.New(slog.DiscardHandler)
+	}
+	if opts.HeartbeatInterval <= 0 {
+		opts.HeartbeatInterval = DefaultHeartbeatInterval
+	}
+	if opts.LostAfter <= 0 {
+		opts.LostAfter = DefaultLostAfter
+	}
+	if opts.MaxFailovers <= 0 {
+		opts.MaxFailovers = DefaultMaxFailovers
+	}
+	if opts.RequestTimeout <= 0 {
+		opts.RequestTimeout = DefaultRequestTimeout
+	}
+	c := &Controller{nc: nc, opts: opts, log: opts.Logger.With("component", "controller"),
+		jobs: map[string]*ctlJob{}, hosts: map[string]*ctlHost{}, done: make(chan struct{})}
+	handlers := map[string]nats.MsgHandler{
+		SubjectDeploy:     c.handleDeploy,
+		SubjectList:       c.handleList,
+		SubjectStatus:     c.handleStatus,
+		SubjectCancel:     c.handleCancel,
+		SubjectSavepoint:  c.handleSavepoint,
+		SubjectStop:       c.handleStop,
+		SubjectHosts:      c.handleHosts,
+		SubjectHeartbeat:  c.handleHeartbeat,
+		SubjectHostEvents: c.handleHostEvent,
+	}
+	subjects := make([]string, 0, len(handlers))
+	for s := range handlers {
+		subjects = append(subjects, s)
+	}
+	sort.Strings(subjects)
+	for _, s := range subjects {
+		// Requests that wait on hosts (cancel, savepoint, stop) must not hold
+		// up the others: each subscription has its own goroutine in nats.go.
+		sub, err := nc.Subscribe(s, handlers[s])
+		if err != nil {
+			c.unsubscribe()
+			return nil, fmt.Errorf("cluster: controller: subscribe %s: %w", s, err)
+		}
+		c.subs = append(c.subs, sub)
+	}
+	if err := nc.Flush(); err != nil {
+		c.unsubscribe()
+		return nil, fmt.Errorf("cluster: controller: %w", err)
+	}
+	c.wg.Add(1)
+	go c.ticker()
+	c.log.Info("controller started", "nats", nc.ConnectedUrlRedacted(), "heartbeat_interval", opts.HeartbeatInterval, "lost_after", opts.LostAfter)
+	return c, nil
+}
+
+func (c *Controller) unsubscribe() {
+	for _, s := range c.subs {
+		_ = s.Unsubscribe()
+	}
+	c.subs = nil
+}
+
+// Close stops the controller: it unsubscribes and waits for its goroutines.
+// Jobs keep running on their hosts; the job table is lost (it lives in
+// memory).
+func (c *Controller) Close() {
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return
+	}
+	c.closed = true
+	close(c.done)
+	c.mu.Unlock()
+	c.unsubscribe()
+	c.wg.Wait()
+}
+
+func (c *Controller) ticker() {
+	defer c.wg.Done()
+	t := time.NewTicker(max(c.opts.HeartbeatInterval/4, 10*time.Millisecond))
+	defer t.Stop()
+	for {
+		select {
+		case <-c.done:
+			return
+		case now := <-t.C:
+			c.mu.Lock()
+			effects := c.tickLocked(now)
+			c.mu.Unlock()
+			c.run(effects)
+		}
+	}
+}
+
+// effect is IO to do after the mutex is released.
+type effect func()
+
+func (c *Controller) run(effects []effect) {
+	for _, e := range effects {
+		c.wg.Add(1)
+		go func() {
+			defer c.wg.Done()
+			e()
+		}()
+	}
+}
+
+// tickLocked declares silent hosts lost, fails their jobs over and schedules
+// waiting jobs.
+func (c *Controller) tickLocked(now time.Time) []effect {
+	var effects []effect
+	for _, id := range c.hostIDs() {
+		h := c.hosts[id]
+		if h.lost || now.Sub(h.lastSeen) <= time.Duration(c.opts.LostAfter)*h.interval {
+			continue
+		}
+		h.lost = true
+		c.log.Warn("host lost", "host", id, "last_seen", h.lastSeen, "missed_heartbeats", c.opts.LostAfter)
+		for _, jid := range c.order {
+			j := c.jobs[jid]
+			if j.placement == nil || TerminalJobState(j.state) || !contains(j.placement.Slots, id) {
+				continue
+			}
+			reason := fmt.Sprintf("host %s lost (no heartbeat for %s)", id, now.Sub(h.lastSeen).Round(time.Millisecond))
+			effects = append(effects, c.failLocked(j, now, reason, true, id)...)
+		}
+	}
+	return append(effects, c.scheduleLocked(now)...)
+}
+
+func (c *Controller) hostIDs() []string {
+	ids := make([]string, 0, len(c.hosts))
+	for id := range c.hosts {
+		ids = append(ids, id)
+	}
+	sort.Strings(ids)
+	return ids
+}
+
+func contains(list []string, s string) bool {
+	for _, x := range list {
+		if x == s {
+			return true
+		}
+	}
+	return false
+}
+
+// freeSlotsLocked is each alive host's capacity and free slots.
+func (c *Controller) freeSlotsLocked() []control.HostSlots {
+	used := map[string]int{}
+	for _, j := range c.jobs {
+		if j.placement != nil && !TerminalJobState(j.state) {
+			for _, h := range j.placement.Slots {
+				used[h]++
+			}
+		}
+	}
+	var out []control.HostSlots
+	for _, id := range c.hostIDs() {
+		h := c.hosts[id]
+		if !h.lost {
+			out = append(out, control.HostSlots{ID: id, Capacity: h.slots, Free: h.slots - used[id]})
+		}
+	}
+	return out
+}
+
+// scheduleLocked places waiting jobs, oldest first, and returns the
+// assignments to send.
+func (c *Controller) scheduleLocked(now time.Time) []effect {
+	var effects []effect
+	for _, jid := range c.order {
+		j := c.jobs[jid]
+		if j.placement != nil || (j.state != JobCreated && j.state != JobRestarting) || now.Before(j.restartAt) {
+			continue
+		}
+		p, err := control.Schedule(c.freeSlotsLocked(), j.slots, true)
+		switch {
+		case errors.Is(err, control.ErrNoHostLargeEnough):
+			c.endLocked(j, now, JobFailed, fmt.Sprintf("%v: %v", ErrCrossHost, err))
+			continue
+		case err != nil:
+			reason := fmt.Sprintf("waiting for slots: %v", err)
+			if j.reason != reason {
+				c.log.Info("job waits for slots", "job", j.id, "reason", err)
+				j.reason, j.updated = reason, now
+			}
+			continue
+		}
+		j.placement = &p
+		j.subtaskState = SubtaskDeploying
+		j.reason = ""
+		j.updated = now
+		j.attempts = append(j.attempts, AttemptStatus{Attempt: j.attempt, Hosts: p.Hosts(), State: SubtaskDeploying})
+		c.log.Info("job scheduled", "job", j.id, "attempt", j.attempt, "hosts", p.Hosts(), "slots", j.slots)
+		effects = append(effects, c.assignEffects(j)...)
+	}
+	return effects
+}
+
+// assignEffects sends the current attempt of j to each of its hosts.
+func (c *Controller) assignEffects(j *ctlJob) []effect {
+	var effects []effect
+	p := *j.placement
+	for _, h := range p.Hosts() {
+		a := Assignment{JobID: j.id, Attempt: j.attempt, Job: j.spec, Placement: p.Slots}
+		for _, v := range j.spec.Vertices {
+			for i := 0; i < v.Parallelism; i++ {
+				if p.Host(i) == h {
+					a.Local = append(a.Local, SubtaskRef{Operator: v.UID, Subtask: i})
+				}
+			}
+		}
+		effects = append(effects, func() {
+			var r Reply
+			err := requestTimeout(c.nc, HostSubject(h, HostVerbAssign), c.opts.RequestTimeout, a, &r)
+			if err == nil {
+				err = r.Err()
+			}
+			if err != nil {
+				c.log.Warn("assignment refused", "job", a.JobID, "attempt", a.Attempt, "host", h, "err", err)
+				c.hostEvent(HostEvent{HostID: h, JobID: a.JobID, Attempt: a.Attempt, State: SubtaskFailed,
+					Error: fmt.Sprintf("assign to host %s: %v", h, err)})
+			}
+		})
+	}
+	return effects
+}
+
+// failLocked handles the failure of j's current attempt: a restart (new
+// attempt, rescheduled) or the end of the job. lostHost, if set, is not sent
+// a cancel.
+func (c *Controller) failLocked(j *ctlJob, now time.Time, reason string, hostLoss bool, lostHost string) []effect {
+	var effects []effect
+	if j.placement != nil {
+		effects = c.cancelEffects(j, lostHost)
+	}
+	if n := len(j.attempts); n > 0 && j.attempts[n-1].Attempt == j.attempt {
+		j.attempts[n-1].State, j.attempts[n-1].Reason = SubtaskFailed, reason
+	}
+	j.placement = nil
+	restart, delay := false, time.Duration(0)
+	switch {
+	case hostLoss && j.failovers < c.opts.MaxFailovers:
+		j.failovers++
+		restart = true
+		if j.spec.Restart.Strategy == jobfile.RestartFixedDelay {
+			delay = j.spec.Restart.Delay
+		}
+	case !hostLoss && j.spec.Restart.Strategy == jobfile.RestartFixedDelay && j.restartsUsed < j.spec.Restart.Attempts:
+		j.restartsUsed++
+		restart, delay = true, j.spec.Restart.Delay
+	}
+	if !restart {
+		why := "the restart strategy gives up"
+		switch {
+		case hostLoss:
+			why = fmt.Sprintf("%d failovers after lost hosts, the limit", j.failovers)
+		case j.spec.Restart.Strategy != jobfile.RestartFixedDelay:
+			why = "the job has no restart strategy"
+		}
+		c.endLocked(j, now, JobFailed, fmt.Sprintf("attempt %d failed: %s (%s)", j.attempt, reason, why))
+		return effects
+	}
+	c.log.Warn("job restarting", "job", j.id, "failed_attempt", j.attempt, "reason", reason, "delay", delay)
+	j.attempt++
+	j.state = JobRestarting
+	j.reason = fmt.Sprintf("attempt %d failed: %s", j.attempt-1, reason)
+	j.subtaskState = SubtaskScheduled
+	j.restartAt = now.Add(delay)
+	j.updated = now
+	return effects
+}
+
+// cancelEffects tells j's hosts (but skip) to cancel the current attempt.
+func (c *Controller) cancelEffects(j *ctlJob, skip string) []effect {
+	var effects []effect
+	for _, h := range j.placement.Hosts() {
+		if h == skip {
+			continue
+		}
+		req := HostRequest{JobID: j.id, Attempt: j.attempt}
+		effects = append(effects, func() {
+			var r Reply
+			if err := requestTimeout(c.nc, HostSubject(h, HostVerbCancel), c.opts.RequestTimeout, req, &r); err != nil {
+				c.log.Warn("cancel on host failed", "job", req.JobID, "attempt", req.Attempt, "host", h, "err", err)
+			}
+		})
+	}
+	return effects
+}
+
+func (c *Controller) endLocked(j *ctlJob, now time.Time, state, reason string) {
+	j.state, j.reason, j.updated = state, reason, now
+	t := now
+	j.ended = &t
+	j.placement = nil
+	switch state {
+	case JobFinished:
+		j.subtaskState = SubtaskFinished
+	case JobCanceled:
+		j.subtaskState = SubtaskCanceled
+	case JobFailed:
+		if j.subtaskState != SubtaskFinished {
+			j.subtaskState = SubtaskFailed
+		}
+	}
+	if n := len(j.attempts); n > 0 && j.attempts[n-1].Attempt == j.attempt && !TerminalJobState(j.attempts[n-1].State) && j.attempts[n-1].State != SubtaskFailed {
+		j.attempts[n-1].State = state
+		if state != JobFinished {
+			j.attempts[n-1].Reason = reason
+		}
+	}
+	lvl := slog.LevelInfo
+	if state == JobFailed {
+		lvl = slog.LevelWarn
+	}
+	c.log.Log(context.Background(), lvl, "job "+state, "job", j.id, "attempt", j.attempt, "reason", reason)
+}
+
+// ---- control API handlers ----
+
+func (c *Controller) handleDeploy(msg *nats.Msg) {
+	var req DeployRequest
+	if err := json.Unmarshal(msg.Data, &req); err != nil {
+		respond(msg, DeployReply{Reply: Reply{Error: "cluster: deploy: bad request: " + err.Error()}})
+		return
+	}
+	// Validate the graph (artifacts are not resolved here).
+	if _, err := req.Job.Graph(func(a Artifact) (string, error) { return "/" + a.Name, nil }); err != nil {
+		respond(msg, DeployReply{Reply: Reply{Error: err.Error()}})
+		return
+	}
+	now := time.Now()
+	j := &ctlJob{id: newJobID(req.Job.Name), spec: req.Job, state: JobCreated, slots: req.Job.slotsNeeded(),
+		subtaskState: SubtaskScheduled, created: now, updated: now}
+	c.mu.Lock()
+	for c.jobs[j.id] != nil {
+		j.id = newJobID(req.Job.Name)
+	}
+	c.jobs[j.id] = j
+	c.order = append(c.order, j.id)
+	c.log.Info("job deployed", "job", j.id, "name", j.spec.Name, "slots", j.slots)
+	effects := c.scheduleLocked(now)
+	c.mu.Unlock()
+	respond(msg, DeployReply{JobID: j.id})
+	c.run(effects)
+}
+
+func newJobID(name string) string {
+	var b [4]byte
+	_, _ = rand.Read(b[:])
+	return name + "-" + hex.EncodeToString(b[:])
+}
+
+func (c *Controller) handleList(msg *nats.Msg) {
+	c.mu.Lock()
+	var out ListReply
+	out.Jobs = []JobStatus{}
+	for i := len(c.order) - 1; i >= 0; i-- {
+		out.Jobs = append(out.Jobs, c.statusLocked(c.jobs[c.order[i]]))
+	}
+	c.mu.Unlock()
+	respond(msg, out)
+}
+
+func (c *Controller) lookup(msg *nats.Msg) (*ctlJob, JobRequest, error) {
+	var req JobRequest
+	if err := json.Unmarshal(msg.Data, &req); err != nil {
+		return nil, req, fmt.Errorf("cluster: bad request: %w", err)
+	}
+	j := c.jobs[req.JobID]
+	if j == nil {
+		return nil, req, fmt.Errorf("cluster: no job %q (streamd list shows the jobs)", req.JobID)
+	}
+	return j, req, nil
+}
+
+func (c *Controller) handleStatus(msg *nats.Msg) {
+	c.mu.Lock()
+	j, _, err := c.lookup(msg)
+	var out JobReply
+	if err != nil {
+		out.Reply = errReply(err)
+	} else {
+		st := c.statusLocked(j)
+		out.Job = &st
+	}
+	c.mu.Unlock()
+	respond(msg, out)
+}
+
+func (c *Controller) handleCancel(msg *nats.Msg) {
+	c.mu.Lock()
+	j, _, err := c.lookup(msg)
+	if err != nil {
+		c.mu.Unlock()
+		respond(msg, JobReply{Reply: errReply(err)})
+		return
+	}
+	if TerminalJobState(j.state) {
+		st := c.statusLocked(j)
+		c.mu.Unlock()
+		respond(msg, JobReply{Reply: Reply{Error: fmt.Sprintf("cluster: job %s is already %s", j.id, j.state)}, Job: &st})
+		return
+	}
+	var effects []effect
+	if j.placement != nil {
+		effects = c.cancelEffects(j, "")
+	}
+	c.endLocked(j, time.Now(), JobCanceled, "canceled by request")
+	c.mu.Unlock()
+	// Wait for the hosts to stop the attempt before answering.
+	var wg sync.WaitGroup
+	for _, e := range effects {
+		wg.Add(1)
+		go func() { defer wg.Done(); e() }()
+	}
+	wg.Wait()
+	c.mu.Lock()
+	st := c.statusLocked(j)
+	effects = c.scheduleLocked(time.Now()) // freed slots
+	c.mu.Unlock()
+	respond(msg, JobReply{Job: &st})
+	c.run(effects)
+}
+
+func (c *Controller) handleSavepoint(msg *nats.Msg) {
+	var req SavepointRequest
+	if err := json.Unmarshal(msg.Data, &req); err != nil {
+		respond(msg, SavepointReply{Reply: Reply{Error: "cluster: savepoint: bad request: " + err.Error()}})
+		return
+	}
+	path, err := c.forwardSavepoint(req.JobID, HostRequest{Dir: req.Dir}, HostVerbSavepoint)
+	respond(msg, SavepointReply{Reply: errReply(err), Path: path})
+}
+
+func (c *Controller) handleStop(msg *nats.Msg) {
+	var req StopRequest
+	if err := json.Unmarshal(msg.Data, &req); err != nil {
+		respond(msg, SavepointReply{Reply: Reply{Error: "cluster: stop: bad request: " + err.Error()}})
+		return
+	}
+	path, err := c.forwardSavepoint(req.JobID, HostRequest{Dir: req.SavepointDir, Drain: req.Drain}, HostVerbStop)
+	respond(msg, SavepointReply{Reply: errReply(err), Path: path})
+}
+
+// forwardSavepoint sends a savepoint or stop request to the host running the
+// job (one host while jobs do not span hosts).
+func (c *Controller) forwardSavepoint(jobID string, hr HostRequest, verb string) (string, error) {
+	c.mu.Lock()
+	j := c.jobs[jobID]
+	switch {
+	case j == nil:
+		c.mu.Unlock()
+		return "", fmt.Errorf("cluster: no job %q (streamd list shows the jobs)", jobID)
+	case j.placement == nil || (j.state != JobRunning && j.state != JobFinishing):
+		st := j.state
+		c.mu.Unlock()
+		return "", fmt.Errorf("cluster: %s job %s: the job is %s, not running", verb, jobID, st)
+	}
+	hosts := j.placement.Hosts()
+	hr.JobID, hr.Attempt = j.id, j.attempt
+	c.mu.Unlock()
+	if len(hosts) != 1 {
+		return "", fmt.Errorf("cluster: %s job %s: %w", verb, jobID, ErrCrossHost)
+	}
+	var r SavepointReply
+	if err := requestTimeout(c.nc, HostSubject(hosts[0], verb), c.opts.RequestTimeout, hr, &r); err != nil {
+		return "", err
+	}
+	return r.Path, r.Err()
+}
+
+func (c *Controller) handleHosts(msg *nats.Msg) {
+	c.mu.Lock()
+	out := HostsReply{Hosts: []HostStatus{}}
+	free := map[string]int{}
+	for _, h := range c.freeSlotsLocked() {
+		free[h.ID] = h.Free
+	}
+	for _, id := range c.hostIDs() {
+		h := c.hosts[id]
+		st := "alive"
+		if h.lost {
+			st = "lost"
+		}
+		out.Hosts = append(out.Hosts, HostStatus{ID: id, Slots: h.slots, Free: free[id], State: st, LastSeen: h.lastSeen})
+	}
+	c.mu.Unlock()
+	respond(msg, out)
+}
+
+// ---- host messages ----
+
+func (c *Controller) handleHeartbeat(msg *nats.Msg) {
+	var hb Heartbeat
+	if err := json.Unmarshal(msg.Data, &hb); err != nil || hb.HostID == "" {
+		c.log.Warn("bad heartbeat", "err", err)
+		return
+	}
+	now := time.Now()
+	interval, err := time.ParseDuration(hb.Interval)
+	if err != nil || interval <= 0 {
+		interval = c.opts.HeartbeatInterval
+	}
+	c.mu.Lock()
+	h := c.hosts[hb.HostID]
+	switch {
+	case h == nil:
+		h = &ctlHost{id: hb.HostID}
+		c.hosts[hb.HostID] = h
+		c.log.Info("host registered", "host", hb.HostID, "slots", hb.Slots)
+	case h.lost:
+		c.log.Info("host is back", "host", hb.HostID, "slots", hb.Slots)
+	}
+	h.slots, h.interval, h.lastSeen, h.lost = hb.Slots, interval, now, false
+	// A host that runs an attempt the controller no longer wants there (it
+	// was lost and its jobs moved, or the job ended) is told to cancel it.
+	var effects []effect
+	for _, r := range hb.Running {
+		j := c.jobs[r.JobID]
+		if j != nil && j.attempt == r.Attempt && j.placement != nil && contains(j.placement.Slots, hb.HostID) && !TerminalJobState(j.state) {
+			continue
+		}
+		req := HostRequest{JobID: r.JobID, Attempt: r.Attempt}
+		hostID := hb.HostID
+		c.log.Info("host runs a stale attempt; canceling it", "host", hostID, "job", r.JobID, "attempt", r.Attempt)
+		effects = append(effects, func() {
+			var rep Reply
+			_ = requestTimeout(c.nc, HostSubject(hostID, HostVerbCancel), c.opts.RequestTimeout, req, &rep)
+		})
+	}
+	effects = append(effects, c.scheduleLocked(now)...)
+	c.mu.Unlock()
+	c.run(effects)
+}
+
+func (c *Controller) handleHostEvent(msg *nats.Msg) {
+	var ev HostEvent
+	if err := json.Unmarshal(msg.Data, &ev); err != nil {
+		respond(msg, Reply{Error: "cluster: bad host event: " + err.Error()})
+		return
+	}
+	c.hostEvent(ev)
+	respond(msg, Reply{})
+}
+
+func (c *Controller) hostEvent(ev HostEvent) {
+	now := time.Now()
+	c.mu.Lock()
+	j := c.jobs[ev.JobID]
+	if j == nil || j.attempt != ev.Attempt || TerminalJobState(j.state) || j.placement == nil {
+		c.mu.Unlock()
+		c.log.Debug("stale host event ignored", "host", ev.HostID, "job", ev.JobID, "attempt", ev.Attempt, "state", ev.State)
+		return
+	}
+	if ev.Stats != nil {
+		j.stats = ev.Stats
+	}
+	if ev.Elapsed != "" {
+		j.elapsed = ev.Elapsed
+	}
+	var effects []effect
+	switch ev.State {
+	case SubtaskDeploying:
+		j.subtaskState = SubtaskDeploying
+	case SubtaskRunning:
+		j.subtaskState = SubtaskRunning
+		if j.state == JobCreated || j.state == JobRestarting {
+			j.state, j.reason = JobRunning, ""
+			c.log.Info("job running", "job", j.id, "attempt", j.attempt, "host", ev.HostID)
+		}
+		c.setAttemptState(j, SubtaskRunning, "")
+	case SubtaskFinished:
+		c.setAttemptState(j, JobFinished, "")
+		c.endLocked(j, now, JobFinished, "")
+		effects = c.scheduleLocked(now)
+	case SubtaskFailed, SubtaskCanceled:
+		reason := ev.Error
+		if reason == "" {
+			reason = "canceled on host " + ev.HostID
+		}
+		effects = c.failLocked(j, now, reason, false, ev.HostID)
+		effects = append(effects, c.scheduleLocked(now)...)
+	}
+	j.updated = now
+	c.mu.Unlock()
+	c.run(effects)
+}
+
+func (c *Controller) setAttemptState(j *ctlJob, state, reason string) {
+	if n := len(j.attempts); n > 0 && j.attempts[n-1].Attempt == j.attempt {
+		j.attempts[n-1].State, j.attempts[n-1].Reason = state, reason
+	}
+}
+
+// statusLocked builds the JobStatus of j.
+func (c *Controller) statusLocked(j *ctlJob) JobStatus {
+	st := JobStatus{ID: j.id, Name: j.spec.Name, State: j.state, Reason: j.reason, Attempt: j.attempt,
+		Slots: j.slots, Created: j.created, Updated: j.updated, Ended: j.ended, Elapsed: j.elapsed,
+		Attempts: append([]AttemptStatus(nil), j.attempts...)}
+	if j.placement != nil {
+		st.Hosts = j.placement.Hosts()
+	} else if n := len(j.attempts); n > 0 && j.attempts[n-1].Attempt == j.attempt {
+		st.Hosts = j.attempts[n-1].Hosts
+	}
+	stats := map[string]runtime.OperatorStats{}
+	for _, s := range j.stats {
+		stats[s.UID] = s
+	}
+	for _, v := range j.spec.Vertices {
+		op := OperatorStatus{UID: v.UID, Parallelism: v.Parallelism, RecordsIn: stats[v.UID].RecordsIn, RecordsOut: stats[v.UID].RecordsOut}
+		for i := 0; i < v.Parallelism; i++ {
+			s := SubtaskStatus{Index: i, State: j.subtaskState}
+			if j.placement != nil {
+				s.Host = j.placement.Host(i)
+			} else if len(st.Hosts) == 1 {
+				s.Host = st.Hosts[0]
+			}
+			op.Subtasks = append(op.Subtasks, s)
+		}
+		st.Operators = append(st.Operators, op)
+	}
+	return st
+}

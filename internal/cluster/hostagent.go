@@ -1,0 +1,401 @@
+package cluster
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"regexp"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/streamd/streamd/control"
+	"github.com/streamd/streamd/internal/runtime"
+)
+
+// HostOptions configures a host agent.
+type HostOptions struct {
+	// ID names the host; letters, digits, '-' and '_'. Default: the
+	// hostname followed by a random suffix.
+	ID string
+	// Slots is how many slots the host offers (a slot runs subtask i of every
+	// operator of a job); default 1.
+	Slots int
+	// DataDir holds the artifact cache (DataDir/artifacts); required.
+	DataDir string
+	// HeartbeatInterval is how often the host publishes a heartbeat; default 1s.
+	HeartbeatInterval time.Duration
+	// Executor runs assignments; required (LocalExecutor runs whole jobs).
+	Executor Executor
+	Logger   *slog.Logger
+	// RequestTimeout bounds reports to the controller; default 10s.
+	RequestTimeout time.Duration
+}
+
+var hostIDRE = regexp.MustCompile(`^[A-Za-z0-9_-]+$`)
+
+// Host is a host agent: it registers with the controller by heartbeats, runs
+// the attempts assigned to it and reports their state.
+type Host struct {
+	nc   *nats.Conn
+	opts HostOptions
+	log  *slog.Logger
+	arts *Artifacts
+
+	ctx    context.Context
+	cancel context.CancelFunc
+
+	mu      sync.Mutex // guards runs and closed
+	runs    map[AttemptRef]*hostRun
+	closed  bool
+	paused  bool // heartbeats paused (tests)
+	subs    []*nats.Subscription
+	wg      sync.WaitGroup
+	release chan struct{}
+}
+
+type hostRun struct {
+	ref    AttemptRef
+	slots  int
+	cancel context.CancelFunc
+	done   chan struct{}
+
+	mu   sync.Mutex // guards exec
+	exec Execution
+}
+
+// StartHost registers the host agent on nc and starts heartbeating.
+func StartHost(nc *nats.Conn, opts HostOptions) (*Host, error) {
+	if opts.ID == "" {
+		name, _ := os.Hostname()
+		name = regexp.MustCompile(`[^A-Za-z0-9_-]+`).ReplaceAllString(name, "_")
+		var b [3]byte
+		_, _ = rand.Read(b[:])
+		opts.ID = name + "-" + hex.EncodeToString(b[:])
+	}
+	if !hostIDRE.MatchString(opts.ID) {
+		return nil, fmt.Errorf("cluster: host id %q: may contain only letters, digits, '-' and '_'", opts.ID)
+	}
+	if opts.Slots == 0 {
+		opts.Slots = 1
+	}
+	if opts.Slots < 0 {
+		return nil, fmt.Errorf("cluster: host %s: slots %d < 0", opts.ID, opts.Slots)
+	}
+	if opts.DataDir == "" {
+		return nil, fmt.Errorf("cluster: host %s: no data directory", opts.ID)
+	}
+	if opts.Executor == nil {
+		return nil, fmt.Errorf("cluster: host %s: no executor", opts.ID)
+	}
+	if opts.HeartbeatInterval <= 0 {
+		opts.HeartbeatInterval = DefaultHeartbeatInterval
+	}
+	if opts.RequestTimeout <= 0 {
+		opts.RequestTimeout = DefaultRequestTimeout
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.New(slog.DiscardHandler)
+	}
+	if err := os.MkdirAll(filepath.Join(opts.DataDir, "artifacts"), 0o755); err != nil {
+		return nil, fmt.Errorf("cluster: host %s: data directory: %w", opts.ID, err)
+	}
+	arts, err := NewArtifacts(nc)
+	if err != nil {
+		return nil, err
+	}
+	h := &Host{nc: nc, opts: opts, log: opts.Logger.With("component", "host", "host", opts.ID), arts: arts,
+		runs: map[AttemptRef]*hostRun{}, release: make(chan struct{})}
+	h.ctx, h.cancel = context.WithCancel(context.Background())
+	for verb, fn := range map[string]nats.MsgHandler{
+		HostVerbAssign:    h.handleAssign,
+		HostVerbCancel:    h.handleCancel,
+		HostVerbSavepoint: h.handleSavepoint,
+		HostVerbStop:      h.handleSavepoint,
+	} {
+		sub, err := nc.Subscribe(HostSubject(opts.ID, verb), fn)
+		if err != nil {
+			h.unsubscribe()
+			return nil, fmt.Errorf("cluster: host %s: subscribe: %w", opts.ID, err)
+		}
+		h.subs = append(h.subs, sub)
+	}
+	if err := nc.Flush(); err != nil {
+		h.unsubscribe()
+		return nil, fmt.Errorf("cluster: host %s: %w", opts.ID, err)
+	}
+	h.wg.Add(1)
+	go h.heartbeats()
+	h.log.Info("host started", "slots", opts.Slots, "nats", nc.ConnectedUrlRedacted(), "heartbeat_interval", opts.HeartbeatInterval)
+	return h, nil
+}
+
+// ID is the host's id.
+func (h *Host) ID() string { return h.opts.ID }
+
+func (h *Host) unsubscribe() {
+	for _, s := range h.subs {
+		_ = s.Unsubscribe()
+	}
+	h.subs = nil
+}
+
+// Close stops the host: no more heartbeats or assignments, every run is
+// canceled without being reported (the controller finds the host lost after
+// the missed heartbeats and fails its jobs over). It waits for the runs.
+func (h *Host) Close() {
+	h.mu.Lock()
+	if h.closed {
+		h.mu.Unlock()
+		return
+	}
+	h.closed = true
+	h.mu.Unlock()
+	h.unsubscribe()
+	h.cancel()
+	close(h.release)
+	h.wg.Wait()
+}
+
+// PauseHeartbeats stops (true) or resumes (false) heartbeats while runs go on:
+// for tests of lost-host detection.
+func (h *Host) PauseHeartbeats(pause bool) {
+	h.mu.Lock()
+	h.paused = pause
+	h.mu.Unlock()
+}
+
+// Running lists the attempts running here.
+func (h *Host) Running() []AttemptRef {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	out := make([]AttemptRef, 0, len(h.runs))
+	for r := range h.runs {
+		out = append(out, r)
+	}
+	sort.Slice(out, func(i, j int) bool {
+		if out[i].JobID != out[j].JobID {
+			return out[i].JobID < out[j].JobID
+		}
+		return out[i].Attempt < out[j].Attempt
+	})
+	return out
+}
+
+func (h *Host) heartbeats() {
+	defer h.wg.Done()
+	t := time.NewTicker(h.opts.HeartbeatInterval)
+	defer t.Stop()
+	for {
+		h.mu.Lock()
+		paused := h.paused
+		h.mu.Unlock()
+		if !paused {
+			hb := Heartbeat{HostID: h.opts.ID, Slots: h.opts.Slots, Running: h.Running(), Interval: h.opts.HeartbeatInterval.String()}
+			data, _ := json.Marshal(hb)
+			if err := h.nc.Publish(SubjectHeartbeat, data); err != nil {
+				h.log.Warn("heartbeat not sent", "err", err)
+			}
+		}
+		select {
+		case <-h.release:
+			return
+		case <-t.C:
+		}
+	}
+}
+
+func (h *Host) usedSlotsLocked() int {
+	n := 0
+	for _, r := range h.runs {
+		n += r.slots
+	}
+	return n
+}
+
+func (h *Host) handleAssign(msg *nats.Msg) {
+	var a Assignment
+	if err := json.Unmarshal(msg.Data, &a); err != nil {
+		respond(msg, Reply{Error: fmt.Sprintf("cluster: host %s: bad assignment: %v", h.opts.ID, err)})
+		return
+	}
+	ref := AttemptRef{JobID: a.JobID, Attempt: a.Attempt}
+	slots := 0
+	for _, s := range a.Placement {
+		if s == h.opts.ID {
+			slots++
+		}
+	}
+	h.mu.Lock()
+	switch {
+	case h.closed:
+		h.mu.Unlock()
+		respond(msg, Reply{Error: fmt.Sprintf("cluster: host %s is shutting down", h.opts.ID)})
+		return
+	case h.runs[ref] != nil:
+		h.mu.Unlock()
+		respond(msg, Reply{}) // a repeated assignment
+		return
+	case h.usedSlotsLocked()+slots > h.opts.Slots:
+		used := h.usedSlotsLocked()
+		h.mu.Unlock()
+		respond(msg, Reply{Error: fmt.Sprintf("cluster: host %s: job %s attempt %d needs %d slots, %d of %d free", h.opts.ID, a.JobID, a.Attempt, slots, h.opts.Slots-used, h.opts.Slots)})
+		return
+	}
+	ctx, cancel := context.WithCancel(h.ctx)
+	r := &hostRun{ref: ref, slots: slots, cancel: cancel, done: make(chan struct{})}
+	h.runs[ref] = r
+	h.wg.Add(1)
+	h.mu.Unlock()
+	respond(msg, Reply{})
+	go h.execute(ctx, r, a)
+}
+
+// execute fetches the artifacts, runs the attempt and reports its end.
+func (h *Host) execute(ctx context.Context, r *hostRun, a Assignment) {
+	defer h.wg.Done()
+	defer close(r.done)
+	defer func() {
+		h.mu.Lock()
+		delete(h.runs, r.ref)
+		h.mu.Unlock()
+	}()
+	defer r.cancel()
+	log := h.log.With("job", a.JobID, "attempt", a.Attempt)
+	h.report(HostEvent{HostID: h.opts.ID, JobID: a.JobID, Attempt: a.Attempt, State: SubtaskDeploying}, false)
+
+	stats, err := h.runAssignment(ctx, r, a, log)
+	ev := HostEvent{HostID: h.opts.ID, JobID: a.JobID, Attempt: a.Attempt, Stats: stats.Operators}
+	if stats.Elapsed > 0 {
+		ev.Elapsed = stats.Elapsed.Round(time.Millisecond).String()
+	}
+	switch {
+	case err == nil:
+		ev.State = SubtaskFinished
+		log.Info("attempt finished", "elapsed", stats.Elapsed)
+	case ctx.Err() != nil:
+		ev.State = SubtaskCanceled
+		log.Info("attempt canceled")
+	default:
+		ev.State, ev.Error = SubtaskFailed, err.Error()
+		log.Warn("attempt failed", "err", err)
+	}
+	h.mu.Lock()
+	closing := h.closed
+	h.mu.Unlock()
+	if !closing {
+		h.report(ev, true)
+	}
+}
+
+func (h *Host) runAssignment(ctx context.Context, r *hostRun, a Assignment, log *slog.Logger) (runtime.Stats, error) {
+	cache := filepath.Join(h.opts.DataDir, "artifacts")
+	g, err := a.Job.Graph(func(art Artifact) (string, error) { return h.arts.Fetch(ctx, cache, art) })
+	if err != nil {
+		return runtime.Stats{}, err
+	}
+	req := ExecRequest{HostID: h.opts.ID, JobID: a.JobID, Attempt: a.Attempt, Graph: g,
+		Placement: control.Placement{Slots: a.Placement}, Local: a.Local, Logger: log,
+		Progress: func(s runtime.Stats) {
+			h.report(HostEvent{HostID: h.opts.ID, JobID: a.JobID, Attempt: a.Attempt, State: SubtaskRunning,
+				Stats: s.Operators, Elapsed: s.Elapsed.Round(time.Millisecond).String()}, false)
+		}}
+	exec, err := h.opts.Executor.Start(ctx, req)
+	if err != nil {
+		return runtime.Stats{}, err
+	}
+	r.mu.Lock()
+	r.exec = exec
+	r.mu.Unlock()
+	log.Info("attempt running", "subtasks", len(a.Local))
+	h.report(HostEvent{HostID: h.opts.ID, JobID: a.JobID, Attempt: a.Attempt, State: SubtaskRunning}, false)
+	return exec.Wait()
+}
+
+// report sends ev to the controller: published, or when reliable as a
+// request retried a few times.
+func (h *Host) report(ev HostEvent, reliable bool) {
+	if !reliable {
+		data, _ := json.Marshal(ev)
+		_ = h.nc.Publish(SubjectHostEvents, data)
+		return
+	}
+	var err error
+	for try := 0; try < 3; try++ {
+		var rep Reply
+		if err = requestTimeout(h.nc, SubjectHostEvents, h.opts.RequestTimeout, ev, &rep); err == nil {
+			return
+		}
+		select {
+		case <-h.release:
+			return
+		case <-time.After(h.opts.HeartbeatInterval):
+		}
+	}
+	h.log.Warn("controller did not acknowledge a report", "job", ev.JobID, "attempt", ev.Attempt, "state", ev.State, "err", err)
+}
+
+func (h *Host) handleCancel(msg *nats.Msg) {
+	var req HostRequest
+	if err := json.Unmarshal(msg.Data, &req); err != nil {
+		respond(msg, Reply{Error: fmt.Sprintf("cluster: host %s: bad cancel request: %v", h.opts.ID, err)})
+		return
+	}
+	h.mu.Lock()
+	r := h.runs[AttemptRef{JobID: req.JobID, Attempt: req.Attempt}]
+	h.mu.Unlock()
+	if r == nil {
+		respond(msg, Reply{}) // not (or no longer) running here
+		return
+	}
+	r.cancel()
+	select {
+	case <-r.done:
+		respond(msg, Reply{})
+	case <-time.After(h.opts.RequestTimeout / 2):
+		respond(msg, Reply{Error: fmt.Sprintf("cluster: host %s: job %s attempt %d did not stop within %s", h.opts.ID, req.JobID, req.Attempt, h.opts.RequestTimeout/2)})
+	}
+}
+
+func (h *Host) handleSavepoint(msg *nats.Msg) {
+	verb := HostVerbSavepoint
+	if len(msg.Subject) > 5 && msg.Subject[len(msg.Subject)-5:] == "."+HostVerbStop {
+		verb = HostVerbStop
+	}
+	var req HostRequest
+	if err := json.Unmarshal(msg.Data, &req); err != nil {
+		respond(msg, SavepointReply{Reply: Reply{Error: fmt.Sprintf("cluster: host %s: bad %s request: %v", h.opts.ID, verb, err)}})
+		return
+	}
+	h.mu.Lock()
+	r := h.runs[AttemptRef{JobID: req.JobID, Attempt: req.Attempt}]
+	h.mu.Unlock()
+	if r == nil {
+		respond(msg, SavepointReply{Reply: Reply{Error: fmt.Sprintf("cluster: host %s: job %s attempt %d does not run here", h.opts.ID, req.JobID, req.Attempt)}})
+		return
+	}
+	r.mu.Lock()
+	sp, ok := r.exec.(Savepointer)
+	r.mu.Unlock()
+	if !ok {
+		respond(msg, SavepointReply{Reply: Reply{Error: fmt.Sprintf("cluster: %s job %s: %v: the task runtime has no stop-with-savepoint hook in this version", verb, req.JobID, ErrNotSupported)}})
+		return
+	}
+	ctx, cancel := context.WithTimeout(h.ctx, 10*time.Minute)
+	defer cancel()
+	var path string
+	var err error
+	if verb == HostVerbStop {
+		path, err = sp.StopWithSavepoint(ctx, req.Dir, req.Drain)
+	} else {
+		path, err = sp.Savepoint(ctx, req.Dir)
+	}
+	respond(msg, SavepointReply{Reply: errReply(err), Path: path})
+}

@@ -1,0 +1,185 @@
+package cluster
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/streamd/streamd/control"
+	"github.com/streamd/streamd/internal/jobfile"
+)
+
+// JobSpec is a job as it travels over NATS: the loaded, validated graph with
+// every file the hosts need replaced by an Artifact in the object store. Paths
+// of file sinks (and checkpoint directories) stay as the deploying client
+// resolved them: they name directories on the host that runs the subtask.
+type JobSpec struct {
+	Name       string                      `json:"name"`
+	Vertices   []VertexSpec                `json:"vertices"`
+	Checkpoint *jobfile.CheckpointSettings `json:"checkpoint,omitempty"`
+	Restart    jobfile.RestartSettings     `json:"restart"`
+	JobFile    *Artifact                   `json:"job_file,omitempty"` // the job file as deployed; nil for a module
+}
+
+// VertexSpec is one operator. Exactly one of Source, Sink and Wasm is set.
+type VertexSpec struct {
+	UID            string         `json:"uid"`
+	Kind           control.Kind   `json:"kind"`
+	Parallelism    int            `json:"parallelism"`
+	MaxParallelism int            `json:"max_parallelism"`
+	Inputs         []control.Edge `json:"inputs,omitempty"`
+
+	Source     *jobfile.SourceSpec `json:"source,omitempty"`
+	SourceFile *Artifact           `json:"source_file,omitempty"` // a file source's input; replaces Source.Path on the host
+	Sink       *jobfile.SinkSpec   `json:"sink,omitempty"`
+	Wasm       *WasmSpec           `json:"wasm,omitempty"`
+}
+
+// WasmSpec is a wasm operator whose module is an artifact.
+type WasmSpec struct {
+	Module     Artifact          `json:"module"`
+	Config     map[string]string `json:"config,omitempty"`
+	AllowClock bool              `json:"allow_clock,omitempty"`
+}
+
+// Artifact is a file in the artifact object store, named by its content hash.
+type Artifact struct {
+	Name   string `json:"name"`   // the file's base name (kept for error messages and logs)
+	Digest string `json:"digest"` // "sha256:<hex>"
+	Size   int64  `json:"size"`
+}
+
+// Uploader stores the file at path and returns its artifact.
+type Uploader func(path string) (Artifact, error)
+
+// Resolver returns a local path holding the artifact's content.
+type Resolver func(Artifact) (string, error)
+
+// NewJobSpec turns a loaded job into a JobSpec, uploading every module and
+// the input file of every file source. jobFile, if not empty, is uploaded too.
+func NewJobSpec(job *jobfile.Job, jobFile string, upload Uploader) (JobSpec, error) {
+	g := job.Graph
+	s := JobSpec{Name: g.Name, Checkpoint: job.Checkpoint, Restart: job.Restart}
+	if jobFile != "" {
+		a, err := upload(jobFile)
+		if err != nil {
+			return JobSpec{}, err
+		}
+		s.JobFile = &a
+	}
+	uploaded := map[string]Artifact{}
+	up := func(path string) (Artifact, error) {
+		if a, ok := uploaded[path]; ok {
+			return a, nil
+		}
+		a, err := upload(path)
+		if err != nil {
+			return Artifact{}, err
+		}
+		uploaded[path] = a
+		return a, nil
+	}
+	for _, v := range g.Vertices {
+		vs := VertexSpec{UID: v.UID, Kind: v.Kind, Parallelism: v.Parallelism, MaxParallelism: v.MaxParallelism, Inputs: v.Inputs}
+		switch sp := v.Spec.(type) {
+		case *jobfile.SourceSpec:
+			c := *sp
+			if c.Type == "file" {
+				if c.Path == "-" {
+					return JobSpec{}, fmt.Errorf("cluster: operator %q: a deployed job cannot read standard input; use a file or generator source", v.UID)
+				}
+				a, err := up(c.Path)
+				if err != nil {
+					return JobSpec{}, fmt.Errorf("cluster: operator %q: input file: %w", v.UID, err)
+				}
+				vs.SourceFile = &a
+			}
+			vs.Source = &c
+		case *jobfile.SinkSpec:
+			c := *sp
+			vs.Sink = &c
+		case *jobfile.WasmSpec:
+			a, err := up(sp.Path)
+			if err != nil {
+				return JobSpec{}, fmt.Errorf("cluster: operator %q: module: %w", v.UID, err)
+			}
+			vs.Wasm = &WasmSpec{Module: a, Config: sp.Config, AllowClock: sp.AllowClock}
+		default:
+			return JobSpec{}, fmt.Errorf("cluster: operator %q: %T cannot be deployed (want a source, sink or wasm operator)", v.UID, v.Spec)
+		}
+		s.Vertices = append(s.Vertices, vs)
+	}
+	return s, nil
+}
+
+// Artifacts lists the artifacts the hosts must fetch to run s.
+func (s *JobSpec) Artifacts() []Artifact {
+	var out []Artifact
+	for _, v := range s.Vertices {
+		if v.SourceFile != nil {
+			out = append(out, *v.SourceFile)
+		}
+		if v.Wasm != nil {
+			out = append(out, v.Wasm.Module)
+		}
+	}
+	return out
+}
+
+// Graph rebuilds and validates the job graph, with artifacts resolved to
+// local paths.
+func (s *JobSpec) Graph(resolve Resolver) (*control.JobGraph, error) {
+	if len(s.Vertices) == 0 {
+		return nil, errors.New("cluster: job spec has no operators")
+	}
+	vs := make([]*control.Vertex, 0, len(s.Vertices))
+	for _, v := range s.Vertices {
+		cv := &control.Vertex{UID: v.UID, Kind: v.Kind, Parallelism: v.Parallelism, MaxParallelism: v.MaxParallelism}
+		for _, e := range v.Inputs {
+			cv.Inputs = append(cv.Inputs, control.Edge{From: e.From, Partition: e.Partition})
+		}
+		n := 0
+		if v.Source != nil {
+			n++
+			c := *v.Source
+			if v.SourceFile != nil {
+				p, err := resolve(*v.SourceFile)
+				if err != nil {
+					return nil, fmt.Errorf("cluster: operator %q: input file: %w", v.UID, err)
+				}
+				c.Path = p
+			}
+			cv.Spec = &c
+		}
+		if v.Sink != nil {
+			n++
+			c := *v.Sink
+			cv.Spec = &c
+		}
+		if v.Wasm != nil {
+			n++
+			p, err := resolve(v.Wasm.Module)
+			if err != nil {
+				return nil, fmt.Errorf("cluster: operator %q: module: %w", v.UID, err)
+			}
+			cv.Spec = &jobfile.WasmSpec{Path: p, Config: v.Wasm.Config, AllowClock: v.Wasm.AllowClock}
+		}
+		if n != 1 {
+			return nil, fmt.Errorf("cluster: operator %q: want exactly one of source, sink and wasm, got %d", v.UID, n)
+		}
+		vs = append(vs, cv)
+	}
+	g, err := control.NewJobGraph(s.Name, vs)
+	if err != nil {
+		return nil, fmt.Errorf("cluster: job %q: %w", s.Name, err)
+	}
+	return g, nil
+}
+
+// slotsNeeded is the largest parallelism (control.SlotsNeeded without a graph).
+func (s *JobSpec) slotsNeeded() int {
+	n := 0
+	for _, v := range s.Vertices {
+		n = max(n, v.Parallelism)
+	}
+	return n
+}
