@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"os"
 	"testing"
 	"time"
 
@@ -74,3 +75,8 @@ func writeCheckpoint(t *testing.T, d *Dir, kind control.CheckpointKind, id int64
 	}
 	return md
 }
+
+func rng2time() time.Time { return time.Unix(1700000000, 0) }
+
+func readFile(p string) ([]byte, error) { return os.ReadFile(p) }
+func writeFile(p string, b []byte)      { _ = os.WriteFile(p, b, 0o644) }
