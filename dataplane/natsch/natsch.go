@@ -1,0 +1,241 @@
+// Package natsch is the NATS implementation of dataplane channels, for
+// subtasks on different hosts (subtasks on one host keep using
+// dataplane.LocalChannel). The subjects and message encodings are a
+// versioned contract, documented in docs/subjects.md.
+//
+// A channel is a Sender (dataplane.Output) on the sending host and a Receiver
+// (dataplane.Input) on the receiving host. The sender publishes every event as
+// one NATS message on the channel's data subject, numbered 1, 2, 3, ...; a
+// records event carries a whole batch (split into several messages only when
+// it exceeds the message size limit). The receiver checks the numbers with
+// dataplane.CheckSeq: a gap (core NATS dropped a message) or a duplicate fails
+// the receiving subtask, which triggers failover, never silent loss.
+//
+// Flow control is credit-based, in payload bytes: the receiver grants a window
+// (default 4 MiB) and re-grants as its subtask consumes; the sender blocks in
+// Send until the message fits in the credit it has. Grants are cumulative
+// ("you may have sent G bytes in total"), so a lost or duplicated grant is
+// harmless, and a sender that waits for credit re-asks periodically (a credit
+// request on the data subject, which also says how many messages it has sent,
+// so a dropped last message is noticed too). With credits the bytes queued at
+// a receiver never exceed its window, and the receiving subscription's pending
+// limits are set well above that, so NATS never drops a message as a slow
+// consumer; should it happen anyway, the channel fails with the NATS error.
+//
+// Lock order: Transport.mu is never held while taking a Sender's or
+// Receiver's mu, nor the other way round.
+package natsch
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/streamd/streamd/dataplane"
+)
+
+// DefaultWindow is the credit a receiver grants by default: 4 MiB.
+const DefaultWindow = 4 << 20
+
+// DefaultMaxMessage caps a data message's payload by default (1 MiB, NATS's
+// default max_payload); the connection's max payload caps it too.
+const DefaultMaxMessage = 1 << 20
+
+// DefaultCreditRetry is how often a sender blocked on credit asks again.
+const DefaultCreditRetry = 200 * time.Millisecond
+
+// Options configures a Transport.
+type Options struct {
+	// Window is the credit in bytes each receiver grants its sender.
+	Window int
+	// MaxMessage caps a data message's payload; larger batches are split.
+	MaxMessage int
+	// CreditRetry is how often a sender waiting for credit asks again.
+	CreditRetry time.Duration
+	// SendHeader, if set, is called before every data message is published,
+	// with Send's ctx, the event (for a split batch: the whole batch) and a
+	// fresh header to fill (trace context). Without it messages carry no header.
+	SendHeader func(ctx context.Context, ev dataplane.Event, h nats.Header)
+	// RecvHeader, if set, is called by TryRecv with each event it returns and
+	// the header of its message (nil when the message had none).
+	RecvHeader func(ev dataplane.Event, h nats.Header)
+}
+
+// Option sets and validates one option.
+type Option func(*Options) error
+
+// Window sets the credit window in bytes (at least 1 KiB, at most 1 GiB).
+func Window(bytes int) Option {
+	return func(o *Options) error {
+		if bytes < 1<<10 || bytes > 1<<30 {
+			return fmt.Errorf("natsch: window %d bytes: want 1 KiB to 1 GiB", bytes)
+		}
+		o.Window = bytes
+		return nil
+	}
+}
+
+// MaxMessage caps a data message's payload (at least 1 KiB).
+func MaxMessage(bytes int) Option {
+	return func(o *Options) error {
+		if bytes < 1<<10 {
+			return fmt.Errorf("natsch: max message %d bytes: want at least 1 KiB", bytes)
+		}
+		o.MaxMessage = bytes
+		return nil
+	}
+}
+
+// CreditRetry sets how often a sender blocked on credit asks again.
+func CreditRetry(d time.Duration) Option {
+	return func(o *Options) error {
+		if d <= 0 {
+			return fmt.Errorf("natsch: credit retry %s: want > 0", d)
+		}
+		o.CreditRetry = d
+		return nil
+	}
+}
+
+// SendHeader sets the hook that fills each data message's header.
+func SendHeader(fn func(ctx context.Context, ev dataplane.Event, h nats.Header)) Option {
+	return func(o *Options) error { o.SendHeader = fn; return nil }
+}
+
+// RecvHeader sets the hook that reads each received message's header.
+func RecvHeader(fn func(ev dataplane.Event, h nats.Header)) Option {
+	return func(o *Options) error { o.RecvHeader = fn; return nil }
+}
+
+// Transport makes channels over one NATS connection. It installs an async
+// error handler on the connection (chained to the one it had) that fails the
+// channel whose subscription NATS reports, e.g. as a slow consumer.
+type Transport struct {
+	nc         *nats.Conn
+	opts       Options
+	maxMessage int
+	prevErrCB  nats.ErrHandler
+
+	mu     sync.Mutex
+	subs   map[*nats.Subscription]failer // every open channel's subscription
+	closed bool
+}
+
+type failer interface{ fail(error) }
+
+// NewTransport returns a transport over nc, which stays the caller's to
+// close (after the transport).
+func NewTransport(nc *nats.Conn, opts ...Option) (*Transport, error) {
+	if nc == nil {
+		return nil, errors.New("natsch: nil connection")
+	}
+	o := Options{Window: DefaultWindow, MaxMessage: DefaultMaxMessage, CreditRetry: DefaultCreditRetry}
+	for _, opt := range opts {
+		if err := opt(&o); err != nil {
+			return nil, err
+		}
+	}
+	t := &Transport{nc: nc, opts: o, subs: map[*nats.Subscription]failer{}}
+	t.maxMessage = o.MaxMessage
+	if mp := int(nc.MaxPayload()); mp > 0 && mp < t.maxMessage {
+		t.maxMessage = mp
+	}
+	if t.maxMessage < HeaderLen+64 {
+		return nil, fmt.Errorf("natsch: server max payload %d is too small", t.maxMessage)
+	}
+	t.prevErrCB = nc.Opts.AsyncErrorCB
+	nc.SetErrorHandler(t.asyncError)
+	return t, nil
+}
+
+// Conn is the transport's connection.
+func (t *Transport) Conn() *nats.Conn { return t.nc }
+
+// MaxMessage is the largest data message payload the transport sends.
+func (t *Transport) MaxMessage() int { return t.maxMessage }
+
+func (t *Transport) asyncError(nc *nats.Conn, sub *nats.Subscription, err error) {
+	if sub != nil {
+		t.mu.Lock()
+		f := t.subs[sub]
+		t.mu.Unlock()
+		if f != nil {
+			f.fail(fmt.Errorf("natsch: subscription %s: %w", sub.Subject, err))
+		}
+	}
+	if t.prevErrCB != nil {
+		t.prevErrCB(nc, sub, err)
+	}
+}
+
+func (t *Transport) register(sub *nats.Subscription, f failer) error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.closed {
+		return errors.New("natsch: transport closed")
+	}
+	t.subs[sub] = f
+	return nil
+}
+
+func (t *Transport) unregister(sub *nats.Subscription) {
+	t.mu.Lock()
+	delete(t.subs, sub)
+	t.mu.Unlock()
+}
+
+// Close unsubscribes every open channel of the transport (their pending
+// Sends fail) and restores the connection's error handler.
+func (t *Transport) Close() error {
+	t.mu.Lock()
+	if t.closed {
+		t.mu.Unlock()
+		return nil
+	}
+	t.closed = true
+	subs := t.subs
+	t.subs = map[*nats.Subscription]failer{}
+	t.mu.Unlock()
+	var errs []error
+	for sub, f := range subs {
+		f.fail(errors.New("natsch: transport closed"))
+		if err := sub.Unsubscribe(); err != nil && !errors.Is(err, nats.ErrConnectionClosed) && !errors.Is(err, nats.ErrBadSubscription) {
+			errs = append(errs, fmt.Errorf("natsch: unsubscribe %s: %w", sub.Subject, err))
+		}
+	}
+	t.nc.SetErrorHandler(t.prevErrCB)
+	return errors.Join(errs...)
+}
+
+// Channel is both ends of a NATS channel in one process (tests, `streamd
+// run` over an embedded server); it implements dataplane.Channel. On two
+// hosts, each builds its own end with NewSender or NewReceiver.
+type Channel struct {
+	S *Sender
+	R *Receiver
+}
+
+// NewChannel builds the receiver, then the sender, of id.
+func (t *Transport) NewChannel(id ChannelID) (*Channel, error) {
+	r, err := t.NewReceiver(id)
+	if err != nil {
+		return nil, err
+	}
+	s, err := t.NewSender(id)
+	if err != nil {
+		r.Close()
+		return nil, err
+	}
+	return &Channel{S: s, R: r}, nil
+}
+
+// Output returns the sender.
+func (c *Channel) Output() dataplane.Output { return c.S }
+
+// Input returns the receiver.
+func (c *Channel) Input() dataplane.Input { return c.R }
+
+var _ dataplane.Channel = (*Channel)(nil)

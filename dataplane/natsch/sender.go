@@ -1,0 +1,294 @@
+package natsch
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/streamd/streamd/abi"
+	"github.com/streamd/streamd/dataplane"
+)
+
+// flushTimeout bounds the wait for the server to confirm the last message.
+const flushTimeout = 30 * time.Second
+
+// Sender is the sending side of a NATS channel: a dataplane.Output. One
+// goroutine sends on it; the credit subscription's goroutine updates the
+// credit under mu.
+type Sender struct {
+	t        *Transport
+	id       ChannelID
+	name     string
+	dataSubj string
+	sub      *nats.Subscription // credit grants
+
+	mu      sync.Mutex
+	granted uint64 // cumulative bytes the receiver allows
+	window  uint64 // the receiver's window; 0 until the first grant
+	err     error  // a failure reported asynchronously
+	wake    chan struct{}
+
+	// Owned by the sending goroutine.
+	seq    uint64
+	sent   uint64 // payload bytes published
+	ended  bool
+	closed bool
+	buf    []byte
+	timer  *time.Timer
+
+	stats struct {
+		messages, bytes, maxInFlight, creditWaits, creditRequests atomic.Uint64
+	}
+}
+
+// NewSender subscribes to id's credit subject and returns the sending side.
+// It sends nothing until the receiver's first grant arrives.
+func (t *Transport) NewSender(id ChannelID) (*Sender, error) {
+	if err := id.Validate(); err != nil {
+		return nil, err
+	}
+	s := &Sender{t: t, id: id, name: "nats " + id.String(), dataSubj: id.DataSubject(), wake: make(chan struct{}, 1)}
+	sub, err := t.nc.Subscribe(id.CreditSubject(), s.onCredit)
+	if err != nil {
+		return nil, fmt.Errorf("natsch: %s: subscribe to credit: %w", s.name, err)
+	}
+	s.sub = sub
+	if err := t.register(sub, s); err != nil {
+		sub.Unsubscribe()
+		return nil, err
+	}
+	return s, nil
+}
+
+// Name names the channel in errors.
+func (s *Sender) Name() string { return s.name }
+
+// ID is the channel's id.
+func (s *Sender) ID() ChannelID { return s.id }
+
+func (s *Sender) onCredit(m *nats.Msg) {
+	granted, window, err := decodeCredit(m.Data)
+	if err != nil {
+		s.fail(fmt.Errorf("natsch: %s: %w", s.name, err))
+		return
+	}
+	s.mu.Lock()
+	if granted > s.granted {
+		s.granted = granted
+	}
+	s.window = uint64(window)
+	s.mu.Unlock()
+	s.signal()
+}
+
+func (s *Sender) signal() {
+	select {
+	case s.wake <- struct{}{}:
+	default:
+	}
+}
+
+func (s *Sender) fail(err error) {
+	s.mu.Lock()
+	if s.err == nil {
+		s.err = err
+	}
+	s.mu.Unlock()
+	s.signal()
+}
+
+// Send publishes ev as the next message(s) of the channel, blocking until the
+// receiver has granted credit for it. A batch is released once published
+// (the receiver gets its own copy). After EndOfPartition, Send flushes the
+// connection and releases the credit subscription.
+func (s *Sender) Send(ctx context.Context, ev dataplane.Event) error {
+	if s.ended {
+		if ev.Kind == dataplane.KindRecords && ev.Batch != nil {
+			ev.Batch.Release()
+		}
+		return fmt.Errorf("%w: %s: send %s after end-of-partition", dataplane.ErrChannelEnded, s.name, ev)
+	}
+	if ev.Kind == dataplane.KindRecords {
+		err := s.sendRecords(ctx, ev)
+		if ev.Batch != nil {
+			ev.Batch.Release()
+		}
+		return err
+	}
+	var err error
+	s.buf, err = AppendEvent(s.buf[:0], s.seq+1, ev)
+	if err != nil {
+		return err
+	}
+	if err := s.publish(ctx, ev, s.buf); err != nil {
+		return err
+	}
+	if ev.Kind == dataplane.KindEndOfPartition {
+		s.ended = true
+		// nats.go needs a deadline; ctx's own, if earlier, still applies.
+		fctx, cancel := context.WithTimeout(ctx, flushTimeout)
+		err := s.t.nc.FlushWithContext(fctx)
+		cancel()
+		if err != nil {
+			return fmt.Errorf("natsch: %s: flush after end-of-partition: %w", s.name, err)
+		}
+		s.Close()
+	}
+	return nil
+}
+
+// sendRecords publishes a batch as one message, or as several when its
+// frame exceeds the transport's message size.
+func (s *Sender) sendRecords(ctx context.Context, ev dataplane.Event) error {
+	var recs []abi.Record
+	if ev.Batch != nil {
+		recs = ev.Batch.Records
+	}
+	limit := s.t.maxMessage - HeaderLen
+	// An empty batch still goes out, as one empty message.
+	for first := true; first || len(recs) > 0; first = false {
+		n, size := 0, 4
+		for n < len(recs) {
+			rs := abi.RecordSize(recs[n])
+			if n > 0 && size+rs > limit {
+				break
+			}
+			size += rs
+			n++
+		}
+		if size > limit {
+			return fmt.Errorf("natsch: %s: a record of %d bytes does not fit in a message of at most %d bytes (the NATS server's max_payload)", s.name, size-4, s.t.maxMessage)
+		}
+		need := HeaderLen + size
+		if cap(s.buf) < need {
+			s.buf = make([]byte, need, need+need/4)
+		}
+		s.buf = appendHeader(s.buf[:0], wireRecords, s.seq+1)
+		s.buf = s.buf[:need]
+		abi.PutBatch(s.buf[HeaderLen:], recs[:n])
+		if err := s.publish(ctx, ev, s.buf); err != nil {
+			return err
+		}
+		recs = recs[n:]
+	}
+	return nil
+}
+
+// publish waits for credit for data (whose seq is s.seq+1) and publishes it.
+func (s *Sender) publish(ctx context.Context, ev dataplane.Event, data []byte) error {
+	if s.closed {
+		return fmt.Errorf("natsch: %s: send on a closed sender", s.name)
+	}
+	size := uint64(len(data))
+	consumed, err := s.waitCredit(ctx, size)
+	if err != nil {
+		return err
+	}
+	if h := s.t.opts.SendHeader; h != nil {
+		m := &nats.Msg{Subject: s.dataSubj, Data: data, Header: nats.Header{}}
+		h(ctx, ev, m.Header)
+		err = s.t.nc.PublishMsg(m)
+	} else {
+		err = s.t.nc.Publish(s.dataSubj, data)
+	}
+	if err != nil {
+		return fmt.Errorf("natsch: %s: publish message %d: %w", s.name, s.seq+1, err)
+	}
+	s.seq++
+	s.sent += size
+	s.stats.messages.Add(1)
+	s.stats.bytes.Add(size)
+	if inFlight := s.sent - consumed; inFlight > s.stats.maxInFlight.Load() {
+		s.stats.maxInFlight.Store(inFlight)
+	}
+	return nil
+}
+
+// waitCredit blocks until a message of size bytes may be sent: when it fits
+// in the credit (sent+size <= granted), or, for a message larger than the
+// whole window, when nothing is in flight. It returns the bytes the receiver
+// has consumed as far as the sender knows (granted - window).
+func (s *Sender) waitCredit(ctx context.Context, size uint64) (uint64, error) {
+	waited := false
+	for {
+		s.mu.Lock()
+		g, w, err := s.granted, s.window, s.err
+		s.mu.Unlock()
+		if err != nil {
+			return 0, err
+		}
+		if w > 0 && (s.sent+size <= g || size > w && s.sent+w <= g) {
+			return g - w, nil
+		}
+		if !waited {
+			waited = true
+			s.stats.creditWaits.Add(1)
+			// Ask at once: the receiver's first grant may have been published
+			// before this sender subscribed.
+			s.requestCredit()
+			if s.timer == nil {
+				s.timer = time.NewTimer(s.t.opts.CreditRetry)
+			} else {
+				s.timer.Reset(s.t.opts.CreditRetry)
+			}
+		}
+		select {
+		case <-s.wake:
+		case <-s.timer.C:
+			s.requestCredit()
+			s.timer.Reset(s.t.opts.CreditRetry)
+		case <-ctx.Done():
+			s.timer.Stop()
+			return 0, fmt.Errorf("natsch: %s: waiting for credit for message %d (%d bytes; sent %d, granted %d): %w", s.name, s.seq+1, size, s.sent, g, context.Cause(ctx))
+		}
+	}
+}
+
+func (s *Sender) requestCredit() {
+	var b [creditRequestLen]byte
+	s.stats.creditRequests.Add(1)
+	// A failed publish shows again in the next Publish; nothing to do here.
+	_ = s.t.nc.Publish(s.dataSubj, appendCreditRequest(b[:0], s.seq))
+}
+
+// SenderStats are counters of a Sender.
+type SenderStats struct {
+	Messages, Bytes uint64 // data messages and payload bytes published
+	// MaxInFlight is the most payload bytes ever sent but not known to be
+	// consumed (granted - window): never more than the window, unless a
+	// single message is larger than the window.
+	MaxInFlight    uint64
+	CreditWaits    uint64 // sends that had to wait for credit
+	CreditRequests uint64
+}
+
+// Stats returns the sender's counters; any goroutine may call it.
+func (s *Sender) Stats() SenderStats {
+	return SenderStats{
+		Messages: s.stats.messages.Load(), Bytes: s.stats.bytes.Load(), MaxInFlight: s.stats.maxInFlight.Load(),
+		CreditWaits: s.stats.creditWaits.Load(), CreditRequests: s.stats.creditRequests.Load(),
+	}
+}
+
+// Close releases the credit subscription; Send fails afterwards. Call it
+// from the sending goroutine (or after it stopped).
+func (s *Sender) Close() error {
+	if s.closed {
+		return nil
+	}
+	s.closed = true
+	if s.timer != nil {
+		s.timer.Stop()
+	}
+	s.t.unregister(s.sub)
+	if err := s.sub.Unsubscribe(); err != nil && !errors.Is(err, nats.ErrConnectionClosed) && !errors.Is(err, nats.ErrBadSubscription) {
+		return fmt.Errorf("natsch: %s: %w", s.name, err)
+	}
+	return nil
+}
+
+var _ dataplane.Output = (*Sender)(nil)

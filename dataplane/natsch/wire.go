@@ -1,0 +1,281 @@
+package natsch
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+
+	"github.com/streamd/streamd/abi"
+	"github.com/streamd/streamd/dataplane"
+)
+
+// SubjectVersion is the version token of every streamd subject
+// (docs/subjects.md). A change to a subject's tokens or to a message encoding
+// that an older peer would misread bumps it.
+const SubjectVersion = "v1"
+
+// WireVersion is the first byte of every data and credit message.
+const WireVersion = 1
+
+// Subject prefixes (docs/subjects.md). Ctl and Hosts are reserved for the
+// control API and host heartbeats; this package uses Data and Credit.
+const (
+	PrefixData   = "streamd." + SubjectVersion + ".data"
+	PrefixCredit = "streamd." + SubjectVersion + ".credit"
+	PrefixCtl    = "streamd." + SubjectVersion + ".ctl"
+	PrefixHosts  = "streamd." + SubjectVersion + ".hosts"
+)
+
+// Wire kinds of a data message. They are part of the subject schema and are
+// numbered independently of dataplane.Kind.
+const (
+	wireRecords          byte = 1
+	wireWatermark        byte = 2
+	wireBarrier          byte = 3
+	wireEndOfData        byte = 4
+	wireEndOfPartition   byte = 5
+	wireCancelCheckpoint byte = 6
+	wireCreditRequest    byte = 16 // sender -> receiver on the data subject; carries no sequence number
+)
+
+// HeaderLen is the size of a data message's fixed header:
+//
+//	u8 version, u8 kind, u64 sequence (little-endian)
+const HeaderLen = 10
+
+// creditLen is the size of a credit message: u8 version, u64 granted, u32 window.
+const creditLen = 1 + 8 + 4
+
+// creditRequestLen is the size of a credit request: header (seq 0), u64 last sequence sent.
+const creditRequestLen = HeaderLen + 8
+
+// ErrWire is wrapped by every decode error of a data or credit message.
+var ErrWire = errors.New("natsch: malformed message")
+
+// ChannelID names one channel: the edge (From, To, Input) of one job attempt
+// and the sending and receiving subtasks.
+type ChannelID struct {
+	Job         string // job id: letters, digits, '-' and '_'
+	Attempt     int    // job attempt (>= 0): a restarted job talks on new subjects
+	From        string // uid of the sending operator
+	FromSubtask int
+	To          string // uid of the receiving operator
+	ToSubtask   int
+	Input       int // index of the edge among To's inputs (control.Edge.Input)
+}
+
+// Validate checks that every token is a valid subject token.
+func (id ChannelID) Validate() error {
+	for _, t := range []struct{ what, v string }{{"job", id.Job}, {"from", id.From}, {"to", id.To}} {
+		if err := checkToken(t.v); err != nil {
+			return fmt.Errorf("natsch: channel %s: %s: %w", id, t.what, err)
+		}
+	}
+	if id.Attempt < 0 || id.FromSubtask < 0 || id.ToSubtask < 0 || id.Input < 0 {
+		return fmt.Errorf("natsch: channel %s: negative attempt, subtask or input", id)
+	}
+	return nil
+}
+
+func checkToken(s string) error {
+	if s == "" {
+		return errors.New("empty")
+	}
+	if len(s) > 128 {
+		return fmt.Errorf("%d bytes, at most 128", len(s))
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' || c == '_') {
+			return fmt.Errorf("%q: character %q not allowed (letters, digits, '-', '_')", s, c)
+		}
+	}
+	return nil
+}
+
+func (id ChannelID) tokens() string {
+	var b strings.Builder
+	b.WriteString(id.Job)
+	for _, t := range []string{strconv.Itoa(id.Attempt), id.From, strconv.Itoa(id.FromSubtask), id.To, strconv.Itoa(id.ToSubtask), strconv.Itoa(id.Input)} {
+		b.WriteByte('.')
+		b.WriteString(t)
+	}
+	return b.String()
+}
+
+// DataSubject is where the sender publishes events (and credit requests):
+//
+//	streamd.v1.data.<job>.<attempt>.<from>.<from-subtask>.<to>.<to-subtask>.<input>
+func (id ChannelID) DataSubject() string { return PrefixData + "." + id.tokens() }
+
+// CreditSubject is where the receiver publishes credit grants:
+//
+//	streamd.v1.credit.<job>.<attempt>.<from>.<from-subtask>.<to>.<to-subtask>.<input>
+func (id ChannelID) CreditSubject() string { return PrefixCredit + "." + id.tokens() }
+
+// String names the channel in errors, e.g. "wc/2: split[0]->count[1] (input 0)".
+func (id ChannelID) String() string {
+	return fmt.Sprintf("%s/%d: %s[%d]->%s[%d] (input %d)", id.Job, id.Attempt, id.From, id.FromSubtask, id.To, id.ToSubtask, id.Input)
+}
+
+// AppendEvent appends the data message of ev with sequence number seq to dst:
+// the header (version, kind, seq) and the body of the kind:
+//
+//	records            abi batch frame
+//	watermark          i64 ts
+//	barrier            i64 id, u8 kind (0 checkpoint, 1 savepoint), u8 is_sync (0/1)
+//	end-of-data        u8 drain (0/1)
+//	end-of-partition   nothing
+//	cancel-checkpoint  i64 id
+//
+// all little-endian.
+func AppendEvent(dst []byte, seq uint64, ev dataplane.Event) ([]byte, error) {
+	var k byte
+	switch ev.Kind {
+	case dataplane.KindRecords:
+		k = wireRecords
+	case dataplane.KindWatermark:
+		k = wireWatermark
+	case dataplane.KindBarrier:
+		k = wireBarrier
+	case dataplane.KindEndOfData:
+		k = wireEndOfData
+	case dataplane.KindEndOfPartition:
+		k = wireEndOfPartition
+	case dataplane.KindCancelCheckpoint:
+		k = wireCancelCheckpoint
+	default:
+		return dst, fmt.Errorf("natsch: cannot encode event %s", ev)
+	}
+	dst = appendHeader(dst, k, seq)
+	switch ev.Kind {
+	case dataplane.KindRecords:
+		var recs []abi.Record
+		if ev.Batch != nil {
+			recs = ev.Batch.Records
+		}
+		dst = abi.AppendBatch(dst, recs)
+	case dataplane.KindWatermark:
+		dst = binary.LittleEndian.AppendUint64(dst, uint64(ev.Watermark.TS))
+	case dataplane.KindBarrier:
+		dst = binary.LittleEndian.AppendUint64(dst, uint64(ev.Barrier.ID))
+		dst = append(dst, byte(ev.Barrier.Kind), b2u(ev.Barrier.IsSync))
+	case dataplane.KindEndOfData:
+		dst = append(dst, b2u(ev.EndOfData.Drain))
+	case dataplane.KindCancelCheckpoint:
+		dst = binary.LittleEndian.AppendUint64(dst, uint64(ev.Cancel.ID))
+	}
+	return dst, nil
+}
+
+func appendHeader(dst []byte, kind byte, seq uint64) []byte {
+	dst = append(dst, WireVersion, kind)
+	return binary.LittleEndian.AppendUint64(dst, seq)
+}
+
+func b2u(b bool) byte {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// DecodeEvent parses a data message. A records event's batch comes from
+// dataplane.GetBatch and its keys and values alias data. Credit requests are
+// not events: DecodeEvent rejects them.
+func DecodeEvent(data []byte) (seq uint64, ev dataplane.Event, err error) {
+	kind, seq, body, err := decodeHeader(data)
+	if err != nil {
+		return 0, ev, err
+	}
+	fixed := func(n int) error {
+		if len(body) != n {
+			return fmt.Errorf("%w: %d-byte body for kind %d, want %d", ErrWire, len(body), kind, n)
+		}
+		return nil
+	}
+	switch kind {
+	case wireRecords:
+		b := dataplane.GetBatch()
+		recs, err := abi.DecodeBatch(body, b.Records[:0])
+		if err != nil {
+			b.Records = recs
+			b.Release()
+			return 0, ev, fmt.Errorf("%w: records: %w", ErrWire, err)
+		}
+		b.Records = recs
+		return seq, dataplane.RecordsEvent(b), nil
+	case wireWatermark:
+		if err := fixed(8); err != nil {
+			return 0, ev, err
+		}
+		return seq, dataplane.WatermarkEvent(int64(binary.LittleEndian.Uint64(body))), nil
+	case wireBarrier:
+		if err := fixed(10); err != nil {
+			return 0, ev, err
+		}
+		bk := dataplane.BarrierKind(body[8])
+		if bk != dataplane.Checkpoint && bk != dataplane.Savepoint || body[9] > 1 {
+			return 0, ev, fmt.Errorf("%w: barrier kind %d, sync %d", ErrWire, body[8], body[9])
+		}
+		return seq, dataplane.BarrierEvent(dataplane.Barrier{ID: int64(binary.LittleEndian.Uint64(body)), Kind: bk, IsSync: body[9] == 1}), nil
+	case wireEndOfData:
+		if err := fixed(1); err != nil {
+			return 0, ev, err
+		}
+		if body[0] > 1 {
+			return 0, ev, fmt.Errorf("%w: end-of-data drain %d", ErrWire, body[0])
+		}
+		return seq, dataplane.EndOfDataEvent(body[0] == 1), nil
+	case wireEndOfPartition:
+		if err := fixed(0); err != nil {
+			return 0, ev, err
+		}
+		return seq, dataplane.EndOfPartitionEvent(), nil
+	case wireCancelCheckpoint:
+		if err := fixed(8); err != nil {
+			return 0, ev, err
+		}
+		return seq, dataplane.CancelCheckpointEvent(int64(binary.LittleEndian.Uint64(body))), nil
+	}
+	return 0, ev, fmt.Errorf("%w: unknown kind %d", ErrWire, kind)
+}
+
+func decodeHeader(data []byte) (kind byte, seq uint64, body []byte, err error) {
+	if len(data) < HeaderLen {
+		return 0, 0, nil, fmt.Errorf("%w: %d bytes, shorter than the %d-byte header", ErrWire, len(data), HeaderLen)
+	}
+	if data[0] != WireVersion {
+		return 0, 0, nil, fmt.Errorf("%w: version %d, want %d", ErrWire, data[0], WireVersion)
+	}
+	return data[1], binary.LittleEndian.Uint64(data[2:]), data[HeaderLen:], nil
+}
+
+func appendCreditRequest(dst []byte, lastSent uint64) []byte {
+	dst = appendHeader(dst, wireCreditRequest, 0)
+	return binary.LittleEndian.AppendUint64(dst, lastSent)
+}
+
+// appendCredit encodes a grant: the receiver has granted granted bytes in
+// total since the channel started, and keeps a window of window bytes.
+func appendCredit(dst []byte, granted uint64, window uint32) []byte {
+	dst = append(dst, WireVersion)
+	dst = binary.LittleEndian.AppendUint64(dst, granted)
+	return binary.LittleEndian.AppendUint32(dst, window)
+}
+
+func decodeCredit(data []byte) (granted uint64, window uint32, err error) {
+	if len(data) != creditLen || data[0] != WireVersion {
+		return 0, 0, fmt.Errorf("%w: credit message of %d bytes (version %d), want %d bytes of version %d", ErrWire, len(data), first(data), creditLen, WireVersion)
+	}
+	return binary.LittleEndian.Uint64(data[1:]), binary.LittleEndian.Uint32(data[9:]), nil
+}
+
+func first(b []byte) int {
+	if len(b) == 0 {
+		return -1
+	}
+	return int(b[0])
+}
