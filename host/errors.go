@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"strings"
 
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/streamd/streamd/abi"
 )
 
@@ -69,6 +71,8 @@ type Error struct {
 	Stack         string // wasm stack trace, if any
 	Stderr        string // last lines the guest wrote to stderr
 	cause         error  // the wazero error, if any
+
+	recordedOn trace.SpanContext // the span it was last recorded on (trace.go)
 }
 
 // Error renders like

@@ -14,6 +14,7 @@ import (
 	"github.com/tetratelabs/wazero/sys"
 
 	"github.com/streamd/streamd/abi"
+	"github.com/streamd/streamd/internal/telemetry"
 )
 
 // InstanceConfig describes the subtask an instance runs.
@@ -72,6 +73,7 @@ type Instance struct {
 	watermark     int64
 	due           []timerID
 	scratch       []byte
+	records       int64 // records passed to process (a span attribute, trace.go)
 }
 
 // NewInstance instantiates the module for one subtask, with WASI sandboxed as
@@ -153,7 +155,10 @@ func (m *Module) NewInstance(ctx context.Context, cfg InstanceConfig) (*Instance
 func (i *Instance) Watermark() int64 { return i.watermark }
 
 // Open writes the open context and calls streamd_open.
-func (i *Instance) Open(ctx context.Context) error {
+func (i *Instance) Open(ctx context.Context) (err error) {
+	if span := i.startSpan(ctx, telemetry.SpanGuestOpen, -1); span != nil {
+		defer func() { i.endSpan(span, err) }()
+	}
 	if err := i.ready(abi.PhaseOpen); err != nil {
 		return err
 	}
@@ -184,6 +189,15 @@ func (i *Instance) Open(ctx context.Context) error {
 // Process passes one batch of records of input (0-based) to streamd_process.
 // The records are encoded straight into the guest's input buffer.
 func (i *Instance) Process(ctx context.Context, input int, recs []abi.Record, emit Emitter) error {
+	i.records += int64(len(recs))
+	err := i.process(ctx, input, recs, emit)
+	if err != nil {
+		traceFailure(ctx, err)
+	}
+	return err
+}
+
+func (i *Instance) process(ctx context.Context, input int, recs []abi.Record, emit Emitter) error {
 	if err := i.ready(abi.PhaseProcess); err != nil {
 		return err
 	}
@@ -207,6 +221,14 @@ func (i *Instance) Process(ctx context.Context, input int, recs []abi.Record, em
 // timers (streamd_on_timer) in (ts, key) order, then calls
 // streamd_on_watermark(ts). A ts <= the current watermark is ignored.
 func (i *Instance) AdvanceWatermark(ctx context.Context, ts int64, emit Emitter) error {
+	err := i.advanceWatermark(ctx, ts, emit)
+	if err != nil {
+		traceFailure(ctx, err)
+	}
+	return err
+}
+
+func (i *Instance) advanceWatermark(ctx context.Context, ts int64, emit Emitter) error {
 	if err := i.ready(abi.PhaseWatermark); err != nil {
 		return err
 	}
@@ -241,7 +263,11 @@ func (i *Instance) AdvanceWatermark(ctx context.Context, ts int64, emit Emitter)
 }
 
 // EndInput calls streamd_end_input(input).
-func (i *Instance) EndInput(ctx context.Context, input int, emit Emitter) error {
+func (i *Instance) EndInput(ctx context.Context, input int, emit Emitter) (err error) {
+	if span := i.startSpan(ctx, telemetry.SpanGuestEndInput, -1); span != nil {
+		span.SetAttributes(telemetry.AttrInput.Int(input))
+		defer func() { i.endSpan(span, err) }()
+	}
 	if err := i.ready(abi.PhaseEndInput); err != nil {
 		return err
 	}
@@ -250,18 +276,21 @@ func (i *Instance) EndInput(ctx context.Context, input int, emit Emitter) error 
 	}
 	i.stack[0] = uint64(input)
 	i.emit = emit
-	err := i.call(ctx, abi.PhaseEndInput, i.fnEndInput, 1)
+	err = i.call(ctx, abi.PhaseEndInput, i.fnEndInput, 1)
 	i.emit = nil
 	return err
 }
 
 // Finish calls streamd_finish; afterwards the guest may not emit or write state.
-func (i *Instance) Finish(ctx context.Context, emit Emitter) error {
+func (i *Instance) Finish(ctx context.Context, emit Emitter) (err error) {
+	if span := i.startSpan(ctx, telemetry.SpanGuestFinish, -1); span != nil {
+		defer func() { i.endSpan(span, err) }()
+	}
 	if err := i.ready(abi.PhaseFinish); err != nil {
 		return err
 	}
 	i.emit = emit
-	err := i.call(ctx, abi.PhaseFinish, i.fnFinish, 1)
+	err = i.call(ctx, abi.PhaseFinish, i.fnFinish, 1)
 	i.emit = nil
 	if err == nil {
 		i.finished = true
@@ -271,13 +300,21 @@ func (i *Instance) Finish(ctx context.Context, emit Emitter) error {
 
 // SnapshotState calls streamd_snapshot_state and returns a deep copy of keyed
 // state (by key group), timers and the list state the guest added.
-func (i *Instance) SnapshotState(ctx context.Context, checkpointID int64) (*Snapshot, error) {
+func (i *Instance) SnapshotState(ctx context.Context, checkpointID int64) (snap *Snapshot, err error) {
+	if span := i.startSpan(ctx, telemetry.SpanGuestSnapshotState, checkpointID); span != nil {
+		defer func() {
+			if snap != nil {
+				span.SetAttributes(telemetry.StateBytes(snap.Size()))
+			}
+			i.endSpan(span, err)
+		}()
+	}
 	if err := i.ready(abi.PhaseSnapshot); err != nil {
 		return nil, err
 	}
 	i.pendingLists = make(map[string]*ListState)
 	i.stack[0] = uint64(checkpointID)
-	err := i.call(ctx, abi.PhaseSnapshot, i.fnSnapshot, 1)
+	err = i.call(ctx, abi.PhaseSnapshot, i.fnSnapshot, 1)
 	lists := i.pendingLists
 	i.pendingLists = nil
 	if err != nil {
@@ -287,7 +324,10 @@ func (i *Instance) SnapshotState(ctx context.Context, checkpointID int64) (*Snap
 }
 
 // NotifyCheckpointComplete calls streamd_notify_checkpoint_complete.
-func (i *Instance) NotifyCheckpointComplete(ctx context.Context, checkpointID int64) error {
+func (i *Instance) NotifyCheckpointComplete(ctx context.Context, checkpointID int64) (err error) {
+	if span := i.startSpan(ctx, telemetry.SpanGuestNotifyCheckpoint, checkpointID); span != nil {
+		defer func() { i.endSpan(span, err) }()
+	}
 	if err := i.ready(abi.PhaseNotify); err != nil {
 		return err
 	}
@@ -297,12 +337,14 @@ func (i *Instance) NotifyCheckpointComplete(ctx context.Context, checkpointID in
 
 // Close calls streamd_close (unless the instance was discarded or never
 // opened), then releases the wasm instance. It is idempotent.
-func (i *Instance) Close(ctx context.Context) error {
+func (i *Instance) Close(ctx context.Context) (err error) {
 	if i.closed {
 		return nil
 	}
+	if span := i.startSpan(ctx, telemetry.SpanGuestClose, -1); span != nil {
+		defer func() { i.endSpan(span, err) }()
+	}
 	i.closed = true
-	var err error
 	if i.dead == nil && i.opened {
 		err = i.call(ctx, abi.PhaseClose, i.fnClose, 1)
 	}
