@@ -1,8 +1,8 @@
 // Package connector holds streamd's built-in sources (generator, file) and
 // sinks (file, stdout, discard). The task runtime drives them: a source
 // subtask calls Read in a loop and sends what it returns downstream; a sink
-// subtask calls Write for every batch it receives, Flush when its input ended
-// and Close last.
+// subtask calls Write for every batch it receives and Close last; the file
+// sink commits with two phases (TwoPhaseSink) so its output is exactly-once.
 //
 // Sources report their position (Position) so a checkpoint can store it, and
 // their constructors take a position to resume from.
@@ -38,7 +38,27 @@ type Sink interface {
 	Write(recs []abi.Record) error
 	// Flush makes everything written so far durable (file sink: flush and fsync).
 	Flush() error
-	// Close flushes and releases the sink's resources. It is always called
-	// last, also after a failure.
+	// Close releases the sink's resources. It is always called last, also
+	// after a failure.
 	Close() error
 }
+
+// TwoPhaseSink is a Sink with a two-phase commit (FileSink): what it wrote
+// becomes pending at a checkpoint and visible when that checkpoint is
+// complete.
+type TwoPhaseSink interface {
+	Sink
+	// PreCommit seals what was written since the last checkpoint as pending
+	// for checkpoint id and returns the sink's checkpoint state.
+	PreCommit(id int64) ([]byte, error)
+	// Commit makes the pending data of every checkpoint <= id visible.
+	Commit(id int64) error
+	// CommitPending commits pending data recorded in a restored checkpoint
+	// (PreCommit states); it is idempotent. Called before the first Write.
+	CommitPending(states [][]byte) error
+	// CommitFinal, for a job without checkpointing, makes everything written
+	// visible at the end of the job.
+	CommitFinal() error
+}
+
+var _ TwoPhaseSink = (*FileSink)(nil)

@@ -306,6 +306,9 @@ func TestFileSink(t *testing.T) {
 		if err := s.Write(recs); err != nil {
 			t.Fatal(err)
 		}
+		if err := s.CommitFinal(); err != nil {
+			t.Fatal(err)
+		}
 		if err := s.Close(); err != nil {
 			t.Fatal(err)
 		}
@@ -355,5 +358,95 @@ func TestStdoutSinkKeepsBatchesTogether(t *testing.T) {
 				t.Fatalf("batches of different subtasks interleave at line %d", j)
 			}
 		}
+	}
+}
+
+// visible returns the sorted visible files of dir with their content.
+func visible(t *testing.T, dir string) map[string]string {
+	t.Helper()
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]string{}
+	for _, e := range ents {
+		if strings.HasPrefix(e.Name(), ".") {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join(dir, e.Name()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		out[e.Name()] = string(b)
+	}
+	return out
+}
+
+func TestFileSinkTwoPhaseCommit(t *testing.T) {
+	dir := t.TempDir()
+	rec := func(v string) []abi.Record { return []abi.Record{{Value: []byte(v)}} }
+	s, err := NewFileSink(dir, 1, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	must := func(err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	must(s.Write(rec("a")))
+	if v := visible(t, dir); len(v) != 0 {
+		t.Fatalf("in-progress data visible: %v", v)
+	}
+	st1, err := s.PreCommit(1)
+	must(err)
+	must(s.Write(rec("b")))
+	st2, err := s.PreCommit(2) // checkpoint 1 was never notified: 2 carries both
+	must(err)
+	if v := visible(t, dir); len(v) != 0 {
+		t.Fatalf("pending data visible: %v", v)
+	}
+	if ps, _ := DecodePending(st1); len(ps) != 1 {
+		t.Fatalf("state of checkpoint 1: %v", ps)
+	}
+	if ps, _ := DecodePending(st2); len(ps) != 2 {
+		t.Fatalf("state of checkpoint 2: %v", ps)
+	}
+	must(s.Write(rec("c"))) // after checkpoint 2: never committed
+	must(s.Commit(1))
+	if v := visible(t, dir); len(v) != 1 || v["part-1-1"] != "a\n" {
+		t.Fatalf("after commit 1: %v", v)
+	}
+	// The job fails before checkpoint 2 is committed; Close keeps pending files.
+	must(s.Close())
+
+	// Restore from checkpoint 2: commit its pending files first, twice (a
+	// second restore of the same checkpoint changes nothing), and the
+	// in-progress data of the failed attempt is gone.
+	for i := 0; i < 2; i++ {
+		r, err := NewFileSink(dir, 1, "")
+		must(err)
+		must(r.CommitPending([][]byte{st2}))
+		must(r.Close())
+		v := visible(t, dir)
+		if len(v) != 2 || v["part-1-1"] != "a\n" || v["part-1-2"] != "b\n" {
+			t.Fatalf("restore %d: %v", i, v)
+		}
+		ents, _ := os.ReadDir(dir)
+		for _, e := range ents {
+			if strings.HasPrefix(e.Name(), ".") {
+				t.Fatalf("restore %d: stale hidden file %s", i, e.Name())
+			}
+		}
+	}
+	// A pending file that is gone without being committed is an error.
+	bad := EncodePending([]PendingFile{{ID: 9, Pending: ".part-1-9.pending", Final: "part-1-9"}})
+	r, _ := NewFileSink(dir, 1, "")
+	if err := r.CommitPending([][]byte{bad}); err == nil || !strings.Contains(err.Error(), "neither") {
+		t.Fatalf("lost pending file: %v", err)
+	}
+	if _, err := DecodePending([]byte{1, 0, 0, 0, 1, 0}); err == nil {
+		t.Fatal("truncated state decoded")
 	}
 }

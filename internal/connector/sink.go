@@ -2,25 +2,55 @@ package connector
 
 import (
 	"bufio"
+	"encoding/binary"
+	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 
 	"github.com/streamd/streamd/abi"
 )
 
-// FileSink writes one file per subtask, "part-<subtask>" in a directory, one
-// line per record: the value, or key TAB value when kv is set. All file
-// handling of the sink lives in this type (the two-phase-commit version will
-// write to a pending file and rename on commit).
+// FileSink is the exactly-once file sink of one subtask: it writes one line
+// per record (the value, or key TAB value when kv is set) with a two-phase
+// commit, so every visible file in its directory is committed output:
+//
+//   - Records go to an in-progress file, ".part-<subtask>.inprogress".
+//   - PreCommit(id), at checkpoint id's barrier, flushes and fsyncs it and
+//     renames it to the pending file ".part-<subtask>-<id>.pending". The
+//     pending files not yet committed are the sink's checkpoint state
+//     (PendingState).
+//   - Commit(id), on notify_checkpoint_complete(id), renames every pending
+//     file of a checkpoint <= id into place as "part-<subtask>-<id>".
+//     Committing what is already committed does nothing, so a restore can
+//     commit the pending files of the checkpoint it restores from first
+//     (CommitPending), whether or not they were committed before the failure.
+//   - Without checkpointing, CommitFinal at the end of the job renames the
+//     in-progress file into place as "part-<subtask>".
+//
+// Files whose names start with '.' are hidden: in-progress and pending data.
+// Close removes the in-progress file; pending files stay for a restore.
 type FileSink struct {
-	path string
-	f    *os.File
-	w    *bufio.Writer
-	kv   bool
+	dir     string
+	subtask int
+	kv      bool
+
+	f       *os.File // the in-progress file, nil until the first Write after a seal
+	w       *bufio.Writer
+	pending []PendingFile
+	closed  bool
+}
+
+// PendingFile is one pending file of a FileSink: checkpoint ID sealed it.
+type PendingFile struct {
+	ID      int64
+	Pending string // hidden name in the sink's directory
+	Final   string // visible name once committed
 }
 
 // FileSinkFormat values.
@@ -29,7 +59,8 @@ const (
 	FormatKV    = "kv"
 )
 
-// NewFileSink creates dir if needed and creates (truncates) dir/part-<subtask>.
+// NewFileSink creates dir if needed and returns the sink of subtask. It
+// creates no file until the first record.
 func NewFileSink(dir string, subtask int, format string) (*FileSink, error) {
 	switch format {
 	case "", FormatValue, FormatKV:
@@ -39,21 +70,30 @@ func NewFileSink(dir string, subtask int, format string) (*FileSink, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, fmt.Errorf("connector: file sink: %w", err)
 	}
-	path := filepath.Join(dir, "part-"+strconv.Itoa(subtask))
-	f, err := os.Create(path)
-	if err != nil {
-		return nil, fmt.Errorf("connector: file sink: %w", err)
-	}
-	return &FileSink{path: path, f: f, w: bufio.NewWriterSize(f, 256<<10), kv: format == FormatKV}, nil
+	return &FileSink{dir: dir, subtask: subtask, kv: format == FormatKV}, nil
 }
 
-// Path is the file the sink writes.
-func (s *FileSink) Path() string { return s.path }
+func (s *FileSink) inProgressName() string { return ".part-" + strconv.Itoa(s.subtask) + ".inprogress" }
 
-// Write appends one line per record.
+// Dir is the sink's directory.
+func (s *FileSink) Dir() string { return s.dir }
+
+// Write appends one line per record to the in-progress file.
 func (s *FileSink) Write(recs []abi.Record) error {
+	if s.closed {
+		return fmt.Errorf("connector: file sink %s subtask %d: write after close", s.dir, s.subtask)
+	}
 	if s.f == nil {
-		return fmt.Errorf("connector: file sink %s: write after close", s.path)
+		f, err := os.Create(filepath.Join(s.dir, s.inProgressName()))
+		if err != nil {
+			return fmt.Errorf("connector: file sink: %w", err)
+		}
+		s.f = f
+		if s.w == nil {
+			s.w = bufio.NewWriterSize(f, 256<<10)
+		} else {
+			s.w.Reset(f)
+		}
 	}
 	for i := range recs {
 		if s.kv {
@@ -62,42 +102,244 @@ func (s *FileSink) Write(recs []abi.Record) error {
 		}
 		s.w.Write(recs[i].Value)
 		if err := s.w.WriteByte('\n'); err != nil {
-			return fmt.Errorf("connector: file sink %s: %w", s.path, err)
+			return fmt.Errorf("connector: file sink %s: %w", s.f.Name(), err)
 		}
 	}
 	return nil
 }
 
-// Flush writes the buffered lines and fsyncs the file.
+// Flush writes the buffered lines and fsyncs the in-progress file.
 func (s *FileSink) Flush() error {
 	if s.f == nil {
 		return nil
 	}
 	if err := s.w.Flush(); err != nil {
-		return fmt.Errorf("connector: file sink %s: %w", s.path, err)
+		return fmt.Errorf("connector: file sink %s: %w", s.f.Name(), err)
 	}
 	if err := s.f.Sync(); err != nil {
-		return fmt.Errorf("connector: file sink %s: fsync: %w", s.path, err)
+		return fmt.Errorf("connector: file sink %s: fsync: %w", s.f.Name(), err)
 	}
 	return nil
 }
 
-// Close flushes, fsyncs and closes the file.
-func (s *FileSink) Close() error {
+// seal flushes, fsyncs and closes the in-progress file and renames it to
+// name; false when there was none.
+func (s *FileSink) seal(name string) (bool, error) {
 	if s.f == nil {
-		return nil
+		return false, nil
 	}
 	err := s.Flush()
 	if cerr := s.f.Close(); err == nil && cerr != nil {
-		err = fmt.Errorf("connector: file sink %s: %w", s.path, cerr)
+		err = fmt.Errorf("connector: file sink %s: %w", s.f.Name(), cerr)
 	}
 	s.f = nil
-	return err
+	if err != nil {
+		return false, err
+	}
+	if err := os.Rename(filepath.Join(s.dir, s.inProgressName()), filepath.Join(s.dir, name)); err != nil {
+		return false, fmt.Errorf("connector: file sink: %w", err)
+	}
+	return true, nil
+}
+
+// PreCommit seals the records written since the last checkpoint into the
+// pending file of checkpoint id and returns the sink's checkpoint state: every
+// pending file not committed yet (PendingState).
+func (s *FileSink) PreCommit(id int64) ([]byte, error) {
+	sub := strconv.Itoa(s.subtask)
+	id10 := strconv.FormatInt(id, 10)
+	pf := PendingFile{ID: id, Pending: ".part-" + sub + "-" + id10 + ".pending", Final: "part-" + sub + "-" + id10}
+	sealed, err := s.seal(pf.Pending)
+	if err != nil {
+		return nil, err
+	}
+	if sealed {
+		s.pending = append(s.pending, pf)
+		if err := syncDir(s.dir); err != nil {
+			return nil, err
+		}
+	}
+	return EncodePending(s.pending), nil
+}
+
+// Commit moves every pending file of a checkpoint <= id into place.
+func (s *FileSink) Commit(id int64) error {
+	keep := s.pending[:0]
+	var todo []PendingFile
+	for _, p := range s.pending {
+		if p.ID <= id {
+			todo = append(todo, p)
+		} else {
+			keep = append(keep, p)
+		}
+	}
+	if err := commitFiles(s.dir, todo); err != nil {
+		return err
+	}
+	s.pending = keep
+	return nil
+}
+
+// CommitPending commits the pending files recorded in a checkpoint (states
+// returned by PreCommit of this or an earlier run, possibly of other
+// subtasks) and then removes the hidden files of this subtask that no
+// checkpoint refers to: in-progress and pending data of an attempt that
+// failed. Call it before the first Write.
+func (s *FileSink) CommitPending(states [][]byte) error {
+	var all []PendingFile
+	for _, st := range states {
+		ps, err := DecodePending(st)
+		if err != nil {
+			return fmt.Errorf("connector: file sink %s subtask %d: restore: %w", s.dir, s.subtask, err)
+		}
+		all = append(all, ps...)
+	}
+	if err := commitFiles(s.dir, all); err != nil {
+		return err
+	}
+	prefix := ".part-" + strconv.Itoa(s.subtask)
+	ents, err := os.ReadDir(s.dir)
+	if err != nil {
+		return fmt.Errorf("connector: file sink: %w", err)
+	}
+	for _, e := range ents {
+		n := e.Name()
+		if n == prefix+".inprogress" || (strings.HasPrefix(n, prefix+"-") && strings.HasSuffix(n, ".pending")) {
+			if err := os.Remove(filepath.Join(s.dir, n)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+				return fmt.Errorf("connector: file sink: remove stale %s: %w", n, err)
+			}
+		}
+	}
+	return nil
+}
+
+// CommitFinal, without checkpointing, moves everything written into place as
+// part-<subtask> (replacing the file of an earlier attempt).
+func (s *FileSink) CommitFinal() error {
+	sealed, err := s.seal("part-" + strconv.Itoa(s.subtask))
+	if err != nil || !sealed {
+		return err
+	}
+	return syncDir(s.dir)
+}
+
+// Close closes and removes the in-progress file (its records were never
+// committed); pending files stay for a restore. It is always called last.
+func (s *FileSink) Close() error {
+	s.closed = true
+	if s.f == nil {
+		return nil
+	}
+	name := s.f.Name()
+	s.f.Close()
+	s.f = nil
+	if err := os.Remove(name); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("connector: file sink: %w", err)
+	}
+	return nil
+}
+
+// commitFiles renames pending files into place. A pending file that is gone
+// while its final file exists was committed before: nothing to do.
+func commitFiles(dir string, ps []PendingFile) error {
+	if len(ps) == 0 {
+		return nil
+	}
+	for _, p := range ps {
+		from, to := filepath.Join(dir, p.Pending), filepath.Join(dir, p.Final)
+		if err := os.Rename(from, to); err != nil {
+			if errors.Is(err, fs.ErrNotExist) {
+				if _, serr := os.Stat(to); serr == nil {
+					continue // committed already
+				}
+				return fmt.Errorf("connector: file sink %s: commit of checkpoint %d: neither the pending file %s nor the committed file %s exists: %w",
+					dir, p.ID, p.Pending, p.Final, err)
+			}
+			return fmt.Errorf("connector: file sink %s: commit of checkpoint %d: %w", dir, p.ID, err)
+		}
+	}
+	return syncDir(dir)
+}
+
+func syncDir(dir string) error {
+	d, err := os.Open(dir)
+	if err != nil {
+		return fmt.Errorf("connector: file sink: %w", err)
+	}
+	defer d.Close()
+	if err := d.Sync(); err != nil {
+		return fmt.Errorf("connector: file sink: fsync %s: %w", dir, err)
+	}
+	return nil
+}
+
+const pendingVersion = 1
+
+// EncodePending encodes pending files as a sink's checkpoint state:
+// u8 version, u32 count, then per file: i64 id, bytes pending, bytes final
+// (big-endian; bytes = u32 length + bytes).
+func EncodePending(ps []PendingFile) []byte {
+	b := []byte{pendingVersion}
+	b = binary.BigEndian.AppendUint32(b, uint32(len(ps)))
+	for _, p := range ps {
+		b = binary.BigEndian.AppendUint64(b, uint64(p.ID))
+		b = binary.BigEndian.AppendUint32(b, uint32(len(p.Pending)))
+		b = append(b, p.Pending...)
+		b = binary.BigEndian.AppendUint32(b, uint32(len(p.Final)))
+		b = append(b, p.Final...)
+	}
+	return b
+}
+
+// DecodePending decodes EncodePending's output. Names must be plain file names.
+func DecodePending(b []byte) ([]PendingFile, error) {
+	bad := func(why string) ([]PendingFile, error) {
+		return nil, fmt.Errorf("connector: bad pending-file state: %s", why)
+	}
+	if len(b) < 5 || b[0] != pendingVersion {
+		return bad("no version header")
+	}
+	n := binary.BigEndian.Uint32(b[1:])
+	b = b[5:]
+	str := func() (string, bool) {
+		if len(b) < 4 {
+			return "", false
+		}
+		l := binary.BigEndian.Uint32(b)
+		if uint64(len(b)-4) < uint64(l) {
+			return "", false
+		}
+		s := string(b[4 : 4+l])
+		b = b[4+l:]
+		return s, true
+	}
+	var out []PendingFile
+	for i := uint32(0); i < n; i++ {
+		if len(b) < 8 {
+			return bad("truncated")
+		}
+		p := PendingFile{ID: int64(binary.BigEndian.Uint64(b))}
+		b = b[8:]
+		var ok1, ok2 bool
+		p.Pending, ok1 = str()
+		p.Final, ok2 = str()
+		if !ok1 || !ok2 {
+			return bad("truncated")
+		}
+		if filepath.Base(p.Pending) != p.Pending || filepath.Base(p.Final) != p.Final || p.Final == "" || p.Pending == "" {
+			return bad(fmt.Sprintf("file names %q, %q are not plain names", p.Pending, p.Final))
+		}
+		out = append(out, p)
+	}
+	if len(b) != 0 {
+		return bad("trailing bytes")
+	}
+	return out, nil
 }
 
 // StdoutSink writes one line per record (the value) to a writer shared by
 // every stdout sink subtask of a run; mu serializes them, and each batch's
-// lines are written together.
+// lines are written together. It is not transactional.
 type StdoutSink struct {
 	w   io.Writer
 	mu  *sync.Mutex

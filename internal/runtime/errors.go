@@ -11,10 +11,11 @@ import (
 
 // Phases of a subtask besides the abi lifecycle phases.
 const (
-	phaseSetup  = "setup"  // building channels and operators
-	phaseRead   = "read"   // a source reading its input
-	phaseInput  = "input"  // receiving from the input channels
-	phaseOutput = "output" // sending control events downstream
+	phaseSetup     = "setup"      // building channels and operators
+	phaseRead      = "read"       // a source reading its input
+	phaseInput     = "input"      // receiving from the input channels
+	phaseOutput    = "output"     // sending control events downstream
+	phaseFinalWait = "final-wait" // waiting for the final checkpoint
 )
 
 // TaskError is a failure of one subtask outside a wasm instance (a wasm

@@ -5,6 +5,7 @@ import (
 
 	"github.com/streamd/streamd/abi"
 	"github.com/streamd/streamd/host"
+	"github.com/streamd/streamd/internal/checkpoint"
 	"github.com/streamd/streamd/internal/connector"
 )
 
@@ -44,6 +45,45 @@ type NativeOperator interface {
 	Close(ctx context.Context) error
 }
 
+// NativeCheckpointer is implemented by a NativeOperator that wants to hear of
+// checkpoints: SnapshotState at each aligned barrier (native operators keep
+// no checkpointed state; tests record the call), NotifyCheckpointComplete
+// when a checkpoint it took part in is durable.
+type NativeCheckpointer interface {
+	SnapshotState(ctx context.Context, checkpointID int64) error
+	NotifyCheckpointComplete(ctx context.Context, checkpointID int64) error
+}
+
+// checkpointer is what the runtime asks of an operator at a checkpoint.
+type checkpointer interface {
+	snapshot(ctx context.Context, id int64) (*checkpoint.SubtaskState, error)
+	notify(ctx context.Context, id int64) error
+}
+
+// nativeCheckpointer adapts a NativeOperator (a NativeCheckpointer or not).
+type nativeCheckpointer struct{ op NativeOperator }
+
+func (n nativeCheckpointer) snapshot(ctx context.Context, id int64) (*checkpoint.SubtaskState, error) {
+	if c, ok := n.op.(NativeCheckpointer); ok {
+		return nil, c.SnapshotState(ctx, id)
+	}
+	return nil, nil
+}
+
+func (n nativeCheckpointer) notify(ctx context.Context, id int64) error {
+	if c, ok := n.op.(NativeCheckpointer); ok {
+		return c.NotifyCheckpointComplete(ctx, id)
+	}
+	return nil
+}
+
+func checkpointerOf(op NativeOperator) checkpointer {
+	if c, ok := op.(checkpointer); ok {
+		return c
+	}
+	return nativeCheckpointer{op}
+}
+
 // NativeFactory makes the NativeOperator of one subtask.
 type NativeFactory func(info SubtaskInfo) NativeOperator
 
@@ -79,6 +119,21 @@ func (w *wasmOperator) Finish(ctx context.Context, emit Emitter) error {
 	return w.inst.Finish(ctx, host.Emitter(emit))
 }
 
+func (w *wasmOperator) snapshot(ctx context.Context, id int64) (*checkpoint.SubtaskState, error) {
+	snap, err := w.inst.SnapshotState(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	if len(snap.KeyGroups) == 0 && len(snap.Lists) == 0 {
+		return nil, nil
+	}
+	return &checkpoint.SubtaskState{Operator: snap}, nil
+}
+
+func (w *wasmOperator) notify(ctx context.Context, id int64) error {
+	return w.inst.NotifyCheckpointComplete(ctx, id)
+}
+
 func (w *wasmOperator) Close(ctx context.Context) error {
 	if w.inst == nil {
 		return nil
@@ -87,10 +142,15 @@ func (w *wasmOperator) Close(ctx context.Context) error {
 }
 
 // sinkOperator runs a built-in sink with the operator lifecycle: the sink is
-// created in Open, written in Process, made durable in Finish, closed in Close.
+// created in Open (a two-phase-commit sink first commits the pending data of
+// the checkpoint it restores from), written in Process, pre-committed at each
+// checkpoint and committed when the checkpoint is complete. Without
+// checkpointing (ckpt false) Finish commits everything. Close releases it.
 type sinkOperator struct {
-	open func() (connector.Sink, error)
-	sink connector.Sink
+	open    func() (connector.Sink, error)
+	ckpt    bool
+	pending [][]byte // restored pending-commit states
+	sink    connector.Sink
 }
 
 func (s *sinkOperator) Open(context.Context, SubtaskInfo) error {
@@ -99,6 +159,27 @@ func (s *sinkOperator) Open(context.Context, SubtaskInfo) error {
 		return err
 	}
 	s.sink = sink
+	if tp, ok := sink.(connector.TwoPhaseSink); ok {
+		return tp.CommitPending(s.pending)
+	}
+	return nil
+}
+
+func (s *sinkOperator) snapshot(_ context.Context, id int64) (*checkpoint.SubtaskState, error) {
+	if tp, ok := s.sink.(connector.TwoPhaseSink); ok {
+		st, err := tp.PreCommit(id)
+		if err != nil {
+			return nil, err
+		}
+		return &checkpoint.SubtaskState{SinkPending: st}, nil
+	}
+	return nil, s.sink.Flush()
+}
+
+func (s *sinkOperator) notify(_ context.Context, id int64) error {
+	if tp, ok := s.sink.(connector.TwoPhaseSink); ok {
+		return tp.Commit(id)
+	}
 	return nil
 }
 
@@ -108,7 +189,15 @@ func (s *sinkOperator) Process(_ context.Context, _ int, recs []abi.Record, _ Em
 
 func (s *sinkOperator) AdvanceWatermark(context.Context, int64, Emitter) error { return nil }
 func (s *sinkOperator) EndInput(context.Context, int, Emitter) error           { return nil }
-func (s *sinkOperator) Finish(context.Context, Emitter) error                  { return s.sink.Flush() }
+func (s *sinkOperator) Finish(context.Context, Emitter) error {
+	if tp, ok := s.sink.(connector.TwoPhaseSink); ok {
+		if s.ckpt {
+			return nil // the final checkpoint commits the rest
+		}
+		return tp.CommitFinal()
+	}
+	return s.sink.Flush()
+}
 
 func (s *sinkOperator) Close(context.Context) error {
 	if s.sink == nil {

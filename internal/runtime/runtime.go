@@ -2,7 +2,6 @@ package runtime
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -15,6 +14,7 @@ import (
 	"github.com/streamd/streamd/control"
 	"github.com/streamd/streamd/dataplane"
 	"github.com/streamd/streamd/host"
+	"github.com/streamd/streamd/internal/checkpoint"
 	"github.com/streamd/streamd/internal/connector"
 	"github.com/streamd/streamd/internal/jobfile"
 )
@@ -23,18 +23,68 @@ import (
 type Options struct {
 	Engine          *host.Engine // loads wasm modules (Vertex.Spec *jobfile.WasmSpec)
 	Logger          *slog.Logger
-	Attempt         int
+	Attempt         int         // attempt number of the first run (later attempts count up)
 	BatchSize       int         // records per batch on channels and into wasm; default 1024
 	ChannelCapacity int         // bounded queue length in batches per channel; default 16
 	Stdout          io.Writer   // for the stdout sink; default os.Stdout
 	Stdin           io.Reader   // for a file source with Path "-" (stdin); default os.Stdin
 	Progress        func(Stats) // called about once per second and once at the end, may be nil
+
+	// Checkpoint turns checkpointing on (nil: off; then nothing waits for a
+	// final checkpoint, sinks commit when the job finishes and a failure
+	// restarts from the beginning).
+	Checkpoint *CheckpointOptions
+	// Restart is the restart strategy after a subtask failure.
+	Restart RestartStrategy
+	// Restore is the checkpoint or savepoint to start from (see
+	// checkpoint.LoadRestore); nil: fresh state.
+	Restore *checkpoint.Restore
+	// Stop, when it delivers, stops the job with a savepoint (checkpointing
+	// jobs only): Run then returns nil with Stats.Savepoint set.
+	Stop <-chan StopRequest
 }
+
+// CheckpointOptions configure checkpointing.
+type CheckpointOptions struct {
+	Store    checkpoint.Store
+	Interval time.Duration // between periodic checkpoints; 0: none (final checkpoints and savepoints still happen)
+	Timeout  time.Duration // a checkpoint not complete after this is aborted; 0: never
+	MinPause time.Duration // between the end of one checkpoint and the next trigger
+	// MaxConcurrent pending checkpoints; default 1.
+	MaxConcurrent int
+	// TolerableFailures: consecutive failed checkpoints tolerated before the
+	// job fails over; 0: DefaultTolerableFailures; negative: unlimited.
+	TolerableFailures int
+	// Tick is the coordinator's clock step; default DefaultTick.
+	Tick time.Duration
+	// DelayFinalCheckpoint: wait for the next interval for the final
+	// checkpoint instead of triggering it as soon as every running subtask
+	// reached end of data.
+	DelayFinalCheckpoint bool
+	// OnComplete, if set, is called by the driver after each checkpoint or
+	// savepoint is durable, before any subtask hears of it.
+	OnComplete func(*checkpoint.Metadata)
+}
+
+// RestartStrategy is the fixed-delay restart strategy: after a failure the
+// whole job restarts from the latest completed checkpoint (or from the
+// beginning) after Delay, at most Attempts times; then Run fails with the
+// last cause.
+type RestartStrategy struct {
+	Attempts int
+	Delay    time.Duration
+}
+
+// StopRequest asks to stop the job with a savepoint; with Drain the
+// operators finish (end_input, finish) first.
+type StopRequest struct{ Drain bool }
 
 // Defaults of Options.
 const (
-	DefaultBatchSize       = dataplane.DefaultBatchSize
-	DefaultChannelCapacity = 16
+	DefaultBatchSize         = dataplane.DefaultBatchSize
+	DefaultChannelCapacity   = 16
+	DefaultTick              = 100 * time.Millisecond
+	DefaultTolerableFailures = 3
 )
 
 // ProgressInterval is how often Options.Progress is called while a job runs.
@@ -52,6 +102,15 @@ type OperatorStats struct {
 type Stats struct {
 	Elapsed   time.Duration
 	Operators []OperatorStats // in graph (topological) order
+	// Restarts is the number of failovers so far.
+	Restarts int
+	// Checkpoints is the number of completed checkpoints and savepoints.
+	Checkpoints int
+	// LastCheckpoint is the location of the latest completed checkpoint.
+	LastCheckpoint string
+	// Savepoint is the location of the stop-with-savepoint savepoint, set
+	// when the job stopped.
+	Savepoint string
 }
 
 // opStats are the live counters of one operator, added to once per batch.
@@ -59,22 +118,37 @@ type opStats struct {
 	in, out atomic.Int64
 }
 
-// job is one Run: what every subtask shares.
+// job is one attempt of a Run: what every subtask of the attempt shares.
 type job struct {
 	g       *control.JobGraph
 	opts    Options
 	log     *slog.Logger
 	stats   []*opStats // by vertex index
 	tasks   []*task
-	modules []*host.Module
-	stdout  sync.Mutex // serializes the stdout sinks
+	byID    map[control.SubtaskID]*task
+	modules map[string]*host.Module
+	stdout  *sync.Mutex // serializes the stdout sinks
 	start   time.Time
+	attempt int
+	restore *checkpoint.Restore
+	store   checkpoint.Store
+	events  chan control.Event // subtask -> driver
+
+	cancel  context.CancelCauseFunc
+	done    chan struct{} // closed when every subtask returned
+	failed  control.SubtaskID
+	err     error // first failure (the context's cause)
+	errOnce sync.Once
 }
 
-// Run runs the job until every subtask finished (nil), a subtask failed (the
-// error names job, operator, subtask and phase; wasm errors are *host.Error),
-// or ctx is canceled (ctx.Err()). Before anything starts it loads every wasm
-// module, so a bad module fails Run before anything runs.
+// Run runs the job until every subtask finished (nil), it stopped with a
+// savepoint (nil, Stats.Savepoint set), it failed for good (the error names
+// job, operator, subtask and phase; wasm errors are *host.Error), or ctx is
+// canceled (ctx.Err()). Before anything starts it loads every wasm module, so
+// a bad module fails Run before anything runs, and checks a restore against
+// the graph. A failed subtask restarts the whole job under Options.Restart:
+// from the latest completed checkpoint with checkpointing, else from the
+// beginning.
 func Run(ctx context.Context, g *control.JobGraph, opts Options) (Stats, error) {
 	if opts.BatchSize <= 0 {
 		opts.BatchSize = DefaultBatchSize
@@ -91,71 +165,14 @@ func Run(ctx context.Context, g *control.JobGraph, opts Options) (Stats, error) 
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler)
 	}
-	j := &job{g: g, opts: opts, log: opts.Logger.With("job", g.Name), start: time.Now()}
-	defer j.closeModules()
-	if err := j.build(ctx); err != nil {
-		return j.snapshot(), err
+	r := &runner{g: g, opts: opts, log: opts.Logger.With("job", g.Name), start: time.Now(), modules: map[string]*host.Module{}}
+	for range g.Vertices {
+		r.stats = append(r.stats, &opStats{})
 	}
-
-	runCtx, cancel := context.WithCancelCause(ctx)
-	defer cancel(nil)
-	grp := &group{cancel: cancel}
-	for _, t := range j.tasks {
-		grp.Go(func() error { return t.run(runCtx) })
-	}
-	stopProgress := make(chan struct{})
-	var progress sync.WaitGroup
-	if opts.Progress != nil {
-		progress.Add(1)
-		go func() {
-			defer progress.Done()
-			tick := time.NewTicker(ProgressInterval)
-			defer tick.Stop()
-			for {
-				select {
-				case <-tick.C:
-					opts.Progress(j.snapshot())
-				case <-stopProgress:
-					return
-				}
-			}
-		}()
-	}
-	grp.Wait()
-	close(stopProgress)
-	progress.Wait()
-	stats := j.snapshot()
-	if opts.Progress != nil {
-		opts.Progress(stats)
-	}
-	if runCtx.Err() == nil {
-		j.log.Debug("job finished", "elapsed", stats.Elapsed)
-		return stats, nil
-	}
-	err := context.Cause(runCtx)
-	if ctx.Err() != nil && errors.Is(err, ctx.Err()) {
-		return stats, ctx.Err()
-	}
-	return stats, err
+	defer r.closeModules()
+	return r.run(ctx)
 }
 
-func (j *job) snapshot() Stats {
-	s := Stats{Elapsed: time.Since(j.start), Operators: make([]OperatorStats, len(j.g.Vertices))}
-	for i, v := range j.g.Vertices {
-		s.Operators[i] = OperatorStats{UID: v.UID, Parallelism: v.Parallelism}
-		if i < len(j.stats) {
-			s.Operators[i].RecordsIn = j.stats[i].in.Load()
-			s.Operators[i].RecordsOut = j.stats[i].out.Load()
-		}
-	}
-	return s
-}
-
-func (j *job) closeModules() {
-	for _, m := range j.modules {
-		_ = m.Close(context.Background())
-	}
-}
 
 func maxParallelism(v *control.Vertex) int {
 	if v.MaxParallelism > 0 {
@@ -178,32 +195,19 @@ func toDataplane(p control.Partitioning) (dataplane.Partitioning, error) {
 	return 0, fmt.Errorf("unknown partitioning %q", p)
 }
 
-// build loads the wasm modules, then creates every channel and subtask.
-func (j *job) build(ctx context.Context) error {
+// build creates every channel and subtask of one attempt.
+func (j *job) build() error {
 	g := j.g
-	// 1. Load each wasm module once, before anything runs.
-	modules := map[string]*host.Module{}
-	for _, v := range g.Vertices {
-		ws, ok := v.Spec.(*jobfile.WasmSpec)
-		if !ok || modules[ws.Path] != nil {
-			continue
+	modules := j.modules
+	var deployedFinished map[control.SubtaskID]bool
+	if j.restore != nil {
+		deployedFinished = map[control.SubtaskID]bool{}
+		for _, id := range control.DeployAsFinished(g, j.restore.Finished) {
+			deployedFinished[id] = true
 		}
-		if j.opts.Engine == nil {
-			return fmt.Errorf("runtime: job %q operator %q: a wasm operator needs Options.Engine", g.Name, v.UID)
-		}
-		m, err := j.opts.Engine.LoadFile(ctx, ws.Path)
-		if err != nil {
-			return fmt.Errorf("runtime: job %q operator %q: %w", g.Name, v.UID, err)
-		}
-		modules[ws.Path] = m
-		j.modules = append(j.modules, m)
 	}
-
 	// 2. Channels: for each edge, one per (sender, receiver) pair it connects.
-	index := map[string]int{}
-	for i, v := range g.Vertices {
-		index[v.UID] = i
-		j.stats = append(j.stats, &opStats{})
+	for _, v := range g.Vertices {
 		if v.Parallelism < 1 {
 			return fmt.Errorf("runtime: job %q operator %q: parallelism %d", g.Name, v.UID, v.Parallelism)
 		}
@@ -212,7 +216,7 @@ func (j *job) build(ctx context.Context) error {
 		to    string
 		input int
 	}
-	edgeChans := map[edgeKey][][]*dataplane.LocalChannel{} // [sender][receiver]
+	edgeChans := map[edgeKey][][]dataplane.Channel{} // [sender][receiver]
 	for _, v := range g.Vertices {
 		for _, e := range v.Inputs {
 			from := g.Vertex(e.From)
@@ -226,9 +230,9 @@ func (j *job) build(ctx context.Context) error {
 				return fmt.Errorf("runtime: job %q operator %q input %d: forward from %q needs equal parallelism, got %d and %d",
 					g.Name, v.UID, e.Input, e.From, from.Parallelism, v.Parallelism)
 			}
-			cs := make([][]*dataplane.LocalChannel, from.Parallelism)
+			cs := make([][]dataplane.Channel, from.Parallelism)
 			for s := range cs {
-				cs[s] = make([]*dataplane.LocalChannel, v.Parallelism)
+				cs[s] = make([]dataplane.Channel, v.Parallelism)
 				for r := range cs[s] {
 					if e.Partition.Pointwise() && s != r {
 						continue
@@ -237,7 +241,7 @@ func (j *job) build(ctx context.Context) error {
 					if len(v.Inputs) > 1 {
 						name += fmt.Sprintf(" (input %d)", e.Input)
 					}
-					cs[s][r] = dataplane.NewLocalChannel(name, j.opts.ChannelCapacity)
+					cs[s][r] = j.newChannel(name)
 				}
 			}
 			edgeChans[edgeKey{v.UID, e.Input}] = cs
@@ -247,17 +251,22 @@ func (j *job) build(ctx context.Context) error {
 	// 3. Subtasks.
 	for vi, v := range g.Vertices {
 		for s := 0; s < v.Parallelism; s++ {
+			id := control.SubtaskID{Operator: v.UID, Index: s}
 			t := &task{
 				j:     j,
 				v:     v,
 				sub:   s,
+				id:    id,
 				stats: j.stats[vi],
 				info: SubtaskInfo{
 					Job: g.Name, Operator: v.UID, Subtask: s, Parallelism: v.Parallelism,
-					MaxParallelism: maxParallelism(v), Attempt: j.opts.Attempt, NumInputs: len(v.Inputs),
+					MaxParallelism: maxParallelism(v), Attempt: j.attempt, NumInputs: len(v.Inputs),
 				},
+				ckpt:             j.opts.Checkpoint != nil,
+				mb:               &mailbox{},
+				deployedFinished: deployedFinished[id],
 			}
-			// Input gate: channels by input, then by sender.
+			// Input gate: channels by input, then by sender; the mailbox last.
 			if len(v.Inputs) > 0 {
 				var gcs []dataplane.GateChannel
 				for _, e := range v.Inputs {
@@ -267,7 +276,10 @@ func (j *job) build(ctx context.Context) error {
 						}
 					}
 				}
-				t.gate = dataplane.NewInputGate(gcs)
+				t.setGate(gcs)
+			} else {
+				t.srcWake = make(chan struct{}, 1)
+				t.mb.notify = t.srcWake
 			}
 			// Record writers: one per output edge.
 			for _, e := range g.Outputs(v.UID) {
@@ -291,15 +303,32 @@ func (j *job) build(ctx context.Context) error {
 			if err := j.bindSpec(t, modules); err != nil {
 				return t.fail(phaseSetup, err)
 			}
+			if t.op != nil {
+				t.cp = checkpointerOf(t.op)
+			}
 			j.tasks = append(j.tasks, t)
+			j.byID[id] = t
 		}
 	}
 	return nil
 }
 
+// newChannel creates one channel between two subtasks. Every channel of a
+// run is made here, so remote (NATS) channels can plug in at this point.
+func (j *job) newChannel(name string) dataplane.Channel {
+	return dataplane.NewLocalChannel(name, j.opts.ChannelCapacity)
+}
+
 // bindSpec sets what t runs: a source, or an operator (wasm, native or sink).
 func (j *job) bindSpec(t *task, modules map[string]*host.Module) error {
 	v := t.v
+	var rs *checkpoint.SubtaskRestore
+	if j.restore != nil {
+		rs = j.restore.Subtasks[t.id]
+	}
+	if rs != nil {
+		t.srcPos, t.srcFinished = rs.SourcePosition, rs.SourceFinished
+	}
 	switch spec := v.Spec.(type) {
 	case *jobfile.SourceSpec:
 		if len(v.Inputs) > 0 {
@@ -307,12 +336,12 @@ func (j *job) bindSpec(t *task, modules map[string]*host.Module) error {
 		}
 		switch spec.Type {
 		case "generator":
-			t.newSource = func() (connector.Source, error) {
-				return connector.NewGenerator(spec, t.sub, v.Parallelism, nil)
+			t.newSource = func(pos []byte) (connector.Source, error) {
+				return connector.NewGenerator(spec, t.sub, v.Parallelism, pos)
 			}
 		case "file":
-			t.newSource = func() (connector.Source, error) {
-				return connector.NewFileSource(spec.Path, j.opts.Stdin, t.sub, v.Parallelism, nil)
+			t.newSource = func(pos []byte) (connector.Source, error) {
+				return connector.NewFileSource(spec.Path, j.opts.Stdin, t.sub, v.Parallelism, pos)
 			}
 		default:
 			return fmt.Errorf("unknown source type %q", spec.Type)
@@ -324,19 +353,27 @@ func (j *job) bindSpec(t *task, modules map[string]*host.Module) error {
 		case "file":
 			open = func() (connector.Sink, error) { return connector.NewFileSink(spec.Path, t.sub, spec.Format) }
 		case "stdout":
-			open = func() (connector.Sink, error) { return connector.NewStdoutSink(j.opts.Stdout, &j.stdout), nil }
+			open = func() (connector.Sink, error) { return connector.NewStdoutSink(j.opts.Stdout, j.stdout), nil }
 		case "discard":
 			open = func() (connector.Sink, error) { return connector.DiscardSink{}, nil }
 		default:
 			return fmt.Errorf("unknown sink type %q", spec.Type)
 		}
-		t.op = &sinkOperator{open: open}
+		so := &sinkOperator{open: open, ckpt: t.ckpt}
+		if rs != nil {
+			so.pending = rs.SinkPending
+		}
+		t.op = so
 	case *jobfile.WasmSpec:
-		t.op = &wasmOperator{mod: modules[spec.Path], cfg: host.InstanceConfig{
+		wo := &wasmOperator{mod: modules[spec.Path], cfg: host.InstanceConfig{
 			Job: t.info.Job, Operator: v.UID, Subtask: t.sub, Parallelism: v.Parallelism,
 			MaxParallelism: t.info.MaxParallelism, Attempt: t.info.Attempt, NumInputs: len(v.Inputs),
 			Config: spec.Config, AllowClock: spec.AllowClock,
 		}}
+		if rs != nil {
+			wo.cfg.Restore = rs.Snapshot
+		}
+		t.op = wo
 	case NativeFactory:
 		t.op = spec(t.info)
 	case NativeOperator:

@@ -9,6 +9,7 @@ import (
 	"github.com/streamd/streamd/abi"
 	"github.com/streamd/streamd/control"
 	"github.com/streamd/streamd/dataplane"
+	"github.com/streamd/streamd/internal/checkpoint"
 	"github.com/streamd/streamd/internal/connector"
 )
 
@@ -17,17 +18,41 @@ type task struct {
 	j       *job
 	v       *control.Vertex
 	sub     int
+	id      control.SubtaskID
 	info    SubtaskInfo
 	stats   *opStats
 	gate    *dataplane.InputGate      // nil for sources
+	nData   int                       // data channels of the gate; the mailbox is channel nData
 	writers []*dataplane.RecordWriter // one per output edge
 	op      NativeOperator            // operators and sinks
-	// newSource creates the source of a source subtask.
-	newSource func() (connector.Source, error)
+	cp      checkpointer              // op's checkpoint side
+	// newSource creates the source of a source subtask, resuming at pos.
+	newSource func(pos []byte) (connector.Source, error)
 
-	ctx     context.Context // the run's context, for emit
-	emit    Emitter
-	emitErr error // first failed send of an emit (the Emitter cannot return it)
+	// Restore and checkpointing.
+	ckpt             bool     // the job checkpoints: wait for a final checkpoint before closing
+	mb               *mailbox // commands from the driver
+	srcWake          chan struct{}
+	srcPos           []byte // restored source position
+	srcFinished      bool   // restored source subtask that had finished its input
+	deployedFinished bool   // restored as finished: no user code runs
+
+	ctx      context.Context // the run's context, for emit
+	emit     Emitter
+	emitErr  error // first failed send of an emit (the Emitter cannot return it)
+	cmds     []command
+	eodSent  bool  // EndOfData went downstream
+	finalAck int64 // first checkpoint acknowledged after end of data
+	stopID   int64 // stop-with-savepoint: the savepoint to wait for (sources)
+	final    bool  // the final checkpoint is complete: the subtask may close
+	closed   bool  // the subtask closed and sent EndOfPartition
+}
+
+// setGate makes the input gate of an operator subtask over its data
+// channels and, as the last channel, its mailbox.
+func (t *task) setGate(data []dataplane.GateChannel) {
+	t.nData = len(data)
+	t.gate = dataplane.NewInputGate(append(data, dataplane.GateChannel{In: cmdInput{t.mb}, Input: -1}))
 }
 
 // fail wraps err with the subtask and phase, unless it is a *host.Error,
@@ -84,12 +109,24 @@ func (t *task) call(phase string, err error) error {
 	return nil
 }
 
+// report tells the driver about the subtask (checkpointing jobs only).
+func (t *task) report(ev control.Event) {
+	if !t.ckpt {
+		return
+	}
+	select {
+	case t.j.events <- ev:
+	case <-t.ctx.Done():
+	}
+}
+
 func (t *task) run(ctx context.Context) (err error) {
 	t.ctx = ctx
 	t.emit = t.emitRecords
 	log := t.j.log.With("operator", t.v.UID, "subtask", t.sub)
 	log.Debug("subtask started")
 	defer func() {
+		t.mb.close()
 		if err != nil {
 			for _, w := range t.writers {
 				w.Discard()
@@ -105,11 +142,120 @@ func (t *task) run(ctx context.Context) (err error) {
 	return t.runOperator(ctx)
 }
 
+// endData sends what ends a subtask's data: with drain the MAX watermark
+// (sources only: an operator forwards the one it received), then
+// EndOfData(drain) (DESIGN.md "Finishing" 1b, 3b).
+func (t *task) endData(maxWM, drain bool) error {
+	if maxWM {
+		if err := t.broadcast(dataplane.WatermarkEvent(abi.MaxWatermark)); err != nil {
+			return t.fail(phaseOutput, err)
+		}
+	}
+	if err := t.broadcast(dataplane.EndOfDataEvent(drain)); err != nil {
+		return t.fail(phaseOutput, err)
+	}
+	t.eodSent = true
+	if !t.deployedFinished {
+		t.report(control.TaskEndOfData{Subtask: t.id, Drain: drain})
+	}
+	return nil
+}
+
+// snapshot takes this subtask's part of checkpoint b after its barrier went
+// downstream: the operator's state (or the source position), written to the
+// store, then the acknowledgement.
+func (t *task) snapshot(b dataplane.Barrier, srcPos []byte) error {
+	kind := control.KindCheckpoint
+	if b.Kind == dataplane.Savepoint {
+		kind = control.KindSavepoint
+	}
+	ack := control.Ack{CheckpointID: b.ID, Subtask: t.id, AfterEndOfData: t.eodSent, DeployedFinished: t.deployedFinished}
+	var st *checkpoint.SubtaskState
+	switch {
+	case t.deployedFinished:
+	case t.newSource != nil:
+		st = &checkpoint.SubtaskState{SourcePosition: srcPos}
+	default:
+		var err error
+		if st, err = t.cp.snapshot(t.ctx, b.ID); err != nil {
+			return t.fail(string(abi.PhaseSnapshot), err)
+		}
+	}
+	if st != nil {
+		data, err := checkpoint.EncodeState(st)
+		var ref checkpoint.BlobRef
+		if err == nil {
+			ref, err = t.j.store.WriteState(t.ctx, kind, b.ID, t.id, data)
+		}
+		if err != nil {
+			t.report(control.Decline{CheckpointID: b.ID, Subtask: t.id, Kind: control.DeclineFailure, Reason: err.Error()})
+			return nil
+		}
+		ack.StateRef, ack.Size = ref.String(), ref.Size
+		if st.Operator != nil {
+			for _, l := range st.Operator.Lists {
+				if l != nil && l.Mode == abi.ListUnion {
+					ack.UnionState = true
+				}
+			}
+		}
+	}
+	if t.eodSent && t.finalAck == 0 {
+		t.finalAck = b.ID
+	}
+	t.report(ack)
+	return nil
+}
+
+// onNotify: checkpoint id is complete. The operator hears of it; if the
+// subtask acknowledged a checkpoint <= id after its end of data (for a
+// stopping source: exactly its savepoint), that was its final checkpoint.
+func (t *task) onNotify(id int64) error {
+	if !t.deployedFinished && t.cp != nil {
+		if err := t.cp.notify(t.ctx, id); err != nil {
+			return t.fail(string(abi.PhaseNotify), err)
+		}
+	}
+	if t.finalAck != 0 && id >= t.finalAck && (t.stopID == 0 || id == t.stopID) {
+		t.final = true
+	}
+	return nil
+}
+
+// finishSubtask closes a subtask whose data ended (DESIGN.md "Finishing" 1d, 4).
+func (t *task) finishSubtask(closeFn func() error) error {
+	t.closed = true
+	if closeFn != nil {
+		if err := t.call(string(abi.PhaseClose), closeFn()); err != nil {
+			return err
+		}
+	}
+	if err := t.broadcast(dataplane.EndOfPartitionEvent()); err != nil {
+		return t.fail(phaseOutput, err)
+	}
+	t.report(control.TaskFinished{Subtask: t.id})
+	return nil
+}
+
 // runSource is the loop of a source subtask: read batches and send them
-// downstream, with the source's watermark after each batch; at the end the
-// MAX watermark, EndOfData(drain) and EndOfPartition (DESIGN.md "Finishing" 1).
+// downstream, with the source's watermark after each batch, and start
+// checkpoints the driver triggers; at the end the MAX watermark,
+// EndOfData(drain), the wait for the final checkpoint and EndOfPartition
+// (DESIGN.md "Finishing" 1).
 func (t *task) runSource(ctx context.Context) error {
-	src, err := t.newSource()
+	if t.deployedFinished {
+		if err := t.endData(true, true); err != nil {
+			return err
+		}
+		t.report(control.TaskRunning{Subtask: t.id, DeployedFinished: true})
+		if t.ckpt {
+			if err := t.waitFinal(ctx, nil); err != nil {
+				return err
+			}
+		}
+		return t.finishSubtask(nil)
+	}
+	src, err := t.newSource(t.srcPos)
 	if err != nil {
 		return t.fail(string(abi.PhaseOpen), err)
 	}
@@ -119,9 +265,21 @@ func (t *task) runSource(ctx context.Context) error {
 			_ = src.Close()
 		}
 	}()
+	t.report(control.TaskRunning{Subtask: t.id})
 	buf := make([]abi.Record, t.j.opts.BatchSize)
 	wm := abi.MinWatermark
-	for {
+	drain := true
+	for !t.srcFinished {
+		if t.mb.n.Load() > 0 {
+			stop, d, err := t.sourceCommands(src)
+			if err != nil {
+				return err
+			}
+			if stop {
+				drain = d
+				break
+			}
+		}
 		n, err := src.Read(ctx, buf)
 		if errors.Is(err, io.EOF) {
 			break
@@ -146,22 +304,85 @@ func (t *task) runSource(ctx context.Context) error {
 			}
 		}
 	}
-	// Input exhausted: end of event time, end of data.
-	if wm < abi.MaxWatermark {
-		if err := t.broadcast(dataplane.WatermarkEvent(abi.MaxWatermark)); err != nil {
-			return t.fail(phaseOutput, err)
+	// Input exhausted (or stopped): end of event time with drain, end of data.
+	if err := t.endData(drain && wm < abi.MaxWatermark, drain); err != nil {
+		return err
+	}
+	if t.ckpt {
+		if err := t.waitFinal(ctx, src); err != nil {
+			return err
 		}
 	}
-	if err := t.broadcast(dataplane.EndOfDataEvent(true)); err != nil {
-		return t.fail(phaseOutput, err)
-	}
-	// (A final checkpoint will be awaited here.)
 	closed = true
-	if err := src.Close(); err != nil {
-		return t.fail(string(abi.PhaseClose), err)
+	return t.finishSubtask(src.Close)
+}
+
+// sourceCommands handles the driver's commands to a source that is reading.
+// stop reports a stop-with-savepoint (the savepoint's trigger stays queued).
+func (t *task) sourceCommands(src connector.Source) (stop, drain bool, err error) {
+	t.cmds = t.mb.take(t.cmds[:0])
+	for i, c := range t.cmds {
+		switch c.kind {
+		case cmdTrigger:
+			if err := t.broadcast(dataplane.BarrierEvent(c.barrier)); err != nil {
+				return false, false, t.fail(phaseOutput, err)
+			}
+			if err := t.snapshot(c.barrier, src.Position()); err != nil {
+				return false, false, err
+			}
+		case cmdNotify:
+			if err := t.onNotify(c.id); err != nil {
+				return false, false, err
+			}
+		case cmdStop:
+			// The rest (the savepoint's trigger) is handled after EndOfData.
+			t.stopID = c.id
+			for _, rest := range t.cmds[i+1:] {
+				t.mb.send(rest)
+			}
+			return true, c.drain, nil
+		}
 	}
-	if err := t.broadcast(dataplane.EndOfPartitionEvent()); err != nil {
-		return t.fail(phaseOutput, err)
+	return false, false, nil
+}
+
+// waitFinal waits, after a source's end of data, until its final checkpoint
+// is complete, taking part in the checkpoints triggered meanwhile.
+func (t *task) waitFinal(ctx context.Context, src connector.Source) error {
+	for !t.final {
+		if t.mb.n.Load() == 0 {
+			select {
+			case <-t.srcWake:
+			case <-ctx.Done():
+				return t.fail(phaseFinalWait, context.Cause(ctx))
+			}
+			continue
+		}
+		t.cmds = t.mb.take(t.cmds[:0])
+		for _, c := range t.cmds {
+			switch c.kind {
+			case cmdTrigger:
+				if err := t.broadcast(dataplane.BarrierEvent(c.barrier)); err != nil {
+					return t.fail(phaseOutput, err)
+				}
+				var pos []byte
+				if src != nil {
+					pos = src.Position()
+				}
+				if err := t.snapshot(c.barrier, pos); err != nil {
+					return err
+				}
+			case cmdNotify:
+				if err := t.onNotify(c.id); err != nil {
+					return err
+				}
+			case cmdStop:
+				t.stopID = c.id // already at end of data: wait for exactly this savepoint
+				if t.finalAck != 0 && t.finalAck < c.id {
+					t.finalAck = 0
+				}
+			}
+		}
 	}
 	return nil
 }
@@ -176,7 +397,7 @@ type inputState struct {
 	inputsEnd int     // inputs whose channels all delivered EndOfData
 	wm        int64   // the subtask's watermark
 
-	// Barrier alignment (no snapshots yet: an aligned barrier is forwarded).
+	// Barrier alignment.
 	aligning   bool
 	barrier    dataplane.Barrier
 	arrived    []bool
@@ -185,20 +406,17 @@ type inputState struct {
 
 // runOperator is the loop of an operator or sink subtask.
 func (t *task) runOperator(ctx context.Context) (err error) {
-	closed := false
+	opened := false
 	defer func() {
-		if !closed {
+		if opened && !t.closed {
 			// Close is always called, also after a failure or cancel.
 			if cerr := t.op.Close(context.WithoutCancel(ctx)); cerr != nil && err == nil {
 				err = t.fail(string(abi.PhaseClose), cerr)
 			}
 		}
 	}()
-	if err := t.call(string(abi.PhaseOpen), t.op.Open(ctx, t.info)); err != nil {
-		return err
-	}
 	g := t.gate
-	nc := g.NumChannels()
+	nc := t.nData
 	st := &inputState{
 		chanWM:  make([]int64, nc),
 		chanEOD: make([]bool, nc),
@@ -211,6 +429,19 @@ func (t *task) runOperator(ctx context.Context) (err error) {
 	for c := 0; c < nc; c++ {
 		st.chanWM[c] = abi.MinWatermark
 		st.chans[g.Input(c)]++
+	}
+	if t.deployedFinished {
+		// Restored as finished: no user code; end of data at once.
+		if err := t.endData(true, true); err != nil {
+			return err
+		}
+		t.report(control.TaskRunning{Subtask: t.id, DeployedFinished: true})
+	} else {
+		opened = true
+		if err := t.call(string(abi.PhaseOpen), t.op.Open(ctx, t.info)); err != nil {
+			return err
+		}
+		t.report(control.TaskRunning{Subtask: t.id})
 	}
 	for {
 		ch, ev, ok, err := g.TryNext()
@@ -225,49 +456,47 @@ func (t *task) runOperator(ctx context.Context) (err error) {
 		if err != nil {
 			return t.fail(phaseInput, err)
 		}
-		switch ev.Kind {
-		case dataplane.KindRecords:
-			if st.chanEOD[ch] {
-				ev.Batch.Release()
-				return t.fail(phaseInput, fmt.Errorf("%s: records after end-of-data", g.Name(ch)))
-			}
-			b := ev.Batch
-			t.stats.in.Add(int64(len(b.Records)))
-			err := t.op.Process(ctx, g.Input(ch), b.Records, t.emit)
-			b.Release()
-			if err := t.call(string(abi.PhaseProcess), err); err != nil {
+		if ch == nc {
+			if err := t.operatorCommands(st); err != nil {
 				return err
 			}
-		case dataplane.KindWatermark:
-			if ev.Watermark.TS > st.chanWM[ch] {
-				st.chanWM[ch] = ev.Watermark.TS
-				if err := t.advanceWatermark(st); err != nil {
+		} else {
+			switch ev.Kind {
+			case dataplane.KindRecords:
+				if st.chanEOD[ch] || t.deployedFinished {
+					ev.Batch.Release()
+					return t.fail(phaseInput, fmt.Errorf("%s: records after end-of-data", g.Name(ch)))
+				}
+				b := ev.Batch
+				t.stats.in.Add(int64(len(b.Records)))
+				err := t.op.Process(ctx, g.Input(ch), b.Records, t.emit)
+				b.Release()
+				if err := t.call(string(abi.PhaseProcess), err); err != nil {
 					return err
 				}
-			}
-		case dataplane.KindBarrier:
-			if err := t.onBarrier(st, ch, ev.Barrier); err != nil {
-				return err
-			}
-		case dataplane.KindCancelCheckpoint:
-			if st.aligning && st.barrier.ID == ev.Cancel.ID {
-				t.endAlignment(st)
-			}
-			if ev.Cancel.ID > st.lastCancel {
-				st.lastCancel = ev.Cancel.ID
-				if err := t.broadcast(ev); err != nil {
-					return t.fail(phaseOutput, err)
+			case dataplane.KindWatermark:
+				if ev.Watermark.TS > st.chanWM[ch] {
+					st.chanWM[ch] = ev.Watermark.TS
+					if err := t.advanceWatermark(st); err != nil {
+						return err
+					}
 				}
-			}
-		case dataplane.KindEndOfData:
-			if err := t.onEndOfData(st, ch, ev.EndOfData.Drain); err != nil {
-				return err
-			}
-		case dataplane.KindEndOfPartition:
-			if !st.chanEOD[ch] {
-				return t.fail(phaseInput, fmt.Errorf("%s: end-of-partition before end-of-data", g.Name(ch)))
-			}
-			if g.Open() > 0 {
+			case dataplane.KindBarrier:
+				if err := t.onBarrier(st, ch, ev.Barrier); err != nil {
+					return err
+				}
+			case dataplane.KindCancelCheckpoint:
+				if err := t.onCancel(st, ev.Cancel.ID, true); err != nil {
+					return err
+				}
+			case dataplane.KindEndOfData:
+				if err := t.onEndOfData(st, ch, ev.EndOfData.Drain); err != nil {
+					return err
+				}
+			case dataplane.KindEndOfPartition:
+				if !st.chanEOD[ch] {
+					return t.fail(phaseInput, fmt.Errorf("%s: end-of-partition before end-of-data", g.Name(ch)))
+				}
 				// An ended channel no longer holds back the watermark, and
 				// counts as aligned for a pending barrier.
 				if err := t.advanceWatermark(st); err != nil {
@@ -278,27 +507,78 @@ func (t *task) runOperator(ctx context.Context) (err error) {
 						return err
 					}
 				}
-				continue
+			default:
+				return t.fail(phaseInput, fmt.Errorf("%s: unknown event %s", g.Name(ch), ev))
 			}
-			// Every channel ended (DESIGN.md "Finishing" 4).
-			closed = true
-			if err := t.call(string(abi.PhaseClose), t.op.Close(ctx)); err != nil {
-				return err
+		}
+		// Every channel ended and the final checkpoint (with checkpointing)
+		// is complete: close (DESIGN.md "Finishing" 4).
+		if g.Open() == 1 && t.eodSent && (!t.ckpt || t.final) {
+			var closeFn func() error
+			if !t.deployedFinished {
+				closeFn = func() error { return t.op.Close(ctx) }
 			}
-			if err := t.broadcast(dataplane.EndOfPartitionEvent()); err != nil {
-				return t.fail(phaseOutput, err)
-			}
-			return nil
-		default:
-			return t.fail(phaseInput, fmt.Errorf("%s: unknown event %s", g.Name(ch), ev))
+			return t.finishSubtask(closeFn)
 		}
 	}
+}
+
+// operatorCommands handles the driver's commands to an operator subtask.
+func (t *task) operatorCommands(st *inputState) error {
+	t.cmds = t.mb.take(t.cmds[:0])
+	for _, c := range t.cmds {
+		switch c.kind {
+		case cmdTrigger:
+			// Its predecessors have finished: the barrier goes behind the
+			// data already queued on each channel that has not ended.
+			b := c.barrier
+			if (st.aligning && b.ID <= st.barrier.ID) || (!st.aligning && b.ID <= st.barrier.ID) || b.ID <= st.lastCancel {
+				continue
+			}
+			if st.aligning {
+				t.endAlignment(st)
+			}
+			st.aligning, st.barrier = true, b
+			if err := t.maybeAligned(st); err != nil {
+				return err
+			}
+		case cmdNotify:
+			if err := t.onNotify(c.id); err != nil {
+				return err
+			}
+		case cmdAbort:
+			if err := t.onCancel(st, c.id, false); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// onCancel aborts the alignment of checkpoint id; a CancelCheckpoint that
+// came on a channel is forwarded once.
+func (t *task) onCancel(st *inputState, id int64, forward bool) error {
+	if st.aligning && st.barrier.ID == id {
+		t.endAlignment(st)
+	}
+	if id > st.lastCancel {
+		st.lastCancel = id
+		if forward {
+			if err := t.broadcast(dataplane.CancelCheckpointEvent(id)); err != nil {
+				return t.fail(phaseOutput, err)
+			}
+		}
+	}
+	return nil
 }
 
 // advanceWatermark recomputes the subtask watermark, the minimum over the
 // channels that have not ended; when it advanced, the operator fires its
 // timers and the watermark goes downstream. With every channel ended it stays.
 func (t *task) advanceWatermark(st *inputState) error {
+	if t.deployedFinished {
+		return nil
+	}
 	g := t.gate
 	min, any := abi.MaxWatermark, false
 	for c, w := range st.chanWM {
@@ -331,6 +611,9 @@ func (t *task) onEndOfData(st *inputState, ch int, drain bool) error {
 		return t.fail(phaseInput, fmt.Errorf("%s: second end-of-data", t.gate.Name(ch)))
 	}
 	st.chanEOD[ch] = true
+	if t.deployedFinished {
+		return nil // it sent its EndOfData when deployed
+	}
 	in := t.gate.Input(ch)
 	if !drain {
 		st.noDrain[in] = true
@@ -357,20 +640,17 @@ func (t *task) onEndOfData(st *inputState, ch int, drain bool) error {
 			return err
 		}
 	}
-	if err := t.broadcast(dataplane.EndOfDataEvent(drainAll)); err != nil {
-		return t.fail(phaseOutput, err)
-	}
-	return nil
+	return t.endData(false, drainAll)
 }
 
 // onBarrier aligns barriers: a channel that delivered the barrier is blocked
 // until every channel that has not ended delivered it; then the barrier goes
-// downstream and the channels are unblocked. (Taking a snapshot at that point
-// comes with checkpointing.) A newer barrier aborts an older alignment.
+// downstream, the channels are unblocked and the subtask takes its snapshot.
+// A newer barrier aborts an older alignment.
 func (t *task) onBarrier(st *inputState, ch int, b dataplane.Barrier) error {
 	switch {
 	case st.aligning && b.ID == st.barrier.ID:
-	case st.aligning && b.ID < st.barrier.ID, !st.aligning && b.ID <= st.lastAligned(), b.ID <= st.lastCancel:
+	case st.aligning && b.ID < st.barrier.ID, !st.aligning && b.ID <= st.barrier.ID, b.ID <= st.lastCancel:
 		return nil // a late barrier of an aborted, cancelled or completed checkpoint
 	default:
 		if st.aligning {
@@ -383,8 +663,6 @@ func (t *task) onBarrier(st *inputState, ch int, b dataplane.Barrier) error {
 	return t.maybeAligned(st)
 }
 
-func (st *inputState) lastAligned() int64 { return st.barrier.ID }
-
 func (t *task) maybeAligned(st *inputState) error {
 	for c, a := range st.arrived {
 		if !a && !t.gate.Ended(c) {
@@ -396,7 +674,10 @@ func (t *task) maybeAligned(st *inputState) error {
 	if err := t.broadcast(dataplane.BarrierEvent(b)); err != nil {
 		return t.fail(phaseOutput, err)
 	}
-	return nil
+	if !t.ckpt {
+		return nil
+	}
+	return t.snapshot(b, nil)
 }
 
 func (t *task) endAlignment(st *inputState) {

@@ -1,0 +1,420 @@
+package runtime
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/streamd/streamd/control"
+	"github.com/streamd/streamd/dataplane"
+	"github.com/streamd/streamd/host"
+	"github.com/streamd/streamd/internal/checkpoint"
+	"github.com/streamd/streamd/internal/jobfile"
+)
+
+// runner is one Run: the attempts of a job and, with checkpointing, the
+// driver around the checkpoint coordinator (control.Coordinator). The
+// driver is the goroutine of Run: it feeds the coordinator ticks from a real
+// ticker and the subtasks' events, and carries out its actions in order.
+type runner struct {
+	g       *control.JobGraph
+	opts    Options
+	log     *slog.Logger
+	start   time.Time
+	stats   []*opStats
+	modules map[string]*host.Module
+	stdout  sync.Mutex
+
+	coord    *control.Coordinator
+	store    checkpoint.Store
+	queued   []control.Event // events to Step once the current actions are done
+	lastMD   *checkpoint.Metadata
+	restarts int
+	count    int // completed checkpoints
+	jobDone  *control.JobDone
+	savepath string
+	mu       sync.Mutex // guards the fields Stats reads: restarts, count, lastMD, savepath
+}
+
+func (r *runner) closeModules() {
+	for _, m := range r.modules {
+		_ = m.Close(context.Background())
+	}
+}
+
+func (r *runner) snapshot() Stats {
+	s := Stats{Elapsed: time.Since(r.start), Operators: make([]OperatorStats, len(r.g.Vertices))}
+	for i, v := range r.g.Vertices {
+		s.Operators[i] = OperatorStats{UID: v.UID, Parallelism: v.Parallelism,
+			RecordsIn: r.stats[i].in.Load(), RecordsOut: r.stats[i].out.Load()}
+	}
+	r.mu.Lock()
+	s.Restarts, s.Checkpoints, s.Savepoint = r.restarts, r.count, r.savepath
+	if r.lastMD != nil {
+		s.LastCheckpoint = r.lastMD.Location
+	}
+	r.mu.Unlock()
+	return s
+}
+
+// loadModules loads each wasm module once, before anything runs.
+func (r *runner) loadModules(ctx context.Context) error {
+	for _, v := range r.g.Vertices {
+		ws, ok := v.Spec.(*jobfile.WasmSpec)
+		if !ok || r.modules[ws.Path] != nil {
+			continue
+		}
+		if r.opts.Engine == nil {
+			return fmt.Errorf("runtime: job %q operator %q: a wasm operator needs Options.Engine", r.g.Name, v.UID)
+		}
+		m, err := r.opts.Engine.LoadFile(ctx, ws.Path)
+		if err != nil {
+			return fmt.Errorf("runtime: job %q operator %q: %w", r.g.Name, v.UID, err)
+		}
+		r.modules[ws.Path] = m
+	}
+	return nil
+}
+
+func ticks(d, tick time.Duration) int64 {
+	if d <= 0 {
+		return 0
+	}
+	return int64((d + tick - 1) / tick)
+}
+
+// newCoordinator makes the coordinator from the checkpoint options.
+func (r *runner) newCoordinator(ctx context.Context) error {
+	co := r.opts.Checkpoint
+	if co.Store == nil {
+		return fmt.Errorf("runtime: job %q: checkpointing needs a checkpoint store", r.g.Name)
+	}
+	if co.Tick <= 0 {
+		co.Tick = DefaultTick
+	}
+	if co.MaxConcurrent <= 0 {
+		co.MaxConcurrent = 1
+	}
+	if co.TolerableFailures == 0 {
+		co.TolerableFailures = DefaultTolerableFailures
+	}
+	first, err := co.Store.NextID(ctx)
+	if err != nil {
+		return fmt.Errorf("runtime: job %q: %w", r.g.Name, err)
+	}
+	if r.opts.Restore != nil {
+		first = max(first, r.opts.Restore.Metadata.ID+1)
+	}
+	cfg := control.Config{
+		IntervalTicks:              ticks(co.Interval, co.Tick),
+		TimeoutTicks:               ticks(co.Timeout, co.Tick),
+		MinPauseTicks:              ticks(co.MinPause, co.Tick),
+		MaxConcurrent:              co.MaxConcurrent,
+		TolerableFailures:          co.TolerableFailures,
+		FinalCheckpointImmediately: !co.DelayFinalCheckpoint,
+		FirstID:                    first,
+	}
+	r.coord, err = control.NewCoordinator(r.g, cfg)
+	r.store = co.Store
+	return err
+}
+
+func (r *runner) run(ctx context.Context) (Stats, error) {
+	if err := r.loadModules(ctx); err != nil {
+		return r.snapshot(), err
+	}
+	restore := r.opts.Restore
+	if restore != nil {
+		if err := control.CheckRestore(r.g, restore.Finished); err != nil {
+			return r.snapshot(), fmt.Errorf("runtime: restore from %s %d: %w", restore.Metadata.Kind, restore.Metadata.ID, err)
+		}
+	}
+	if r.opts.Checkpoint != nil {
+		if err := r.newCoordinator(ctx); err != nil {
+			return r.snapshot(), err
+		}
+	} else {
+		r.log.Info("checkpointing is off: after a failure the job restarts from the beginning, so its output is complete but not exactly-once across failures")
+	}
+
+	stopProgress := make(chan struct{})
+	var progress sync.WaitGroup
+	if r.opts.Progress != nil {
+		progress.Add(1)
+		go func() {
+			defer progress.Done()
+			tick := time.NewTicker(ProgressInterval)
+			defer tick.Stop()
+			for {
+				select {
+				case <-tick.C:
+					r.opts.Progress(r.snapshot())
+				case <-stopProgress:
+					return
+				}
+			}
+		}()
+	}
+	err := r.attempts(ctx, restore)
+	close(stopProgress)
+	progress.Wait()
+	stats := r.snapshot()
+	if r.opts.Progress != nil {
+		r.opts.Progress(stats)
+	}
+	if err == nil {
+		r.log.Debug("job finished", "elapsed", stats.Elapsed)
+	}
+	return stats, err
+}
+
+// attempts runs the job, restarting it after failures under the strategy.
+func (r *runner) attempts(ctx context.Context, restore *checkpoint.Restore) error {
+	for attempt := r.opts.Attempt; ; attempt++ {
+		j := &job{
+			g: r.g, opts: r.opts, log: r.log, stats: r.stats, modules: r.modules, stdout: &r.stdout,
+			start: r.start, attempt: attempt, restore: restore, store: r.store,
+			byID: map[control.SubtaskID]*task{}, done: make(chan struct{}),
+		}
+		if err := j.build(); err != nil {
+			return err
+		}
+		err := r.drive(ctx, j)
+		if err == nil {
+			return nil
+		}
+		if ctx.Err() != nil && errors.Is(err, ctx.Err()) {
+			return ctx.Err()
+		}
+		if attempt-r.opts.Attempt >= r.opts.Restart.Attempts {
+			if r.coord != nil {
+				r.step(nil, control.RestartsExhausted{Reason: err.Error()})
+			}
+			if r.opts.Restart.Attempts > 0 {
+				return fmt.Errorf("runtime: job %q failed after %d restarts: %w", r.g.Name, r.opts.Restart.Attempts, err)
+			}
+			return err
+		}
+		r.mu.Lock()
+		r.restarts++
+		r.mu.Unlock()
+		from := "the beginning"
+		if r.lastMD != nil {
+			from = fmt.Sprintf("%s %d", r.lastMD.Kind, r.lastMD.ID)
+		} else if restore != nil {
+			from = fmt.Sprintf("%s %d", restore.Metadata.Kind, restore.Metadata.ID)
+		}
+		r.log.Warn("job failed, restarting", "attempt", attempt+1, "from", from, "delay", r.opts.Restart.Delay, "err", err)
+		if r.opts.Restart.Delay > 0 {
+			t := time.NewTimer(r.opts.Restart.Delay)
+			select {
+			case <-t.C:
+			case <-ctx.Done():
+				t.Stop()
+				return ctx.Err()
+			}
+		}
+		if r.lastMD != nil && (restore == nil || restore.Metadata.ID != r.lastMD.ID) {
+			rs, err := checkpoint.LoadRestoreFrom(ctx, r.store, r.lastMD, r.g)
+			if err != nil {
+				return fmt.Errorf("runtime: job %q: restart from %s %d: %w", r.g.Name, r.lastMD.Kind, r.lastMD.ID, err)
+			}
+			restore = rs
+		}
+	}
+}
+
+// drive starts the subtasks of j and drives them until they all ended: nil
+// when the job finished or stopped, else the failure.
+func (r *runner) drive(ctx context.Context, j *job) error {
+	runCtx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	j.cancel = cancel
+	j.events = make(chan control.Event, 4*len(j.tasks)+64)
+	var wg sync.WaitGroup
+	for _, t := range j.tasks {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := t.run(runCtx); err != nil {
+				j.fail(t.id, err)
+			}
+		}()
+	}
+	go func() { wg.Wait(); close(j.done) }()
+
+	if r.coord == nil {
+		select {
+		case <-j.done:
+		case <-ctx.Done():
+			<-j.done
+		}
+		return j.result(ctx)
+	}
+
+	ticker := time.NewTicker(r.opts.Checkpoint.Tick)
+	defer ticker.Stop()
+	stop := r.opts.Stop
+	for {
+		select {
+		case ev := <-j.events:
+			r.step(j, ev)
+		case <-ticker.C:
+			r.step(j, control.Tick{})
+		case req := <-stop:
+			stop = nil
+			r.log.Info("stopping with a savepoint", "drain", req.Drain)
+			r.step(j, control.StopWithSavepoint{Drain: req.Drain})
+		case <-j.done:
+			for {
+				select {
+				case ev := <-j.events:
+					r.step(j, ev)
+					continue
+				default:
+				}
+				break
+			}
+			err := j.result(ctx)
+			if err == nil && r.jobDone == nil {
+				err = fmt.Errorf("runtime: job %q: every subtask ended but the checkpoint coordinator has not finished the job (state %s)", r.g.Name, r.coord.State())
+			}
+			if err != nil && !errors.Is(err, ctx.Err()) && r.coord.State() != control.JobRestarting {
+				r.step(j, control.TaskFailed{Subtask: j.failed, Reason: err.Error()})
+			}
+			if err != nil && ctx.Err() != nil {
+				r.step(nil, control.Cancel{})
+			}
+			return err
+		}
+	}
+}
+
+// fail records the first failure of an attempt and cancels the others.
+func (j *job) fail(id control.SubtaskID, err error) {
+	j.errOnce.Do(func() { j.failed, j.err = id, err })
+	j.cancel(err)
+}
+
+// result is the outcome of an attempt whose subtasks all ended.
+func (j *job) result(ctx context.Context) error {
+	if j.err == nil {
+		return nil
+	}
+	if ctx.Err() != nil {
+		return ctx.Err()
+	}
+	return j.err
+}
+
+// step feeds ev to the coordinator and carries out the resulting actions.
+// j is nil when no attempt runs.
+func (r *runner) step(j *job, ev control.Event) {
+	r.queued = append(r.queued, ev)
+	if len(r.queued) > 1 {
+		return // a step in progress takes it
+	}
+	for len(r.queued) > 0 {
+		ev := r.queued[0]
+		if err := r.coord.Step(ev); err != nil {
+			level := slog.LevelDebug
+			if _, ok := ev.(control.StopWithSavepoint); ok {
+				level = slog.LevelWarn
+			}
+			r.log.Log(context.Background(), level, "checkpoint coordinator refused an event", "event", ev.String(), "err", err)
+		}
+		r.perform(j)
+		r.queued = r.queued[1:]
+	}
+}
+
+// perform carries out the coordinator's actions in order.
+func (r *runner) perform(j *job) {
+	for r.coord.HasReady() {
+		acts := r.coord.Ready()
+		r.coord.Advance()
+		for _, a := range acts {
+			r.act(j, a)
+		}
+	}
+}
+
+func (r *runner) later(ev control.Event) { r.queued = append(r.queued, ev) }
+
+func (r *runner) act(j *job, a control.Action) {
+	ctx := context.Background()
+	switch x := a.(type) {
+	case control.TriggerCheckpoint:
+		r.log.Debug("checkpoint triggered", "id", x.ID, "kind", x.Kind, "tasks", len(x.Tasks))
+		kind := dataplane.Checkpoint
+		if x.Kind == control.KindSavepoint {
+			kind = dataplane.Savepoint
+		}
+		for _, id := range x.Tasks {
+			b := dataplane.Barrier{ID: x.ID, Kind: kind, IsSync: x.Sync}
+			if j == nil || !j.byID[id].mb.send(command{kind: cmdTrigger, id: x.ID, barrier: b}) {
+				r.later(control.TriggerFailed{CheckpointID: x.ID, Subtask: id, Reason: "the subtask has finished"})
+			}
+		}
+	case control.StopSources:
+		for _, id := range x.Tasks {
+			if j != nil {
+				j.byID[id].mb.send(command{kind: cmdStop, id: x.SavepointID, drain: x.Drain})
+			}
+		}
+	case control.PersistMetadata:
+		md, err := checkpoint.NewMetadata(r.g, x, time.Now())
+		if err == nil {
+			err = r.store.Commit(ctx, md)
+		}
+		if err != nil {
+			r.log.Warn("checkpoint could not be persisted", "id", x.ID, "err", err)
+			r.later(control.PersistFailed{CheckpointID: x.ID, Reason: err.Error()})
+			return
+		}
+		r.mu.Lock()
+		r.lastMD = md
+		r.count++
+		r.mu.Unlock()
+		r.log.Debug("checkpoint complete", "id", x.ID, "kind", x.Kind, "size", x.Size, "location", md.Location)
+		if r.opts.Checkpoint.OnComplete != nil {
+			r.opts.Checkpoint.OnComplete(md)
+		}
+		r.later(control.Persisted{CheckpointID: x.ID})
+	case control.NotifyComplete:
+		for _, id := range x.Tasks {
+			if j != nil {
+				j.byID[id].mb.send(command{kind: cmdNotify, id: x.ID})
+			}
+		}
+	case control.AbortCheckpoint:
+		r.log.Debug("checkpoint aborted", "id", x.ID, "reason", x.Reason, "detail", x.Detail)
+		if x.Kind == control.KindSavepoint {
+			r.log.Warn("savepoint aborted", "id", x.ID, "reason", x.Reason, "detail", x.Detail)
+		}
+		for _, id := range x.Tasks {
+			if j != nil {
+				j.byID[id].mb.send(command{kind: cmdAbort, id: x.ID})
+			}
+		}
+		for _, s := range x.Discard {
+			_ = r.store.Discard(ctx, x.Kind, x.ID, s.StateRef)
+		}
+	case control.DiscardState:
+		_ = r.store.Discard(ctx, control.KindCheckpoint, x.CheckpointID, x.StateRef)
+	case control.FailJob:
+		if j != nil {
+			j.fail(control.SubtaskID{}, fmt.Errorf("runtime: job %q: %w", r.g.Name, x.Err))
+		}
+	case control.JobDone:
+		r.jobDone = &x
+		if x.State == control.JobStopped && r.lastMD != nil {
+			r.mu.Lock()
+			r.savepath = r.lastMD.Location
+			r.mu.Unlock()
+		}
+	}
+}

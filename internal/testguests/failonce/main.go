@@ -1,0 +1,89 @@
+// Command failonce is a test guest for checkpointing and failover. It fails
+// once, on the job's first attempt, when its subtask has processed fail_at
+// records (config fail_at; 0 or absent: never), then behaves normally after
+// the restart.
+//
+// With mode "count" it is a keyed running counter: for every record with key k
+// it emits (k, "k=<count>") where count is k's running count held in keyed
+// state, so an exactly-once run emits every count 1..n of every key exactly
+// once. Otherwise (mode "map", the default) it passes every record on.
+//
+// It also keeps a split list state "seen" (records processed by the subtask
+// since the first attempt), restored on open, so list state survives
+// checkpoints too.
+//
+//	GOOS=wasip1 GOARCH=wasm go build -buildmode=c-shared -o failonce.wasm .
+package main
+
+import (
+	"encoding/binary"
+	"fmt"
+
+	streamd "github.com/streamd/streamd/sdk/go"
+)
+
+var count = streamd.ValueState("count")
+
+type failOnce struct {
+	streamd.Base
+	failAt  int64
+	attempt int
+	keyed   bool
+	seen    uint64 // records seen, restored from list state
+	n       int64  // records processed in this attempt
+	buf     []byte
+}
+
+func (f *failOnce) Open(ctx *streamd.Context) error {
+	var err error
+	if f.failAt, err = ctx.Config.Int("fail_at", 0); err != nil {
+		return err
+	}
+	f.attempt = ctx.Attempt
+	switch m := ctx.Config.String("mode", "map"); m {
+	case "map":
+	case "count":
+		f.keyed = true
+	default:
+		return fmt.Errorf("failonce: unknown mode %q (want map or count)", m)
+	}
+	if ctx.Restored {
+		for _, e := range streamd.ListState("seen", streamd.Split).Entries() {
+			if len(e) == 8 {
+				f.seen += binary.LittleEndian.Uint64(e)
+			}
+		}
+	}
+	return nil
+}
+
+func (f *failOnce) ProcessElement(r streamd.Record, _ int) error {
+	f.n++
+	f.seen++
+	if f.attempt == 0 && f.failAt > 0 && f.n == f.failAt {
+		return fmt.Errorf("failonce: injected failure at record %d of attempt 0", f.n)
+	}
+	if !f.keyed {
+		streamd.EmitRecord(r)
+		return nil
+	}
+	c, _ := count.GetUint64(r.Key)
+	c++
+	count.PutUint64(r.Key, c)
+	f.buf = append(f.buf[:0], r.Key...)
+	f.buf = append(f.buf, '=')
+	f.buf = fmt.Appendf(f.buf, "%d", c)
+	streamd.Emit(r.Key, f.buf, r.Timestamp)
+	return nil
+}
+
+func (f *failOnce) SnapshotState(int64) error {
+	var b [8]byte
+	binary.LittleEndian.PutUint64(b[:], f.seen)
+	streamd.ListState("seen", streamd.Split).Add(b[:])
+	return nil
+}
+
+func init() { streamd.Register(&failOnce{}) }
+
+func main() {}
