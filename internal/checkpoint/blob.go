@@ -34,40 +34,43 @@ func crc32c(b []byte) uint32 { return crc32.Checksum(b, castagnoli) }
 // EncodeState encodes s as a state blob: a versioned header, the sections and
 // a CRC32C.
 func EncodeState(s *SubtaskState) ([]byte, error) {
-	var snap []byte
+	n, size := 0, len(blobMagic)+8+4
+	snapSize := 0
 	if s.Operator != nil {
-		var err error
-		if snap, err = s.Operator.MarshalBinary(); err != nil {
-			return nil, fmt.Errorf("checkpoint: encode state: %w", err)
-		}
-	}
-	type section struct {
-		tag  byte
-		data []byte
-	}
-	var secs []section
-	if s.Operator != nil {
-		secs = append(secs, section{tagOperator, snap})
+		snapSize = snapshotSize(s.Operator)
+		n, size = n+1, size+9+snapSize
 	}
 	if s.SourcePosition != nil {
-		secs = append(secs, section{tagSourcePosition, s.SourcePosition})
+		n, size = n+1, size+9+len(s.SourcePosition)
 	}
 	if s.SinkPending != nil {
-		secs = append(secs, section{tagSinkPending, s.SinkPending})
-	}
-	size := len(blobMagic) + 8 + 4
-	for _, sec := range secs {
-		size += 9 + len(sec.data)
+		n, size = n+1, size+9+len(s.SinkPending)
 	}
 	le := binary.LittleEndian
 	b := make([]byte, 0, size)
 	b = append(b, blobMagic...)
 	b = le.AppendUint32(b, FormatVersion)
-	b = le.AppendUint32(b, uint32(len(secs)))
-	for _, sec := range secs {
-		b = append(b, sec.tag)
-		b = le.AppendUint64(b, uint64(len(sec.data)))
-		b = append(b, sec.data...)
+	b = le.AppendUint32(b, uint32(n))
+	if s.Operator != nil {
+		b = append(b, tagOperator)
+		b = le.AppendUint64(b, uint64(snapSize))
+		var err error
+		if b, err = appendSnapshot(b, s.Operator); err != nil {
+			return nil, err
+		}
+	}
+	for _, sec := range []struct {
+		tag  byte
+		data []byte
+	}{{tagSourcePosition, s.SourcePosition}, {tagSinkPending, s.SinkPending}} {
+		if sec.data != nil {
+			b = append(b, sec.tag)
+			b = le.AppendUint64(b, uint64(len(sec.data)))
+			b = append(b, sec.data...)
+		}
+	}
+	if len(b)+4 != size {
+		return nil, fmt.Errorf("checkpoint: encode state: %d bytes, computed %d (the snapshot changed while being encoded?)", len(b)+4, size)
 	}
 	return le.AppendUint32(b, crc32c(b)), nil
 }

@@ -4,9 +4,9 @@ import (
 	"bytes"
 	"cmp"
 	"errors"
-	"slices"
 	"math/rand/v2"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 
@@ -90,4 +90,28 @@ func sortTimers(ts []host.Timer) {
 		}
 		return bytes.Compare(a.Key, b.Key)
 	})
+}
+
+// EncodeState embeds host.Snapshot's own encoding, byte for byte.
+func TestSnapshotEncodingMatchesHost(t *testing.T) {
+	rng := rand.New(rand.NewPCG(5, 6))
+	snaps, _ := keyedSnapshots(rng, 1, 64, 500)
+	s := snaps[0]
+	s.Lists["u"] = &host.ListState{Mode: abi.ListUnion, Entries: [][]byte{[]byte("x"), nil}}
+	s.Lists["nil"] = nil
+	s.KeyGroups[63] = nil
+	s.KeyGroups[1] = &host.KeyGroupState{Entries: map[string]map[string][]byte{"empty": {}, "nilval": {"k": nil}}}
+	for _, snap := range []*host.Snapshot{s, {}} {
+		want, err := snap.MarshalBinary()
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := appendSnapshot(nil, snap)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(got, want) || snapshotSize(snap) != len(want) {
+			t.Fatalf("appendSnapshot differs from host.Snapshot.MarshalBinary (%d vs %d bytes, size %d)", len(got), len(want), snapshotSize(snap))
+		}
+	}
 }
