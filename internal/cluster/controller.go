@@ -92,6 +92,7 @@ type ctlJob struct {
 	restartAt        time.Time // restarting: not before
 	restartsUsed     int       // task-failure restarts
 	failovers        int       // lost-host restarts
+	canceling        bool      // a cancel request waits for the hosts; the placement holds its slots until then
 	attempts         []AttemptStatus
 }
 
@@ -217,7 +218,7 @@ func (c *Controller) tickLocked(now time.Time) []effect {
 		c.log.Warn("host lost", "host", id, "last_seen", h.lastSeen, "missed_heartbeats", c.opts.LostAfter)
 		for _, jid := range c.order {
 			j := c.jobs[jid]
-			if j.placement == nil || TerminalJobState(j.state) || !contains(j.placement.Slots, id) {
+			if j.placement == nil || TerminalJobState(j.state) || j.canceling || !contains(j.placement.Slots, id) {
 				continue
 			}
 			reason := fmt.Sprintf("host %s lost (no heartbeat for %s)", id, now.Sub(h.lastSeen).Round(time.Millisecond))
@@ -271,7 +272,7 @@ func (c *Controller) scheduleLocked(now time.Time) []effect {
 	var effects []effect
 	for _, jid := range c.order {
 		j := c.jobs[jid]
-		if j.placement != nil || (j.state != JobCreated && j.state != JobRestarting) || now.Before(j.restartAt) {
+		if j.placement != nil || j.canceling || (j.state != JobCreated && j.state != JobRestarting) || now.Before(j.restartAt) {
 			continue
 		}
 		p, err := control.Schedule(c.freeSlotsLocked(), j.slots, true)
@@ -319,8 +320,7 @@ func (c *Controller) assignEffects(j *ctlJob) []effect {
 			}
 			if err != nil {
 				c.log.Warn("assignment refused", "job", a.JobID, "attempt", a.Attempt, "host", h, "err", err)
-				c.hostEvent(HostEvent{HostID: h, JobID: a.JobID, Attempt: a.Attempt, State: SubtaskFailed,
-					Error: fmt.Sprintf("assign to host %s: %v", h, err)})
+				c.assignFailed(a, h, err)
 			}
 		})
 	}
@@ -330,7 +330,7 @@ func (c *Controller) assignEffects(j *ctlJob) []effect {
 // failLocked handles the failure of j's current attempt: a restart (new
 // attempt, rescheduled) or the end of the job. lostHost, if set, is not sent
 // a cancel.
-func (c *Controller) failLocked(j *ctlJob, now time.Time, reason string, hostLoss bool, lostHost string) []effect {
+func (c *Controller) failLocked(j *ctlJob, now time.Time, reason string, infra bool, lostHost string) []effect {
 	var effects []effect
 	if j.placement != nil {
 		effects = c.cancelEffects(j, lostHost)
@@ -341,21 +341,21 @@ func (c *Controller) failLocked(j *ctlJob, now time.Time, reason string, hostLos
 	j.placement = nil
 	restart, delay := false, time.Duration(0)
 	switch {
-	case hostLoss && j.failovers < c.opts.MaxFailovers:
+	case infra && j.failovers < c.opts.MaxFailovers:
 		j.failovers++
 		restart = true
 		if j.spec.Restart.Strategy == jobfile.RestartFixedDelay {
 			delay = j.spec.Restart.Delay
 		}
-	case !hostLoss && j.spec.Restart.Strategy == jobfile.RestartFixedDelay && j.restartsUsed < j.spec.Restart.Attempts:
+	case !infra && j.spec.Restart.Strategy == jobfile.RestartFixedDelay && j.restartsUsed < j.spec.Restart.Attempts:
 		j.restartsUsed++
 		restart, delay = true, j.spec.Restart.Delay
 	}
 	if !restart {
 		why := "the restart strategy gives up"
 		switch {
-		case hostLoss:
-			why = fmt.Sprintf("%d failovers after lost hosts, the limit", j.failovers)
+		case infra:
+			why = fmt.Sprintf("%d failovers after lost or refusing hosts, the limit", j.failovers)
 		case j.spec.Restart.Strategy != jobfile.RestartFixedDelay:
 			why = "the job has no restart strategy"
 		}
@@ -498,17 +498,21 @@ func (c *Controller) handleCancel(msg *nats.Msg) {
 		respond(msg, JobReply{Reply: errReply(err)})
 		return
 	}
-	if TerminalJobState(j.state) {
+	if TerminalJobState(j.state) || j.canceling {
 		st := c.statusLocked(j)
 		c.mu.Unlock()
-		respond(msg, JobReply{Reply: Reply{Error: fmt.Sprintf("cluster: job %s is already %s", j.id, j.state)}, Job: &st})
+		what := "already " + j.state
+		if j.canceling {
+			what = "being canceled"
+		}
+		respond(msg, JobReply{Reply: Reply{Error: fmt.Sprintf("cluster: job %s is %s", j.id, what)}, Job: &st})
 		return
 	}
 	var effects []effect
 	if j.placement != nil {
 		effects = c.cancelEffects(j, "")
 	}
-	c.endLocked(j, time.Now(), JobCanceled, "canceled by request")
+	j.canceling = true
 	c.mu.Unlock()
 	// Wait for the hosts to stop the attempt before answering.
 	var wg sync.WaitGroup
@@ -518,6 +522,8 @@ func (c *Controller) handleCancel(msg *nats.Msg) {
 	}
 	wg.Wait()
 	c.mu.Lock()
+	j.canceling = false
+	c.endLocked(j, time.Now(), JobCanceled, "canceled by request")
 	st := c.statusLocked(j)
 	effects = c.scheduleLocked(time.Now()) // freed slots
 	c.mu.Unlock()
@@ -650,7 +656,7 @@ func (c *Controller) hostEvent(ev HostEvent) {
 	now := time.Now()
 	c.mu.Lock()
 	j := c.jobs[ev.JobID]
-	if j == nil || j.attempt != ev.Attempt || TerminalJobState(j.state) || j.placement == nil {
+	if j == nil || j.attempt != ev.Attempt || TerminalJobState(j.state) || j.placement == nil || j.canceling {
 		c.mu.Unlock()
 		c.log.Debug("stale host event ignored", "host", ev.HostID, "job", ev.JobID, "attempt", ev.Attempt, "state", ev.State)
 		return
@@ -685,6 +691,22 @@ func (c *Controller) hostEvent(ev HostEvent) {
 		effects = append(effects, c.scheduleLocked(now)...)
 	}
 	j.updated = now
+	c.mu.Unlock()
+	c.run(effects)
+}
+
+// assignFailed fails the attempt over (an infrastructure failure: it counts
+// against MaxFailovers, not against the job's restart strategy).
+func (c *Controller) assignFailed(a Assignment, h string, err error) {
+	now := time.Now()
+	c.mu.Lock()
+	j := c.jobs[a.JobID]
+	if j == nil || j.attempt != a.Attempt || TerminalJobState(j.state) || j.placement == nil || j.canceling {
+		c.mu.Unlock()
+		return
+	}
+	effects := c.failLocked(j, now, fmt.Sprintf("assign to host %s: %v", h, err), true, "")
+	effects = append(effects, c.scheduleLocked(now)...)
 	c.mu.Unlock()
 	c.run(effects)
 }

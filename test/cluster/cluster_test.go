@@ -1,0 +1,335 @@
+// Package cluster_test runs the multi-host control plane for real: an
+// embedded NATS server with JetStream on a random port, a controller and host
+// agents in this process (each on its own NATS connection), real wasm
+// modules, and the streamd binary (cli_test.go).
+package cluster_test
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/streamd/streamd/host"
+	"github.com/streamd/streamd/internal/cluster"
+	"github.com/streamd/streamd/internal/jobfile"
+	"github.com/streamd/streamd/internal/natsutil"
+	"github.com/streamd/streamd/internal/testwasm"
+)
+
+const (
+	hbInterval = 50 * time.Millisecond
+	lostAfter  = 4
+)
+
+type testCluster struct {
+	t      *testing.T
+	srv    *natsutil.Server
+	ctl    *cluster.Controller
+	client *cluster.Client
+	engine *host.Engine
+	hosts  map[string]*cluster.Host
+}
+
+func logger(t *testing.T) *slog.Logger {
+	if testing.Verbose() {
+		return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	}
+	return slog.New(slog.DiscardHandler)
+}
+
+func connect(t *testing.T, url string) *nats.Conn {
+	t.Helper()
+	nc, err := natsutil.Connect(natsutil.URLs(url))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	return nc
+}
+
+// newCluster starts a NATS server, a controller and one host per slot count.
+func newCluster(t *testing.T, slots ...int) *testCluster {
+	t.Helper()
+	srv, err := natsutil.StartEmbedded(natsutil.EmbeddedOptions{Port: -1, NoLog: true, StoreDir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(srv.Shutdown)
+	tc := &testCluster{t: t, srv: srv, hosts: map[string]*cluster.Host{}}
+	tc.ctl, err = cluster.StartController(connect(t, srv.URL()), cluster.ControllerOptions{
+		Logger: logger(t), HeartbeatInterval: hbInterval, LostAfter: lostAfter})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(tc.ctl.Close)
+	tc.engine, err = host.NewEngine(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { tc.engine.Close(context.Background()) })
+	for i, n := range slots {
+		tc.addHost(fmt.Sprintf("h%d", i+1), n)
+	}
+	tc.client, err = cluster.NewClient(connect(t, srv.URL()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tc.waitHosts(len(slots))
+	return tc
+}
+
+func (tc *testCluster) addHost(id string, slots int) *cluster.Host {
+	t := tc.t
+	h, err := cluster.StartHost(connect(t, tc.srv.URL()), cluster.HostOptions{
+		ID: id, Slots: slots, DataDir: t.TempDir(), HeartbeatInterval: hbInterval,
+		Executor: &cluster.LocalExecutor{Engine: tc.engine}, Logger: logger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(h.Close)
+	tc.hosts[id] = h
+	return h
+}
+
+func (tc *testCluster) waitHosts(n int) {
+	tc.t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		hs, err := tc.client.Hosts(context.Background())
+		alive := 0
+		for _, h := range hs {
+			if h.State == "alive" {
+				alive++
+			}
+		}
+		if err == nil && alive >= n {
+			return
+		}
+		if time.Now().After(deadline) {
+			tc.t.Fatalf("%d hosts registered after 10s, want %d (err %v)", alive, n, err)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// waitJob polls the job's status until cond holds.
+func (tc *testCluster) waitJob(id string, what string, cond func(*cluster.JobStatus) bool) *cluster.JobStatus {
+	tc.t.Helper()
+	deadline := time.Now().Add(60 * time.Second)
+	var last *cluster.JobStatus
+	for time.Now().Before(deadline) {
+		st, err := tc.client.Status(context.Background(), id)
+		if err != nil {
+			tc.t.Fatal(err)
+		}
+		last = st
+		if cond(st) {
+			return st
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	tc.t.Fatalf("job %s: %s: not reached in 60s; last status: %+v", id, what, last)
+	return nil
+}
+
+func state(s string) func(*cluster.JobStatus) bool {
+	return func(st *cluster.JobStatus) bool { return st.State == s || cluster.TerminalJobState(st.State) }
+}
+
+// uppercaseJob copies the uppercase example into a fresh directory (so its
+// out/ lands there) and returns the job file's path.
+func uppercaseJob(t *testing.T) string {
+	wasm := testwasm.Path(t, "examples/wasm/uppercase/uppercase.wasm")
+	src := filepath.Dir(wasm)
+	dir := t.TempDir()
+	for _, f := range []string{"uppercase.yaml", "input.txt", "uppercase.wasm"} {
+		b, err := os.ReadFile(filepath.Join(src, f))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, f), b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return filepath.Join(dir, "uppercase.yaml")
+}
+
+func expected(t *testing.T) string {
+	b, err := os.ReadFile(filepath.Join(filepath.Dir(testwasm.Path(t, "examples/wasm/uppercase/uppercase.wasm")), "expected.txt"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}
+
+func readFile(t *testing.T, path string) string {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}
+
+func deploy(t *testing.T, tc *testCluster, path string, opts jobfile.Options) string {
+	t.Helper()
+	job, err := jobfile.LoadJob(path, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	id, err := tc.client.Deploy(context.Background(), job, path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return id
+}
+
+func TestDeployRunsOnAHostAndFinishes(t *testing.T) {
+	tc := newCluster(t, 2)
+	path := uppercaseJob(t)
+	id := deploy(t, tc, path, jobfile.Options{})
+	if !strings.HasPrefix(id, "uppercase-") {
+		t.Errorf("job id %q: want it to start with the job name", id)
+	}
+	st := tc.waitJob(id, "finished", state(cluster.JobFinished))
+	if st.State != cluster.JobFinished {
+		t.Fatalf("job ended %s: %s", st.State, st.Reason)
+	}
+	if got, want := readFile(t, filepath.Join(filepath.Dir(path), "out", "part-0")), expected(t); got != want {
+		t.Fatalf("output:\n%s\nwant:\n%s", got, want)
+	}
+	if len(st.Hosts) != 1 || st.Hosts[0] != "h1" || st.Attempt != 0 {
+		t.Errorf("hosts %v attempt %d: want [h1], 0", st.Hosts, st.Attempt)
+	}
+	for _, op := range st.Operators {
+		for _, s := range op.Subtasks {
+			if s.State != cluster.SubtaskFinished || s.Host != "h1" {
+				t.Errorf("operator %s subtask %d: %s on %q, want finished on h1", op.UID, s.Index, s.State, s.Host)
+			}
+		}
+	}
+	if st.Operators[1].UID != "upper" || st.Operators[1].RecordsIn != 4 || st.Operators[1].RecordsOut != 4 {
+		t.Errorf("upper stats: %+v, want 4 in and out", st.Operators[1])
+	}
+	jobs, err := tc.client.List(context.Background())
+	if err != nil || len(jobs) != 1 || jobs[0].ID != id {
+		t.Fatalf("list: %v %v", jobs, err)
+	}
+	// The artifacts came through the object store: the host's cache has the module.
+	if _, err := tc.client.Cancel(context.Background(), id); err == nil || !strings.Contains(err.Error(), "already finished") {
+		t.Errorf("cancel of a finished job: %v", err)
+	}
+	if _, err := tc.client.Status(context.Background(), "nope"); err == nil || !strings.Contains(err.Error(), `no job "nope"`) {
+		t.Errorf("status of an unknown job: %v", err)
+	}
+}
+
+// slowJob writes a job file: a generator of n records at rate per second
+// through the uppercase module into dir/out.
+func slowJob(t *testing.T, n, rate, parallelism int) string {
+	wasm := testwasm.Path(t, "examples/wasm/uppercase/uppercase.wasm")
+	dir := t.TempDir()
+	job := fmt.Sprintf(`name: slow
+parallelism: %d
+operators:
+  - uid: gen
+    source: {type: generator, count: %d, rate: %d}
+  - uid: upper
+    wasm: %s
+    inputs: [{from: gen}]
+  - uid: out
+    sink: {type: file, path: out/}
+    inputs: [{from: upper}]
+`, parallelism, n, rate, wasm)
+	path := filepath.Join(dir, "slow.yaml")
+	if err := os.WriteFile(path, []byte(job), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+func TestLostHostFailsOver(t *testing.T) {
+	tc := newCluster(t, 1, 1)
+	const n = 1500
+	path := slowJob(t, n, 1000, 1)
+	id := deploy(t, tc, path, jobfile.Options{})
+	st := tc.waitJob(id, "running", func(st *cluster.JobStatus) bool {
+		return st.State == cluster.JobRunning && st.Operators[0].RecordsOut > 0
+	})
+	first := st.Hosts[0]
+	other := map[string]string{"h1": "h2", "h2": "h1"}[first]
+	lostAt := time.Now()
+	tc.hosts[first].Close() // stops heartbeats and its runs, reports nothing: a crash
+	st = tc.waitJob(id, "restarted on the other host", func(st *cluster.JobStatus) bool { return st.Attempt == 1 })
+	detect := time.Since(lostAt)
+	if st.State != cluster.JobRestarting && st.State != cluster.JobRunning {
+		t.Fatalf("after the host was lost: state %s (%s), want restarting or running", st.State, st.Reason)
+	}
+	if !strings.Contains(st.Attempts[0].Reason, "host "+first+" lost") {
+		t.Errorf("attempt 0 reason %q: want it to say host %s was lost", st.Attempts[0].Reason, first)
+	}
+	t.Logf("lost host detected and job restarted after %s (heartbeat %s, lost after %d)", detect.Round(time.Millisecond), hbInterval, lostAfter)
+	st = tc.waitJob(id, "finished", state(cluster.JobFinished))
+	if st.State != cluster.JobFinished || len(st.Hosts) != 1 || st.Hosts[0] != other {
+		t.Fatalf("job %s on %v (%s), want finished on %s", st.State, st.Hosts, st.Reason, other)
+	}
+	out := readFile(t, filepath.Join(filepath.Dir(path), "out", "part-0"))
+	lines := strings.Split(strings.TrimSuffix(out, "\n"), "\n")
+	if len(lines) != n || lines[0] != "VALUE-0" || lines[n-1] != fmt.Sprintf("VALUE-%d", n-1) {
+		t.Fatalf("output: %d lines, first %q last %q; want %d from VALUE-0", len(lines), lines[0], lines[len(lines)-1], n)
+	}
+	hs, err := tc.client.Hosts(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, h := range hs {
+		if want := map[bool]string{true: "lost", false: "alive"}[h.ID == first]; h.State != want {
+			t.Errorf("host %s: %s, want %s", h.ID, h.State, want)
+		}
+	}
+}
+
+func TestJobTooLargeForOneHostSaysCrossHostIsMissing(t *testing.T) {
+	tc := newCluster(t, 1, 1)
+	id := deploy(t, tc, slowJob(t, 10, 0, 2), jobfile.Options{})
+	st := tc.waitJob(id, "failed", state(cluster.JobFailed))
+	if st.State != cluster.JobFailed || !strings.Contains(st.Reason, "cross-host execution not available yet") {
+		t.Fatalf("state %s reason %q: want failed, cross-host execution not available yet", st.State, st.Reason)
+	}
+}
+
+func TestJobWaitsForSlotsThenRuns(t *testing.T) {
+	tc := newCluster(t, 1)
+	long := deploy(t, tc, slowJob(t, 100000, 1000, 1), jobfile.Options{})
+	tc.waitJob(long, "running", state(cluster.JobRunning))
+	short := deploy(t, tc, uppercaseJob(t), jobfile.Options{})
+	st := tc.waitJob(short, "waiting", func(st *cluster.JobStatus) bool { return strings.Contains(st.Reason, "waiting for slots") })
+	if st.State != cluster.JobCreated {
+		t.Fatalf("second job: %s, want created while it waits", st.State)
+	}
+	sp, err := tc.client.Savepoint(context.Background(), long, t.TempDir())
+	if err == nil || !strings.Contains(err.Error(), "not supported yet") {
+		t.Errorf("savepoint: %q, %v; want a not supported yet error", sp, err)
+	}
+	if _, err := tc.client.Stop(context.Background(), long, t.TempDir(), true); err == nil || !strings.Contains(err.Error(), "not supported yet") {
+		t.Errorf("stop: %v; want a not supported yet error", err)
+	}
+	cst, err := tc.client.Cancel(context.Background(), long)
+	if err != nil || cst.State != cluster.JobCanceled {
+		t.Fatalf("cancel: %v %v", cst, err)
+	}
+	if len(tc.hosts["h1"].Running()) != 0 && tc.hosts["h1"].Running()[0].JobID == long {
+		t.Errorf("host still runs the canceled job: %v", tc.hosts["h1"].Running())
+	}
+	st = tc.waitJob(short, "finished", state(cluster.JobFinished))
+	if st.State != cluster.JobFinished {
+		t.Fatalf("second job after the first was canceled: %s (%s)", st.State, st.Reason)
+	}
+}
