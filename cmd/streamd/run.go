@@ -13,6 +13,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/streamd/streamd/host"
+	"github.com/streamd/streamd/internal/checkpoint"
 	"github.com/streamd/streamd/internal/jobfile"
 	"github.com/streamd/streamd/internal/runtime"
 )
@@ -22,6 +23,8 @@ type runFlags struct {
 	parallelism  int
 	config       []string
 	allowClock   bool
+	from         string
+	drain        bool
 }
 
 func (c *cli) runCommand() *cobra.Command {
@@ -39,9 +42,17 @@ between a source (default: standard input, one record per line) and a sink
 Progress (records in and out per operator, rate) is redrawn every second on a
 terminal and logged every 5s otherwise; a summary and where the output went follow
 at the end. Exit status: 0 when the job finished, 1 when it failed or is invalid,
-2 on a usage error, 130 when interrupted (Ctrl-C stops the job cleanly).`,
+2 on a usage error, 130 when interrupted (Ctrl-C stops the job cleanly).
+
+A job file with a checkpoint section checkpoints (docs/checkpoints.md): a failed
+subtask restarts the job from the latest completed checkpoint, the file sink's
+output is exactly-once, and Ctrl-C (SIGINT or SIGTERM) stops the job with a
+savepoint and prints its path; resume with --from PATH. --from also takes a
+checkpoint directory (its latest completed checkpoint), at any parallelism.`,
 		Example: `  streamd run examples/wasm/wordcount/wordcount.yaml
   streamd run --parallelism 4 job.yaml
+  streamd run job.yaml --from checkpoints/
+  streamd run job.yaml --from checkpoints/savepoint-7-1a2b3c --parallelism 3
   streamd run upper.wasm < in.txt > out.txt
   streamd run filter.wasm --source file:in.txt --sink file:out/ --config min_length=3`,
 		Args: exactArgs(1),
@@ -55,6 +66,8 @@ at the end. Exit status: 0 when the job finished, 1 when it failed or is invalid
 	fl.IntVarP(&f.parallelism, "parallelism", "p", 0, "job: replace the default parallelism (operators that set their own keep it); module: the operator's parallelism")
 	fl.StringArrayVar(&f.config, "config", nil, "module only: operator config entry KEY=VALUE (repeatable)")
 	fl.BoolVar(&f.allowClock, "allow-clock", false, "module only: give the guest the real wall clock")
+	fl.StringVar(&f.from, "from", "", "job: restore from a checkpoint, a savepoint, or a checkpoint directory (its latest completed checkpoint)")
+	fl.BoolVar(&f.drain, "drain", false, "job: on Ctrl-C (SIGINT, SIGTERM) stop with a savepoint after draining (end_input and finish run; timers fire)")
 	fl.String("progress", progressAuto, "progress display: auto, table, log or off ("+keyProgress+")")
 	fl.Int("batch-size", 1024, "records per batch on channels and into wasm ("+keyBatchSize+")")
 	fl.Int("channel-capacity", 16, "batches queued per channel ("+keyChannelCapacity+")")
@@ -94,6 +107,11 @@ func (c *cli) run(ctx context.Context, cmd *cobra.Command, target string, f runF
 		}
 		job, err = jobfile.FilterJob(jobfile.Filter{Module: target, Source: f.source, Sink: f.sink,
 			Parallelism: f.parallelism, Config: cfg, AllowClock: f.allowClock})
+		for _, name := range []string{"from", "drain"} {
+			if cmd.Flags().Changed(name) {
+				return usagef("--%s applies only to a job file", name)
+			}
+		}
 	} else {
 		for _, name := range []string{"source", "sink", "config", "allow-clock"} {
 			if cmd.Flags().Changed(name) {
@@ -146,21 +164,63 @@ func (c *cli) run(ctx context.Context, cmd *cobra.Command, target string, f runF
 		startLevel = log.Debug
 	}
 	startLevel("job starting", "operators", len(g.Vertices), "file", job.Path)
-	if job.Checkpoint != nil {
-		log.Warn("the job file has a checkpoint section, but this version of streamd run takes no checkpoints; output is complete but not exactly-once across failures")
-	}
-
-	prog := newProgress(mode, c.stderr, log)
-	start := time.Now()
-	stats, err := runtime.Run(ctx, g, runtime.Options{
+	opts := runtime.Options{
 		Engine:          eng,
 		Logger:          log,
 		BatchSize:       batch,
 		ChannelCapacity: chanCap,
 		Stdout:          c.stdout,
 		Stdin:           c.stdin,
-		Progress:        prog.update,
-	})
+		Restart:         runtime.RestartStrategy{Attempts: job.Restart.Attempts, Delay: job.Restart.Delay},
+	}
+	if job.Restart.Strategy == jobfile.RestartNone {
+		opts.Restart = runtime.RestartStrategy{}
+	}
+	if f.from != "" {
+		rs, err := checkpoint.LoadRestore(ctx, f.from, g)
+		if err != nil {
+			return err
+		}
+		opts.Restore = rs
+		log.Info("restoring", "from", rs.Metadata.Location, "kind", rs.Metadata.Kind, "id", rs.Metadata.ID)
+	}
+	// With checkpointing, Ctrl-C stops the job with a savepoint: the job runs
+	// on a context that the signal does not cancel.
+	runCtx := ctx
+	var stopped <-chan struct{}
+	if cs := job.Checkpoint; cs != nil {
+		store, err := checkpoint.OpenDir(cs.Dir, checkpoint.WithRetain(cs.Retain), checkpoint.WithLogger(log))
+		if err != nil {
+			return err
+		}
+		opts.Checkpoint = &runtime.CheckpointOptions{Store: store, Interval: cs.Interval, Timeout: cs.Timeout, MinPause: cs.MinPause}
+		stop := make(chan runtime.StopRequest, 1)
+		opts.Stop = stop
+		runCtx = context.WithoutCancel(ctx)
+		done := make(chan struct{})
+		defer close(done)
+		stopped = ctx.Done()
+		go func() {
+			select {
+			case <-ctx.Done():
+				fmt.Fprintf(c.stderr, "stopping with a savepoint (drain=%t); press Ctrl-C again to kill\n", f.drain)
+				stop <- runtime.StopRequest{Drain: f.drain}
+			case <-done:
+			}
+		}()
+	}
+	prog := newProgress(mode, c.stderr, log)
+	opts.Progress = prog.update
+	start := time.Now()
+	stats, err := runtime.Run(runCtx, g, opts)
+	if stats.Savepoint != "" {
+		prog.finish(stats, "stopped")
+		fmt.Fprintf(c.stderr, "stopped with savepoint %s\nresume with: streamd run %s --from %s\n", stats.Savepoint, target, stats.Savepoint)
+		if err == nil && stopped != nil && ctx.Err() != nil {
+			return ctx.Err()
+		}
+		return err
+	}
 	if stats.Elapsed == 0 {
 		stats.Elapsed = time.Since(start)
 	}

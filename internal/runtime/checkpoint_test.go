@@ -1,0 +1,138 @@
+package runtime
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"sort"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/streamd/streamd/control"
+	"github.com/streamd/streamd/internal/checkpoint"
+	"github.com/streamd/streamd/internal/jobfile"
+	"github.com/streamd/streamd/internal/testwasm"
+)
+
+// committed returns the lines of every visible (committed) file of dir, sorted.
+func committed(t testing.TB, dir string) []string {
+	t.Helper()
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var lines []string
+	for _, e := range ents {
+		if strings.HasPrefix(e.Name(), ".") {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join(dir, e.Name()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, l := range strings.Split(strings.TrimSuffix(string(b), "\n"), "\n") {
+			if l != "" {
+				lines = append(lines, l)
+			}
+		}
+	}
+	sort.Strings(lines)
+	return lines
+}
+
+// checkExactlyOnce compares sorted lines with the sorted expected lines and
+// reports duplicates and losses.
+func checkExactlyOnce(t testing.TB, got, want []string) {
+	t.Helper()
+	sort.Strings(want)
+	if slices.Equal(got, want) {
+		return
+	}
+	count := map[string]int{}
+	for _, l := range got {
+		count[l]++
+	}
+	var dup, lost []string
+	for _, w := range want {
+		switch count[w] {
+		case 0:
+			lost = append(lost, w)
+		case 1:
+		default:
+			dup = append(dup, w)
+		}
+		delete(count, w)
+	}
+	var extra []string
+	for l := range count {
+		extra = append(extra, l)
+	}
+	t.Fatalf("got %d lines, want %d: %d lost (e.g. %.5q), %d duplicated (e.g. %.5q), %d unexpected (e.g. %.5q)",
+		len(got), len(want), len(lost), lost, len(dup), dup, len(extra), extra)
+}
+
+func openStore(t testing.TB, dir string) *checkpoint.Dir {
+	t.Helper()
+	st, err := checkpoint.OpenDir(dir, checkpoint.WithRetain(2))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return st
+}
+
+// TestExactlyOnceUnderFailure: an operator fails once (attempt 0) at a chosen
+// record; the job restarts from the latest completed checkpoint and the file
+// sink still commits every expected record exactly once.
+func TestExactlyOnceUnderFailure(t *testing.T) {
+	mod := testwasm.Path(t, "internal/testguests/failonce/failonce.wasm")
+	eng := newEngine(t)
+	const n, keys = 4000, 13
+	for _, mode := range []string{"map", "count"} {
+		for _, p := range []int{1, 4} {
+			t.Run(fmt.Sprintf("%s/p%d", mode, p), func(t *testing.T) {
+				dir := t.TempDir()
+				out := filepath.Join(dir, "out")
+				part := control.Rebalance
+				if mode == "count" {
+					part = control.Hash
+				}
+				gen := &jobfile.SourceSpec{Type: "generator", Count: n, Rate: 16000, KeyPattern: "key-{k}", ValuePattern: "value-{n}", Keys: keys, TSStep: 1}
+				g := graph(t,
+					src("src", p, gen),
+					op("op", p, &jobfile.WasmSpec{Path: mod, Config: map[string]string{"fail_at": fmt.Sprint(n / p / 2), "mode": mode}}, in("src", part)),
+					sink("out", p, &jobfile.SinkSpec{Type: "file", Path: out}, in("op", control.Forward)),
+				)
+				var before int
+				stats, err := Run(context.Background(), g, Options{
+					Engine: eng, BatchSize: 64,
+					Checkpoint: &CheckpointOptions{Store: openStore(t, filepath.Join(dir, "chk")), Interval: 30 * time.Millisecond, Tick: 10 * time.Millisecond,
+						OnComplete: func(*checkpoint.Metadata) { before++ }},
+					Restart: RestartStrategy{Attempts: 2},
+				})
+				if err != nil {
+					t.Fatal(err)
+				}
+				if stats.Restarts != 1 {
+					t.Fatalf("restarts %d, want 1", stats.Restarts)
+				}
+				var want []string
+				if mode == "map" {
+					for i := 0; i < n; i++ {
+						want = append(want, fmt.Sprintf("value-%d", i))
+					}
+				} else {
+					per := map[int]int{}
+					for i := 0; i < n; i++ {
+						per[i%keys]++
+						want = append(want, fmt.Sprintf("key-%d=%d", i%keys, per[i%keys]))
+					}
+				}
+				checkExactlyOnce(t, committed(t, out), want)
+				t.Logf("%d checkpoints, elapsed %v", stats.Checkpoints, stats.Elapsed)
+			})
+		}
+	}
+}
