@@ -87,7 +87,7 @@ named by --config-file), then defaults. See docs/cli.md.`,
 	c.bind(pf, keyWasmMemoryLimit, "wasm-memory-limit-mib")
 	c.bind(pf, keyWasmDeadline, "wasm-call-deadline")
 
-	root.AddCommand(c.runCommand(), c.validateCommand(), c.versionCommand())
+	root.AddCommand(c.runCommand(), c.validateCommand(), c.versionCommand(), c.inspectCommand())
 	return root
 }
 

@@ -2,11 +2,9 @@ package checkpoint
 
 import (
 	"bytes"
-	"cmp"
 	"errors"
 	"math/rand/v2"
 	"reflect"
-	"slices"
 	"strings"
 	"testing"
 
@@ -81,15 +79,6 @@ func TestBlobRefString(t *testing.T) {
 			t.Errorf("ParseBlobRef(%q) err = %v, want an error", bad, err)
 		}
 	}
-}
-
-func sortTimers(ts []host.Timer) {
-	slices.SortFunc(ts, func(a, b host.Timer) int {
-		if c := cmp.Compare(a.TS, b.TS); c != 0 {
-			return c
-		}
-		return bytes.Compare(a.Key, b.Key)
-	})
 }
 
 // EncodeState embeds host.Snapshot's own encoding, byte for byte.

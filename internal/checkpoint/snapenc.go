@@ -1,6 +1,8 @@
 package checkpoint
 
 import (
+	"bytes"
+	"cmp"
 	"encoding/binary"
 	"fmt"
 	"hash/crc32"
@@ -108,4 +110,14 @@ func snapshotSize(s *host.Snapshot) int {
 		}
 	}
 	return n
+}
+
+// sortTimers sorts timers by (TS, Key), the order of the host format.
+func sortTimers(ts []host.Timer) {
+	slices.SortFunc(ts, func(a, b host.Timer) int {
+		if c := cmp.Compare(a.TS, b.TS); c != 0 {
+			return c
+		}
+		return bytes.Compare(a.Key, b.Key)
+	})
 }
