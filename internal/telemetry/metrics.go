@@ -87,8 +87,8 @@ func (m *Metrics) Operator(job, operator string, subtask int) *OperatorMetrics {
 	if m == nil {
 		return nil
 	}
-	set := attribute.NewSet(Job(job), Operator(operator), Subtask(subtask))
-	return &OperatorMetrics{m: m, opt: metric.WithAttributeSet(set)}
+	opt := metric.WithAttributeSet(attribute.NewSet(Job(job), Operator(operator), Subtask(subtask)))
+	return &OperatorMetrics{m: m, add: []metric.AddOption{opt}, rec: []metric.RecordOption{opt}}
 }
 
 // Checkpoint records a completed checkpoint of job: its duration from
@@ -114,7 +114,8 @@ func (m *Metrics) Restart(ctx context.Context, job string) {
 // *OperatorMetrics does nothing. It is safe for concurrent use.
 type OperatorMetrics struct {
 	m   *Metrics
-	opt metric.MeasurementOption
+	add []metric.AddOption // built once: passing them does not allocate
+	rec []metric.RecordOption
 }
 
 // Batch records one batch: in records in, out records emitted, d spent.
@@ -122,11 +123,11 @@ func (o *OperatorMetrics) Batch(ctx context.Context, in, out int, d time.Duratio
 	if o == nil {
 		return
 	}
-	o.m.RecordsIn.Add(ctx, int64(in), o.opt)
+	o.m.RecordsIn.Add(ctx, int64(in), o.add...)
 	if out > 0 {
-		o.m.RecordsOut.Add(ctx, int64(out), o.opt)
+		o.m.RecordsOut.Add(ctx, int64(out), o.add...)
 	}
-	o.m.BatchLatency.Record(ctx, d.Seconds(), o.opt)
+	o.m.BatchLatency.Record(ctx, d.Seconds(), o.rec...)
 }
 
 // RecordsOut counts records emitted outside a batch (timers, end of input, finish).
@@ -134,7 +135,7 @@ func (o *OperatorMetrics) RecordsOut(ctx context.Context, n int) {
 	if o == nil || n == 0 {
 		return
 	}
-	o.m.RecordsOut.Add(ctx, int64(n), o.opt)
+	o.m.RecordsOut.Add(ctx, int64(n), o.add...)
 }
 
 // BackPressure adds d, time spent blocked on a full downstream channel.
@@ -142,7 +143,7 @@ func (o *OperatorMetrics) BackPressure(ctx context.Context, d time.Duration) {
 	if o == nil {
 		return
 	}
-	o.m.BackPressure.Add(ctx, d.Seconds(), o.opt)
+	o.m.BackPressure.Add(ctx, d.Seconds(), o.add...)
 }
 
 // Alignment records the barrier alignment time of one checkpoint.
@@ -150,7 +151,7 @@ func (o *OperatorMetrics) Alignment(ctx context.Context, d time.Duration) {
 	if o == nil {
 		return
 	}
-	o.m.AlignmentTime.Record(ctx, d.Seconds(), o.opt)
+	o.m.AlignmentTime.Record(ctx, d.Seconds(), o.rec...)
 }
 
 // FinalCheckpointWait records how long the finished subtask waited for the final checkpoint.
@@ -158,5 +159,5 @@ func (o *OperatorMetrics) FinalCheckpointWait(ctx context.Context, d time.Durati
 	if o == nil {
 		return
 	}
-	o.m.FinalCheckpointWait.Record(ctx, d.Seconds(), o.opt)
+	o.m.FinalCheckpointWait.Record(ctx, d.Seconds(), o.rec...)
 }

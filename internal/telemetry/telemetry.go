@@ -15,6 +15,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	neturl "net/url"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -102,7 +103,7 @@ func newExporter(ctx context.Context, cfg Config) (sdktrace.SpanExporter, error)
 		var opts []otlptracehttp.Option
 		switch {
 		case url:
-			opts = append(opts, otlptracehttp.WithEndpointURL(cfg.Endpoint))
+			opts = append(opts, otlptracehttp.WithEndpointURL(httpTracesURL(cfg.Endpoint)))
 		case cfg.Endpoint != "":
 			opts = append(opts, otlptracehttp.WithEndpoint(cfg.Endpoint))
 		}
@@ -127,6 +128,16 @@ func newExporter(ctx context.Context, cfg Config) (sdktrace.SpanExporter, error)
 		return nil, fmt.Errorf("telemetry: OTLP %s exporter to %q: %w", proto, cfg.Endpoint, err)
 	}
 	return exp, nil
+}
+
+// httpTracesURL: a URL without a path is a base endpoint, like
+// OTEL_EXPORTER_OTLP_ENDPOINT: traces go to its /v1/traces.
+func httpTracesURL(endpoint string) string {
+	if u, err := neturl.Parse(endpoint); err == nil && (u.Path == "" || u.Path == "/") {
+		u.Path = "/v1/traces"
+		return u.String()
+	}
+	return endpoint
 }
 
 func containsScheme(s string) bool {
