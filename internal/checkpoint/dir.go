@@ -418,16 +418,32 @@ func (d *Dir) Discard(ctx context.Context, kind control.CheckpointKind, id int64
 	return nil
 }
 
-// NextID is one more than the highest chk-ID in the root, complete or not.
+// NextID is one more than the highest id of a chk-ID directory in the root
+// (complete or not) or of a savepoint-ID-RAND directory in the root or the
+// savepoint directory, so ids keep growing across runs.
 func (d *Dir) NextID(ctx context.Context) (int64, error) {
 	ents, err := listChk(d.root)
 	if err != nil {
 		return 0, fmt.Errorf("checkpoint: %w", err)
 	}
-	if len(ents) == 0 {
-		return 1, nil
+	next := int64(1)
+	if len(ents) > 0 {
+		next = ents[len(ents)-1].id + 1
 	}
-	return ents[len(ents)-1].id + 1, nil
+	for _, dir := range []string{d.root, d.savepoints} {
+		des, err := os.ReadDir(dir)
+		if err != nil {
+			continue // the savepoint directory may not exist yet
+		}
+		for _, e := range des {
+			rest, ok := strings.CutPrefix(e.Name(), savepointPrefix)
+			idStr, _, ok2 := strings.Cut(rest, "-")
+			if id, err := strconv.ParseInt(idStr, 10, 64); ok && ok2 && err == nil && e.IsDir() && id >= next {
+				next = id + 1
+			}
+		}
+	}
+	return next, nil
 }
 
 // latestIn loads the newest completed checkpoint of root.

@@ -168,6 +168,10 @@ func TestNoCompletedCheckpoint(t *testing.T) {
 	if n, _ := d.NextID(context.Background()); n != 10 {
 		t.Fatalf("NextID = %d, want 10", n)
 	}
+	writeCheckpoint(t, d, control.KindSavepoint, 12, states(1))
+	if n, _ := d.NextID(context.Background()); n != 13 {
+		t.Fatalf("NextID after savepoint 12 = %d, want 13", n)
+	}
 	_, err = Resolve(filepath.Join(d.Root(), "missing"))
 	wantErr(t, err, os.ErrNotExist, "missing")
 }
