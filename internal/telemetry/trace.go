@@ -37,10 +37,15 @@ const (
 	// per checkpoint, one trace: checkpoint (coordinator, root)
 	//   -> task.barrier_alignment, task.snapshot (each subtask, any host)
 	//        -> guest.snapshot_state
-	//   -> guest.notify_checkpoint_complete (after completion)
-	SpanCheckpoint       = "checkpoint"
-	SpanBarrierAlignment = "task.barrier_alignment"
-	SpanTaskSnapshot     = "task.snapshot"
+	//   -> task.notify_checkpoint_complete (after completion)
+	//        -> guest.notify_checkpoint_complete
+	// A subtask on another host starts its task.* span from the context
+	// extracted from the barrier's NATS headers or the control message:
+	// the host makes guest.* spans only under a recording (local) span.
+	SpanCheckpoint         = "checkpoint"
+	SpanBarrierAlignment   = "task.barrier_alignment"
+	SpanTaskSnapshot       = "task.snapshot"
+	SpanTaskNotifyComplete = "task.notify_checkpoint_complete"
 
 	// per subtask attempt: task (runtime) -> these phases
 	SpanTask                = "task"
