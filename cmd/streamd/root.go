@@ -88,6 +88,7 @@ named by --config-file), then defaults. See docs/cli.md.`,
 	c.bind(pf, keyWasmDeadline, "wasm-call-deadline")
 
 	root.AddCommand(c.runCommand(), c.validateCommand(), c.versionCommand(), c.inspectCommand())
+	root.AddCommand(c.clusterCommands()...)
 	return root
 }
 

@@ -1,0 +1,81 @@
+package main
+
+import (
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/streamd/streamd/internal/cluster"
+)
+
+func (c *cli) controllerCommand() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "controller",
+		Short: "Run the controller: keeps jobs, schedules them onto hosts, fails them over",
+		Long: `Run the controller until interrupted. It joins the NATS server of nats.url
+(--nats, STREAMD_NATS_URL), answers the control API (streamd deploy, list, status,
+cancel, savepoint, stop), registers hosts by their heartbeats, schedules jobs onto
+free host slots and fails jobs over when a host misses cluster.lost_after
+heartbeats. Its job table lives in memory. See docs/subjects.md for the subjects.`,
+		Args: exactArgs(0),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			nc, err := c.connectNATS("streamd controller")
+			if err != nil {
+				return err
+			}
+			defer nc.Close()
+			opts, err := c.controllerOptions()
+			if err != nil {
+				return err
+			}
+			ctl, err := cluster.StartController(nc, opts)
+			if err != nil {
+				return err
+			}
+			defer ctl.Close()
+			<-cmd.Context().Done()
+			return nil
+		},
+	}
+	c.natsFlags(cmd, c.clusterFlags(cmd, true)...)
+	return cmd
+}
+
+// clusterFlags adds the heartbeat flag and, for a controller, the failover flags.
+func (c *cli) clusterFlags(cmd *cobra.Command, controller bool) []flagKey {
+	fl := cmd.Flags()
+	fl.Duration("heartbeat-interval", time.Second, "how often hosts send heartbeats ("+keyHeartbeatInterval+")")
+	if !controller {
+		return []flagKey{{"heartbeat-interval", keyHeartbeatInterval}}
+	}
+	fl.Int("lost-after", cluster.DefaultLostAfter, "missed heartbeats after which a host is lost ("+keyLostAfter+")")
+	fl.Int("max-failovers", cluster.DefaultMaxFailovers, "restarts of one job after lost hosts before it fails ("+keyMaxFailovers+")")
+	return []flagKey{{"heartbeat-interval", keyHeartbeatInterval}, {"lost-after", keyLostAfter}, {"max-failovers", keyMaxFailovers}}
+}
+
+func (c *cli) controllerOptions() (cluster.ControllerOptions, error) {
+	hb, err := c.positiveDuration(keyHeartbeatInterval)
+	if err != nil {
+		return cluster.ControllerOptions{}, err
+	}
+	lost, err := c.positiveInt(keyLostAfter)
+	if err != nil {
+		return cluster.ControllerOptions{}, err
+	}
+	fo, err := c.positiveInt(keyMaxFailovers)
+	if err != nil {
+		return cluster.ControllerOptions{}, err
+	}
+	return cluster.ControllerOptions{Logger: c.log, HeartbeatInterval: hb, LostAfter: lost, MaxFailovers: fo}, nil
+}
+
+func (c *cli) positiveDuration(key string) (time.Duration, error) {
+	d, err := c.duration(key)
+	if err != nil {
+		return 0, err
+	}
+	if d <= 0 {
+		return 0, usagef("%s: want a positive duration like 1s, got %v", key, c.v.Get(key))
+	}
+	return d, nil
+}

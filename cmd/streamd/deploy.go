@@ -1,0 +1,135 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/streamd/streamd/internal/cluster"
+	"github.com/streamd/streamd/internal/jobfile"
+)
+
+func (c *cli) deployCommand() *cobra.Command {
+	var f runFlags
+	var asJSON, wait bool
+	cmd := &cobra.Command{
+		Use:   "deploy JOB.yaml | MODULE.wasm",
+		Short: "Submit a job to the controller and print its id",
+		Long: `Submit a job to the controller (streamd server, or streamd controller with
+hosts) and print its id.
+
+The job file (or module) is checked first, like run does. Then every wasm module,
+the input file of every file source, and the job file are uploaded to the NATS
+JetStream object store STREAMD_ARTIFACTS (by content hash), so hosts need no
+shared disk. Paths of file sinks name directories on the host that runs the job.
+
+With a .wasm module the job is built like run builds it: one operator between
+--source (file:PATH or generator:COUNT; a deployed job has no standard input) and
+--sink (file:DIR, discard, or stdout: the host's standard output).
+
+--wait waits until the job ends; the exit status is then 0 only if it finished.`,
+		Example: `  streamd deploy examples/wasm/wordcount/wordcount.yaml
+  streamd deploy -p 4 job.yaml
+  streamd deploy upper.wasm --source file:in.txt --sink file:out/
+  id=$(streamd deploy job.yaml) && streamd status --json "$id"`,
+		Args: exactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			job, file, err := c.loadForDeploy(cmd, args[0], f)
+			if err != nil {
+				return err
+			}
+			return c.withClient(cmd.Context(), func(ctx context.Context, cl *cluster.Client) error {
+				id, err := cl.Deploy(ctx, job, file)
+				if err != nil {
+					return err
+				}
+				if !wait {
+					if asJSON {
+						return c.printJSON(map[string]string{"job_id": id})
+					}
+					fmt.Fprintln(c.stdout, id)
+					return nil
+				}
+				st, err := c.waitJob(cmd.Context(), cl, id)
+				if err != nil {
+					return err
+				}
+				if asJSON {
+					if err := c.printJSON(st); err != nil {
+						return err
+					}
+				} else {
+					fmt.Fprintln(c.stdout, id)
+				}
+				if st.State != cluster.JobFinished {
+					return fmt.Errorf("job %s %s: %s", id, st.State, st.Reason)
+				}
+				return nil
+			})
+		},
+	}
+	fl := cmd.Flags()
+	fl.StringVar(&f.source, "source", "", "module only: where records come from: file:PATH (uploaded) or generator:COUNT")
+	fl.StringVar(&f.sink, "sink", "stdout", "module only: where records go: stdout (the host's), file:DIR (on the host) or discard")
+	fl.IntVarP(&f.parallelism, "parallelism", "p", 0, "job: replace the default parallelism; module: the operator's parallelism")
+	fl.StringArrayVar(&f.config, "config", nil, "module only: operator config entry KEY=VALUE (repeatable)")
+	fl.BoolVar(&f.allowClock, "allow-clock", false, "module only: give the guest the real wall clock")
+	fl.BoolVar(&asJSON, "json", false, `print {"job_id": ...} (with --wait: the final status)`)
+	fl.BoolVar(&wait, "wait", false, "wait until the job ends; exit 0 only if it finished")
+	c.clientFlags(cmd)
+	return cmd
+}
+
+// loadForDeploy loads and checks the job like run does; it returns the job
+// and the job file to upload ("" for a module).
+func (c *cli) loadForDeploy(cmd *cobra.Command, target string, f runFlags) (*jobfile.Job, string, error) {
+	if !isModule(target) {
+		for _, name := range []string{"source", "sink", "config", "allow-clock"} {
+			if cmd.Flags().Changed(name) {
+				return nil, "", usagef("--%s applies only when deploying a .wasm module; %s is a job file (set it in the file)", name, target)
+			}
+		}
+		job, err := jobfile.LoadJob(target, jobfile.Options{Parallelism: f.parallelism})
+		if err != nil {
+			return nil, "", err
+		}
+		return job, job.Path, nil
+	}
+	if f.source == "" || f.source == "stdin" {
+		return nil, "", usagef("deploy %s: --source is required (file:PATH or generator:COUNT): a deployed job has no standard input", target)
+	}
+	cfg := map[string]string{}
+	for _, kv := range f.config {
+		k, v, ok := strings.Cut(kv, "=")
+		if !ok || k == "" {
+			return nil, "", usagef("--config %q: want KEY=VALUE", kv)
+		}
+		cfg[k] = v
+	}
+	job, err := jobfile.FilterJob(jobfile.Filter{Module: target, Source: f.source, Sink: f.sink,
+		Parallelism: f.parallelism, Config: cfg, AllowClock: f.allowClock})
+	return job, "", err
+}
+
+// waitJob polls the job's status until it ends (no request timeout applies).
+func (c *cli) waitJob(ctx context.Context, cl *cluster.Client, id string) (*cluster.JobStatus, error) {
+	for {
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+		st, err := cl.Status(rctx, id)
+		cancel()
+		if err != nil {
+			return nil, err
+		}
+		if cluster.TerminalJobState(st.State) {
+			return st, nil
+		}
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+}

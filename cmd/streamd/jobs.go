@@ -1,0 +1,415 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	goruntime "runtime"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/spf13/cobra"
+
+	"github.com/streamd/streamd/internal/cluster"
+	"github.com/streamd/streamd/internal/natsutil"
+)
+
+// Configuration keys of the cluster commands (docs/configuration.md).
+const (
+	keyNATSURL      = "nats.url"
+	keyNATSUser     = "nats.user"
+	keyNATSPassword = "nats.password"
+	keyNATSToken    = "nats.token"
+	keyNATSNKey     = "nats.nkey"
+	keyNATSCreds    = "nats.creds"
+	keyNATSTLSCA    = "nats.tls.ca"
+	keyNATSTLSCert  = "nats.tls.cert"
+	keyNATSTLSKey   = "nats.tls.key"
+
+	keyHeartbeatInterval = "cluster.heartbeat_interval"
+	keyLostAfter         = "cluster.lost_after"
+	keyMaxFailovers      = "cluster.max_failovers"
+	keyRequestTimeout    = "cluster.request_timeout"
+
+	keyHostID   = "host.id"
+	keySlots    = "host.slots"
+	keyDataDir  = "data_dir"
+	keyNATSPort = "server.nats_port"
+	keyNATSHost = "server.nats_host"
+)
+
+// DefaultNATSURL is where `streamd server` listens by default.
+const defaultNATSURL = "nats://127.0.0.1:4222"
+
+var clusterKeys = []string{keyNATSURL, keyNATSUser, keyNATSPassword, keyNATSToken, keyNATSNKey, keyNATSCreds,
+	keyNATSTLSCA, keyNATSTLSCert, keyNATSTLSKey, keyHeartbeatInterval, keyLostAfter, keyMaxFailovers,
+	keyRequestTimeout, keyHostID, keySlots, keyDataDir, keyNATSPort, keyNATSHost}
+
+func init() { knownKeys = append(knownKeys, clusterKeys...) }
+
+// clusterCommands are the commands of the control plane.
+func (c *cli) clusterCommands() []*cobra.Command {
+	return []*cobra.Command{c.serverCommand(), c.controllerCommand(), c.hostCommand(), c.deployCommand(),
+		c.listCommand(), c.statusCommand(), c.cancelCommand(), c.savepointCommand(), c.stopCommand(), c.hostsCommand()}
+}
+
+// flagKey is a flag and the configuration key it sets.
+type flagKey struct{ flag, key string }
+
+// natsFlags adds the NATS connection flags to cmd; withFlags binds them (and
+// extra) when cmd runs, so several commands can have a flag of the same key.
+func (c *cli) natsFlags(cmd *cobra.Command, extra ...flagKey) {
+	fl := cmd.Flags()
+	fl.String("nats", defaultNATSURL, "NATS server URL(s), comma-separated ("+keyNATSURL+")")
+	fl.String("nats-user", "", "NATS user, with --nats-password ("+keyNATSUser+")")
+	fl.String("nats-password", "", "NATS password ("+keyNATSPassword+")")
+	fl.String("nats-token", "", "NATS token ("+keyNATSToken+")")
+	fl.String("nats-nkey", "", "file holding a NATS user nkey seed ("+keyNATSNKey+")")
+	fl.String("nats-creds", "", "NATS .creds file (user JWT and nkey seed) ("+keyNATSCreds+")")
+	fl.String("nats-tls-ca", "", "PEM file of CAs to verify the NATS server with ("+keyNATSTLSCA+")")
+	fl.String("nats-tls-cert", "", "client certificate for NATS mutual TLS ("+keyNATSTLSCert+")")
+	fl.String("nats-tls-key", "", "client key for NATS mutual TLS ("+keyNATSTLSKey+")")
+	binds := append([]flagKey{{"nats", keyNATSURL}, {"nats-user", keyNATSUser}, {"nats-password", keyNATSPassword},
+		{"nats-token", keyNATSToken}, {"nats-nkey", keyNATSNKey}, {"nats-creds", keyNATSCreds},
+		{"nats-tls-ca", keyNATSTLSCA}, {"nats-tls-cert", keyNATSTLSCert}, {"nats-tls-key", keyNATSTLSKey}}, extra...)
+	cmd.PreRunE = func(cmd *cobra.Command, _ []string) error {
+		c.clusterDefaults()
+		for _, b := range binds {
+			c.bind(cmd.Flags(), b.key, b.flag)
+		}
+		return nil
+	}
+}
+
+// clusterDefaults sets the defaults of the cluster keys (which also makes
+// their STREAMD_ variables known to viper).
+func (c *cli) clusterDefaults() {
+	v := c.v
+	v.SetDefault(keyNATSURL, defaultNATSURL)
+	for _, k := range []string{keyNATSUser, keyNATSPassword, keyNATSToken, keyNATSNKey, keyNATSCreds, keyNATSTLSCA, keyNATSTLSCert, keyNATSTLSKey, keyHostID, keyDataDir} {
+		v.SetDefault(k, "")
+	}
+	v.SetDefault(keyHeartbeatInterval, "1s")
+	v.SetDefault(keyLostAfter, cluster.DefaultLostAfter)
+	v.SetDefault(keyMaxFailovers, cluster.DefaultMaxFailovers)
+	v.SetDefault(keyRequestTimeout, "30s")
+	v.SetDefault(keySlots, goruntime.NumCPU())
+	v.SetDefault(keyNATSPort, 4222)
+	v.SetDefault(keyNATSHost, "127.0.0.1")
+}
+
+// natsOptions builds the connection options from the nats.* keys.
+func (c *cli) natsOptions(name string) (natsutil.ConnectOptions, error) {
+	v := c.v
+	o := natsutil.ConnectOptions{
+		User: v.GetString(keyNATSUser), Password: v.GetString(keyNATSPassword), Token: v.GetString(keyNATSToken),
+		NKeySeedFile: v.GetString(keyNATSNKey), CredsFile: v.GetString(keyNATSCreds),
+		TLSCAFile: v.GetString(keyNATSTLSCA), TLSCertFile: v.GetString(keyNATSTLSCert), TLSKeyFile: v.GetString(keyNATSTLSKey),
+		Name: name,
+	}
+	for _, u := range strings.Split(v.GetString(keyNATSURL), ",") {
+		if u = strings.TrimSpace(u); u != "" {
+			o.URLs = append(o.URLs, u)
+		}
+	}
+	if err := o.Validate(); err != nil {
+		return o, usagef("NATS configuration (nats.*): %w", err)
+	}
+	return o, nil
+}
+
+// connectNATS connects with the nats.* settings and explains failures.
+func (c *cli) connectNATS(name string, extra ...nats.Option) (*nats.Conn, error) {
+	o, err := c.natsOptions(name)
+	if err != nil {
+		return nil, err
+	}
+	nc, err := o.Connect(extra...)
+	if err != nil {
+		low := strings.ToLower(err.Error())
+		switch {
+		case strings.Contains(low, "authorization violation") || strings.Contains(low, "authentication"):
+			return nil, fmt.Errorf("NATS server %s refused the credentials (%s): %w", o.URL(), credentialsUsed(o), err)
+		case errors.Is(err, nats.ErrNoServers) || strings.Contains(low, "connection refused"):
+			return nil, fmt.Errorf("no NATS server at %s (start `streamd server`, or set --nats / STREAMD_NATS_URL / %s): %w", o.URL(), keyNATSURL, err)
+		}
+		return nil, err
+	}
+	return nc, nil
+}
+
+func credentialsUsed(o natsutil.ConnectOptions) string {
+	switch {
+	case o.User != "":
+		return fmt.Sprintf("user %q and a password, from %s/%s", o.User, keyNATSUser, keyNATSPassword)
+	case o.Token != "":
+		return "a token, from " + keyNATSToken
+	case o.NKeySeedFile != "":
+		return "the nkey seed " + o.NKeySeedFile
+	case o.CredsFile != "":
+		return "the creds file " + o.CredsFile
+	}
+	return "no credentials; set nats.user and nats.password, nats.token, nats.nkey or nats.creds"
+}
+
+// withClient connects and runs fn with a control API client.
+func (c *cli) withClient(ctx context.Context, fn func(ctx context.Context, cl *cluster.Client) error) error {
+	nc, err := c.connectNATS("streamd cli")
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	cl, err := cluster.NewClient(nc)
+	if err != nil {
+		return err
+	}
+	timeout, err := c.duration(keyRequestTimeout)
+	if err != nil {
+		return err
+	}
+	if timeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, timeout)
+		defer cancel()
+	}
+	return fn(ctx, cl)
+}
+
+func (c *cli) printJSON(v any) error {
+	enc := json.NewEncoder(c.stdout)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
+}
+
+func (c *cli) listCommand() *cobra.Command {
+	var asJSON bool
+	cmd := &cobra.Command{
+		Use:   "list",
+		Short: "List the jobs the controller knows, newest first",
+		Args:  exactArgs(0),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return c.withClient(cmd.Context(), func(ctx context.Context, cl *cluster.Client) error {
+				jobs, err := cl.List(ctx)
+				if err != nil {
+					return err
+				}
+				if asJSON {
+					return c.printJSON(jobs)
+				}
+				tw := tabwriter.NewWriter(c.stdout, 0, 4, 2, ' ', 0)
+				fmt.Fprintln(tw, "JOB\tNAME\tSTATE\tATTEMPT\tHOSTS\tCREATED")
+				for _, j := range jobs {
+					fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%s\n", j.ID, j.Name, j.State, j.Attempt, orDash(strings.Join(j.Hosts, ",")), j.Created.Local().Format(time.DateTime))
+				}
+				return tw.Flush()
+			})
+		},
+	}
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON (a list of job statuses)")
+	c.clientFlags(cmd)
+	return cmd
+}
+
+func orDash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
+
+func (c *cli) statusCommand() *cobra.Command {
+	var asJSON bool
+	cmd := &cobra.Command{
+		Use:   "status JOB",
+		Short: "Show a job's state, attempts, and its subtasks with their hosts",
+		Args:  exactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return c.withClient(cmd.Context(), func(ctx context.Context, cl *cluster.Client) error {
+				st, err := cl.Status(ctx, args[0])
+				if err != nil {
+					return err
+				}
+				if asJSON {
+					return c.printJSON(st)
+				}
+				c.printStatus(st)
+				return nil
+			})
+		},
+	}
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print the status as JSON")
+	c.clientFlags(cmd)
+	return cmd
+}
+
+// clientFlags adds the NATS flags and --request-timeout.
+func (c *cli) clientFlags(cmd *cobra.Command) {
+	c.natsFlags(cmd, flagKey{"request-timeout", keyRequestTimeout})
+	cmd.Flags().Duration("request-timeout", 30*time.Second, "how long to wait for the controller ("+keyRequestTimeout+")")
+}
+
+func (c *cli) printStatus(st *cluster.JobStatus) {
+	w := c.stdout
+	fmt.Fprintf(w, "job %s (%s): %s, attempt %d, %d slot(s) on %s\n", st.ID, st.Name, st.State, st.Attempt, st.Slots, orDash(strings.Join(st.Hosts, ",")))
+	if st.Reason != "" {
+		fmt.Fprintf(w, "reason: %s\n", st.Reason)
+	}
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "  OPERATOR\tPARALLELISM\tRECORDS IN\tRECORDS OUT\tSUBTASKS")
+	for _, op := range st.Operators {
+		var subs []string
+		for _, s := range op.Subtasks {
+			subs = append(subs, fmt.Sprintf("%d:%s@%s", s.Index, s.State, orDash(s.Host)))
+		}
+		fmt.Fprintf(tw, "  %s\t%d\t%d\t%d\t%s\n", op.UID, op.Parallelism, op.RecordsIn, op.RecordsOut, strings.Join(subs, " "))
+	}
+	tw.Flush()
+	for _, a := range st.Attempts {
+		line := fmt.Sprintf("attempt %d on %s: %s", a.Attempt, orDash(strings.Join(a.Hosts, ",")), a.State)
+		if a.Reason != "" {
+			line += ": " + a.Reason
+		}
+		fmt.Fprintln(w, line)
+	}
+}
+
+func (c *cli) cancelCommand() *cobra.Command {
+	var asJSON bool
+	cmd := &cobra.Command{
+		Use:   "cancel JOB",
+		Short: "Cancel a job: its subtasks stop at once, without a savepoint",
+		Args:  exactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return c.withClient(cmd.Context(), func(ctx context.Context, cl *cluster.Client) error {
+				st, err := cl.Cancel(ctx, args[0])
+				if err != nil {
+					return err
+				}
+				if asJSON {
+					return c.printJSON(st)
+				}
+				fmt.Fprintf(c.stdout, "job %s %s\n", st.ID, st.State)
+				return nil
+			})
+		},
+	}
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print the job's status as JSON")
+	c.clientFlags(cmd)
+	return cmd
+}
+
+func (c *cli) savepointCommand() *cobra.Command {
+	var asJSON bool
+	var dir string
+	cmd := &cobra.Command{
+		Use:   "savepoint JOB",
+		Short: "Take a savepoint of a running job",
+		Args:  exactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return c.withClient(cmd.Context(), func(ctx context.Context, cl *cluster.Client) error {
+				path, err := cl.Savepoint(ctx, args[0], absIfSet(dir))
+				if err != nil {
+					return err
+				}
+				return c.printPath(asJSON, path)
+			})
+		},
+	}
+	cmd.Flags().BoolVar(&asJSON, "json", false, `print {"path": ...}`)
+	cmd.Flags().StringVar(&dir, "dir", "", "directory of the savepoint, on the host (default: the job's checkpoint directory)")
+	c.clientFlags(cmd)
+	return cmd
+}
+
+func (c *cli) stopCommand() *cobra.Command {
+	var asJSON, drain bool
+	var dir string
+	cmd := &cobra.Command{
+		Use:   "stop JOB",
+		Short: "Stop a job with a savepoint (--drain: finish its input first)",
+		Args:  exactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return c.withClient(cmd.Context(), func(ctx context.Context, cl *cluster.Client) error {
+				path, err := cl.Stop(ctx, args[0], absIfSet(dir), drain)
+				if err != nil {
+					return err
+				}
+				return c.printPath(asJSON, path)
+			})
+		},
+	}
+	cmd.Flags().BoolVar(&asJSON, "json", false, `print {"path": ...}`)
+	cmd.Flags().StringVar(&dir, "savepoint-dir", "", "directory of the savepoint, on the host (default: the job's checkpoint directory)")
+	cmd.Flags().BoolVar(&drain, "drain", false, "end the input and finish the operators (event-time timers fire) before the savepoint")
+	c.clientFlags(cmd)
+	return cmd
+}
+
+func absIfSet(dir string) string {
+	if dir == "" {
+		return ""
+	}
+	if abs, err := filepath.Abs(dir); err == nil {
+		return abs
+	}
+	return dir
+}
+
+func (c *cli) printPath(asJSON bool, path string) error {
+	if asJSON {
+		return c.printJSON(map[string]string{"path": path})
+	}
+	fmt.Fprintln(c.stdout, path)
+	return nil
+}
+
+func (c *cli) hostsCommand() *cobra.Command {
+	var asJSON bool
+	cmd := &cobra.Command{
+		Use:   "hosts",
+		Short: "List the hosts registered with the controller",
+		Args:  exactArgs(0),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return c.withClient(cmd.Context(), func(ctx context.Context, cl *cluster.Client) error {
+				hs, err := cl.Hosts(ctx)
+				if err != nil {
+					return err
+				}
+				if asJSON {
+					return c.printJSON(hs)
+				}
+				tw := tabwriter.NewWriter(c.stdout, 0, 4, 2, ' ', 0)
+				fmt.Fprintln(tw, "HOST\tSTATE\tSLOTS\tFREE\tLAST SEEN")
+				for _, h := range hs {
+					fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%s\n", h.ID, h.State, h.Slots, h.Free, h.LastSeen.Local().Format(time.DateTime))
+				}
+				return tw.Flush()
+			})
+		},
+	}
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	c.clientFlags(cmd)
+	return cmd
+}
+
+// dataDir is data_dir, default <user cache dir>/streamd.
+func (c *cli) dataDir() (string, error) {
+	dir := c.v.GetString(keyDataDir)
+	if dir == "" {
+		base, err := os.UserCacheDir()
+		if err != nil {
+			return "", usagef("%s: no default (%v); set --data-dir", keyDataDir, err)
+		}
+		dir = filepath.Join(base, "streamd")
+	}
+	abs, err := filepath.Abs(dir)
+	if err != nil {
+		return "", usagef("%s: %w", keyDataDir, err)
+	}
+	return abs, nil
+}
