@@ -1,0 +1,222 @@
+package cluster_test
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/streamd/streamd/internal/cluster"
+	"github.com/streamd/streamd/internal/testwasm"
+)
+
+var (
+	buildOnce sync.Once
+	binPath   string
+	buildErr  error
+)
+
+// streamdBin builds the streamd binary once per test process.
+func streamdBin(t *testing.T) string {
+	t.Helper()
+	buildOnce.Do(func() {
+		root, err := testwasm.Root()
+		if err != nil {
+			buildErr = err
+			return
+		}
+		dir, err := os.MkdirTemp("", "streamd-bin-")
+		if err != nil {
+			buildErr = err
+			return
+		}
+		binPath = filepath.Join(dir, "streamd")
+		cmd := exec.Command("go", "build", "-o", binPath, "./cmd/streamd")
+		cmd.Dir = root
+		if out, err := cmd.CombinedOutput(); err != nil {
+			buildErr = fmt.Errorf("go build ./cmd/streamd: %v\n%s", err, out)
+		}
+	})
+	if buildErr != nil {
+		t.Fatal(buildErr)
+	}
+	return binPath
+}
+
+func freePort(t *testing.T) int {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+// server runs `streamd server` until the test ends; env is added to its
+// environment. It returns the NATS URL once the server answers `streamd hosts`.
+func startServer(t *testing.T, env []string, args ...string) string {
+	t.Helper()
+	port := freePort(t)
+	dir := t.TempDir()
+	cmd := exec.Command(streamdBin(t), append([]string{"server", "--nats-port", fmt.Sprint(port), "--data-dir", filepath.Join(dir, "data"),
+		"--slots", "2", "--heartbeat-interval", "100ms"}, args...)...)
+	cmd.Dir = dir
+	cmd.Env = append(os.Environ(), env...)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	cmd.Stdout = &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		cmd.Process.Signal(os.Interrupt)
+		done := make(chan struct{})
+		go func() { cmd.Wait(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(10 * time.Second):
+			cmd.Process.Kill()
+			<-done
+			t.Errorf("streamd server did not stop within 10s of SIGINT")
+		}
+		if t.Failed() {
+			t.Logf("streamd server output:\n%s", stderr.String())
+		}
+	})
+	url := fmt.Sprintf("nats://127.0.0.1:%d", port)
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		out, _, code := streamd(t, append(env, "STREAMD_NATS_URL="+url), "hosts", "--json")
+		var hs []cluster.HostStatus
+		if code == 0 && json.Unmarshal([]byte(out), &hs) == nil && len(hs) == 1 {
+			return url
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("streamd server not ready after 20s; last `streamd hosts`: %d %s", code, out)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// streamd runs the binary and returns stdout, stderr and the exit status.
+func streamd(t *testing.T, env []string, args ...string) (string, string, int) {
+	t.Helper()
+	cmd := exec.Command(streamdBin(t), args...)
+	cmd.Env = append(os.Environ(), env...)
+	var out, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	err := cmd.Run()
+	code := 0
+	if ee, ok := err.(*exec.ExitError); ok {
+		code = ee.ExitCode()
+	} else if err != nil {
+		t.Fatal(err)
+	}
+	return out.String(), errb.String(), code
+}
+
+func TestBinaryServerDeployStatus(t *testing.T) {
+	url := startServer(t, nil)
+	env := []string{"STREAMD_NATS_URL=" + url}
+	path := uppercaseJob(t)
+	out, errs, code := streamd(t, env, "deploy", path)
+	if code != 0 {
+		t.Fatalf("deploy: exit %d: %s", code, errs)
+	}
+	id := strings.TrimSpace(out)
+	if !strings.HasPrefix(id, "uppercase-") {
+		t.Fatalf("deploy printed %q, want a job id", out)
+	}
+	var st cluster.JobStatus
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		out, errs, code = streamd(t, env, "status", "--json", id)
+		if code != 0 {
+			t.Fatalf("status: exit %d: %s", code, errs)
+		}
+		if err := json.Unmarshal([]byte(out), &st); err != nil {
+			t.Fatalf("status --json: %v\n%s", err, out)
+		}
+		if cluster.TerminalJobState(st.State) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("job not done after 30s: %s", out)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if st.State != cluster.JobFinished {
+		t.Fatalf("job %s: %s", st.State, st.Reason)
+	}
+	if got, want := readFile(t, filepath.Join(filepath.Dir(path), "out", "part-0")), expected(t); got != want {
+		t.Fatalf("output:\n%s\nwant:\n%s", got, want)
+	}
+	out, _, code = streamd(t, env, "list")
+	if code != 0 || !strings.Contains(out, id) || !strings.Contains(out, "finished") {
+		t.Fatalf("list: exit %d:\n%s", code, out)
+	}
+	_, errs, code = streamd(t, env, "savepoint", id)
+	if code != 1 || !strings.Contains(errs, "streamd: ") || !strings.Contains(errs, "not running") {
+		t.Errorf("savepoint of a finished job: exit %d: %s", code, errs)
+	}
+	_, errs, code = streamd(t, env, "status", "nosuchjob")
+	if code != 1 || !strings.Contains(errs, `no job "nosuchjob"`) {
+		t.Errorf("status of an unknown job: exit %d: %s", code, errs)
+	}
+
+	// A module deployed as a filter with --wait.
+	wasm := filepath.Join(filepath.Dir(path), "uppercase.wasm")
+	outDir := filepath.Join(t.TempDir(), "out")
+	out, errs, code = streamd(t, env, "deploy", wasm, "--source", "generator:20", "--sink", "file:"+outDir, "--wait", "--json")
+	if code != 0 {
+		t.Fatalf("deploy --wait: exit %d: %s", code, errs)
+	}
+	if err := json.Unmarshal([]byte(out), &st); err != nil || st.State != cluster.JobFinished {
+		t.Fatalf("deploy --wait --json: %v %s", err, out)
+	}
+	if lines := strings.Count(readFile(t, filepath.Join(outDir, "part-0")), "\n"); lines != 20 {
+		t.Errorf("filter output: %d lines, want 20", lines)
+	}
+	_, errs, code = streamd(t, env, "deploy", wasm)
+	if code != 2 || !strings.Contains(errs, "--source is required") {
+		t.Errorf("deploy of a module without --source: exit %d: %s", code, errs)
+	}
+}
+
+func TestBinaryCredentials(t *testing.T) {
+	url := startServer(t, []string{"STREAMD_NATS_USER=alice", "STREAMD_NATS_PASSWORD=s3cret"})
+	_, errs, code := streamd(t, []string{"STREAMD_NATS_URL=" + url}, "list", "--nats-user", "alice", "--nats-password", "wrong")
+	if code != 1 || !strings.Contains(errs, "refused the credentials") || !strings.Contains(errs, `user "alice"`) ||
+		!strings.Contains(strings.ToLower(errs), "authorization violation") {
+		t.Fatalf("wrong password: exit %d: %s", code, errs)
+	}
+	_, errs, code = streamd(t, []string{"STREAMD_NATS_URL=" + url}, "list")
+	if code != 1 || !strings.Contains(errs, "refused the credentials") || !strings.Contains(errs, "no credentials") {
+		t.Fatalf("no credentials: exit %d: %s", code, errs)
+	}
+	out, errs, code := streamd(t, []string{"STREAMD_NATS_URL=" + url, "STREAMD_NATS_USER=alice", "STREAMD_NATS_PASSWORD=s3cret"}, "list", "--json")
+	if code != 0 || strings.TrimSpace(out) != "[]" {
+		t.Fatalf("right password: exit %d: %s %s", code, out, errs)
+	}
+	// The configuration file is the lowest layer: streamd.yaml in the working directory.
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "cfg.yaml"), []byte("nats:\n  url: "+url+"\n  user: alice\n  password: s3cret\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	_, errs, code = streamd(t, nil, "--config-file", filepath.Join(dir, "cfg.yaml"), "list")
+	if code != 0 {
+		t.Fatalf("credentials from the config file: exit %d: %s", code, errs)
+	}
+	_, errs, code = streamd(t, []string{"STREAMD_NATS_PASSWORD=wrong"}, "--config-file", filepath.Join(dir, "cfg.yaml"), "list")
+	if code != 1 || !strings.Contains(errs, "refused the credentials") {
+		t.Fatalf("environment over file: exit %d: %s", code, errs)
+	}
+}
