@@ -1,0 +1,351 @@
+package connector
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/streamd/streamd/abi"
+	"github.com/streamd/streamd/internal/natsutil"
+)
+
+// Headers the NATS connectors read and write.
+const (
+	// HeaderKey carries a record's key (absent: no key).
+	HeaderKey = "Streamd-Key"
+	// HeaderTimestamp carries a record's event time in ms, as a decimal
+	// integer (absent: the source uses the message's stream time).
+	HeaderTimestamp = "Streamd-Timestamp"
+)
+
+// Where the NATS source takes a record's key from.
+const (
+	KeyFromHeader  = "header"  // the Streamd-Key header; no key without it
+	KeyFromSubject = "subject" // the last token of the message's subject
+)
+
+// NATSSourceOptions configures the nats source.
+type NATSSourceOptions struct {
+	Conn    natsutil.ConnectOptions // how to reach NATS (ignored by NewNATSSourceConn)
+	Stream  string                  // the JetStream stream to read
+	Subject string                  // filter subject (wildcards allowed); "" = every message of the stream
+	// Bounded: read up to the last stream sequence present when the source
+	// first started (kept in the position, so a restored source stops at the
+	// same place), then end. Otherwise read forever.
+	Bounded bool
+	KeyFrom string // KeyFromHeader (default) or KeyFromSubject
+	// WatermarkLag: the watermark is the largest timestamp read minus this.
+	WatermarkLag time.Duration
+}
+
+// NATSSource reads a JetStream stream with an ordered consumer (ephemeral,
+// no acks, redelivery-free: it recreates itself on a gap). The record value is
+// the payload; the key comes from the Streamd-Key header or the subject's last
+// token (KeyFrom); the timestamp from the Streamd-Timestamp header, else the
+// message's stream time in ms.
+//
+// With parallelism p every subtask reads the whole stream and subtask i keeps
+// the messages whose stream sequence is i modulo p (like FileSource with
+// lines). The position is the next stream sequence to read (and the bound of
+// a bounded source); resuming starts the consumer there.
+type NATSSource struct {
+	name                 string
+	nc                   *nats.Conn
+	ownConn              bool
+	subtask, parallelism int
+	keyFromSubject       bool
+	lag                  int64
+
+	next     uint64 // next stream sequence to read
+	bounded  bool
+	bound    uint64 // bounded: last sequence to read
+	restored bool
+	eof      bool
+
+	cc   jetstream.ConsumeContext
+	msgs chan jetstream.Msg
+	done chan struct{}
+
+	mu      sync.Mutex
+	lastErr error // last error reported by the consumer (informational)
+
+	maxTS int64
+	any   bool
+}
+
+// NewNATSSource connects with o.Conn and opens a source subtask; pos is nil
+// to start at the beginning of the stream, or a Position() to resume from.
+func NewNATSSource(ctx context.Context, o NATSSourceOptions, subtask, parallelism int, pos []byte) (*NATSSource, error) {
+	nc, err := o.Conn.Connect(nats.Name(fmt.Sprintf("streamd nats source %s[%d]", o.Stream, subtask)))
+	if err != nil {
+		return nil, fmt.Errorf("connector: nats source %s: %w", o.Stream, err)
+	}
+	s, err := newNATSSource(ctx, nc, true, o, subtask, parallelism, pos)
+	if err != nil {
+		nc.Close()
+		return nil, err
+	}
+	return s, nil
+}
+
+// NewNATSSourceConn opens a source subtask over an existing connection,
+// which stays the caller's.
+func NewNATSSourceConn(ctx context.Context, nc *nats.Conn, o NATSSourceOptions, subtask, parallelism int, pos []byte) (*NATSSource, error) {
+	return newNATSSource(ctx, nc, false, o, subtask, parallelism, pos)
+}
+
+const natsPositionLen = 18 // version, flags, next sequence, bound
+
+func newNATSSource(ctx context.Context, nc *nats.Conn, own bool, o NATSSourceOptions, subtask, parallelism int, pos []byte) (*NATSSource, error) {
+	name := "nats source " + o.Stream
+	if o.Subject != "" {
+		name += " (" + o.Subject + ")"
+	}
+	if parallelism < 1 || subtask < 0 || subtask >= parallelism {
+		return nil, fmt.Errorf("connector: %s: subtask %d of parallelism %d", name, subtask, parallelism)
+	}
+	if o.Stream == "" {
+		return nil, fmt.Errorf("connector: nats source: no stream")
+	}
+	switch o.KeyFrom {
+	case "", KeyFromHeader, KeyFromSubject:
+	default:
+		return nil, fmt.Errorf("connector: %s: key from %q, want %q or %q", name, o.KeyFrom, KeyFromHeader, KeyFromSubject)
+	}
+	if o.WatermarkLag < 0 {
+		return nil, fmt.Errorf("connector: %s: negative watermark lag %s", name, o.WatermarkLag)
+	}
+	s := &NATSSource{
+		name: name, nc: nc, ownConn: own, subtask: subtask, parallelism: parallelism,
+		keyFromSubject: o.KeyFrom == KeyFromSubject, lag: o.WatermarkLag.Milliseconds(),
+		next: 1, maxTS: abi.MinWatermark,
+		msgs: make(chan jetstream.Msg, 1024), done: make(chan struct{}),
+	}
+	if pos != nil {
+		if len(pos) != natsPositionLen || pos[0] != positionVersion {
+			return nil, fmt.Errorf("connector: %s: bad position %x", name, pos)
+		}
+		bounded := pos[1]&1 == 1
+		s.next = binary.BigEndian.Uint64(pos[2:])
+		s.bound = binary.BigEndian.Uint64(pos[10:])
+		s.restored = true
+		if s.next == 0 || pos[1] > 1 {
+			return nil, fmt.Errorf("connector: %s: bad position %x", name, pos)
+		}
+		if bounded != o.Bounded {
+			return nil, fmt.Errorf("connector: %s: position %x is of a %s source, this one is %s", name, pos, boundedName(bounded), boundedName(o.Bounded))
+		}
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return nil, fmt.Errorf("connector: %s: %w", name, err)
+	}
+	stream, err := js.Stream(ctx, o.Stream)
+	if err != nil {
+		return nil, fmt.Errorf("connector: %s: %w", name, err)
+	}
+	var filter []string
+	if o.Subject != "" {
+		filter = []string{o.Subject}
+	}
+	s.bounded = o.Bounded
+	if o.Bounded {
+		if !s.restored {
+			info, err := stream.Info(ctx)
+			if err != nil {
+				return nil, fmt.Errorf("connector: %s: stream info: %w", name, err)
+			}
+			s.bound = info.State.LastSeq
+		}
+		// Is there anything left to read up to the bound? The consumer
+		// would otherwise wait forever for a message that tells.
+		left, err := pendingFrom(ctx, stream, s.next, filter)
+		if err != nil {
+			return nil, fmt.Errorf("connector: %s: %w", name, err)
+		}
+		if s.next > s.bound || left == 0 {
+			s.eof = true
+			return s, nil
+		}
+	}
+	cons, err := stream.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{
+		FilterSubjects: filter,
+		DeliverPolicy:  jetstream.DeliverByStartSequencePolicy,
+		OptStartSeq:    s.next,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("connector: %s: consumer: %w", name, err)
+	}
+	s.cc, err = cons.Consume(s.deliver, jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
+		// The ordered consumer recovers by itself (it recreates its server
+		// consumer); keep the error for the message of a later failure.
+		s.mu.Lock()
+		s.lastErr = err
+		s.mu.Unlock()
+	}))
+	if err != nil {
+		return nil, fmt.Errorf("connector: %s: consume: %w", name, err)
+	}
+	return s, nil
+}
+
+func boundedName(b bool) string {
+	if b {
+		return "bounded"
+	}
+	return "unbounded"
+}
+
+// pendingFrom counts the messages matching filter from sequence seq on, with
+// a short-lived consumer.
+func pendingFrom(ctx context.Context, stream jetstream.Stream, seq uint64, filter []string) (uint64, error) {
+	c, err := stream.CreateConsumer(ctx, jetstream.ConsumerConfig{
+		DeliverPolicy:     jetstream.DeliverByStartSequencePolicy,
+		OptStartSeq:       seq,
+		FilterSubjects:    filter,
+		AckPolicy:         jetstream.AckNonePolicy,
+		InactiveThreshold: 10 * time.Second,
+	})
+	if err != nil {
+		return 0, fmt.Errorf("count pending messages: %w", err)
+	}
+	info := c.CachedInfo()
+	if err := stream.DeleteConsumer(ctx, info.Name); err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
+		return 0, fmt.Errorf("delete counting consumer: %w", err)
+	}
+	return info.NumPending, nil
+}
+
+// deliver runs on the consumer's goroutine; a full buffer back-pressures it.
+func (s *NATSSource) deliver(m jetstream.Msg) {
+	select {
+	case s.msgs <- m:
+	case <-s.done:
+	}
+}
+
+// Read returns the next records, waiting for at least one. A bounded source
+// returns io.EOF after the last message up to its bound.
+func (s *NATSSource) Read(ctx context.Context, recs []abi.Record) (int, error) {
+	n := 0
+	for n == 0 {
+		if s.eof {
+			return 0, io.EOF
+		}
+		var m jetstream.Msg
+		select {
+		case m = <-s.msgs:
+		case <-ctx.Done():
+			return 0, fmt.Errorf("connector: %s: %w", s.name, context.Cause(ctx))
+		}
+		for {
+			var err error
+			if n, err = s.take(m, recs, n); err != nil {
+				return n, err
+			}
+			if n == len(recs) || s.eof {
+				break
+			}
+			select {
+			case m = <-s.msgs:
+				continue
+			default:
+			}
+			break
+		}
+	}
+	return n, nil
+}
+
+// take handles one message: it advances the position and, when the message
+// belongs to this subtask, appends its record at recs[n].
+func (s *NATSSource) take(m jetstream.Msg, recs []abi.Record, n int) (int, error) {
+	meta, err := m.Metadata()
+	if err != nil {
+		return n, fmt.Errorf("connector: %s: message metadata: %w", s.name, err)
+	}
+	seq := meta.Sequence.Stream
+	if s.bounded && seq > s.bound {
+		s.eof = true
+		return n, nil
+	}
+	if seq < s.next {
+		return n, fmt.Errorf("connector: %s: stream sequence %d after %d", s.name, seq, s.next-1)
+	}
+	s.next = seq + 1
+	if s.bounded && (seq == s.bound || meta.NumPending == 0) {
+		s.eof = true
+	}
+	if seq%uint64(s.parallelism) != uint64(s.subtask) {
+		return n, nil
+	}
+	h := m.Headers()
+	r := abi.Record{Value: m.Data(), Timestamp: meta.Timestamp.UnixMilli()}
+	if s.keyFromSubject {
+		subj := m.Subject()
+		r.Key = []byte(subj[strings.LastIndexByte(subj, '.')+1:])
+	} else if k := h.Get(HeaderKey); k != "" {
+		r.Key = []byte(k)
+	}
+	if ts := h.Get(HeaderTimestamp); ts != "" {
+		v, err := strconv.ParseInt(ts, 10, 64)
+		if err != nil {
+			return n, fmt.Errorf("connector: %s: message %d: header %s %q: %w", s.name, seq, HeaderTimestamp, ts, err)
+		}
+		r.Timestamp = v
+	}
+	if r.Timestamp != abi.NoTimestamp && (!s.any || r.Timestamp > s.maxTS) {
+		s.maxTS, s.any = r.Timestamp, true
+	}
+	recs[n] = r
+	return n + 1, nil
+}
+
+// Watermark is the largest timestamp read minus the lag.
+func (s *NATSSource) Watermark() int64 {
+	if !s.any {
+		return abi.MinWatermark
+	}
+	return s.maxTS - s.lag
+}
+
+// Position encodes the next stream sequence and the bound:
+//
+//	u8 version (1), u8 flags (1: bounded), u64 next sequence, u64 bound, big-endian
+func (s *NATSSource) Position() []byte {
+	b := make([]byte, natsPositionLen)
+	b[0] = positionVersion
+	if s.bounded {
+		b[1] = 1
+	}
+	binary.BigEndian.PutUint64(b[2:], s.next)
+	binary.BigEndian.PutUint64(b[10:], s.bound)
+	return b
+}
+
+// Close stops the consumer and closes the connection if the source made it.
+func (s *NATSSource) Close() error {
+	select {
+	case <-s.done:
+		return nil
+	default:
+	}
+	close(s.done)
+	if s.cc != nil {
+		s.cc.Stop()
+	}
+	if s.ownConn {
+		s.nc.Close()
+	}
+	return nil
+}
+
+var _ Source = (*NATSSource)(nil)
