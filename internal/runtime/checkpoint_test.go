@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/streamd/streamd/control"
+	"github.com/streamd/streamd/host"
 	"github.com/streamd/streamd/internal/checkpoint"
 	"github.com/streamd/streamd/internal/jobfile"
 	"github.com/streamd/streamd/internal/testwasm"
@@ -88,7 +89,7 @@ func openStore(t testing.TB, dir string) *checkpoint.Dir {
 // sink still commits every expected record exactly once.
 func TestExactlyOnceUnderFailure(t *testing.T) {
 	mod := testwasm.Path(t, "internal/testguests/failonce/failonce.wasm")
-	eng := newEngine(t)
+	eng := cachedEngine(t)
 	const n, keys = 4000, 13
 	for _, mode := range []string{"map", "count"} {
 		for _, p := range []int{1, 4} {
@@ -135,4 +136,17 @@ func TestExactlyOnceUnderFailure(t *testing.T) {
 			})
 		}
 	}
+}
+
+// cachedEngine is an engine with an on-disk compiled-module cache shared by
+// the tests of this package: Go guests take seconds to compile, and several
+// tests run the same modules many times.
+func cachedEngine(t testing.TB) *host.Engine {
+	t.Helper()
+	e, err := host.NewEngine(context.Background(), host.WithCacheDir(filepath.Join(os.TempDir(), "streamd-runtime-test-cache")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { e.Close(context.Background()) })
+	return e
 }

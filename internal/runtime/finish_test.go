@@ -3,6 +3,7 @@ package runtime
 import (
 	"context"
 	"fmt"
+	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -188,7 +189,7 @@ func TestStopWithSavepoint(t *testing.T) {
 // stops with a drained savepoint.
 func TestFinishedBranchSkippedOnRestore(t *testing.T) {
 	mod := testwasm.Path(t, "internal/testguests/failonce/failonce.wasm")
-	eng := newEngine(t)
+	eng := cachedEngine(t)
 	dir := t.TempDir()
 	outA, outB := filepath.Join(dir, "a"), filepath.Join(dir, "b")
 	const nA = 3000
@@ -274,5 +275,94 @@ func TestFinishedBranchSkippedOnRestore(t *testing.T) {
 	_, err = checkpoint.LoadRestoreFrom(context.Background(), store, md, g2)
 	if err == nil || !strings.Contains(err.Error(), `"bop"`) || !strings.Contains(err.Error(), `"new"`) {
 		t.Fatalf("restore with a new operator in front of a finished one: %v", err)
+	}
+}
+
+// TestWindowCountResumeFromSavepoint: the window-count example stopped with a
+// savepoint without drain (timers stay in state) and resumed from it gives
+// the same windows as a run that was never stopped, also at another
+// parallelism of the windows.
+func TestWindowCountResumeFromSavepoint(t *testing.T) {
+	keyby := testwasm.Path(t, "examples/wasm/window-count/keyby.wasm")
+	windows := testwasm.Path(t, "examples/wasm/window-count/window-count.wasm")
+	eng := cachedEngine(t)
+	dir := t.TempDir()
+	const n = 6000
+	job := func(out string, p int) *control.JobGraph {
+		gen := &jobfile.SourceSpec{Type: "generator", Count: n, Rate: 12000, ValuePattern: "k{k},{n}", Keys: 7, TSStep: 1, WatermarkLag: 50 * time.Millisecond}
+		return graph(t,
+			src("lines", 1, gen),
+			op("keyby", 1, &jobfile.WasmSpec{Path: keyby}, in("lines", control.Forward)),
+			op("windows", p, &jobfile.WasmSpec{Path: windows, Config: map[string]string{"size_ms": "500"}}, in("keyby", control.Hash)),
+			sink("out", p, &jobfile.SinkSpec{Type: "file", Path: out}, in("windows", control.Forward)),
+		)
+	}
+	ref := filepath.Join(dir, "ref")
+	start := time.Now()
+	if _, err := Run(context.Background(), job(ref, 2), Options{Engine: eng, BatchSize: 50}); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("reference run: %v", time.Since(start))
+	want := committed(t, ref)
+	if len(want) < 50 {
+		t.Fatalf("reference run: %d windows", len(want))
+	}
+
+	out := filepath.Join(dir, "out")
+	stop := make(chan StopRequest, 1)
+	var cps atomic.Int32
+	stats, err := Run(context.Background(), job(out, 2), Options{Engine: eng, BatchSize: 50, Stop: stop,
+		Checkpoint: &CheckpointOptions{Store: openStore(t, filepath.Join(dir, "chk")), Interval: 20 * time.Millisecond, Tick: 5 * time.Millisecond,
+			OnComplete: func(*checkpoint.Metadata) {
+				if cps.Add(1) == 4 {
+					stop <- StopRequest{}
+				}
+			}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("stopped run: %v", stats.Elapsed)
+	if stats.Savepoint == "" || stats.Operators[0].RecordsOut >= n {
+		t.Fatalf("not stopped mid-run: savepoint %q, %d of %d records read", stats.Savepoint, stats.Operators[0].RecordsOut, n)
+	}
+	backup := filepath.Join(dir, "backup")
+	copyDir(t, out, backup) // committed and pending files at the savepoint
+	for _, p := range []int{2, 3} {
+		os.RemoveAll(out)
+		copyDir(t, backup, out)
+		g := job(out, p)
+		rs, err := checkpoint.LoadRestore(context.Background(), stats.Savepoint, g)
+		if err != nil {
+			t.Fatal(err)
+		}
+		start := time.Now()
+		if _, err := Run(context.Background(), g, Options{Engine: eng, BatchSize: 50, Restore: rs,
+			Checkpoint: &CheckpointOptions{Store: openStore(t, filepath.Join(dir, fmt.Sprint("chk", p))), Interval: 20 * time.Millisecond, Tick: 5 * time.Millisecond}}); err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("resumed at p=%d in %v", p, time.Since(start))
+		got := committed(t, out)
+		checkExactlyOnce(t, got, slices.Clone(want))
+	}
+}
+
+// copyDir copies the regular files of from into a new directory to.
+func copyDir(t testing.TB, from, to string) {
+	t.Helper()
+	if err := os.MkdirAll(to, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	ents, err := os.ReadDir(from)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range ents {
+		b, err := os.ReadFile(filepath.Join(from, e.Name()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(to, e.Name()), b, 0o644); err != nil {
+			t.Fatal(err)
+		}
 	}
 }

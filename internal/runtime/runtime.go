@@ -173,7 +173,6 @@ func Run(ctx context.Context, g *control.JobGraph, opts Options) (Stats, error) 
 	return r.run(ctx)
 }
 
-
 func maxParallelism(v *control.Vertex) int {
 	if v.MaxParallelism > 0 {
 		return v.MaxParallelism
