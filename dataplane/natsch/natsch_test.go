@@ -467,8 +467,6 @@ func TestLargeBatchIsSplit(t *testing.T) {
 	for i := 0; i < 200; i++ {
 		recs = append(recs, rec(i, 100))
 	}
-	// One record larger than the window (but within max payload... of the
-	// transport): sent alone when nothing is in flight.
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	done := make(chan error, 1)
@@ -502,6 +500,47 @@ func TestLargeBatchIsSplit(t *testing.T) {
 	}
 	if st := ch.S.Stats(); st.MaxInFlight > 8<<10 {
 		t.Errorf("in flight %d > window", st.MaxInFlight)
+	}
+}
+
+// TestMessageLargerThanWindow: a message larger than the whole window goes
+// out once nothing is in flight, instead of waiting forever.
+func TestMessageLargerThanWindow(t *testing.T) {
+	nc := connect(t, startServer(t, 0))
+	ch, err := transport(t, nc, Window(2<<10), CreditRetry(10*time.Millisecond)).NewChannel(testID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	evs := []dataplane.Event{
+		dataplane.RecordsEvent(batchOf(rec(0, 500))),
+		dataplane.RecordsEvent(batchOf(rec(1, 5000))),
+		dataplane.RecordsEvent(batchOf(rec(2, 500))),
+		dataplane.EndOfPartitionEvent(),
+	}
+	done := make(chan error, 1)
+	go func() {
+		for _, ev := range evs {
+			if err := ch.S.Send(ctx, ev); err != nil {
+				done <- err
+				return
+			}
+		}
+		done <- nil
+	}()
+	got, err := recvAll(ctx, ch.R, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 4 || len(got[1].Batch.Records[0].Value) != 5000 {
+		t.Fatalf("got %v", got)
+	}
+	if st := ch.S.Stats(); st.MaxInFlight < 5000 || st.MaxInFlight > 5100 {
+		t.Errorf("max in flight %d: want the one large message alone", st.MaxInFlight)
 	}
 }
 
