@@ -180,17 +180,18 @@ type HostStatus struct {
 
 // JobStatus is what `streamd status --json` prints.
 type JobStatus struct {
-	ID      string     `json:"id"`
-	Name    string     `json:"name"`
-	State   string     `json:"state"`
-	Reason  string     `json:"reason,omitempty"` // why it failed, or what it waits for
-	Attempt int        `json:"attempt"`          // current attempt, 0-based
-	Slots   int        `json:"slots"`            // slots the job needs
-	Hosts   []string   `json:"hosts,omitempty"`  // hosts of the current attempt
-	Created time.Time  `json:"created"`
-	Updated time.Time  `json:"updated"`
-	Ended   *time.Time `json:"ended,omitempty"`
-	Elapsed string     `json:"elapsed,omitempty"` // of the current attempt's run, as the host measured it
+	ID        string     `json:"id"`
+	Name      string     `json:"name"`
+	State     string     `json:"state"`
+	Reason    string     `json:"reason,omitempty"` // why it failed, or what it waits for
+	Attempt   int        `json:"attempt"`          // current attempt, 0-based
+	Slots     int        `json:"slots"`            // slots the job needs
+	Hosts     []string   `json:"hosts,omitempty"`  // hosts of the current attempt
+	Created   time.Time  `json:"created"`
+	Updated   time.Time  `json:"updated"`
+	Ended     *time.Time `json:"ended,omitempty"`
+	Elapsed   string     `json:"elapsed,omitempty"`   // of the current attempt's run, as the host measured it
+	Savepoint string     `json:"savepoint,omitempty"` // where a stopped job's savepoint is
 
 	Operators []OperatorStatus `json:"operators"`
 	Attempts  []AttemptStatus  `json:"attempts,omitempty"`
@@ -265,12 +266,15 @@ type HostRequest struct {
 // HostEvent (streamd.v1.hosts.events) reports an attempt's state on a host:
 // running (with stats, about every second), finished, failed or canceled.
 type HostEvent struct {
-	HostID   string                  `json:"host_id"`
-	JobID    string                  `json:"job_id"`
-	Attempt  int                     `json:"attempt"`
-	State    string                  `json:"state"` // a subtask state word
-	Error    string                  `json:"error,omitempty"`
-	Elapsed  string                  `json:"elapsed,omitempty"`
-	Stats    []runtime.OperatorStats `json:"stats,omitempty"`
-	Subtasks []SubtaskRef            `json:"subtasks,omitempty"` // the subtasks the event is about; empty = all of the host's
+	HostID  string                  `json:"host_id"`
+	JobID   string                  `json:"job_id"`
+	Attempt int                     `json:"attempt"`
+	State   string                  `json:"state"` // a subtask state word
+	Error   string                  `json:"error,omitempty"`
+	Elapsed string                  `json:"elapsed,omitempty"`
+	Stats   []runtime.OperatorStats `json:"stats,omitempty"`
+	// Savepoint is set with state finished when the attempt stopped with a
+	// savepoint (streamd stop).
+	Savepoint string       `json:"savepoint,omitempty"`
+	Subtasks  []SubtaskRef `json:"subtasks,omitempty"` // the subtasks the event is about; empty = all of the host's
 }

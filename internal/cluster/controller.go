@@ -90,8 +90,8 @@ type ctlJob struct {
 	created, updated time.Time
 	ended            *time.Time
 	restartAt        time.Time // restarting: not before
-	restartsUsed     int       // task-failure restarts
 	failovers        int       // lost-host restarts
+	savepoint        string    // of a stopped job
 	canceling        bool      // a cancel request waits for the hosts; the placement holds its slots until then
 	attempts         []AttemptStatus
 }
@@ -347,11 +347,10 @@ func (c *Controller) failLocked(j *ctlJob, now time.Time, reason string, infra b
 		if j.spec.Restart.Strategy == jobfile.RestartFixedDelay {
 			delay = j.spec.Restart.Delay
 		}
-	case !infra && j.spec.Restart.Strategy == jobfile.RestartFixedDelay && j.restartsUsed < j.spec.Restart.Attempts:
-		j.restartsUsed++
-		restart, delay = true, j.spec.Restart.Delay
 	}
 	if !restart {
+		// Task failures were already retried by the host's runtime under
+		// the job's restart strategy: the attempt failing means it gave up.
 		why := "the restart strategy gives up"
 		switch {
 		case infra:
@@ -396,7 +395,7 @@ func (c *Controller) endLocked(j *ctlJob, now time.Time, state, reason string) {
 	j.ended = &t
 	j.placement = nil
 	switch state {
-	case JobFinished:
+	case JobFinished, JobStopped:
 		j.subtaskState = SubtaskFinished
 	case JobCanceled:
 		j.subtaskState = SubtaskCanceled
@@ -567,15 +566,29 @@ func (c *Controller) forwardSavepoint(jobID string, hr HostRequest, verb string)
 	}
 	hosts := j.placement.Hosts()
 	hr.JobID, hr.Attempt = j.id, j.attempt
-	c.mu.Unlock()
+	attempt := j.attempt
 	if len(hosts) != 1 {
+		c.mu.Unlock()
 		return "", fmt.Errorf("cluster: %s job %s: %w", verb, jobID, ErrCrossHost)
 	}
-	var r SavepointReply
-	if err := requestTimeout(c.nc, HostSubject(hosts[0], verb), c.opts.RequestTimeout, hr, &r); err != nil {
-		return "", err
+	prev := j.state
+	if verb == HostVerbStop {
+		j.state, j.updated = JobStopping, time.Now()
 	}
-	return r.Path, r.Err()
+	c.mu.Unlock()
+	var r SavepointReply
+	err := requestTimeout(c.nc, HostSubject(hosts[0], verb), 30*time.Minute, hr, &r)
+	if err == nil {
+		err = r.Err()
+	}
+	if err != nil && verb == HostVerbStop {
+		c.mu.Lock()
+		if j.attempt == attempt && j.state == JobStopping {
+			j.state, j.updated = prev, time.Now()
+		}
+		c.mu.Unlock()
+	}
+	return r.Path, err
 }
 
 func (c *Controller) handleHosts(msg *nats.Msg) {
@@ -679,8 +692,14 @@ func (c *Controller) hostEvent(ev HostEvent) {
 		}
 		c.setAttemptState(j, SubtaskRunning, "")
 	case SubtaskFinished:
-		c.setAttemptState(j, JobFinished, "")
-		c.endLocked(j, now, JobFinished, "")
+		if ev.Savepoint != "" {
+			c.setAttemptState(j, JobStopped, "")
+			j.savepoint = ev.Savepoint
+			c.endLocked(j, now, JobStopped, "stopped with savepoint "+ev.Savepoint)
+		} else {
+			c.setAttemptState(j, JobFinished, "")
+			c.endLocked(j, now, JobFinished, "")
+		}
 		effects = c.scheduleLocked(now)
 	case SubtaskFailed, SubtaskCanceled:
 		reason := ev.Error
@@ -720,7 +739,7 @@ func (c *Controller) setAttemptState(j *ctlJob, state, reason string) {
 // statusLocked builds the JobStatus of j.
 func (c *Controller) statusLocked(j *ctlJob) JobStatus {
 	st := JobStatus{ID: j.id, Name: j.spec.Name, State: j.state, Reason: j.reason, Attempt: j.attempt,
-		Slots: j.slots, Created: j.created, Updated: j.updated, Ended: j.ended, Elapsed: j.elapsed,
+		Slots: j.slots, Created: j.created, Updated: j.updated, Ended: j.ended, Elapsed: j.elapsed, Savepoint: j.savepoint,
 		Attempts: append([]AttemptStatus(nil), j.attempts...)}
 	if j.placement != nil {
 		st.Hosts = j.placement.Hosts()

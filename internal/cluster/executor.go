@@ -9,6 +9,8 @@ import (
 
 	"github.com/streamd/streamd/control"
 	"github.com/streamd/streamd/host"
+	"github.com/streamd/streamd/internal/checkpoint"
+	"github.com/streamd/streamd/internal/jobfile"
 	"github.com/streamd/streamd/internal/runtime"
 )
 
@@ -23,6 +25,12 @@ type ExecRequest struct {
 	Local     []SubtaskRef      // the subtasks to run here
 	Logger    *slog.Logger
 	Progress  func(runtime.Stats) // about once a second and at the end; may be nil
+
+	Checkpoint *jobfile.CheckpointSettings // nil: no checkpointing
+	Restart    jobfile.RestartSettings     // for task failures within this execution
+	// RestoreLatest restores from the latest completed checkpoint of the
+	// job's checkpoint directory, if there is one (a failover attempt).
+	RestoreLatest bool
 }
 
 // Executor runs subtasks on a host. Start returns once the execution has
@@ -72,27 +80,92 @@ func (e *LocalExecutor) Start(ctx context.Context, r ExecRequest) (Execution, er
 		return nil, fmt.Errorf("cluster: job %s attempt %d: %d of %d subtasks on host %s, the others on %v: %w",
 			r.JobID, r.Attempt, len(r.Local), total, r.HostID, r.Placement.Hosts(), ErrCrossHost)
 	}
+	opts := runtime.Options{
+		Engine:          e.Engine,
+		Logger:          r.Logger,
+		Attempt:         r.Attempt,
+		BatchSize:       e.BatchSize,
+		ChannelCapacity: e.ChannelCapacity,
+		Stdout:          e.Stdout,
+		Stdin:           eofReader{},
+		Progress:        r.Progress,
+	}
+	if r.Restart.Strategy == jobfile.RestartFixedDelay {
+		opts.Restart = runtime.RestartStrategy{Attempts: r.Restart.Attempts, Delay: r.Restart.Delay}
+	}
 	x := &localExecution{done: make(chan struct{})}
+	if cs := r.Checkpoint; cs != nil {
+		store, err := checkpoint.OpenDir(cs.Dir, checkpoint.WithRetain(max(cs.Retain, 1)), checkpoint.WithLogger(r.Logger))
+		if err != nil {
+			return nil, fmt.Errorf("cluster: job %s: %w", r.JobID, err)
+		}
+		opts.Checkpoint = &runtime.CheckpointOptions{Store: store, Interval: cs.Interval, Timeout: cs.Timeout, MinPause: cs.MinPause}
+		x.stop = make(chan runtime.StopRequest, 1)
+		x.checkpointDir = cs.Dir
+		opts.Stop = x.stop
+		if r.RestoreLatest {
+			md, err := store.Latest(ctx)
+			switch {
+			case errors.Is(err, checkpoint.ErrNoCheckpoint):
+				r.Logger.Info("no completed checkpoint: the attempt starts from the beginning", "dir", cs.Dir)
+			case err != nil:
+				return nil, fmt.Errorf("cluster: job %s: latest checkpoint: %w", r.JobID, err)
+			default:
+				rs, err := checkpoint.LoadRestore(ctx, md.Location, r.Graph)
+				if err != nil {
+					return nil, fmt.Errorf("cluster: job %s: %w", r.JobID, err)
+				}
+				opts.Restore = rs
+				r.Logger.Info("restoring", "from", md.Location, "kind", md.Kind, "id", md.ID)
+			}
+		}
+	}
 	go func() {
 		defer close(x.done)
-		x.stats, x.err = runtime.Run(ctx, r.Graph, runtime.Options{
-			Engine:          e.Engine,
-			Logger:          r.Logger,
-			Attempt:         r.Attempt,
-			BatchSize:       e.BatchSize,
-			ChannelCapacity: e.ChannelCapacity,
-			Stdout:          e.Stdout,
-			Stdin:           eofReader{},
-			Progress:        r.Progress,
-		})
+		x.stats, x.err = runtime.Run(ctx, r.Graph, opts)
 	}()
 	return x, nil
 }
 
 type localExecution struct {
-	done  chan struct{}
-	stats runtime.Stats
-	err   error
+	done          chan struct{}
+	stats         runtime.Stats
+	err           error
+	stop          chan runtime.StopRequest // nil: the job does not checkpoint
+	checkpointDir string
+}
+
+// Savepoint without stopping is not offered by the runtime yet.
+func (x *localExecution) Savepoint(context.Context, string) (string, error) {
+	return "", fmt.Errorf("%w: the task runtime takes savepoints only when stopping (use streamd stop)", ErrNotSupported)
+}
+
+// StopWithSavepoint stops the run with a savepoint in the job's checkpoint
+// directory and waits for it to end.
+func (x *localExecution) StopWithSavepoint(ctx context.Context, dir string, drain bool) (string, error) {
+	if x.stop == nil {
+		return "", errors.New("cluster: stop with a savepoint needs checkpointing: the job file has no checkpoint section (use streamd cancel)")
+	}
+	if dir != "" && dir != x.checkpointDir {
+		return "", fmt.Errorf("%w: a savepoint directory other than the job's checkpoint directory %s", ErrNotSupported, x.checkpointDir)
+	}
+	select {
+	case x.stop <- runtime.StopRequest{Drain: drain}:
+	default:
+		return "", errors.New("cluster: a stop is already in progress")
+	}
+	select {
+	case <-x.done:
+	case <-ctx.Done():
+		return "", fmt.Errorf("cluster: stop with savepoint: %w", ctx.Err())
+	}
+	if x.err != nil {
+		return "", x.err
+	}
+	if x.stats.Savepoint == "" {
+		return "", errors.New("cluster: the job ended before the savepoint was taken")
+	}
+	return x.stats.Savepoint, nil
 }
 
 func (x *localExecution) Wait() (runtime.Stats, error) {

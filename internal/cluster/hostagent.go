@@ -278,8 +278,8 @@ func (h *Host) execute(ctx context.Context, r *hostRun, a Assignment) {
 	}
 	switch {
 	case err == nil:
-		ev.State = SubtaskFinished
-		log.Info("attempt finished", "elapsed", stats.Elapsed)
+		ev.State, ev.Savepoint = SubtaskFinished, stats.Savepoint
+		log.Info("attempt finished", "elapsed", stats.Elapsed, "savepoint", stats.Savepoint)
 	case ctx.Err() != nil:
 		ev.State = SubtaskCanceled
 		log.Info("attempt canceled")
@@ -303,6 +303,7 @@ func (h *Host) runAssignment(ctx context.Context, r *hostRun, a Assignment, log 
 	}
 	req := ExecRequest{HostID: h.opts.ID, JobID: a.JobID, Attempt: a.Attempt, Graph: g,
 		Placement: control.Placement{Slots: a.Placement}, Local: a.Local, Logger: log,
+		Checkpoint: a.Job.Checkpoint, Restart: a.Job.Restart, RestoreLatest: a.Attempt > 0,
 		Progress: func(s runtime.Stats) {
 			h.report(HostEvent{HostID: h.opts.ID, JobID: a.JobID, Attempt: a.Attempt, State: SubtaskRunning,
 				Stats: s.Operators, Elapsed: s.Elapsed.Round(time.Millisecond).String()}, false)

@@ -318,8 +318,11 @@ func TestJobWaitsForSlotsThenRuns(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "not supported yet") {
 		t.Errorf("savepoint: %q, %v; want a not supported yet error", sp, err)
 	}
-	if _, err := tc.client.Stop(context.Background(), long, t.TempDir(), true); err == nil || !strings.Contains(err.Error(), "not supported yet") {
-		t.Errorf("stop: %v; want a not supported yet error", err)
+	if _, err := tc.client.Stop(context.Background(), long, "", true); err == nil || !strings.Contains(err.Error(), "needs checkpointing") {
+		t.Errorf("stop of a job without checkpointing: %v; want a needs checkpointing error", err)
+	}
+	if st, _ := tc.client.Status(context.Background(), long); st.State != cluster.JobRunning {
+		t.Errorf("after a refused stop the job is %s, want running", st.State)
 	}
 	cst, err := tc.client.Cancel(context.Background(), long)
 	if err != nil || cst.State != cluster.JobCanceled {
@@ -331,5 +334,42 @@ func TestJobWaitsForSlotsThenRuns(t *testing.T) {
 	st = tc.waitJob(short, "finished", state(cluster.JobFinished))
 	if st.State != cluster.JobFinished {
 		t.Fatalf("second job after the first was canceled: %s (%s)", st.State, st.Reason)
+	}
+}
+
+func TestStopWithSavepoint(t *testing.T) {
+	tc := newCluster(t, 1)
+	path := slowJob(t, 1000000, 2000, 1)
+	dir := filepath.Dir(path)
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, append(b, []byte("checkpoint: {interval: 200ms, dir: chk}\n")...), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	id := deploy(t, tc, path, jobfile.Options{})
+	tc.waitJob(id, "running", func(st *cluster.JobStatus) bool {
+		return st.State == cluster.JobRunning && st.Operators[0].RecordsOut > 0
+	})
+	if _, err := tc.client.Savepoint(context.Background(), id, ""); err == nil || !strings.Contains(err.Error(), "not supported yet") {
+		t.Errorf("savepoint without stop: %v; want not supported yet", err)
+	}
+	if _, err := tc.client.Stop(context.Background(), id, t.TempDir(), false); err == nil || !strings.Contains(err.Error(), "not supported yet") {
+		t.Errorf("stop into another directory: %v; want not supported yet", err)
+	}
+	sp, err := tc.client.Stop(context.Background(), id, "", false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.HasPrefix(sp, filepath.Join(dir, "chk")) {
+		t.Errorf("savepoint %q: want it under %s", sp, filepath.Join(dir, "chk"))
+	}
+	if _, err := os.Stat(filepath.Join(sp, "_metadata")); err != nil {
+		t.Errorf("savepoint has no metadata: %v", err)
+	}
+	st := tc.waitJob(id, "stopped", state(cluster.JobStopped))
+	if st.State != cluster.JobStopped || st.Savepoint != sp {
+		t.Fatalf("after stop: state %s savepoint %q (%s); want stopped, %s", st.State, st.Savepoint, st.Reason, sp)
 	}
 }
