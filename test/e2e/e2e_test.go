@@ -501,10 +501,10 @@ operators:
 	var errb bytes.Buffer
 	cmd.Stderr = &errb
 	must(t, cmd.Start())
-	// Wait until records flow (the sink's part file grows), then interrupt.
+	// Wait until records flow (the sink's in-progress file grows), then interrupt.
 	deadline := time.Now().Add(30 * time.Second)
 	for {
-		if fi, err := os.Stat(filepath.Join(dir, "out", "part-0")); err == nil && fi.Size() > 0 {
+		if fi, err := os.Stat(filepath.Join(dir, "out", ".part-0.inprogress")); err == nil && fi.Size() > 0 {
 			break
 		}
 		if time.Now().After(deadline) {
