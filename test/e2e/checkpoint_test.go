@@ -120,7 +120,9 @@ operators:
 `, n, mod)
 	must(t, os.WriteFile(filepath.Join(dir, "job.yaml"), []byte(job), 0o644))
 	cmd, errb := start(t, dir, "run", "--progress", "off", "job.yaml")
-	waitFor(t, "a completed checkpoint and committed output", errb, func() bool { return completedCheckpoints(filepath.Join(dir, "chk")) >= 1 && len(committedLinesQuiet(filepath.Join(dir, "out"))) > 0 })
+	waitFor(t, "a completed checkpoint and committed output", errb, func() bool {
+		return completedCheckpoints(filepath.Join(dir, "chk")) >= 1 && len(committedLinesQuiet(filepath.Join(dir, "out"))) > 0
+	})
 	must(t, cmd.Process.Signal(syscall.SIGKILL))
 	cmd.Wait()
 	if got := len(committedLines(t, filepath.Join(dir, "out"))); got >= n {
