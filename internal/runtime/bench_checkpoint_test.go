@@ -1,0 +1,197 @@
+package runtime
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/streamd/streamd/abi"
+	"github.com/streamd/streamd/control"
+	"github.com/streamd/streamd/internal/jobfile"
+	"github.com/streamd/streamd/internal/testwasm"
+)
+
+// Checkpoint benchmarks. One b.N iteration of the throughput benchmarks is
+// one record through generator -> keyed wasm counter (hash) -> discard at
+// parallelism 2; give them at least a few seconds so several checkpoints
+// happen:
+//
+//	go test -run '^$' -bench 'Checkpoint|Failover|FinalCheckpoint' -benchtime 3000000x ./internal/runtime/
+
+func benchCheckpointThroughput(b *testing.B, interval time.Duration) {
+	mod := testwasm.Path(b, "internal/testguests/failonce/failonce.wasm")
+	eng := benchEngine(b)
+	run := func(n int) Stats {
+		spec := &jobfile.SourceSpec{Type: "generator", Count: int64(n), KeyPattern: "key-{k}", ValuePattern: "value-{n}", Keys: 1000, TSStep: 1}
+		g := graph(b,
+			src("gen", 2, spec),
+			op("count", 2, &jobfile.WasmSpec{Path: mod, Config: map[string]string{"mode": "count"}}, in("gen", control.Hash)),
+			sink("out", 2, &jobfile.SinkSpec{Type: "discard"}, in("count", control.Forward)),
+		)
+		opts := Options{Engine: eng}
+		if interval > 0 {
+			opts.Checkpoint = &CheckpointOptions{Store: openStore(b, b.TempDir()), Interval: interval}
+		}
+		stats, err := Run(context.Background(), g, opts)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if got := stats.Operators[2].RecordsIn; got != int64(n) {
+			b.Fatalf("discard got %d records, want %d", got, n)
+		}
+		return stats
+	}
+	run(10000)
+	b.ResetTimer()
+	stats := run(b.N)
+	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "records/s")
+	b.ReportMetric(float64(stats.Checkpoints), "checkpoints")
+}
+
+func BenchmarkNoCheckpoint(b *testing.B)         { benchCheckpointThroughput(b, 0) }
+func BenchmarkCheckpointInterval1s(b *testing.B) { benchCheckpointThroughput(b, time.Second) }
+
+// failover is a native sink that fails in attempt 0 once a checkpoint is
+// complete, and records when it failed and when attempt 1 processed again.
+type failover struct {
+	mu               sync.Mutex
+	failed, resumed  time.Time
+	notified         bool
+	errInjected      error
+	attempt0Subtasks int
+}
+
+type failoverOp struct {
+	f    *failover
+	info SubtaskInfo
+	noop
+}
+
+func (f *failover) factory(info SubtaskInfo) NativeOperator { return &failoverOp{f: f, info: info} }
+
+func (o *failoverOp) Process(context.Context, int, []abi.Record, Emitter) error {
+	f := o.f
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if o.info.Attempt == 0 && f.notified && o.info.Subtask == 0 {
+		f.failed = time.Now()
+		return f.errInjected
+	}
+	if o.info.Attempt > 0 && f.resumed.IsZero() {
+		f.resumed = time.Now()
+	}
+	return nil
+}
+
+func (o *failoverOp) SnapshotState(context.Context, int64) error { return nil }
+func (o *failoverOp) NotifyCheckpointComplete(context.Context, int64) error {
+	o.f.mu.Lock()
+	o.f.notified = true
+	o.f.mu.Unlock()
+	return nil
+}
+
+// BenchmarkFailoverRestart8: time from a subtask failure to records being
+// processed again, for a job of 8 subtasks (4 generator, 4 sink), restarting
+// from its latest checkpoint with no restart delay. Reported as ms/failover.
+func BenchmarkFailoverRestart8(b *testing.B) {
+	var total time.Duration
+	for i := 0; i < b.N; i++ {
+		f := &failover{errInjected: errors.New("injected failure")}
+		spec := &jobfile.SourceSpec{Type: "generator", Rate: 200000, KeyPattern: "key-{k}", ValuePattern: "value-{n}", Keys: 100, TSStep: 1}
+		g := graph(b,
+			src("gen", 4, spec),
+			sink("fail", 4, NativeFactory(f.factory), in("gen", control.Hash)),
+		)
+		ctx, cancel := context.WithCancel(context.Background())
+		go func() {
+			for {
+				time.Sleep(5 * time.Millisecond)
+				f.mu.Lock()
+				done := !f.resumed.IsZero()
+				f.mu.Unlock()
+				if done {
+					cancel()
+					return
+				}
+			}
+		}()
+		_, err := Run(ctx, g, Options{Restart: RestartStrategy{Attempts: 1},
+			Checkpoint: &CheckpointOptions{Store: openStore(b, b.TempDir()), Interval: 20 * time.Millisecond, Tick: 5 * time.Millisecond}})
+		cancel()
+		if !errors.Is(err, context.Canceled) {
+			b.Fatalf("run: %v", err)
+		}
+		total += f.resumed.Sub(f.failed)
+	}
+	b.ReportMetric(float64(total.Microseconds())/1000/float64(b.N), "ms/failover")
+}
+
+// endStamp is a native map that records when its input ended.
+type endStamp struct {
+	mu  sync.Mutex
+	end time.Time
+	noop
+}
+
+type endStampOp struct {
+	s *endStamp
+	noop
+}
+
+func (o *endStampOp) Process(_ context.Context, _ int, recs []abi.Record, emit Emitter) error {
+	emit(recs)
+	return nil
+}
+
+func (o *endStampOp) EndInput(context.Context, int, Emitter) error {
+	o.s.mu.Lock()
+	if o.s.end.IsZero() {
+		o.s.end = time.Now()
+	}
+	o.s.mu.Unlock()
+	return nil
+}
+
+// benchFinalCheckpoint: time from the sources' end of input (the first
+// operator's end_input) to the job finished, with a chain of depth native
+// operators before a file sink, parallelism 2 and a checkpoint interval of
+// one hour: the final checkpoint is triggered at once.
+func benchFinalCheckpoint(b *testing.B, depth int) {
+	var total time.Duration
+	for i := 0; i < b.N; i++ {
+		es := &endStamp{}
+		vs := []*control.Vertex{src("src", 2, genSpec(1000))}
+		prev := "src"
+		for d := 0; d < depth; d++ {
+			uid := fmt.Sprint("op", d)
+			var spec any = NativeFactory(newUpper)
+			if d == 0 {
+				spec = NativeFactory(func(SubtaskInfo) NativeOperator { return &endStampOp{s: es} })
+			}
+			part := control.Forward
+			if d == 0 {
+				part = control.Rebalance
+			}
+			vs = append(vs, op(uid, 2, spec, in(prev, part)))
+			prev = uid
+		}
+		vs = append(vs, sink("out", 2, &jobfile.SinkSpec{Type: "file", Path: filepath.Join(b.TempDir(), "out")}, in(prev, control.Forward)))
+		g := graph(b, vs...)
+		_, err := Run(context.Background(), g, Options{BatchSize: 100,
+			Checkpoint: &CheckpointOptions{Store: openStore(b, b.TempDir()), Interval: time.Hour}})
+		if err != nil {
+			b.Fatal(err)
+		}
+		total += time.Since(es.end)
+	}
+	b.ReportMetric(float64(total.Microseconds())/1000/float64(b.N), "ms/finish")
+}
+
+func BenchmarkFinalCheckpointDepth1(b *testing.B) { benchFinalCheckpoint(b, 1) }
+func BenchmarkFinalCheckpointDepth4(b *testing.B) { benchFinalCheckpoint(b, 4) }
+func BenchmarkFinalCheckpointDepth8(b *testing.B) { benchFinalCheckpoint(b, 8) }
