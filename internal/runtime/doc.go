@@ -1,17 +1,55 @@
-// Package runtime runs a job graph in one process: the task runtime.
+// Package runtime runs a job graph in one process: the task runtime, with
+// checkpoints, failover, restore and the FLIP-147 finishing protocol.
 //
 // # Threading model
 //
-// Run builds everything before any goroutine starts: it loads every wasm
-// module (a bad module fails Run before anything runs), creates one bounded
-// dataplane.LocalChannel per (sending subtask, receiving subtask) pair of each
-// edge (pointwise for forward, all-to-all otherwise), one InputGate per
-// receiving subtask and one RecordWriter per (subtask, output edge). Then it
-// starts one goroutine per subtask through a tracked group: Run waits for all
-// of them; the first error cancels the run's context, which unblocks every
-// other subtask (channel sends and gate waits select on it), and becomes
-// Run's result. A progress goroutine calls Options.Progress about once a
-// second; Run calls it once more at the end.
+// Run loads every wasm module first (a bad module fails Run before anything
+// runs) and checks a restore against the graph (control.CheckRestore). Each
+// attempt of the job (the first run and every restart) builds everything
+// before any goroutine starts: one bounded channel per (sending subtask,
+// receiving subtask) pair of each edge (pointwise for forward, all-to-all
+// otherwise; all made by job.newChannel, where remote channels plug in), one
+// InputGate per receiving subtask and one RecordWriter per (subtask, output
+// edge). Then it starts one goroutine per subtask: the first error cancels
+// the attempt's context, which unblocks every other subtask (channel sends
+// and gate waits select on it). A progress goroutine calls Options.Progress
+// about once a second; Run calls it once more at the end.
+//
+// # Driver
+//
+// With Options.Checkpoint the goroutine of Run is the driver of a
+// control.Coordinator (driver.go): it steps the coordinator with a tick from
+// a real ticker (CheckpointOptions.Tick, default 100 ms; intervals, timeouts
+// and pauses are converted to ticks), with the subtasks' events (running,
+// end of data, ack, decline, finished), with a stop request, and with the
+// outcome of its own actions, which it carries out in order:
+//
+//   - TriggerCheckpoint, StopSources, NotifyComplete, AbortCheckpoint become
+//     commands in the subtasks' mailboxes (never blocking the driver); a
+//     subtask that has exited cannot take a trigger: TriggerFailed.
+//   - PersistMetadata: checkpoint.NewMetadata and Store.Commit (the commit
+//     point) run in the driver, then Persisted or PersistFailed; so
+//     NotifyComplete only ever follows durable metadata, and a failover
+//     always knows the outcome of every persist before it picks the
+//     checkpoint to restore.
+//   - FailJob cancels the attempt; a subtask failure does too and becomes
+//     TaskFailed once every subtask of the attempt has returned.
+//
+// Events of a subtask go over one channel per attempt, so events of an
+// earlier attempt are never seen. After a failure the driver applies
+// Options.Restart (fixed delay, at most Attempts restarts, then Run fails
+// with the last cause) and restarts every subtask from the latest completed
+// checkpoint or savepoint (checkpoint.LoadRestoreFrom), or from the restore
+// it started with, or from the beginning. Without checkpointing there is no
+// coordinator: nothing waits for a final checkpoint, sinks commit in
+// Finish, and a restart begins from scratch (logged once).
+//
+// # Mailbox
+//
+// A subtask's mailbox is polled with one atomic load: a source checks it
+// before each read, an operator has it as one more channel of its input
+// gate (cmdInput, the last channel), so a subtask blocked on its gate wakes
+// for a command and the hot path gains no per-record work.
 //
 // A subtask is driven by its goroutine only: its operator (wasm instance,
 // native operator or sink), gate, writers and counters of watermarks and
@@ -49,15 +87,35 @@
 //     AdvanceWatermark (the host fires due event-time timers, then
 //     on_watermark) and the watermark goes downstream.
 //   - Barrier(id): aligned: the channel is blocked until every channel that
-//     has not ended delivered the barrier, then it goes downstream and the
-//     channels unblock (snapshots come with checkpointing). CancelCheckpoint
-//     aborts the alignment and is forwarded once.
+//     has not ended delivered the barrier, then it goes downstream, the
+//     channels unblock and the subtask snapshots: host keyed state by key
+//     group and the guest's list state (snapshot_state), a source's
+//     position, a sink's pre-commit (pending files). The blob goes to the
+//     store from the subtask's goroutine; then the Ack (AfterEndOfData when
+//     the subtask had sent EndOfData; UnionState when it holds union list
+//     state). A subtask the coordinator triggers itself (a source, or an
+//     operator whose predecessors finished) starts the alignment with no
+//     channel arrived: the barrier goes behind the data already queued, as
+//     channels at EndOfPartition count as aligned. CancelCheckpoint (or an
+//     abort command) ends the alignment.
+//   - notify(id): notify_checkpoint_complete (two-phase-commit sinks commit).
 //   - EndOfData(drain): when every channel of input i delivered it,
 //     EndInput(i) (with drain); when all inputs ended, Finish (with drain)
 //     and EndOfData goes downstream.
 //   - EndOfPartition: the channel ends (it no longer holds the watermark back
-//     and counts as aligned); when every channel ended, Close and
-//     EndOfPartition goes downstream, and the subtask exits.
+//     and counts as aligned).
+//
+// Finishing (DESIGN.md "Finishing"): after EndOfData a subtask reports
+// end of data and keeps taking part in checkpoints; the first checkpoint it
+// acknowledges after its EndOfData is its final one (for a stopping source:
+// exactly the stop savepoint). When that checkpoint is notified and every
+// input channel has ended, it calls Close, sends EndOfPartition, reports
+// finished and exits. Stop-with-savepoint: StopSources makes each source end
+// its input (with drain: MAX watermark; operators then call end_input and
+// finish; without: neither, timers stay in state) and the savepoint's
+// barrier follows EndOfData. After a restore, subtasks of fully finished
+// operators are deployed finished: no user code, MAX watermark and
+// EndOfData(drain) at once, acknowledgements as DeployedFinished.
 //
 // Close is always called, also after a failure or cancel. Errors name job,
 // operator, subtask and phase: a *TaskError, or the *host.Error of a wasm
@@ -67,5 +125,6 @@
 //
 // Records cross channels and the wasm boundary in batches: one channel send
 // and one guest call per batch, and no allocation per record in steady state
-// (batches and their byte arenas are pooled).
+// (batches and their byte arenas are pooled). Checkpointing adds nothing per
+// record: BenchmarkCheckpointInterval1s vs BenchmarkNoCheckpoint.
 package runtime
