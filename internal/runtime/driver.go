@@ -136,7 +136,7 @@ func (r *runner) run(ctx context.Context) (Stats, error) {
 		if err := r.newCoordinator(ctx); err != nil {
 			return r.snapshot(), err
 		}
-	} else {
+	} else if r.opts.Restart.Attempts > 0 {
 		r.log.Info("checkpointing is off: after a failure the job restarts from the beginning, so its output is complete but not exactly-once across failures")
 	}
 
