@@ -450,3 +450,24 @@ func TestFileSinkTwoPhaseCommit(t *testing.T) {
 		t.Fatal("truncated state decoded")
 	}
 }
+
+func TestCommitPendingUpTo(t *testing.T) {
+	dir := t.TempDir()
+	for _, n := range []string{".part-0-3.pending", ".part-1-5.pending", ".part-1-9.pending", ".part-0.inprogress"} {
+		if err := os.WriteFile(filepath.Join(dir, n), []byte(n+"\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := 0; i < 2; i++ {
+		if err := CommitPendingUpTo(dir, 5); err != nil {
+			t.Fatal(err)
+		}
+		v := visible(t, dir)
+		if len(v) != 2 || v["part-0-3"] == "" || v["part-1-5"] == "" {
+			t.Fatalf("round %d: %v", i, v)
+		}
+	}
+	if err := CommitPendingUpTo(filepath.Join(dir, "missing"), 5); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -384,3 +384,33 @@ type DiscardSink struct{}
 func (DiscardSink) Write([]abi.Record) error { return nil }
 func (DiscardSink) Flush() error             { return nil }
 func (DiscardSink) Close() error             { return nil }
+
+// CommitPendingUpTo commits every pending file in dir of a checkpoint <= id,
+// whatever subtask wrote it. A file sink whose operator was fully finished in
+// checkpoint id keeps no state in it (only the finished flag), yet the job may
+// have failed after that checkpoint completed and before every sink subtask
+// committed its final pending file: restoring such a sink calls this once.
+func CommitPendingUpTo(dir string, id int64) error {
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		if errors.Is(err, fs.ErrNotExist) {
+			return nil
+		}
+		return fmt.Errorf("connector: file sink: %w", err)
+	}
+	var todo []PendingFile
+	for _, e := range ents {
+		n := e.Name()
+		if !strings.HasPrefix(n, ".part-") || !strings.HasSuffix(n, ".pending") {
+			continue
+		}
+		base := strings.TrimSuffix(strings.TrimPrefix(n, "."), ".pending") // part-<sub>-<id>
+		i := strings.LastIndexByte(base, '-')
+		cid, err := strconv.ParseInt(base[i+1:], 10, 64)
+		if i < 0 || err != nil || cid > id {
+			continue
+		}
+		todo = append(todo, PendingFile{ID: cid, Pending: n, Final: base})
+	}
+	return commitFiles(dir, todo)
+}

@@ -366,3 +366,55 @@ func copyDir(t testing.TB, from, to string) {
 		}
 	}
 }
+
+// TestRestoreCommitsFinalPending: the job failed after its final checkpoint
+// was durable but before the file sink committed it (simulated by putting the
+// committed files back to pending). Restoring that checkpoint deploys every
+// operator as finished and commits the pending files; nothing runs again.
+func TestRestoreCommitsFinalPending(t *testing.T) {
+	dir := t.TempDir()
+	out := filepath.Join(dir, "out")
+	const n = 1000
+	lc := &lifecycle{calls: map[int][]string{}}
+	g := graph(t,
+		src("src", 2, genSpec(n)),
+		op("rec", 2, NativeFactory(lc.factory), in("src", control.Rebalance)),
+		sink("out", 2, &jobfile.SinkSpec{Type: "file", Path: out}, in("rec", control.Forward)),
+	)
+	store := openStore(t, filepath.Join(dir, "chk"))
+	opts := Options{BatchSize: 100, Checkpoint: &CheckpointOptions{Store: store, Interval: time.Hour, Tick: 5 * time.Millisecond}}
+	if _, err := Run(context.Background(), g, opts); err != nil {
+		t.Fatal(err)
+	}
+	want := committed(t, out)
+	if len(want) != n {
+		t.Fatalf("%d lines committed", len(want))
+	}
+	ents, _ := os.ReadDir(out)
+	for _, e := range ents {
+		if err := os.Rename(filepath.Join(out, e.Name()), filepath.Join(out, "."+e.Name()+".pending")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	md, err := store.Latest(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if f := md.Operator("out").Finished; f != control.OperatorFullyFinished {
+		t.Fatalf("sink is %s in the final checkpoint", f)
+	}
+	rs, err := checkpoint.LoadRestoreFrom(context.Background(), store, md, g)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lc.calls = map[int][]string{}
+	opts.Restore = rs
+	stats, err := Run(context.Background(), g, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(lc.get(0)) != 0 || stats.Operators[0].RecordsOut != 0 {
+		t.Fatalf("finished operators ran again: %v, %d records", lc.get(0), stats.Operators[0].RecordsOut)
+	}
+	checkExactlyOnce(t, committed(t, out), want)
+}

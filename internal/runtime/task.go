@@ -11,6 +11,7 @@ import (
 	"github.com/streamd/streamd/dataplane"
 	"github.com/streamd/streamd/internal/checkpoint"
 	"github.com/streamd/streamd/internal/connector"
+	"github.com/streamd/streamd/internal/jobfile"
 )
 
 // task is one subtask: a source loop or an operator loop, run by one goroutine.
@@ -431,7 +432,14 @@ func (t *task) runOperator(ctx context.Context) (err error) {
 		st.chans[g.Input(c)]++
 	}
 	if t.deployedFinished {
-		// Restored as finished: no user code; end of data at once.
+		// Restored as finished: no user code; end of data at once. A file
+		// sink's last pending files may not have been committed before the
+		// failure, and a fully finished operator keeps no state: commit them.
+		if spec, ok := t.v.Spec.(*jobfile.SinkSpec); ok && spec.Type == "file" && t.sub == 0 && t.j.restore != nil {
+			if err := connector.CommitPendingUpTo(spec.Path, t.j.restore.Metadata.ID); err != nil {
+				return t.fail(string(abi.PhaseOpen), err)
+			}
+		}
 		if err := t.endData(true, true); err != nil {
 			return err
 		}
