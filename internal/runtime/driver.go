@@ -258,15 +258,24 @@ func (r *runner) drive(ctx context.Context, j *job) error {
 	ticker := time.NewTicker(r.opts.Checkpoint.Tick)
 	defer ticker.Stop()
 	stop := r.opts.Stop
+	var pendingStop *StopRequest // a stop that came before the job was running
 	for {
 		select {
 		case ev := <-j.events:
 			r.step(j, ev)
 		case <-ticker.C:
 			r.step(j, control.Tick{})
+			if pendingStop != nil && r.canStop() {
+				r.step(j, control.StopWithSavepoint{Drain: pendingStop.Drain})
+				pendingStop = nil
+			}
 		case req := <-stop:
 			stop = nil
 			r.log.Info("stopping with a savepoint", "drain", req.Drain)
+			if !r.canStop() {
+				pendingStop = &req // once every subtask runs
+				continue
+			}
 			r.step(j, control.StopWithSavepoint{Drain: req.Drain})
 		case <-j.done:
 			for {
@@ -291,6 +300,12 @@ func (r *runner) drive(ctx context.Context, j *job) error {
 			return err
 		}
 	}
+}
+
+// canStop reports whether the coordinator can take a stop-with-savepoint now.
+func (r *runner) canStop() bool {
+	st := r.coord.State()
+	return st == control.JobRunning || st == control.JobFinishing
 }
 
 // fail records the first failure of an attempt and cancels the others.
