@@ -2,6 +2,7 @@ package runtime
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -417,4 +418,33 @@ func TestRestoreCommitsFinalPending(t *testing.T) {
 		t.Fatalf("finished operators ran again: %v, %d records", lc.get(0), stats.Operators[0].RecordsOut)
 	}
 	checkExactlyOnce(t, committed(t, out), want)
+}
+
+// noSavepoints is a store that cannot write savepoint state.
+type noSavepoints struct{ *checkpoint.Dir }
+
+func (s noSavepoints) WriteState(ctx context.Context, kind control.CheckpointKind, id int64, sub control.SubtaskID, data []byte) (checkpoint.BlobRef, error) {
+	if kind == control.KindSavepoint {
+		return checkpoint.BlobRef{}, fmt.Errorf("disk full")
+	}
+	return s.Dir.WriteState(ctx, kind, id, sub, data)
+}
+
+// TestStopWithSavepointFails: when the savepoint fails, the job fails over
+// and the error says so.
+func TestStopWithSavepointFails(t *testing.T) {
+	dir := t.TempDir()
+	spec := genSpec(0)
+	spec.Rate = 10000
+	g := graph(t,
+		src("src", 1, spec),
+		sink("out", 1, &jobfile.SinkSpec{Type: "file", Path: filepath.Join(dir, "out")}, in("src", control.Forward)),
+	)
+	stop := make(chan StopRequest, 1)
+	stop <- StopRequest{}
+	_, err := Run(context.Background(), g, Options{Stop: stop,
+		Checkpoint: &CheckpointOptions{Store: noSavepoints{openStore(t, filepath.Join(dir, "chk"))}, Interval: time.Hour, Tick: 5 * time.Millisecond}})
+	if err == nil || !errors.Is(err, control.ErrStopWithSavepointFailed) || !strings.Contains(err.Error(), "disk full") {
+		t.Fatalf("err = %v, want a stop-with-savepoint failure naming the cause", err)
+	}
 }
