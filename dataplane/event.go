@@ -75,6 +75,10 @@ type Barrier struct {
 	ID     int64
 	Kind   BarrierKind
 	IsSync bool // a synchronous savepoint (stop-with-savepoint): the job stops after it
+	// Trace is the checkpoint's trace context (W3C traceparent, tracestate),
+	// nil when tracing is off: subtasks start their alignment and snapshot
+	// spans under it. Over NATS it travels in the message headers.
+	Trace map[string]string
 }
 
 // EndOfData says the sender has emitted its last record. Drain is false only

@@ -639,6 +639,41 @@ func TestHeaderHooks(t *testing.T) {
 	}
 }
 
+// TestBarrierTrace: a barrier's trace context travels in the message's
+// headers, without hooks, and comes back in the received barrier.
+func TestBarrierTrace(t *testing.T) {
+	nc := connect(t, startServer(t, 0))
+	ch, err := transport(t, nc).NewChannel(testID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	tp := "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+	for _, ev := range []dataplane.Event{
+		dataplane.BarrierEvent(dataplane.Barrier{ID: 3, Trace: map[string]string{"traceparent": tp, "tracestate": "a=1"}}),
+		dataplane.BarrierEvent(dataplane.Barrier{ID: 4}),
+		dataplane.EndOfPartitionEvent(),
+	} {
+		if err := ch.S.Send(ctx, ev); err != nil {
+			t.Fatal(err)
+		}
+	}
+	evs, err := recvAll(ctx, ch.R, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(evs) != 3 {
+		t.Fatalf("got %d events, want 3", len(evs))
+	}
+	if got := evs[0].Barrier.Trace; got["traceparent"] != tp || got["tracestate"] != "a=1" || len(got) != 2 {
+		t.Errorf("barrier 3 trace = %v", got)
+	}
+	if got := evs[1].Barrier.Trace; got != nil {
+		t.Errorf("barrier 4 without trace got %v", got)
+	}
+}
+
 func TestOptionsValidate(t *testing.T) {
 	nc := connect(t, startServer(t, 0))
 	for _, o := range []Option{Window(10), MaxMessage(5), CreditRetry(0)} {

@@ -225,6 +225,14 @@ func (r *Receiver) TryRecv() (dataplane.Event, bool, error) {
 	size := uint64(len(m.Data))
 	r.stats.messages.Add(1)
 	r.stats.bytes.Add(size)
+	if ev.Kind == dataplane.KindBarrier && len(m.Header) > 0 {
+		ev.Barrier.Trace = make(map[string]string, len(m.Header))
+		for k, v := range m.Header {
+			if len(v) > 0 {
+				ev.Barrier.Trace[k] = v[0]
+			}
+		}
+	}
 	if h := r.t.opts.RecvHeader; h != nil {
 		h(ev, m.Header)
 	}

@@ -188,9 +188,14 @@ func (s *Sender) publish(ctx context.Context, ev dataplane.Event, data []byte) e
 	if err != nil {
 		return err
 	}
-	if h := s.t.opts.SendHeader; h != nil {
+	if h, tr := s.t.opts.SendHeader, barrierTrace(ev); h != nil || tr != nil {
 		m := &nats.Msg{Subject: s.dataSubj, Data: data, Header: nats.Header{}}
-		h(ctx, ev, m.Header)
+		for k, v := range tr {
+			m.Header[k] = []string{v}
+		}
+		if h != nil {
+			h(ctx, ev, m.Header)
+		}
 		err = s.t.nc.PublishMsg(m)
 	} else {
 		err = s.t.nc.Publish(s.dataSubj, data)
@@ -292,3 +297,12 @@ func (s *Sender) Close() error {
 }
 
 var _ dataplane.Output = (*Sender)(nil)
+
+// barrierTrace is the trace context of a barrier event (nil for anything
+// else): it travels as the message's headers (traceparent, tracestate).
+func barrierTrace(ev dataplane.Event) map[string]string {
+	if ev.Kind != dataplane.KindBarrier {
+		return nil
+	}
+	return ev.Barrier.Trace
+}
