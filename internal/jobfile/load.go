@@ -18,6 +18,7 @@ import (
 	"gopkg.in/yaml.v3"
 
 	"github.com/streamd/streamd/control"
+	"github.com/streamd/streamd/internal/natsutil"
 )
 
 // Job is a loaded, validated job file: the graph to run and the job-wide settings.
@@ -422,16 +423,18 @@ func (p *parser) operator(i int, n *yaml.Node, defaultPar, maxPar int) *operator
 }
 
 var (
-	sourceFields    = []string{"type", "path", "count", "rate", "key", "value", "keys", "value_size", "start_ts", "ts_step", "watermark_lag"}
-	fileSourceOnly  = []string{"path"}
-	generatorFields = []string{"count", "rate", "key", "value", "keys", "value_size", "start_ts", "ts_step", "watermark_lag"}
-	sinkFields      = []string{"type", "path", "format"}
+	sourceFields     = []string{"type", "path", "count", "rate", "key", "value", "keys", "value_size", "start_ts", "ts_step", "watermark_lag", "url", "stream", "subject", "bounded", "key_from"}
+	fileSourceOnly   = []string{"path"}
+	generatorFields  = []string{"count", "rate", "key", "value", "keys", "value_size", "start_ts", "ts_step", "watermark_lag"}
+	natsSourceFields = []string{"url", "stream", "subject", "bounded", "key_from", "watermark_lag"}
+	sinkFields       = []string{"type", "path", "format", "url", "subject"}
+	sinkTypeFields   = map[string][]string{"file": {"path", "format"}, "stdout": {"format"}, "discard": {}, "nats": {"url", "subject"}}
 )
 
 // SourceTypes and SinkTypes are the built-in connector types a job file may name.
 var (
-	SourceTypes = []string{"file", "generator"}
-	SinkTypes   = []string{"file", "stdout", "discard"}
+	SourceTypes = []string{"file", "generator", "nats"}
+	SinkTypes   = []string{"file", "stdout", "discard", "nats"}
 )
 
 func (p *parser) source(op, prefix string, n *yaml.Node) *SourceSpec {
@@ -444,7 +447,7 @@ func (p *parser) source(op, prefix string, n *yaml.Node) *SourceSpec {
 	s := &SourceSpec{KeyPattern: "key-{k}", ValuePattern: "value-{n}", Keys: 100, TSStep: 1}
 	t := f["type"]
 	if t == nil {
-		p.add(op, n.Line, prefix+"type", "missing (want %s)", strings.Join(SourceTypes, " or "))
+		p.add(op, n.Line, prefix+"type", "missing (want %s)", orList(SourceTypes))
 		return nil
 	}
 	s.Type = p.str(op, prefix+"type", t)
@@ -520,18 +523,93 @@ func (p *parser) source(op, prefix string, n *yaml.Node) *SourceSpec {
 		if c := f["ts_step"]; c != nil {
 			s.TSStep, _ = p.int64(op, prefix+"ts_step", c)
 		}
-		if c := f["watermark_lag"]; c != nil {
-			if d, ok := p.duration(op, prefix+"watermark_lag", c); ok {
-				if d < 0 {
-					p.add(op, c.Line, prefix+"watermark_lag", "must not be negative, got %v", d)
-				}
-				s.WatermarkLag = d
+		p.watermarkLag(op, prefix, f, s)
+	case "nats":
+		notFor(natsSourceFields)
+		if c := f["url"]; c != nil {
+			s.URL = p.natsURL(op, prefix+"url", c)
+		}
+		if c := f["stream"]; c == nil {
+			p.add(op, n.Line, prefix+"stream", "missing: a nats source reads the JetStream stream named by stream")
+		} else if s.Stream = p.str(op, prefix+"stream", c); s.Stream == "" && c.Tag != "!!null" {
+			p.add(op, c.Line, prefix+"stream", "empty: name the JetStream stream to read")
+		} else if strings.ContainsAny(s.Stream, " \t.*>") {
+			p.add(op, c.Line, prefix+"stream", "%q is not a stream name (no spaces, '.', '*' or '>')", s.Stream)
+		}
+		if c := f["subject"]; c != nil {
+			if s.Subject = p.str(op, prefix+"subject", c); s.Subject != "" {
+				p.checkSubject(op, prefix+"subject", c.Line, s.Subject, true)
 			}
 		}
+		if c := f["bounded"]; c != nil {
+			s.Bounded = p.bool(op, prefix+"bounded", c)
+		}
+		if c := f["key_from"]; c != nil {
+			s.KeyFrom = p.str(op, prefix+"key_from", c)
+			if s.KeyFrom != "header" && s.KeyFrom != "subject" && s.KeyFrom != "" {
+				p.add(op, c.Line, prefix+"key_from", "unknown key source %q (want header or subject)", s.KeyFrom)
+			}
+		}
+		p.watermarkLag(op, prefix, f, s)
 	default:
-		p.add(op, t.Line, prefix+"type", "unknown source type %q (want %s)", s.Type, strings.Join(SourceTypes, " or "))
+		p.add(op, t.Line, prefix+"type", "unknown source type %q (want %s)", s.Type, orList(SourceTypes))
 	}
 	return s
+}
+
+// orList is "a, b or c".
+func orList(xs []string) string {
+	if len(xs) < 2 {
+		return strings.Join(xs, "")
+	}
+	return strings.Join(xs[:len(xs)-1], ", ") + " or " + xs[len(xs)-1]
+}
+
+func (p *parser) watermarkLag(op, prefix string, f map[string]*yaml.Node, s *SourceSpec) {
+	if c := f["watermark_lag"]; c != nil {
+		if d, ok := p.duration(op, prefix+"watermark_lag", c); ok {
+			if d < 0 {
+				p.add(op, c.Line, prefix+"watermark_lag", "must not be negative, got %v", d)
+			}
+			s.WatermarkLag = d
+		}
+	}
+}
+
+// natsURL checks a comma-separated list of NATS server URLs.
+func (p *parser) natsURL(op, field string, n *yaml.Node) string {
+	s := p.str(op, field, n)
+	if s == "" {
+		if n.Kind == yaml.ScalarNode && n.Tag != "!!null" {
+			p.add(op, n.Line, field, "empty: leave url out to use the configured nats.url")
+		}
+		return ""
+	}
+	if err := natsutil.URLs(s)(&natsutil.ConnectOptions{}); err != nil {
+		p.add(op, n.Line, field, "%s", strings.TrimPrefix(err.Error(), "natsutil: "))
+	}
+	return s
+}
+
+// checkSubject checks a NATS subject: dot-separated non-empty tokens without
+// spaces; wildcards ('*' tokens, a last '>') only where a filter is allowed.
+func (p *parser) checkSubject(op, field string, line int, subj string, wildcards bool) {
+	toks := strings.Split(subj, ".")
+	for i, tok := range toks {
+		switch {
+		case tok == "" || strings.ContainsAny(tok, " \t\r\n"):
+			p.add(op, line, field, "%q is not a NATS subject (dot-separated tokens without spaces)", subj)
+			return
+		case tok == "*" || (tok == ">" && i == len(toks)-1):
+			if !wildcards {
+				p.add(op, line, field, "%q has a wildcard; a sink publishes to one subject", subj)
+				return
+			}
+		case strings.ContainsAny(tok, "*>"):
+			p.add(op, line, field, "%q is not a NATS subject ('*' and '>' are whole tokens, '>' only last)", subj)
+			return
+		}
+	}
 }
 
 func (p *parser) sink(op, prefix string, n *yaml.Node) *SinkSpec {
@@ -548,6 +626,14 @@ func (p *parser) sink(op, prefix string, n *yaml.Node) *SinkSpec {
 		return nil
 	}
 	s.Type = p.str(op, prefix+"type", t)
+	if allowed, known := sinkTypeFields[s.Type]; known {
+		for _, k := range sinkFields {
+			if c := f[k]; c != nil && k != "type" && !contains(allowed, k) {
+				p.add(op, c.Line, prefix+k, "not a field of a %s sink", s.Type)
+				delete(f, k)
+			}
+		}
+	}
 	if c := f["format"]; c != nil {
 		s.Format = p.str(op, prefix+"format", c)
 		if s.Format != "value" && s.Format != "kv" {
@@ -568,11 +654,19 @@ func (p *parser) sink(op, prefix string, n *yaml.Node) *SinkSpec {
 			}
 		}
 	case "stdout", "discard":
-		if c := f["path"]; c != nil {
-			p.add(op, c.Line, prefix+"path", "not a field of a %s sink", s.Type)
+	case "nats":
+		if c := f["url"]; c != nil {
+			s.URL = p.natsURL(op, prefix+"url", c)
 		}
-		if c := f["format"]; c != nil && s.Type == "discard" {
-			p.add(op, c.Line, prefix+"format", "not a field of a discard sink")
+		c := f["subject"]
+		if c == nil {
+			p.add(op, n.Line, prefix+"subject", "missing: a nats sink publishes to subject (a JetStream stream must capture it)")
+			return s
+		}
+		if s.Subject = p.str(op, prefix+"subject", c); s.Subject == "" && c.Tag != "!!null" {
+			p.add(op, c.Line, prefix+"subject", "empty: name the subject to publish to")
+		} else if s.Subject != "" {
+			p.checkSubject(op, prefix+"subject", c.Line, s.Subject, false)
 		}
 	default:
 		p.add(op, t.Line, prefix+"type", "unknown sink type %q (want %s)", s.Type, strings.Join(SinkTypes, ", "))

@@ -261,12 +261,12 @@ operators:
 operators:
   - uid: k
     source: {type: kafka, path: x}
-`, []string{`operator "k" (line 4): source.type: unknown source type "kafka" (want file or generator)`}},
+`, []string{`operator "k" (line 4): source.type: unknown source type "kafka" (want file, generator or nats)`}},
 		{"unknown sink type", head + `
   - uid: out
     sink: {type: s3}
     inputs: [lines]
-`, []string{`operator "out" (line 6): sink.type: unknown sink type "s3" (want file, stdout, discard)`}},
+`, []string{`operator "out" (line 6): sink.type: unknown sink type "s3" (want file, stdout, discard, nats)`}},
 		{"typo in field", head + `
   - uid: out
     snk: {type: stdout}
@@ -439,5 +439,79 @@ func TestFilterJob(t *testing.T) {
 		if _, err := FilterJob(tt.f); err == nil || !strings.Contains(err.Error(), tt.want) {
 			t.Errorf("%+v: err %v, want %q", tt.f, err, tt.want)
 		}
+	}
+}
+
+func TestNATSFields(t *testing.T) {
+	path := fixture(t, `
+name: natsjob
+operators:
+  - uid: in
+    source: {type: nats, url: "nats://a:4222,nats://b:4222", stream: ORDERS, subject: "orders.*", bounded: true, key_from: subject, watermark_lag: 2s}
+  - uid: in2
+    source: {type: nats, stream: EVENTS}
+  - uid: out
+    sink: {type: nats, subject: results.upper}
+    inputs: [in, in2]
+  - uid: out2
+    sink: {type: nats, url: "tls://nats.example:4443", subject: results.copy}
+    inputs: [in]
+`)
+	g, err := Load(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := &SourceSpec{Type: "nats", URL: "nats://a:4222,nats://b:4222", Stream: "ORDERS", Subject: "orders.*", Bounded: true, KeyFrom: "subject",
+		WatermarkLag: 2 * time.Second, KeyPattern: "key-{k}", ValuePattern: "value-{n}", Keys: 100, TSStep: 1}
+	if got := g.Vertex("in").Spec.(*SourceSpec); !reflect.DeepEqual(got, want) {
+		t.Errorf("source = %+v\nwant %+v", got, want)
+	}
+	if got := g.Vertex("in2").Spec.(*SourceSpec); got.URL != "" || got.Stream != "EVENTS" || got.Bounded || got.KeyFrom != "" || got.Subject != "" {
+		t.Errorf("source with defaults = %+v", got)
+	}
+	if got := g.Vertex("out").Spec.(*SinkSpec); got.Type != "nats" || got.URL != "" || got.Subject != "results.upper" {
+		t.Errorf("sink = %+v", got)
+	}
+	if got := g.Vertex("out2").Spec.(*SinkSpec); got.URL != "tls://nats.example:4443" || got.Subject != "results.copy" {
+		t.Errorf("sink with url = %+v", got)
+	}
+}
+
+func TestNATSInvalid(t *testing.T) {
+	const src = "name: bad\noperators:\n  - uid: in\n"
+	const snk = "name: bad\noperators:\n  - uid: g\n    source: {type: generator, count: 1}\n  - uid: out\n    inputs: [g]\n"
+	tests := []struct {
+		name, job string
+		want      []string
+	}{
+		{"no stream", src + "    source: {type: nats}\n", []string{`operator "in" (line 4): source.stream: missing: a nats source reads the JetStream stream named by stream`}},
+		{"bad stream", src + "    source: {type: nats, stream: a.b}\n", []string{`operator "in" (line 4): source.stream: "a.b" is not a stream name`}},
+		{"bad url", src + "    source: {type: nats, stream: S, url: \"http://x:4222\"}\n", []string{`operator "in" (line 4): source.url: server URL "http://x:4222": scheme "http", want nats://, tls://, ws:// or wss://`}},
+		{"empty url", src + "    source: {type: nats, stream: S, url: \"\"}\n", []string{`operator "in" (line 4): source.url: empty: leave url out to use the configured nats.url`}},
+		{"key_from", src + "    source: {type: nats, stream: S, key_from: value}\n", []string{`operator "in" (line 4): source.key_from: unknown key source "value" (want header or subject)`}},
+		{"bounded", src + "    source: {type: nats, stream: S, bounded: yes please}\n", []string{`operator "in" (line 4): source.bounded: want true or false, got "yes please"`}},
+		{"subject", src + "    source: {type: nats, stream: S, subject: \"a.>.b\"}\n", []string{`operator "in" (line 4): source.subject: "a.>.b" is not a NATS subject`}},
+		{"file field", src + "    source: {type: nats, stream: S, path: x}\n", []string{`operator "in" (line 4): source.path: not a field of a nats source`}},
+		{"nats field on generator", src + "    source: {type: generator, count: 1, stream: S}\n", []string{`operator "in" (line 4): source.stream: not a field of a generator source`}},
+		{"lag", src + "    source: {type: nats, stream: S, watermark_lag: -1s}\n", []string{`operator "in" (line 4): source.watermark_lag: must not be negative, got -1s`}},
+		{"sink no subject", snk + "    sink: {type: nats}\n", []string{`operator "out" (line 7): sink.subject: missing: a nats sink publishes to subject`}},
+		{"sink wildcard", snk + "    sink: {type: nats, subject: \"out.*\"}\n", []string{`operator "out" (line 7): sink.subject: "out.*" has a wildcard; a sink publishes to one subject`}},
+		{"sink path", snk + "    sink: {type: nats, subject: out, path: x/, format: kv}\n", []string{`operator "out" (line 7): sink.path: not a field of a nats sink`, `operator "out" (line 7): sink.format: not a field of a nats sink`}},
+		{"sink url", snk + "    sink: {type: nats, subject: out, url: \"nats://\"}\n", []string{`operator "out" (line 7): sink.url: server URL "nats://": no host`}},
+		{"file sink subject", snk + "    sink: {type: file, path: out/, subject: x}\n", []string{`operator "out" (line 7): sink.subject: not a field of a file sink`}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			path := fixture(t, tt.job)
+			_, err := LoadJob(path, Options{Filename: "wordcount.yaml"})
+			if err == nil {
+				t.Fatalf("loaded; want errors %q", tt.want)
+			}
+			for _, w := range tt.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("error lacks %q:\n%v", w, err)
+				}
+			}
+		})
 	}
 }

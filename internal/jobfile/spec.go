@@ -6,7 +6,7 @@ import "time"
 
 // SourceSpec is a built-in source (Vertex.Spec of a vertex without inputs).
 type SourceSpec struct {
-	Type string // "generator" | "file"
+	Type string // "generator" | "file" | "nats"
 
 	// file: one record per line (value = line without the newline, no key, no timestamp).
 	Path string // absolute (resolved against the job file's directory)
@@ -24,16 +24,30 @@ type SourceSpec struct {
 	ValueSize    int           // default 0 (no padding)
 	StartTS      int64         // default 0
 	TSStep       int64         // default 1
-	WatermarkLag time.Duration // watermark = max timestamp seen - lag, emitted every batch; default 0
+	WatermarkLag time.Duration // generator and nats: watermark = max timestamp seen - lag, emitted every batch; default 0
+
+	// nats: a JetStream stream (connector.NATSSource). Subtask i of p reads
+	// the messages whose stream sequence is i modulo p.
+	URL     string // NATS server URL(s), comma-separated; "" = the runtime's default (config nats.url)
+	Stream  string // the stream to read; required
+	Subject string // filter subject (wildcards allowed); "" = every message of the stream
+	Bounded bool   // read up to the stream's last message at the first start, then end
+	KeyFrom string // "header" (default: the Streamd-Key header) | "subject" (its last token)
 }
 
 // SinkSpec is a built-in sink (Vertex.Spec of a vertex of type sink).
 type SinkSpec struct {
-	Type string // "file" | "stdout" | "discard"
+	Type string // "file" | "stdout" | "discard" | "nats"
 	// file: a directory (absolute); subtask i writes part-<i> files into it, one line per record:
 	// the value, or "key<TAB>value" when Format is "kv".
 	Path   string
 	Format string // "value" (default) | "kv"
+
+	// nats: JetStream publishes to Subject (connector.NATSSink), which a
+	// stream must capture; message ids make replays after a restore duplicates
+	// the stream drops.
+	URL     string // NATS server URL(s), comma-separated; "" = the runtime's default (config nats.url)
+	Subject string // required; no wildcards
 }
 
 // WasmSpec is a user operator compiled to WebAssembly.
