@@ -14,21 +14,22 @@ const ScopeName = "github.com/streamd/streamd"
 
 // Attribute keys. Records are never an attribute one by one: Records is a count.
 const (
-	AttrJob          = attribute.Key("streamd.job")
-	AttrOperator     = attribute.Key("streamd.operator") // the operator uid
-	AttrSubtask      = attribute.Key("streamd.subtask")
-	AttrAttempt      = attribute.Key("streamd.attempt")
-	AttrCheckpointID = attribute.Key("streamd.checkpoint_id")
-	AttrStateBytes   = attribute.Key("streamd.state_bytes")
-	AttrRecords      = attribute.Key("streamd.records") // records processed so far
-	AttrHost         = attribute.Key("streamd.host")
-	AttrInput        = attribute.Key("streamd.input")
-	AttrPhase        = attribute.Key("streamd.phase")      // ABI phase of a guest error
-	AttrErrorKind    = attribute.Key("streamd.error_kind") // e.g. "guest trap"
-	AttrGuestMessage = attribute.Key("streamd.guest.message")
-	AttrWasmStack    = attribute.Key("streamd.wasm.stack")
-	AttrGuestStderr  = attribute.Key("streamd.guest.stderr")
-	AttrSavepoint    = attribute.Key("streamd.savepoint") // savepoint path or id
+	AttrJob            = attribute.Key("streamd.job")
+	AttrOperator       = attribute.Key("streamd.operator") // the operator uid
+	AttrSubtask        = attribute.Key("streamd.subtask")
+	AttrAttempt        = attribute.Key("streamd.attempt")
+	AttrCheckpointID   = attribute.Key("streamd.checkpoint_id")
+	AttrStateBytes     = attribute.Key("streamd.state_bytes")
+	AttrRecords        = attribute.Key("streamd.records") // records processed so far
+	AttrHost           = attribute.Key("streamd.host")
+	AttrInput          = attribute.Key("streamd.input")
+	AttrPhase          = attribute.Key("streamd.phase")      // ABI phase of a guest error
+	AttrErrorKind      = attribute.Key("streamd.error_kind") // e.g. "guest trap"
+	AttrGuestMessage   = attribute.Key("streamd.guest.message")
+	AttrWasmStack      = attribute.Key("streamd.wasm.stack")
+	AttrGuestStderr    = attribute.Key("streamd.guest.stderr")
+	AttrSavepoint      = attribute.Key("streamd.savepoint")       // savepoint path or id
+	AttrCheckpointKind = attribute.Key("streamd.checkpoint_kind") // checkpoint or savepoint
 )
 
 // Span names. The guest.* spans are made by package host around each
@@ -54,6 +55,10 @@ const (
 	SpanTaskFinish          = "task.finish"
 	SpanFinalCheckpointWait = "task.final_checkpoint_wait"
 	SpanTaskClose           = "task.close"
+
+	// one run of a job (runtime.Run), parent of its task spans; a child of
+	// the span in Run's ctx (the controller's, carried in the assignment)
+	SpanJob = "job"
 
 	// job-level operations, each its own trace
 	SpanStopWithSavepoint = "stop_with_savepoint"
