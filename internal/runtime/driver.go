@@ -27,6 +27,7 @@ type runner struct {
 	stats   []*opStats
 	modules map[string]*host.Module
 	stdout  sync.Mutex
+	nats    natsConns
 
 	coord    *control.Coordinator
 	store    checkpoint.Store
@@ -175,7 +176,7 @@ func (r *runner) run(ctx context.Context) (Stats, error) {
 func (r *runner) attempts(ctx context.Context, restore *checkpoint.Restore) error {
 	for attempt := r.opts.Attempt; ; attempt++ {
 		j := &job{
-			g: r.g, opts: r.opts, log: r.log, stats: r.stats, modules: r.modules, stdout: &r.stdout,
+			g: r.g, opts: r.opts, log: r.log, stats: r.stats, modules: r.modules, stdout: &r.stdout, nats: &r.nats,
 			start: r.start, attempt: attempt, restore: restore, store: r.store,
 			byID: map[control.SubtaskID]*task{}, done: make(chan struct{}),
 		}

@@ -17,6 +17,7 @@ import (
 	"github.com/streamd/streamd/internal/checkpoint"
 	"github.com/streamd/streamd/internal/connector"
 	"github.com/streamd/streamd/internal/jobfile"
+	"github.com/streamd/streamd/internal/natsutil"
 )
 
 // Options configures Run.
@@ -42,6 +43,10 @@ type Options struct {
 	// Stop, when it delivers, stops the job with a savepoint (checkpointing
 	// jobs only): Run then returns nil with Stats.Savepoint set.
 	Stop <-chan StopRequest
+	// NATS is how nats sources and sinks connect (URLs, credentials, TLS);
+	// a source or sink that names a url replaces the URLs. Every server is
+	// connected to once per Run, when a nats source or sink first opens.
+	NATS natsutil.ConnectOptions
 }
 
 // CheckpointOptions configure checkpointing.
@@ -128,6 +133,7 @@ type job struct {
 	byID    map[control.SubtaskID]*task
 	modules map[string]*host.Module
 	stdout  *sync.Mutex // serializes the stdout sinks
+	nats    *natsConns  // the Run's NATS connections (nats sources and sinks)
 	start   time.Time
 	attempt int
 	restore *checkpoint.Restore
@@ -170,6 +176,7 @@ func Run(ctx context.Context, g *control.JobGraph, opts Options) (Stats, error) 
 		r.stats = append(r.stats, &opStats{})
 	}
 	defer r.closeModules()
+	defer r.nats.close()
 	return r.run(ctx)
 }
 
@@ -342,6 +349,8 @@ func (j *job) bindSpec(t *task, modules map[string]*host.Module) error {
 			t.newSource = func(pos []byte) (connector.Source, error) {
 				return connector.NewFileSource(spec.Path, j.opts.Stdin, t.sub, v.Parallelism, pos)
 			}
+		case "nats":
+			t.newSource = j.natsSource(t, spec)
 		default:
 			return fmt.Errorf("unknown source type %q", spec.Type)
 		}
@@ -355,6 +364,8 @@ func (j *job) bindSpec(t *task, modules map[string]*host.Module) error {
 			open = func() (connector.Sink, error) { return connector.NewStdoutSink(j.opts.Stdout, j.stdout), nil }
 		case "discard":
 			open = func() (connector.Sink, error) { return connector.DiscardSink{}, nil }
+		case "nats":
+			open = j.natsSink(t, spec)
 		default:
 			return fmt.Errorf("unknown sink type %q", spec.Type)
 		}
