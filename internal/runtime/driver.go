@@ -29,6 +29,19 @@ type runner struct {
 	stdout  sync.Mutex
 	nats    natsConns
 
+	Driver // the checkpoint coordinator's driver (coord nil without checkpointing)
+}
+
+// Driver carries out a control.Coordinator's actions: it steps the
+// coordinator with an event and performs the resulting actions in order,
+// sending the subtasks' commands to a Target: the subtasks of an attempt in
+// this process (Run, *job), or on other hosts (internal/cluster, whose
+// controller drives a job spread over hosts with it). The caller serializes
+// Step; the fields Stats reads are guarded by mu.
+type Driver struct {
+	g        *control.JobGraph
+	co       *CheckpointOptions
+	log      *slog.Logger
 	coord    *control.Coordinator
 	store    checkpoint.Store
 	queued   []control.Event // events to Step once the current actions are done
@@ -39,6 +52,21 @@ type runner struct {
 	savepath string
 	mu       sync.Mutex // guards the fields Stats reads: restarts, count, lastMD, savepath
 }
+
+// Target is where a Driver's commands go: the subtasks of the current
+// attempt. Command queues c for subtask id without blocking and reports
+// false when that subtask has exited (a trigger then fails); Fail cancels
+// the attempt (control.FailJob). Neither may call back into the Driver.
+type Target interface {
+	Command(id control.SubtaskID, c Command) bool
+	Fail(err error)
+}
+
+// noTarget is the Target while no attempt runs.
+type noTarget struct{}
+
+func (noTarget) Command(control.SubtaskID, Command) bool { return false }
+func (noTarget) Fail(error)                              {}
 
 func (r *runner) closeModules() {
 	for _, m := range r.modules {
@@ -89,9 +117,27 @@ func ticks(d, tick time.Duration) int64 {
 
 // newCoordinator makes the coordinator from the checkpoint options.
 func (r *runner) newCoordinator(ctx context.Context) error {
-	co := r.opts.Checkpoint
+	return r.Driver.init(ctx, r.g, r.opts.Checkpoint, r.opts.Restore, r.log)
+}
+
+// NewDriver returns the driver of a new coordinator for g with the
+// checkpoint options co (co.Store is required); restore, if set, is the
+// checkpoint the job starts from (checkpoint ids continue after it).
+func NewDriver(ctx context.Context, g *control.JobGraph, co *CheckpointOptions, restore *checkpoint.Restore, log *slog.Logger) (*Driver, error) {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	d := &Driver{}
+	if err := d.init(ctx, g, co, restore, log); err != nil {
+		return nil, err
+	}
+	return d, nil
+}
+
+func (d *Driver) init(ctx context.Context, g *control.JobGraph, co *CheckpointOptions, restore *checkpoint.Restore, log *slog.Logger) error {
+	d.g, d.co, d.log = g, co, log
 	if co.Store == nil {
-		return fmt.Errorf("runtime: job %q: checkpointing needs a checkpoint store", r.g.Name)
+		return fmt.Errorf("runtime: job %q: checkpointing needs a checkpoint store", g.Name)
 	}
 	if co.Tick <= 0 {
 		co.Tick = DefaultTick
@@ -104,10 +150,10 @@ func (r *runner) newCoordinator(ctx context.Context) error {
 	}
 	first, err := co.Store.NextID(ctx)
 	if err != nil {
-		return fmt.Errorf("runtime: job %q: %w", r.g.Name, err)
+		return fmt.Errorf("runtime: job %q: %w", g.Name, err)
 	}
-	if r.opts.Restore != nil {
-		first = max(first, r.opts.Restore.Metadata.ID+1)
+	if restore != nil {
+		first = max(first, restore.Metadata.ID+1)
 	}
 	cfg := control.Config{
 		IntervalTicks:              ticks(co.Interval, co.Tick),
@@ -118,8 +164,8 @@ func (r *runner) newCoordinator(ctx context.Context) error {
 		FinalCheckpointImmediately: !co.DelayFinalCheckpoint,
 		FirstID:                    first,
 	}
-	r.coord, err = control.NewCoordinator(r.g, cfg)
-	r.store = co.Store
+	d.coord, err = control.NewCoordinator(g, cfg)
+	d.store = co.Store
 	return err
 }
 
@@ -329,108 +375,113 @@ func (j *job) result(ctx context.Context) error {
 // step feeds ev to the coordinator and carries out the resulting actions.
 // j is nil when no attempt runs.
 func (r *runner) step(j *job, ev control.Event) {
-	r.queued = append(r.queued, ev)
-	if len(r.queued) > 1 {
+	if j == nil {
+		r.Driver.Step(nil, ev)
+		return
+	}
+	r.Driver.Step(j, ev)
+}
+
+// Step feeds ev to the coordinator and carries out the resulting actions,
+// sending commands to t (nil when no attempt runs).
+func (d *Driver) Step(t Target, ev control.Event) {
+	if t == nil {
+		t = noTarget{}
+	}
+	d.queued = append(d.queued, ev)
+	if len(d.queued) > 1 {
 		return // a step in progress takes it
 	}
-	for len(r.queued) > 0 {
-		ev := r.queued[0]
-		if err := r.coord.Step(ev); err != nil {
+	for len(d.queued) > 0 {
+		ev := d.queued[0]
+		if err := d.coord.Step(ev); err != nil {
 			level := slog.LevelDebug
 			if _, ok := ev.(control.StopWithSavepoint); ok {
 				level = slog.LevelWarn
 			}
-			r.log.Log(context.Background(), level, "checkpoint coordinator refused an event", "event", ev.String(), "err", err)
+			d.log.Log(context.Background(), level, "checkpoint coordinator refused an event", "event", ev.String(), "err", err)
 		}
-		r.perform(j)
-		r.queued = r.queued[1:]
+		d.perform(t)
+		d.queued = d.queued[1:]
 	}
 }
 
 // perform carries out the coordinator's actions in order.
-func (r *runner) perform(j *job) {
-	for r.coord.HasReady() {
-		acts := r.coord.Ready()
-		r.coord.Advance()
+func (d *Driver) perform(t Target) {
+	for d.coord.HasReady() {
+		acts := d.coord.Ready()
+		d.coord.Advance()
 		for _, a := range acts {
-			r.act(j, a)
+			d.act(t, a)
 		}
 	}
 }
 
-func (r *runner) later(ev control.Event) { r.queued = append(r.queued, ev) }
+func (d *Driver) later(ev control.Event) { d.queued = append(d.queued, ev) }
 
-func (r *runner) act(j *job, a control.Action) {
+func (d *Driver) act(t Target, a control.Action) {
 	ctx := context.Background()
 	switch x := a.(type) {
 	case control.TriggerCheckpoint:
-		r.log.Debug("checkpoint triggered", "id", x.ID, "kind", x.Kind, "tasks", len(x.Tasks))
+		d.log.Debug("checkpoint triggered", "id", x.ID, "kind", x.Kind, "tasks", len(x.Tasks))
 		kind := dataplane.Checkpoint
 		if x.Kind == control.KindSavepoint {
 			kind = dataplane.Savepoint
 		}
 		for _, id := range x.Tasks {
 			b := dataplane.Barrier{ID: x.ID, Kind: kind, IsSync: x.Sync}
-			if j == nil || !j.byID[id].mb.send(command{kind: cmdTrigger, id: x.ID, barrier: b}) {
-				r.later(control.TriggerFailed{CheckpointID: x.ID, Subtask: id, Reason: "the subtask has finished"})
+			if !t.Command(id, Command{Kind: CommandTrigger, ID: x.ID, Barrier: b}) {
+				d.later(control.TriggerFailed{CheckpointID: x.ID, Subtask: id, Reason: "the subtask has finished"})
 			}
 		}
 	case control.StopSources:
 		for _, id := range x.Tasks {
-			if j != nil {
-				j.byID[id].mb.send(command{kind: cmdStop, id: x.SavepointID, drain: x.Drain})
-			}
+			t.Command(id, Command{Kind: CommandStop, ID: x.SavepointID, Drain: x.Drain})
 		}
 	case control.PersistMetadata:
-		md, err := checkpoint.NewMetadata(r.g, x, time.Now())
+		md, err := checkpoint.NewMetadata(d.g, x, time.Now())
 		if err == nil {
-			err = r.store.Commit(ctx, md)
+			err = d.store.Commit(ctx, md)
 		}
 		if err != nil {
-			r.log.Warn("checkpoint could not be persisted", "id", x.ID, "err", err)
-			r.later(control.PersistFailed{CheckpointID: x.ID, Reason: err.Error()})
+			d.log.Warn("checkpoint could not be persisted", "id", x.ID, "err", err)
+			d.later(control.PersistFailed{CheckpointID: x.ID, Reason: err.Error()})
 			return
 		}
-		r.mu.Lock()
-		r.lastMD = md
-		r.count++
-		r.mu.Unlock()
-		r.log.Debug("checkpoint complete", "id", x.ID, "kind", x.Kind, "size", x.Size, "location", md.Location)
-		if r.opts.Checkpoint.OnComplete != nil {
-			r.opts.Checkpoint.OnComplete(md)
+		d.mu.Lock()
+		d.lastMD = md
+		d.count++
+		d.mu.Unlock()
+		d.log.Debug("checkpoint complete", "id", x.ID, "kind", x.Kind, "size", x.Size, "location", md.Location)
+		if d.co.OnComplete != nil {
+			d.co.OnComplete(md)
 		}
-		r.later(control.Persisted{CheckpointID: x.ID})
+		d.later(control.Persisted{CheckpointID: x.ID})
 	case control.NotifyComplete:
 		for _, id := range x.Tasks {
-			if j != nil {
-				j.byID[id].mb.send(command{kind: cmdNotify, id: x.ID})
-			}
+			t.Command(id, Command{Kind: CommandNotify, ID: x.ID})
 		}
 	case control.AbortCheckpoint:
-		r.log.Debug("checkpoint aborted", "id", x.ID, "reason", x.Reason, "detail", x.Detail)
+		d.log.Debug("checkpoint aborted", "id", x.ID, "reason", x.Reason, "detail", x.Detail)
 		if x.Kind == control.KindSavepoint {
-			r.log.Warn("savepoint aborted", "id", x.ID, "reason", x.Reason, "detail", x.Detail)
+			d.log.Warn("savepoint aborted", "id", x.ID, "reason", x.Reason, "detail", x.Detail)
 		}
 		for _, id := range x.Tasks {
-			if j != nil {
-				j.byID[id].mb.send(command{kind: cmdAbort, id: x.ID})
-			}
+			t.Command(id, Command{Kind: CommandAbort, ID: x.ID})
 		}
 		for _, s := range x.Discard {
-			_ = r.store.Discard(ctx, x.Kind, x.ID, s.StateRef)
+			_ = d.store.Discard(ctx, x.Kind, x.ID, s.StateRef)
 		}
 	case control.DiscardState:
-		_ = r.store.Discard(ctx, control.KindCheckpoint, x.CheckpointID, x.StateRef)
+		_ = d.store.Discard(ctx, control.KindCheckpoint, x.CheckpointID, x.StateRef)
 	case control.FailJob:
-		if j != nil {
-			j.fail(control.SubtaskID{}, fmt.Errorf("runtime: job %q: %w", r.g.Name, x.Err))
-		}
+		t.Fail(fmt.Errorf("runtime: job %q: %w", d.g.Name, x.Err))
 	case control.JobDone:
-		r.jobDone = &x
-		if x.State == control.JobStopped && r.lastMD != nil {
-			r.mu.Lock()
-			r.savepath = r.lastMD.Location
-			r.mu.Unlock()
+		d.jobDone = &x
+		if x.State == control.JobStopped && d.lastMD != nil {
+			d.mu.Lock()
+			d.savepath = d.lastMD.Location
+			d.mu.Unlock()
 		}
 	}
 }

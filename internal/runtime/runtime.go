@@ -139,6 +139,8 @@ type job struct {
 	restore *checkpoint.Restore
 	store   checkpoint.Store
 	events  chan control.Event // subtask -> driver
+	remote  *Remote            // nil: every subtask runs here (Run); else StartAttempt's
+	remotes []io.Closer        // the remote channel ends, closed when the attempt ends
 
 	cancel  context.CancelCauseFunc
 	done    chan struct{} // closed when every subtask returned
@@ -222,7 +224,11 @@ func (j *job) build() error {
 		to    string
 		input int
 	}
-	edgeChans := map[edgeKey][][]dataplane.Channel{} // [sender][receiver]
+	type ends struct {
+		out []dataplane.Output // by receiver; nil where the sender or the channel is elsewhere
+		in  []dataplane.Input  // by receiver; nil where the receiver or the channel is elsewhere
+	}
+	edgeChans := map[edgeKey][]ends{} // [sender]
 	for _, v := range g.Vertices {
 		for _, e := range v.Inputs {
 			from := g.Vertex(e.From)
@@ -236,18 +242,18 @@ func (j *job) build() error {
 				return fmt.Errorf("runtime: job %q operator %q input %d: forward from %q needs equal parallelism, got %d and %d",
 					g.Name, v.UID, e.Input, e.From, from.Parallelism, v.Parallelism)
 			}
-			cs := make([][]dataplane.Channel, from.Parallelism)
+			cs := make([]ends, from.Parallelism)
 			for s := range cs {
-				cs[s] = make([]dataplane.Channel, v.Parallelism)
-				for r := range cs[s] {
+				cs[s] = ends{out: make([]dataplane.Output, v.Parallelism), in: make([]dataplane.Input, v.Parallelism)}
+				for r := 0; r < v.Parallelism; r++ {
 					if e.Partition.Pointwise() && s != r {
 						continue
 					}
-					name := fmt.Sprintf("%s[%d]->%s[%d]", from.UID, s, v.UID, r)
-					if len(v.Inputs) > 1 {
-						name += fmt.Sprintf(" (input %d)", e.Input)
+					out, in, err := j.channel(from, s, v, r, e.Input)
+					if err != nil {
+						return fmt.Errorf("runtime: job %q operator %q input %d: %w", g.Name, v.UID, e.Input, err)
 					}
-					cs[s][r] = j.newChannel(name)
+					cs[s].out[r], cs[s].in[r] = out, in
 				}
 			}
 			edgeChans[edgeKey{v.UID, e.Input}] = cs
@@ -258,6 +264,9 @@ func (j *job) build() error {
 	for vi, v := range g.Vertices {
 		for s := 0; s < v.Parallelism; s++ {
 			id := control.SubtaskID{Operator: v.UID, Index: s}
+			if !j.local(id) {
+				continue
+			}
 			t := &task{
 				j:     j,
 				v:     v,
@@ -277,8 +286,8 @@ func (j *job) build() error {
 				var gcs []dataplane.GateChannel
 				for _, e := range v.Inputs {
 					for _, row := range edgeChans[edgeKey{v.UID, e.Input}] {
-						if c := row[s]; c != nil {
-							gcs = append(gcs, dataplane.GateChannel{In: c.Input(), Input: e.Input})
+						if in := row.in[s]; in != nil {
+							gcs = append(gcs, dataplane.GateChannel{In: in, Input: e.Input})
 						}
 					}
 				}
@@ -292,9 +301,9 @@ func (j *job) build() error {
 				to := g.Vertex(e.To)
 				row := edgeChans[edgeKey{e.To, e.Input}][s]
 				var outs []dataplane.Output
-				for _, c := range row {
-					if c != nil {
-						outs = append(outs, c.Output())
+				for _, o := range row.out {
+					if o != nil {
+						outs = append(outs, o)
 					}
 				}
 				p, _ := toDataplane(e.Partition)
@@ -317,12 +326,6 @@ func (j *job) build() error {
 		}
 	}
 	return nil
-}
-
-// newChannel creates one channel between two subtasks. Every channel of a
-// run is made here, so remote (NATS) channels can plug in at this point.
-func (j *job) newChannel(name string) dataplane.Channel {
-	return dataplane.NewLocalChannel(name, j.opts.ChannelCapacity)
 }
 
 // bindSpec sets what t runs: a source, or an operator (wasm, native or sink).
