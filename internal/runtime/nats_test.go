@@ -1,0 +1,176 @@
+package runtime
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/streamd/streamd/internal/checkpoint"
+	"github.com/streamd/streamd/internal/jobfile"
+	"github.com/streamd/streamd/internal/natsutil"
+	"github.com/streamd/streamd/internal/testwasm"
+)
+
+// TestNATSExactlyOnceUnderFailure runs a job file with a bounded nats source,
+// the failonce guest (it fails once, on the first attempt), the uppercase
+// example and a nats sink against an embedded JetStream server, with
+// checkpointing. After the restart from the latest checkpoint (or from the
+// beginning, if none completed before the failure) the sink publishes again
+// what it published after that checkpoint, with the same message ids, and the
+// output stream keeps every record exactly once.
+func TestNATSExactlyOnceUnderFailure(t *testing.T) {
+	failonce := testwasm.Path(t, "internal/testguests/failonce/failonce.wasm")
+	upper := testwasm.Path(t, "examples/wasm/uppercase/uppercase.wasm")
+	eng := cachedEngine(t)
+	const n = 6000
+	for _, p := range []int{1, 3} {
+		t.Run(fmt.Sprint("p", p), func(t *testing.T) {
+			srv, err := natsutil.StartEmbedded(natsutil.EmbeddedOptions{Port: -1, NoLog: true, StoreDir: t.TempDir()})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(srv.Shutdown)
+			nc, err := nats.Connect(srv.URL())
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(nc.Close)
+			js, err := jetstream.New(nc)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx := context.Background()
+			for _, sc := range []jetstream.StreamConfig{
+				{Name: "IN", Subjects: []string{"in.>"}},
+				{Name: "OUT", Subjects: []string{"out.>"}, Duplicates: time.Minute},
+			} {
+				if _, err := js.CreateStream(ctx, sc); err != nil {
+					t.Fatal(err)
+				}
+			}
+			for i := 0; i < n; i++ {
+				if _, err := js.PublishAsync(fmt.Sprintf("in.k%d", i%7), fmt.Appendf(nil, "value-%d", i)); err != nil {
+					t.Fatal(err)
+				}
+			}
+			select {
+			case <-js.PublishAsyncComplete():
+			case <-time.After(10 * time.Second):
+				t.Fatal("publishing the input timed out")
+			}
+
+			dir := t.TempDir()
+			// The source names the server; the sink takes the runtime's default.
+			job, err := jobfile.ParseJob([]byte(fmt.Sprintf(`
+name: nats-upper
+parallelism: %d
+checkpoint: {interval: 20ms, dir: chk, retain: 2}
+restart: {strategy: fixed-delay, attempts: 2, delay: 0}
+operators:
+  - uid: in
+    source: {type: nats, url: %q, stream: IN, subject: "in.>", bounded: true, key_from: subject}
+  - uid: fail
+    wasm: %s
+    config: {fail_at: %d}
+    inputs: [in]
+  - uid: upper
+    wasm: %s
+    inputs: [fail]
+  - uid: out
+    sink: {type: nats, subject: out.upper}
+    inputs: [upper]
+`, p, srv.URL(), failonce, n/p/2, upper)), dir, jobfile.Options{Filename: "nats-upper.yaml"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			store, err := checkpoint.OpenDir(job.Checkpoint.Dir, checkpoint.WithRetain(job.Checkpoint.Retain))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if job.Checkpoint.Dir != filepath.Join(dir, "chk") {
+				t.Fatalf("checkpoint dir %s", job.Checkpoint.Dir)
+			}
+			var logs syncBuffer
+			stats, err := Run(ctx, job.Graph, Options{
+				Engine: eng, BatchSize: 16, ChannelCapacity: 2,
+				Logger:     slog.New(slog.NewTextHandler(&logs, nil)),
+				NATS:       natsutil.ConnectOptions{URLs: []string{srv.URL()}},
+				Checkpoint: &CheckpointOptions{Store: store, Interval: job.Checkpoint.Interval, Tick: 10 * time.Millisecond},
+				Restart:    RestartStrategy{Attempts: job.Restart.Attempts, Delay: job.Restart.Delay},
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if stats.Restarts != 1 {
+				t.Fatalf("restarts %d, want 1", stats.Restarts)
+			}
+
+			out, err := js.Stream(ctx, "OUT")
+			if err != nil {
+				t.Fatal(err)
+			}
+			info, err := out.Info(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if info.State.Msgs != n {
+				t.Errorf("output stream holds %d messages, want %d", info.State.Msgs, n)
+			}
+			var got []string
+			for seq := uint64(1); seq <= info.State.LastSeq; seq++ {
+				m, err := out.GetMsg(ctx, seq)
+				if err != nil {
+					t.Fatalf("output message %d: %v", seq, err)
+				}
+				if m.Subject != "out.upper" {
+					t.Fatalf("output message %d on subject %q", seq, m.Subject)
+				}
+				k := m.Header.Get("Streamd-Key")
+				if !strings.HasPrefix(k, "k") {
+					t.Fatalf("output message %d: key %q, want the input subject's last token", seq, k)
+				}
+				got = append(got, string(m.Data))
+			}
+			sort.Strings(got)
+			var want []string
+			for i := 0; i < n; i++ {
+				want = append(want, fmt.Sprintf("VALUE-%d", i))
+			}
+			checkExactlyOnce(t, got, want)
+			restart := ""
+			for _, l := range strings.Split(logs.String(), "\n") {
+				if strings.Contains(l, "job failed, restarting") {
+					restart, _, _ = strings.Cut(l[strings.Index(l, "from="):], " delay=")
+				}
+			}
+			t.Logf("p%d: %d checkpoints, elapsed %v; restart %s", p, stats.Checkpoints, stats.Elapsed, restart)
+		})
+	}
+}
+
+// syncBuffer is a bytes.Buffer safe for concurrent writes (a log handler's).
+type syncBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.String()
+}
