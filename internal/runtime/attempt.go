@@ -34,6 +34,9 @@ type Command struct {
 	ID      int64             `json:"id"`
 	Barrier dataplane.Barrier `json:"barrier,omitempty"` // CommandTrigger
 	Drain   bool              `json:"drain,omitempty"`   // CommandStop
+	// Trace is the checkpoint's trace context for CommandNotify (the
+	// trigger's is Barrier.Trace); nil when tracing is off.
+	Trace map[string]string `json:"trace,omitempty"`
 	// Location, for the trigger of a savepoint driven from another host,
 	// is where the savepoint goes (see SavepointPreparer); "" = the store's
 	// default.
@@ -54,7 +57,7 @@ func (c Command) internal() (command, error) {
 	default:
 		return command{}, fmt.Errorf("runtime: unknown command %q", c.Kind)
 	}
-	return command{kind: k, id: c.ID, barrier: c.Barrier, drain: c.Drain}, nil
+	return command{kind: k, id: c.ID, barrier: c.Barrier, drain: c.Drain, trace: c.Trace}, nil
 }
 
 // SavepointPreparer is implemented by stores that can put a savepoint at a
@@ -212,6 +215,7 @@ func StartAttempt(ctx context.Context, g *control.JobGraph, opts Options, rem Re
 		return nil, err
 	}
 	a.j = j
+	r.cur = j
 	go a.run(ctx)
 	return a, nil
 }

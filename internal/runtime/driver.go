@@ -8,11 +8,14 @@ import (
 	"sync"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/streamd/streamd/control"
 	"github.com/streamd/streamd/dataplane"
 	"github.com/streamd/streamd/host"
 	"github.com/streamd/streamd/internal/checkpoint"
 	"github.com/streamd/streamd/internal/jobfile"
+	"github.com/streamd/streamd/internal/telemetry"
 )
 
 // runner is one Run: the attempts of a job and, with checkpointing, the
@@ -28,6 +31,8 @@ type runner struct {
 	modules map[string]*host.Module
 	stdout  sync.Mutex
 	nats    natsConns
+	obs     runObs // job, restore and failover spans (observe.go)
+	cur     *job   // the current attempt, for Stats; guarded by Driver.mu
 
 	Driver // the checkpoint coordinator's driver (coord nil without checkpointing)
 }
@@ -51,6 +56,7 @@ type Driver struct {
 	jobDone  *control.JobDone
 	savepath string
 	mu       sync.Mutex // guards the fields Stats reads: restarts, count, lastMD, savepath
+	obs      driverObs  // checkpoint and stop-with-savepoint spans, checkpoint metrics (observe.go)
 }
 
 // Target is where a Driver's commands go: the subtasks of the current
@@ -85,7 +91,10 @@ func (r *runner) snapshot() Stats {
 	if r.lastMD != nil {
 		s.LastCheckpoint = r.lastMD.Location
 	}
+	s.Recent = append([]CheckpointStats(nil), r.Driver.obs.history...)
+	cur := r.cur
 	r.mu.Unlock()
+	subtaskStates(&s, r.g, cur)
 	return s
 }
 
@@ -169,7 +178,9 @@ func (d *Driver) init(ctx context.Context, g *control.JobGraph, co *CheckpointOp
 	return err
 }
 
-func (r *runner) run(ctx context.Context) (Stats, error) {
+func (r *runner) run(ctx context.Context) (stats Stats, err error) {
+	ctx = r.startJob(ctx)
+	defer func() { r.endJob(err) }()
 	if err := r.loadModules(ctx); err != nil {
 		return r.snapshot(), err
 	}
@@ -183,6 +194,7 @@ func (r *runner) run(ctx context.Context) (Stats, error) {
 		if err := r.newCoordinator(ctx); err != nil {
 			return r.snapshot(), err
 		}
+		r.Driver.Observe(ctx, r.opts.TracerProvider, r.opts.Metrics)
 	} else if r.opts.Restart.Attempts > 0 {
 		r.log.Info("checkpointing is off: after a failure the job restarts from the beginning, so its output is complete but not exactly-once across failures")
 	}
@@ -205,10 +217,13 @@ func (r *runner) run(ctx context.Context) (Stats, error) {
 			}
 		}()
 	}
-	err := r.attempts(ctx, restore)
+	if restore != nil {
+		r.startRestore(nil, restore)
+	}
+	err = r.attempts(ctx, restore)
 	close(stopProgress)
 	progress.Wait()
-	stats := r.snapshot()
+	stats = r.snapshot()
 	if r.opts.Progress != nil {
 		r.opts.Progress(stats)
 	}
@@ -248,6 +263,13 @@ func (r *runner) attempts(ctx context.Context, restore *checkpoint.Restore) erro
 		r.mu.Lock()
 		r.restarts++
 		r.mu.Unlock()
+		r.opts.Metrics.Restart(ctx, r.g.Name)
+		r.endPending(err)
+		if r.coord != nil {
+			r.EndSpans("the attempt failed")
+		}
+		fctx := r.startPending(nil, telemetry.SpanFailover, telemetry.Attempt(attempt+1))
+		telemetry.RecordError(trace.SpanFromContext(fctx), err)
 		from := "the beginning"
 		if r.lastMD != nil {
 			from = fmt.Sprintf("%s %d", r.lastMD.Kind, r.lastMD.ID)
@@ -271,6 +293,9 @@ func (r *runner) attempts(ctx context.Context, restore *checkpoint.Restore) erro
 			}
 			restore = rs
 		}
+		if restore != nil {
+			r.startRestore(fctx, restore)
+		}
 	}
 }
 
@@ -281,6 +306,9 @@ func (r *runner) drive(ctx context.Context, j *job) error {
 	defer cancel(nil)
 	j.cancel = cancel
 	j.events = make(chan control.Event, 4*len(j.tasks)+64)
+	r.mu.Lock()
+	r.cur = j
+	r.mu.Unlock()
 	var wg sync.WaitGroup
 	for _, t := range j.tasks {
 		wg.Add(1)
@@ -294,6 +322,7 @@ func (r *runner) drive(ctx context.Context, j *job) error {
 	go func() { wg.Wait(); close(j.done) }()
 
 	if r.coord == nil {
+		r.endPending(nil) // nothing reports running without a coordinator
 		select {
 		case <-j.done:
 		case <-ctx.Done():
@@ -380,6 +409,7 @@ func (r *runner) step(j *job, ev control.Event) {
 		return
 	}
 	r.Driver.Step(j, ev)
+	r.checkRunning()
 }
 
 // Step feeds ev to the coordinator and carries out the resulting actions,
@@ -392,6 +422,7 @@ func (d *Driver) Step(t Target, ev control.Event) {
 	if len(d.queued) > 1 {
 		return // a step in progress takes it
 	}
+	d.observeEvent(ev)
 	for len(d.queued) > 0 {
 		ev := d.queued[0]
 		if err := d.coord.Step(ev); err != nil {
@@ -428,8 +459,9 @@ func (d *Driver) act(t Target, a control.Action) {
 		if x.Kind == control.KindSavepoint {
 			kind = dataplane.Savepoint
 		}
+		tr := d.startCheckpoint(x)
 		for _, id := range x.Tasks {
-			b := dataplane.Barrier{ID: x.ID, Kind: kind, IsSync: x.Sync}
+			b := dataplane.Barrier{ID: x.ID, Kind: kind, IsSync: x.Sync, Trace: tr}
 			if !t.Command(id, Command{Kind: CommandTrigger, ID: x.ID, Barrier: b}) {
 				d.later(control.TriggerFailed{CheckpointID: x.ID, Subtask: id, Reason: "the subtask has finished"})
 			}
@@ -443,6 +475,7 @@ func (d *Driver) act(t Target, a control.Action) {
 		if err == nil {
 			err = d.store.Commit(ctx, md)
 		}
+		d.checkpointPersisted(x, md, err)
 		if err != nil {
 			d.log.Warn("checkpoint could not be persisted", "id", x.ID, "err", err)
 			d.later(control.PersistFailed{CheckpointID: x.ID, Reason: err.Error()})
@@ -458,14 +491,16 @@ func (d *Driver) act(t Target, a control.Action) {
 		}
 		d.later(control.Persisted{CheckpointID: x.ID})
 	case control.NotifyComplete:
+		tr := d.notifyTrace(x.ID)
 		for _, id := range x.Tasks {
-			t.Command(id, Command{Kind: CommandNotify, ID: x.ID})
+			t.Command(id, Command{Kind: CommandNotify, ID: x.ID, Trace: tr})
 		}
 	case control.AbortCheckpoint:
 		d.log.Debug("checkpoint aborted", "id", x.ID, "reason", x.Reason, "detail", x.Detail)
 		if x.Kind == control.KindSavepoint {
 			d.log.Warn("savepoint aborted", "id", x.ID, "reason", x.Reason, "detail", x.Detail)
 		}
+		d.checkpointAborted(x.ID, string(x.Reason))
 		for _, id := range x.Tasks {
 			t.Command(id, Command{Kind: CommandAbort, ID: x.ID})
 		}
@@ -482,6 +517,7 @@ func (d *Driver) act(t Target, a control.Action) {
 			d.mu.Lock()
 			d.savepath = d.lastMD.Location
 			d.mu.Unlock()
+			d.endStop(d.lastMD.Location, nil)
 		}
 	}
 }

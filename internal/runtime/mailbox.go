@@ -22,6 +22,7 @@ type command struct {
 	id      int64
 	barrier dataplane.Barrier // cmdTrigger
 	drain   bool              // cmdStop
+	trace   map[string]string // cmdNotify: the checkpoint's trace context (nil: tracing off)
 }
 
 // mailbox carries commands from the driver to one subtask. The driver never

@@ -10,6 +10,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/streamd/streamd/abi"
 	"github.com/streamd/streamd/control"
 	"github.com/streamd/streamd/dataplane"
@@ -18,6 +20,7 @@ import (
 	"github.com/streamd/streamd/internal/connector"
 	"github.com/streamd/streamd/internal/jobfile"
 	"github.com/streamd/streamd/internal/natsutil"
+	"github.com/streamd/streamd/internal/telemetry"
 )
 
 // Options configures Run.
@@ -30,6 +33,12 @@ type Options struct {
 	Stdout          io.Writer   // for the stdout sink; default os.Stdout
 	Stdin           io.Reader   // for a file source with Path "-" (stdin); default os.Stdin
 	Progress        func(Stats) // called about once per second and once at the end, may be nil
+
+	// TracerProvider makes the job's spans (nil: the global provider, a
+	// no-op unless telemetry is set up). Records are never traced.
+	TracerProvider trace.TracerProvider
+	// Metrics records per-operator and checkpoint metrics (nil: none).
+	Metrics *telemetry.Metrics
 
 	// Checkpoint turns checkpointing on (nil: off; then nothing waits for a
 	// final checkpoint, sinks commit when the job finishes and a failure
@@ -101,6 +110,9 @@ type OperatorStats struct {
 	Parallelism int
 	RecordsIn   int64
 	RecordsOut  int64
+	// Subtasks has the state of each subtask (StateRunning ...), by index;
+	// "" for a subtask that does not run in this process.
+	Subtasks []string `json:",omitempty"`
 }
 
 // Stats is a snapshot of a run's counters.
@@ -116,6 +128,9 @@ type Stats struct {
 	// Savepoint is the location of the stop-with-savepoint savepoint, set
 	// when the job stopped.
 	Savepoint string
+	// Recent are the latest completed checkpoints (at most
+	// RecentCheckpoints), oldest first, with duration and size.
+	Recent []CheckpointStats `json:",omitempty"`
 }
 
 // opStats are the live counters of one operator, added to once per batch.
@@ -306,6 +321,7 @@ func (j *job) build() error {
 						outs = append(outs, o)
 					}
 				}
+				outs = t.timeOutputs(outs)
 				p, _ := toDataplane(e.Partition)
 				w, err := dataplane.NewRecordWriter(outs, p, dataplane.WriterOptions{
 					BatchSize: j.opts.BatchSize, MaxParallelism: maxParallelism(to), Start: s,

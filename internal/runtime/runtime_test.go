@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"reflect"
 	"slices"
 	"sort"
 	"strings"
@@ -92,12 +93,13 @@ func TestPipelinePartitionings(t *testing.T) {
 						t.Fatalf("record %s arrived %d times, want %d", r, got[r], n)
 					}
 				}
+				fin := slices.Repeat([]string{StateFinished}, p)
 				wantStats := []OperatorStats{
-					{"gen", p, 0, count},
-					{"upper", p, int64(count * copies), int64(count * copies)},
-					{"collect", p, int64(count * copies), 0},
+					{"gen", p, 0, count, fin},
+					{"upper", p, int64(count * copies), int64(count * copies), fin},
+					{"collect", p, int64(count * copies), 0, fin},
 				}
-				if !slices.Equal(stats.Operators, wantStats) {
+				if !reflect.DeepEqual(stats.Operators, wantStats) {
 					t.Fatalf("stats %+v, want %+v", stats.Operators, wantStats)
 				}
 			})

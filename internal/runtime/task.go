@@ -5,6 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"sync/atomic"
+	"time"
+
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/streamd/streamd/abi"
 	"github.com/streamd/streamd/control"
@@ -12,6 +17,7 @@ import (
 	"github.com/streamd/streamd/internal/checkpoint"
 	"github.com/streamd/streamd/internal/connector"
 	"github.com/streamd/streamd/internal/jobfile"
+	"github.com/streamd/streamd/internal/telemetry"
 )
 
 // task is one subtask: a source loop or an operator loop, run by one goroutine.
@@ -47,6 +53,18 @@ type task struct {
 	stopID   int64 // stop-with-savepoint: the savepoint to wait for (sources)
 	final    bool  // the final checkpoint is complete: the subtask may close
 	closed   bool  // the subtask closed and sent EndOfPartition
+
+	// Observability (observe.go).
+	state      atomic.Int32 // index into stateWords, read by Stats
+	tracer     trace.Tracer
+	span       trace.Span // the task span
+	attrs      []attribute.KeyValue
+	om         *telemetry.OperatorMetrics // nil: metrics off
+	records    int64                      // records processed: read (source) or received (operator)
+	inBatch    bool                       // in a Process call: its emits count in the batch's metric
+	batchOut   int                        // records emitted by the current Process call
+	finalStart time.Time                  // end of data sent: the final-checkpoint wait began
+	finalSpan  trace.Span
 }
 
 // setGate makes the input gate of an operator subtask over its data
@@ -72,6 +90,11 @@ func (t *task) emitRecords(recs []abi.Record) {
 		return
 	}
 	t.stats.out.Add(int64(len(recs)))
+	if t.inBatch {
+		t.batchOut += len(recs)
+	} else {
+		t.om.RecordsOut(t.ctx, len(recs))
+	}
 	for _, w := range t.writers {
 		if err := w.EmitBatch(t.ctx, recs); err != nil {
 			t.emitErr = err
@@ -123,6 +146,9 @@ func (t *task) report(ev control.Event) {
 
 func (t *task) run(ctx context.Context) (err error) {
 	t.ctx = ctx
+	ctx = t.startTask(ctx)
+	t.ctx = ctx
+	defer func() { t.endTask(err) }()
 	t.emit = t.emitRecords
 	log := t.j.log.With("operator", t.v.UID, "subtask", t.sub)
 	log.Debug("subtask started")
@@ -156,7 +182,9 @@ func (t *task) endData(maxWM, drain bool) error {
 		return t.fail(phaseOutput, err)
 	}
 	t.eodSent = true
+	t.startFinalWait()
 	if !t.deployedFinished {
+		t.setState(StateEndOfData)
 		t.report(control.TaskEndOfData{Subtask: t.id, Drain: drain})
 	}
 	return nil
@@ -165,7 +193,15 @@ func (t *task) endData(maxWM, drain bool) error {
 // snapshot takes this subtask's part of checkpoint b after its barrier went
 // downstream: the operator's state (or the source position), written to the
 // store, then the acknowledgement.
-func (t *task) snapshot(b dataplane.Barrier, srcPos []byte) error {
+func (t *task) snapshot(b dataplane.Barrier, srcPos []byte) (err error) {
+	sctx, span := t.startCheckpointSpan(telemetry.SpanTaskSnapshot, b.ID, b.Trace)
+	var stateBytes int64
+	defer func() {
+		if span != nil {
+			span.SetAttributes(telemetry.StateBytes(stateBytes))
+			telemetry.EndSpan(span, err)
+		}
+	}()
 	kind := control.KindCheckpoint
 	if b.Kind == dataplane.Savepoint {
 		kind = control.KindSavepoint
@@ -178,7 +214,7 @@ func (t *task) snapshot(b dataplane.Barrier, srcPos []byte) error {
 		st = &checkpoint.SubtaskState{SourcePosition: srcPos}
 	default:
 		var err error
-		if st, err = t.cp.snapshot(t.ctx, b.ID); err != nil {
+		if st, err = t.cp.snapshot(sctx, b.ID); err != nil {
 			return t.fail(string(abi.PhaseSnapshot), err)
 		}
 	}
@@ -189,10 +225,12 @@ func (t *task) snapshot(b dataplane.Barrier, srcPos []byte) error {
 			ref, err = t.j.store.WriteState(t.ctx, kind, b.ID, t.id, data)
 		}
 		if err != nil {
+			telemetry.RecordError(span, err)
 			t.report(control.Decline{CheckpointID: b.ID, Subtask: t.id, Kind: control.DeclineFailure, Reason: err.Error()})
 			return nil
 		}
 		ack.StateRef, ack.Size = ref.String(), ref.Size
+		stateBytes = ref.Size
 		if st.Operator != nil {
 			for _, l := range st.Operator.Lists {
 				if l != nil && l.Mode == abi.ListUnion {
@@ -211,9 +249,12 @@ func (t *task) snapshot(b dataplane.Barrier, srcPos []byte) error {
 // onNotify: checkpoint id is complete. The operator hears of it; if the
 // subtask acknowledged a checkpoint <= id after its end of data (for a
 // stopping source: exactly its savepoint), that was its final checkpoint.
-func (t *task) onNotify(id int64) error {
+func (t *task) onNotify(id int64, tr map[string]string) error {
 	if !t.deployedFinished && t.cp != nil {
-		if err := t.cp.notify(t.ctx, id); err != nil {
+		nctx, span := t.startCheckpointSpan(telemetry.SpanTaskNotifyComplete, id, tr)
+		err := t.cp.notify(nctx, id)
+		telemetry.EndSpan(span, err)
+		if err != nil {
 			return t.fail(string(abi.PhaseNotify), err)
 		}
 	}
@@ -224,10 +265,14 @@ func (t *task) onNotify(id int64) error {
 }
 
 // finishSubtask closes a subtask whose data ended (DESIGN.md "Finishing" 1d, 4).
-func (t *task) finishSubtask(closeFn func() error) error {
+func (t *task) finishSubtask(closeFn func(ctx context.Context) error) error {
 	t.closed = true
+	t.endFinalWait()
 	if closeFn != nil {
-		if err := t.call(string(abi.PhaseClose), closeFn()); err != nil {
+		cctx, span := t.startPhase(telemetry.SpanTaskClose)
+		err := closeFn(cctx)
+		t.endPhase(span, err)
+		if err := t.call(string(abi.PhaseClose), err); err != nil {
 			return err
 		}
 	}
@@ -256,7 +301,9 @@ func (t *task) runSource(ctx context.Context) error {
 		}
 		return t.finishSubtask(nil)
 	}
+	_, span := t.startPhase(telemetry.SpanTaskOpen)
 	src, err := t.newSource(t.srcPos)
+	t.endPhase(span, err)
 	if err != nil {
 		return t.fail(string(abi.PhaseOpen), err)
 	}
@@ -266,6 +313,7 @@ func (t *task) runSource(ctx context.Context) error {
 			_ = src.Close()
 		}
 	}()
+	t.setState(StateRunning)
 	t.report(control.TaskRunning{Subtask: t.id})
 	buf := make([]abi.Record, t.j.opts.BatchSize)
 	wm := abi.MinWatermark
@@ -288,6 +336,7 @@ func (t *task) runSource(ctx context.Context) error {
 		if err != nil {
 			return t.fail(phaseRead, err)
 		}
+		t.records += int64(n)
 		t.emitRecords(buf[:n])
 		if t.emitErr != nil {
 			return t.fail(phaseRead, t.emitErr)
@@ -315,7 +364,7 @@ func (t *task) runSource(ctx context.Context) error {
 		}
 	}
 	closed = true
-	return t.finishSubtask(src.Close)
+	return t.finishSubtask(func(context.Context) error { return src.Close() })
 }
 
 // sourceCommands handles the driver's commands to a source that is reading.
@@ -332,7 +381,7 @@ func (t *task) sourceCommands(src connector.Source) (stop, drain bool, err error
 				return false, false, err
 			}
 		case cmdNotify:
-			if err := t.onNotify(c.id); err != nil {
+			if err := t.onNotify(c.id, c.trace); err != nil {
 				return false, false, err
 			}
 		case cmdStop:
@@ -374,7 +423,7 @@ func (t *task) waitFinal(ctx context.Context, src connector.Source) error {
 					return err
 				}
 			case cmdNotify:
-				if err := t.onNotify(c.id); err != nil {
+				if err := t.onNotify(c.id, c.trace); err != nil {
 					return err
 				}
 			case cmdStop:
@@ -403,6 +452,8 @@ type inputState struct {
 	barrier    dataplane.Barrier
 	arrived    []bool
 	lastCancel int64
+	alignStart time.Time  // the alignment began (first barrier, or the trigger)
+	alignSpan  trace.Span // nil: tracing off
 }
 
 // runOperator is the loop of an operator or sink subtask.
@@ -411,7 +462,10 @@ func (t *task) runOperator(ctx context.Context) (err error) {
 	defer func() {
 		if opened && !t.closed {
 			// Close is always called, also after a failure or cancel.
-			if cerr := t.op.Close(context.WithoutCancel(ctx)); cerr != nil && err == nil {
+			cctx, span := t.startPhase(telemetry.SpanTaskClose)
+			cerr := t.op.Close(context.WithoutCancel(cctx))
+			t.endPhase(span, cerr)
+			if cerr != nil && err == nil {
 				err = t.fail(string(abi.PhaseClose), cerr)
 			}
 		}
@@ -446,9 +500,13 @@ func (t *task) runOperator(ctx context.Context) (err error) {
 		t.report(control.TaskRunning{Subtask: t.id, DeployedFinished: true})
 	} else {
 		opened = true
-		if err := t.call(string(abi.PhaseOpen), t.op.Open(ctx, t.info)); err != nil {
+		octx, span := t.startPhase(telemetry.SpanTaskOpen)
+		err := t.op.Open(octx, t.info)
+		t.endPhase(span, err)
+		if err := t.call(string(abi.PhaseOpen), err); err != nil {
 			return err
 		}
+		t.setState(StateRunning)
 		t.report(control.TaskRunning{Subtask: t.id})
 	}
 	for {
@@ -476,8 +534,18 @@ func (t *task) runOperator(ctx context.Context) (err error) {
 					return t.fail(phaseInput, fmt.Errorf("%s: records after end-of-data", g.Name(ch)))
 				}
 				b := ev.Batch
-				t.stats.in.Add(int64(len(b.Records)))
+				n := len(b.Records)
+				t.stats.in.Add(int64(n))
+				t.records += int64(n)
+				var start time.Time
+				if t.om != nil {
+					start, t.inBatch, t.batchOut = time.Now(), true, 0
+				}
 				err := t.op.Process(ctx, g.Input(ch), b.Records, t.emit)
+				if t.om != nil {
+					t.inBatch = false
+					t.om.Batch(ctx, n, t.batchOut, time.Since(start))
+				}
 				b.Release()
 				if err := t.call(string(abi.PhaseProcess), err); err != nil {
 					return err
@@ -522,9 +590,9 @@ func (t *task) runOperator(ctx context.Context) (err error) {
 		// Every channel ended and the final checkpoint (with checkpointing)
 		// is complete: close (DESIGN.md "Finishing" 4).
 		if g.Open() == 1 && t.eodSent && (!t.ckpt || t.final) {
-			var closeFn func() error
+			var closeFn func(context.Context) error
 			if !t.deployedFinished {
-				closeFn = func() error { return t.op.Close(ctx) }
+				closeFn = t.op.Close
 			}
 			return t.finishSubtask(closeFn)
 		}
@@ -546,12 +614,12 @@ func (t *task) operatorCommands(st *inputState) error {
 			if st.aligning {
 				t.endAlignment(st)
 			}
-			st.aligning, st.barrier = true, b
+			t.beginAlignment(st, b)
 			if err := t.maybeAligned(st); err != nil {
 				return err
 			}
 		case cmdNotify:
-			if err := t.onNotify(c.id); err != nil {
+			if err := t.onNotify(c.id, c.trace); err != nil {
 				return err
 			}
 		case cmdAbort:
@@ -631,7 +699,10 @@ func (t *task) onEndOfData(st *inputState, ch int, drain bool) error {
 		return nil
 	}
 	if !st.noDrain[in] {
-		if err := t.call(string(abi.PhaseEndInput), t.op.EndInput(t.ctx, in, t.emit)); err != nil {
+		ectx, span := t.startPhase(telemetry.SpanTaskEndInput, telemetry.AttrInput.Int(in))
+		err := t.op.EndInput(ectx, in, t.emit)
+		t.endPhase(span, err)
+		if err := t.call(string(abi.PhaseEndInput), err); err != nil {
 			return err
 		}
 	}
@@ -644,7 +715,10 @@ func (t *task) onEndOfData(st *inputState, ch int, drain bool) error {
 		drainAll = drainAll && !nd
 	}
 	if drainAll {
-		if err := t.call(string(abi.PhaseFinish), t.op.Finish(t.ctx, t.emit)); err != nil {
+		fctx, span := t.startPhase(telemetry.SpanTaskFinish)
+		err := t.op.Finish(fctx, t.emit)
+		t.endPhase(span, err)
+		if err := t.call(string(abi.PhaseFinish), err); err != nil {
 			return err
 		}
 	}
@@ -664,7 +738,7 @@ func (t *task) onBarrier(st *inputState, ch int, b dataplane.Barrier) error {
 		if st.aligning {
 			t.endAlignment(st)
 		}
-		st.aligning, st.barrier = true, b
+		t.beginAlignment(st, b)
 	}
 	st.arrived[ch] = true
 	t.gate.Block(ch)
@@ -678,6 +752,7 @@ func (t *task) maybeAligned(st *inputState) error {
 		}
 	}
 	b := st.barrier
+	t.alignmentDone(st)
 	t.endAlignment(st)
 	if err := t.broadcast(dataplane.BarrierEvent(b)); err != nil {
 		return t.fail(phaseOutput, err)
@@ -689,6 +764,7 @@ func (t *task) maybeAligned(st *inputState) error {
 }
 
 func (t *task) endAlignment(st *inputState) {
+	st.alignmentAborted()
 	st.aligning = false
 	clear(st.arrived)
 	t.gate.UnblockAll()

@@ -1,0 +1,510 @@
+package runtime
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/streamd/streamd/control"
+	"github.com/streamd/streamd/dataplane"
+	"github.com/streamd/streamd/internal/checkpoint"
+	"github.com/streamd/streamd/internal/telemetry"
+)
+
+// Observability (docs/observability.md): spans of the task lifecycle, of
+// each checkpoint and of the job-level operations, and the metrics of
+// telemetry.Metrics. Records are never traced one by one; the phase spans
+// of a subtask are made only under its recording task span, so with tracing
+// off a lifecycle call costs a context lookup, and the checkpoint's trace
+// context (dataplane.Barrier.Trace) is nil.
+//
+// Span tree of a checkpoint (one trace, rooted in the driver):
+//
+//	checkpoint (driver, trigger to durable metadata)
+//	  task.barrier_alignment (each non-source subtask, first barrier to aligned)
+//	  task.snapshot (each subtask) -> guest.snapshot_state (wasm)
+//	  task.notify_checkpoint_complete -> guest.notify_checkpoint_complete
+//
+// Span tree of a run: job -> task (each subtask attempt) -> task.open,
+// task.end_input, task.finish, task.final_checkpoint_wait, task.close, and
+// the guest.* spans under them. restore, failover and stop_with_savepoint
+// start their own traces, linked to the job span; a savepoint's checkpoint
+// span is a child of its stop_with_savepoint span.
+
+// tracerOf is the tracer of Options.TracerProvider, else of the global provider.
+func tracerOf(opts *Options) trace.Tracer {
+	tp := opts.TracerProvider
+	if tp == nil {
+		tp = otel.GetTracerProvider()
+	}
+	return tp.Tracer(telemetry.ScopeName)
+}
+
+// Subtask states (DESIGN.md "States"), as Stats and `streamd status` show them.
+const (
+	StateDeploying        = "deploying"
+	StateRunning          = "running"
+	StateEndOfData        = "end-of-data"
+	StateFinished         = "finished"
+	StateDeployedFinished = "deployed-as-finished"
+	StateFailed           = "failed"
+	StateCanceled         = "canceled"
+)
+
+var stateWords = [...]string{StateDeploying, StateRunning, StateEndOfData, StateFinished,
+	StateDeployedFinished, StateFailed, StateCanceled}
+
+func stateIndex(s string) int32 {
+	for i, x := range stateWords {
+		if x == s {
+			return int32(i)
+		}
+	}
+	return 0
+}
+
+// setState records the subtask's state for Stats.
+func (t *task) setState(s string) { t.state.Store(stateIndex(s)) }
+
+// State is the subtask's state word.
+func (t *task) State() string { return stateWords[t.state.Load()] }
+
+// startTask starts the subtask's task span under ctx (the job span).
+func (t *task) startTask(ctx context.Context) context.Context {
+	t.initMetrics()
+	if t.deployedFinished {
+		t.setState(StateDeployedFinished)
+	}
+	t.tracer = tracerOf(&t.j.opts)
+	t.attrs = telemetry.SubtaskAttrs(t.info.Job, t.v.UID, t.sub, t.info.Attempt)
+	ctx, t.span = t.tracer.Start(ctx, telemetry.SpanTask, trace.WithAttributes(t.attrs...))
+	return ctx
+}
+
+// endTask ends the task span (and a final-checkpoint wait still open).
+func (t *task) endTask(err error) {
+	if t.finalSpan != nil {
+		telemetry.EndSpan(t.finalSpan, err)
+		t.finalSpan = nil
+	}
+	switch {
+	case err == nil:
+		if t.deployedFinished {
+			t.setState(StateDeployedFinished)
+		} else {
+			t.setState(StateFinished)
+		}
+	case t.ctx.Err() != nil: // another subtask failed first, or the run was canceled
+		t.setState(StateCanceled)
+	default:
+		t.setState(StateFailed)
+	}
+	if t.span == nil {
+		return
+	}
+	t.span.SetAttributes(telemetry.Records(t.records))
+	telemetry.EndSpan(t.span, err)
+}
+
+// startPhase starts a lifecycle phase span under the task span, only if that
+// is recording; ctx is the context to call the operator with.
+func (t *task) startPhase(name string, extra ...attribute.KeyValue) (context.Context, trace.Span) {
+	if t.span == nil || !t.span.IsRecording() {
+		return t.ctx, nil
+	}
+	attrs := append(append(t.attrs[:len(t.attrs):len(t.attrs)], extra...), telemetry.Records(t.records))
+	return t.tracer.Start(t.ctx, name, trace.WithAttributes(attrs...))
+}
+
+// endPhase ends a phase span (nil: nothing) with the records processed so far.
+func (t *task) endPhase(span trace.Span, err error) {
+	if span == nil {
+		return
+	}
+	span.SetAttributes(telemetry.Records(t.records))
+	telemetry.EndSpan(span, err)
+}
+
+// startCheckpointSpan starts a span of checkpoint id under the trace context
+// tr that came with the barrier or command (the driver's checkpoint span,
+// possibly on another host); without one, under the task span if recording.
+func (t *task) startCheckpointSpan(name string, id int64, tr map[string]string) (context.Context, trace.Span) {
+	if tr == nil {
+		if t.span == nil || !t.span.IsRecording() {
+			return t.ctx, nil
+		}
+	}
+	ctx := telemetry.ExtractMap(t.ctx, tr)
+	attrs := append(append(t.attrs[:len(t.attrs):len(t.attrs)], telemetry.CheckpointID(id)), telemetry.Records(t.records))
+	return t.tracer.Start(ctx, name, trace.WithAttributes(attrs...))
+}
+
+// beginAlignment starts aligning barrier b: the alignment span and clock.
+func (t *task) beginAlignment(st *inputState, b dataplane.Barrier) {
+	st.aligning, st.barrier = true, b
+	st.alignStart = time.Now()
+	_, st.alignSpan = t.startCheckpointSpan(telemetry.SpanBarrierAlignment, b.ID, b.Trace)
+}
+
+// alignmentDone: every channel delivered the barrier (or ended).
+func (t *task) alignmentDone(st *inputState) {
+	t.om.Alignment(t.ctx, time.Since(st.alignStart))
+	if st.alignSpan != nil {
+		st.alignSpan.End()
+		st.alignSpan = nil
+	}
+}
+
+// alignmentAborted ends the span of an alignment that did not complete.
+func (st *inputState) alignmentAborted() {
+	if st.alignSpan != nil {
+		st.alignSpan.AddEvent("aborted")
+		st.alignSpan.End()
+		st.alignSpan = nil
+	}
+}
+
+// startFinalWait: the subtask sent EndOfData and waits for its final checkpoint.
+func (t *task) startFinalWait() {
+	if !t.ckpt || !t.finalStart.IsZero() {
+		return
+	}
+	t.finalStart = time.Now()
+	_, t.finalSpan = t.startPhase(telemetry.SpanFinalCheckpointWait)
+}
+
+// endFinalWait: the final checkpoint is complete.
+func (t *task) endFinalWait() {
+	if t.finalStart.IsZero() {
+		return
+	}
+	t.om.FinalCheckpointWait(t.ctx, time.Since(t.finalStart))
+	if t.finalSpan != nil {
+		if t.finalAck != 0 {
+			t.finalSpan.SetAttributes(telemetry.CheckpointID(t.finalAck))
+		}
+		t.endPhase(t.finalSpan, nil)
+		t.finalSpan = nil
+	}
+}
+
+// timedOutput adds the time a Send blocks to the subtask's back-pressure
+// metric (once per batch or control event; only with metrics on).
+type timedOutput struct {
+	dataplane.Output
+	om *telemetry.OperatorMetrics
+}
+
+func (o timedOutput) Send(ctx context.Context, ev dataplane.Event) error {
+	start := time.Now()
+	err := o.Output.Send(ctx, ev)
+	o.om.BackPressure(ctx, time.Since(start))
+	return err
+}
+
+// initMetrics makes the subtask's metric handle (nil with metrics off).
+func (t *task) initMetrics() {
+	if t.om == nil {
+		t.om = t.j.opts.Metrics.Operator(t.info.Job, t.v.UID, t.sub)
+	}
+}
+
+// timeOutputs wraps outs to measure back-pressure when metrics are on.
+func (t *task) timeOutputs(outs []dataplane.Output) []dataplane.Output {
+	t.initMetrics()
+	if t.om == nil {
+		return outs
+	}
+	for i, o := range outs {
+		outs[i] = timedOutput{o, t.om}
+	}
+	return outs
+}
+
+// CheckpointStats describes one completed checkpoint or savepoint.
+type CheckpointStats struct {
+	ID       int64         `json:"id"`
+	Kind     string        `json:"kind"` // checkpoint or savepoint
+	Time     time.Time     `json:"time"` // when it completed
+	Duration time.Duration `json:"duration"`
+	Size     int64         `json:"size"` // state bytes
+	Location string        `json:"location,omitempty"`
+}
+
+// RecentCheckpoints is how many completed checkpoints Stats keeps.
+const RecentCheckpoints = 10
+
+// ckptTrace is a pending checkpoint in the driver: when it was triggered and
+// its span, whose context goes with the barriers and notifications.
+type ckptTrace struct {
+	start time.Time
+	span  trace.Span
+	trace map[string]string // telemetry.InjectMap of the span; nil when tracing is off
+	done  bool              // persisted: the span ended, the trace is kept for the notifications
+}
+
+// driverObs is the observability state of a Driver: checkpoint spans and
+// durations, the stop-with-savepoint span, the recent checkpoints.
+type driverObs struct {
+	tracer   trace.Tracer       // nil: the global provider's
+	metrics  *telemetry.Metrics // nil: off
+	parent   context.Context    // carries the job span the checkpoint traces link to
+	ckpts    map[int64]*ckptTrace
+	stopCtx  context.Context
+	stopSpan trace.Span
+	history  []CheckpointStats // guarded by Driver.mu
+}
+
+// Observe sets where the driver's spans go (tp nil: the global provider),
+// the metrics it records (nil: none) and the context whose span (a job's)
+// the checkpoint, stop-with-savepoint traces link to.
+func (d *Driver) Observe(ctx context.Context, tp trace.TracerProvider, m *telemetry.Metrics) {
+	if tp != nil {
+		d.obs.tracer = tp.Tracer(telemetry.ScopeName)
+	}
+	d.obs.metrics, d.obs.parent = m, ctx
+}
+
+func (o *driverObs) tr() trace.Tracer {
+	if o.tracer == nil {
+		return otel.GetTracerProvider().Tracer(telemetry.ScopeName)
+	}
+	return o.tracer
+}
+
+func (o *driverObs) ctx() context.Context {
+	if o.parent == nil {
+		return context.Background()
+	}
+	return o.parent
+}
+
+// rootOpts start a new trace linked to the parent's span, if any.
+func (o *driverObs) rootOpts(attrs ...attribute.KeyValue) []trace.SpanStartOption {
+	opts := []trace.SpanStartOption{trace.WithNewRoot(), trace.WithAttributes(attrs...)}
+	if sc := trace.SpanContextFromContext(o.ctx()); sc.IsValid() {
+		opts = append(opts, trace.WithLinks(trace.Link{SpanContext: sc}))
+	}
+	return opts
+}
+
+// Recent returns the latest completed checkpoints, oldest first.
+func (d *Driver) Recent() []CheckpointStats {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return append([]CheckpointStats(nil), d.obs.history...)
+}
+
+// observeEvent starts the stop-with-savepoint span when the coordinator takes a stop.
+func (d *Driver) observeEvent(ev control.Event) {
+	if x, ok := ev.(control.StopWithSavepoint); ok && d.obs.stopSpan == nil {
+		o := &d.obs
+		o.stopCtx, o.stopSpan = o.tr().Start(o.ctx(), telemetry.SpanStopWithSavepoint,
+			o.rootOpts(telemetry.Job(d.g.Name), attribute.Bool("streamd.drain", x.Drain))...)
+	}
+}
+
+// endStop ends the stop-with-savepoint span: the job stopped with savepoint
+// path, or (err) it did not.
+func (d *Driver) endStop(path string, err error) {
+	o := &d.obs
+	if o.stopSpan == nil {
+		return
+	}
+	if err == nil {
+		o.stopSpan.SetAttributes(telemetry.Savepoint(path))
+	}
+	telemetry.EndSpan(o.stopSpan, err)
+	o.stopSpan = nil
+}
+
+// startCheckpoint starts the span of a triggered checkpoint and returns the
+// trace context its barriers carry (nil when tracing is off). A savepoint of
+// a stop-with-savepoint is a child of the stop_with_savepoint span; any other
+// checkpoint starts a trace.
+func (d *Driver) startCheckpoint(x control.TriggerCheckpoint) map[string]string {
+	o := &d.obs
+	if o.ckpts == nil {
+		o.ckpts = map[int64]*ckptTrace{}
+	}
+	if c := o.ckpts[x.ID]; c != nil {
+		return c.trace
+	}
+	attrs := []attribute.KeyValue{telemetry.Job(d.g.Name), telemetry.CheckpointID(x.ID),
+		telemetry.AttrCheckpointKind.String(string(x.Kind)), attribute.Int("streamd.tasks", len(x.Tasks))}
+	var ctx context.Context
+	var span trace.Span
+	if x.Kind == control.KindSavepoint && o.stopSpan != nil {
+		ctx, span = o.tr().Start(o.stopCtx, telemetry.SpanCheckpoint, trace.WithAttributes(attrs...))
+	} else {
+		ctx, span = o.tr().Start(o.ctx(), telemetry.SpanCheckpoint, o.rootOpts(attrs...)...)
+	}
+	c := &ckptTrace{start: time.Now(), span: span}
+	if span.IsRecording() {
+		c.trace = telemetry.InjectMap(ctx)
+	}
+	o.ckpts[x.ID] = c
+	return c.trace
+}
+
+// checkpointPersisted: checkpoint x's metadata md is durable (err nil), or
+// could not be written.
+func (d *Driver) checkpointPersisted(x control.PersistMetadata, md *checkpoint.Metadata, err error) {
+	o := &d.obs
+	c := o.ckpts[x.ID]
+	if c == nil {
+		return
+	}
+	if err != nil {
+		telemetry.EndSpan(c.span, fmt.Errorf("runtime: persist checkpoint %d: %w", x.ID, err))
+		delete(o.ckpts, x.ID)
+		return
+	}
+	dur := time.Since(c.start)
+	o.metrics.Checkpoint(o.ctx(), d.g.Name, dur, x.Size)
+	c.span.SetAttributes(telemetry.StateBytes(x.Size), telemetry.Savepoint(md.Location))
+	c.span.End()
+	c.done = true
+	d.mu.Lock()
+	o.history = append(o.history, CheckpointStats{ID: x.ID, Kind: string(x.Kind), Time: time.Now(),
+		Duration: dur, Size: x.Size, Location: md.Location})
+	if n := len(o.history); n > RecentCheckpoints {
+		o.history = append(o.history[:0], o.history[n-RecentCheckpoints:]...)
+	}
+	d.mu.Unlock()
+}
+
+// notifyTrace is the trace context of checkpoint id's notifications; the
+// driver forgets the checkpoint afterwards.
+func (d *Driver) notifyTrace(id int64) map[string]string {
+	c := d.obs.ckpts[id]
+	if c == nil {
+		return nil
+	}
+	delete(d.obs.ckpts, id)
+	return c.trace
+}
+
+// checkpointAborted ends the span of an aborted checkpoint.
+func (d *Driver) checkpointAborted(id int64, reason string) {
+	c := d.obs.ckpts[id]
+	if c == nil {
+		return
+	}
+	delete(d.obs.ckpts, id)
+	if !c.done {
+		c.span.SetStatus(codes.Error, "aborted: "+reason)
+		c.span.End()
+	}
+}
+
+// EndSpans ends the spans of the checkpoints still pending and of a
+// stop-with-savepoint (an attempt or the job ended: they will not complete).
+func (d *Driver) EndSpans(reason string) {
+	for id := range d.obs.ckpts {
+		d.checkpointAborted(id, reason)
+	}
+	d.endStop("", errors.New(reason))
+}
+
+// runObs is the observability state of a Run: the job span and the restore
+// and failover spans that last until every subtask runs again.
+type runObs struct {
+	tracer  trace.Tracer
+	jobCtx  context.Context
+	jobSpan trace.Span
+	pending []trace.Span
+}
+
+// startJob starts the job span, a child of ctx's span if any (a controller's).
+func (r *runner) startJob(ctx context.Context) context.Context {
+	r.obs.tracer = tracerOf(&r.opts)
+	ctx, r.obs.jobSpan = r.obs.tracer.Start(ctx, telemetry.SpanJob, trace.WithAttributes(telemetry.Job(r.g.Name)))
+	r.obs.jobCtx = ctx
+	return ctx
+}
+
+// endJob ends the job span and any operation still open.
+func (r *runner) endJob(err error) {
+	r.endPending(err)
+	if r.coord != nil {
+		if err == nil && r.Savepoint() != "" {
+			r.endStop(r.Savepoint(), nil)
+		}
+		reason := "the job ended"
+		if err != nil {
+			reason = err.Error()
+		}
+		r.EndSpans(reason)
+	}
+	r.obs.jobSpan.SetAttributes(attribute.Int("streamd.restarts", r.restarts), attribute.Int("streamd.checkpoints", r.Checkpoints()))
+	telemetry.EndSpan(r.obs.jobSpan, err)
+}
+
+// startPending starts a job-level operation that lasts until every subtask
+// runs again (restore, failover): a child of parent when parent carries a
+// span, else a new trace linked to the job span.
+func (r *runner) startPending(parent context.Context, name string, attrs ...attribute.KeyValue) context.Context {
+	attrs = append(attrs, telemetry.Job(r.g.Name))
+	var span trace.Span
+	var ctx context.Context
+	if parent != nil {
+		ctx, span = r.obs.tracer.Start(parent, name, trace.WithAttributes(attrs...))
+	} else {
+		opts := []trace.SpanStartOption{trace.WithNewRoot(), trace.WithAttributes(attrs...)}
+		if sc := trace.SpanContextFromContext(r.obs.jobCtx); sc.IsValid() {
+			opts = append(opts, trace.WithLinks(trace.Link{SpanContext: sc}))
+		}
+		ctx, span = r.obs.tracer.Start(r.obs.jobCtx, name, opts...)
+	}
+	r.obs.pending = append(r.obs.pending, span)
+	return ctx
+}
+
+// startRestore starts the restore span of rs (under parent, else its own trace).
+func (r *runner) startRestore(parent context.Context, rs *checkpoint.Restore) {
+	md := rs.Metadata
+	r.startPending(parent, telemetry.SpanRestore, telemetry.CheckpointID(md.ID),
+		telemetry.AttrCheckpointKind.String(string(md.Kind)), telemetry.Savepoint(md.Location))
+}
+
+// endPending ends the restore and failover spans: every subtask runs (err
+// nil) or the attempt ended first.
+func (r *runner) endPending(err error) {
+	for i := len(r.obs.pending) - 1; i >= 0; i-- {
+		telemetry.EndSpan(r.obs.pending[i], err)
+	}
+	r.obs.pending = r.obs.pending[:0]
+}
+
+// checkRunning ends the pending spans once the coordinator sees every subtask running.
+func (r *runner) checkRunning() {
+	if len(r.obs.pending) == 0 || r.coord == nil {
+		return
+	}
+	if st := r.coord.State(); st == control.JobRunning || st == control.JobFinishing {
+		r.endPending(nil)
+	}
+}
+
+// subtaskStates fills in each operator's subtask states from attempt j (nil:
+// none started yet, every subtask deploying).
+func subtaskStates(s *Stats, g *control.JobGraph, j *job) {
+	for i, v := range g.Vertices {
+		states := make([]string, v.Parallelism)
+		for k := range states {
+			if j == nil {
+				states[k] = StateDeploying
+			} else if t := j.byID[control.SubtaskID{Operator: v.UID, Index: k}]; t != nil {
+				states[k] = t.State()
+			}
+		}
+		s.Operators[i].Subtasks = states
+	}
+}
