@@ -12,6 +12,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/streamd/streamd/control"
 	"github.com/streamd/streamd/host"
 	"github.com/streamd/streamd/internal/checkpoint"
 	"github.com/streamd/streamd/internal/jobfile"
@@ -176,6 +177,12 @@ func (c *cli) run(ctx context.Context, cmd *cobra.Command, target string, f runF
 	if job.Restart.Strategy == jobfile.RestartNone {
 		opts.Restart = runtime.RestartStrategy{}
 	}
+	if usesNATS(g) {
+		c.clusterDefaults()
+		if opts.NATS, err = c.natsOptions("streamd run " + g.Name); err != nil {
+			return err
+		}
+	}
 	if f.from != "" {
 		rs, err := checkpoint.LoadRestore(ctx, f.from, g)
 		if err != nil {
@@ -241,6 +248,24 @@ func (c *cli) run(ctx context.Context, cmd *cobra.Command, target string, f runF
 	}
 }
 
+// usesNATS reports whether a nats source or sink of g connects with the
+// nats.* settings.
+func usesNATS(g *control.JobGraph) bool {
+	for _, v := range g.Vertices {
+		switch s := v.Spec.(type) {
+		case *jobfile.SourceSpec:
+			if s.Type == "nats" {
+				return true
+			}
+		case *jobfile.SinkSpec:
+			if s.Type == "nats" {
+				return true
+			}
+		}
+	}
+	return false
+}
+
 // printOutputs says where the job's sinks wrote, on stderr (stdout may be data).
 func (c *cli) printOutputs(job *jobfile.Job) {
 	for _, v := range job.Graph.Vertices {
@@ -255,6 +280,8 @@ func (c *cli) printOutputs(job *jobfile.Job) {
 			fmt.Fprintf(c.stderr, "output of %q: %s%c (%d part files)\n", v.UID, s.Path, filepath.Separator, len(parts))
 		case "stdout":
 			fmt.Fprintf(c.stderr, "output of %q: standard output\n", v.UID)
+		case "nats":
+			fmt.Fprintf(c.stderr, "output of %q: NATS subject %s\n", v.UID, s.Subject)
 		}
 	}
 }

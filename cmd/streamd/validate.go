@@ -120,10 +120,29 @@ func describeSpec(spec any) string {
 				d += fmt.Sprintf(" rate=%g/s", s.Rate)
 			}
 			return d
+		case "nats":
+			d := "source nats stream " + s.Stream
+			if s.Subject != "" {
+				d += " subject " + s.Subject
+			}
+			if s.Bounded {
+				d += " bounded"
+			}
+			if s.URL != "" {
+				d += " at " + s.URL
+			}
+			return d
 		}
 		return "source " + s.Type
 	case *jobfile.SinkSpec:
 		d := "sink " + s.Type
+		if s.Type == "nats" {
+			d += " subject " + s.Subject
+			if s.URL != "" {
+				d += " at " + s.URL
+			}
+			return d
+		}
 		if s.Path != "" {
 			d += " " + s.Path + string(filepath.Separator)
 		}
