@@ -87,13 +87,20 @@ func (c *cli) startHost(ctx context.Context, nc *nats.Conn, defaultID string) (*
 	if err != nil {
 		return nil, nil, err
 	}
+	// Jobs' nats sources and sinks connect like the host, to the servers it
+	// is connected to (for `server`: the embedded one).
+	natsOpts, err := c.natsOptions("streamd host " + id + " jobs")
+	if err != nil {
+		return nil, nil, err
+	}
+	natsOpts.URLs = nc.Servers()
 	eng, err := host.NewEngine(ctx, engOpts...)
 	if err != nil {
 		return nil, nil, err
 	}
 	h, err := cluster.StartHost(nc, cluster.HostOptions{
 		ID: id, Slots: slots, DataDir: filepath.Join(dir, "host"), HeartbeatInterval: hb, Logger: c.log,
-		Executor: &cluster.LocalExecutor{Engine: eng, Stdout: c.stdout, BatchSize: batch, ChannelCapacity: chanCap},
+		Executor: &cluster.LocalExecutor{Engine: eng, Stdout: c.stdout, BatchSize: batch, ChannelCapacity: chanCap, NATS: natsOpts},
 	})
 	if err != nil {
 		eng.Close(context.WithoutCancel(ctx))

@@ -11,6 +11,7 @@ import (
 	"github.com/streamd/streamd/host"
 	"github.com/streamd/streamd/internal/checkpoint"
 	"github.com/streamd/streamd/internal/jobfile"
+	"github.com/streamd/streamd/internal/natsutil"
 	"github.com/streamd/streamd/internal/runtime"
 )
 
@@ -68,6 +69,9 @@ type LocalExecutor struct {
 	Stdout          io.Writer // stdout sinks; default os.Stdout (runtime default)
 	BatchSize       int
 	ChannelCapacity int
+	// NATS is how the jobs' nats sources and sinks connect when they name
+	// no url (runtime.Options.NATS): normally the host's own NATS settings.
+	NATS natsutil.ConnectOptions
 }
 
 // Start checks that the whole job is local and starts runtime.Run.
@@ -89,6 +93,7 @@ func (e *LocalExecutor) Start(ctx context.Context, r ExecRequest) (Execution, er
 		Stdout:          e.Stdout,
 		Stdin:           eofReader{},
 		Progress:        r.Progress,
+		NATS:            e.NATS,
 	}
 	if r.Restart.Strategy == jobfile.RestartFixedDelay {
 		opts.Restart = runtime.RestartStrategy{Attempts: r.Restart.Attempts, Delay: r.Restart.Delay}
