@@ -37,6 +37,7 @@ const (
 // It is safe for concurrent use.
 type Dir struct {
 	root, savepoints string
+	suffix           string // savepoint directory suffix; "" = random
 	retain           int
 	log              *slog.Logger
 
@@ -47,6 +48,7 @@ type Dir struct {
 type dirConfig struct {
 	retain     int
 	savepoints string
+	suffix     string
 	log        *slog.Logger
 }
 
@@ -71,6 +73,20 @@ func WithSavepointDir(dir string) DirOption {
 			return errors.New("checkpoint: empty savepoint directory")
 		}
 		c.savepoints = dir
+		return nil
+	}
+}
+
+// WithSavepointSuffix names savepoints savepoint-ID-SUFFIX instead of
+// savepoint-ID-RANDOM, so that several processes (the hosts of a job spread
+// over hosts and its controller) write one savepoint into one directory.
+// suffix must be a valid file name.
+func WithSavepointSuffix(suffix string) DirOption {
+	return func(c *dirConfig) error {
+		if suffix == "" || strings.ContainsAny(suffix, `/\`) || suffix == "." || suffix == ".." {
+			return fmt.Errorf("checkpoint: savepoint suffix %q: want a file name", suffix)
+		}
+		c.suffix = suffix
 		return nil
 	}
 }
@@ -104,7 +120,7 @@ func OpenDir(root string, opts ...DirOption) (*Dir, error) {
 	if err := os.MkdirAll(root, 0o755); err != nil {
 		return nil, fmt.Errorf("checkpoint: create checkpoint directory: %w", err)
 	}
-	return &Dir{root: root, savepoints: c.savepoints, retain: c.retain, log: c.log, savepointD: map[int64]string{}}, nil
+	return &Dir{root: root, savepoints: c.savepoints, suffix: c.suffix, retain: c.retain, log: c.log, savepointD: map[int64]string{}}, nil
 }
 
 // Root returns the checkpoint directory.
@@ -135,7 +151,11 @@ func (d *Dir) checkpointDir(kind control.CheckpointKind, id int64, create bool) 
 		}
 		var rnd [3]byte
 		_, _ = rand.Read(rnd[:])
-		p := filepath.Join(d.savepoints, fmt.Sprintf("%s%d-%s", savepointPrefix, id, hex.EncodeToString(rnd[:])))
+		suffix := hex.EncodeToString(rnd[:])
+		if d.suffix != "" {
+			suffix = d.suffix
+		}
+		p := filepath.Join(d.savepoints, fmt.Sprintf("%s%d-%s", savepointPrefix, id, suffix))
 		if err := os.MkdirAll(p, 0o755); err != nil {
 			return "", fmt.Errorf("checkpoint: %w", err)
 		}

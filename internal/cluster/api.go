@@ -252,6 +252,11 @@ type Assignment struct {
 	Job       JobSpec      `json:"job"`
 	Placement []string     `json:"placement"` // host of each slot
 	Local     []SubtaskRef `json:"local"`     // the subtasks this host runs
+	// Distributed: the job is spread over hosts (remote channels over
+	// NATS, the checkpoint coordinator in the controller); then Restore is
+	// the checkpoint to restore from ("" = fresh state).
+	Distributed bool   `json:"distributed,omitempty"`
+	Restore     string `json:"restore,omitempty"`
 }
 
 // HostRequest (streamd.v1.hosts.<id>.cancel|savepoint|stop) acts on an

@@ -94,6 +94,12 @@ type ctlJob struct {
 	savepoint        string    // of a stopped job
 	canceling        bool      // a cancel request waits for the hosts; the placement holds its slots until then
 	attempts         []AttemptStatus
+
+	// dist is set once the job is spread over hosts (then every later
+	// attempt is too): the controller drives its checkpoints (dist.go).
+	dist         *distJob
+	hostStats    map[string][]runtime.OperatorStats // dist: per host, of the current attempt
+	taskRestarts int                                // dist: restarts after task failures
 }
 
 // StartController subscribes the controller to the control API and the host
@@ -275,11 +281,8 @@ func (c *Controller) scheduleLocked(now time.Time) []effect {
 		if j.placement != nil || j.canceling || (j.state != JobCreated && j.state != JobRestarting) || now.Before(j.restartAt) {
 			continue
 		}
-		p, err := control.Schedule(c.freeSlotsLocked(), j.slots, true)
+		p, err := control.Schedule(c.freeSlotsLocked(), j.slots, false)
 		switch {
-		case errors.Is(err, control.ErrNoHostLargeEnough):
-			c.endLocked(j, now, JobFailed, fmt.Sprintf("%v: %v", ErrCrossHost, err))
-			continue
 		case err != nil:
 			reason := fmt.Sprintf("waiting for slots: %v", err)
 			if j.reason != reason {
@@ -288,7 +291,16 @@ func (c *Controller) scheduleLocked(now time.Time) []effect {
 			}
 			continue
 		}
+		if j.dist == nil && !p.SingleHost() {
+			dj, err := c.newDistJob(j)
+			if err != nil {
+				c.endLocked(j, now, JobFailed, err.Error())
+				continue
+			}
+			j.dist = dj
+		}
 		j.placement = &p
+		j.hostStats = map[string][]runtime.OperatorStats{}
 		j.subtaskState = SubtaskDeploying
 		j.reason = ""
 		j.updated = now
@@ -303,8 +315,12 @@ func (c *Controller) scheduleLocked(now time.Time) []effect {
 func (c *Controller) assignEffects(j *ctlJob) []effect {
 	var effects []effect
 	p := *j.placement
+	restore, dist := "", j.dist != nil
+	if dist {
+		restore = j.dist.deploy(j.attempt, p)
+	}
 	for _, h := range p.Hosts() {
-		a := Assignment{JobID: j.id, Attempt: j.attempt, Job: j.spec, Placement: p.Slots}
+		a := Assignment{JobID: j.id, Attempt: j.attempt, Job: j.spec, Placement: p.Slots, Distributed: dist, Restore: restore}
 		for _, v := range j.spec.Vertices {
 			for i := 0; i < v.Parallelism; i++ {
 				if p.Host(i) == h {
@@ -332,6 +348,9 @@ func (c *Controller) assignEffects(j *ctlJob) []effect {
 // a cancel.
 func (c *Controller) failLocked(j *ctlJob, now time.Time, reason string, infra bool, lostHost string) []effect {
 	var effects []effect
+	if j.dist != nil {
+		j.dist.failover(reason)
+	}
 	if j.placement != nil {
 		effects = c.cancelEffects(j, lostHost)
 	}
@@ -347,6 +366,11 @@ func (c *Controller) failLocked(j *ctlJob, now time.Time, reason string, infra b
 		if j.spec.Restart.Strategy == jobfile.RestartFixedDelay {
 			delay = j.spec.Restart.Delay
 		}
+	case !infra && j.dist != nil && j.spec.Restart.Strategy == jobfile.RestartFixedDelay && j.taskRestarts < j.spec.Restart.Attempts:
+		// A job spread over hosts restarts here after task failures (no
+		// host's runtime restarts it).
+		j.taskRestarts++
+		restart, delay = true, j.spec.Restart.Delay
 	}
 	if !restart {
 		// Task failures were already retried by the host's runtime under
@@ -390,6 +414,16 @@ func (c *Controller) cancelEffects(j *ctlJob, skip string) []effect {
 }
 
 func (c *Controller) endLocked(j *ctlJob, now time.Time, state, reason string) {
+	if j.dist != nil {
+		var final control.Event
+		switch state {
+		case JobCanceled:
+			final = control.Cancel{}
+		case JobFailed:
+			final = control.RestartsExhausted{Reason: reason}
+		}
+		j.dist.close(final)
+	}
 	j.state, j.reason, j.updated = state, reason, now
 	t := now
 	j.ended = &t
@@ -564,6 +598,10 @@ func (c *Controller) forwardSavepoint(jobID string, hr HostRequest, verb string)
 		c.mu.Unlock()
 		return "", fmt.Errorf("cluster: %s job %s: the job is %s, not running", verb, jobID, st)
 	}
+	if j.dist != nil {
+		c.mu.Unlock()
+		return c.distSavepoint(jobID, verb, hr.Dir, hr.Drain)
+	}
 	hosts := j.placement.Hosts()
 	hr.JobID, hr.Attempt = j.id, j.attempt
 	attempt := j.attempt
@@ -676,6 +714,10 @@ func (c *Controller) hostEvent(ev HostEvent) {
 	}
 	if ev.Stats != nil {
 		j.stats = ev.Stats
+		if j.dist != nil {
+			j.hostStats[ev.HostID] = ev.Stats
+			j.stats = sumStats(j.hostStats)
+		}
 	}
 	if ev.Elapsed != "" {
 		j.elapsed = ev.Elapsed
@@ -692,6 +734,15 @@ func (c *Controller) hostEvent(ev HostEvent) {
 		}
 		c.setAttemptState(j, SubtaskRunning, "")
 	case SubtaskFinished:
+		if j.dist != nil {
+			j.dist.mu.Lock()
+			j.dist.finished[ev.HostID] = true
+			j.dist.mu.Unlock()
+			j.updated = now
+			c.mu.Unlock()
+			c.maybeEndDist(j.id)
+			return
+		}
 		if ev.Savepoint != "" {
 			c.setAttemptState(j, JobStopped, "")
 			j.savepoint = ev.Savepoint
@@ -764,4 +815,28 @@ func (c *Controller) statusLocked(j *ctlJob) JobStatus {
 		st.Operators = append(st.Operators, op)
 	}
 	return st
+}
+
+// sumStats adds up the operators' counters of every host.
+func sumStats(byHost map[string][]runtime.OperatorStats) []runtime.OperatorStats {
+	var out []runtime.OperatorStats
+	idx := map[string]int{}
+	hosts := make([]string, 0, len(byHost))
+	for h := range byHost {
+		hosts = append(hosts, h)
+	}
+	sort.Strings(hosts)
+	for _, h := range hosts {
+		for _, s := range byHost[h] {
+			i, ok := idx[s.UID]
+			if !ok {
+				idx[s.UID] = len(out)
+				out = append(out, runtime.OperatorStats{UID: s.UID, Parallelism: s.Parallelism})
+				i = len(out) - 1
+			}
+			out[i].RecordsIn += s.RecordsIn
+			out[i].RecordsOut += s.RecordsOut
+		}
+	}
+	return out
 }

@@ -6,8 +6,12 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"sync"
+
+	"github.com/nats-io/nats.go"
 
 	"github.com/streamd/streamd/control"
+	"github.com/streamd/streamd/dataplane/natsch"
 	"github.com/streamd/streamd/host"
 	"github.com/streamd/streamd/internal/checkpoint"
 	"github.com/streamd/streamd/internal/jobfile"
@@ -32,6 +36,14 @@ type ExecRequest struct {
 	// RestoreLatest restores from the latest completed checkpoint of the
 	// job's checkpoint directory, if there is one (a failover attempt).
 	RestoreLatest bool
+
+	// Distributed: the job is spread over hosts; the controller drives its
+	// checkpoints, the subtasks talk to it and to the other hosts over Conn.
+	Distributed bool
+	Conn        *nats.Conn
+	// RestoreFrom is the checkpoint a distributed attempt restores from
+	// (chosen by the controller); "" = fresh state.
+	RestoreFrom string
 }
 
 // Executor runs subtasks on a host. Start returns once the execution has
@@ -72,10 +84,17 @@ type LocalExecutor struct {
 	// NATS is how the jobs' nats sources and sinks connect when they name
 	// no url (runtime.Options.NATS): normally the host's own NATS settings.
 	NATS natsutil.ConnectOptions
+
+	mu         sync.Mutex
+	transports map[*nats.Conn]*natsch.Transport
 }
 
-// Start checks that the whole job is local and starts runtime.Run.
+// Start runs a whole job with runtime.Run, or, for a job spread over hosts
+// (r.Distributed), this host's subtasks with runtime.StartAttempt.
 func (e *LocalExecutor) Start(ctx context.Context, r ExecRequest) (Execution, error) {
+	if r.Distributed {
+		return e.startDistributed(ctx, r)
+	}
 	total := 0
 	for _, v := range r.Graph.Vertices {
 		total += v.Parallelism

@@ -304,6 +304,7 @@ func (h *Host) runAssignment(ctx context.Context, r *hostRun, a Assignment, log 
 	req := ExecRequest{HostID: h.opts.ID, JobID: a.JobID, Attempt: a.Attempt, Graph: g,
 		Placement: control.Placement{Slots: a.Placement}, Local: a.Local, Logger: log,
 		Checkpoint: a.Job.Checkpoint, Restart: a.Job.Restart, RestoreLatest: a.Attempt > 0,
+		Distributed: a.Distributed, Conn: h.nc, RestoreFrom: a.Restore,
 		Progress: func(s runtime.Stats) {
 			h.report(HostEvent{HostID: h.opts.ID, JobID: a.JobID, Attempt: a.Attempt, State: SubtaskRunning,
 				Stats: s.Operators, Elapsed: s.Elapsed.Round(time.Millisecond).String()}, false)

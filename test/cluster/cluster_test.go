@@ -296,15 +296,6 @@ func TestLostHostFailsOver(t *testing.T) {
 	}
 }
 
-func TestJobTooLargeForOneHostSaysCrossHostIsMissing(t *testing.T) {
-	tc := newCluster(t, 1, 1)
-	id := deploy(t, tc, slowJob(t, 10, 0, 2), jobfile.Options{})
-	st := tc.waitJob(id, "failed", state(cluster.JobFailed))
-	if st.State != cluster.JobFailed || !strings.Contains(st.Reason, "cross-host execution not available yet") {
-		t.Fatalf("state %s reason %q: want failed, cross-host execution not available yet", st.State, st.Reason)
-	}
-}
-
 func TestJobWaitsForSlotsThenRuns(t *testing.T) {
 	tc := newCluster(t, 1)
 	long := deploy(t, tc, slowJob(t, 100000, 1000, 1), jobfile.Options{})

@@ -1,0 +1,557 @@
+package cluster
+
+// Jobs spread over several hosts. The controller runs the job's checkpoint
+// coordinator through a runtime.Driver (the same driver `streamd run` uses);
+// each host runs its subtasks with runtime.StartAttempt, with NATS channels
+// (dataplane/natsch) to the subtasks on other hosts and in-process channels
+// between its own. The subtasks' events go to the controller on
+// TaskEventsSubject, the driver's commands to each host on
+// TaskCommandSubject; both carry the attempt, so nothing of an earlier
+// attempt is ever mixed into a later one.
+//
+// Lock order: Controller.mu before distJob.mu; the driver runs under
+// distJob.mu and never takes Controller.mu (its Fail goes through a
+// goroutine).
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/streamd/streamd/control"
+	"github.com/streamd/streamd/dataplane/natsch"
+	"github.com/streamd/streamd/internal/checkpoint"
+	"github.com/streamd/streamd/internal/runtime"
+)
+
+// PrefixTask is the prefix of the subjects between the driver of a job spread
+// over hosts (in the controller) and its subtasks.
+const PrefixTask = "streamd.v1.task"
+
+// TaskEventsSubject is where the hosts of attempt `attempt` of job publish
+// their subtasks' events (TaskEvent) to the controller.
+func TaskEventsSubject(job string, attempt int) string {
+	return PrefixTask + "." + job + "." + strconv.Itoa(attempt) + ".events"
+}
+
+// TaskCommandSubject is where the controller publishes the driver's commands
+// (TaskCommand) for the subtasks that host runs in attempt `attempt` of job.
+func TaskCommandSubject(job string, attempt int, host string) string {
+	return PrefixTask + "." + job + "." + strconv.Itoa(attempt) + ".cmd." + host
+}
+
+// TaskEvent is one subtask event; exactly one field besides Host is set.
+type TaskEvent struct {
+	Host          string                 `json:"host"`
+	Running       *control.TaskRunning   `json:"running,omitempty"`
+	EndOfData     *control.TaskEndOfData `json:"end_of_data,omitempty"`
+	Finished      *control.TaskFinished  `json:"finished,omitempty"`
+	Ack           *control.Ack           `json:"ack,omitempty"`
+	Decline       *control.Decline       `json:"decline,omitempty"`
+	TriggerFailed *control.TriggerFailed `json:"trigger_failed,omitempty"`
+}
+
+func newTaskEvent(host string, ev control.Event) (TaskEvent, error) {
+	te := TaskEvent{Host: host}
+	switch e := ev.(type) {
+	case control.TaskRunning:
+		te.Running = &e
+	case control.TaskEndOfData:
+		te.EndOfData = &e
+	case control.TaskFinished:
+		te.Finished = &e
+	case control.Ack:
+		te.Ack = &e
+	case control.Decline:
+		te.Decline = &e
+	case control.TriggerFailed:
+		te.TriggerFailed = &e
+	default:
+		return te, fmt.Errorf("cluster: subtask event %T cannot be sent", ev)
+	}
+	return te, nil
+}
+
+// Event returns the control event.
+func (te TaskEvent) Event() (control.Event, error) {
+	switch {
+	case te.Running != nil:
+		return *te.Running, nil
+	case te.EndOfData != nil:
+		return *te.EndOfData, nil
+	case te.Finished != nil:
+		return *te.Finished, nil
+	case te.Ack != nil:
+		return *te.Ack, nil
+	case te.Decline != nil:
+		return *te.Decline, nil
+	case te.TriggerFailed != nil:
+		return *te.TriggerFailed, nil
+	}
+	return nil, errors.New("cluster: empty subtask event")
+}
+
+// TaskCommand is one driver command for one subtask.
+type TaskCommand struct {
+	Subtask control.SubtaskID `json:"subtask"`
+	Command runtime.Command   `json:"command"`
+}
+
+// ---- host side ----
+
+// distExecution is a host's part of a job attempt spread over hosts.
+type distExecution struct {
+	att *runtime.Attempt
+	sub *nats.Subscription
+}
+
+func (x *distExecution) Wait() (runtime.Stats, error) {
+	st, err := x.att.Wait()
+	_ = x.sub.Unsubscribe()
+	return st, err
+}
+
+// transport returns the executor's NATS channel transport over nc.
+func (e *LocalExecutor) transport(nc *nats.Conn) (*natsch.Transport, error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.transports == nil {
+		e.transports = map[*nats.Conn]*natsch.Transport{}
+	}
+	if t := e.transports[nc]; t != nil {
+		return t, nil
+	}
+	t, err := natsch.NewTransport(nc)
+	if err != nil {
+		return nil, err
+	}
+	e.transports[nc] = t
+	return t, nil
+}
+
+// startDistributed runs this host's subtasks of an attempt whose driver is
+// the controller's.
+func (e *LocalExecutor) startDistributed(ctx context.Context, r ExecRequest) (Execution, error) {
+	if r.Conn == nil {
+		return nil, fmt.Errorf("cluster: job %s attempt %d: a job spread over hosts needs the host's NATS connection", r.JobID, r.Attempt)
+	}
+	tr, err := e.transport(r.Conn)
+	if err != nil {
+		return nil, fmt.Errorf("cluster: job %s: %w", r.JobID, err)
+	}
+	local := map[control.SubtaskID]bool{}
+	for _, s := range r.Local {
+		local[control.SubtaskID{Operator: s.Operator, Index: s.Subtask}] = true
+	}
+	opts := runtime.Options{
+		Engine: e.Engine, Logger: r.Logger, Attempt: r.Attempt, BatchSize: e.BatchSize,
+		ChannelCapacity: e.ChannelCapacity, Stdout: e.Stdout, Stdin: eofReader{}, Progress: r.Progress, NATS: e.NATS,
+	}
+	if cs := r.Checkpoint; cs != nil {
+		store, err := OpenStore(ctx, r.Conn, cs, r.JobID, r.Logger)
+		if err != nil {
+			return nil, fmt.Errorf("cluster: job %s: %w", r.JobID, err)
+		}
+		opts.Checkpoint = &runtime.CheckpointOptions{Store: store}
+		if r.RestoreFrom != "" {
+			md, err := ResolveIn(ctx, store, r.RestoreFrom)
+			if err != nil {
+				return nil, fmt.Errorf("cluster: job %s: restore: %w", r.JobID, err)
+			}
+			rs, err := checkpoint.LoadRestoreFrom(ctx, store, md, r.Graph)
+			if err != nil {
+				return nil, fmt.Errorf("cluster: job %s: %w", r.JobID, err)
+			}
+			opts.Restore = rs
+			r.Logger.Info("restoring", "from", md.Location, "kind", md.Kind, "id", md.ID)
+		}
+	}
+	nc := r.Conn
+	evSubj := TaskEventsSubject(r.JobID, r.Attempt)
+	report := func(ev control.Event) {
+		te, err := newTaskEvent(r.HostID, ev)
+		if err != nil {
+			r.Logger.Warn("subtask event not sent", "err", err)
+			return
+		}
+		data, _ := json.Marshal(te)
+		if err := nc.Publish(evSubj, data); err != nil {
+			r.Logger.Warn("subtask event not sent", "event", ev.String(), "err", err)
+		}
+	}
+	ready := make(chan struct{})
+	var att *runtime.Attempt
+	sub, err := nc.Subscribe(TaskCommandSubject(r.JobID, r.Attempt, r.HostID), func(m *nats.Msg) {
+		select {
+		case <-ready:
+		case <-ctx.Done():
+			return
+		}
+		var tc TaskCommand
+		if err := json.Unmarshal(m.Data, &tc); err != nil {
+			r.Logger.Warn("bad command from the controller", "err", err)
+			return
+		}
+		if att == nil {
+			return
+		}
+		if !att.Command(tc.Subtask, tc.Command) && tc.Command.Kind == runtime.CommandTrigger {
+			report(control.TriggerFailed{CheckpointID: tc.Command.ID, Subtask: tc.Subtask, Reason: "the subtask has finished"})
+		}
+	})
+	if err != nil {
+		return nil, fmt.Errorf("cluster: job %s: subscribe to commands: %w", r.JobID, err)
+	}
+	_ = sub.SetPendingLimits(-1, -1)
+	if err := nc.Flush(); err != nil {
+		sub.Unsubscribe()
+		return nil, fmt.Errorf("cluster: job %s: %w", r.JobID, err)
+	}
+	att, err = runtime.StartAttempt(ctx, r.Graph, opts, runtime.Remote{
+		JobID: r.JobID, Local: func(id control.SubtaskID) bool { return local[id] }, Channels: tr, Report: report})
+	close(ready)
+	if err != nil {
+		sub.Unsubscribe()
+		return nil, err
+	}
+	return &distExecution{att: att, sub: sub}, nil
+}
+
+// ---- controller side ----
+
+// distJob is the controller's side of a job spread over hosts.
+type distJob struct {
+	c     *Controller
+	id    string
+	g     *control.JobGraph
+	store checkpoint.Store // nil: no checkpointing
+	log   *slog.Logger
+	tick  time.Duration
+	sub   *nats.Subscription
+	stop  chan struct{}
+
+	mu        sync.Mutex // after Controller.mu; guards everything below
+	d         *runtime.Driver
+	attempt   int
+	placement control.Placement
+	active    bool            // the attempt is deployed and has not failed
+	restore   string          // the checkpoint the next attempt restores from
+	finished  map[string]bool // hosts whose part of the attempt finished
+	spWait    chan string     // a savepoint request waits for the savepoint's location
+	closed    bool
+}
+
+// newDistJob makes the controller side of job j (called with c.mu held).
+func (c *Controller) newDistJob(j *ctlJob) (*distJob, error) {
+	g, err := j.spec.Graph(func(a Artifact) (string, error) { return "/" + a.Name, nil })
+	if err != nil {
+		return nil, err
+	}
+	dj := &distJob{c: c, id: j.id, g: g, log: c.log.With("job", j.id), tick: runtime.DefaultTick, stop: make(chan struct{}), finished: map[string]bool{}}
+	if cs := j.spec.Checkpoint; cs != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), c.opts.RequestTimeout)
+		defer cancel()
+		store, err := OpenStore(ctx, c.nc, cs, j.id, c.log)
+		if err != nil {
+			return nil, err
+		}
+		dj.store = store
+		co := &runtime.CheckpointOptions{Store: store, Interval: cs.Interval, Timeout: cs.Timeout, MinPause: cs.MinPause, Tick: dj.tick,
+			OnComplete: func(md *checkpoint.Metadata) {
+				// Called by the driver under dj.mu.
+				if md.Kind == control.KindSavepoint && dj.spWait != nil {
+					select {
+					case dj.spWait <- md.Location:
+					default:
+					}
+				}
+			}}
+		dj.d, err = runtime.NewDriver(ctx, g, co, nil, dj.log)
+		if err != nil {
+			return nil, err
+		}
+	}
+	dj.sub, err = c.nc.Subscribe(PrefixTask+"."+j.id+".*.events", dj.onEvent)
+	if err != nil {
+		return nil, fmt.Errorf("cluster: job %s: subscribe to subtask events: %w", j.id, err)
+	}
+	_ = dj.sub.SetPendingLimits(-1, -1)
+	if dj.d != nil {
+		c.wg.Add(1)
+		go dj.ticker()
+	}
+	return dj, nil
+}
+
+// distTarget sends the driver's commands of one attempt to its hosts.
+type distTarget struct {
+	dj        *distJob
+	attempt   int
+	placement control.Placement
+}
+
+func (t distTarget) Command(id control.SubtaskID, c runtime.Command) bool {
+	h := t.placement.Host(id.Index)
+	if h == "" {
+		return false
+	}
+	data, _ := json.Marshal(TaskCommand{Subtask: id, Command: c})
+	if err := t.dj.c.nc.Publish(TaskCommandSubject(t.dj.id, t.attempt, h), data); err != nil {
+		t.dj.log.Warn("command not sent", "host", h, "subtask", id, "err", err)
+	}
+	return true
+}
+
+func (t distTarget) Fail(err error) {
+	go t.dj.c.distFailed(t.dj.id, t.attempt, err.Error())
+}
+
+// target is the current attempt's target (dj.mu held); nil when no attempt is active.
+func (dj *distJob) target() runtime.Target {
+	if !dj.active {
+		return nil
+	}
+	return distTarget{dj: dj, attempt: dj.attempt, placement: dj.placement}
+}
+
+func (dj *distJob) onEvent(m *nats.Msg) {
+	toks := strings.Split(m.Subject, ".")
+	if len(toks) != 6 {
+		return
+	}
+	attempt, err := strconv.Atoi(toks[4])
+	if err != nil {
+		return
+	}
+	var te TaskEvent
+	if err := json.Unmarshal(m.Data, &te); err != nil {
+		dj.log.Warn("bad subtask event", "host", te.Host, "err", err)
+		return
+	}
+	ev, err := te.Event()
+	if err != nil {
+		dj.log.Warn("bad subtask event", "host", te.Host, "err", err)
+		return
+	}
+	dj.mu.Lock()
+	defer dj.mu.Unlock()
+	if attempt != dj.attempt || !dj.active || dj.d == nil || dj.closed {
+		return // a straggler of an earlier attempt
+	}
+	dj.d.Step(dj.target(), ev)
+}
+
+func (dj *distJob) ticker() {
+	defer dj.c.wg.Done()
+	t := time.NewTicker(dj.tick)
+	defer t.Stop()
+	for {
+		select {
+		case <-dj.stop:
+			return
+		case <-dj.c.done:
+			return
+		case <-t.C:
+		}
+		dj.mu.Lock()
+		done := false
+		if dj.active && !dj.closed {
+			dj.d.Step(dj.target(), control.Tick{})
+			done = dj.d.Done() != nil
+		}
+		dj.mu.Unlock()
+		if done {
+			dj.c.maybeEndDist(dj.id)
+		}
+	}
+}
+
+// deploy records the new attempt (dj.mu taken here; c.mu held by the caller)
+// and returns the checkpoint location it restores from.
+func (dj *distJob) deploy(attempt int, p control.Placement) string {
+	dj.mu.Lock()
+	defer dj.mu.Unlock()
+	dj.attempt, dj.placement, dj.active = attempt, p, true
+	dj.finished = map[string]bool{}
+	return dj.restore
+}
+
+// failover ends the current attempt in the driver (a TaskFailed unless the
+// coordinator already fails over) and picks the checkpoint the next attempt
+// restores from: every persist of the failed attempt is over by then.
+func (dj *distJob) failover(reason string) {
+	dj.mu.Lock()
+	defer dj.mu.Unlock()
+	if !dj.active {
+		return
+	}
+	dj.active = false
+	if dj.d == nil {
+		return
+	}
+	if st := dj.d.State(); st != control.JobRestarting && !st.Terminal() {
+		first := control.Subtasks(dj.g)[0]
+		dj.d.Step(nil, control.TaskFailed{Subtask: first, Reason: reason})
+	}
+	if md := dj.d.Latest(); md != nil {
+		dj.restore = md.Location
+	}
+}
+
+// close stops the job's goroutine and subscription (c.mu held).
+func (dj *distJob) close(final control.Event) {
+	dj.mu.Lock()
+	if !dj.closed {
+		dj.closed = true
+		dj.active = false
+		close(dj.stop)
+		if dj.d != nil && final != nil && !dj.d.State().Terminal() {
+			dj.d.Step(nil, final)
+		}
+	}
+	dj.mu.Unlock()
+	_ = dj.sub.Unsubscribe()
+}
+
+// distFailed fails the attempt after the driver asked to (FailJob).
+func (c *Controller) distFailed(jobID string, attempt int, reason string) {
+	now := time.Now()
+	c.mu.Lock()
+	j := c.jobs[jobID]
+	if j == nil || j.attempt != attempt || TerminalJobState(j.state) || j.placement == nil || j.canceling {
+		c.mu.Unlock()
+		return
+	}
+	effects := c.failLocked(j, now, reason, false, "")
+	effects = append(effects, c.scheduleLocked(now)...)
+	c.mu.Unlock()
+	c.run(effects)
+}
+
+// maybeEndDist ends a job spread over hosts when every host finished its
+// part and (with checkpointing) the coordinator says the job is done.
+func (c *Controller) maybeEndDist(jobID string) {
+	now := time.Now()
+	c.mu.Lock()
+	defer func() {
+		effects := c.scheduleLocked(now)
+		c.mu.Unlock()
+		c.run(effects)
+	}()
+	j := c.jobs[jobID]
+	if j == nil || j.dist == nil || j.placement == nil || TerminalJobState(j.state) {
+		return
+	}
+	dj := j.dist
+	dj.mu.Lock()
+	all := dj.active
+	for _, h := range j.placement.Hosts() {
+		all = all && dj.finished[h]
+	}
+	var done *control.JobDone
+	savepoint := ""
+	if dj.d != nil {
+		done = dj.d.Done()
+		savepoint = dj.d.Savepoint()
+	}
+	dj.mu.Unlock()
+	if !all || (dj.d != nil && done == nil) {
+		return
+	}
+	if done != nil && done.State == control.JobStopped {
+		c.setAttemptState(j, JobStopped, "")
+		j.savepoint = savepoint
+		c.endLocked(j, now, JobStopped, "stopped with savepoint "+savepoint)
+		return
+	}
+	c.setAttemptState(j, JobFinished, "")
+	c.endLocked(j, now, JobFinished, "")
+}
+
+// distSavepoint takes a savepoint of a job spread over hosts, or stops it
+// with one, and waits for it. dir, if set, is a directory on the controller
+// the savepoint is copied into (ExportSavepoint).
+func (c *Controller) distSavepoint(jobID, verb, dir string, drain bool) (string, error) {
+	c.mu.Lock()
+	j := c.jobs[jobID]
+	if j == nil || j.dist == nil {
+		c.mu.Unlock()
+		return "", fmt.Errorf("cluster: no job %q spread over hosts", jobID)
+	}
+	dj := j.dist
+	attempt := j.attempt
+	dj.mu.Lock()
+	switch {
+	case dj.d == nil:
+		dj.mu.Unlock()
+		c.mu.Unlock()
+		return "", errors.New("cluster: stop with a savepoint needs checkpointing: the job file has no checkpoint section (use streamd cancel)")
+	case !dj.active || !dj.d.CanStop():
+		st := dj.d.State()
+		dj.mu.Unlock()
+		c.mu.Unlock()
+		return "", fmt.Errorf("cluster: %s job %s: the job is %s, not running", verb, jobID, st)
+	}
+	var wait chan string
+	if verb == HostVerbStop {
+		prev := j.state
+		j.state, j.updated = JobStopping, time.Now()
+		dj.d.Step(dj.target(), control.StopWithSavepoint{Drain: drain})
+		if dj.d.State() != control.JobStopping {
+			j.state = prev
+		}
+	} else {
+		wait = make(chan string, 1)
+		dj.spWait = wait
+		dj.d.Step(dj.target(), control.TriggerSavepoint{})
+	}
+	dj.mu.Unlock()
+	c.mu.Unlock()
+
+	var path string
+	if verb == HostVerbStop {
+		for {
+			time.Sleep(20 * time.Millisecond)
+			c.mu.Lock()
+			st, reason, sp, att := j.state, j.reason, j.savepoint, j.attempt
+			c.mu.Unlock()
+			if st == JobStopped {
+				path = sp
+				break
+			}
+			if TerminalJobState(st) || att != attempt {
+				return "", fmt.Errorf("cluster: stop job %s: stop-with-savepoint failed: the job is %s: %s", jobID, st, reason)
+			}
+		}
+	} else {
+		timeout := 10 * time.Minute
+		if cs := j.spec.Checkpoint; cs != nil && cs.Timeout > 0 {
+			timeout = cs.Timeout + time.Second
+		}
+		select {
+		case path = <-wait:
+		case <-time.After(timeout):
+			return "", fmt.Errorf("cluster: savepoint of job %s: not complete after %s", jobID, timeout)
+		case <-c.done:
+			return "", errors.New("cluster: controller closed")
+		}
+	}
+	if dir != "" {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+		defer cancel()
+		out, err := ExportSavepoint(ctx, dj.store, path, dir)
+		if err != nil {
+			return "", fmt.Errorf("cluster: savepoint of job %s is at %s but could not be copied to %s: %w", jobID, path, dir, err)
+		}
+		path = out
+	}
+	return path, nil
+}

@@ -1,0 +1,121 @@
+package cluster_test
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/streamd/streamd/internal/cluster"
+	"github.com/streamd/streamd/internal/jobfile"
+	"github.com/streamd/streamd/internal/testwasm"
+)
+
+// spreadJob writes a job file into a fresh directory: a generator of n
+// records at rate per second (0: unlimited), hash-partitioned into the
+// uppercase module, into a file sink, all at parallelism p, with extra
+// appended (e.g. a checkpoint section). Hash partitioning makes every
+// generator subtask send to every upper subtask, so a job spread over hosts
+// has channels between them.
+func spreadJob(t *testing.T, n, rate, p int, extra string) string {
+	wasm := testwasm.Path(t, "examples/wasm/uppercase/uppercase.wasm")
+	dir := t.TempDir()
+	job := fmt.Sprintf(`name: spread
+parallelism: %d
+operators:
+  - uid: gen
+    source: {type: generator, count: %d, rate: %d, keys: 1000}
+  - uid: upper
+    wasm: %s
+    inputs: [{from: gen, partition: hash}]
+  - uid: out
+    sink: {type: file, path: out/}
+    inputs: [{from: upper}]
+%s`, p, n, rate, wasm, extra)
+	path := filepath.Join(dir, "spread.yaml")
+	if err := os.WriteFile(path, []byte(job), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+// outputLines reads every committed file of a file sink directory (names not
+// starting with '.') and returns their lines, sorted.
+func outputLines(t *testing.T, dir string) []string {
+	t.Helper()
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var lines []string
+	for _, e := range ents {
+		if strings.HasPrefix(e.Name(), ".") || e.IsDir() {
+			continue
+		}
+		for _, l := range strings.Split(readFile(t, filepath.Join(dir, e.Name())), "\n") {
+			if l != "" {
+				lines = append(lines, l)
+			}
+		}
+	}
+	slices.Sort(lines)
+	return lines
+}
+
+// runLocally runs the job file with `streamd run` in a copy of its directory
+// and returns its output lines.
+func runLocally(t *testing.T, path string) []string {
+	t.Helper()
+	dir := t.TempDir()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	local := filepath.Join(dir, filepath.Base(path))
+	if err := os.WriteFile(local, b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if out, errs, code := streamd(t, nil, "run", local); code != 0 {
+		t.Fatalf("streamd run: exit %d\n%s\n%s", code, out, errs)
+	}
+	return outputLines(t, filepath.Join(dir, "out"))
+}
+
+func sameLines(t *testing.T, got, want []string) {
+	t.Helper()
+	if len(got) != len(want) {
+		t.Fatalf("%d output lines, want %d (as streamd run)", len(got), len(want))
+	}
+	for i := range got {
+		if got[i] != want[i] {
+			t.Fatalf("output line %d: %q, want %q (as streamd run)", i, got[i], want[i])
+		}
+	}
+}
+
+func TestJobSpreadOverTwoHosts(t *testing.T) {
+	for _, ckpt := range []bool{false, true} {
+		t.Run(map[bool]string{false: "no-checkpoints", true: "checkpoints"}[ckpt], func(t *testing.T) {
+			tc := newCluster(t, 2, 2)
+			extra := ""
+			if ckpt {
+				extra = "checkpoint: {interval: 100ms, dir: chk}\n"
+			}
+			path := spreadJob(t, 20000, 0, 4, extra)
+			id := deploy(t, tc, path, jobfile.Options{})
+			st := tc.waitJob(id, "finished", state(cluster.JobFinished))
+			if st.State != cluster.JobFinished {
+				t.Fatalf("job %s: %s", st.State, st.Reason)
+			}
+			if !slices.Equal(st.Hosts, []string{"h1", "h2"}) {
+				t.Errorf("hosts %v, want [h1 h2]", st.Hosts)
+			}
+			if st.Operators[1].RecordsIn != 20000 {
+				t.Errorf("upper read %d records over both hosts, want 20000", st.Operators[1].RecordsIn)
+			}
+			sameLines(t, outputLines(t, filepath.Join(filepath.Dir(path), "out")), runLocally(t, path))
+		})
+	}
+}
