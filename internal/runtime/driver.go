@@ -263,7 +263,11 @@ func (r *runner) attempts(ctx context.Context, restore *checkpoint.Restore) erro
 		r.mu.Lock()
 		r.restarts++
 		r.mu.Unlock()
-		r.opts.Metrics.Restart(ctx, r.g.Name)
+		if m := r.opts.Metrics; m != nil {
+			m.Restart(ctx, r.g.Name)
+		} else {
+			telemetry.GlobalMetrics().Restart(ctx, r.g.Name)
+		}
 		r.endPending(err)
 		if r.coord != nil {
 			r.EndSpans("the attempt failed")

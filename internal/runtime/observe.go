@@ -211,7 +211,11 @@ func (o timedOutput) Send(ctx context.Context, ev dataplane.Event) error {
 // initMetrics makes the subtask's metric handle (nil with metrics off).
 func (t *task) initMetrics() {
 	if t.om == nil {
-		t.om = t.j.opts.Metrics.Operator(t.info.Job, t.v.UID, t.sub)
+		m := t.j.opts.Metrics
+		if m == nil {
+			m = telemetry.GlobalMetrics()
+		}
+		t.om = m.Operator(t.info.Job, t.v.UID, t.sub)
 	}
 }
 
@@ -367,7 +371,11 @@ func (d *Driver) checkpointPersisted(x control.PersistMetadata, md *checkpoint.M
 		return
 	}
 	dur := time.Since(c.start)
-	o.metrics.Checkpoint(o.ctx(), d.g.Name, dur, x.Size)
+	m := o.metrics
+	if m == nil {
+		m = telemetry.GlobalMetrics()
+	}
+	m.Checkpoint(o.ctx(), d.g.Name, dur, x.Size)
 	c.span.SetAttributes(telemetry.StateBytes(x.Size), telemetry.Savepoint(md.Location))
 	c.span.End()
 	c.done = true

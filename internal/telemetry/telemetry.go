@@ -16,6 +16,7 @@ import (
 	"net"
 	"net/http"
 	neturl "net/url"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -213,6 +214,7 @@ func (t *Telemetry) MetricsAddr() string {
 // default no-op.
 func (t *Telemetry) Install() {
 	otel.SetTextMapPropagator(Propagator)
+	globalMetrics.Store(t.metrics)
 	if t.tp != nil {
 		otel.SetTracerProvider(t.tp)
 	}
@@ -220,6 +222,13 @@ func (t *Telemetry) Install() {
 		otel.SetMeterProvider(t.mp)
 	}
 }
+
+var globalMetrics atomic.Pointer[Metrics]
+
+// GlobalMetrics are the instruments of the installed Telemetry (Install,
+// Setup), nil when metrics are off or nothing is installed. The runtime uses
+// them when its options name no Metrics.
+func GlobalMetrics() *Metrics { return globalMetrics.Load() }
 
 // Shutdown exports the spans still buffered and stops the exporter and the
 // metrics endpoint. It is safe to call on a nil or already shut down value.
