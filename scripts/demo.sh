@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# make demo: runs the wordcount example (two Rust operators) on its bundled
-# input with bin/streamd, shows where the output is and the top 10 words, and
-# checks the output against the expected file. `make demo` builds bin/streamd
-# and the wasm modules first.
+# make demo: runs the wordcount example (two Rust operators, checkpointing every
+# second) on its bundled input with bin/streamd, shows that the final checkpoint
+# committed the output exactly once, where the output is, the top 10 words, and
+# checks the output against the expected file. Then it checks, and prints, the
+# two-terminal recipe that runs the same job on a streamd server.
+# `make demo` builds bin/streamd and the wasm modules first.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -10,6 +12,7 @@ STREAMD=${STREAMD:-bin/streamd}
 JOB=examples/wasm/wordcount/wordcount.yaml
 DIR=$(dirname "$JOB")
 OUT=$DIR/out
+CKPT=$DIR/checkpoints
 
 for f in "$STREAMD" "$DIR/split.wasm" "$DIR/count.wasm"; do
 	if [[ ! -e $f ]]; then
@@ -18,8 +21,25 @@ for f in "$STREAMD" "$DIR/split.wasm" "$DIR/count.wasm"; do
 	fi
 done
 
-echo "== streamd run $JOB"
-"$STREAMD" run "$JOB"
+# With checkpointing every committed file is part-<subtask>-<checkpoint>: a
+# previous run's files would add to this one's.
+rm -rf "$OUT" "$CKPT"
+
+echo "== $STREAMD run $JOB"
+"$STREAMD" run --progress log "$JOB"
+
+echo
+echo "== the final checkpoint: $STREAMD inspect $CKPT/"
+"$STREAMD" inspect "$CKPT/" | sed 's/^/   /'
+# Every operator "fully" finished in the latest checkpoint: the job ended with a
+# final checkpoint taken after all input was processed, and the file sink
+# committed what it wrote on that checkpoint (two-phase commit), once.
+unfinished=$("$STREAMD" inspect "$CKPT/" | awk 'seen && $4 != "fully" {print $1} /^OPERATOR/ {seen=1}')
+if [[ -n $unfinished ]]; then
+	echo "FAIL: operators not fully finished in the final checkpoint: $unfinished" >&2
+	exit 1
+fi
+echo "   every operator finished before the final checkpoint completed: the sink committed all records exactly once"
 
 echo
 echo "== output: $(cd "$OUT" && pwd)/ ($(ls "$OUT" | paste -sd " " -))"
@@ -35,3 +55,87 @@ else
 	diff <(cat "$OUT"/part-* | LC_ALL=C sort) <(LC_ALL=C sort "$DIR/expected.txt") | head -n 20 >&2
 	exit 1
 fi
+
+echo
+echo "== traces: tracing is off. Turn it on with 'streamd run --tracing --tracing-endpoint HOST:PORT'"
+echo "   (any OTLP collector; Jaeger: make bin/jaeger), see docs/observability.md"
+
+# The cluster recipe, checked before it is printed: a server on a free port
+# with its own data directory, the job deployed from a copy of the example
+# (so this check writes nothing into examples/), its output compared.
+tmp=$(mktemp -d)
+server_pid=""
+cleanup() {
+	if [[ -n $server_pid ]]; then
+		kill "$server_pid" 2>/dev/null || true
+		wait "$server_pid" 2>/dev/null || true
+	fi
+	rm -rf "$tmp"
+}
+trap cleanup EXIT
+
+cluster_check() {
+	cp -r "$DIR" "$tmp/wordcount" || return 1
+	rm -rf "$tmp/wordcount/out" "$tmp/wordcount/checkpoints"
+	local port up=""
+	for _ in 1 2 3; do
+		port=$((20000 + RANDOM % 40000))
+		export STREAMD_NATS_URL=nats://127.0.0.1:$port
+		"$STREAMD" server --nats-port "$port" --data-dir "$tmp/data" --slots 2 --log-level warn >"$tmp/server.log" 2>&1 &
+		server_pid=$!
+		for _ in $(seq 100); do
+			if "$STREAMD" hosts >/dev/null 2>&1; then
+				up=1
+				break
+			fi
+			kill -0 "$server_pid" 2>/dev/null || break
+			sleep 0.1
+		done
+		[[ -n $up ]] && break
+		kill "$server_pid" 2>/dev/null || true
+		wait "$server_pid" 2>/dev/null || true
+		server_pid=""
+	done
+	if [[ -z $up ]]; then
+		echo "streamd server did not start:"
+		cat "$tmp/server.log"
+		return 1
+	fi
+	local id
+	id=$("$STREAMD" deploy "$tmp/wordcount/wordcount.yaml" --wait) || return 1
+	"$STREAMD" status "$id" >"$tmp/status.txt" || return 1
+	grep -q finished "$tmp/status.txt" || { cat "$tmp/status.txt"; return 1; }
+	diff <(cat "$tmp/wordcount/out"/part-* | LC_ALL=C sort) <(LC_ALL=C sort "$DIR/expected.txt") >/dev/null || {
+		echo "the deployed job's output differs from expected.txt"
+		return 1
+	}
+	echo "$port $id" >"$tmp/result"
+}
+
+echo
+echo "== checking the cluster recipe (streamd server on a free port, deploy --wait, status)"
+# Not in a $(...) subshell: cleanup must see server_pid.
+if cluster_check >"$tmp/check.log" 2>&1; then
+	read -r port id <"$tmp/result"
+	echo "   checked: a server on port $port ran job $id to 'finished' with the expected output"
+	kill "$server_pid" 2>/dev/null || true
+	wait "$server_pid" 2>/dev/null || true
+	server_pid=""
+else
+	echo "FAIL: the cluster recipe did not work:" >&2
+	sed 's/^/   /' "$tmp/check.log" >&2
+	exit 1
+fi
+
+cat <<EOF
+
+== run the same job on a streamd server (two terminals, from $(pwd)):
+   terminal 1:   $STREAMD server
+                 (embedded NATS with JetStream on 127.0.0.1:4222, a controller and a host;
+                  --nats-port P for another port, then STREAMD_NATS_URL=nats://127.0.0.1:P below)
+   terminal 2:   rm -rf $OUT $CKPT    # the deployed job writes there too
+                 $STREAMD deploy $JOB --wait
+                 $STREAMD list                  # the job, finished
+                 $STREAMD status JOB_ID         # per operator: records, subtasks and their host
+   More: docs/cli.md ("Cluster").
+EOF
