@@ -19,6 +19,11 @@ free host slots and fails jobs over when a host misses cluster.lost_after
 heartbeats. Its job table lives in memory. See docs/subjects.md for the subjects.`,
 		Args: exactArgs(0),
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			stopTelemetry, err := c.startTelemetry(cmd.Context(), "streamd-controller")
+			if err != nil {
+				return err
+			}
+			defer stopTelemetry()
 			nc, err := c.connectNATS("streamd controller")
 			if err != nil {
 				return err

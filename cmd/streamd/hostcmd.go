@@ -25,6 +25,15 @@ Jobs that need more slots than one host has fail with "cross-host execution not
 available yet".`,
 		Args: exactArgs(0),
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			service := "streamd-host"
+			if id := c.v.GetString(keyHostID); id != "" {
+				service += "-" + id
+			}
+			stopTelemetry, err := c.startTelemetry(cmd.Context(), service)
+			if err != nil {
+				return err
+			}
+			defer stopTelemetry()
 			nc, err := c.connectNATS("streamd host")
 			if err != nil {
 				return err

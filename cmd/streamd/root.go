@@ -16,6 +16,7 @@ import (
 	"github.com/spf13/viper"
 
 	"github.com/streamd/streamd/host"
+	"github.com/streamd/streamd/internal/telemetry"
 )
 
 // cli holds one invocation's streams, configuration and logger.
@@ -86,6 +87,9 @@ named by --config-file), then defaults. See docs/cli.md.`,
 	c.bind(pf, keyWasmCacheDir, "wasm-cache-dir")
 	c.bind(pf, keyWasmMemoryLimit, "wasm-memory-limit-mib")
 	c.bind(pf, keyWasmDeadline, "wasm-call-deadline")
+	if err := telemetry.AddFlags(pf, c.v); err != nil {
+		panic(err) // a programming error: a flag is missing
+	}
 
 	root.AddCommand(c.runCommand(), c.validateCommand(), c.versionCommand(), c.inspectCommand())
 	root.AddCommand(c.clusterCommands()...)

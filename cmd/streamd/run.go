@@ -152,6 +152,11 @@ func (c *cli) run(ctx context.Context, cmd *cobra.Command, target string, f runF
 	if err != nil {
 		return err
 	}
+	stopTelemetry, err := c.startTelemetry(ctx, "streamd-run")
+	if err != nil {
+		return err
+	}
+	defer stopTelemetry()
 	eng, err := host.NewEngine(ctx, engOpts...)
 	if err != nil {
 		return err

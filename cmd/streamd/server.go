@@ -54,6 +54,11 @@ func (c *cli) server(ctx context.Context) error {
 	if o.TLSEnabled() {
 		return usagef("server: the embedded NATS server does not serve TLS; use an external NATS server for TLS")
 	}
+	stopTelemetry, err := c.startTelemetry(ctx, "streamd-server")
+	if err != nil {
+		return err
+	}
+	defer stopTelemetry()
 	srv, err := natsutil.StartEmbedded(natsutil.EmbeddedOptions{
 		Host: c.v.GetString(keyNATSHost), Port: port, StoreDir: filepath.Join(dir, "nats"),
 		NoLog: c.v.GetString(keyLogLevel) != "debug", Username: o.User, Password: o.Password, Token: o.Token,

@@ -1,0 +1,46 @@
+package main
+
+import (
+	"context"
+	"time"
+
+	"github.com/streamd/streamd/internal/telemetry"
+)
+
+// telemetryShutdownTimeout bounds the flush of the spans still buffered when
+// a command exits.
+const telemetryShutdownTimeout = 5 * time.Second
+
+// startTelemetry sets up tracing and metrics (tracing.*, metrics.*; both off
+// by default) for this process under service (e.g. "streamd-run") unless
+// tracing.service_name names one. The returned function flushes and stops
+// them; call it before exiting.
+func (c *cli) startTelemetry(ctx context.Context, service string) (func(), error) {
+	cfg, err := telemetry.FromViper(c.v)
+	if err != nil {
+		return nil, usageError{err}
+	}
+	if c.v.GetString(telemetry.KeyTracingService) == "" {
+		cfg.ServiceName = service
+	}
+	t, err := telemetry.New(ctx, cfg)
+	if err != nil {
+		return nil, err
+	}
+	t.Install()
+	if cfg.Enabled {
+		c.log.Debug("tracing on", "service", cfg.ServiceName, "protocol", cfg.Protocol, "endpoint", cfg.Endpoint)
+	}
+	if addr := t.MetricsAddr(); addr != "" {
+		c.log.Info("metrics served", "url", "http://"+addr+"/metrics")
+	}
+	return func() {
+		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), telemetryShutdownTimeout)
+		defer cancel()
+		if err := t.Shutdown(sctx); err != nil {
+			c.log.Warn("telemetry shutdown", "err", err)
+		}
+	}, nil
+}
+
+func init() { knownKeys = append(knownKeys, telemetry.Keys...) }
