@@ -1,0 +1,124 @@
+package cluster_test
+
+import (
+	"bytes"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/streamd/streamd/internal/cluster"
+	"github.com/streamd/streamd/internal/jobfile"
+	"github.com/streamd/streamd/internal/natsutil"
+)
+
+// proc is a streamd process of a test.
+type proc struct {
+	cmd *exec.Cmd
+	out *bytes.Buffer
+}
+
+// startProc runs `streamd args...` until the test ends (SIGINT, then kill).
+func startProc(t *testing.T, name string, args ...string) *proc {
+	t.Helper()
+	cmd := exec.Command(streamdBin(t), args...)
+	cmd.Dir = t.TempDir()
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	p := &proc{cmd: cmd, out: &out}
+	done := make(chan struct{})
+	go func() { cmd.Wait(); close(done) }()
+	t.Cleanup(func() {
+		cmd.Process.Signal(os.Interrupt)
+		select {
+		case <-done:
+		case <-time.After(10 * time.Second):
+			cmd.Process.Kill()
+			<-done
+		}
+		if t.Failed() {
+			t.Logf("%s output:\n%s", name, out.String())
+		}
+	})
+	return p
+}
+
+// processCluster is an embedded NATS server in the test, and a `streamd
+// controller` and `streamd host` processes on it.
+type processCluster struct {
+	*testCluster
+	url   string
+	hosts map[string]*proc
+}
+
+func newProcessCluster(t *testing.T, hosts, slots int) *processCluster {
+	t.Helper()
+	srv, err := natsutil.StartEmbedded(natsutil.EmbeddedOptions{Port: -1, NoLog: true, StoreDir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(srv.Shutdown)
+	pc := &processCluster{testCluster: &testCluster{t: t, srv: srv}, url: srv.URL(), hosts: map[string]*proc{}}
+	hb := "--heartbeat-interval=100ms"
+	startProc(t, "controller", "controller", "--nats", pc.url, hb, "--lost-after=4")
+	for i := 1; i <= hosts; i++ {
+		id := fmt.Sprintf("h%d", i)
+		pc.hosts[id] = startProc(t, id, "host", "--nats", pc.url, hb, "--host-id", id, "--slots", fmt.Sprint(slots), "--data-dir", t.TempDir())
+	}
+	pc.client, err = cluster.NewClient(connect(t, pc.url))
+	if err != nil {
+		t.Fatal(err)
+	}
+	pc.waitHosts(hosts)
+	return pc
+}
+
+// TestKillHostFailsOverExactlyOnce spreads a checkpointing job over three
+// host processes, kills one with SIGKILL mid-job and checks that the job
+// fails over to the two others and its output is exactly that of
+// `streamd run`: nothing lost, nothing twice.
+func TestKillHostFailsOverExactlyOnce(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs streamd processes")
+	}
+	pc := newProcessCluster(t, 3, 2)
+	const n = 12000
+	path := spreadJob(t, n, 1500, 4, "checkpoint: {interval: 200ms, dir: chk}\nrestart: {strategy: fixed-delay, attempts: 3, delay: 100ms}\n")
+	id := deploy(t, pc.testCluster, path, jobfile.Options{})
+	st := pc.waitJob(id, "running with output", func(st *cluster.JobStatus) bool {
+		return cluster.TerminalJobState(st.State) || (st.State == cluster.JobRunning && st.Operators[2].RecordsIn > n/4)
+	})
+	if st.State != cluster.JobRunning || len(st.Hosts) != 3 {
+		t.Fatalf("job %s on %v (%s): want running on 3 hosts", st.State, st.Hosts, st.Reason)
+	}
+	// Some checkpoint has committed output before the kill.
+	chk, _ := filepath.Glob(filepath.Join(filepath.Dir(path), "chk", "chk-*", "_metadata"))
+	victim := st.Hosts[1]
+	if err := pc.hosts[victim].cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	killed := time.Now()
+	st = pc.waitJob(id, "failed over", func(st *cluster.JobStatus) bool { return st.Attempt >= 1 || cluster.TerminalJobState(st.State) })
+	t.Logf("killed %s (%d checkpoints done); new attempt after %s", victim, len(chk), time.Since(killed).Round(time.Millisecond))
+	st = pc.waitJob(id, "finished", state(cluster.JobFinished))
+	if st.State != cluster.JobFinished {
+		t.Fatalf("job %s: %s", st.State, st.Reason)
+	}
+	for _, h := range st.Hosts {
+		if h == victim {
+			t.Errorf("the last attempt ran on the killed host %s: %v", victim, st.Hosts)
+		}
+	}
+	if !strings.Contains(st.Attempts[0].Reason, "host "+victim+" lost") {
+		t.Errorf("attempt 0 reason %q: want host %s lost", st.Attempts[0].Reason, victim)
+	}
+	got := outputLines(t, filepath.Join(filepath.Dir(path), "out"))
+	sameLines(t, got, runLocally(t, path))
+}
