@@ -36,6 +36,7 @@
 mod context;
 mod emit;
 pub mod frame;
+pub mod helpers;
 pub mod list_state;
 pub mod log;
 pub mod state;
@@ -44,6 +45,7 @@ mod sys;
 pub use context::Context;
 pub use emit::{emit, emit_record, emit_with, flush, ValueWriter, FLUSH_BYTES};
 pub use frame::{Batch, Record, NO_TIMESTAMP};
+pub use helpers::{Collector, Filter, FlatMap, Map, OwnedRecord};
 pub use list_state::ListMode;
 pub use state::ValueState;
 

@@ -148,3 +148,39 @@ fn list_state_entries() {
     list_state::add("ckpt", ListMode::Union, b"x");
     HOST.with(|h| assert_eq!(h.borrow().lists_added, vec![(b"ckpt".to_vec(), 1, b"x".to_vec())]));
 }
+
+#[test]
+fn stateless_helpers_emit_what_their_functions_return() {
+    fn upper(r: &Record) -> OwnedRecord {
+        OwnedRecord::new(r.key, &r.value.to_ascii_uppercase(), r.timestamp + 1)
+    }
+    fn long(r: &Record) -> bool {
+        r.value.len() > 2
+    }
+    fn words(r: &Record, out: &mut Collector) {
+        for w in r.value.split(|b| *b == b' ').filter(|w| !w.is_empty()) {
+            out.emit(w, b"1", r.timestamp);
+        }
+    }
+    let _ = take_frames();
+    let recs = [Record::new(b"k", b"ab", 1), Record::new(b"", b"a bc", 2)];
+    let mut m = Map(upper as helpers::MapFn);
+    let mut f = Filter(long as helpers::FilterFn);
+    let mut fm = FlatMap(words as helpers::FlatMapFn);
+    for r in &recs {
+        m.process_element(0, r).unwrap();
+        f.process_element(0, r).unwrap();
+        fm.process_element(0, r).unwrap();
+    }
+    flush();
+    let got: Vec<(Vec<u8>, Vec<u8>, i64)> = take_frames().into_iter().flatten().collect();
+    let want: Vec<(Vec<u8>, Vec<u8>, i64)> = vec![
+        (b"k".to_vec(), b"AB".to_vec(), 2),
+        (b"ab".to_vec(), b"1".to_vec(), 1),
+        (b"".to_vec(), b"A BC".to_vec(), 3),
+        (b"".to_vec(), b"a bc".to_vec(), 2),
+        (b"a".to_vec(), b"1".to_vec(), 2),
+        (b"bc".to_vec(), b"1".to_vec(), 2),
+    ];
+    assert_eq!(got, want);
+}

@@ -1,0 +1,109 @@
+//! Stateless operators from plain functions: [`Map`], [`Filter`] and
+//! [`FlatMap`], the Rust counterparts of the Go SDK's `streamd.Map`,
+//! `streamd.Filter` and `streamd.FlatMap`. Export one with
+//! [`export_map!`](crate::export_map), [`export_filter!`](crate::export_filter)
+//! or [`export_flat_map!`](crate::export_flat_map).
+//!
+//! ```ignore
+//! fn shout(r: &streamd::Record) -> streamd::OwnedRecord {
+//!     streamd::OwnedRecord::new(r.key, &r.value.to_ascii_uppercase(), r.timestamp)
+//! }
+//! streamd::export_map!(shout);
+//! ```
+
+use crate::{emit, Operator, Record, Result};
+
+/// A record that owns its key and value, returned by [`Map`] functions.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct OwnedRecord {
+    /// The key; empty means no key.
+    pub key: Vec<u8>,
+    /// The value.
+    pub value: Vec<u8>,
+    /// Event time in ms, or [`NO_TIMESTAMP`](crate::NO_TIMESTAMP).
+    pub timestamp: i64,
+}
+
+impl OwnedRecord {
+    /// A record with copies of `key` and `value`.
+    pub fn new(key: &[u8], value: &[u8], timestamp: i64) -> OwnedRecord {
+        OwnedRecord { key: key.to_vec(), value: value.to_vec(), timestamp }
+    }
+}
+
+/// Emits `f(record)` for every record.
+pub struct Map<F>(pub F);
+
+impl<F: FnMut(&Record<'_>) -> OwnedRecord> Operator for Map<F> {
+    fn process_element(&mut self, _input: u32, rec: &Record<'_>) -> Result<()> {
+        let out = (self.0)(rec);
+        emit(&out.key, &out.value, out.timestamp);
+        Ok(())
+    }
+}
+
+/// Emits the records for which `f` returns true, unchanged.
+pub struct Filter<F>(pub F);
+
+impl<F: FnMut(&Record<'_>) -> bool> Operator for Filter<F> {
+    fn process_element(&mut self, _input: u32, rec: &Record<'_>) -> Result<()> {
+        if (self.0)(rec) {
+            emit(rec.key, rec.value, rec.timestamp);
+        }
+        Ok(())
+    }
+}
+
+/// Calls `f(record, collector)` for every record; `f` emits any number of
+/// records through the [`Collector`].
+pub struct FlatMap<F>(pub F);
+
+/// Where a [`FlatMap`] function emits its records.
+pub struct Collector {
+    _private: (),
+}
+
+impl Collector {
+    /// Emits a record downstream.
+    pub fn emit(&mut self, key: &[u8], value: &[u8], timestamp: i64) {
+        emit(key, value, timestamp)
+    }
+}
+
+impl<F: FnMut(&Record<'_>, &mut Collector)> Operator for FlatMap<F> {
+    fn process_element(&mut self, _input: u32, rec: &Record<'_>) -> Result<()> {
+        (self.0)(rec, &mut Collector { _private: () });
+        Ok(())
+    }
+}
+
+/// The function-pointer types the export macros name.
+pub type MapFn = for<'a, 'b> fn(&'a Record<'b>) -> OwnedRecord;
+/// See [`MapFn`].
+pub type FilterFn = for<'a, 'b> fn(&'a Record<'b>) -> bool;
+/// See [`MapFn`].
+pub type FlatMapFn = for<'a, 'b, 'c> fn(&'a Record<'b>, &'c mut Collector);
+
+/// Exports a stateless map: `fn(&Record) -> OwnedRecord`.
+#[macro_export]
+macro_rules! export_map {
+    ($f:path) => {
+        $crate::export_operator!($crate::Map<$crate::helpers::MapFn>, $crate::Map($f as $crate::helpers::MapFn));
+    };
+}
+
+/// Exports a stateless filter: `fn(&Record) -> bool`.
+#[macro_export]
+macro_rules! export_filter {
+    ($f:path) => {
+        $crate::export_operator!($crate::Filter<$crate::helpers::FilterFn>, $crate::Filter($f as $crate::helpers::FilterFn));
+    };
+}
+
+/// Exports a stateless flat map: `fn(&Record, &mut Collector)`.
+#[macro_export]
+macro_rules! export_flat_map {
+    ($f:path) => {
+        $crate::export_operator!($crate::FlatMap<$crate::helpers::FlatMapFn>, $crate::FlatMap($f as $crate::helpers::FlatMapFn));
+    };
+}
