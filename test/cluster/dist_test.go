@@ -1,6 +1,7 @@
 package cluster_test
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -118,4 +119,44 @@ func TestJobSpreadOverTwoHosts(t *testing.T) {
 			sameLines(t, outputLines(t, filepath.Join(filepath.Dir(path), "out")), runLocally(t, path))
 		})
 	}
+}
+
+// TestSavepointAndStopAcrossHosts takes a savepoint of a job spread over two
+// hosts into another directory, stops it with a savepoint and resumes it
+// with streamd run --from: the output is that of an uninterrupted run.
+func TestSavepointAndStopAcrossHosts(t *testing.T) {
+	tc := newCluster(t, 2, 2)
+	const n = 16000
+	path := spreadJob(t, n, 2000, 4, "checkpoint: {interval: 300ms, dir: chk}\n")
+	id := deploy(t, tc, path, jobfile.Options{})
+	tc.waitJob(id, "running", func(st *cluster.JobStatus) bool {
+		return cluster.TerminalJobState(st.State) || (st.State == cluster.JobRunning && st.Operators[2].RecordsIn > 0)
+	})
+	spDir := t.TempDir()
+	sp, err := tc.client.Savepoint(context.Background(), id, spDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.HasPrefix(sp, spDir) {
+		t.Errorf("savepoint %q: want it in %s", sp, spDir)
+	}
+	if _, err := os.Stat(filepath.Join(sp, "_metadata")); err != nil {
+		t.Errorf("savepoint: %v", err)
+	}
+	stopped, err := tc.client.Stop(context.Background(), id, "", false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := tc.waitJob(id, "stopped", state(cluster.JobStopped))
+	if st.State != cluster.JobStopped || st.Savepoint != stopped {
+		t.Fatalf("after stop: %s savepoint %q (%s), want stopped with %s", st.State, st.Savepoint, st.Reason, stopped)
+	}
+	if st.Operators[0].RecordsOut >= n {
+		t.Fatalf("the generator had already ended (%d records) before the stop: make the job longer", st.Operators[0].RecordsOut)
+	}
+	// Resume in one process from the savepoint the hosts wrote.
+	if out, errs, code := streamd(t, nil, "run", path, "--from", stopped); code != 0 {
+		t.Fatalf("streamd run --from: exit %d\n%s\n%s", code, out, errs)
+	}
+	sameLines(t, outputLines(t, filepath.Join(filepath.Dir(path), "out")), runLocally(t, path))
 }
