@@ -193,6 +193,7 @@ var ratios = []ratio{
 	{"pipeline Rust guest / native Go, records/s", "BenchmarkPipelineRustGuest", "BenchmarkPipelineNativeMap", "records/s", ">= 0.40; Rust >= 1M records/s"},
 	{"pipeline Go guest / native Go, records/s", "BenchmarkPipelineGoGuest", "BenchmarkPipelineNativeMap", "records/s", "report"},
 	{"pipeline hash p=2 / forward p=2, records/s", "BenchmarkPipelineHashP2", "BenchmarkPipelineForwardP2", "records/s", ">= 0.70 (hash costs <= 30%)"},
+	{"tracing on / off (checkpointing Rust pipeline p=2, SDK provider, discarding exporter), records/s", "BenchmarkTracingOn", "BenchmarkTracingOff", "records/s", ">= 0.95 (BenchmarkTracingOnVsOff alternates both: on-%-of-off)"},
 }
 
 func find(rs []result, name, unit string) (float64, bool) {
