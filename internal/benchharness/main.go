@@ -32,6 +32,7 @@ type suite struct {
 var suites = []suite{
 	{"./host", "."},
 	{"./internal/runtime", "."},
+	{"./test/cluster", "BenchmarkInProcess|BenchmarkTwoHostsNATS"},
 }
 
 type result struct {
@@ -192,6 +193,7 @@ var ratios = []ratio{
 	{"Rust guest with call deadline / without, ns/record", "BenchmarkCallBatched/uppercase-rust/deadline", "BenchmarkCallBatched/uppercase-rust", "ns/record", "report (DESIGN: 4-7x on loops)"},
 	{"pipeline Rust guest / native Go, records/s", "BenchmarkPipelineRustGuest", "BenchmarkPipelineNativeMap", "records/s", ">= 0.40; Rust >= 1M records/s"},
 	{"pipeline Go guest / native Go, records/s", "BenchmarkPipelineGoGuest", "BenchmarkPipelineNativeMap", "records/s", "report"},
+	{"two hosts over NATS loopback / in-process (generator -hash-> uppercase wasm p=2), records/s", "BenchmarkTwoHostsNATS", "BenchmarkInProcess", "records/s", "report"},
 	{"pipeline hash p=2 / forward p=2, records/s", "BenchmarkPipelineHashP2", "BenchmarkPipelineForwardP2", "records/s", ">= 0.70 (hash costs <= 30%)"},
 	{"tracing on / off (checkpointing Rust pipeline p=2, SDK provider, discarding exporter), records/s", "BenchmarkTracingOn", "BenchmarkTracingOff", "records/s", ">= 0.95 (BenchmarkTracingOnVsOff alternates both: on-%-of-off)"},
 }
