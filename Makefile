@@ -15,7 +15,8 @@ all: build wasm
 deps:
 	@if [ ! -x /usr/bin/cargo ] || [ ! -d /usr/lib/rustlib/wasm32-unknown-unknown ] || ! command -v wat2wasm >/dev/null; then \
 		echo "installing rustc cargo libstd-rust-dev-wasm32 wabt from Debian"; \
-		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq rustc cargo libstd-rust-dev-wasm32 wabt >/dev/null; \
+		sudo=; [ "$$(id -u)" = 0 ] || sudo=sudo; \
+		$$sudo apt-get update -qq && $$sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq rustc cargo libstd-rust-dev-wasm32 wabt >/dev/null; \
 	fi
 
 build:
