@@ -21,8 +21,8 @@ STREAMD_NATS_URL), sends a heartbeat every cluster.heartbeat_interval, and runs
 what the controller assigns: it fetches modules and input files from the NATS
 object store into data_dir/artifacts and runs the job. A slot runs subtask i of
 every operator of a job, so a job needs as many slots as its largest parallelism.
-Jobs that need more slots than one host has fail with "cross-host execution not
-available yet".`,
+A job that needs more slots than one host has is spread over several hosts: the
+channels between hosts go over NATS, and the controller drives its checkpoints.`,
 		Args: exactArgs(0),
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			service := "streamd-host"

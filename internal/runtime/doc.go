@@ -1,5 +1,6 @@
 // Package runtime runs a job graph in one process: the task runtime, with
-// checkpoints, failover, restore and the FLIP-147 finishing protocol.
+// checkpoints, failover, restore and the FLIP-147 finishing protocol. It also
+// runs one host's part of a job spread over hosts (StartAttempt).
 //
 // # Threading model
 //
@@ -8,7 +9,7 @@
 // attempt of the job (the first run and every restart) builds everything
 // before any goroutine starts: one bounded channel per (sending subtask,
 // receiving subtask) pair of each edge (pointwise for forward, all-to-all
-// otherwise; all made by job.newChannel, where remote channels plug in), one
+// otherwise; all made by job.channel), one
 // InputGate per receiving subtask and one RecordWriter per (subtask, output
 // edge). Then it starts one goroutine per subtask: the first error cancels
 // the attempt's context, which unblocks every other subtask (channel sends
@@ -43,6 +44,24 @@
 // it started with, or from the beginning. Without checkpointing there is no
 // coordinator: nothing waits for a final checkpoint, sinks commit in
 // Finish, and a restart begins from scratch (logged once).
+//
+// The driver's logic is Driver (Step, and act for each action); it sends
+// commands through a Target: the *job of the attempt in this process for
+// Run, or the hosts of a job spread over hosts for the controller of
+// internal/cluster, which runs the same Driver (NewDriver) and feeds it the
+// events its hosts report over NATS.
+//
+// # Jobs spread over hosts
+//
+// StartAttempt runs the subtasks Remote.Local selects of one attempt: a
+// channel whose both ends are local is an in-process channel, one with an
+// end elsewhere is that end of a NATS channel (Remote.Channels, a
+// natsch.Transport; subjects carry the job id and the attempt), made in the
+// same place (job.channel). There is no coordinator and no restart loop:
+// the subtasks' events go to Remote.Report, the driver's commands come in
+// through Attempt.Command (a trigger of a savepoint may name its Location:
+// SavepointPreparer), and a failure ends the attempt (Attempt.Wait); the
+// controller restarts the whole job on every host.
 //
 // # Mailbox
 //
