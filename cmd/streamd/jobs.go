@@ -226,7 +226,7 @@ func (c *cli) statusCommand() *cobra.Command {
 	var asJSON bool
 	cmd := &cobra.Command{
 		Use:   "status JOB",
-		Short: "Show a job's state, attempts, and its subtasks with their hosts",
+		Short: "Show a job's state, attempts, its subtasks with their hosts and states, and its last checkpoints",
 		Args:  exactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return c.withClient(cmd.Context(), func(ctx context.Context, cl *cluster.Client) error {
@@ -269,6 +269,16 @@ func (c *cli) printStatus(st *cluster.JobStatus) {
 		fmt.Fprintf(tw, "  %s\t%d\t%d\t%d\t%s\n", op.UID, op.Parallelism, op.RecordsIn, op.RecordsOut, strings.Join(subs, " "))
 	}
 	tw.Flush()
+	if n := len(st.Checkpoints); n > 0 {
+		tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+		fmt.Fprintln(tw, "  CHECKPOINT\tKIND\tCOMPLETED\tDURATION\tSIZE")
+		for i := n - 1; i >= 0 && i >= n-5; i-- { // the last five, newest first
+			cp := st.Checkpoints[i]
+			fmt.Fprintf(tw, "  %d\t%s\t%s\t%s\t%s\n", cp.ID, cp.Kind, cp.Time.Local().Format("15:04:05.000"),
+				cp.Duration.Round(time.Millisecond), byteSize(cp.Size))
+		}
+		tw.Flush()
+	}
 	for _, a := range st.Attempts {
 		line := fmt.Sprintf("attempt %d on %s: %s", a.Attempt, orDash(strings.Join(a.Hosts, ",")), a.State)
 		if a.Reason != "" {
@@ -276,6 +286,19 @@ func (c *cli) printStatus(st *cluster.JobStatus) {
 		}
 		fmt.Fprintln(w, line)
 	}
+}
+
+// byteSize is n in B, KiB, MiB or GiB.
+func byteSize(n int64) string {
+	switch {
+	case n >= 1<<30:
+		return fmt.Sprintf("%.1f GiB", float64(n)/(1<<30))
+	case n >= 1<<20:
+		return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20))
+	case n >= 1<<10:
+		return fmt.Sprintf("%.1f KiB", float64(n)/(1<<10))
+	}
+	return fmt.Sprintf("%d B", n)
 }
 
 func (c *cli) cancelCommand() *cobra.Command {

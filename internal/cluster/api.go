@@ -195,6 +195,9 @@ type JobStatus struct {
 
 	Operators []OperatorStatus `json:"operators"`
 	Attempts  []AttemptStatus  `json:"attempts,omitempty"`
+	// Checkpoints are the latest completed checkpoints and savepoints
+	// (at most runtime.RecentCheckpoints), oldest first.
+	Checkpoints []runtime.CheckpointStats `json:"checkpoints,omitempty"`
 }
 
 // OperatorStatus is one operator of a job.
@@ -282,4 +285,7 @@ type HostEvent struct {
 	// savepoint (streamd stop).
 	Savepoint string       `json:"savepoint,omitempty"`
 	Subtasks  []SubtaskRef `json:"subtasks,omitempty"` // the subtasks the event is about; empty = all of the host's
+	// Checkpoints are the latest completed checkpoints of a job the host
+	// runs whole (with its own coordinator), oldest first.
+	Checkpoints []runtime.CheckpointStats `json:"checkpoints,omitempty"`
 }

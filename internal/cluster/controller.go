@@ -85,6 +85,7 @@ type ctlJob struct {
 	placement    *control.Placement // nil: not placed
 	subtaskState string             // of every subtask of the current attempt
 	stats        []runtime.OperatorStats
+	checkpoints  []runtime.CheckpointStats // the latest completed ones, from the host (a job on one host)
 	elapsed      string
 
 	created, updated time.Time
@@ -712,6 +713,9 @@ func (c *Controller) hostEvent(ev HostEvent) {
 		c.log.Debug("stale host event ignored", "host", ev.HostID, "job", ev.JobID, "attempt", ev.Attempt, "state", ev.State)
 		return
 	}
+	if ev.Checkpoints != nil {
+		j.checkpoints = ev.Checkpoints
+	}
 	if ev.Stats != nil {
 		j.stats = ev.Stats
 		if j.dist != nil {
@@ -791,7 +795,10 @@ func (c *Controller) setAttemptState(j *ctlJob, state, reason string) {
 func (c *Controller) statusLocked(j *ctlJob) JobStatus {
 	st := JobStatus{ID: j.id, Name: j.spec.Name, State: j.state, Reason: j.reason, Attempt: j.attempt,
 		Slots: j.slots, Created: j.created, Updated: j.updated, Ended: j.ended, Elapsed: j.elapsed, Savepoint: j.savepoint,
-		Attempts: append([]AttemptStatus(nil), j.attempts...)}
+		Attempts: append([]AttemptStatus(nil), j.attempts...), Checkpoints: append([]runtime.CheckpointStats(nil), j.checkpoints...)}
+	if j.dist != nil && j.dist.d != nil {
+		st.Checkpoints = j.dist.d.Recent() // the controller drives its checkpoints
+	}
 	if j.placement != nil {
 		st.Hosts = j.placement.Hosts()
 	} else if n := len(j.attempts); n > 0 && j.attempts[n-1].Attempt == j.attempt {
@@ -805,6 +812,11 @@ func (c *Controller) statusLocked(j *ctlJob) JobStatus {
 		op := OperatorStatus{UID: v.UID, Parallelism: v.Parallelism, RecordsIn: stats[v.UID].RecordsIn, RecordsOut: stats[v.UID].RecordsOut}
 		for i := 0; i < v.Parallelism; i++ {
 			s := SubtaskStatus{Index: i, State: j.subtaskState}
+			if sub := stats[v.UID].Subtasks; i < len(sub) && sub[i] != "" && !TerminalJobState(j.state) {
+				s.State = sub[i] // as the subtask's host reported it
+			} else if i < len(sub) && sub[i] == runtime.StateDeployedFinished {
+				s.State = sub[i]
+			}
 			if j.placement != nil {
 				s.Host = j.placement.Host(i)
 			} else if len(st.Hosts) == 1 {
@@ -836,6 +848,15 @@ func sumStats(byHost map[string][]runtime.OperatorStats) []runtime.OperatorStats
 			}
 			out[i].RecordsIn += s.RecordsIn
 			out[i].RecordsOut += s.RecordsOut
+			for k, state := range s.Subtasks { // each host knows the states of its own subtasks
+				if state == "" {
+					continue
+				}
+				if len(out[i].Subtasks) < len(s.Subtasks) {
+					out[i].Subtasks = append(out[i].Subtasks, make([]string, len(s.Subtasks)-len(out[i].Subtasks))...)
+				}
+				out[i].Subtasks[k] = state
+			}
 		}
 	}
 	return out

@@ -272,7 +272,7 @@ func (h *Host) execute(ctx context.Context, r *hostRun, a Assignment) {
 	h.report(HostEvent{HostID: h.opts.ID, JobID: a.JobID, Attempt: a.Attempt, State: SubtaskDeploying}, false)
 
 	stats, err := h.runAssignment(ctx, r, a, log)
-	ev := HostEvent{HostID: h.opts.ID, JobID: a.JobID, Attempt: a.Attempt, Stats: stats.Operators}
+	ev := HostEvent{HostID: h.opts.ID, JobID: a.JobID, Attempt: a.Attempt, Stats: stats.Operators, Checkpoints: stats.Recent}
 	if stats.Elapsed > 0 {
 		ev.Elapsed = stats.Elapsed.Round(time.Millisecond).String()
 	}
@@ -307,7 +307,7 @@ func (h *Host) runAssignment(ctx context.Context, r *hostRun, a Assignment, log 
 		Distributed: a.Distributed, Conn: h.nc, RestoreFrom: a.Restore,
 		Progress: func(s runtime.Stats) {
 			h.report(HostEvent{HostID: h.opts.ID, JobID: a.JobID, Attempt: a.Attempt, State: SubtaskRunning,
-				Stats: s.Operators, Elapsed: s.Elapsed.Round(time.Millisecond).String()}, false)
+				Stats: s.Operators, Checkpoints: s.Recent, Elapsed: s.Elapsed.Round(time.Millisecond).String()}, false)
 		}}
 	exec, err := h.opts.Executor.Start(ctx, req)
 	if err != nil {

@@ -234,10 +234,10 @@ func (t *task) timeOutputs(outs []dataplane.Output) []dataplane.Output {
 // CheckpointStats describes one completed checkpoint or savepoint.
 type CheckpointStats struct {
 	ID       int64         `json:"id"`
-	Kind     string        `json:"kind"` // checkpoint or savepoint
-	Time     time.Time     `json:"time"` // when it completed
-	Duration time.Duration `json:"duration"`
-	Size     int64         `json:"size"` // state bytes
+	Kind     string        `json:"kind"`        // checkpoint or savepoint
+	Time     time.Time     `json:"time"`        // when it completed
+	Duration time.Duration `json:"duration_ns"` // trigger to durable metadata
+	Size     int64         `json:"size_bytes"`  // state bytes
 	Location string        `json:"location,omitempty"`
 }
 

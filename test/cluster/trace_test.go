@@ -50,9 +50,34 @@ func TestCheckpointTraceAcrossHosts(t *testing.T) {
 			hostOf[fmt.Sprintf("%s[%d]", op.UID, s.Index)] = s.Host
 		}
 	}
+	// Each host reports the states of its subtasks.
+	st = tc.waitJob(id, "subtask states reported", func(st *cluster.JobStatus) bool {
+		if cluster.TerminalJobState(st.State) {
+			return true
+		}
+		for _, op := range st.Operators {
+			for _, s := range op.Subtasks {
+				if s.State != "running" && s.State != "end-of-data" && s.State != "finished" {
+					return false
+				}
+			}
+		}
+		return true
+	})
+	if st.State != cluster.JobRunning && st.State != cluster.JobFinishing {
+		t.Fatalf("job %s before the subtasks' states were reported: %+v", st.State, st.Operators)
+	}
 	st = tc.waitJob(id, "finished", state(cluster.JobFinished))
 	if st.State != cluster.JobFinished {
 		t.Fatalf("job %s: %s", st.State, st.Reason)
+	}
+	if len(st.Checkpoints) < 2 {
+		t.Fatalf("status shows checkpoints %+v, want at least a periodic one and the final one", st.Checkpoints)
+	}
+	for _, cp := range st.Checkpoints {
+		if cp.Duration <= 0 || cp.Size <= 0 || cp.Kind != "checkpoint" {
+			t.Fatalf("status checkpoint %+v: want a duration and a size", cp)
+		}
 	}
 
 	ss := exp.GetSpans()
