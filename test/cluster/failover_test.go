@@ -89,8 +89,8 @@ func TestKillHostFailsOverExactlyOnce(t *testing.T) {
 		t.Skip("builds and runs streamd processes")
 	}
 	pc := newProcessCluster(t, 3, 2)
-	const n = 12000
-	path := spreadJob(t, n, 1500, 4, "checkpoint: {interval: 200ms, dir: chk}\nrestart: {strategy: fixed-delay, attempts: 3, delay: 100ms}\n")
+	const n = 8000
+	path := spreadJob(t, n, 2000, 4, "checkpoint: {interval: 200ms, dir: chk}\nrestart: {strategy: fixed-delay, attempts: 3, delay: 100ms}\n")
 	id := deploy(t, pc.testCluster, path, jobfile.Options{})
 	st := pc.waitJob(id, "running with output", func(st *cluster.JobStatus) bool {
 		return cluster.TerminalJobState(st.State) || (st.State == cluster.JobRunning && st.Operators[2].RecordsIn > n/4)
