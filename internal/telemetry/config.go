@@ -16,6 +16,9 @@ import (
 const (
 	ProtocolGRPC = "grpc"
 	ProtocolHTTP = "http" // OTLP/HTTP with protobuf bodies ("http/protobuf" is accepted too)
+	// ProtocolFile writes every span as a JSON object to the file named by
+	// Endpoint (appending), for looking at traces without a collector.
+	ProtocolFile = "file"
 )
 
 // DefaultServiceName is the service name when none is configured. Every
@@ -29,7 +32,7 @@ type Config struct {
 	// Enabled turns tracing on (tracing.enabled; default off). Off, no
 	// exporter, provider or sampler exists and every span is the global no-op.
 	Enabled bool
-	// Protocol is grpc or http (tracing.protocol). Empty: the standard
+	// Protocol is grpc, http or file (tracing.protocol). Empty: the standard
 	// OTEL_EXPORTER_OTLP_TRACES_PROTOCOL / OTEL_EXPORTER_OTLP_PROTOCOL
 	// ("grpc" or "http/protobuf"), else grpc.
 	Protocol string
@@ -76,7 +79,7 @@ var Keys = []string{KeyTracingEnabled, KeyTracingProtocol, KeyTracingEndpoint, K
 // STREAMD_METRICS_LISTEN variables to the keys above in v.
 func AddFlags(fs *pflag.FlagSet, v *viper.Viper) error {
 	fs.Bool("tracing", false, "export OpenTelemetry traces over OTLP ("+KeyTracingEnabled+")")
-	fs.String("tracing-protocol", "", "OTLP protocol: grpc or http ("+KeyTracingProtocol+"; default: OTEL_EXPORTER_OTLP_PROTOCOL, else grpc)")
+	fs.String("tracing-protocol", "", "OTLP protocol: grpc or http, or file to write JSON spans to the file given as the endpoint ("+KeyTracingProtocol+"; default: OTEL_EXPORTER_OTLP_PROTOCOL, else grpc)")
 	fs.String("tracing-endpoint", "", "OTLP endpoint, host:port or URL ("+KeyTracingEndpoint+"; default: OTEL_EXPORTER_OTLP_ENDPOINT, else localhost:4317/4318)")
 	fs.Bool("tracing-insecure", false, "send traces without TLS ("+KeyTracingInsecure+")")
 	fs.Float64("tracing-sample-ratio", -1, "share of new traces sampled, 0 to 1 ("+KeyTracingSampleRatio+"; default -1: OTEL_TRACES_SAMPLER, else 1)")
@@ -136,8 +139,12 @@ func (c *Config) Validate() error {
 	case "", ProtocolGRPC:
 	case ProtocolHTTP, "http/protobuf":
 		c.Protocol = ProtocolHTTP
+	case ProtocolFile:
+		if c.Endpoint == "" {
+			return fmt.Errorf("telemetry: %s: file needs %s, the path of the file to write spans to", KeyTracingProtocol, KeyTracingEndpoint)
+		}
 	default:
-		return fmt.Errorf("telemetry: %s: %q is not a protocol (want grpc or http)", KeyTracingProtocol, c.Protocol)
+		return fmt.Errorf("telemetry: %s: %q is not a protocol (want grpc, http or file)", KeyTracingProtocol, c.Protocol)
 	}
 	if r := c.SampleRatio; r != nil && !(*r >= 0 && *r <= 1) {
 		return fmt.Errorf("telemetry: %s: %v outside [0, 1]", KeyTracingSampleRatio, *r)

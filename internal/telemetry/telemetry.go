@@ -100,6 +100,8 @@ func newExporter(ctx context.Context, cfg Config) (sdktrace.SpanExporter, error)
 	url := cfg.Endpoint != "" && containsScheme(cfg.Endpoint)
 	var exp sdktrace.SpanExporter
 	switch proto {
+	case ProtocolFile:
+		return newFileExporter(cfg.Endpoint)
 	case ProtocolHTTP:
 		var opts []otlptracehttp.Option
 		switch {
