@@ -23,10 +23,11 @@ done
 
 # With checkpointing every committed file is part-<subtask>-<checkpoint>: a
 # previous run's files would add to this one's.
-rm -rf "$OUT" "$CKPT"
+TRACES=$DIR/traces.json
+rm -rf "$OUT" "$CKPT" "$TRACES"
 
-echo "== $STREAMD run $JOB"
-"$STREAMD" run --progress log "$JOB"
+echo "== $STREAMD run --tracing --tracing-protocol file --tracing-endpoint $TRACES $JOB"
+"$STREAMD" run --progress log --tracing --tracing-protocol file --tracing-endpoint "$TRACES" "$JOB"
 
 echo
 echo "== the final checkpoint: $STREAMD inspect $CKPT/"
@@ -57,8 +58,13 @@ else
 fi
 
 echo
-echo "== traces: tracing is off. Turn it on with 'streamd run --tracing --tracing-endpoint HOST:PORT'"
-echo "   (any OTLP collector; Jaeger: make bin/jaeger), see docs/observability.md"
+names=$(sed -n 's/^{"Name":"\([^"]*\)".*/\1/p' "$TRACES")
+spans=$(grep -c . <<<"$names" || true)
+checkpoints=$(grep -cx checkpoint <<<"$names" || true)
+echo "== traces: $(cd "$(dirname "$TRACES")" && pwd)/$(basename "$TRACES") ($spans spans, $checkpoints checkpoint trace(s); one JSON object per line)"
+echo "   spans by name: $(sort <<<"$names" | uniq -c | sort -rn | awk '{printf "%s x%s, ", $2, $1}' | sed 's/, $//')"
+echo "   To see them in Jaeger instead: make bin/jaeger; bin/jaeger --config tools/jaeger/jaeger-loopback.yaml &"
+echo "   then streamd run --tracing --tracing-endpoint http://127.0.0.1:4317 ... and open http://127.0.0.1:16686 (docs/observability.md)"
 
 # The cluster recipe, checked before it is printed: a server on a free port
 # with its own data directory, the job deployed from a copy of the example
