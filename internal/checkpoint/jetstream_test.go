@@ -1,0 +1,231 @@
+package checkpoint
+
+import (
+	"context"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/streamd/streamd/control"
+	"github.com/streamd/streamd/internal/natsutil"
+)
+
+// jetStream starts an embedded NATS server with JetStream and returns a
+// JetStream context on it.
+func jetStream(t *testing.T) jetstream.JetStream {
+	t.Helper()
+	srv, err := natsutil.StartEmbedded(natsutil.EmbeddedOptions{Port: -1, NoLog: true, StoreDir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(srv.Shutdown)
+	nc, err := natsutil.Connect(natsutil.URLs(srv.URL()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return js
+}
+
+// commitTo writes one blob per non-nil state for operator "op" into s and
+// commits the metadata.
+func commitTo(t *testing.T, s Store, kind control.CheckpointKind, id int64, states []*SubtaskState) *Metadata {
+	t.Helper()
+	ctx := context.Background()
+	md := &Metadata{Version: FormatVersion, Job: "job", ID: id, Kind: kind, Time: time.Unix(1700000000, 0).UTC()}
+	op := OperatorMeta{UID: "op", Parallelism: len(states), MaxParallelism: 128}
+	for i, st := range states {
+		sm := SubtaskMeta{Index: i}
+		if st != nil {
+			b, err := EncodeState(st)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ref, err := s.WriteState(ctx, kind, id, control.SubtaskID{Operator: "op", Index: i}, b)
+			if err != nil {
+				t.Fatal(err)
+			}
+			sm.Ref, sm.Size, sm.CRC32C = ref.Name, ref.Size, ref.CRC32C
+		}
+		op.Subtasks = append(op.Subtasks, sm)
+	}
+	md.Operators = []OperatorMeta{op}
+	if err := s.Commit(ctx, md); err != nil {
+		t.Fatal(err)
+	}
+	return md
+}
+
+func TestJetStreamStore(t *testing.T) {
+	ctx := context.Background()
+	js := jetStream(t)
+	// Two processes (a host writing blobs, the controller committing) with
+	// their own handles on one prefix; another job's prefix beside it.
+	host, err := OpenJetStream(ctx, js, "", "wc", WithSavepointSuffix("wc-1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctl, err := OpenJetStream(ctx, js, DefaultBucket, "wc", WithRetain(2), WithSavepointSuffix("wc-1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	other, err := OpenJetStream(ctx, js, "", "other/job")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ctl.Latest(ctx); err == nil || !strings.Contains(err.Error(), "no completed checkpoint in jetstream://STREAMD_CHECKPOINTS/wc") {
+		t.Fatalf("Latest of an empty store: %v", err)
+	}
+	commitTo(t, other, control.KindCheckpoint, 40, states(1))
+
+	// Blobs from the "host", metadata from the "controller".
+	var mds []*Metadata
+	for id := int64(1); id <= 3; id++ {
+		md := &Metadata{Version: FormatVersion, Job: "wc", ID: id, Kind: control.KindCheckpoint, Time: time.Unix(1700000000, 0).UTC()}
+		op := OperatorMeta{UID: "op", Parallelism: 2, MaxParallelism: 128}
+		for i := 0; i < 2; i++ {
+			b, _ := EncodeState(&SubtaskState{SourcePosition: []byte{byte(id), byte(i)}})
+			ref, err := host.WriteState(ctx, control.KindCheckpoint, id, control.SubtaskID{Operator: "op", Index: i}, b)
+			if err != nil {
+				t.Fatal(err)
+			}
+			op.Subtasks = append(op.Subtasks, SubtaskMeta{Index: i, Ref: ref.Name, Size: ref.Size, CRC32C: ref.CRC32C})
+		}
+		md.Operators = []OperatorMeta{op}
+		if err := ctl.Commit(ctx, md); err != nil {
+			t.Fatal(err)
+		}
+		if want := "jetstream://STREAMD_CHECKPOINTS/wc/chk-" + string(rune('0'+id)); md.Location != want {
+			t.Fatalf("Location %q, want %q", md.Location, want)
+		}
+		mds = append(mds, md)
+	}
+	// Retention 2: chk-1 is gone, chk-2 and chk-3 stay.
+	got, err := ctl.Completed(ctx)
+	if err != nil || len(got) != 2 || got[0].ID != 2 || got[1].ID != 3 {
+		t.Fatalf("Completed = %v, %v; want checkpoints 2 and 3", got, err)
+	}
+	if !reflect.DeepEqual(got[1], mds[2]) {
+		t.Fatalf("Completed[1] =\n%+v\nwant\n%+v", got[1], mds[2])
+	}
+	// A second commit of the same id is refused.
+	wantErr(t, ctl.Commit(ctx, mds[2]), nil, "already exists")
+	// An incomplete checkpoint 4 stays invisible; ids go on after it.
+	if _, err := host.WriteState(ctx, control.KindCheckpoint, 4, control.SubtaskID{Operator: "op"}, []byte("partial")); err != nil {
+		t.Fatal(err)
+	}
+	if md, err := host.Latest(ctx); err != nil || md.ID != 3 {
+		t.Fatalf("Latest = %v, %v; want 3", md, err)
+	}
+	if n, err := ctl.NextID(ctx); err != nil || n != 5 {
+		t.Fatalf("NextID = %d, %v; want 5", n, err)
+	}
+	// Resolve: a checkpoint, its _metadata, the prefix (the latest).
+	for loc, want := range map[string]int64{
+		"jetstream://STREAMD_CHECKPOINTS/wc/chk-2":           2,
+		"jetstream://STREAMD_CHECKPOINTS/wc/chk-2/_metadata": 2,
+		"jetstream://STREAMD_CHECKPOINTS/wc":                 3,
+		"jetstream://STREAMD_CHECKPOINTS/wc/":                3,
+		"jetstream://STREAMD_CHECKPOINTS/other/job":          40,
+	} {
+		md, err := ResolveJetStream(ctx, js, loc)
+		if err != nil || md.ID != want {
+			t.Fatalf("Resolve(%s) = %v, %v; want %d", loc, md, err, want)
+		}
+		if err := VerifyFrom(ctx, JetStreamReader{JS: js}, md); err != nil {
+			t.Fatalf("VerifyFrom(%s): %v", loc, err)
+		}
+	}
+	_, err = ResolveJetStream(ctx, js, "jetstream://STREAMD_CHECKPOINTS/wc/chk-4")
+	wantErr(t, err, ErrNoCheckpoint, "chk-4 is incomplete")
+	_, err = ResolveJetStream(ctx, js, "jetstream://NOPE/wc")
+	wantErr(t, err, nil, "bucket NOPE")
+	// State reads back through any handle.
+	st, err := ctl.ReadState(ctx, mds[2], mds[2].Operators[0].Subtasks[1])
+	if err != nil || !reflect.DeepEqual(st.SourcePosition, []byte{3, 1}) {
+		t.Fatalf("ReadState = %+v, %v", st, err)
+	}
+	// Committing checkpoint 5 removes the incomplete 4 and the complete 2.
+	commitTo(t, ctl, control.KindCheckpoint, 5, states(1))
+	if _, err := ResolveJetStream(ctx, js, "jetstream://STREAMD_CHECKPOINTS/wc/chk-2"); err == nil {
+		t.Fatal("chk-2 still resolves after retention")
+	}
+	if _, err := ctl.ReadState(ctx, mds[1], mds[1].Operators[0].Subtasks[0]); err == nil {
+		t.Fatal("a blob of the deleted chk-2 is still readable")
+	}
+
+	// A savepoint, named by the suffix, written by host and committed by ctl.
+	b, _ := EncodeState(&SubtaskState{SinkPending: []byte("pending")})
+	ref, err := host.WriteState(ctx, control.KindSavepoint, 6, control.SubtaskID{Operator: "op"}, b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sp := &Metadata{Version: FormatVersion, Job: "wc", ID: 6, Kind: control.KindSavepoint, Time: time.Now().UTC(),
+		Operators: []OperatorMeta{{UID: "op", Parallelism: 1, MaxParallelism: 128,
+			Subtasks: []SubtaskMeta{{Index: 0, Ref: ref.Name, Size: ref.Size, CRC32C: ref.CRC32C}}}}}
+	if err := ctl.Commit(ctx, sp); err != nil {
+		t.Fatal(err)
+	}
+	if sp.Location != "jetstream://STREAMD_CHECKPOINTS/wc/savepoint-6-wc-1" {
+		t.Fatalf("savepoint at %s", sp.Location)
+	}
+	if md, err := ctl.Latest(ctx); err != nil || md.ID != 5 {
+		t.Fatalf("Latest after a savepoint = %v, %v; want checkpoint 5 (savepoints are not checkpoints)", md, err)
+	}
+	wantErr(t, ctl.Delete(ctx, sp), nil, "never deleted")
+	if n, _ := ctl.NextID(ctx); n != 7 {
+		t.Fatalf("NextID after savepoint 6 = %d", n)
+	}
+	md, err := ResolveJetStream(ctx, js, sp.Location)
+	if err != nil || md.Kind != control.KindSavepoint {
+		t.Fatalf("Resolve(savepoint) = %v, %v", md, err)
+	}
+	// Discard of an uncommitted blob; refused for a committed one.
+	if _, err := host.WriteState(ctx, control.KindCheckpoint, 8, control.SubtaskID{Operator: "op"}, b); err != nil {
+		t.Fatal(err)
+	}
+	if err := host.Discard(ctx, control.KindCheckpoint, 8, ref.String()); err != nil {
+		t.Fatal(err)
+	}
+	if n, _ := ctl.NextID(ctx); n != 7 {
+		t.Fatalf("NextID after the discard = %d, want 7", n)
+	}
+	wantErr(t, ctl.Discard(ctx, control.KindCheckpoint, 5, ref.String()), nil, "committed")
+	// The other prefix was never touched by retention.
+	if md, err := other.Latest(ctx); err != nil || md.ID != 40 {
+		t.Fatalf("other prefix: %v, %v", md, err)
+	}
+}
+
+func TestJetStreamCorruptBlob(t *testing.T) {
+	ctx := context.Background()
+	js := jetStream(t)
+	s, err := OpenJetStream(ctx, js, "", "job")
+	if err != nil {
+		t.Fatal(err)
+	}
+	md := commitTo(t, s, control.KindCheckpoint, 1, states(2))
+	// Overwrite a committed blob with a flipped byte (a damaged store).
+	obs, _ := js.ObjectStore(ctx, DefaultBucket)
+	data, _ := obs.GetBytes(ctx, "job/chk-1/op-op-1.state")
+	data[len(data)/2] ^= 0x80
+	if _, err := obs.PutBytes(ctx, "job/chk-1/op-op-1.state", data); err != nil {
+		t.Fatal(err)
+	}
+	_, err = s.ReadState(ctx, md, md.Operators[0].Subtasks[1])
+	wantErr(t, err, ErrCorrupt, "jetstream://STREAMD_CHECKPOINTS/job/chk-1/op-op-1.state", "checksum mismatch")
+	wantErr(t, VerifyFrom(ctx, JetStreamReader{JS: js}, md), ErrCorrupt, "op-op-1.state")
+	if _, err := OpenJetStream(ctx, js, "bad bucket", "job"); err == nil {
+		t.Fatal("a bad bucket name was accepted")
+	}
+	if _, err := OpenJetStream(ctx, js, "", "../x"); err == nil {
+		t.Fatal("a bad prefix was accepted")
+	}
+}
