@@ -205,7 +205,7 @@ func (c *cli) run(ctx context.Context, cmd *cobra.Command, target string, f runF
 		if err != nil {
 			return err
 		}
-		opts.Checkpoint = &runtime.CheckpointOptions{Store: store, Interval: cs.Interval, Timeout: cs.Timeout, MinPause: cs.MinPause}
+		opts.Checkpoint = runtime.NewCheckpointOptions(cs, store)
 		stop := make(chan runtime.StopRequest, 1)
 		opts.Stop = stop
 		runCtx = context.WithoutCancel(ctx)

@@ -264,16 +264,17 @@ func (c *Controller) newDistJob(j *ctlJob) (*distJob, error) {
 			return nil, err
 		}
 		dj.store = store
-		co := &runtime.CheckpointOptions{Store: store, Interval: cs.Interval, Timeout: cs.Timeout, MinPause: cs.MinPause, Tick: dj.tick,
-			OnComplete: func(md *checkpoint.Metadata) {
-				// Called by the driver under dj.mu.
-				if md.Kind == control.KindSavepoint && dj.spWait != nil {
-					select {
-					case dj.spWait <- md.Location:
-					default:
-					}
+		co := runtime.NewCheckpointOptions(cs, store)
+		co.Tick = dj.tick
+		co.OnComplete = func(md *checkpoint.Metadata) {
+			// Called by the driver under dj.mu.
+			if md.Kind == control.KindSavepoint && dj.spWait != nil {
+				select {
+				case dj.spWait <- md.Location:
+				default:
 				}
-			}}
+			}
+		}
 		dj.d, err = runtime.NewDriver(ctx, g, co, nil, dj.log)
 		if err != nil {
 			return nil, err

@@ -123,7 +123,7 @@ func (e *LocalExecutor) Start(ctx context.Context, r ExecRequest) (Execution, er
 		if err != nil {
 			return nil, fmt.Errorf("cluster: job %s: %w", r.JobID, err)
 		}
-		opts.Checkpoint = &runtime.CheckpointOptions{Store: store, Interval: cs.Interval, Timeout: cs.Timeout, MinPause: cs.MinPause}
+		opts.Checkpoint = runtime.NewCheckpointOptions(cs, store)
 		x.stop = make(chan runtime.StopRequest, 1)
 		x.checkpointDir = cs.Dir
 		opts.Stop = x.stop

@@ -36,7 +36,31 @@ type CheckpointSettings struct {
 	Retain   int           // completed checkpoints kept; default 1
 	Timeout  time.Duration // a checkpoint not complete after this is aborted; default 10m
 	MinPause time.Duration // least time between the end of one checkpoint and the next trigger; default 0
+	// TolerableFailures is how many checkpoint failures in a row (declined
+	// by a subtask, timed out, not persisted) are tolerated; the next one
+	// fails the job over. Default DefaultTolerableFailures; -1: unlimited.
+	// Checkpoints aborted for other reasons (a subtask finished between plan
+	// and trigger, union state of a partially finished operator, superseded
+	// by a stop) do not count.
+	TolerableFailures int
+	// MaxConcurrent is how many checkpoints may be pending at once; default 1.
+	MaxConcurrent int
+	// FinalImmediately triggers the final checkpoint as soon as every
+	// running subtask reached end of data instead of at the next interval;
+	// default true.
+	FinalImmediately bool
+	// Storage is where checkpoints go: StorageDir (Dir) or StorageJetStream
+	// (a JetStream object store: Bucket, the job's name as prefix); ""
+	// when the file does not say (a directory, unless the controller's
+	// checkpoint.storage says otherwise for deployed jobs).
+	Storage string
+	// Bucket is the object store bucket of StorageJetStream; "" = the
+	// default, STREAMD_CHECKPOINTS.
+	Bucket string
 }
+
+// DefaultTolerableFailures is the default of checkpoint.tolerable_failures.
+const DefaultTolerableFailures = 3
 
 // RestartSettings is the job file's restart section.
 type RestartSettings struct {
@@ -674,7 +698,7 @@ func (p *parser) sink(op, prefix string, n *yaml.Node) *SinkSpec {
 	return s
 }
 
-var checkpointFields = []string{"interval", "dir", "retain", "timeout", "min_pause"}
+var checkpointFields = []string{"interval", "dir", "retain", "timeout", "min_pause", "tolerable_failures", "max_concurrent", "final_immediately", "storage", "bucket"}
 
 func (p *parser) checkpoint(n *yaml.Node) *CheckpointSettings {
 	const prefix = "checkpoint."
@@ -683,7 +707,8 @@ func (p *parser) checkpoint(n *yaml.Node) *CheckpointSettings {
 		return nil
 	}
 	f := p.fields("", prefix, n, checkpointFields)
-	c := &CheckpointSettings{Dir: filepath.Join(p.baseDir, "checkpoints"), Retain: 1, Timeout: 10 * time.Minute}
+	c := &CheckpointSettings{Dir: filepath.Join(p.baseDir, "checkpoints"), Retain: 1, Timeout: 10 * time.Minute,
+		TolerableFailures: DefaultTolerableFailures, MaxConcurrent: 1, FinalImmediately: true}
 	if x := f["interval"]; x == nil {
 		p.add("", n.Line, prefix+"interval", "missing: how often to checkpoint, like 5s")
 	} else if d, ok := p.duration("", prefix+"interval", x); ok {
@@ -719,6 +744,26 @@ func (p *parser) checkpoint(n *yaml.Node) *CheckpointSettings {
 			c.MinPause = d
 		}
 	}
+	if x := f["tolerable_failures"]; x != nil {
+		if v, ok := p.int("", prefix+"tolerable_failures", x); ok {
+			if v < -1 {
+				p.add("", x.Line, prefix+"tolerable_failures", "must be at least 0 (or -1: unlimited), got %d", v)
+			}
+			c.TolerableFailures = v
+		}
+	}
+	if x := f["max_concurrent"]; x != nil {
+		if v, ok := p.int("", prefix+"max_concurrent", x); ok {
+			if v < 1 {
+				p.add("", x.Line, prefix+"max_concurrent", "must be at least 1, got %d", v)
+			}
+			c.MaxConcurrent = v
+		}
+	}
+	if x := f["final_immediately"]; x != nil {
+		c.FinalImmediately = p.bool("", prefix+"final_immediately", x)
+	}
+	p.checkpointStorage(c, f)
 	return c
 }
 

@@ -94,7 +94,8 @@ func TestLoadWordcount(t *testing.T) {
 	if sink := out.Spec.(*SinkSpec); sink.Type != "file" || sink.Path != filepath.Join(dir, "out") || sink.Format != "value" {
 		t.Errorf("sink spec %+v", sink)
 	}
-	want := &CheckpointSettings{Interval: 5 * time.Second, Dir: filepath.Join(dir, "checkpoints"), Retain: 1, Timeout: 10 * time.Minute}
+	want := &CheckpointSettings{Interval: 5 * time.Second, Dir: filepath.Join(dir, "checkpoints"), Retain: 1, Timeout: 10 * time.Minute,
+		TolerableFailures: DefaultTolerableFailures, MaxConcurrent: 1, FinalImmediately: true}
 	if !reflect.DeepEqual(job.Checkpoint, want) {
 		t.Errorf("checkpoint %+v, want %+v", job.Checkpoint, want)
 	}
@@ -511,6 +512,78 @@ func TestNATSInvalid(t *testing.T) {
 				if !strings.Contains(err.Error(), w) {
 					t.Errorf("error lacks %q:\n%v", w, err)
 				}
+			}
+		})
+	}
+}
+
+// TestCheckpointSettings: every checkpoint field the coordinator supports,
+// with their defaults and their errors.
+func TestCheckpointSettings(t *testing.T) {
+	const ops = `operators:
+  - uid: gen
+    source: {type: generator, count: 5}
+  - uid: out
+    sink: {type: discard}
+    inputs: [gen]
+`
+	for _, tt := range []struct {
+		name, section string
+		want          func(dir string) *CheckpointSettings
+		errs          []string
+	}{
+		{"defaults", "checkpoint: {interval: 1s}\n", func(dir string) *CheckpointSettings {
+			return &CheckpointSettings{Interval: time.Second, Dir: filepath.Join(dir, "checkpoints"), Retain: 1, Timeout: 10 * time.Minute,
+				TolerableFailures: 3, MaxConcurrent: 1, FinalImmediately: true}
+		}, nil},
+		{"all fields", `checkpoint:
+  interval: 250ms
+  dir: chk
+  retain: 2
+  timeout: 30s
+  min_pause: 100ms
+  tolerable_failures: 0
+  max_concurrent: 2
+  final_immediately: false
+`, func(dir string) *CheckpointSettings {
+			return &CheckpointSettings{Interval: 250 * time.Millisecond, Dir: filepath.Join(dir, "chk"), Retain: 2, Timeout: 30 * time.Second,
+				MinPause: 100 * time.Millisecond, TolerableFailures: 0, MaxConcurrent: 2, FinalImmediately: false}
+		}, nil},
+		{"unlimited failures", "checkpoint: {interval: 1s, tolerable_failures: -1}\n", func(dir string) *CheckpointSettings {
+			return &CheckpointSettings{Interval: time.Second, Dir: filepath.Join(dir, "checkpoints"), Retain: 1, Timeout: 10 * time.Minute,
+				TolerableFailures: -1, MaxConcurrent: 1, FinalImmediately: true}
+		}, nil},
+		{"bad values", "checkpoint: {interval: 1s, tolerable_failures: -2, max_concurrent: 0, final_immediately: sometimes, min_pause: -1s, timeout: 0}\n", nil, []string{
+			`line 1: checkpoint.tolerable_failures: must be at least 0 (or -1: unlimited), got -2`,
+			`line 1: checkpoint.max_concurrent: must be at least 1, got 0`,
+			`line 1: checkpoint.final_immediately: want true or false, got "sometimes"`,
+			`line 1: checkpoint.min_pause: must not be negative, got -1s`,
+			`line 1: checkpoint.timeout: must be positive, got 0s`,
+		}},
+		{"wrong types", "checkpoint: {interval: 1s, tolerable_failures: many, max_concurrent: 1.5}\n", nil, []string{
+			`line 1: checkpoint.tolerable_failures: want an integer, got "many"`,
+			`line 1: checkpoint.max_concurrent: want an integer, got "1.5"`,
+		}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			path := fixture(t, tt.section+ops)
+			job, err := LoadJob(path, Options{})
+			if tt.errs != nil {
+				if err == nil {
+					t.Fatalf("no error, want %q", tt.errs)
+				}
+				for _, e := range tt.errs {
+					if !strings.Contains(err.Error(), e) {
+						t.Errorf("error %q\nlacks %q", err, e)
+					}
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if want := tt.want(filepath.Dir(path)); !reflect.DeepEqual(job.Checkpoint, want) {
+				t.Errorf("checkpoint %+v\nwant %+v", job.Checkpoint, want)
 			}
 		})
 	}

@@ -189,7 +189,7 @@ func StartAttempt(ctx context.Context, g *control.JobGraph, opts Options, rem Re
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler)
 	}
-	r := &runner{g: g, opts: opts, log: opts.Logger.With("job", g.Name), start: time.Now(), modules: map[string]*host.Module{}}
+	r := &runner{g: g, opts: opts, log: opts.Logger, start: time.Now(), modules: map[string]*host.Module{}}
 	for range g.Vertices {
 		r.stats = append(r.stats, &opStats{})
 	}

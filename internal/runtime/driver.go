@@ -154,8 +154,9 @@ func (d *Driver) init(ctx context.Context, g *control.JobGraph, co *CheckpointOp
 	if co.MaxConcurrent <= 0 {
 		co.MaxConcurrent = 1
 	}
-	if co.TolerableFailures == 0 {
-		co.TolerableFailures = DefaultTolerableFailures
+	tolerable := DefaultTolerableFailures
+	if co.TolerableFailures != nil {
+		tolerable = *co.TolerableFailures
 	}
 	first, err := co.Store.NextID(ctx)
 	if err != nil {
@@ -169,7 +170,7 @@ func (d *Driver) init(ctx context.Context, g *control.JobGraph, co *CheckpointOp
 		TimeoutTicks:               ticks(co.Timeout, co.Tick),
 		MinPauseTicks:              ticks(co.MinPause, co.Tick),
 		MaxConcurrent:              co.MaxConcurrent,
-		TolerableFailures:          co.TolerableFailures,
+		TolerableFailures:          tolerable,
 		FinalCheckpointImmediately: !co.DelayFinalCheckpoint,
 		FirstID:                    first,
 	}

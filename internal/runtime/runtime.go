@@ -25,7 +25,10 @@ import (
 
 // Options configures Run.
 type Options struct {
-	Engine          *host.Engine // loads wasm modules (Vertex.Spec *jobfile.WasmSpec)
+	Engine *host.Engine // loads wasm modules (Vertex.Spec *jobfile.WasmSpec)
+	// Logger gets the runtime's log lines as given: the caller names the
+	// job in it (streamd run and the hosts do), the runtime adds no job
+	// attribute of its own (it would repeat job=...). nil: no logs.
 	Logger          *slog.Logger
 	Attempt         int         // attempt number of the first run (later attempts count up)
 	BatchSize       int         // records per batch on channels and into wasm; default 1024
@@ -67,8 +70,8 @@ type CheckpointOptions struct {
 	// MaxConcurrent pending checkpoints; default 1.
 	MaxConcurrent int
 	// TolerableFailures: consecutive failed checkpoints tolerated before the
-	// job fails over; 0: DefaultTolerableFailures; negative: unlimited.
-	TolerableFailures int
+	// job fails over; nil: DefaultTolerableFailures; negative: unlimited.
+	TolerableFailures *int
 	// Tick is the coordinator's clock step; default DefaultTick.
 	Tick time.Duration
 	// DelayFinalCheckpoint: wait for the next interval for the final
@@ -78,6 +81,15 @@ type CheckpointOptions struct {
 	// OnComplete, if set, is called by the driver after each checkpoint or
 	// savepoint is durable, before any subtask hears of it.
 	OnComplete func(*checkpoint.Metadata)
+}
+
+// NewCheckpointOptions returns the checkpoint options of a job file's
+// checkpoint section cs (interval, timeout, min_pause, tolerable_failures,
+// max_concurrent, final_immediately), with store as the checkpoint store.
+func NewCheckpointOptions(cs *jobfile.CheckpointSettings, store checkpoint.Store) *CheckpointOptions {
+	tf := cs.TolerableFailures
+	return &CheckpointOptions{Store: store, Interval: cs.Interval, Timeout: cs.Timeout, MinPause: cs.MinPause,
+		MaxConcurrent: cs.MaxConcurrent, TolerableFailures: &tf, DelayFinalCheckpoint: !cs.FinalImmediately}
 }
 
 // RestartStrategy is the fixed-delay restart strategy: after a failure the
@@ -98,7 +110,7 @@ const (
 	DefaultBatchSize         = dataplane.DefaultBatchSize
 	DefaultChannelCapacity   = 16
 	DefaultTick              = 100 * time.Millisecond
-	DefaultTolerableFailures = 3
+	DefaultTolerableFailures = jobfile.DefaultTolerableFailures
 )
 
 // ProgressInterval is how often Options.Progress is called while a job runs.
@@ -188,7 +200,7 @@ func Run(ctx context.Context, g *control.JobGraph, opts Options) (Stats, error) 
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler)
 	}
-	r := &runner{g: g, opts: opts, log: opts.Logger.With("job", g.Name), start: time.Now(), modules: map[string]*host.Module{}}
+	r := &runner{g: g, opts: opts, log: opts.Logger, start: time.Now(), modules: map[string]*host.Module{}}
 	for range g.Vertices {
 		r.stats = append(r.stats, &opStats{})
 	}
