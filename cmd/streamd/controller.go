@@ -6,6 +6,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/streamd/streamd/internal/cluster"
+	"github.com/streamd/streamd/internal/jobfile"
 )
 
 func (c *cli) controllerCommand() *cobra.Command {
@@ -55,7 +56,9 @@ func (c *cli) clusterFlags(cmd *cobra.Command, controller bool) []flagKey {
 	}
 	fl.Int("lost-after", cluster.DefaultLostAfter, "missed heartbeats after which a host is lost ("+keyLostAfter+")")
 	fl.Int("max-failovers", cluster.DefaultMaxFailovers, "restarts of one job after lost hosts before it fails ("+keyMaxFailovers+")")
-	return []flagKey{{"heartbeat-interval", keyHeartbeatInterval}, {"lost-after", keyLostAfter}, {"max-failovers", keyMaxFailovers}}
+	fl.String("checkpoint-storage", "", "checkpoint storage of deployed jobs whose job file chooses none: dir or jetstream ("+keyCheckpointStorage+")")
+	return []flagKey{{"heartbeat-interval", keyHeartbeatInterval}, {"lost-after", keyLostAfter}, {"max-failovers", keyMaxFailovers},
+		{"checkpoint-storage", keyCheckpointStorage}}
 }
 
 func (c *cli) controllerOptions() (cluster.ControllerOptions, error) {
@@ -71,7 +74,13 @@ func (c *cli) controllerOptions() (cluster.ControllerOptions, error) {
 	if err != nil {
 		return cluster.ControllerOptions{}, err
 	}
-	return cluster.ControllerOptions{Logger: c.log, HeartbeatInterval: hb, LostAfter: lost, MaxFailovers: fo}, nil
+	storage := c.v.GetString(keyCheckpointStorage)
+	switch storage {
+	case "", jobfile.StorageDir, jobfile.StorageJetStream:
+	default:
+		return cluster.ControllerOptions{}, usagef("%s: %q: want dir or jetstream", keyCheckpointStorage, storage)
+	}
+	return cluster.ControllerOptions{Logger: c.log, HeartbeatInterval: hb, LostAfter: lost, MaxFailovers: fo, CheckpointStorage: storage}, nil
 }
 
 func (c *cli) positiveDuration(key string) (time.Duration, error) {

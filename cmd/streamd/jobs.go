@@ -35,6 +35,7 @@ const (
 	keyLostAfter         = "cluster.lost_after"
 	keyMaxFailovers      = "cluster.max_failovers"
 	keyRequestTimeout    = "cluster.request_timeout"
+	keyCheckpointStorage = "checkpoint.storage"
 
 	keyHostID   = "host.id"
 	keySlots    = "host.slots"
@@ -48,7 +49,7 @@ const defaultNATSURL = "nats://127.0.0.1:4222"
 
 var clusterKeys = []string{keyNATSURL, keyNATSUser, keyNATSPassword, keyNATSToken, keyNATSNKey, keyNATSCreds,
 	keyNATSTLSCA, keyNATSTLSCert, keyNATSTLSKey, keyHeartbeatInterval, keyLostAfter, keyMaxFailovers,
-	keyRequestTimeout, keyHostID, keySlots, keyDataDir, keyNATSPort, keyNATSHost}
+	keyRequestTimeout, keyCheckpointStorage, keyHostID, keySlots, keyDataDir, keyNATSPort, keyNATSHost}
 
 func init() { knownKeys = append(knownKeys, clusterKeys...) }
 
@@ -91,7 +92,7 @@ func (c *cli) natsFlags(cmd *cobra.Command, extra ...flagKey) {
 func (c *cli) clusterDefaults() {
 	v := c.v
 	v.SetDefault(keyNATSURL, defaultNATSURL)
-	for _, k := range []string{keyNATSUser, keyNATSPassword, keyNATSToken, keyNATSNKey, keyNATSCreds, keyNATSTLSCA, keyNATSTLSCert, keyNATSTLSKey, keyHostID, keyDataDir} {
+	for _, k := range []string{keyNATSUser, keyNATSPassword, keyNATSToken, keyNATSNKey, keyNATSCreds, keyNATSTLSCA, keyNATSTLSCert, keyNATSTLSKey, keyHostID, keyDataDir, keyCheckpointStorage} {
 		v.SetDefault(k, "")
 	}
 	v.SetDefault(keyHeartbeatInterval, "1s")

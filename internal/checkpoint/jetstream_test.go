@@ -229,3 +229,39 @@ func TestJetStreamCorruptBlob(t *testing.T) {
 		t.Fatal("a bad prefix was accepted")
 	}
 }
+
+func TestExportFromJetStream(t *testing.T) {
+	ctx := context.Background()
+	js := jetStream(t)
+	s, err := OpenJetStream(ctx, js, "", "job", WithSavepointSuffix("job-1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	sp := commitTo(t, s, control.KindSavepoint, 3, []*SubtaskState{{SourcePosition: []byte("p0")}, nil, {SinkPending: []byte("x")}})
+	dir := t.TempDir()
+	out, err := Export(ctx, js, sp, dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := dir + "/savepoint-3-job-1"; out != want {
+		t.Fatalf("exported to %s, want %s", out, want)
+	}
+	md, err := Resolve(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := Verify(md); err != nil {
+		t.Fatal(err)
+	}
+	md.Location, sp.Location = "", ""
+	if !reflect.DeepEqual(md, sp) {
+		t.Fatalf("exported metadata\n%+v\nwant\n%+v", md, sp)
+	}
+	md.Location = out
+	if st, err := ReadState(md, md.Operators[0].Subtasks[2]); err != nil || string(st.SinkPending) != "x" {
+		t.Fatalf("exported blob: %+v, %v", st, err)
+	}
+	if _, err := Export(ctx, js, &Metadata{Location: "jetstream://STREAMD_CHECKPOINTS/job/savepoint-3-job-1", Version: 1, ID: 3, Kind: control.KindSavepoint}, dir); err == nil || !strings.Contains(err.Error(), "already exists") {
+		t.Fatalf("second export: %v", err)
+	}
+}

@@ -33,6 +33,11 @@ type ControllerOptions struct {
 	MaxFailovers int
 	// RequestTimeout bounds requests to hosts; default 10s.
 	RequestTimeout time.Duration
+	// CheckpointStorage is the checkpoint storage of deployed jobs whose
+	// job file does not choose one (checkpoint.storage): "" or
+	// jobfile.StorageDir for their checkpoint directory,
+	// jobfile.StorageJetStream for the JetStream object store.
+	CheckpointStorage string
 }
 
 // Defaults of ControllerOptions.
@@ -120,6 +125,11 @@ func StartController(nc *nats.Conn, opts ControllerOptions) (*Controller, error)
 	}
 	if opts.RequestTimeout <= 0 {
 		opts.RequestTimeout = DefaultRequestTimeout
+	}
+	switch opts.CheckpointStorage {
+	case "", jobfile.StorageDir, jobfile.StorageJetStream:
+	default:
+		return nil, fmt.Errorf("cluster: controller: checkpoint storage %q: want dir or jetstream", opts.CheckpointStorage)
 	}
 	c := &Controller{nc: nc, opts: opts, log: opts.Logger.With("component", "controller"),
 		jobs: map[string]*ctlJob{}, hosts: map[string]*ctlHost{}, done: make(chan struct{})}
@@ -459,6 +469,11 @@ func (c *Controller) handleDeploy(msg *nats.Msg) {
 	if err := json.Unmarshal(msg.Data, &req); err != nil {
 		respond(msg, DeployReply{Reply: Reply{Error: "cluster: deploy: bad request: " + err.Error()}})
 		return
+	}
+	if cs := req.Job.Checkpoint; cs != nil && cs.Storage == "" && c.opts.CheckpointStorage != "" {
+		withStorage := *cs
+		withStorage.Storage = c.opts.CheckpointStorage
+		req.Job.Checkpoint = &withStorage
 	}
 	// Validate the graph (artifacts are not resolved here).
 	if _, err := req.Job.Graph(func(a Artifact) (string, error) { return "/" + a.Name, nil }); err != nil {

@@ -162,15 +162,12 @@ func (e *LocalExecutor) startDistributed(ctx context.Context, r ExecRequest) (Ex
 		}
 		opts.Checkpoint = &runtime.CheckpointOptions{Store: store}
 		if r.RestoreFrom != "" {
-			md, err := ResolveIn(ctx, store, r.RestoreFrom)
+			rs, err := LoadRestore(ctx, r.Conn, r.RestoreFrom, r.Graph)
 			if err != nil {
 				return nil, fmt.Errorf("cluster: job %s: restore: %w", r.JobID, err)
 			}
-			rs, err := checkpoint.LoadRestoreFrom(ctx, store, md, r.Graph)
-			if err != nil {
-				return nil, fmt.Errorf("cluster: job %s: %w", r.JobID, err)
-			}
 			opts.Restore = rs
+			md := rs.Metadata
 			r.Logger.Info("restoring", "from", md.Location, "kind", md.Kind, "id", md.ID)
 		}
 	}
@@ -548,7 +545,7 @@ func (c *Controller) distSavepoint(jobID, verb, dir string, drain bool) (string,
 	if dir != "" {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 		defer cancel()
-		out, err := ExportSavepoint(ctx, dj.store, path, dir)
+		out, err := ExportSavepoint(ctx, dj.c.nc, path, dir)
 		if err != nil {
 			return "", fmt.Errorf("cluster: savepoint of job %s is at %s but could not be copied to %s: %w", jobID, path, dir, err)
 		}

@@ -119,7 +119,7 @@ func (e *LocalExecutor) Start(ctx context.Context, r ExecRequest) (Execution, er
 	}
 	x := &localExecution{done: make(chan struct{})}
 	if cs := r.Checkpoint; cs != nil {
-		store, err := checkpoint.OpenDir(cs.Dir, checkpoint.WithRetain(max(cs.Retain, 1)), checkpoint.WithLogger(r.Logger))
+		store, err := OpenStore(ctx, r.Conn, cs, r.JobID, r.Logger)
 		if err != nil {
 			return nil, fmt.Errorf("cluster: job %s: %w", r.JobID, err)
 		}
@@ -131,11 +131,11 @@ func (e *LocalExecutor) Start(ctx context.Context, r ExecRequest) (Execution, er
 			md, err := store.Latest(ctx)
 			switch {
 			case errors.Is(err, checkpoint.ErrNoCheckpoint):
-				r.Logger.Info("no completed checkpoint: the attempt starts from the beginning", "dir", cs.Dir)
+				r.Logger.Info("no completed checkpoint: the attempt starts from the beginning", "store", storeName(store))
 			case err != nil:
 				return nil, fmt.Errorf("cluster: job %s: latest checkpoint: %w", r.JobID, err)
 			default:
-				rs, err := checkpoint.LoadRestore(ctx, md.Location, r.Graph)
+				rs, err := checkpoint.LoadRestoreFrom(ctx, store, md, r.Graph)
 				if err != nil {
 					return nil, fmt.Errorf("cluster: job %s: %w", r.JobID, err)
 				}

@@ -3,90 +3,101 @@ package cluster
 import (
 	"context"
 	"fmt"
-	"io"
 	"log/slog"
-	"os"
-	"path/filepath"
+	"strings"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/streamd/streamd/control"
 	"github.com/streamd/streamd/internal/checkpoint"
 	"github.com/streamd/streamd/internal/jobfile"
 )
 
-// OpenStore opens the checkpoint store of a job spread over hosts, on the
-// controller (which commits the metadata) and on every host (which write
-// their subtasks' state): the job's checkpoint directory, which every host
-// and the controller must see at the same path (a shared file system).
+// OpenStore opens the checkpoint store of a deployed job, on the controller
+// (which commits the metadata of a job spread over hosts) and on every host
+// (which write their subtasks' state).
+//
+// With checkpoint.storage jetstream it is the JetStream object store
+// cs.Bucket (default STREAMD_CHECKPOINTS) on nc, under the prefix jobID:
+// every process reaches it through NATS, so hosts need no shared disk.
+// Otherwise it is the job's checkpoint directory, which every host and the
+// controller must see at the same path (a shared file system).
 // Savepoints are named savepoint-<id>-<job id>, so every process puts the
-// blobs of one savepoint into the same directory.
+// blobs of one savepoint into the same place.
 func OpenStore(ctx context.Context, nc *nats.Conn, cs *jobfile.CheckpointSettings, jobID string, log *slog.Logger) (checkpoint.Store, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return checkpoint.OpenDir(cs.Dir, checkpoint.WithRetain(max(cs.Retain, 1)), checkpoint.WithLogger(log), checkpoint.WithSavepointSuffix(jobID))
+	opts := []checkpoint.DirOption{checkpoint.WithRetain(max(cs.Retain, 1)), checkpoint.WithLogger(log), checkpoint.WithSavepointSuffix(jobID)}
+	if cs.Storage == jobfile.StorageJetStream {
+		if nc == nil {
+			return nil, fmt.Errorf("cluster: job %s: checkpoint storage jetstream needs a NATS connection", jobID)
+		}
+		js, err := jetstream.New(nc)
+		if err != nil {
+			return nil, fmt.Errorf("cluster: job %s: jetstream: %w", jobID, err)
+		}
+		return checkpoint.OpenJetStream(ctx, js, cs.Bucket, jobID, opts...)
+	}
+	return checkpoint.OpenDir(cs.Dir, opts...)
 }
 
-// ResolveIn finds the completed checkpoint or savepoint at location in store.
-func ResolveIn(ctx context.Context, store checkpoint.Store, location string) (*checkpoint.Metadata, error) {
-	return checkpoint.Resolve(location)
+// ResolveIn finds the completed checkpoint or savepoint at location: a
+// jetstream://BUCKET/... location (read through nc) or a directory (see
+// checkpoint.Resolve). It returns the reader of its state blobs too.
+func ResolveIn(ctx context.Context, nc *nats.Conn, location string) (*checkpoint.Metadata, checkpoint.StateReader, error) {
+	if !strings.HasPrefix(location, checkpoint.JetStreamScheme) {
+		md, err := checkpoint.Resolve(location)
+		return md, checkpoint.FileReader, err
+	}
+	if nc == nil {
+		return nil, nil, fmt.Errorf("cluster: %s: needs a NATS connection", location)
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return nil, nil, fmt.Errorf("cluster: jetstream: %w", err)
+	}
+	md, err := checkpoint.ResolveJetStream(ctx, js, location)
+	return md, checkpoint.JetStreamReader{JS: js}, err
 }
 
-// ExportSavepoint copies the savepoint at location into directory dir on this
-// machine (the directory layout of docs/checkpoint-format.md) and returns its
-// new path, dir/<name of the savepoint>.
-func ExportSavepoint(ctx context.Context, store checkpoint.Store, location, dir string) (string, error) {
-	md, err := ResolveIn(ctx, store, location)
+// LoadRestore resolves location (ResolveIn) and prepares the restore of g
+// from it.
+func LoadRestore(ctx context.Context, nc *nats.Conn, location string, g *control.JobGraph) (*checkpoint.Restore, error) {
+	md, r, err := ResolveIn(ctx, nc, location)
+	if err != nil {
+		return nil, err
+	}
+	return checkpoint.LoadRestoreFrom(ctx, r, md, g)
+}
+
+// ExportSavepoint copies the savepoint at location (a directory or a
+// jetstream:// location) into directory dir on this machine (the directory
+// layout of docs/checkpoint-format.md) and returns its new path, dir/<name of
+// the savepoint>.
+func ExportSavepoint(ctx context.Context, nc *nats.Conn, location, dir string) (string, error) {
+	md, _, err := ResolveIn(ctx, nc, location)
 	if err != nil {
 		return "", err
 	}
-	dst := filepath.Join(dir, filepath.Base(md.Location))
-	if err := os.MkdirAll(dst, 0o755); err != nil {
-		return "", fmt.Errorf("cluster: %w", err)
+	var js jetstream.JetStream
+	if nc != nil {
+		if js, err = jetstream.New(nc); err != nil {
+			return "", fmt.Errorf("cluster: jetstream: %w", err)
+		}
 	}
-	ents, err := os.ReadDir(md.Location)
+	out, err := checkpoint.Export(ctx, js, md, dir)
 	if err != nil {
 		return "", fmt.Errorf("cluster: %w", err)
 	}
-	// The blobs first, the metadata (the commit point) last.
-	var meta string
-	for _, e := range ents {
-		if e.Name() == checkpoint.MetadataFile {
-			meta = e.Name()
-			continue
-		}
-		if e.Type().IsRegular() {
-			if err := copyFile(filepath.Join(md.Location, e.Name()), filepath.Join(dst, e.Name())); err != nil {
-				return "", err
-			}
-		}
-	}
-	if meta == "" {
-		return "", fmt.Errorf("cluster: %s has no %s", md.Location, checkpoint.MetadataFile)
-	}
-	if err := copyFile(filepath.Join(md.Location, meta), filepath.Join(dst, meta)); err != nil {
-		return "", err
-	}
-	return dst, nil
+	return out, nil
 }
 
-func copyFile(from, to string) error {
-	in, err := os.Open(from)
-	if err != nil {
-		return fmt.Errorf("cluster: %w", err)
+// storeName names a store for logs: its directory or jetstream:// root.
+func storeName(s checkpoint.Store) string {
+	if r, ok := s.(interface{ Root() string }); ok {
+		return r.Root()
 	}
-	defer in.Close()
-	out, err := os.Create(to)
-	if err != nil {
-		return fmt.Errorf("cluster: %w", err)
-	}
-	if _, err := io.Copy(out, in); err != nil {
-		out.Close()
-		return fmt.Errorf("cluster: copy %s: %w", from, err)
-	}
-	if err := out.Sync(); err != nil {
-		out.Close()
-		return fmt.Errorf("cluster: %w", err)
-	}
-	return out.Close()
+	return fmt.Sprintf("%T", s)
 }
