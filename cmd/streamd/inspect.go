@@ -22,19 +22,27 @@ per operator the uid, parallelism, finished state and state size.
 
 PATH is a checkpoint directory (chk-ID), a savepoint directory, a _metadata file,
 or a checkpoint root directory, which stands for the latest completed checkpoint in
-it. The metadata checksum is always verified, and the state files' sizes and
+it; or a jetstream://BUCKET/PREFIX[/chk-ID|/savepoint-ID-SUFFIX] location in the
+JetStream object store of the NATS server of nats.url (--nats). The metadata checksum is always verified, and the state files' sizes and
 checksums too unless --no-verify is given. A corrupt or truncated checkpoint is
 refused with an error naming the file (exit status 1). See docs/checkpoint-format.md.`,
 		Example: `  streamd inspect checkpoints/
-  streamd inspect checkpoints/chk-12 --json`,
+  streamd inspect checkpoints/chk-12 --json
+  streamd inspect --nats nats://127.0.0.1:4222 jetstream://STREAMD_CHECKPOINTS/wordcount-1a2b3c4d`,
 		Args: exactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			md, err := checkpoint.Resolve(args[0])
+			md, reader, closeStore, err := c.resolveCheckpoint(cmd.Context(), args[0], "streamd inspect")
 			if err != nil {
 				return err
 			}
+			defer closeStore()
 			if !noVerify {
-				if err := checkpoint.Verify(md); err != nil {
+				if reader == checkpoint.FileReader {
+					err = checkpoint.Verify(md) // streams the files
+				} else {
+					err = checkpoint.VerifyFrom(cmd.Context(), reader, md)
+				}
+				if err != nil {
 					return err
 				}
 			}
@@ -47,6 +55,7 @@ refused with an error naming the file (exit status 1). See docs/checkpoint-forma
 	}
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON for scripts")
 	cmd.Flags().BoolVar(&noVerify, "no-verify", false, "do not read the state files to verify their checksums")
+	c.natsFlags(cmd)
 	return cmd
 }
 

@@ -189,7 +189,12 @@ func (c *cli) run(ctx context.Context, cmd *cobra.Command, target string, f runF
 		}
 	}
 	if f.from != "" {
-		rs, err := checkpoint.LoadRestore(ctx, f.from, g)
+		md, reader, closeFrom, err := c.resolveCheckpoint(ctx, f.from, "streamd run "+g.Name)
+		if err != nil {
+			return err
+		}
+		rs, err := checkpoint.LoadRestoreFrom(ctx, reader, md, g)
+		closeFrom()
 		if err != nil {
 			return err
 		}
@@ -201,10 +206,11 @@ func (c *cli) run(ctx context.Context, cmd *cobra.Command, target string, f runF
 	runCtx := ctx
 	var stopped <-chan struct{}
 	if cs := job.Checkpoint; cs != nil {
-		store, err := checkpoint.OpenDir(cs.Dir, checkpoint.WithRetain(cs.Retain), checkpoint.WithLogger(log))
+		store, closeStore, err := c.openRunStore(ctx, cs, g.Name, log)
 		if err != nil {
 			return err
 		}
+		defer closeStore()
 		opts.Checkpoint = runtime.NewCheckpointOptions(cs, store)
 		stop := make(chan runtime.StopRequest, 1)
 		opts.Stop = stop

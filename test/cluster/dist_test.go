@@ -67,8 +67,8 @@ func outputLines(t *testing.T, dir string) []string {
 }
 
 // runLocally runs the job file with `streamd run` in a copy of its directory,
-// its generator not rate-limited (the output does not depend on the rate),
-// and returns its output lines.
+// its generator not rate-limited (the output does not depend on the rate) and
+// its checkpoints in a directory, and returns its output lines.
 func runLocally(t *testing.T, path string) []string {
 	t.Helper()
 	dir := t.TempDir()
@@ -77,6 +77,7 @@ func runLocally(t *testing.T, path string) []string {
 		t.Fatal(err)
 	}
 	b = regexp.MustCompile(`rate: \d+`).ReplaceAll(b, []byte("rate: 0"))
+	b = regexp.MustCompile(`storage: jetstream`).ReplaceAll(b, []byte("storage: dir"))
 	local := filepath.Join(dir, filepath.Base(path))
 	if err := os.WriteFile(local, b, 0o644); err != nil {
 		t.Fatal(err)

@@ -83,14 +83,22 @@ func newProcessCluster(t *testing.T, hosts, slots int) *processCluster {
 // TestKillHostFailsOverExactlyOnce spreads a checkpointing job over three
 // host processes, kills one with SIGKILL mid-job and checks that the job
 // fails over to the two others and its output is exactly that of
-// `streamd run`: nothing lost, nothing twice.
+// `streamd run`: nothing lost, nothing twice. With storage jetstream the
+// checkpoints live in the NATS object store, so the hosts (each with its own
+// data directory) share no checkpoint directory.
 func TestKillHostFailsOverExactlyOnce(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds and runs streamd processes")
 	}
+	for _, storage := range []string{"dir", "jetstream"} {
+		t.Run(storage, func(t *testing.T) { killHostFailsOver(t, storage) })
+	}
+}
+
+func killHostFailsOver(t *testing.T, storage string) {
 	pc := newProcessCluster(t, 3, 2)
 	const n = 8000
-	path := spreadJob(t, n, 2000, 4, "checkpoint: {interval: 200ms, dir: chk}\nrestart: {strategy: fixed-delay, attempts: 3, delay: 100ms}\n")
+	path := spreadJob(t, n, 2000, 4, "checkpoint: {interval: 200ms, dir: chk, storage: "+storage+"}\nrestart: {strategy: fixed-delay, attempts: 3, delay: 100ms}\n")
 	id := deploy(t, pc.testCluster, path, jobfile.Options{})
 	st := pc.waitJob(id, "running with output", func(st *cluster.JobStatus) bool {
 		return cluster.TerminalJobState(st.State) || (st.State == cluster.JobRunning && st.Operators[2].RecordsIn > n/4)
@@ -99,14 +107,14 @@ func TestKillHostFailsOverExactlyOnce(t *testing.T) {
 		t.Fatalf("job %s on %v (%s): want running on 3 hosts", st.State, st.Hosts, st.Reason)
 	}
 	// Some checkpoint has committed output before the kill.
-	chk, _ := filepath.Glob(filepath.Join(filepath.Dir(path), "chk", "chk-*", "_metadata"))
+	chk := len(st.Checkpoints)
 	victim := st.Hosts[1]
 	if err := pc.hosts[victim].cmd.Process.Signal(syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
 	killed := time.Now()
 	st = pc.waitJob(id, "failed over", func(st *cluster.JobStatus) bool { return st.Attempt >= 1 || cluster.TerminalJobState(st.State) })
-	t.Logf("killed %s (%d checkpoints done); new attempt after %s", victim, len(chk), time.Since(killed).Round(time.Millisecond))
+	t.Logf("killed %s (%d checkpoints done); new attempt after %s", victim, chk, time.Since(killed).Round(time.Millisecond))
 	st = pc.waitJob(id, "finished", state(cluster.JobFinished))
 	if st.State != cluster.JobFinished {
 		t.Fatalf("job %s: %s", st.State, st.Reason)
@@ -118,6 +126,28 @@ func TestKillHostFailsOverExactlyOnce(t *testing.T) {
 	}
 	if !strings.Contains(st.Attempts[0].Reason, "host "+victim+" lost") {
 		t.Errorf("attempt 0 reason %q: want host %s lost", st.Attempts[0].Reason, victim)
+	}
+	if len(st.Checkpoints) == 0 {
+		t.Fatal("the status lists no completed checkpoint")
+	}
+	last := st.Checkpoints[len(st.Checkpoints)-1].Location
+	onDisk, _ := filepath.Glob(filepath.Join(filepath.Dir(path), "chk", "*"))
+	switch storage {
+	case "jetstream":
+		if want := "jetstream://STREAMD_CHECKPOINTS/" + id + "/chk-"; !strings.HasPrefix(last, want) {
+			t.Errorf("last checkpoint at %s, want %s...", last, want)
+		}
+		if len(onDisk) != 0 {
+			t.Errorf("storage jetstream wrote into the checkpoint directory: %v", onDisk)
+		}
+		// The final checkpoint reads back through the object store.
+		if out, errs, code := streamd(t, nil, "inspect", "--nats", pc.url, last); code != 0 || !strings.Contains(out, "fully") {
+			t.Errorf("streamd inspect %s: exit %d\n%s\n%s", last, code, out, errs)
+		}
+	default:
+		if !strings.HasPrefix(last, filepath.Join(filepath.Dir(path), "chk", "chk-")) {
+			t.Errorf("last checkpoint at %s, want it in the checkpoint directory", last)
+		}
 	}
 	got := outputLines(t, filepath.Join(filepath.Dir(path), "out"))
 	sameLines(t, got, runLocally(t, path))
