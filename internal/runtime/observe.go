@@ -186,8 +186,8 @@ func (t *task) endFinalWait() {
 	}
 	t.om.FinalCheckpointWait(t.ctx, time.Since(t.finalStart))
 	if t.finalSpan != nil {
-		if t.finalAck != 0 {
-			t.finalSpan.SetAttributes(telemetry.CheckpointID(t.finalAck))
+		if t.finalID != 0 {
+			t.finalSpan.SetAttributes(telemetry.CheckpointID(t.finalID))
 		}
 		t.endPhase(t.finalSpan, nil)
 		t.finalSpan = nil

@@ -52,6 +52,7 @@ type task struct {
 	finalAck int64 // first checkpoint acknowledged after end of data
 	stopID   int64 // stop-with-savepoint: the savepoint to wait for (sources)
 	final    bool  // the final checkpoint is complete: the subtask may close
+	finalID  int64 // that final checkpoint (the one notified; finalAck may have been aborted)
 	closed   bool  // the subtask closed and sent EndOfPartition
 
 	// Observability (observe.go).
@@ -259,6 +260,9 @@ func (t *task) onNotify(id int64, tr map[string]string) error {
 		}
 	}
 	if t.finalAck != 0 && id >= t.finalAck && (t.stopID == 0 || id == t.stopID) {
+		if !t.final {
+			t.finalID = id
+		}
 		t.final = true
 	}
 	return nil
