@@ -36,8 +36,8 @@ type abortLog struct {
 }
 
 func (h *abortLog) Enabled(context.Context, slog.Level) bool { return true }
-func (h *abortLog) WithAttrs([]slog.Attr) slog.Handler        { return h }
-func (h *abortLog) WithGroup(string) slog.Handler             { return h }
+func (h *abortLog) WithAttrs([]slog.Attr) slog.Handler       { return h }
+func (h *abortLog) WithGroup(string) slog.Handler            { return h }
 func (h *abortLog) Handle(_ context.Context, r slog.Record) error {
 	if r.Message != "checkpoint aborted" {
 		return nil
