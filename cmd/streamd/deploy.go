@@ -30,9 +30,15 @@ With a .wasm module the job is built like run builds it: one operator between
 --source (file:PATH or generator:COUNT; a deployed job has no standard input) and
 --sink (file:DIR, discard, or stdout: the host's standard output).
 
+--from PATH starts the job from a checkpoint or savepoint: a jetstream://BUCKET/...
+location (from streamd stop or status of a job with checkpoint.storage jetstream)
+or a directory as run --from takes it, which the hosts must see at the same path.
+It is resolved and checked against the job here before the job is submitted.
+
 --wait waits until the job ends; the exit status is then 0 only if it finished.`,
 		Example: `  streamd deploy examples/wasm/wordcount/wordcount.yaml
   streamd deploy -p 4 job.yaml
+  streamd deploy job.yaml --from jetstream://STREAMD_CHECKPOINTS/job-1a2b3c4d/savepoint-7-job-1a2b3c4d
   streamd deploy upper.wasm --source file:in.txt --sink file:out/
   id=$(streamd deploy job.yaml) && streamd status --json "$id"`,
 		Args: exactArgs(1),
@@ -42,7 +48,7 @@ With a .wasm module the job is built like run builds it: one operator between
 				return err
 			}
 			return c.withClient(cmd.Context(), func(ctx context.Context, cl *cluster.Client) error {
-				id, err := cl.Deploy(ctx, job, file)
+				id, err := cl.DeployFrom(ctx, job, file, f.from)
 				if err != nil {
 					return err
 				}
@@ -79,6 +85,7 @@ With a .wasm module the job is built like run builds it: one operator between
 	fl.BoolVar(&f.allowClock, "allow-clock", false, "module only: give the guest the real wall clock")
 	fl.BoolVar(&asJSON, "json", false, `print {"job_id": ...} (with --wait: the final status)`)
 	fl.BoolVar(&wait, "wait", false, "wait until the job ends; exit 0 only if it finished")
+	fl.StringVar(&f.from, "from", "", "job: start from a checkpoint or savepoint (a jetstream:// location, or a directory the hosts see)")
 	c.clientFlags(cmd)
 	return cmd
 }
@@ -97,6 +104,9 @@ func (c *cli) loadForDeploy(cmd *cobra.Command, target string, f runFlags) (*job
 			return nil, "", err
 		}
 		return job, job.Path, nil
+	}
+	if f.from != "" {
+		return nil, "", usagef("--from applies only to a job file")
 	}
 	if f.source == "" || f.source == "stdin" {
 		return nil, "", usagef("deploy %s: --source is required (file:PATH or generator:COUNT): a deployed job has no standard input", target)

@@ -115,6 +115,9 @@ func (e remoteError) Error() string { return string(e) }
 // DeployRequest (streamd.v1.ctl.deploy) submits a job.
 type DeployRequest struct {
 	Job JobSpec `json:"job"`
+	// From is the checkpoint or savepoint the job starts from (a
+	// jetstream:// location or a directory the hosts see); "" = fresh state.
+	From string `json:"from,omitempty"`
 }
 
 // DeployReply names the new job.

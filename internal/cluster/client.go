@@ -5,8 +5,12 @@ import (
 	"errors"
 	"fmt"
 
+	"path/filepath"
+	"strings"
+
 	"github.com/nats-io/nats.go"
 
+	"github.com/streamd/streamd/internal/checkpoint"
 	"github.com/streamd/streamd/internal/jobfile"
 )
 
@@ -39,12 +43,42 @@ func (c *Client) call(ctx context.Context, subject string, req, resp any, reply 
 // and the job file when jobFile is set) and submits the job; it returns the
 // job id.
 func (c *Client) Deploy(ctx context.Context, job *jobfile.Job, jobFile string) (string, error) {
+	return c.DeployFrom(ctx, job, jobFile, "")
+}
+
+// DeployFrom is Deploy of a job that starts from the checkpoint or savepoint
+// at from: a jetstream:// location, or a directory (as streamd run --from
+// takes it) that the hosts see at the same path. The checkpoint is resolved
+// and loaded here first (checksums, and its fit to the job: finished
+// operators, uids, parallelism of sources), and the job is sent with its
+// exact location.
+func (c *Client) DeployFrom(ctx context.Context, job *jobfile.Job, jobFile, from string) (string, error) {
+	req := DeployRequest{}
+	if from != "" {
+		if job.Checkpoint == nil {
+			return "", errors.New("cluster: deploy --from: the job file has no checkpoint section")
+		}
+		md, r, err := ResolveIn(ctx, c.nc, from)
+		if err != nil {
+			return "", err
+		}
+		if _, err := checkpoint.LoadRestoreFrom(ctx, r, md, job.Graph); err != nil {
+			return "", err
+		}
+		req.From = md.Location
+		if !strings.HasPrefix(req.From, checkpoint.JetStreamScheme) {
+			if req.From, err = filepath.Abs(req.From); err != nil {
+				return "", fmt.Errorf("cluster: deploy --from: %w", err)
+			}
+		}
+	}
 	spec, err := NewJobSpec(job, jobFile, func(path string) (Artifact, error) { return c.arts.Upload(ctx, path) })
 	if err != nil {
 		return "", err
 	}
+	req.Job = spec
 	var r DeployReply
-	if err := c.call(ctx, SubjectDeploy, DeployRequest{Job: spec}, &r, func() Reply { return r.Reply }); err != nil {
+	if err := c.call(ctx, SubjectDeploy, req, &r, func() Reply { return r.Reply }); err != nil {
 		return "", err
 	}
 	return r.JobID, nil

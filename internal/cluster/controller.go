@@ -98,6 +98,7 @@ type ctlJob struct {
 	restartAt        time.Time // restarting: not before
 	failovers        int       // lost-host restarts
 	savepoint        string    // of a stopped job
+	from             string    // the checkpoint or savepoint the job was deployed from (deploy --from)
 	canceling        bool      // a cancel request waits for the hosts; the placement holds its slots until then
 	attempts         []AttemptStatus
 
@@ -326,7 +327,9 @@ func (c *Controller) scheduleLocked(now time.Time) []effect {
 func (c *Controller) assignEffects(j *ctlJob) []effect {
 	var effects []effect
 	p := *j.placement
-	restore, dist := "", j.dist != nil
+	// A job on one host restores from its own latest checkpoint after a
+	// failover, else from the checkpoint it was deployed from.
+	restore, dist := j.from, j.dist != nil
 	if dist {
 		restore = j.dist.deploy(j.attempt, p)
 	}
@@ -481,8 +484,12 @@ func (c *Controller) handleDeploy(msg *nats.Msg) {
 		return
 	}
 	now := time.Now()
+	if req.From != "" && req.Job.Checkpoint == nil {
+		respond(msg, DeployReply{Reply: Reply{Error: "cluster: deploy --from: the job has no checkpoint section"}})
+		return
+	}
 	j := &ctlJob{id: newJobID(req.Job.Name), spec: req.Job, state: JobCreated, slots: req.Job.slotsNeeded(),
-		subtaskState: SubtaskScheduled, created: now, updated: now}
+		subtaskState: SubtaskScheduled, created: now, updated: now, from: req.From}
 	c.mu.Lock()
 	for c.jobs[j.id] != nil {
 		j.id = newJobID(req.Job.Name)

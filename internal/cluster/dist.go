@@ -261,6 +261,15 @@ func (c *Controller) newDistJob(j *ctlJob) (*distJob, error) {
 			return nil, err
 		}
 		dj.store = store
+		// The first attempt starts from the checkpoint the job was deployed
+		// from; a job spread over hosts only after a failover (its earlier
+		// attempts ran on one host) from its latest checkpoint.
+		dj.restore = j.from
+		if j.attempt > 0 {
+			if md, err := store.Latest(ctx); err == nil {
+				dj.restore = md.Location
+			}
+		}
 		co := runtime.NewCheckpointOptions(cs, store)
 		co.Tick = dj.tick
 		co.OnComplete = func(md *checkpoint.Metadata) {
@@ -272,7 +281,18 @@ func (c *Controller) newDistJob(j *ctlJob) (*distJob, error) {
 				}
 			}
 		}
-		dj.d, err = runtime.NewDriver(ctx, g, co, nil, dj.log)
+		// Checkpoint ids go on after the checkpoint the job was deployed
+		// from, so they never repeat those of its earlier run (file sinks
+		// name their committed files by checkpoint id).
+		var from *checkpoint.Restore
+		if j.from != "" {
+			md, _, err := ResolveIn(ctx, c.nc, j.from)
+			if err != nil {
+				return nil, fmt.Errorf("cluster: job %s: the checkpoint it was deployed from: %w", j.id, err)
+			}
+			from = &checkpoint.Restore{Metadata: md}
+		}
+		dj.d, err = runtime.NewDriver(ctx, g, co, from, dj.log)
 		if err != nil {
 			return nil, err
 		}

@@ -143,6 +143,14 @@ func (e *LocalExecutor) Start(ctx context.Context, r ExecRequest) (Execution, er
 				r.Logger.Info("restoring", "from", md.Location, "kind", md.Kind, "id", md.ID)
 			}
 		}
+		if opts.Restore == nil && r.RestoreFrom != "" { // deployed --from
+			rs, err := LoadRestore(ctx, r.Conn, r.RestoreFrom, r.Graph)
+			if err != nil {
+				return nil, fmt.Errorf("cluster: job %s: restore: %w", r.JobID, err)
+			}
+			opts.Restore = rs
+			r.Logger.Info("restoring", "from", rs.Metadata.Location, "kind", rs.Metadata.Kind, "id", rs.Metadata.ID)
+		}
 	}
 	go func() {
 		defer close(x.done)
