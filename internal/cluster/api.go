@@ -263,6 +263,10 @@ type Assignment struct {
 	// the checkpoint to restore from ("" = fresh state).
 	Distributed bool   `json:"distributed,omitempty"`
 	Restore     string `json:"restore,omitempty"`
+	// Trace is the W3C trace context of the controller's span of this
+	// attempt (a job spread over hosts; nil with tracing off): the host's
+	// task spans are its children.
+	Trace map[string]string `json:"trace,omitempty"`
 }
 
 // HostRequest (streamd.v1.hosts.<id>.cancel|savepoint|stop) acts on an

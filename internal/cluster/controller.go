@@ -333,8 +333,12 @@ func (c *Controller) assignEffects(j *ctlJob) []effect {
 	if dist {
 		restore = j.dist.deploy(j.attempt, p)
 	}
+	var tr map[string]string
+	if dist {
+		tr = j.dist.attemptTrace()
+	}
 	for _, h := range p.Hosts() {
-		a := Assignment{JobID: j.id, Attempt: j.attempt, Job: j.spec, Placement: p.Slots, Distributed: dist, Restore: restore}
+		a := Assignment{JobID: j.id, Attempt: j.attempt, Job: j.spec, Placement: p.Slots, Distributed: dist, Restore: restore, Trace: tr}
 		for _, v := range j.spec.Vertices {
 			for i := 0; i < v.Parallelism; i++ {
 				if p.Host(i) == h {
@@ -754,6 +758,9 @@ func (c *Controller) hostEvent(ev HostEvent) {
 		j.subtaskState = SubtaskDeploying
 	case SubtaskRunning:
 		j.subtaskState = SubtaskRunning
+		if j.dist != nil {
+			j.dist.hostRunning(ev.HostID)
+		}
 		if j.state == JobCreated || j.state == JobRestarting {
 			j.state, j.reason = JobRunning, ""
 			c.log.Info("job running", "job", j.id, "attempt", j.attempt, "host", ev.HostID)

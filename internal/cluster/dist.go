@@ -244,6 +244,7 @@ type distJob struct {
 	finished  map[string]bool // hosts whose part of the attempt finished
 	spWait    chan string     // a savepoint request waits for the savepoint's location
 	closed    bool
+	obs       distObs // the attempt, failover and restore spans (trace.go)
 }
 
 // newDistJob makes the controller side of job j (called with c.mu held).
@@ -365,6 +366,7 @@ func (dj *distJob) onEvent(m *nats.Msg) {
 		return // a straggler of an earlier attempt
 	}
 	dj.d.Step(dj.target(), ev)
+	dj.checkRunning()
 }
 
 func (dj *distJob) ticker() {
@@ -399,6 +401,7 @@ func (dj *distJob) deploy(attempt int, p control.Placement) string {
 	defer dj.mu.Unlock()
 	dj.attempt, dj.placement, dj.active = attempt, p, true
 	dj.finished = map[string]bool{}
+	dj.startAttemptSpan(dj.restore)
 	return dj.restore
 }
 
@@ -412,6 +415,7 @@ func (dj *distJob) failover(reason string) {
 		return
 	}
 	dj.active = false
+	defer dj.failoverSpans(reason) // after the driver aborted the attempt's checkpoints
 	if dj.d == nil {
 		return
 	}
@@ -434,6 +438,7 @@ func (dj *distJob) close(final control.Event) {
 		if dj.d != nil && final != nil && !dj.d.State().Terminal() {
 			dj.d.Step(nil, final)
 		}
+		dj.endSpans(final)
 	}
 	dj.mu.Unlock()
 	_ = dj.sub.Unsubscribe()

@@ -18,6 +18,7 @@ import (
 
 	"github.com/streamd/streamd/control"
 	"github.com/streamd/streamd/internal/runtime"
+	"github.com/streamd/streamd/internal/telemetry"
 )
 
 // HostOptions configures a host agent.
@@ -309,7 +310,9 @@ func (h *Host) runAssignment(ctx context.Context, r *hostRun, a Assignment, log 
 			h.report(HostEvent{HostID: h.opts.ID, JobID: a.JobID, Attempt: a.Attempt, State: SubtaskRunning,
 				Stats: s.Operators, Checkpoints: s.Recent, Elapsed: s.Elapsed.Round(time.Millisecond).String()}, false)
 		}}
-	exec, err := h.opts.Executor.Start(ctx, req)
+	// The attempt's spans (task, under it the phases) are children of the
+	// controller's span of the attempt, if it sent one.
+	exec, err := h.opts.Executor.Start(telemetry.ExtractMap(ctx, a.Trace), req)
 	if err != nil {
 		return runtime.Stats{}, err
 	}
