@@ -114,6 +114,7 @@ func RecvHeader(fn func(ev dataplane.Event, h nats.Header)) Option {
 // error handler on the connection (chained to the one it had) that fails the
 // channel whose subscription NATS reports, e.g. as a slow consumer.
 type Transport struct {
+	senders    senderTotals // of every sender made here (SenderStats)
 	nc         *nats.Conn
 	opts       Options
 	maxMessage int

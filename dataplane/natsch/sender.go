@@ -207,8 +207,13 @@ func (s *Sender) publish(ctx context.Context, ev dataplane.Event, data []byte) e
 	s.sent += size
 	s.stats.messages.Add(1)
 	s.stats.bytes.Add(size)
+	s.t.senders.messages.Add(1)
+	s.t.senders.bytes.Add(size)
 	if inFlight := s.sent - consumed; inFlight > s.stats.maxInFlight.Load() {
 		s.stats.maxInFlight.Store(inFlight)
+		for cur := s.t.senders.maxInFlight.Load(); inFlight > cur && !s.t.senders.maxInFlight.CompareAndSwap(cur, inFlight); {
+			cur = s.t.senders.maxInFlight.Load()
+		}
 	}
 	return nil
 }
@@ -232,6 +237,7 @@ func (s *Sender) waitCredit(ctx context.Context, size uint64) (uint64, error) {
 		if !waited {
 			waited = true
 			s.stats.creditWaits.Add(1)
+			s.t.senders.creditWaits.Add(1)
 			// Ask at once: the receiver's first grant may have been published
 			// before this sender subscribed.
 			s.requestCredit()
@@ -256,6 +262,7 @@ func (s *Sender) waitCredit(ctx context.Context, size uint64) (uint64, error) {
 func (s *Sender) requestCredit() {
 	var b [creditRequestLen]byte
 	s.stats.creditRequests.Add(1)
+	s.t.senders.creditRequests.Add(1)
 	// A failed publish shows again in the next Publish; nothing to do here.
 	_ = s.t.nc.Publish(s.dataSubj, appendCreditRequest(b[:0], s.seq))
 }
@@ -276,6 +283,21 @@ func (s *Sender) Stats() SenderStats {
 	return SenderStats{
 		Messages: s.stats.messages.Load(), Bytes: s.stats.bytes.Load(), MaxInFlight: s.stats.maxInFlight.Load(),
 		CreditWaits: s.stats.creditWaits.Load(), CreditRequests: s.stats.creditRequests.Load(),
+	}
+}
+
+// senderTotals are the counters of every sender of a Transport.
+type senderTotals struct {
+	messages, bytes, maxInFlight, creditWaits, creditRequests atomic.Uint64
+}
+
+// SenderStats returns the counters of every sender this transport made,
+// added up (MaxInFlight: the largest of any sender); any goroutine may call
+// it.
+func (t *Transport) SenderStats() SenderStats {
+	return SenderStats{
+		Messages: t.senders.messages.Load(), Bytes: t.senders.bytes.Load(), MaxInFlight: t.senders.maxInFlight.Load(),
+		CreditWaits: t.senders.creditWaits.Load(), CreditRequests: t.senders.creditRequests.Load(),
 	}
 }
 

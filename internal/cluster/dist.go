@@ -129,7 +129,7 @@ func (e *LocalExecutor) transport(nc *nats.Conn) (*natsch.Transport, error) {
 	if t := e.transports[nc]; t != nil {
 		return t, nil
 	}
-	t, err := natsch.NewTransport(nc)
+	t, err := natsch.NewTransport(nc, e.ChannelOptions...)
 	if err != nil {
 		return nil, err
 	}

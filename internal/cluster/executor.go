@@ -84,6 +84,9 @@ type LocalExecutor struct {
 	// NATS is how the jobs' nats sources and sinks connect when they name
 	// no url (runtime.Options.NATS): normally the host's own NATS settings.
 	NATS natsutil.ConnectOptions
+	// ChannelOptions configure the NATS channels of jobs spread over hosts
+	// (natsch.NewTransport), e.g. the credit window; default none.
+	ChannelOptions []natsch.Option
 
 	mu         sync.Mutex
 	transports map[*nats.Conn]*natsch.Transport

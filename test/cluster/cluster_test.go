@@ -86,10 +86,15 @@ func newCluster(t *testing.T, slots ...int) *testCluster {
 }
 
 func (tc *testCluster) addHost(id string, slots int) *cluster.Host {
+	return tc.addHostWith(id, slots, &cluster.LocalExecutor{Engine: tc.engine})
+}
+
+// addHostWith starts host id with its own executor.
+func (tc *testCluster) addHostWith(id string, slots int, exec *cluster.LocalExecutor) *cluster.Host {
 	t := tc.t
 	h, err := cluster.StartHost(connect(t, tc.srv.URL()), cluster.HostOptions{
 		ID: id, Slots: slots, DataDir: t.TempDir(), HeartbeatInterval: hbInterval,
-		Executor: &cluster.LocalExecutor{Engine: tc.engine}, Logger: logger(t)})
+		Executor: exec, Logger: logger(t)})
 	if err != nil {
 		t.Fatal(err)
 	}

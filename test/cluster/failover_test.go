@@ -58,7 +58,7 @@ type processCluster struct {
 	hosts map[string]*proc
 }
 
-func newProcessCluster(t *testing.T, hosts, slots int) *processCluster {
+func newProcessCluster(t *testing.T, hosts, slots int, hostArgs ...string) *processCluster {
 	t.Helper()
 	srv, err := natsutil.StartEmbedded(natsutil.EmbeddedOptions{Port: -1, NoLog: true, StoreDir: t.TempDir()})
 	if err != nil {
@@ -70,7 +70,8 @@ func newProcessCluster(t *testing.T, hosts, slots int) *processCluster {
 	startProc(t, "controller", "controller", "--nats", pc.url, hb, "--lost-after=4")
 	for i := 1; i <= hosts; i++ {
 		id := fmt.Sprintf("h%d", i)
-		pc.hosts[id] = startProc(t, id, "host", "--nats", pc.url, hb, "--host-id", id, "--slots", fmt.Sprint(slots), "--data-dir", t.TempDir())
+		args := append([]string{"host", "--nats", pc.url, hb, "--host-id", id, "--slots", fmt.Sprint(slots), "--data-dir", t.TempDir()}, hostArgs...)
+		pc.hosts[id] = startProc(t, id, args...)
 	}
 	pc.client, err = cluster.NewClient(connect(t, pc.url))
 	if err != nil {
