@@ -25,11 +25,13 @@ A job that needs more slots than one host has is spread over several hosts: the
 channels between hosts go over NATS, and the controller drives its checkpoints.`,
 		Args: exactArgs(0),
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			service := "streamd-host"
-			if id := c.v.GetString(keyHostID); id != "" {
-				service += "-" + id
+			// Choose the id now, so that the service name has it too.
+			id := c.v.GetString(keyHostID)
+			if id == "" {
+				id = cluster.NewHostID()
+				c.v.Set(keyHostID, id)
 			}
-			stopTelemetry, err := c.startTelemetry(cmd.Context(), service)
+			stopTelemetry, err := c.startTelemetry(cmd.Context(), "streamd-host-"+id)
 			if err != nil {
 				return err
 			}

@@ -72,14 +72,21 @@ type hostRun struct {
 	exec Execution
 }
 
+// NewHostID is a host id for a host that names none: the hostname (with
+// characters other than letters, digits, '-' and '_' replaced by '_')
+// followed by a random suffix.
+func NewHostID() string {
+	name, _ := os.Hostname()
+	name = regexp.MustCompile(`[^A-Za-z0-9_-]+`).ReplaceAllString(name, "_")
+	var b [3]byte
+	_, _ = rand.Read(b[:])
+	return name + "-" + hex.EncodeToString(b[:])
+}
+
 // StartHost registers the host agent on nc and starts heartbeating.
 func StartHost(nc *nats.Conn, opts HostOptions) (*Host, error) {
 	if opts.ID == "" {
-		name, _ := os.Hostname()
-		name = regexp.MustCompile(`[^A-Za-z0-9_-]+`).ReplaceAllString(name, "_")
-		var b [3]byte
-		_, _ = rand.Read(b[:])
-		opts.ID = name + "-" + hex.EncodeToString(b[:])
+		opts.ID = NewHostID()
 	}
 	if !hostIDRE.MatchString(opts.ID) {
 		return nil, fmt.Errorf("cluster: host id %q: may contain only letters, digits, '-' and '_'", opts.ID)

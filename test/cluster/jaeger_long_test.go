@@ -3,6 +3,7 @@
 package cluster_test
 
 import (
+	"context"
 	"fmt"
 	"testing"
 	"time"
@@ -33,7 +34,8 @@ func TestJobTraceInJaeger(t *testing.T) {
 	grpc := []string{"--tracing", "--tracing-protocol", "grpc", "--tracing-endpoint", j.OTLPGRPC, "--tracing-insecure"}
 	startProc(t, "controller", append([]string{"controller", "--nats", url, hb}, grpc...)...)
 	startProc(t, "h1", append([]string{"host", "--nats", url, hb, "--host-id", "h1", "--slots", "2", "--data-dir", t.TempDir()}, grpc...)...)
-	startProc(t, "h2", "host", "--nats", url, hb, "--host-id", "h2", "--slots", "2", "--data-dir", t.TempDir(),
+	// h2 names no id: its generated id is in its service name too.
+	startProc(t, "h2", "host", "--nats", url, hb, "--slots", "2", "--data-dir", t.TempDir(),
 		"--tracing", "--tracing-protocol", "http", "--tracing-endpoint", j.OTLPHTTP)
 	tc := &testCluster{t: t, srv: srv}
 	tc.client, err = cluster.NewClient(connect(t, url))
@@ -41,6 +43,19 @@ func TestJobTraceInJaeger(t *testing.T) {
 		t.Fatal(err)
 	}
 	tc.waitHosts(2)
+	hs, err := tc.client.Hosts(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	h2 := ""
+	for _, h := range hs {
+		if h.ID != "h1" {
+			h2 = "streamd-host-" + h.ID
+		}
+	}
+	if h2 == "" || len(hs) != 2 {
+		t.Fatalf("hosts %+v: want h1 and one with a generated id", hs)
+	}
 
 	path := spreadJob(t, 6000, 3000, 4, "checkpoint: {interval: 300ms, dir: chk}\n")
 	id := deploy(t, tc, path, jobfile.Options{})
@@ -57,7 +72,7 @@ func TestJobTraceInJaeger(t *testing.T) {
 				services[tr.Service(s)]++
 			}
 		}
-		return services["streamd-host-h1"] == 6 && services["streamd-host-h2"] == 6
+		return services["streamd-host-h1"] == 6 && services[h2] == 6
 	})
 	var root jaegertest.Span
 	for _, s := range tr.Spans {
@@ -94,4 +109,31 @@ func TestJobTraceInJaeger(t *testing.T) {
 		t.Errorf("%d guest.snapshot_state spans, want 4 (the upper subtasks)", guests)
 	}
 	t.Logf("checkpoint %v: %d spans from %v", id64, len(tr.Spans), fmt.Sprint(tr.Processes))
+
+	// The attempt is one trace too: the controller's job span with the task
+	// spans of both hosts (each with its phases) as children.
+	jt := j.WaitTrace(t, "streamd-controller", 60*time.Second, func(tr *jaegertest.Trace) bool {
+		services := map[string]int{}
+		for _, s := range tr.Spans {
+			if s.OperationName == telemetry.SpanTask {
+				services[tr.Service(s)]++
+			}
+		}
+		return services["streamd-host-h1"] == 6 && services[h2] == 6
+	})
+	var job jaegertest.Span
+	for _, s := range jt.Spans {
+		if s.OperationName == telemetry.SpanJob {
+			job = s
+		}
+	}
+	if job.SpanID == "" || job.Parent() != "" || jt.Service(job) != "streamd-controller" {
+		t.Fatalf("job span %+v (service %s): want the root, from the controller", job, jt.Service(job))
+	}
+	for _, s := range jt.Spans {
+		if s.OperationName == telemetry.SpanTask && s.Parent() != job.SpanID {
+			t.Errorf("task span of %s: parent %s, want the job span %s", jt.Service(s), s.Parent(), job.SpanID)
+		}
+	}
+	t.Logf("job trace: %d spans from %v", len(jt.Spans), fmt.Sprint(jt.Processes))
 }
