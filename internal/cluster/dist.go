@@ -50,7 +50,10 @@ func TaskCommandSubject(job string, attempt int, host string) string {
 
 // TaskEvent is one subtask event; exactly one field besides Host is set.
 type TaskEvent struct {
-	Host          string                 `json:"host"`
+	Host string `json:"host"`
+	// Seq numbers the events of one host in one attempt (1, 2, ...), like
+	// TaskCommand.Seq.
+	Seq           uint64                 `json:"seq,omitempty"`
 	Running       *control.TaskRunning   `json:"running,omitempty"`
 	EndOfData     *control.TaskEndOfData `json:"end_of_data,omitempty"`
 	Finished      *control.TaskFinished  `json:"finished,omitempty"`
@@ -103,18 +106,29 @@ func (te TaskEvent) Event() (control.Event, error) {
 type TaskCommand struct {
 	Subtask control.SubtaskID `json:"subtask"`
 	Command runtime.Command   `json:"command"`
+	// Seq numbers the commands to one host in one attempt (1, 2, ...): a
+	// command sent again after a lost answer is recognized and not applied
+	// twice. 0: unnumbered.
+	Seq uint64 `json:"seq,omitempty"`
 }
 
 // ---- host side ----
 
 // distExecution is a host's part of a job attempt spread over hosts.
 type distExecution struct {
-	att *runtime.Attempt
-	sub *nats.Subscription
+	att    *runtime.Attempt
+	sub    *nats.Subscription
+	events *reliableQueue
 }
 
 func (x *distExecution) Wait() (runtime.Stats, error) {
 	st, err := x.att.Wait()
+	if err == nil {
+		// The last events (finished) reach the controller before the host
+		// reports its part finished.
+		x.events.drain(2 * taskRequestTimeout)
+	}
+	x.events.stop()
 	_ = x.sub.Unsubscribe()
 	return st, err
 }
@@ -172,18 +186,20 @@ func (e *LocalExecutor) startDistributed(ctx context.Context, r ExecRequest) (Ex
 		}
 	}
 	nc := r.Conn
-	evSubj := TaskEventsSubject(r.JobID, r.Attempt)
+	events := newReliableQueue(nc, TaskEventsSubject(r.JobID, r.Attempt), r.Logger)
 	report := func(ev control.Event) {
 		te, err := newTaskEvent(r.HostID, ev)
-		if err != nil {
-			r.Logger.Warn("subtask event not sent", "err", err)
-			return
+		if err == nil {
+			err = events.send(func(seq uint64) ([]byte, error) {
+				te.Seq = seq
+				return json.Marshal(te)
+			})
 		}
-		data, _ := json.Marshal(te)
-		if err := nc.Publish(evSubj, data); err != nil {
+		if err != nil {
 			r.Logger.Warn("subtask event not sent", "event", ev.String(), "err", err)
 		}
 	}
+	var lastCmd uint64 // of the command subscription's goroutine
 	ready := make(chan struct{})
 	var att *runtime.Attempt
 	sub, err := nc.Subscribe(TaskCommandSubject(r.JobID, r.Attempt, r.HostID), func(m *nats.Msg) {
@@ -195,21 +211,26 @@ func (e *LocalExecutor) startDistributed(ctx context.Context, r ExecRequest) (Ex
 		var tc TaskCommand
 		if err := json.Unmarshal(m.Data, &tc); err != nil {
 			r.Logger.Warn("bad command from the controller", "err", err)
+			respond(m, Reply{Error: "cluster: bad command: " + err.Error()})
 			return
 		}
-		if att == nil {
-			return
+		defer respond(m, Reply{})
+		if att == nil || tc.Seq != 0 && tc.Seq <= lastCmd {
+			return // a repeat of a command already applied
 		}
+		lastCmd = max(lastCmd, tc.Seq)
 		if !att.Command(tc.Subtask, tc.Command) && tc.Command.Kind == runtime.CommandTrigger {
 			report(control.TriggerFailed{CheckpointID: tc.Command.ID, Subtask: tc.Subtask, Reason: "the subtask has finished"})
 		}
 	})
 	if err != nil {
+		events.stop()
 		return nil, fmt.Errorf("cluster: job %s: subscribe to commands: %w", r.JobID, err)
 	}
 	_ = sub.SetPendingLimits(-1, -1)
 	if err := nc.Flush(); err != nil {
 		sub.Unsubscribe()
+		events.stop()
 		return nil, fmt.Errorf("cluster: job %s: %w", r.JobID, err)
 	}
 	att, err = runtime.StartAttempt(ctx, r.Graph, opts, runtime.Remote{
@@ -217,9 +238,10 @@ func (e *LocalExecutor) startDistributed(ctx context.Context, r ExecRequest) (Ex
 	close(ready)
 	if err != nil {
 		sub.Unsubscribe()
+		events.stop()
 		return nil, err
 	}
-	return &distExecution{att: att, sub: sub}, nil
+	return &distExecution{att: att, sub: sub, events: events}, nil
 }
 
 // ---- controller side ----
@@ -239,10 +261,12 @@ type distJob struct {
 	d         *runtime.Driver
 	attempt   int
 	placement control.Placement
-	active    bool            // the attempt is deployed and has not failed
-	restore   string          // the checkpoint the next attempt restores from
-	finished  map[string]bool // hosts whose part of the attempt finished
-	spWait    chan string     // a savepoint request waits for the savepoint's location
+	active    bool                      // the attempt is deployed and has not failed
+	restore   string                    // the checkpoint the next attempt restores from
+	finished  map[string]bool           // hosts whose part of the attempt finished
+	evSeq     map[string]uint64         // per host, the last subtask event of the attempt taken
+	cmds      map[string]*reliableQueue // per host, the commands of the attempt
+	spWait    chan string               // a savepoint request waits for the savepoint's location
 	closed    bool
 	obs       distObs // the attempt, failover and restore spans (trace.go)
 }
@@ -317,16 +341,34 @@ type distTarget struct {
 	placement control.Placement
 }
 
+// Command queues c for the host of subtask id (dj.mu held): sent as a
+// request, again until the host answers (reliableQueue).
 func (t distTarget) Command(id control.SubtaskID, c runtime.Command) bool {
 	h := t.placement.Host(id.Index)
 	if h == "" {
 		return false
 	}
-	data, _ := json.Marshal(TaskCommand{Subtask: id, Command: c})
-	if err := t.dj.c.nc.Publish(TaskCommandSubject(t.dj.id, t.attempt, h), data); err != nil {
-		t.dj.log.Warn("command not sent", "host", h, "subtask", id, "err", err)
+	dj := t.dj
+	q := dj.cmds[h]
+	if q == nil {
+		q = newReliableQueue(dj.c.nc, TaskCommandSubject(dj.id, t.attempt, h), dj.log)
+		dj.cmds[h] = q
+	}
+	err := q.send(func(seq uint64) ([]byte, error) {
+		return json.Marshal(TaskCommand{Subtask: id, Command: c, Seq: seq})
+	})
+	if err != nil {
+		dj.log.Warn("command not sent", "host", h, "subtask", id, "err", err)
 	}
 	return true
+}
+
+// stopCommands ends the command queues of the attempt (dj.mu held).
+func (dj *distJob) stopCommands() {
+	for _, q := range dj.cmds {
+		q.stop()
+	}
+	dj.cmds = map[string]*reliableQueue{}
 }
 
 func (t distTarget) Fail(err error) {
@@ -353,8 +395,10 @@ func (dj *distJob) onEvent(m *nats.Msg) {
 	var te TaskEvent
 	if err := json.Unmarshal(m.Data, &te); err != nil {
 		dj.log.Warn("bad subtask event", "host", te.Host, "err", err)
+		respond(m, Reply{Error: "cluster: bad subtask event: " + err.Error()})
 		return
 	}
+	defer respond(m, Reply{}) // taken, or of an attempt that is over: do not send it again
 	ev, err := te.Event()
 	if err != nil {
 		dj.log.Warn("bad subtask event", "host", te.Host, "err", err)
@@ -364,6 +408,12 @@ func (dj *distJob) onEvent(m *nats.Msg) {
 	defer dj.mu.Unlock()
 	if attempt != dj.attempt || !dj.active || dj.d == nil || dj.closed {
 		return // a straggler of an earlier attempt
+	}
+	if te.Seq != 0 {
+		if te.Seq <= dj.evSeq[te.Host] {
+			return // sent again after a lost answer: already taken
+		}
+		dj.evSeq[te.Host] = te.Seq
 	}
 	dj.d.Step(dj.target(), ev)
 	dj.checkRunning()
@@ -401,6 +451,8 @@ func (dj *distJob) deploy(attempt int, p control.Placement) string {
 	defer dj.mu.Unlock()
 	dj.attempt, dj.placement, dj.active = attempt, p, true
 	dj.finished = map[string]bool{}
+	dj.evSeq = map[string]uint64{}
+	dj.stopCommands()
 	dj.startAttemptSpan(dj.restore)
 	return dj.restore
 }
@@ -415,6 +467,7 @@ func (dj *distJob) failover(reason string) {
 		return
 	}
 	dj.active = false
+	dj.stopCommands()
 	defer dj.failoverSpans(reason) // after the driver aborted the attempt's checkpoints
 	if dj.d == nil {
 		return
@@ -435,6 +488,7 @@ func (dj *distJob) close(final control.Event) {
 		dj.closed = true
 		dj.active = false
 		close(dj.stop)
+		dj.stopCommands()
 		if dj.d != nil && final != nil && !dj.d.State().Terminal() {
 			dj.d.Step(nil, final)
 		}

@@ -1,0 +1,82 @@
+package cluster
+
+import (
+	"encoding/binary"
+	"log/slog"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/streamd/streamd/internal/natsutil"
+)
+
+// TestReliableQueueResendsUntilAnswered loses answers on purpose (the
+// receiver takes every third request but does not answer it) and checks that every message
+// arrives, in order, the repeats recognizable by their sequence numbers.
+func TestReliableQueueResendsUntilAnswered(t *testing.T) {
+	srv, err := natsutil.StartEmbedded(natsutil.EmbeddedOptions{Port: -1, NoLog: true, NoJetStream: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(srv.Shutdown)
+	nc, err := natsutil.Connect(natsutil.URLs(srv.URL()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	const n = 30
+	var mu sync.Mutex
+	var got []uint64
+	calls, last := 0, uint64(0)
+	done := make(chan struct{})
+	// Nobody answers at first: the queue waits (no responders) and sends later.
+	q := newReliableQueue(nc, "test.reliable", slog.New(slog.DiscardHandler))
+	q.timeout = 50 * time.Millisecond
+	defer q.stop()
+	for i := 0; i < n; i++ {
+		if err := q.send(func(seq uint64) ([]byte, error) { return binary.LittleEndian.AppendUint64(nil, seq), nil }); err != nil {
+			t.Fatal(err)
+		}
+	}
+	time.Sleep(150 * time.Millisecond)
+	sub, err := nc.Subscribe("test.reliable", func(m *nats.Msg) {
+		mu.Lock()
+		defer mu.Unlock()
+		calls++
+		if seq := binary.LittleEndian.Uint64(m.Data); seq > last { // a repeat is dropped
+			got = append(got, seq)
+			last = seq
+			if seq == n {
+				close(done)
+			}
+		}
+		if calls%3 != 0 {
+			m.Respond(nil)
+		} // else the answer is lost: the same message comes again
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Unsubscribe()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatalf("after 10s the receiver has %v", got)
+	}
+	if !q.drain(time.Second) {
+		t.Fatal("queue not drained")
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	for i, s := range got {
+		if s != uint64(i+1) {
+			t.Fatalf("received %v: want 1..%d in order", got, n)
+		}
+	}
+	if calls <= n {
+		t.Fatalf("%d requests for %d messages: want repeats after the lost answers", calls, n)
+	}
+	t.Logf("%d messages in %d requests", n, calls)
+}
