@@ -7,8 +7,8 @@
 // not exist. The on-disk format is a contract, documented in
 // docs/checkpoint-format.md.
 //
-// Store is the storage interface (a local directory now, a NATS JetStream
-// object store later). Reassign redistributes an operator's state when the
+// Store is the storage interface: Dir (a local directory) and JetStream (a
+// NATS JetStream object store, for hosts without a shared disk). Reassign redistributes an operator's state when the
 // parallelism changes; LoadRestore does everything a restore needs.
 package checkpoint
 
