@@ -16,6 +16,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"runtime"
+	"sort"
 	"strconv"
 	"strings"
 	"time"
@@ -33,6 +34,7 @@ var suites = []suite{
 	{"./host", "."},
 	{"./internal/runtime", "."},
 	{"./test/cluster", "BenchmarkInProcess|BenchmarkTwoHostsNATS"},
+	{"./internal/checkpoint", "1MKeys"},
 }
 
 type result struct {
@@ -160,10 +162,10 @@ func render(results []result, cold, cached float64) string {
 	fmt.Fprintf(&b, "Measured %s on %s (%s, %d cores, %s). Regenerate with `make bench`.\n",
 		time.Now().UTC().Format("2006-01-02 15:04 MST"), host, cpu, runtime.NumCPU(), runtime.Version())
 	fmt.Fprintf(&b, "The machine is shared and noisy: compare the ratios, which come from one run, not absolute numbers across runs.\n\n")
-	fmt.Fprintf(&b, "| benchmark | ns/record | records/s | ns/op |\n|---|---:|---:|---:|\n")
+	fmt.Fprintf(&b, "| benchmark | ns/record | records/s | ns/op | other metrics |\n|---|---:|---:|---:|---|\n")
 	for _, r := range results {
-		fmt.Fprintf(&b, "| %s | %s | %s | %s |\n", strings.TrimPrefix(r.name, "Benchmark"),
-			num(r.metrics["ns/record"]), num(r.metrics["records/s"]), num(r.metrics["ns/op"]))
+		fmt.Fprintf(&b, "| %s | %s | %s | %s | %s |\n", strings.TrimPrefix(r.name, "Benchmark"),
+			num(r.metrics["ns/record"]), num(r.metrics["records/s"]), num(r.metrics["ns/op"]), others(r.metrics))
 	}
 	fmt.Fprintf(&b, "\n## Ratios (same run)\n\n| ratio | value | target |\n|---|---:|---|\n")
 	for _, q := range ratios {
@@ -174,6 +176,15 @@ func render(results []result, cold, cached float64) string {
 			continue
 		}
 		fmt.Fprintf(&b, "| %s | %.2f | %s |\n", q.label, a/d, q.target)
+	}
+	fmt.Fprintf(&b, "\n## Targets read off single benchmarks (same run)\n\n| what | value | target |\n|---|---:|---|\n")
+	for _, q := range values {
+		v, ok := find(results, q.bench, q.unit)
+		if !ok {
+			fmt.Fprintf(&b, "| %s | n/a (missing %s) | %s |\n", q.label, q.bench, q.target)
+			continue
+		}
+		fmt.Fprintf(&b, "| %s | %s %s | %s |\n", q.label, num(v), q.unit, q.target)
 	}
 	fmt.Fprintf(&b, "| compile cold / cached, new process (uppercase Go guest: %.3fs / %.3fs) | %.1fx | cached at least 10x faster |\n",
 		cold, cached, cold/cached)
@@ -194,8 +205,47 @@ var ratios = []ratio{
 	{"pipeline Rust guest / native Go, records/s", "BenchmarkPipelineRustGuest", "BenchmarkPipelineNativeMap", "records/s", ">= 0.40; Rust >= 1M records/s"},
 	{"pipeline Go guest / native Go, records/s", "BenchmarkPipelineGoGuest", "BenchmarkPipelineNativeMap", "records/s", "report"},
 	{"two hosts over NATS loopback / in-process (generator -hash-> uppercase wasm p=2), records/s", "BenchmarkTwoHostsNATS", "BenchmarkInProcess", "records/s", "report"},
+	{"checkpoint every 1 s / no checkpoints (keyed wasm counter p=2), records/s", "BenchmarkCheckpointInterval1s", "BenchmarkNoCheckpoint", "records/s", ">= 0.90"},
 	{"pipeline hash p=2 / forward p=2, records/s", "BenchmarkPipelineHashP2", "BenchmarkPipelineForwardP2", "records/s", ">= 0.70 (hash costs <= 30%)"},
 	{"tracing on / off (checkpointing Rust pipeline p=2, SDK provider, discarding exporter), records/s", "BenchmarkTracingOn", "BenchmarkTracingOff", "records/s", ">= 0.95 (BenchmarkTracingOnVsOff alternates both: on-%-of-off)"},
+}
+
+// value is one metric of one benchmark that an issue sets a target for.
+type value struct {
+	label, bench, unit, target string
+}
+
+var values = []value{
+	{"boundary cost of a batched call (no-op WAT guest)", "BenchmarkCallBatched/noop-wat", "ns/record", "< 20 ns/record"},
+	{"Rust guest map through the host, one core", "BenchmarkCallBatched/uppercase-rust", "records/s", ">= 1.2M records/s"},
+	{"Rust guest pipeline generator -> map -> discard, p=1", "BenchmarkPipelineRustGuest", "records/s", ">= 1M records/s"},
+	{"Rust guest pipeline as % of native, back to back in one benchmark", "BenchmarkGuestVsNative", "rust-%-of-native", ">= 40"},
+	{"Go guest pipeline as % of native, back to back in one benchmark", "BenchmarkGuestVsNative", "go-%-of-native", "report"},
+	{"tracing on as % of off, alternating in one benchmark", "BenchmarkTracingOnVsOff", "on-%-of-off", ">= 95"},
+	{"checkpoint of 1M keys of 100-byte state, written to disk", "BenchmarkSnapshot1MKeys", "s/checkpoint", "<= 2 s"},
+	{"restore and redistribute 1M keys to 4 subtasks", "BenchmarkRestore1MKeys", "s/restore", "report"},
+	{"failure to processing again, 8 subtasks, modules cached", "BenchmarkFailoverRestart8", "ms/failover", "< 1000 ms"},
+	{"end of input to job finished, pipeline depth 1, interval 1h", "BenchmarkFinalCheckpointDepth1", "ms/finish", "< 1000 ms"},
+	{"end of input to job finished, pipeline depth 4, interval 1h", "BenchmarkFinalCheckpointDepth4", "ms/finish", "< 1000 ms"},
+	{"end of input to job finished, pipeline depth 8, interval 1h", "BenchmarkFinalCheckpointDepth8", "ms/finish", "< 1000 ms"},
+}
+
+// others formats the metrics that have no column of their own.
+func others(m map[string]float64) string {
+	var keys []string
+	for k := range m {
+		switch k {
+		case "ns/record", "records/s", "ns/op", "B/op", "allocs/op", "MB/s":
+			continue
+		}
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	var parts []string
+	for _, k := range keys {
+		parts = append(parts, num(m[k])+" "+k)
+	}
+	return strings.Join(parts, ", ")
 }
 
 func find(rs []result, name, unit string) (float64, bool) {
@@ -217,7 +267,7 @@ func num(v float64) string {
 	case v >= 1000:
 		return fmt.Sprintf("%.0f", v)
 	default:
-		return fmt.Sprintf("%.1f", v)
+		return fmt.Sprintf("%.3g", v)
 	}
 }
 
