@@ -7,6 +7,7 @@ import (
 
 	"github.com/streamd/streamd/internal/cluster"
 	"github.com/streamd/streamd/internal/jobfile"
+	"github.com/streamd/streamd/internal/natsutil"
 )
 
 func (c *cli) controllerCommand() *cobra.Command {
@@ -25,7 +26,7 @@ heartbeats. Its job table lives in memory. See docs/subjects.md for the subjects
 				return err
 			}
 			defer stopTelemetry()
-			nc, err := c.connectNATS("streamd controller")
+			nc, err := c.connectNATS("streamd controller", natsutil.KeepReconnecting()...)
 			if err != nil {
 				return err
 			}

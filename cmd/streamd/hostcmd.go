@@ -10,6 +10,7 @@ import (
 
 	"github.com/streamd/streamd/host"
 	"github.com/streamd/streamd/internal/cluster"
+	"github.com/streamd/streamd/internal/natsutil"
 )
 
 func (c *cli) hostCommand() *cobra.Command {
@@ -36,7 +37,7 @@ channels between hosts go over NATS, and the controller drives its checkpoints.`
 				return err
 			}
 			defer stopTelemetry()
-			nc, err := c.connectNATS("streamd host")
+			nc, err := c.connectNATS("streamd host", natsutil.KeepReconnecting()...)
 			if err != nil {
 				return err
 			}

@@ -6,6 +6,7 @@ import (
 	"net/url"
 	"os"
 	"strings"
+	"time"
 
 	"github.com/nats-io/nats.go"
 )
@@ -272,4 +273,24 @@ func checkFile(what, path string) error {
 		return fmt.Errorf("natsutil: %s %s is a directory", what, path)
 	}
 	return nil
+}
+
+// DefaultReconnectWait is the pause between reconnect attempts of
+// KeepReconnecting.
+const DefaultReconnectWait = 250 * time.Millisecond
+
+// KeepReconnecting are the reconnect options of long-lived processes (the
+// controller, hosts, `streamd server`): reconnect forever, every
+// DefaultReconnectWait plus a little jitter, so a NATS server that restarts
+// or is away for a while is rejoined however long it takes. nats.go
+// resubscribes on reconnect and buffers what is published meanwhile (up to
+// its reconnect buffer); what is lost on data channels is caught by their
+// sequence numbers. Without these options nats.go gives up after 60 tries
+// 2 s apart and closes the connection for good.
+func KeepReconnecting() []nats.Option {
+	return []nats.Option{
+		nats.MaxReconnects(-1),
+		nats.ReconnectWait(DefaultReconnectWait),
+		nats.ReconnectJitter(100*time.Millisecond, time.Second),
+	}
 }

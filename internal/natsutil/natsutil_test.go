@@ -251,3 +251,52 @@ func TestEmbeddedOptionsValidate(t *testing.T) {
 		t.Error("token and username accepted")
 	}
 }
+
+// TestKeepReconnecting: a connection with KeepReconnecting rejoins a server
+// restarted on the same port (and keeps its subscriptions), and never gives
+// up reconnecting.
+func TestKeepReconnecting(t *testing.T) {
+	o := nats.GetDefaultOptions()
+	for _, opt := range KeepReconnecting() {
+		if err := opt(&o); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if o.MaxReconnect != -1 || o.ReconnectWait != DefaultReconnectWait {
+		t.Fatalf("MaxReconnect %d ReconnectWait %s, want -1 and %s", o.MaxReconnect, o.ReconnectWait, DefaultReconnectWait)
+	}
+	srv, err := StartEmbedded(EmbeddedOptions{Port: -1, NoLog: true, NoJetStream: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := srv.Addr().(*net.TCPAddr).Port
+	reconnected := make(chan struct{}, 1)
+	co := ConnectOptions{URLs: []string{srv.URL()}}
+	nc, err := co.Connect(append(KeepReconnecting(), nats.ReconnectHandler(func(*nats.Conn) { reconnected <- struct{}{} }))...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	sub, err := nc.SubscribeSync("x")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv.Shutdown()
+	time.Sleep(time.Second) // several reconnect attempts fail
+	srv, err = StartEmbedded(EmbeddedOptions{Port: port, NoLog: true, NoJetStream: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Shutdown()
+	select {
+	case <-reconnected:
+	case <-time.After(5 * time.Second):
+		t.Fatalf("not reconnected 5s after the restart (status %v)", nc.Status())
+	}
+	if err := nc.Publish("x", []byte("hi")); err != nil {
+		t.Fatal(err)
+	}
+	if m, err := sub.NextMsg(2 * time.Second); err != nil || string(m.Data) != "hi" {
+		t.Fatalf("after the restart: %v %v", m, err)
+	}
+}
