@@ -222,6 +222,8 @@ var values = []value{
 	{"Rust guest pipeline as % of native, back to back in one benchmark", "BenchmarkGuestVsNative", "rust-%-of-native", ">= 40"},
 	{"Go guest pipeline as % of native, back to back in one benchmark", "BenchmarkGuestVsNative", "go-%-of-native", "report"},
 	{"tracing on as % of off, alternating in one benchmark", "BenchmarkTracingOnVsOff", "on-%-of-off", ">= 95"},
+	{"checkpoint every 1 s as % of no checkpoints, alternating in one benchmark", "BenchmarkCheckpointVsNone", "1s-%-of-none", ">= 90"},
+	{"hash partitioning p=2 as % of forward p=2, alternating in one benchmark", "BenchmarkHashVsForwardP2", "hash-%-of-forward", ">= 70"},
 	{"checkpoint of 1M keys of 100-byte state, written to disk", "BenchmarkSnapshot1MKeys", "s/checkpoint", "<= 2 s"},
 	{"restore and redistribute 1M keys to 4 subtasks", "BenchmarkRestore1MKeys", "s/restore", "report"},
 	{"failure to processing again, 8 subtasks, modules cached", "BenchmarkFailoverRestart8", "ms/failover", "< 1000 ms"},

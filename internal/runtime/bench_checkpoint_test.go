@@ -23,9 +23,21 @@ import (
 //	go test -run '^$' -bench 'Checkpoint|Failover|FinalCheckpoint' -benchtime 3000000x ./internal/runtime/
 
 func benchCheckpointThroughput(b *testing.B, interval time.Duration) {
+	run := checkpointRunner(b, interval)
+	run(10000)
+	b.ResetTimer()
+	stats := run(b.N)
+	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "records/s")
+	b.ReportMetric(float64(stats.Checkpoints), "checkpoints")
+}
+
+// checkpointRunner returns a function that runs generator -> keyed wasm
+// counter (hash) -> discard at parallelism 2 with n records, checkpointing
+// every interval (0: no checkpointing), and checks they all arrived.
+func checkpointRunner(b *testing.B, interval time.Duration) func(n int) Stats {
 	mod := testwasm.Path(b, "internal/testguests/failonce/failonce.wasm")
 	eng := benchEngine(b)
-	run := func(n int) Stats {
+	return func(n int) Stats {
 		spec := &jobfile.SourceSpec{Type: "generator", Count: int64(n), KeyPattern: "key-{k}", ValuePattern: "value-{n}", Keys: 1000, TSStep: 1}
 		g := graph(b,
 			src("gen", 2, spec),
@@ -45,11 +57,51 @@ func benchCheckpointThroughput(b *testing.B, interval time.Duration) {
 		}
 		return stats
 	}
-	run(10000)
+}
+
+// BenchmarkCheckpointVsNone alternates the checkpointing pipeline with a
+// checkpoint every second and the same pipeline without checkpoints (3M
+// records each per iteration, so a few checkpoints complete), so both see the
+// same machine, and reports checkpointing's throughput as a percentage of
+// none's (target >= 90).
+func BenchmarkCheckpointVsNone(b *testing.B) {
+	const n = 3_000_000
+	none, every := checkpointRunner(b, 0), checkpointRunner(b, time.Second)
+	none(10000)
+	every(10000)
+	var checkpoints int
+	alternate(b, n, []string{"none", "1s"}, func(i int) {
+		if i == 0 {
+			none(n)
+			return
+		}
+		checkpoints += every(n).Checkpoints
+	})
+	b.ReportMetric(float64(checkpoints)/float64(b.N), "checkpoints/run")
+}
+
+// alternate runs run(0), run(1), ... in turn b.N times, each over n records,
+// and reports each one's records/s and every later one as a percentage of
+// the first ("<name>-%-of-<first>").
+func alternate(b *testing.B, n int, names []string, run func(i int)) {
+	b.Helper()
+	spent := make([]time.Duration, len(names))
 	b.ResetTimer()
-	stats := run(b.N)
-	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "records/s")
-	b.ReportMetric(float64(stats.Checkpoints), "checkpoints")
+	for it := 0; it < b.N; it++ {
+		for i := range names {
+			start := time.Now()
+			run(i)
+			spent[i] += time.Since(start)
+		}
+	}
+	b.StopTimer()
+	rate := func(d time.Duration) float64 { return float64(b.N) * float64(n) / d.Seconds() }
+	for i, name := range names {
+		b.ReportMetric(rate(spent[i]), name+"-records/s")
+		if i > 0 {
+			b.ReportMetric(100*rate(spent[i])/rate(spent[0]), name+"-%-of-"+names[0])
+		}
+	}
 }
 
 func BenchmarkNoCheckpoint(b *testing.B)         { benchCheckpointThroughput(b, 0) }

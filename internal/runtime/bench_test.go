@@ -80,6 +80,19 @@ func BenchmarkPipelineHashP2(b *testing.B) {
 	benchPipeline(b, NativeFactory(newUpper), 2, control.Hash, nil)
 }
 
+// BenchmarkHashVsForwardP2 alternates the native pipeline at parallelism 2
+// with forward and with hash partitioning (2M records each per iteration) and
+// reports hash's throughput as a percentage of forward's (target >= 70: hash
+// partitioning costs no more than 30%).
+func BenchmarkHashVsForwardP2(b *testing.B) {
+	const n = 2_000_000
+	runs := []func(int) Stats{
+		pipelineRunner(b, NativeFactory(newUpper), 2, control.Forward, nil),
+		pipelineRunner(b, NativeFactory(newUpper), 2, control.Hash, nil),
+	}
+	alternate(b, n, []string{"forward", "hash"}, func(i int) { runs[i](n) })
+}
+
 // BenchmarkGuestVsNative runs the native and the Rust and Go guest pipelines
 // back to back (1M records each per iteration, so they share the machine's
 // conditions) and reports each one's records/s and the guests' share of the
