@@ -97,7 +97,12 @@ func TestKillHostFailsOverExactlyOnce(t *testing.T) {
 }
 
 func killHostFailsOver(t *testing.T, storage string) {
-	pc := newProcessCluster(t, 3, 2)
+	killHostFailsOverOn(t, newProcessCluster(t, 3, 2), storage)
+}
+
+// killHostFailsOverOn runs the scenario on the processes of pc (three hosts
+// of two slots).
+func killHostFailsOverOn(t *testing.T, pc *processCluster, storage string) {
 	const n = 8000
 	path := spreadJob(t, n, 2000, 4, "checkpoint: {interval: 200ms, dir: chk, storage: "+storage+"}\nrestart: {strategy: fixed-delay, attempts: 3, delay: 100ms}\n")
 	id := deploy(t, pc.testCluster, path, jobfile.Options{})

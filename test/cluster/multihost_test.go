@@ -91,7 +91,12 @@ func TestThreeHostProcessesSameAsRun(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds and runs streamd processes")
 	}
-	pc := newProcessCluster(t, 3, 1)
+	threeHostsSameAsRun(t, newProcessCluster(t, 3, 1))
+}
+
+// threeHostsSameAsRun deploys a job of parallelism 3 onto pc's three hosts
+// of one slot each.
+func threeHostsSameAsRun(t *testing.T, pc *processCluster) {
 	path := spreadJob(t, 30000, 15000, 3, "checkpoint: {interval: 100ms, dir: chk}\n")
 	out, errs, code := streamd(t, nil, "deploy", "--nats", pc.url, path)
 	if code != 0 {
