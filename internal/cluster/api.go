@@ -47,7 +47,8 @@ const (
 )
 
 // HostSubject is the subject on which host id receives verb from the
-// controller (request/reply): "assign", "cancel", "savepoint" or "stop".
+// controller (request/reply): "assign", "cancel", "savepoint", "stop" or
+// "outcome".
 func HostSubject(id, verb string) string { return "streamd.v1.hosts." + id + "." + verb }
 
 // Host verbs.
@@ -56,6 +57,10 @@ const (
 	HostVerbCancel    = "cancel"
 	HostVerbSavepoint = "savepoint"
 	HostVerbStop      = "stop"
+	// HostVerbOutcome asks a host how an attempt ended there (OutcomeReply):
+	// the controller asks when the host's heartbeats stopped listing an
+	// attempt whose end it never reported.
+	HostVerbOutcome = "outcome"
 )
 
 // ArtifactBucket is the JetStream object store bucket of modules, job files
@@ -276,6 +281,17 @@ type HostRequest struct {
 	Attempt int    `json:"attempt"`
 	Dir     string `json:"dir,omitempty"`
 	Drain   bool   `json:"drain,omitempty"`
+}
+
+// OutcomeReply (streamd.v1.hosts.<id>.outcome, request: HostRequest) is how
+// an attempt ended on the host: Event is the final report the host sent (or
+// tried to send) for it, nil if the host does not know the attempt (it never
+// ran it, or forgot it: a host keeps the outcomes of its latest attempts
+// only, in memory). Running: the attempt still runs there.
+type OutcomeReply struct {
+	Reply
+	Running bool       `json:"running,omitempty"`
+	Event   *HostEvent `json:"event,omitempty"`
 }
 
 // HostEvent (streamd.v1.hosts.events) reports an attempt's state on a host:

@@ -33,6 +33,12 @@ type ControllerOptions struct {
 	MaxFailovers int
 	// RequestTimeout bounds requests to hosts; default 10s.
 	RequestTimeout time.Duration
+	// UnreportedAfter is how many consecutive heartbeats of a host may omit
+	// an attempt that the controller believes runs there, and whose end the
+	// host never reported, before the controller asks the host how it ended
+	// (its final report was lost); the attempt must have been assigned at
+	// least that many heartbeat intervals ago. Default 3.
+	UnreportedAfter int
 	// CheckpointStorage is the checkpoint storage of deployed jobs whose
 	// job file does not choose one (checkpoint.storage): "" or
 	// jobfile.StorageDir for their checkpoint directory,
@@ -46,6 +52,7 @@ const (
 	DefaultLostAfter         = 3
 	DefaultMaxFailovers      = 10
 	DefaultRequestTimeout    = 10 * time.Second
+	DefaultUnreportedAfter   = 3
 )
 
 // ErrCrossHost is the reason of a job that only fits spread over several
@@ -107,6 +114,15 @@ type ctlJob struct {
 	dist         *distJob
 	hostStats    map[string][]runtime.OperatorStats // dist: per host, of the current attempt
 	taskRestarts int                                // dist: restarts after task failures
+
+	// Of the current attempt, to notice a host's lost final report
+	// (checkUnreportedLocked): when it was assigned, the hosts whose end
+	// report arrived, per host the consecutive heartbeats that did not list
+	// it, and the hosts being asked for its outcome.
+	assignedAt time.Time
+	endedOn    map[string]bool
+	unlisted   map[string]int
+	asking     map[string]bool
 }
 
 // StartController subscribes the controller to the control API and the host
@@ -126,6 +142,9 @@ func StartController(nc *nats.Conn, opts ControllerOptions) (*Controller, error)
 	}
 	if opts.RequestTimeout <= 0 {
 		opts.RequestTimeout = DefaultRequestTimeout
+	}
+	if opts.UnreportedAfter <= 0 {
+		opts.UnreportedAfter = DefaultUnreportedAfter
 	}
 	switch opts.CheckpointStorage {
 	case "", jobfile.StorageDir, jobfile.StorageJetStream:
@@ -313,6 +332,7 @@ func (c *Controller) scheduleLocked(now time.Time) []effect {
 		}
 		j.placement = &p
 		j.hostStats = map[string][]runtime.OperatorStats{}
+		j.assignedAt, j.endedOn, j.unlisted, j.asking = now, map[string]bool{}, map[string]int{}, map[string]bool{}
 		j.subtaskState = SubtaskDeploying
 		j.reason = ""
 		j.updated = now
@@ -715,6 +735,90 @@ func (c *Controller) handleHeartbeat(msg *nats.Msg) {
 			_ = requestTimeout(c.nc, HostSubject(hostID, HostVerbCancel), c.opts.RequestTimeout, req, &rep)
 		})
 	}
+	effects = append(effects, c.checkUnreportedLocked(hb, h, now)...)
+	effects = append(effects, c.scheduleLocked(now)...)
+	c.mu.Unlock()
+	c.run(effects)
+}
+
+// checkUnreportedLocked notices attempts whose end a host never reported: the
+// controller believes the attempt runs on host h (its placement has h, the job
+// is not over, no end report of h arrived) but h's heartbeats stopped listing
+// it (a host lists an attempt from the assignment until it reported its end).
+// After opts.UnreportedAfter such heartbeats in a row, and only if the attempt
+// was assigned at least that many of h's intervals ago (a heartbeat may
+// overtake the assignment), the controller asks h for the outcome.
+func (c *Controller) checkUnreportedLocked(hb Heartbeat, h *ctlHost, now time.Time) []effect {
+	listed := map[AttemptRef]bool{}
+	for _, r := range hb.Running {
+		listed[r] = true
+	}
+	k := c.opts.UnreportedAfter
+	var effects []effect
+	for _, jid := range c.order {
+		j := c.jobs[jid]
+		if j.placement == nil || TerminalJobState(j.state) || j.canceling || !contains(j.placement.Slots, h.id) ||
+			j.endedOn[h.id] || j.asking[h.id] {
+			continue
+		}
+		if listed[AttemptRef{JobID: j.id, Attempt: j.attempt}] || now.Sub(j.assignedAt) < time.Duration(k)*h.interval {
+			j.unlisted[h.id] = 0
+			continue
+		}
+		j.unlisted[h.id]++
+		if j.unlisted[h.id] < k {
+			continue
+		}
+		j.asking[h.id] = true
+		req, host := HostRequest{JobID: j.id, Attempt: j.attempt}, h.id
+		c.log.Warn("host no longer runs an attempt whose end it did not report; asking for its outcome",
+			"host", host, "job", j.id, "attempt", j.attempt, "heartbeats", j.unlisted[host])
+		effects = append(effects, func() {
+			var rep OutcomeReply
+			err := requestTimeout(c.nc, HostSubject(host, HostVerbOutcome), c.opts.RequestTimeout, req, &rep)
+			if err == nil {
+				err = rep.Err()
+			}
+			c.outcome(req, host, rep, err)
+		})
+	}
+	return effects
+}
+
+// outcome applies a host's answer to an outcome request: its final report as
+// if it had arrived, or, if the host does not know the attempt or did not
+// answer, a failure of the attempt (failed over like a lost host).
+func (c *Controller) outcome(req HostRequest, host string, rep OutcomeReply, err error) {
+	now := time.Now()
+	c.mu.Lock()
+	j := c.jobs[req.JobID]
+	if j == nil || j.attempt != req.Attempt || TerminalJobState(j.state) || j.placement == nil || j.canceling || j.endedOn[host] {
+		c.mu.Unlock()
+		return
+	}
+	j.asking[host] = false
+	j.unlisted[host] = 0
+	switch {
+	case err == nil && rep.Running:
+		c.mu.Unlock()
+		c.log.Info("host says the attempt still runs", "host", host, "job", req.JobID, "attempt", req.Attempt)
+		return
+	case err == nil && rep.Event != nil && rep.Event.JobID == req.JobID && rep.Event.Attempt == req.Attempt:
+		c.mu.Unlock()
+		ev := *rep.Event
+		ev.HostID = host
+		c.log.Warn("host's final report was lost; taking its outcome", "host", host, "job", req.JobID, "attempt", req.Attempt, "state", ev.State)
+		c.hostEvent(ev)
+		return
+	}
+	reason := fmt.Sprintf("host %s reported no end for attempt %d of job %s", host, req.Attempt, req.JobID)
+	if err != nil {
+		reason += fmt.Sprintf(" (outcome request: %v)", err)
+	} else {
+		reason += " (the host does not know its outcome)"
+	}
+	j.endedOn[host] = true
+	effects := c.failLocked(j, now, reason, true, host)
 	effects = append(effects, c.scheduleLocked(now)...)
 	c.mu.Unlock()
 	c.run(effects)
@@ -753,6 +857,10 @@ func (c *Controller) hostEvent(ev HostEvent) {
 		j.elapsed = ev.Elapsed
 	}
 	var effects []effect
+	switch ev.State {
+	case SubtaskFinished, SubtaskFailed, SubtaskCanceled:
+		j.endedOn[ev.HostID] = true
+	}
 	switch ev.State {
 	case SubtaskDeploying:
 		j.subtaskState = SubtaskDeploying

@@ -38,7 +38,18 @@ type HostOptions struct {
 	Logger   *slog.Logger
 	// RequestTimeout bounds reports to the controller; default 10s.
 	RequestTimeout time.Duration
+	// Outcomes is how many of its latest attempts' final reports the host
+	// remembers, to answer the controller's outcome requests (a final report
+	// that never reached the controller); default DefaultOutcomes, < 0: none.
+	Outcomes int
+	// SendFinalReport, if set, is asked before the host reports an
+	// attempt's end (finished, failed or canceled); false drops the report
+	// as if every retry was lost. For tests only.
+	SendFinalReport func(HostEvent) bool
 }
+
+// DefaultOutcomes is the default of HostOptions.Outcomes.
+const DefaultOutcomes = 64
 
 var hostIDRE = regexp.MustCompile(`^[A-Za-z0-9_-]+$`)
 
@@ -55,6 +66,8 @@ type Host struct {
 
 	mu      sync.Mutex // guards runs and closed
 	runs    map[AttemptRef]*hostRun
+	ends    map[AttemptRef]HostEvent // final reports of the latest attempts (at most opts.Outcomes)
+	endList []AttemptRef             // the keys of ends, oldest first
 	closed  bool
 	paused  bool // heartbeats paused (tests)
 	subs    []*nats.Subscription
@@ -112,6 +125,9 @@ func StartHost(nc *nats.Conn, opts HostOptions) (*Host, error) {
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler)
 	}
+	if opts.Outcomes == 0 {
+		opts.Outcomes = DefaultOutcomes
+	}
 	if err := os.MkdirAll(filepath.Join(opts.DataDir, "artifacts"), 0o755); err != nil {
 		return nil, fmt.Errorf("cluster: host %s: data directory: %w", opts.ID, err)
 	}
@@ -120,13 +136,14 @@ func StartHost(nc *nats.Conn, opts HostOptions) (*Host, error) {
 		return nil, err
 	}
 	h := &Host{nc: nc, opts: opts, log: opts.Logger.With("component", "host", "host", opts.ID), arts: arts,
-		runs: map[AttemptRef]*hostRun{}, release: make(chan struct{})}
+		runs: map[AttemptRef]*hostRun{}, ends: map[AttemptRef]HostEvent{}, release: make(chan struct{})}
 	h.ctx, h.cancel = context.WithCancel(context.Background())
 	for verb, fn := range map[string]nats.MsgHandler{
 		HostVerbAssign:    h.handleAssign,
 		HostVerbCancel:    h.handleCancel,
 		HostVerbSavepoint: h.handleSavepoint,
 		HostVerbStop:      h.handleSavepoint,
+		HostVerbOutcome:   h.handleOutcome,
 	} {
 		sub, err := nc.Subscribe(HostSubject(opts.ID, verb), fn)
 		if err != nil {
@@ -297,10 +314,51 @@ func (h *Host) execute(ctx context.Context, r *hostRun, a Assignment) {
 	}
 	h.mu.Lock()
 	closing := h.closed
+	h.rememberEndLocked(ev)
 	h.mu.Unlock()
-	if !closing {
+	switch {
+	case closing:
+	case h.opts.SendFinalReport != nil && !h.opts.SendFinalReport(ev):
+		log.Warn("final report dropped (test hook)", "state", ev.State)
+	default:
 		h.report(ev, true)
 	}
+}
+
+// rememberEndLocked keeps ev, an attempt's final report, for outcome
+// requests; the oldest is forgotten beyond opts.Outcomes.
+func (h *Host) rememberEndLocked(ev HostEvent) {
+	if h.opts.Outcomes < 0 {
+		return
+	}
+	ref := AttemptRef{JobID: ev.JobID, Attempt: ev.Attempt}
+	if _, ok := h.ends[ref]; !ok {
+		h.endList = append(h.endList, ref)
+	}
+	h.ends[ref] = ev
+	for len(h.endList) > h.opts.Outcomes {
+		delete(h.ends, h.endList[0])
+		h.endList = h.endList[1:]
+	}
+}
+
+// handleOutcome answers how an attempt ended here (OutcomeReply).
+func (h *Host) handleOutcome(msg *nats.Msg) {
+	var req HostRequest
+	if err := json.Unmarshal(msg.Data, &req); err != nil {
+		respond(msg, OutcomeReply{Reply: Reply{Error: fmt.Sprintf("cluster: host %s: bad outcome request: %v", h.opts.ID, err)}})
+		return
+	}
+	ref := AttemptRef{JobID: req.JobID, Attempt: req.Attempt}
+	var out OutcomeReply
+	h.mu.Lock()
+	if ev, ok := h.ends[ref]; ok {
+		out.Event = &ev
+	} else if h.runs[ref] != nil {
+		out.Running = true
+	}
+	h.mu.Unlock()
+	respond(msg, out)
 }
 
 func (h *Host) runAssignment(ctx context.Context, r *hostRun, a Assignment, log *slog.Logger) (runtime.Stats, error) {
