@@ -28,13 +28,17 @@ import (
 type suite struct {
 	pkg     string
 	pattern string
+	// benchtime overrides -benchtime (e.g. "3x" for a benchmark whose every
+	// op starts processes).
+	benchtime string
 }
 
 var suites = []suite{
-	{"./host", "."},
-	{"./internal/runtime", "."},
-	{"./test/cluster", "BenchmarkInProcess|BenchmarkTwoHostsNATS"},
-	{"./internal/checkpoint", "1MKeys"},
+	{"./host", ".", ""},
+	{"./internal/runtime", ".", ""},
+	{"./test/cluster", "^(BenchmarkInProcess|BenchmarkTwoHostsNATS|BenchmarkRawNATSPubSub|BenchmarkTwoHostsGeneratorDiscard|BenchmarkTwoHostsWasmMap)$", ""},
+	{"./test/cluster", "^BenchmarkHostKillToProcessing$", "3x"},
+	{"./internal/checkpoint", "1MKeys", ""},
 }
 
 type result struct {
@@ -78,6 +82,9 @@ func main() {
 var benchLine = regexp.MustCompile(`^(Benchmark\S+?)(?:-\d+)?\s+(\d+)\s+(.*)$`)
 
 func runSuite(s suite, benchtime string) ([]result, error) {
+	if s.benchtime != "" {
+		benchtime = s.benchtime
+	}
 	cmd := exec.Command("go", "test", "-run", "^$", "-bench", s.pattern, "-benchtime", benchtime, "-count", "1", s.pkg)
 	cmd.Stderr = os.Stderr
 	var buf bytes.Buffer
@@ -205,6 +212,8 @@ var ratios = []ratio{
 	{"pipeline Rust guest / native Go, records/s", "BenchmarkPipelineRustGuest", "BenchmarkPipelineNativeMap", "records/s", ">= 0.40; Rust >= 1M records/s"},
 	{"pipeline Go guest / native Go, records/s", "BenchmarkPipelineGoGuest", "BenchmarkPipelineNativeMap", "records/s", "report"},
 	{"two hosts over NATS loopback / in-process (generator -hash-> uppercase wasm p=2), records/s", "BenchmarkTwoHostsNATS", "BenchmarkInProcess", "records/s", "report"},
+	{"two hosts generator -> discard (100-byte records) / raw NATS pub/sub of 64 KiB messages, bytes/s", "BenchmarkTwoHostsGeneratorDiscard", "BenchmarkRawNATSPubSub", "bytes/s", ">= 0.50"},
+	{"two hosts generator -> wasm map (Rust uppercase) + discard / raw NATS pub/sub, bytes/s", "BenchmarkTwoHostsWasmMap", "BenchmarkRawNATSPubSub", "bytes/s", ">= 0.50"},
 	{"checkpoint every 1 s / no checkpoints (keyed wasm counter p=2), records/s", "BenchmarkCheckpointInterval1s", "BenchmarkNoCheckpoint", "records/s", ">= 0.90"},
 	{"pipeline hash p=2 / forward p=2, records/s", "BenchmarkPipelineHashP2", "BenchmarkPipelineForwardP2", "records/s", ">= 0.70 (hash costs <= 30%)"},
 	{"tracing on / off (checkpointing Rust pipeline p=2, SDK provider, discarding exporter), records/s", "BenchmarkTracingOn", "BenchmarkTracingOff", "records/s", ">= 0.95 (BenchmarkTracingOnVsOff alternates both: on-%-of-off)"},
@@ -227,6 +236,7 @@ var values = []value{
 	{"checkpoint of 1M keys of 100-byte state, written to disk", "BenchmarkSnapshot1MKeys", "s/checkpoint", "<= 2 s"},
 	{"restore and redistribute 1M keys to 4 subtasks", "BenchmarkRestore1MKeys", "s/restore", "report"},
 	{"failure to processing again, 8 subtasks, modules cached", "BenchmarkFailoverRestart8", "ms/failover", "< 1000 ms"},
+	{"host process SIGKILLed to processing again (3 hosts, heartbeat 100 ms, lost after 4, p=4)", "BenchmarkHostKillToProcessing", "ms/kill-to-processing", "report"},
 	{"end of input to job finished, pipeline depth 1, interval 1h", "BenchmarkFinalCheckpointDepth1", "ms/finish", "< 1000 ms"},
 	{"end of input to job finished, pipeline depth 4, interval 1h", "BenchmarkFinalCheckpointDepth4", "ms/finish", "< 1000 ms"},
 	{"end of input to job finished, pipeline depth 8, interval 1h", "BenchmarkFinalCheckpointDepth8", "ms/finish", "< 1000 ms"},

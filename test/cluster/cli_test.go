@@ -24,7 +24,7 @@ var (
 )
 
 // streamdBin builds the streamd binary once per test process.
-func streamdBin(t *testing.T) string {
+func streamdBin(t testing.TB) string {
 	t.Helper()
 	buildOnce.Do(func() {
 		root, err := testwasm.Root()
@@ -50,7 +50,7 @@ func streamdBin(t *testing.T) string {
 	return binPath
 }
 
-func freePort(t *testing.T) int {
+func freePort(t testing.TB) int {
 	t.Helper()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {

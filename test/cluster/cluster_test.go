@@ -44,7 +44,7 @@ func logger(t *testing.T) *slog.Logger {
 	return slog.New(slog.DiscardHandler)
 }
 
-func connect(t *testing.T, url string) *nats.Conn {
+func connect(t testing.TB, url string) *nats.Conn {
 	t.Helper()
 	nc, err := natsutil.Connect(natsutil.URLs(url))
 	if err != nil {

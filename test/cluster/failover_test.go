@@ -23,7 +23,7 @@ type proc struct {
 }
 
 // startProc runs `streamd args...` until the test ends (SIGINT, then kill).
-func startProc(t *testing.T, name string, args ...string) *proc {
+func startProc(t testing.TB, name string, args ...string) *proc {
 	t.Helper()
 	cmd := exec.Command(streamdBin(t), args...)
 	cmd.Dir = t.TempDir()

@@ -1,0 +1,340 @@
+package cluster_test
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/streamd/streamd/control"
+	"github.com/streamd/streamd/dataplane/natsch"
+	"github.com/streamd/streamd/internal/cluster"
+	"github.com/streamd/streamd/internal/jobfile"
+	"github.com/streamd/streamd/internal/natsutil"
+	"github.com/streamd/streamd/internal/runtime"
+	"github.com/streamd/streamd/internal/testwasm"
+)
+
+// The two-host throughput benchmarks move 100-byte records (no key) from a
+// generator on host A to host B; bytes/s counts the records' values.
+const (
+	hostBenchRecords = 300000
+	hostBenchValue   = 100
+	rawBenchBytes    = 64 << 20 // per op of BenchmarkRawNATSPubSub
+	rawBenchMsg      = 64 << 10
+)
+
+// BenchmarkRawNATSPubSub is the baseline of the two-host benchmarks: one
+// connection publishes 64 MiB in 64 KiB messages to a subscriber on another
+// connection, both on an embedded server on loopback (the same server setup
+// as the two-host benchmarks).
+func BenchmarkRawNATSPubSub(b *testing.B) {
+	srv, err := natsutil.StartEmbedded(natsutil.EmbeddedOptions{Port: -1, NoLog: true, NoJetStream: true})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(srv.Shutdown)
+	pub, sub := connect(b, srv.URL()), connect(b, srv.URL())
+	var got atomic.Int64
+	done := make(chan struct{}, 1)
+	target := int64(0)
+	s, err := sub.Subscribe("raw.bench", func(m *nats.Msg) {
+		if got.Add(int64(len(m.Data))) == atomic.LoadInt64(&target) {
+			done <- struct{}{}
+		}
+	})
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := s.SetPendingLimits(-1, -1); err != nil {
+		b.Fatal(err)
+	}
+	if err := sub.Flush(); err != nil {
+		b.Fatal(err)
+	}
+	msg := make([]byte, rawBenchMsg)
+	b.SetBytes(rawBenchBytes)
+	b.ResetTimer()
+	start := time.Now()
+	for i := 0; i < b.N; i++ {
+		atomic.StoreInt64(&target, int64(i+1)*rawBenchBytes)
+		for n := 0; n < rawBenchBytes; n += rawBenchMsg {
+			if err := pub.Publish("raw.bench", msg); err != nil {
+				b.Fatal(err)
+			}
+		}
+		if err := pub.Flush(); err != nil {
+			b.Fatal(err)
+		}
+		select {
+		case <-done:
+		case <-time.After(30 * time.Second):
+			b.Fatalf("subscriber got %d of %d bytes after 30s", got.Load(), int64(i+1)*rawBenchBytes)
+		}
+	}
+	el := time.Since(start)
+	b.ReportMetric(float64(rawBenchBytes)*float64(b.N)/el.Seconds(), "bytes/s")
+}
+
+// twoHostGraph is a generator of 100-byte records, optionally into the
+// Rust uppercase map, into a discard sink, all at parallelism 1.
+func twoHostGraph(b *testing.B, withMap bool) *control.JobGraph {
+	from := "gen"
+	mapOp := ""
+	if withMap {
+		wasm := testwasm.Path(b, "examples/wasm/uppercase-rust/uppercase_rust.wasm")
+		mapOp = fmt.Sprintf("  - uid: upper\n    wasm: %s\n    inputs: [{from: gen, partition: forward}]\n", wasm)
+		from = "upper"
+	}
+	job := fmt.Sprintf(`name: twohost
+parallelism: 1
+operators:
+  - uid: gen
+    source: {type: generator, count: %d, key: "", value: "{n}", value_size: %d}
+%s  - uid: out
+    sink: {type: discard}
+    inputs: [{from: %s, partition: forward}]
+`, hostBenchRecords, hostBenchValue, mapOp, from)
+	path := filepath.Join(b.TempDir(), "twohost.yaml")
+	if err := os.WriteFile(path, []byte(job), 0o644); err != nil {
+		b.Fatal(err)
+	}
+	j, err := jobfile.LoadJob(path, jobfile.Options{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	return j.Graph
+}
+
+// twoHosts runs the graph with the generator on host A and every other
+// operator on host B, each host with its own NATS connection to a server on
+// loopback, so every record crosses NATS once.
+func twoHosts(b *testing.B, withMap bool) {
+	g, eng := twoHostGraph(b, withMap), engine(b)
+	srv, err := natsutil.StartEmbedded(natsutil.EmbeddedOptions{Port: -1, NoLog: true, NoJetStream: true})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(srv.Shutdown)
+	var trs [2]*natsch.Transport
+	for h := range trs {
+		if trs[h], err = natsch.NewTransport(connect(b, srv.URL())); err != nil {
+			b.Fatal(err)
+		}
+	}
+	run := func(attempt int) {
+		var atts [2]*runtime.Attempt
+		for h := range atts {
+			onA := h == 0
+			atts[h], err = runtime.StartAttempt(context.Background(), g, runtime.Options{Engine: eng, Attempt: attempt}, runtime.Remote{
+				JobID: "twohost", Local: func(id control.SubtaskID) bool { return (id.Operator == "gen") == onA }, Channels: trs[h]})
+			if err != nil {
+				b.Fatal(err)
+			}
+		}
+		var recs int64
+		for h, a := range atts {
+			st, err := a.Wait()
+			if err != nil {
+				b.Fatal(err)
+			}
+			if h == 1 {
+				for _, op := range st.Operators {
+					if op.UID == "out" {
+						recs = op.RecordsIn
+					}
+				}
+			}
+		}
+		if recs != hostBenchRecords {
+			b.Fatalf("discard got %d records on host B, want %d", recs, hostBenchRecords)
+		}
+	}
+	run(0) // compiles the module
+	b.SetBytes(hostBenchRecords * hostBenchValue)
+	b.ResetTimer()
+	start := time.Now()
+	for i := 0; i < b.N; i++ {
+		run(i + 1)
+	}
+	el := time.Since(start)
+	b.ReportMetric(float64(hostBenchRecords)*float64(b.N)/el.Seconds(), "records/s")
+	b.ReportMetric(float64(hostBenchRecords*hostBenchValue)*float64(b.N)/el.Seconds(), "bytes/s")
+}
+
+// BenchmarkTwoHostsGeneratorDiscard: generator on host A, discard on host
+// B, 100-byte records over NATS.
+func BenchmarkTwoHostsGeneratorDiscard(b *testing.B) { twoHosts(b, false) }
+
+// BenchmarkTwoHostsWasmMap: generator on host A, the Rust uppercase wasm
+// map and the discard sink on host B.
+func BenchmarkTwoHostsWasmMap(b *testing.B) { twoHosts(b, true) }
+
+// BenchmarkHostKillToProcessing runs a `streamd controller` and three
+// `streamd host` processes (two slots each; heartbeats every 100 ms, lost
+// after 4 missed) and a checkpointing job of parallelism 4 spread over them
+// (rate-limited generator -hash-> uppercase wasm -> nats sink), SIGKILLs a
+// host of the job and measures the time until the new attempt produces
+// output again: the first sink message that repeats a record index the
+// sink had already published (the new attempt replays from the restored
+// checkpoint; the old attempt never goes back). It includes noticing the
+// lost host (about 400 ms here), canceling, scheduling, deploying the new
+// attempt on the two other hosts and restoring.
+func BenchmarkHostKillToProcessing(b *testing.B) {
+	wasm := testwasm.Path(b, "examples/wasm/uppercase/uppercase.wasm")
+	streamdBin(b)
+	var total time.Duration
+	b.StopTimer()
+	for i := 0; i < b.N; i++ {
+		total += hostKillOnce(b, wasm)
+	}
+	b.ReportMetric(float64(total.Milliseconds())/float64(b.N), "ms/kill-to-processing")
+}
+
+func hostKillOnce(b *testing.B, wasm string) time.Duration {
+	srv, err := natsutil.StartEmbedded(natsutil.EmbeddedOptions{Port: -1, NoLog: true, StoreDir: b.TempDir()})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer srv.Shutdown()
+	url := srv.URL()
+	hb := "--heartbeat-interval=100ms"
+	procs := map[string]*proc{"controller": startProc(b, "controller", "controller", "--nats", url, hb, "--lost-after=4")}
+	for h := 1; h <= 3; h++ {
+		id := fmt.Sprintf("h%d", h)
+		procs[id] = startProc(b, id, "host", "--nats", url, hb, "--host-id", id, "--slots", "2", "--data-dir", b.TempDir())
+	}
+	defer func() {
+		for _, p := range procs {
+			p.cmd.Process.Kill()
+		}
+	}()
+	nc := connect(b, url)
+	client, err := cluster.NewClient(nc)
+	if err != nil {
+		b.Fatal(err)
+	}
+	ctx := context.Background()
+	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		hs, err := client.Hosts(ctx)
+		if err == nil && len(hs) == 3 {
+			break
+		}
+		if time.Now().After(deadline) {
+			b.Fatalf("3 hosts not registered after 20s: %v %v", hs, err)
+		}
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		b.Fatal(err)
+	}
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "OUT", Subjects: []string{"out.>"}, Duplicates: 2 * time.Minute}); err != nil {
+		b.Fatal(err)
+	}
+	// The sink's message ids are <job>:<op>:p<p>:<subtask>:<epoch>:<index>.
+	var mu sync.Mutex
+	maxIdx := map[string]int64{}
+	msgs := 0
+	replay := make(chan time.Time, 1)
+	sub, err := nc.Subscribe("out.>", func(m *nats.Msg) {
+		id := m.Header.Get("Nats-Msg-Id")
+		i := strings.LastIndexByte(id, ':')
+		idx, err := strconv.ParseInt(id[i+1:], 10, 64)
+		if i < 0 || err != nil {
+			return
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		msgs++
+		if last, ok := maxIdx[id[:i]]; ok && idx <= last {
+			select {
+			case replay <- time.Now():
+			default:
+			}
+		}
+		if idx > maxIdx[id[:i]] {
+			maxIdx[id[:i]] = idx
+		}
+	})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer sub.Unsubscribe()
+	sub.SetPendingLimits(-1, -1)
+	dir := b.TempDir()
+	job := fmt.Sprintf(`name: kill
+parallelism: 4
+checkpoint: {interval: 200ms, dir: chk}
+operators:
+  - uid: gen
+    source: {type: generator, rate: 4000, keys: 1000}
+  - uid: upper
+    wasm: %s
+    inputs: [{from: gen, partition: hash}]
+  - uid: out
+    sink: {type: nats, subject: out.kill}
+    inputs: [{from: upper}]
+`, wasm)
+	path := filepath.Join(dir, "kill.yaml")
+	if err := os.WriteFile(path, []byte(job), 0o644); err != nil {
+		b.Fatal(err)
+	}
+	jf, err := jobfile.LoadJob(path, jobfile.Options{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	id, err := client.Deploy(ctx, jf, path)
+	if err != nil {
+		b.Fatal(err)
+	}
+	var st *cluster.JobStatus
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		st, err = client.Status(ctx, id)
+		if err != nil {
+			b.Fatal(err)
+		}
+		mu.Lock()
+		n := msgs
+		mu.Unlock()
+		if st.State == cluster.JobRunning && len(st.Checkpoints) >= 2 && n > 1000 {
+			break
+		}
+		if cluster.TerminalJobState(st.State) || time.Now().After(deadline) {
+			b.Fatalf("job %s (%s), %d messages: want running with 2 checkpoints", st.State, st.Reason, n)
+		}
+	}
+	victim := st.Hosts[1]
+	select {
+	case <-replay:
+		b.Fatal("a replayed record before the kill")
+	default:
+	}
+	b.StartTimer()
+	killed := time.Now()
+	if err := procs[victim].cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		b.Fatal(err)
+	}
+	var again time.Time
+	select {
+	case again = <-replay:
+	case <-time.After(30 * time.Second):
+		st, _ = client.Status(ctx, id)
+		b.Fatalf("no output of a new attempt 30s after killing %s: job %s attempt %d (%s)", victim, st.State, st.Attempt, st.Reason)
+	}
+	b.StopTimer()
+	if st, err = client.Status(ctx, id); err != nil || st.Attempt < 1 {
+		b.Fatalf("a replayed record but the job is in attempt %d (%v)", st.Attempt, err)
+	}
+	client.Cancel(ctx, id)
+	return again.Sub(killed)
+}
