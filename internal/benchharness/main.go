@@ -236,7 +236,7 @@ var values = []value{
 	{"checkpoint of 1M keys of 100-byte state, written to disk", "BenchmarkSnapshot1MKeys", "s/checkpoint", "<= 2 s"},
 	{"restore and redistribute 1M keys to 4 subtasks", "BenchmarkRestore1MKeys", "s/restore", "report"},
 	{"failure to processing again, 8 subtasks, modules cached", "BenchmarkFailoverRestart8", "ms/failover", "< 1000 ms"},
-	{"host process SIGKILLed to processing again (3 hosts, heartbeat 100 ms, lost after 4, p=4)", "BenchmarkHostKillToProcessing", "ms/kill-to-processing", "report"},
+	{"host process SIGKILLed to processing again (3 hosts, heartbeat 100 ms, lost after 4, p=4; ms/kill-to-new-attempt in the table)", "BenchmarkHostKillToProcessing", "ms/kill-to-processing", "report"},
 	{"end of input to job finished, pipeline depth 1, interval 1h", "BenchmarkFinalCheckpointDepth1", "ms/finish", "< 1000 ms"},
 	{"end of input to job finished, pipeline depth 4, interval 1h", "BenchmarkFinalCheckpointDepth4", "ms/finish", "< 1000 ms"},
 	{"end of input to job finished, pipeline depth 8, interval 1h", "BenchmarkFinalCheckpointDepth8", "ms/finish", "< 1000 ms"},

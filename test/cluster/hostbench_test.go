@@ -193,15 +193,19 @@ func BenchmarkTwoHostsWasmMap(b *testing.B) { twoHosts(b, true) }
 func BenchmarkHostKillToProcessing(b *testing.B) {
 	wasm := testwasm.Path(b, "examples/wasm/uppercase/uppercase.wasm")
 	streamdBin(b)
-	var total time.Duration
+	var total, attempt time.Duration
 	b.StopTimer()
 	for i := 0; i < b.N; i++ {
-		total += hostKillOnce(b, wasm)
+		t, a := hostKillOnce(b, wasm)
+		total, attempt = total+t, attempt+a
 	}
 	b.ReportMetric(float64(total.Milliseconds())/float64(b.N), "ms/kill-to-processing")
+	b.ReportMetric(float64(attempt.Milliseconds())/float64(b.N), "ms/kill-to-new-attempt")
 }
 
-func hostKillOnce(b *testing.B, wasm string) time.Duration {
+// hostKillOnce returns the time from the kill to output of the new attempt
+// and to the controller's status showing the new attempt.
+func hostKillOnce(b *testing.B, wasm string) (time.Duration, time.Duration) {
 	srv, err := natsutil.StartEmbedded(natsutil.EmbeddedOptions{Port: -1, NoLog: true, StoreDir: b.TempDir()})
 	if err != nil {
 		b.Fatal(err)
@@ -324,6 +328,16 @@ operators:
 	if err := procs[victim].cmd.Process.Signal(syscall.SIGKILL); err != nil {
 		b.Fatal(err)
 	}
+	newAttempt := make(chan time.Time, 1)
+	go func() {
+		for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+			if st, err := client.Status(ctx, id); err == nil && st.Attempt >= 1 {
+				newAttempt <- time.Now()
+				return
+			}
+		}
+		newAttempt <- time.Time{}
+	}()
 	var again time.Time
 	select {
 	case again = <-replay:
@@ -335,6 +349,10 @@ operators:
 	if st, err = client.Status(ctx, id); err != nil || st.Attempt < 1 {
 		b.Fatalf("a replayed record but the job is in attempt %d (%v)", st.Attempt, err)
 	}
+	seen := <-newAttempt
+	if seen.IsZero() {
+		b.Fatal("the status never showed a new attempt")
+	}
 	client.Cancel(ctx, id)
-	return again.Sub(killed)
+	return again.Sub(killed), seen.Sub(killed)
 }
