@@ -6,6 +6,7 @@ package host
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -102,6 +103,21 @@ type Engine struct {
 	instances sync.Map // api.Module -> *Instance
 	seq       atomic.Uint64
 	closed    atomic.Bool
+
+	// mu guards compiled. Modules with the same bytes share one compiled
+	// module, closed when the last Module using it is closed: wazero keys its
+	// compiled code by the module's bytes, so closing one of two compiled
+	// modules of the same bytes breaks the other (wazero issue #2336), and
+	// one host runs several jobs or attempts of the same module at once.
+	mu       sync.Mutex
+	compiled map[[sha256.Size]byte]*sharedModule
+}
+
+// sharedModule is a compiled, validated module and how many Modules use it.
+type sharedModule struct {
+	cm      wazero.CompiledModule
+	hasInit bool
+	refs    int
 }
 
 // NewEngine creates an engine. Close it to release the runtime and compiled code.
@@ -117,7 +133,7 @@ func NewEngine(ctx context.Context, opts ...Option) (*Engine, error) {
 			cfg.cacheDir = filepath.Join(d, "streamd", "wazero")
 		}
 	}
-	e := &Engine{cfg: cfg, memLimit: uint64(cfg.memoryLimitMiB) << 20}
+	e := &Engine{cfg: cfg, memLimit: uint64(cfg.memoryLimitMiB) << 20, compiled: map[[sha256.Size]byte]*sharedModule{}}
 	rc := wazero.NewRuntimeConfigCompiler().
 		WithMemoryLimitPages(uint32(cfg.memoryLimitMiB) * 16).
 		WithCloseOnContextDone(cfg.callDeadline > 0)
@@ -169,13 +185,33 @@ type Module struct {
 	name     string
 	compiled wazero.CompiledModule
 	hasInit  bool
+	digest   [sha256.Size]byte
+	closed   atomic.Bool
 }
 
 // Name is the path or name the module was loaded under.
 func (m *Module) Name() string { return m.name }
 
-// Close releases the compiled code (instances made from it keep working until closed).
-func (m *Module) Close(ctx context.Context) error { return m.compiled.Close(ctx) }
+// Close releases the compiled code once no other Module of the same bytes uses
+// it (instances made from it keep working until closed). Closing twice does
+// nothing.
+func (m *Module) Close(ctx context.Context) error {
+	if m.closed.Swap(true) {
+		return nil
+	}
+	e := m.eng
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	s := e.compiled[m.digest]
+	if s == nil || s.cm != m.compiled {
+		return nil // a module that never made it into the table (validation failed)
+	}
+	if s.refs--; s.refs > 0 {
+		return nil
+	}
+	delete(e.compiled, m.digest)
+	return s.cm.Close(ctx)
+}
 
 // LoadFile reads, validates and compiles the module at path.
 func (e *Engine) LoadFile(ctx context.Context, path string) (*Module, error) {
@@ -207,6 +243,15 @@ func (e *Engine) Load(ctx context.Context, name string, wasm []byte) (*Module, e
 	case wasm[4] != 1 || wasm[5] != 0 || wasm[6] != 0 || wasm[7] != 0:
 		return nil, badModule(name, "not a wasm module: binary version %x, want 1", wasm[4:8])
 	}
+	digest := sha256.Sum256(wasm)
+	// Compiling under the lock keeps two loads of the same bytes from
+	// compiling (and later closing) two compiled modules of them.
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if s := e.compiled[digest]; s != nil {
+		s.refs++
+		return &Module{eng: e, name: name, compiled: s.cm, hasInit: s.hasInit, digest: digest}, nil
+	}
 	cm, err := e.runtime.CompileModule(ctx, wasm)
 	if err != nil {
 		if isTruncation(err) {
@@ -214,11 +259,12 @@ func (e *Engine) Load(ctx context.Context, name string, wasm []byte) (*Module, e
 		}
 		return nil, badModule(name, "invalid wasm: %v", err)
 	}
-	m := &Module{eng: e, name: name, compiled: cm}
+	m := &Module{eng: e, name: name, compiled: cm, digest: digest}
 	if err := e.validate(ctx, m); err != nil {
 		cm.Close(ctx)
 		return nil, err
 	}
+	e.compiled[digest] = &sharedModule{cm: cm, hasInit: m.hasInit, refs: 1}
 	return m, nil
 }
 
