@@ -240,24 +240,7 @@ func (a *Attempt) run(ctx context.Context) {
 		}()
 	}
 	go func() { wg.Wait(); close(j.done) }()
-	stopProgress := make(chan struct{})
-	var progress sync.WaitGroup
-	if r.opts.Progress != nil {
-		progress.Add(1)
-		go func() {
-			defer progress.Done()
-			tick := time.NewTicker(ProgressInterval)
-			defer tick.Stop()
-			for {
-				select {
-				case <-tick.C:
-					r.opts.Progress(r.snapshot())
-				case <-stopProgress:
-					return
-				}
-			}
-		}()
-	}
+	stopProgress := r.startProgress()
 	for done := false; !done; {
 		select {
 		case ev := <-j.events:
@@ -275,8 +258,7 @@ func (a *Attempt) run(ctx context.Context) {
 		}
 	}
 	j.closeRemote()
-	close(stopProgress)
-	progress.Wait()
+	stopProgress()
 	a.err = j.result(ctx)
 	a.stats = r.snapshot()
 	if r.opts.Progress != nil {

@@ -80,6 +80,31 @@ func (r *runner) closeModules() {
 	}
 }
 
+// startProgress calls Options.Progress every ProgressInterval until the
+// returned function is called; that function returns once the calls stopped.
+func (r *runner) startProgress() (stop func()) {
+	if r.opts.Progress == nil {
+		return func() {}
+	}
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		tick := time.NewTicker(ProgressInterval)
+		defer tick.Stop()
+		for {
+			select {
+			case <-tick.C:
+				r.opts.Progress(r.snapshot())
+			case <-done:
+				return
+			}
+		}
+	}()
+	return func() { close(done); wg.Wait() }
+}
+
 func (r *runner) snapshot() Stats {
 	s := Stats{Elapsed: time.Since(r.start), Operators: make([]OperatorStats, len(r.g.Vertices))}
 	for i, v := range r.g.Vertices {
@@ -200,30 +225,12 @@ func (r *runner) run(ctx context.Context) (stats Stats, err error) {
 		r.log.Info("checkpointing is off: after a failure the job restarts from the beginning, so its output is complete but not exactly-once across failures")
 	}
 
-	stopProgress := make(chan struct{})
-	var progress sync.WaitGroup
-	if r.opts.Progress != nil {
-		progress.Add(1)
-		go func() {
-			defer progress.Done()
-			tick := time.NewTicker(ProgressInterval)
-			defer tick.Stop()
-			for {
-				select {
-				case <-tick.C:
-					r.opts.Progress(r.snapshot())
-				case <-stopProgress:
-					return
-				}
-			}
-		}()
-	}
+	stopProgress := r.startProgress()
 	if restore != nil {
 		r.startRestore(nil, restore)
 	}
 	err = r.attempts(ctx, restore)
-	close(stopProgress)
-	progress.Wait()
+	stopProgress()
 	stats = r.snapshot()
 	if r.opts.Progress != nil {
 		r.opts.Progress(stats)
