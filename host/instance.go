@@ -28,11 +28,17 @@ type InstanceConfig struct {
 	Config         map[string]string // flattened operator config
 	Restore        *Snapshot         // nil: fresh state. Already redistributed for this subtask.
 	AllowClock     bool              // real wall and monotonic clocks for this instance (the job's allow_clock)
+	// LendEmits makes the Emitter's records a loan: their slices point into
+	// guest memory and a reused record slice, valid only until the Emitter
+	// returns, so the host copies nothing. For receivers that copy what they
+	// keep (the task runtime's record writers do); false hands out copies.
+	LendEmits bool
 }
 
 // Emitter receives the records of one guest emit call. The slices (the record
 // slice and every key and value) are owned by the receiver: the host copied
-// them out of guest memory and never touches them again.
+// them out of guest memory and never touches them again, unless the instance
+// was made with InstanceConfig.LendEmits.
 type Emitter func(recs []abi.Record)
 
 // Instance is one subtask's guest instance. It is driven by one goroutine at a
@@ -538,6 +544,13 @@ func (i *Instance) release() {
 // decodeEmit copies an emitted frame out of guest memory into the arena and
 // decodes it; the result is handed to the emitter and never reused.
 func (i *Instance) decodeEmit(frame []byte) ([]abi.Record, error) {
+	if i.cfg.LendEmits {
+		recs, err := abi.DecodeBatch(frame, i.recArena[:0])
+		if cap(recs) > cap(i.recArena) {
+			i.recArena = recs[:0]
+		}
+		return recs, err
+	}
 	if cap(i.byteArena)-len(i.byteArena) < len(frame) {
 		i.byteArena = make([]byte, 0, max(64<<10, len(frame)))
 	}

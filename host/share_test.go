@@ -2,6 +2,8 @@ package host_test
 
 import (
 	"context"
+	"fmt"
+	"strings"
 	"sync"
 	"testing"
 
@@ -72,4 +74,46 @@ func TestSameBytesShareCompiledModule(t *testing.T) {
 
 func hostCfg() host.InstanceConfig {
 	return host.InstanceConfig{Job: "job", Operator: "op", Parallelism: 1, NumInputs: 1}
+}
+
+// With LendEmits the Emitter sees the same records as with copies, during the
+// call; the host allocates nothing per emit.
+func TestLendEmits(t *testing.T) {
+	path := testwasm.Path(t, watConformance)
+	e := newEngine(t)
+	ctx := context.Background()
+	m := load(t, e, path)
+	in := []abi.Record{{Key: []byte("a"), Value: []byte("x"), Timestamp: 1}, {Key: []byte("b"), Value: []byte("y"), Timestamp: 2}, {Key: []byte("a"), Value: []byte("z"), Timestamp: 3}}
+	run := func(lend bool) []string {
+		cfg := hostCfg()
+		cfg.LendEmits = lend
+		inst := instance(t, m, cfg)
+		var got []string
+		for n := 0; n < 3; n++ {
+			if err := inst.Process(ctx, 0, in, func(recs []abi.Record) {
+				for _, r := range recs {
+					got = append(got, fmt.Sprintf("%s/%q/%d", r.Key, r.Value, r.Timestamp))
+				}
+			}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return got
+	}
+	owned, lent := run(false), run(true)
+	if strings.Join(owned, " ") != strings.Join(lent, " ") || len(lent) != 9 {
+		t.Fatalf("lent emits %v, owned %v", lent, owned)
+	}
+	cfg := hostCfg()
+	cfg.LendEmits = true
+	inst := instance(t, m, cfg)
+	emit := func([]abi.Record) {}
+	allocs := testing.AllocsPerRun(100, func() {
+		if err := inst.Process(ctx, 0, in, emit); err != nil {
+			t.Fatal(err)
+		}
+	})
+	if allocs > 0 {
+		t.Errorf("Process with lent emits allocates %.1f times per call, want 0", allocs)
+	}
 }

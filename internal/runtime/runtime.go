@@ -410,6 +410,7 @@ func (j *job) bindSpec(t *task, modules map[string]*host.Module) error {
 			Job: t.info.Job, Operator: v.UID, Subtask: t.sub, Parallelism: v.Parallelism,
 			MaxParallelism: t.info.MaxParallelism, Attempt: t.info.Attempt, NumInputs: len(v.Inputs),
 			Config: spec.Config, AllowClock: spec.AllowClock,
+			LendEmits: true, // the record writers copy every emitted record into their batches
 		}}
 		if rs != nil {
 			wo.cfg.Restore = rs.Snapshot
