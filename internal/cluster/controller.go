@@ -95,6 +95,7 @@ type ctlJob struct {
 	slots   int
 
 	placement    *control.Placement // nil: not placed
+	lastPlaced   *control.Placement // the placement of the latest attempt, kept after it ends for status
 	subtaskState string             // of every subtask of the current attempt
 	stats        []runtime.OperatorStats
 	checkpoints  []runtime.CheckpointStats // the latest completed ones, from the host (a job on one host)
@@ -331,6 +332,7 @@ func (c *Controller) scheduleLocked(now time.Time) []effect {
 			j.dist = dj
 		}
 		j.placement = &p
+		j.lastPlaced = &p
 		j.hostStats = map[string][]runtime.OperatorStats{}
 		j.assignedAt, j.endedOn, j.unlisted, j.asking = now, map[string]bool{}, map[string]int{}, map[string]bool{}
 		j.subtaskState = SubtaskDeploying
@@ -956,6 +958,8 @@ func (c *Controller) statusLocked(j *ctlJob) JobStatus {
 			}
 			if j.placement != nil {
 				s.Host = j.placement.Host(i)
+			} else if TerminalJobState(j.state) && j.lastPlaced != nil {
+				s.Host = j.lastPlaced.Host(i) // where the subtask ran last
 			} else if len(st.Hosts) == 1 {
 				s.Host = st.Hosts[0]
 			}

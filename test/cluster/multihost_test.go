@@ -123,6 +123,7 @@ func threeHostsSameAsRun(t *testing.T, pc *processCluster) {
 	if hs := st.Attempts[0].Hosts; len(hs) != 3 {
 		t.Errorf("attempt 0 ran on %v, want 3 hosts", hs)
 	}
+	checkSpread(t, st, 3) // a finished job's status still says where each subtask ran
 	if st.Operators[1].RecordsIn != 30000 {
 		t.Errorf("upper read %d records over three hosts, want 30000", st.Operators[1].RecordsIn)
 	}
