@@ -20,7 +20,7 @@ func (c *cli) hostCommand() *cobra.Command {
 		Long: `Run a host until interrupted. It joins the NATS server of nats.url (--nats,
 STREAMD_NATS_URL), sends a heartbeat every cluster.heartbeat_interval, and runs
 what the controller assigns: it fetches modules and input files from the NATS
-object store into data_dir/artifacts and runs the job. A slot runs subtask i of
+object store into data_dir/host/artifacts and runs the job. A slot runs subtask i of
 every operator of a job, so a job needs as many slots as its largest parallelism.
 A job that needs more slots than one host has is spread over several hosts: the
 channels between hosts go over NATS, and the controller drives its checkpoints.`,
