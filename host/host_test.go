@@ -433,3 +433,34 @@ func (c *logCapture) records() []logRecord {
 	defer c.sink.mu.Unlock()
 	return slices.Clone(c.sink.recs)
 }
+
+// Keyed state and timers may be written in snapshot_state and
+// notify_checkpoint_complete until finish has returned; after it they fail
+// the subtask (ABI.md, "Host imports").
+func TestStateWritesAroundCheckpoints(t *testing.T) {
+	e := newEngine(t)
+	m := load(t, e, fixture(t, "phasewrites"))
+	ctx := context.Background()
+	i := instance(t, m, host.InstanceConfig{})
+	kg := abi.KeyGroup([]byte("k"), abi.DefaultMaxParallelism)
+	snap, err := i.SnapshotState(ctx, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The snapshot is taken after the guest's snapshot_state: its write is in it.
+	g := snap.KeyGroups[kg]
+	if g == nil || string(g.Entries["s"]["k"]) != "v" || len(g.Timers) != 1 || g.Timers[0].TS != 5 {
+		t.Fatalf("snapshot 1 key group %d = %+v, want s/k=v and a timer at 5", kg, g)
+	}
+	if err := i.NotifyCheckpointComplete(ctx, 1); err != nil {
+		t.Fatal(err)
+	}
+	if err := i.Finish(ctx, nil); err != nil {
+		t.Fatal(err)
+	}
+	_, err = i.SnapshotState(ctx, 2)
+	var he *host.Error
+	if !errors.As(err, &he) || he.Kind != host.ErrHostCall || he.Phase != abi.PhaseSnapshot || !strings.Contains(he.Message, "state_put not allowed after finish") {
+		t.Fatalf("state_put in snapshot_state after finish: got %v", err)
+	}
+}
