@@ -128,8 +128,11 @@ func (e *LocalExecutor) Start(ctx context.Context, r ExecRequest) (Execution, er
 		}
 		opts.Checkpoint = runtime.NewCheckpointOptions(cs, store)
 		x.stop = make(chan runtime.StopRequest, 1)
+		x.savepoint = make(chan runtime.SavepointRequest)
 		x.checkpointDir = cs.Dir
+		x.nc = r.Conn
 		opts.Stop = x.stop
+		opts.Savepoint = x.savepoint
 		if r.RestoreLatest {
 			md, err := store.Latest(ctx)
 			switch {
@@ -166,13 +169,46 @@ type localExecution struct {
 	done          chan struct{}
 	stats         runtime.Stats
 	err           error
-	stop          chan runtime.StopRequest // nil: the job does not checkpoint
+	stop          chan runtime.StopRequest      // nil: the job does not checkpoint
+	savepoint     chan runtime.SavepointRequest // nil: the job does not checkpoint
 	checkpointDir string
+	nc            *nats.Conn // reads JetStream savepoints to export them
 }
 
-// Savepoint without stopping is not offered by the runtime yet.
-func (x *localExecution) Savepoint(context.Context, string) (string, error) {
-	return "", fmt.Errorf("%w: the task runtime takes savepoints only when stopping (use streamd stop)", ErrNotSupported)
+// Savepoint takes a savepoint while the job keeps running. It is written to
+// the job's checkpoint storage; with dir, it is then copied into dir.
+func (x *localExecution) Savepoint(ctx context.Context, dir string) (string, error) {
+	if x.savepoint == nil {
+		return "", errors.New("cluster: a savepoint needs checkpointing: the job file has no checkpoint section")
+	}
+	res := make(chan runtime.SavepointResult, 1)
+	select {
+	case x.savepoint <- runtime.SavepointRequest{Result: res}:
+	case <-x.done:
+		return "", errors.New("cluster: the job ended before the savepoint was taken")
+	case <-ctx.Done():
+		return "", fmt.Errorf("cluster: savepoint: %w", ctx.Err())
+	}
+	select {
+	case r := <-res:
+		if r.Err != nil {
+			return "", r.Err
+		}
+		return x.export(ctx, r.Location, dir)
+	case <-x.done:
+		return "", errors.New("cluster: the job ended before the savepoint was taken")
+	case <-ctx.Done():
+		return "", fmt.Errorf("cluster: savepoint: %w", ctx.Err())
+	}
+}
+
+// export copies the savepoint at location into dir, unless dir is empty or
+// the job's checkpoint directory (where it already is).
+func (x *localExecution) export(ctx context.Context, location, dir string) (string, error) {
+	if dir == "" || dir == x.checkpointDir {
+		return location, nil
+	}
+	return ExportSavepoint(ctx, x.nc, location, dir)
 }
 
 // StopWithSavepoint stops the run with a savepoint in the job's checkpoint
@@ -180,9 +216,6 @@ func (x *localExecution) Savepoint(context.Context, string) (string, error) {
 func (x *localExecution) StopWithSavepoint(ctx context.Context, dir string, drain bool) (string, error) {
 	if x.stop == nil {
 		return "", errors.New("cluster: stop with a savepoint needs checkpointing: the job file has no checkpoint section (use streamd cancel)")
-	}
-	if dir != "" && dir != x.checkpointDir {
-		return "", fmt.Errorf("%w: a savepoint directory other than the job's checkpoint directory %s", ErrNotSupported, x.checkpointDir)
 	}
 	select {
 	case x.stop <- runtime.StopRequest{Drain: drain}:
@@ -200,7 +233,7 @@ func (x *localExecution) StopWithSavepoint(ctx context.Context, dir string, drai
 	if x.stats.Savepoint == "" {
 		return "", errors.New("cluster: the job ended before the savepoint was taken")
 	}
-	return x.stats.Savepoint, nil
+	return x.export(ctx, x.stats.Savepoint, dir)
 }
 
 func (x *localExecution) Wait() (runtime.Stats, error) {

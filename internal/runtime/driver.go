@@ -57,6 +57,8 @@ type Driver struct {
 	savepath string
 	mu       sync.Mutex // guards the fields Stats reads: restarts, count, lastMD, savepath
 	obs      driverObs  // checkpoint and stop-with-savepoint spans, checkpoint metrics (observe.go)
+
+	spWaiters []chan<- SavepointResult // savepoint requests waiting for their savepoint
 }
 
 // Target is where a Driver's commands go: the subtasks of the current
@@ -349,6 +351,8 @@ func (r *runner) drive(ctx context.Context, j *job) error {
 	var pendingStop *StopRequest // a stop that came before the job was running
 	for {
 		select {
+		case req := <-r.opts.Savepoint:
+			r.Driver.RequestSavepoint(j, req.Result)
 		case ev := <-j.events:
 			r.step(j, ev)
 		case <-ticker.C:
@@ -438,6 +442,9 @@ func (d *Driver) Step(t Target, ev control.Event) {
 	for len(d.queued) > 0 {
 		ev := d.queued[0]
 		if err := d.coord.Step(ev); err != nil {
+			if _, ok := ev.(control.TriggerSavepoint); ok {
+				d.answerSavepoints("", fmt.Errorf("runtime: job %q: no savepoint: %w", d.g.Name, err))
+			}
 			level := slog.LevelDebug
 			if _, ok := ev.(control.StopWithSavepoint); ok {
 				level = slog.LevelWarn
@@ -447,6 +454,32 @@ func (d *Driver) Step(t Target, ev control.Event) {
 		d.perform(t)
 		d.queued = d.queued[1:]
 	}
+}
+
+// RequestSavepoint triggers a savepoint of the running job; reply hears its
+// location once its metadata is durable, or why there is none (the job is
+// not running, the savepoint was aborted, the job failed or ended first).
+// Requests that come while one is pending share its savepoint.
+func (d *Driver) RequestSavepoint(t Target, reply chan<- SavepointResult) {
+	if !d.CanStop() {
+		reply <- SavepointResult{Err: fmt.Errorf("runtime: job %q is %s: no savepoint", d.g.Name, d.coord.State())}
+		return
+	}
+	d.spWaiters = append(d.spWaiters, reply)
+	if len(d.spWaiters) == 1 {
+		d.Step(t, control.TriggerSavepoint{})
+	}
+}
+
+// answerSavepoints tells every pending savepoint request the outcome.
+func (d *Driver) answerSavepoints(location string, err error) {
+	for _, w := range d.spWaiters {
+		select {
+		case w <- SavepointResult{Location: location, Err: err}:
+		default:
+		}
+	}
+	d.spWaiters = nil
 }
 
 // perform carries out the coordinator's actions in order.
@@ -501,6 +534,9 @@ func (d *Driver) act(t Target, a control.Action) {
 		if d.co.OnComplete != nil {
 			d.co.OnComplete(md)
 		}
+		if md.Kind == control.KindSavepoint {
+			d.answerSavepoints(md.Location, nil)
+		}
 		d.later(control.Persisted{CheckpointID: x.ID})
 	case control.NotifyComplete:
 		tr := d.notifyTrace(x.ID)
@@ -511,6 +547,7 @@ func (d *Driver) act(t Target, a control.Action) {
 		d.log.Debug("checkpoint aborted", "id", x.ID, "reason", x.Reason, "detail", x.Detail)
 		if x.Kind == control.KindSavepoint {
 			d.log.Warn("savepoint aborted", "id", x.ID, "reason", x.Reason, "detail", x.Detail)
+			d.answerSavepoints("", fmt.Errorf("runtime: job %q: savepoint %d aborted: %s %s", d.g.Name, x.ID, x.Reason, x.Detail))
 		}
 		d.checkpointAborted(x.ID, string(x.Reason))
 		for _, id := range x.Tasks {
@@ -522,8 +559,10 @@ func (d *Driver) act(t Target, a control.Action) {
 	case control.DiscardState:
 		_ = d.store.Discard(ctx, control.KindCheckpoint, x.CheckpointID, x.StateRef)
 	case control.FailJob:
+		d.answerSavepoints("", fmt.Errorf("runtime: job %q failed before the savepoint completed: %w", d.g.Name, x.Err))
 		t.Fail(fmt.Errorf("runtime: job %q: %w", d.g.Name, x.Err))
 	case control.JobDone:
+		d.answerSavepoints("", fmt.Errorf("runtime: job %q is %s: no savepoint", d.g.Name, x.State))
 		d.jobDone = &x
 		if x.State == control.JobStopped && d.lastMD != nil {
 			d.mu.Lock()

@@ -55,6 +55,10 @@ type Options struct {
 	// Stop, when it delivers, stops the job with a savepoint (checkpointing
 	// jobs only): Run then returns nil with Stats.Savepoint set.
 	Stop <-chan StopRequest
+	// Savepoint, when it delivers, takes a savepoint while the job keeps
+	// running (checkpointing jobs only); the request's Result hears where it
+	// is, or why there is none.
+	Savepoint <-chan SavepointRequest
 	// NATS is how nats sources and sinks connect (URLs, credentials, TLS);
 	// a source or sink that names a url replaces the URLs. Every server is
 	// connected to once per Run, when a nats source or sink first opens.
@@ -104,6 +108,16 @@ type RestartStrategy struct {
 // StopRequest asks to stop the job with a savepoint; with Drain the
 // operators finish (end_input, finish) first.
 type StopRequest struct{ Drain bool }
+
+// SavepointRequest asks for a savepoint of a running job. Result must have
+// room for one value: the driver never blocks on it.
+type SavepointRequest struct{ Result chan<- SavepointResult }
+
+// SavepointResult is where a requested savepoint was written, or why it was not.
+type SavepointResult struct {
+	Location string
+	Err      error
+}
 
 // Defaults of Options.
 const (

@@ -311,8 +311,8 @@ func TestJobWaitsForSlotsThenRuns(t *testing.T) {
 		t.Fatalf("second job: %s, want created while it waits", st.State)
 	}
 	sp, err := tc.client.Savepoint(context.Background(), long, t.TempDir())
-	if err == nil || !strings.Contains(err.Error(), "not supported yet") {
-		t.Errorf("savepoint: %q, %v; want a not supported yet error", sp, err)
+	if err == nil || !strings.Contains(err.Error(), "needs checkpointing") {
+		t.Errorf("savepoint of a job without checkpointing: %q, %v; want a needs checkpointing error", sp, err)
 	}
 	if _, err := tc.client.Stop(context.Background(), long, "", true); err == nil || !strings.Contains(err.Error(), "needs checkpointing") {
 		t.Errorf("stop of a job without checkpointing: %v; want a needs checkpointing error", err)
@@ -348,13 +348,23 @@ func TestStopWithSavepoint(t *testing.T) {
 	tc.waitJob(id, "running", func(st *cluster.JobStatus) bool {
 		return st.State == cluster.JobRunning && st.Operators[0].RecordsOut > 0
 	})
-	if _, err := tc.client.Savepoint(context.Background(), id, ""); err == nil || !strings.Contains(err.Error(), "not supported yet") {
-		t.Errorf("savepoint without stop: %v; want not supported yet", err)
+	// A savepoint while the job runs on, copied into another directory.
+	spDir := t.TempDir()
+	sp, err := tc.client.Savepoint(context.Background(), id, spDir)
+	if err != nil {
+		t.Fatal(err)
 	}
-	if _, err := tc.client.Stop(context.Background(), id, t.TempDir(), false); err == nil || !strings.Contains(err.Error(), "not supported yet") {
-		t.Errorf("stop into another directory: %v; want not supported yet", err)
+	if !strings.HasPrefix(sp, spDir) {
+		t.Errorf("savepoint %q: want it under %s", sp, spDir)
 	}
-	sp, err := tc.client.Stop(context.Background(), id, "", false)
+	if _, err := os.Stat(filepath.Join(sp, "_metadata")); err != nil {
+		t.Errorf("savepoint has no metadata: %v", err)
+	}
+	if st, _ := tc.client.Status(context.Background(), id); st.State != cluster.JobRunning {
+		t.Errorf("after a savepoint the job is %s, want running", st.State)
+	}
+	// Stop with a savepoint in the job's checkpoint directory.
+	sp, err = tc.client.Stop(context.Background(), id, "", false)
 	if err != nil {
 		t.Fatal(err)
 	}
