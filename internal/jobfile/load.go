@@ -720,51 +720,49 @@ func (p *parser) checkpoint(n *yaml.Node) *CheckpointSettings {
 	if x := f["dir"]; x != nil {
 		c.Dir = p.path("", prefix+"dir", x)
 	}
-	if x := f["retain"]; x != nil {
-		if v, ok := p.int("", prefix+"retain", x); ok {
-			if v < 1 {
-				p.add("", x.Line, prefix+"retain", "must be at least 1, got %d", v)
-			}
-			c.Retain = v
-		}
-	}
-	if x := f["timeout"]; x != nil {
-		if d, ok := p.duration("", prefix+"timeout", x); ok {
-			if d <= 0 {
-				p.add("", x.Line, prefix+"timeout", "must be positive, got %v", d)
-			}
-			c.Timeout = d
-		}
-	}
-	if x := f["min_pause"]; x != nil {
-		if d, ok := p.duration("", prefix+"min_pause", x); ok {
-			if d < 0 {
-				p.add("", x.Line, prefix+"min_pause", "must not be negative, got %v", d)
-			}
-			c.MinPause = d
-		}
-	}
-	if x := f["tolerable_failures"]; x != nil {
-		if v, ok := p.int("", prefix+"tolerable_failures", x); ok {
-			if v < -1 {
-				p.add("", x.Line, prefix+"tolerable_failures", "must be at least 0 (or -1: unlimited), got %d", v)
-			}
-			c.TolerableFailures = v
-		}
-	}
-	if x := f["max_concurrent"]; x != nil {
-		if v, ok := p.int("", prefix+"max_concurrent", x); ok {
-			if v < 1 {
-				p.add("", x.Line, prefix+"max_concurrent", "must be at least 1, got %d", v)
-			}
-			c.MaxConcurrent = v
-		}
-	}
+	p.intAtLeast(f, prefix, "retain", 1, "", &c.Retain)
+	p.durationAtLeast(f, prefix, "timeout", time.Nanosecond, "must be positive", &c.Timeout)
+	p.durationAtLeast(f, prefix, "min_pause", 0, "must not be negative", &c.MinPause)
+	p.intAtLeast(f, prefix, "tolerable_failures", -1, "at least 0 (or -1: unlimited)", &c.TolerableFailures)
+	p.intAtLeast(f, prefix, "max_concurrent", 1, "", &c.MaxConcurrent)
 	if x := f["final_immediately"]; x != nil {
 		c.FinalImmediately = p.bool("", prefix+"final_immediately", x)
 	}
 	p.checkpointStorage(c, f)
 	return c
+}
+
+// intAtLeast sets *dst from field key of f, if present, and reports a value
+// below min ("must be <want>, got N"; want defaults to "at least <min>").
+func (p *parser) intAtLeast(f map[string]*yaml.Node, prefix, key string, min int, want string, dst *int) {
+	x := f[key]
+	if x == nil {
+		return
+	}
+	if v, ok := p.int("", prefix+key, x); ok {
+		if v < min {
+			if want == "" {
+				want = fmt.Sprintf("at least %d", min)
+			}
+			p.add("", x.Line, prefix+key, "must be %s, got %d", want, v)
+		}
+		*dst = v
+	}
+}
+
+// durationAtLeast sets *dst from field key of f, if present, and reports a
+// value below min with the message must.
+func (p *parser) durationAtLeast(f map[string]*yaml.Node, prefix, key string, min time.Duration, must string, dst *time.Duration) {
+	x := f[key]
+	if x == nil {
+		return
+	}
+	if d, ok := p.duration("", prefix+key, x); ok {
+		if d < min {
+			p.add("", x.Line, prefix+key, "%s, got %v", must, d)
+		}
+		*dst = d
+	}
 }
 
 func (p *parser) restart(n *yaml.Node, r *RestartSettings) {
