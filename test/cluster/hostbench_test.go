@@ -39,6 +39,20 @@ const (
 // connection, both on an embedded server on loopback (the same server setup
 // as the two-host benchmarks).
 func BenchmarkRawNATSPubSub(b *testing.B) {
+	run := rawPubSubRunner(b)
+	b.SetBytes(rawBenchBytes)
+	b.ResetTimer()
+	start := time.Now()
+	for i := 0; i < b.N; i++ {
+		run()
+	}
+	el := time.Since(start)
+	b.ReportMetric(float64(rawBenchBytes)*float64(b.N)/el.Seconds(), "bytes/s")
+}
+
+// rawPubSubRunner returns a function that publishes rawBenchBytes in
+// rawBenchMsg messages and waits until the subscriber has them all.
+func rawPubSubRunner(b *testing.B) func() {
 	srv, err := natsutil.StartEmbedded(natsutil.EmbeddedOptions{Port: -1, NoLog: true, NoJetStream: true})
 	if err != nil {
 		b.Fatal(err)
@@ -63,11 +77,10 @@ func BenchmarkRawNATSPubSub(b *testing.B) {
 		b.Fatal(err)
 	}
 	msg := make([]byte, rawBenchMsg)
-	b.SetBytes(rawBenchBytes)
-	b.ResetTimer()
-	start := time.Now()
-	for i := 0; i < b.N; i++ {
-		atomic.StoreInt64(&target, int64(i+1)*rawBenchBytes)
+	rounds := int64(0)
+	return func() {
+		rounds++
+		atomic.StoreInt64(&target, rounds*rawBenchBytes)
 		for n := 0; n < rawBenchBytes; n += rawBenchMsg {
 			if err := pub.Publish("raw.bench", msg); err != nil {
 				b.Fatal(err)
@@ -79,11 +92,9 @@ func BenchmarkRawNATSPubSub(b *testing.B) {
 		select {
 		case <-done:
 		case <-time.After(30 * time.Second):
-			b.Fatalf("subscriber got %d of %d bytes after 30s", got.Load(), int64(i+1)*rawBenchBytes)
+			b.Fatalf("subscriber got %d of %d bytes after 30s", got.Load(), rounds*rawBenchBytes)
 		}
 	}
-	el := time.Since(start)
-	b.ReportMetric(float64(rawBenchBytes)*float64(b.N)/el.Seconds(), "bytes/s")
 }
 
 // twoHostGraph is a generator of 100-byte records, optionally into the
@@ -119,7 +130,7 @@ operators:
 // twoHosts runs the graph with the generator on host A and every other
 // operator on host B, each host with its own NATS connection to a server on
 // loopback, so every record crosses NATS once.
-func twoHosts(b *testing.B, withMap bool) {
+func twoHostRunner(b *testing.B, withMap bool) func() {
 	g, eng := twoHostGraph(b, withMap), engine(b)
 	srv, err := natsutil.StartEmbedded(natsutil.EmbeddedOptions{Port: -1, NoLog: true, NoJetStream: true})
 	if err != nil {
@@ -161,11 +172,20 @@ func twoHosts(b *testing.B, withMap bool) {
 		}
 	}
 	run(0) // compiles the module
+	attempt := 0
+	return func() {
+		attempt++
+		run(attempt)
+	}
+}
+
+func twoHosts(b *testing.B, withMap bool) {
+	run := twoHostRunner(b, withMap)
 	b.SetBytes(hostBenchRecords * hostBenchValue)
 	b.ResetTimer()
 	start := time.Now()
 	for i := 0; i < b.N; i++ {
-		run(i + 1)
+		run()
 	}
 	el := time.Since(start)
 	b.ReportMetric(float64(hostBenchRecords)*float64(b.N)/el.Seconds(), "records/s")
@@ -355,4 +375,37 @@ operators:
 	}
 	client.Cancel(ctx, id)
 	return again.Sub(killed), seen.Sub(killed)
+}
+
+// BenchmarkTwoHostsVsRawNATS alternates raw NATS pub/sub, the two-host
+// generator -> discard pipeline and the two-host pipeline with the Rust wasm
+// map, so all three see the same machine, and reports each one's bytes/s and
+// the pipelines' as a percentage of raw NATS (target >= 50).
+func BenchmarkTwoHostsVsRawNATS(b *testing.B) {
+	runs := []struct {
+		name  string
+		bytes float64
+		run   func()
+	}{
+		{"raw", rawBenchBytes, rawPubSubRunner(b)},
+		{"discard", hostBenchRecords * hostBenchValue, twoHostRunner(b, false)},
+		{"wasm", hostBenchRecords * hostBenchValue, twoHostRunner(b, true)},
+	}
+	spent := make([]time.Duration, len(runs))
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		for k, r := range runs {
+			start := time.Now()
+			r.run()
+			spent[k] += time.Since(start)
+		}
+	}
+	b.StopTimer()
+	rate := func(k int) float64 { return runs[k].bytes * float64(b.N) / spent[k].Seconds() }
+	for k, r := range runs {
+		b.ReportMetric(rate(k), r.name+"-bytes/s")
+		if k > 0 {
+			b.ReportMetric(100*rate(k)/rate(0), r.name+"-%-of-raw")
+		}
+	}
 }
