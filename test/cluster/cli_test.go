@@ -9,7 +9,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -17,37 +16,16 @@ import (
 	"github.com/streamd/streamd/internal/testwasm"
 )
 
-var (
-	buildOnce sync.Once
-	binPath   string
-	buildErr  error
-)
+func TestMain(m *testing.M) {
+	code := m.Run()
+	testwasm.RemoveBuilt()
+	os.Exit(code)
+}
 
-// streamdBin builds the streamd binary once per test process.
+// streamdBin builds cmd/streamd once per test process and returns its path.
 func streamdBin(t testing.TB) string {
 	t.Helper()
-	buildOnce.Do(func() {
-		root, err := testwasm.Root()
-		if err != nil {
-			buildErr = err
-			return
-		}
-		dir, err := os.MkdirTemp("", "streamd-bin-")
-		if err != nil {
-			buildErr = err
-			return
-		}
-		binPath = filepath.Join(dir, "streamd")
-		cmd := exec.Command("go", "build", "-o", binPath, "./cmd/streamd")
-		cmd.Dir = root
-		if out, err := cmd.CombinedOutput(); err != nil {
-			buildErr = fmt.Errorf("go build ./cmd/streamd: %v\n%s", err, out)
-		}
-	})
-	if buildErr != nil {
-		t.Fatal(buildErr)
-	}
-	return binPath
+	return testwasm.Streamd(t)
 }
 
 func freePort(t testing.TB) int {

@@ -26,46 +26,16 @@ import (
 	"github.com/streamd/streamd/internal/testwasm"
 )
 
-var (
-	buildOnce sync.Once
-	binPath   string
-	buildErr  error
-	binDir    string
-)
-
 func TestMain(m *testing.M) {
 	code := m.Run()
-	if binDir != "" {
-		os.RemoveAll(binDir)
-	}
+	testwasm.RemoveBuilt()
 	os.Exit(code)
 }
 
 // streamd builds cmd/streamd once per test process and returns the binary's path.
 func streamd(t *testing.T) string {
 	t.Helper()
-	buildOnce.Do(func() {
-		root, err := testwasm.Root()
-		if err != nil {
-			buildErr = err
-			return
-		}
-		binDir, err = os.MkdirTemp("", "streamd-e2e-")
-		if err != nil {
-			buildErr = err
-			return
-		}
-		binPath = filepath.Join(binDir, "streamd")
-		cmd := exec.Command("go", "build", "-o", binPath, "./cmd/streamd")
-		cmd.Dir = root
-		if out, err := cmd.CombinedOutput(); err != nil {
-			buildErr = fmt.Errorf("go build ./cmd/streamd: %v\n%s", err, out)
-		}
-	})
-	if buildErr != nil {
-		t.Fatal(buildErr)
-	}
-	return binPath
+	return testwasm.Streamd(t)
 }
 
 type result struct {
@@ -107,10 +77,8 @@ var (
 // cacheDir is a compiled-module cache shared by the runs of this process.
 func cacheDir(t *testing.T) string {
 	cacheOnce.Do(func() {
-		if binDir == "" {
-			streamd(t)
-		}
-		cache = filepath.Join(binDir, "cache")
+		streamd(t)
+		cache = filepath.Join(testwasm.BinDir(), "cache")
 	})
 	return cache
 }
