@@ -129,7 +129,7 @@ func TestTraceCheckpoint(t *testing.T) {
 	if len(ckpts) < stats.Checkpoints {
 		t.Fatalf("%d checkpoint spans, %d checkpoints", len(ckpts), stats.Checkpoints)
 	}
-	complete := 0
+	complete, full := 0, 0
 	for _, c := range ckpts {
 		if c.Parent.IsValid() {
 			t.Fatalf("checkpoint span has a parent %v: want the root of its trace", c.Parent)
@@ -179,8 +179,15 @@ func TestTraceCheckpoint(t *testing.T) {
 		}
 		slices.Sort(snaps)
 		slices.Sort(aligns)
-		if want := []string{"count[0]", "count[1]", "gen[0]", "gen[1]", "out[0]", "out[1]"}; !slices.Equal(snaps, want) {
-			t.Fatalf("checkpoint %d: snapshots of %v, want %v", id, snaps, want)
+		// A generator subtask that already ended and closed (after the
+		// checkpoint that followed its end of data) is finished: a later
+		// checkpoint counts it as acknowledged without a snapshot (FLIP-147).
+		// The other subtasks wait for the final checkpoint, so they are in all.
+		all := []string{"count[0]", "count[1]", "gen[0]", "gen[1]", "out[0]", "out[1]"}
+		if slices.Equal(snaps, all) {
+			full++
+		} else if rest := slices.DeleteFunc(slices.Clone(snaps), func(s string) bool { return strings.HasPrefix(s, "gen[") }); !slices.Equal(rest, []string{"count[0]", "count[1]", "out[0]", "out[1]"}) || len(snaps) < 4 {
+			t.Fatalf("checkpoint %d: snapshots of %v, want %v (generators may be missing once finished)", id, snaps, all)
 		}
 		if want := []string{"count[0]", "count[1]", "out[0]", "out[1]"}; !slices.Equal(aligns, want) {
 			t.Fatalf("checkpoint %d: alignments of %v, want %v", id, aligns, want)
@@ -191,6 +198,9 @@ func TestTraceCheckpoint(t *testing.T) {
 	}
 	if complete != stats.Checkpoints {
 		t.Fatalf("%d complete checkpoint spans, %d checkpoints", complete, stats.Checkpoints)
+	}
+	if full == 0 {
+		t.Fatalf("no checkpoint has the snapshots of all six subtasks")
 	}
 
 	var rm metricdata.ResourceMetrics
