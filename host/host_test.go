@@ -12,12 +12,12 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/streamd/streamd/abi"
 	"github.com/streamd/streamd/host"
+	"github.com/streamd/streamd/internal/testlog"
 	"github.com/streamd/streamd/internal/testwasm"
 )
 
@@ -186,7 +186,7 @@ func TestSandbox(t *testing.T) {
 	path := fixture(t, "sandbox")
 	for _, allowClock := range []bool{false, true} {
 		t.Run(fmt.Sprintf("allow_clock=%v", allowClock), func(t *testing.T) {
-			logs := newLogCapture()
+			logs := testlog.New()
 			e := newEngine(t, host.WithLogger(slog.New(logs)), host.WithAllowClock(allowClock))
 			i := instance(t, load(t, e, path), host.InstanceConfig{Job: "sb", Operator: "probe", Subtask: 0, Parallelism: 1})
 			var out []abi.Record
@@ -214,14 +214,14 @@ func TestSandbox(t *testing.T) {
 			}
 			want := []string{"stdout|hello stdout|INFO", "stderr|hello stderr|WARN", "stderr|second line|WARN"}
 			var got []string
-			for _, r := range logs.records() {
-				if r.attrs["stream"] == "" {
+			for _, r := range logs.Records() {
+				if r.Attrs["stream"] == "" {
 					continue
 				}
-				if r.attrs["job"] != "sb" || r.attrs["operator"] != "probe" || r.attrs["subtask"] != "0" {
-					t.Errorf("line %q labelled %v", r.msg, r.attrs)
+				if r.Attrs["job"] != "sb" || r.Attrs["operator"] != "probe" || r.Attrs["subtask"] != "0" {
+					t.Errorf("line %q labelled %v", r.Msg, r.Attrs)
 				}
-				got = append(got, r.attrs["stream"]+"|"+r.msg+"|"+r.level)
+				got = append(got, r.Attrs["stream"]+"|"+r.Msg+"|"+r.Level)
 			}
 			if !slices.Equal(got, want) {
 				t.Errorf("guest output lines %q, want %q", got, want)
@@ -387,51 +387,6 @@ func makeRecords(n, size int) []abi.Record {
 		recs[i] = abi.Record{Value: payload, Timestamp: int64(i)}
 	}
 	return recs
-}
-
-// --- log capture ------------------------------------------------------------
-
-type logRecord struct {
-	msg, level string
-	attrs      map[string]string
-}
-
-type logSink struct {
-	mu   sync.Mutex
-	recs []logRecord
-}
-
-type logCapture struct {
-	sink  *logSink
-	attrs []slog.Attr
-}
-
-func newLogCapture() *logCapture { return &logCapture{sink: &logSink{}} }
-
-func (c *logCapture) Enabled(context.Context, slog.Level) bool { return true }
-
-func (c *logCapture) Handle(_ context.Context, r slog.Record) error {
-	lr := logRecord{msg: r.Message, level: r.Level.String(), attrs: map[string]string{}}
-	for _, a := range c.attrs {
-		lr.attrs[a.Key] = a.Value.String()
-	}
-	r.Attrs(func(a slog.Attr) bool { lr.attrs[a.Key] = a.Value.String(); return true })
-	c.sink.mu.Lock()
-	c.sink.recs = append(c.sink.recs, lr)
-	c.sink.mu.Unlock()
-	return nil
-}
-
-func (c *logCapture) WithAttrs(as []slog.Attr) slog.Handler {
-	return &logCapture{sink: c.sink, attrs: append(slices.Clip(c.attrs), as...)}
-}
-
-func (c *logCapture) WithGroup(string) slog.Handler { return c }
-
-func (c *logCapture) records() []logRecord {
-	c.sink.mu.Lock()
-	defer c.sink.mu.Unlock()
-	return slices.Clone(c.sink.recs)
 }
 
 // Keyed state and timers may be written in snapshot_state and

@@ -9,12 +9,12 @@ import (
 	"os"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/streamd/streamd/abi"
 	"github.com/streamd/streamd/host"
+	"github.com/streamd/streamd/internal/testlog"
 	"github.com/streamd/streamd/internal/testwasm"
 )
 
@@ -84,7 +84,7 @@ var scenarios = []struct {
 type harness struct {
 	guest string
 	path  string
-	logs  *logCapture
+	logs  *testlog.Capture
 	plain *host.Module // 128 MiB memory limit, no deadline
 	small *host.Module // 64 MiB memory limit (grow)
 	timed *host.Module // 500 ms call deadline (spin)
@@ -92,7 +92,7 @@ type harness struct {
 
 func newHarness(t *testing.T, guest, path string) *harness {
 	ctx := context.Background()
-	logs := newLogCapture()
+	logs := testlog.New()
 	h := &harness{guest: guest, path: path, logs: logs}
 	load := func(opts ...host.Option) *host.Module {
 		opts = append([]host.Option{host.WithCacheDir(cacheDir), host.WithLogger(slog.New(logs))}, opts...)
@@ -455,10 +455,10 @@ func testFinalCheckpointAndLogs(t *testing.T, h *harness) {
 		t.Fatalf("second close: %v", err)
 	}
 	var got []string
-	for _, r := range h.logs.matching(job) {
-		got = append(got, r.msg)
-		if r.attrs["operator"] != "op" || r.attrs["subtask"] != "1" {
-			t.Errorf("log %q has labels %v", r.msg, r.attrs)
+	for _, r := range h.logs.Matching("job", job) {
+		got = append(got, r.Msg)
+		if r.Attrs["operator"] != "op" || r.Attrs["subtask"] != "1" {
+			t.Errorf("log %q has labels %v", r.Msg, r.Attrs)
 		}
 	}
 	for _, want := range []string{"open", "notify", "close"} {
@@ -578,57 +578,4 @@ func testSpin(t *testing.T, h *harness) {
 		t.Errorf("spin took %v to stop with a 500ms deadline", d)
 	}
 	checkDiscarded(t, inst)
-}
-
-// --- log capture ------------------------------------------------------------
-
-type logRecord struct {
-	msg   string
-	attrs map[string]string
-}
-
-type logSink struct {
-	mu      sync.Mutex
-	records []logRecord
-}
-
-// logCapture is a slog.Handler that keeps every record with its attributes.
-type logCapture struct {
-	sink  *logSink
-	attrs []slog.Attr
-}
-
-func newLogCapture() *logCapture { return &logCapture{sink: &logSink{}} }
-
-func (c *logCapture) Enabled(context.Context, slog.Level) bool { return true }
-
-func (c *logCapture) Handle(_ context.Context, r slog.Record) error {
-	lr := logRecord{msg: r.Message, attrs: map[string]string{}}
-	for _, a := range c.attrs {
-		lr.attrs[a.Key] = a.Value.String()
-	}
-	r.Attrs(func(a slog.Attr) bool { lr.attrs[a.Key] = a.Value.String(); return true })
-	c.sink.mu.Lock()
-	c.sink.records = append(c.sink.records, lr)
-	c.sink.mu.Unlock()
-	return nil
-}
-
-func (c *logCapture) WithAttrs(as []slog.Attr) slog.Handler {
-	return &logCapture{sink: c.sink, attrs: append(slices.Clip(c.attrs), as...)}
-}
-
-func (c *logCapture) WithGroup(string) slog.Handler { return c }
-
-// matching returns the records labelled with job.
-func (c *logCapture) matching(job string) []logRecord {
-	c.sink.mu.Lock()
-	defer c.sink.mu.Unlock()
-	var out []logRecord
-	for _, r := range c.sink.records {
-		if r.attrs["job"] == job {
-			out = append(out, r)
-		}
-	}
-	return out
 }
