@@ -85,29 +85,35 @@ func TestScenarios(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			cases, trailer := parseScenario(t, string(data))
-			r := &scenario{t: t}
-			var out strings.Builder
-			for _, c := range cases {
-				got := r.run(c.input)
-				if !*rewrite && !slices.Equal(got, c.output) {
-					t.Errorf("%s: %s\n--- want\n%s\n--- got\n%s", file, strings.Join(c.input, "\n"),
-						strings.Join(c.output, "\n"), strings.Join(got, "\n"))
-				}
-				for _, l := range c.pre {
-					out.WriteString(l + "\n")
-				}
-				out.WriteString(strings.Join(c.input, "\n") + "\n----\n" + strings.Join(got, "\n") + "\n")
-			}
-			for _, l := range trailer {
-				out.WriteString(l + "\n")
-			}
-			if *rewrite {
-				if err := os.WriteFile(file, []byte(out.String()), 0o644); err != nil {
-					t.Fatal(err)
-				}
-			}
+			runScript(t, file, string(data))
 		})
+	}
+}
+
+// runScript runs the cases of one script and compares (or, with -rewrite,
+// rewrites) their outputs.
+func runScript(t *testing.T, file, data string) {
+	cases, trailer := parseScenario(t, data)
+	r := &scenario{t: t}
+	var out strings.Builder
+	for _, c := range cases {
+		got := r.run(c.input)
+		if !*rewrite && !slices.Equal(got, c.output) {
+			t.Errorf("%s: %s\n--- want\n%s\n--- got\n%s", file, strings.Join(c.input, "\n"),
+				strings.Join(c.output, "\n"), strings.Join(got, "\n"))
+		}
+		for _, l := range c.pre {
+			out.WriteString(l + "\n")
+		}
+		out.WriteString(strings.Join(c.input, "\n") + "\n----\n" + strings.Join(got, "\n") + "\n")
+	}
+	for _, l := range trailer {
+		out.WriteString(l + "\n")
+	}
+	if *rewrite {
+		if err := os.WriteFile(file, []byte(out.String()), 0o644); err != nil {
+			t.Fatal(err)
+		}
 	}
 }
 
@@ -118,6 +124,7 @@ type scenario struct {
 	c     *Coordinator
 	waits map[int64][]SubtaskID // Wait of each triggered checkpoint, for "ack cp=N all"
 	acked map[int64]map[SubtaskID]bool
+	p     *protocol // the protocol command's coordinator and subtask machines
 }
 
 func (r *scenario) run(input []string) (out []string) {
@@ -131,13 +138,18 @@ func (r *scenario) run(input []string) (out []string) {
 	fail := func(format string, a ...any) []string {
 		return []string{"error: " + fmt.Sprintf(format, a...)}
 	}
+	if cmd != "graph" {
+		if out, ok := r.protocolCmd(cmd, args); ok {
+			return out
+		}
+	}
 	switch cmd {
 	case "graph":
 		g, err := parseGraph(input[1:])
 		if err != nil {
 			return fail("%v", err)
 		}
-		r.g, r.c = g, nil
+		r.g, r.c, r.p = g, nil, nil
 		return nil
 	case "plan":
 		finished := map[SubtaskID]bool{}
@@ -176,7 +188,7 @@ func (r *scenario) run(input []string) (out []string) {
 		if err != nil {
 			return fail("%v", err)
 		}
-		r.c, r.waits, r.acked = c, map[int64][]SubtaskID{}, map[int64]map[SubtaskID]bool{}
+		r.c, r.waits, r.acked, r.p = c, map[int64][]SubtaskID{}, map[int64]map[SubtaskID]bool{}, nil
 		return []string{fmt.Sprintf("job: %s", c.State())}
 	case "status":
 		st := r.c.Status()

@@ -1,0 +1,450 @@
+package control
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+)
+
+// Protocol scripts: testdata/protocol/*.txt run the coordinator and one
+// SubtaskMachine per subtask together, like raft's interaction tests: the
+// messages between them (channel events between subtasks, commands from the
+// coordinator, reports to it) are queued and delivered step by step, in the
+// order the script chooses. Same file format as the scenario scripts
+// (scenario_test.go); `go test ./control -rewrite` regenerates them.
+//
+// Commands (besides graph):
+//
+//	protocol [checkpointing=BOOL] [interval=N] [final-immediately=BOOL] [tolerable=N] [union=UID,...]
+//	                                 a coordinator (DefaultConfig) and the machines of the graph
+//	open all|ID...                   Opened: the subtasks report running
+//	records ID                       source ID emits a batch of records on its outputs
+//	watermark ID ts=N                source ID emits a watermark
+//	source-ended ID...               the sources' input is exhausted
+//	tick [N]                         coordinator ticks
+//	stop [drain] | savepoint | cancel
+//	deliver ID [from=UID/I] [n=N]    deliver up to N (default 1) messages queued for subtask ID:
+//	                                 its commands first, then its channels in order (a blocked
+//	                                 channel is skipped); from= picks the channel from that sender
+//	deliver coordinator [n=N]        deliver reports to the coordinator
+//	stabilize                        deliver everything until nothing is queued
+//	queues                           what is queued, per receiver
+//	calls ID                         the operator calls of subtask ID so far
+//	status                           job state, subtask states, and each machine's phase
+//
+// A PersistMetadata action is answered with Persisted at once (queued for the
+// coordinator).
+
+type protoMsg struct {
+	from string // the sending subtask, for channel messages
+	ev   SubtaskEvent
+	text string // for the trace: what was sent
+}
+
+type protoChannel struct {
+	from SubtaskID
+	q    []protoMsg
+}
+
+type protoSubtask struct {
+	id      SubtaskID
+	m       *SubtaskMachine
+	chans   []*protoChannel // by channel index
+	blocked []bool
+	cmds    []SubtaskEvent
+	outs    [][]*protoChannel // per output edge, the receivers' channels
+	calls   []string
+}
+
+type protocol struct {
+	t      *testing.T
+	g      *JobGraph
+	c      *Coordinator
+	subs   map[SubtaskID]*protoSubtask
+	order  []SubtaskID
+	inbox  []Event // reports to the coordinator
+	ckpt   bool
+	union  map[string]bool // operators whose snapshots hold union list state
+	recSeq int
+}
+
+func newProtocol(t *testing.T, g *JobGraph, cfg Config, ckpt bool) (*protocol, error) {
+	c, err := NewCoordinator(g, cfg)
+	if err != nil {
+		return nil, err
+	}
+	p := &protocol{t: t, g: g, c: c, subs: map[SubtaskID]*protoSubtask{}, ckpt: ckpt}
+	for _, v := range g.Vertices {
+		for i := 0; i < v.Parallelism; i++ {
+			id := SubtaskID{v.UID, i}
+			s := &protoSubtask{id: id}
+			var chanInputs []int
+			for _, e := range v.Inputs {
+				from := g.Vertex(e.From)
+				for k := 0; k < from.Parallelism; k++ {
+					if e.Partition.Pointwise() && k != i {
+						continue
+					}
+					s.chans = append(s.chans, &protoChannel{from: SubtaskID{e.From, k}})
+					chanInputs = append(chanInputs, e.Input)
+				}
+			}
+			s.blocked = make([]bool, len(s.chans))
+			s.m, err = NewSubtaskMachine(SubtaskConfig{ID: id, Channels: chanInputs, Inputs: len(v.Inputs), Checkpointing: ckpt})
+			if err != nil {
+				return nil, err
+			}
+			p.subs[id] = s
+			p.order = append(p.order, id)
+		}
+	}
+	// Wire each sender's outputs to its receivers' channels.
+	for _, id := range p.order {
+		s := p.subs[id]
+		for _, e := range g.Outputs(id.Operator) {
+			var row []*protoChannel
+			to := g.Vertex(e.To)
+			for r := 0; r < to.Parallelism; r++ {
+				for _, ch := range p.subs[SubtaskID{e.To, r}].chans {
+					if ch.from == id {
+						row = append(row, ch)
+					}
+				}
+			}
+			s.outs = append(s.outs, row)
+		}
+	}
+	return p, nil
+}
+
+// broadcast puts ev on every output channel of s.
+func (p *protocol) broadcast(s *protoSubtask, ev func(ch int) SubtaskEvent, text string) {
+	for _, row := range s.outs {
+		for _, ch := range row {
+			rs := p.receiver(ch)
+			idx := slices.Index(rs.chans, ch)
+			ch.q = append(ch.q, protoMsg{from: s.id.String(), ev: ev(idx), text: text})
+		}
+	}
+}
+
+func (p *protocol) receiver(ch *protoChannel) *protoSubtask {
+	for _, id := range p.order {
+		if slices.Contains(p.subs[id].chans, ch) {
+			return p.subs[id]
+		}
+	}
+	p.t.Fatalf("channel without receiver")
+	return nil
+}
+
+// stepSubtask applies ev to s and carries out its actions; it returns the
+// trace line.
+func (p *protocol) stepSubtask(s *protoSubtask, ev SubtaskEvent, what string) string {
+	line := fmt.Sprintf("%v: %s", s.id, what)
+	if err := s.m.Step(ev); err != nil {
+		return line + " -> error: " + err.Error()
+	}
+	var acts []string
+	for _, a := range s.m.Ready() {
+		acts = append(acts, a.String())
+		p.perform(s, a)
+	}
+	s.m.Advance()
+	if len(acts) == 0 {
+		return line
+	}
+	return line + " -> " + strings.Join(acts, ", ")
+}
+
+func (p *protocol) perform(s *protoSubtask, a SubtaskAction) {
+	switch x := a.(type) {
+	case Report:
+		p.inbox = append(p.inbox, x.Event)
+	case BlockChannel:
+		s.blocked[x.Channel] = true
+	case UnblockChannels:
+		clear(s.blocked)
+	case ForwardBarrier:
+		p.broadcast(s, func(ch int) SubtaskEvent { return ChannelBarrier{ch, x.B} }, "barrier "+x.B.String())
+	case TakeSnapshot:
+		s.calls = append(s.calls, fmt.Sprintf("snapshot_state(%d)", x.B.ID))
+		p.inbox = append(p.inbox, Ack{CheckpointID: x.B.ID, Subtask: s.id, StateRef: fmt.Sprintf("cp%d-%v", x.B.ID, s.id),
+			Size: 10, AfterEndOfData: x.AfterEndOfData, DeployedFinished: x.DeployedFinished, UnionState: p.union[s.id.Operator]})
+	case ForwardCancel:
+		p.broadcast(s, func(ch int) SubtaskEvent { return ChannelCancel{ch, x.ID} }, fmt.Sprintf("cancel cp=%d", x.ID))
+	case AdvanceWatermark:
+		s.calls = append(s.calls, fmt.Sprintf("on_watermark(%s)", wmText(x.TS)))
+		p.broadcast(s, func(ch int) SubtaskEvent { return ChannelWatermark{ch, x.TS} }, fmt.Sprintf("watermark %s", wmText(x.TS)))
+	case EndInput:
+		s.calls = append(s.calls, fmt.Sprintf("end_input(%d)", x.Input))
+	case FinishOperator:
+		s.calls = append(s.calls, "finish()")
+	case EmitEndOfData:
+		if x.MaxWatermark {
+			p.broadcast(s, func(ch int) SubtaskEvent { return ChannelWatermark{ch, MaxWatermark} }, "watermark MAX")
+		}
+		p.broadcast(s, func(ch int) SubtaskEvent { return ChannelEndOfData{ch, x.Drain} }, fmt.Sprintf("end-of-data drain=%t", x.Drain))
+	case NotifyOperator:
+		s.calls = append(s.calls, fmt.Sprintf("notify_checkpoint_complete(%d)", x.ID))
+	case CloseSubtask:
+		s.calls = append(s.calls, "close()")
+		p.broadcast(s, func(ch int) SubtaskEvent { return ChannelEndOfPartition{ch} }, "end-of-partition")
+	case AlignmentStarted, AlignmentEnded:
+	default:
+		p.t.Fatalf("unknown subtask action %T", a)
+	}
+}
+
+func wmText(ts int64) string {
+	if ts == MaxWatermark {
+		return "MAX"
+	}
+	return fmt.Sprint(ts)
+}
+
+// stepCoordinator applies ev and routes its actions to the subtasks.
+func (p *protocol) stepCoordinator(ev Event) []string {
+	before := p.c.State()
+	out := []string{"coordinator: " + ev.String()}
+	if err := p.c.Step(ev); err != nil {
+		out = append(out, "  error: "+err.Error())
+	}
+	for _, a := range p.c.Ready() {
+		out = append(out, "  "+a.String())
+		switch x := a.(type) {
+		case TriggerCheckpoint:
+			for _, id := range x.Tasks {
+				s := p.subs[id]
+				if s.m.Done() {
+					p.inbox = append(p.inbox, TriggerFailed{CheckpointID: x.ID, Subtask: id, Reason: "the subtask has finished"})
+					continue
+				}
+				s.cmds = append(s.cmds, Trigger{Barrier{ID: x.ID, Kind: x.Kind, Sync: x.Sync}})
+			}
+		case StopSources:
+			for _, id := range x.Tasks {
+				p.subs[id].cmds = append(p.subs[id].cmds, StopSource{SavepointID: x.SavepointID, Drain: x.Drain})
+			}
+		case PersistMetadata:
+			p.inbox = append(p.inbox, Persisted{CheckpointID: x.ID})
+		case NotifyComplete:
+			for _, id := range x.Tasks {
+				p.subs[id].cmds = append(p.subs[id].cmds, CheckpointComplete{x.ID})
+			}
+		case AbortCheckpoint:
+			for _, id := range x.Tasks {
+				p.subs[id].cmds = append(p.subs[id].cmds, CheckpointAborted{x.ID})
+			}
+		}
+	}
+	p.c.Advance()
+	if after := p.c.State(); after != before {
+		out = append(out, fmt.Sprintf("  job: %s -> %s", before, after))
+	}
+	return out
+}
+
+// deliverOne delivers the next message for s (from: only that sender's
+// channel); false when nothing can be delivered.
+func (p *protocol) deliverOne(s *protoSubtask, from string) (string, bool) {
+	if from == "" && len(s.cmds) > 0 {
+		ev := s.cmds[0]
+		s.cmds = s.cmds[1:]
+		return p.stepSubtask(s, ev, "cmd "+ev.String()), true
+	}
+	for i, ch := range s.chans {
+		if len(ch.q) == 0 || s.blocked[i] || (from != "" && ch.from.String() != from) {
+			continue
+		}
+		msg := ch.q[0]
+		ch.q = ch.q[1:]
+		if msg.ev == nil { // records
+			if err := s.m.CheckRecords(i); err != nil {
+				return fmt.Sprintf("%v: %s from %s -> error: %v", s.id, msg.text, msg.from, err), true
+			}
+			s.calls = append(s.calls, "process_batch")
+			return fmt.Sprintf("%v: %s from %s", s.id, msg.text, msg.from), true
+		}
+		return p.stepSubtask(s, msg.ev, msg.text+" from "+msg.from), true
+	}
+	return "", false
+}
+
+func (p *protocol) stabilize() []string {
+	var out []string
+	for progress := true; progress; {
+		progress = false
+		for len(p.inbox) > 0 {
+			ev := p.inbox[0]
+			p.inbox = p.inbox[1:]
+			out = append(out, p.stepCoordinator(ev)...)
+			progress = true
+		}
+		for _, id := range p.order {
+			if line, ok := p.deliverOne(p.subs[id], ""); ok {
+				out = append(out, line)
+				progress = true
+			}
+		}
+	}
+	return out
+}
+
+func (r *scenario) protocolCmd(cmd string, args []string) ([]string, bool) {
+	fail := func(format string, a ...any) ([]string, bool) {
+		return []string{"error: " + fmt.Sprintf(format, a...)}, true
+	}
+	if cmd == "protocol" {
+		cfg := DefaultConfig()
+		cfg.IntervalTicks = int64(r.num(kv(args, "interval", "10")))
+		cfg.FinalCheckpointImmediately = kv(args, "final-immediately", "true") == "true"
+		cfg.TolerableFailures = r.num(kv(args, "tolerable", "3"))
+		p, err := newProtocol(r.t, r.g, cfg, kv(args, "checkpointing", "true") == "true")
+		if err != nil {
+			return fail("%v", err)
+		}
+		p.union = map[string]bool{}
+		for _, u := range splitList(kv(args, "union", "")) {
+			p.union[u] = true
+		}
+		r.p = p
+		return []string{"job: created"}, true
+	}
+	p := r.p
+	if p == nil {
+		switch cmd {
+		case "open", "records", "watermark", "source-ended", "deliver", "stabilize", "queues", "calls":
+			return fail("no protocol: use the protocol command first")
+		}
+		return nil, false
+	}
+	pos := positional(args)
+	var out []string
+	switch cmd {
+	case "open":
+		for _, id := range r.ids(pos) {
+			out = append(out, p.stepSubtask(p.subs[id], Opened{}, "opened"))
+		}
+	case "records":
+		for _, id := range r.ids(pos) {
+			p.recSeq++
+			text := fmt.Sprintf("records #%d", p.recSeq)
+			p.broadcast(p.subs[id], func(int) SubtaskEvent { return nil }, text)
+			p.subs[id].calls = append(p.subs[id].calls, "read")
+		}
+	case "watermark":
+		ts := int64(r.num(kv(args, "ts", "0")))
+		for _, id := range r.ids(pos) {
+			p.broadcast(p.subs[id], func(ch int) SubtaskEvent { return ChannelWatermark{ch, ts} }, fmt.Sprintf("watermark %d", ts))
+		}
+	case "source-ended":
+		for _, id := range r.ids(pos) {
+			out = append(out, p.stepSubtask(p.subs[id], SourceEnded{}, "source-ended"))
+		}
+	case "tick", "stop", "savepoint", "cancel":
+		var ev Event
+		switch cmd {
+		case "stop":
+			ev = StopWithSavepoint{Drain: has(args, "drain")}
+		case "savepoint":
+			ev = TriggerSavepoint{}
+		case "cancel":
+			ev = Cancel{}
+		}
+		n := 1
+		if cmd == "tick" {
+			ev = Tick{}
+			if len(pos) > 0 {
+				n = r.num(pos[0])
+			}
+		}
+		for range n {
+			for _, l := range p.stepCoordinator(ev) {
+				if l != "coordinator: tick" {
+					out = append(out, l)
+				}
+			}
+		}
+	case "deliver":
+		n := r.num(kv(args, "n", "1"))
+		if slices.Equal(pos, []string{"coordinator"}) {
+			for ; n > 0 && len(p.inbox) > 0; n-- {
+				ev := p.inbox[0]
+				p.inbox = p.inbox[1:]
+				out = append(out, p.stepCoordinator(ev)...)
+			}
+			break
+		}
+		for _, id := range r.ids(pos) {
+			for k := 0; k < n; k++ {
+				line, ok := p.deliverOne(p.subs[id], kv(args, "from", ""))
+				if !ok {
+					break
+				}
+				out = append(out, line)
+			}
+		}
+	case "stabilize":
+		out = p.stabilize()
+	case "queues":
+		if len(p.inbox) > 0 {
+			var evs []string
+			for _, ev := range p.inbox {
+				evs = append(evs, ev.String())
+			}
+			out = append(out, "coordinator: "+strings.Join(evs, "; "))
+		}
+		for _, id := range p.order {
+			s := p.subs[id]
+			for _, c := range s.cmds {
+				out = append(out, fmt.Sprintf("%v: cmd %s", id, c))
+			}
+			for i, ch := range s.chans {
+				for _, m := range ch.q {
+					b := ""
+					if s.blocked[i] {
+						b = " (blocked)"
+					}
+					out = append(out, fmt.Sprintf("%v: %s from %s%s", id, m.text, m.from, b))
+				}
+			}
+		}
+	case "calls":
+		for _, id := range r.ids(pos) {
+			out = append(out, fmt.Sprintf("%v: %s", id, strings.Join(p.subs[id].calls, " ")))
+		}
+	case "status":
+		st := p.c.Status()
+		out = append(out, fmt.Sprintf("job %s latest=%d pending=%v", st.Job, st.LatestCompleted, st.Pending))
+		for _, s := range st.Subtasks {
+			out = append(out, fmt.Sprintf("%v: %s, machine %s", s.Subtask, s.State, phaseWord(p.subs[s.Subtask].m.Phase())))
+		}
+	default:
+		return nil, false
+	}
+	return out, true
+}
+
+func phaseWord(ph SubtaskPhase) string {
+	return [...]string{"created", "running", "end-of-data", "closed"}[ph]
+}
+
+func TestProtocolScripts(t *testing.T) {
+	files, err := filepath.Glob("testdata/protocol/*.txt")
+	if err != nil || len(files) == 0 {
+		t.Fatalf("no protocol scripts in testdata/protocol/: %v", err)
+	}
+	for _, file := range files {
+		t.Run(strings.TrimSuffix(filepath.Base(file), ".txt"), func(t *testing.T) {
+			data, err := os.ReadFile(file)
+			if err != nil {
+				t.Fatal(err)
+			}
+			runScript(t, file, string(data))
+		})
+	}
+}

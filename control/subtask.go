@@ -1,0 +1,714 @@
+package control
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+)
+
+// This file is the subtask half of the checkpoint and finishing protocol
+// (DESIGN.md "Checkpoints", "Finishing"): a pure state machine per subtask,
+// in the style of the Coordinator. The task goroutine of internal/runtime
+// does only the IO: it reads its input channels (or its source), feeds what
+// it saw to Step, and carries out the actions of Ready in order (block a
+// channel, forward a barrier, take a snapshot, call end_input, finish or
+// close, emit EndOfData ...), then calls Advance.
+//
+// Protocol of one subtask:
+//
+//   - Alignment (aligned barriers). A barrier on channel c blocks c until
+//     the barrier has arrived on every channel that has not ended; a channel
+//     that delivered EndOfPartition counts as aligned. Then the channels are
+//     unblocked, the barrier goes downstream and the subtask takes its
+//     snapshot. A newer barrier ends an older alignment (that checkpoint
+//     can no longer complete here); late barriers of older checkpoints and
+//     of cancelled ones are dropped. A Trigger (the coordinator starts the
+//     checkpoint here because every predecessor has finished) begins an
+//     alignment over the channels that have not ended.
+//   - Sources take barriers between records and while they wait for input:
+//     a Trigger forwards the barrier and takes the snapshot at once.
+//   - End of data. On EndOfData from every channel of an input, end_input
+//     (with drain); on every input, finish() (with drain), then EndOfData
+//     goes downstream with the same drain flag. A source ends its data when
+//     its input is exhausted (drain: the MAX watermark first) or when it is
+//     stopped for a stop-with-savepoint.
+//   - Final checkpoint. After its EndOfData a subtask waits until a
+//     checkpoint it snapshotted after that point is complete (a stopped
+//     source: exactly the stop's savepoint), then closes and sends
+//     EndOfPartition; an operator also waits for EndOfPartition on every
+//     channel. Without checkpointing nothing waits.
+//   - Watermarks. The subtask's watermark is the minimum over the channels
+//     that have not ended; each advance is passed to the operator. After the
+//     subtask sent EndOfData no watermark reaches the operator again: with
+//     drain it already saw MAX, without drain (stop-with-savepoint) only
+//     notify_checkpoint_complete may come between the savepoint's snapshot
+//     and close.
+//
+// A SubtaskMachine is not safe for concurrent use.
+
+// Barrier is a checkpoint barrier as the subtask machine sees it. Trace is
+// carried through untouched (the checkpoint's trace context).
+type Barrier struct {
+	ID    int64
+	Kind  CheckpointKind
+	Sync  bool // the stop-with-savepoint savepoint
+	Trace map[string]string
+}
+
+// SubtaskConfig describes one subtask to NewSubtaskMachine.
+type SubtaskConfig struct {
+	ID SubtaskID
+	// Channels has, per input channel, the index of the input it belongs to
+	// (0 for a one-input operator); empty for a source.
+	Channels []int
+	// Inputs is the number of inputs (len(Vertex.Inputs)); 0 for a source.
+	Inputs int
+	// Checkpointing: the job checkpoints, so the subtask reports to the
+	// coordinator, snapshots on barriers and waits for a final checkpoint.
+	Checkpointing bool
+	// DeployedFinished: restored as part of a fully finished operator. It
+	// runs no user code, emits MAX watermark and EndOfData(drain) at once
+	// and acknowledges checkpoints as deployed-finished.
+	DeployedFinished bool
+	// InputEnded: a restored source subtask whose input was exhausted
+	// before the checkpoint: it ends its data as soon as it is open.
+	InputEnded bool
+}
+
+// SubtaskEvent is an input to SubtaskMachine.Step.
+type SubtaskEvent interface {
+	isSubtaskEvent()
+	String() string
+}
+
+// Opened: the subtask is set up (open() returned; for a deployed-finished
+// subtask, its channels exist).
+type Opened struct{}
+
+// SourceEnded: a source's input is exhausted.
+type SourceEnded struct{}
+
+// StopSource: stop-with-savepoint SavepointID: a source ends its input now
+// (with Drain: as if exhausted) and waits for exactly that savepoint.
+type StopSource struct {
+	SavepointID int64
+	Drain       bool
+}
+
+// Trigger: the coordinator starts checkpoint B at this subtask.
+type Trigger struct{ B Barrier }
+
+// ChannelBarrier: the barrier B arrived on input channel Channel.
+type ChannelBarrier struct {
+	Channel int
+	B       Barrier
+}
+
+// ChannelCancel: CancelCheckpoint(ID) arrived on input channel Channel.
+type ChannelCancel struct {
+	Channel int
+	ID      int64
+}
+
+// ChannelWatermark: watermark TS arrived on input channel Channel.
+type ChannelWatermark struct {
+	Channel int
+	TS      int64
+}
+
+// ChannelEndOfData: EndOfData(Drain) arrived on input channel Channel.
+type ChannelEndOfData struct {
+	Channel int
+	Drain   bool
+}
+
+// ChannelEndOfPartition: EndOfPartition arrived on input channel Channel;
+// the channel has ended.
+type ChannelEndOfPartition struct{ Channel int }
+
+// CheckpointComplete: the coordinator says checkpoint ID is complete.
+type CheckpointComplete struct{ ID int64 }
+
+// CheckpointAborted: the coordinator says checkpoint ID was aborted.
+type CheckpointAborted struct{ ID int64 }
+
+func (Opened) isSubtaskEvent()                {}
+func (SourceEnded) isSubtaskEvent()           {}
+func (StopSource) isSubtaskEvent()            {}
+func (Trigger) isSubtaskEvent()               {}
+func (ChannelBarrier) isSubtaskEvent()        {}
+func (ChannelCancel) isSubtaskEvent()         {}
+func (ChannelWatermark) isSubtaskEvent()      {}
+func (ChannelEndOfData) isSubtaskEvent()      {}
+func (ChannelEndOfPartition) isSubtaskEvent() {}
+func (CheckpointComplete) isSubtaskEvent()    {}
+func (CheckpointAborted) isSubtaskEvent()     {}
+
+func (Opened) String() string      { return "opened" }
+func (SourceEnded) String() string { return "source-ended" }
+func (e StopSource) String() string {
+	return fmt.Sprintf("stop sp=%d drain=%t", e.SavepointID, e.Drain)
+}
+func (e Trigger) String() string        { return "trigger " + e.B.String() }
+func (e ChannelBarrier) String() string { return fmt.Sprintf("barrier ch=%d %s", e.Channel, e.B) }
+func (e ChannelCancel) String() string  { return fmt.Sprintf("cancel ch=%d cp=%d", e.Channel, e.ID) }
+func (e ChannelWatermark) String() string {
+	return fmt.Sprintf("watermark ch=%d ts=%d", e.Channel, e.TS)
+}
+func (e ChannelEndOfData) String() string {
+	return fmt.Sprintf("end-of-data ch=%d drain=%t", e.Channel, e.Drain)
+}
+func (e ChannelEndOfPartition) String() string { return fmt.Sprintf("end-of-partition ch=%d", e.Channel) }
+func (e CheckpointComplete) String() string    { return fmt.Sprintf("complete cp=%d", e.ID) }
+func (e CheckpointAborted) String() string     { return fmt.Sprintf("aborted cp=%d", e.ID) }
+
+func (b Barrier) String() string {
+	s := fmt.Sprintf("cp=%d %s", b.ID, b.Kind)
+	if b.Sync {
+		s += " sync"
+	}
+	return s
+}
+
+// SubtaskAction is an output of the SubtaskMachine, carried out by the task
+// goroutine in the order given.
+type SubtaskAction interface {
+	isSubtaskAction()
+	String() string
+}
+
+// Report: send Event (TaskRunning, TaskEndOfData, TaskFinished) to the
+// coordinator.
+type Report struct{ Event Event }
+
+// BlockChannel: deliver nothing more of Channel until UnblockChannels.
+type BlockChannel struct{ Channel int }
+
+// UnblockChannels: deliver every channel again.
+type UnblockChannels struct{}
+
+// AlignmentStarted / AlignmentEnded bracket the alignment of a checkpoint at
+// this subtask (for spans and metrics); Aligned says whether it ended with
+// the barrier on every channel (else it was aborted).
+type AlignmentStarted struct{ B Barrier }
+
+type AlignmentEnded struct {
+	ID      int64
+	Aligned bool
+}
+
+// ForwardBarrier: send B on every output, behind the records emitted so far.
+type ForwardBarrier struct{ B Barrier }
+
+// TakeSnapshot: snapshot the operator's state (a source: its position) for
+// B, write it and report the Ack (or a Decline). AfterEndOfData and
+// DeployedFinished go into the Ack.
+type TakeSnapshot struct {
+	B                Barrier
+	AfterEndOfData   bool
+	DeployedFinished bool
+}
+
+// ForwardCancel: send CancelCheckpoint(ID) on every output.
+type ForwardCancel struct{ ID int64 }
+
+// AdvanceWatermark: the subtask's watermark advanced to TS: fire the
+// operator's timers (on_watermark) and send the watermark on.
+type AdvanceWatermark struct{ TS int64 }
+
+// EndInput: call end_input(Input).
+type EndInput struct{ Input int }
+
+// FinishOperator: call finish().
+type FinishOperator struct{}
+
+// EmitEndOfData: send, with MaxWatermark, the MAX watermark (unless the
+// source's watermark is at MAX already), then EndOfData(Drain) on every
+// output. The final-checkpoint wait begins.
+type EmitEndOfData struct {
+	MaxWatermark bool
+	Drain        bool
+}
+
+// NotifyOperator: call notify_checkpoint_complete(ID).
+type NotifyOperator struct{ ID int64 }
+
+// CloseSubtask: call close() (unless deployed finished), then send
+// EndOfPartition on every output. The subtask is done afterwards.
+type CloseSubtask struct{}
+
+func (Report) isSubtaskAction()           {}
+func (BlockChannel) isSubtaskAction()     {}
+func (UnblockChannels) isSubtaskAction()  {}
+func (AlignmentStarted) isSubtaskAction() {}
+func (AlignmentEnded) isSubtaskAction()   {}
+func (ForwardBarrier) isSubtaskAction()   {}
+func (TakeSnapshot) isSubtaskAction()     {}
+func (ForwardCancel) isSubtaskAction()    {}
+func (AdvanceWatermark) isSubtaskAction() {}
+func (EndInput) isSubtaskAction()         {}
+func (FinishOperator) isSubtaskAction()   {}
+func (EmitEndOfData) isSubtaskAction()    {}
+func (NotifyOperator) isSubtaskAction()   {}
+func (CloseSubtask) isSubtaskAction()     {}
+
+func (a Report) String() string       { return "report " + a.Event.String() }
+func (a BlockChannel) String() string { return fmt.Sprintf("block ch=%d", a.Channel) }
+func (UnblockChannels) String() string {
+	return "unblock"
+}
+func (a AlignmentStarted) String() string { return "align-start " + a.B.String() }
+func (a AlignmentEnded) String() string {
+	if a.Aligned {
+		return fmt.Sprintf("align-done cp=%d", a.ID)
+	}
+	return fmt.Sprintf("align-aborted cp=%d", a.ID)
+}
+func (a ForwardBarrier) String() string { return "forward-barrier " + a.B.String() }
+func (a TakeSnapshot) String() string {
+	var b strings.Builder
+	b.WriteString("snapshot " + a.B.String())
+	writeFlag(&b, a.AfterEndOfData, "after-eod")
+	writeFlag(&b, a.DeployedFinished, "deployed-finished")
+	return b.String()
+}
+func (a ForwardCancel) String() string    { return fmt.Sprintf("forward-cancel cp=%d", a.ID) }
+func (a AdvanceWatermark) String() string {
+	if a.TS == MaxWatermark {
+		return "watermark ts=MAX"
+	}
+	return fmt.Sprintf("watermark ts=%d", a.TS)
+}
+func (a EndInput) String() string         { return fmt.Sprintf("end-input %d", a.Input) }
+func (FinishOperator) String() string     { return "finish" }
+func (a EmitEndOfData) String() string {
+	s := fmt.Sprintf("emit-end-of-data drain=%t", a.Drain)
+	if a.MaxWatermark {
+		s = "emit-max-watermark " + s
+	}
+	return s
+}
+func (a NotifyOperator) String() string { return fmt.Sprintf("notify cp=%d", a.ID) }
+func (CloseSubtask) String() string     { return "close" }
+
+// Errors of SubtaskMachine.Step and CheckRecords: the input broke the
+// channel protocol. The subtask fails with them.
+var (
+	ErrChannelProtocol = errors.New("channel protocol violated")
+)
+
+// SubtaskPhase is where a subtask is in its lifecycle.
+type SubtaskPhase uint8
+
+const (
+	PhaseCreated   SubtaskPhase = iota // not open yet
+	PhaseRunning                       // processing input
+	PhaseEndOfData                     // sent EndOfData, waiting for its final checkpoint (and EndOfPartition)
+	PhaseClosed                        // closed and sent EndOfPartition
+)
+
+// SubtaskMachine is the protocol state of one subtask.
+type SubtaskMachine struct {
+	cfg SubtaskConfig
+
+	phase SubtaskPhase
+	// Channels (operators).
+	chanWM  []int64
+	chanEOD []bool
+	ended   []bool
+	arrived []bool
+	open    int   // channels that have not ended
+	noDrain []bool // per input: a channel ended without drain
+	eod     []int  // per input: channels that delivered EndOfData
+	chans   []int  // per input: number of channels
+	inEnded int    // inputs whose channels all delivered EndOfData
+	wm      int64
+
+	aligning   bool
+	barrier    Barrier // the latest barrier seen or triggered
+	lastCancel int64
+
+	// Finishing.
+	stopID   int64 // a stopped source: the savepoint to wait for
+	finalAck int64 // the first checkpoint snapshotted after end of data
+	final    bool  // the final checkpoint is complete
+	finalID  int64
+
+	ready []SubtaskAction
+}
+
+// MinWatermark is the watermark before any arrived (abi.MinWatermark).
+const MinWatermark int64 = -1 << 63
+
+// MaxWatermark ends event time (abi.MaxWatermark).
+const MaxWatermark int64 = 1<<63 - 1
+
+// NewSubtaskMachine returns the machine of a subtask that is not open yet.
+func NewSubtaskMachine(cfg SubtaskConfig) (*SubtaskMachine, error) {
+	n := len(cfg.Channels)
+	if n > 0 && cfg.Inputs < 1 {
+		return nil, fmt.Errorf("control: subtask %v: %d channels but no input", cfg.ID, n)
+	}
+	m := &SubtaskMachine{cfg: cfg, wm: MinWatermark, open: n,
+		chanWM: make([]int64, n), chanEOD: make([]bool, n), ended: make([]bool, n), arrived: make([]bool, n),
+		noDrain: make([]bool, cfg.Inputs), eod: make([]int, cfg.Inputs), chans: make([]int, cfg.Inputs)}
+	for c, in := range cfg.Channels {
+		if in < 0 || in >= cfg.Inputs {
+			return nil, fmt.Errorf("control: subtask %v: channel %d belongs to input %d of %d", cfg.ID, c, in, cfg.Inputs)
+		}
+		m.chanWM[c] = MinWatermark
+		m.chans[in]++
+	}
+	for in, k := range m.chans {
+		if k == 0 {
+			return nil, fmt.Errorf("control: subtask %v: input %d has no channel", cfg.ID, in)
+		}
+	}
+	return m, nil
+}
+
+// Phase returns where the subtask is.
+func (m *SubtaskMachine) Phase() SubtaskPhase { return m.phase }
+
+// Reading reports whether a source should read its input: it is open and has
+// not ended its data.
+func (m *SubtaskMachine) Reading() bool { return m.phase == PhaseRunning && m.isSource() }
+
+// Done reports whether the subtask has closed.
+func (m *SubtaskMachine) Done() bool { return m.phase == PhaseClosed }
+
+// FinalCheckpoint is the checkpoint that completed the subtask's wait after
+// its end of data, 0 before.
+func (m *SubtaskMachine) FinalCheckpoint() int64 { return m.finalID }
+
+// Ready returns the actions produced since the last Advance, in order. The
+// slice is the machine's own: it is valid until the next Step.
+func (m *SubtaskMachine) Ready() []SubtaskAction { return m.ready }
+
+// Advance drops the actions returned by Ready.
+func (m *SubtaskMachine) Advance() {
+	clear(m.ready)
+	m.ready = m.ready[:0]
+}
+
+func (m *SubtaskMachine) emit(a SubtaskAction) { m.ready = append(m.ready, a) }
+
+func (m *SubtaskMachine) isSource() bool { return len(m.cfg.Channels) == 0 }
+
+func (m *SubtaskMachine) protocol(ch int, format string, args ...any) error {
+	return fmt.Errorf("control: subtask %v channel %d: %s: %w", m.cfg.ID, ch, fmt.Sprintf(format, args...), ErrChannelProtocol)
+}
+
+// CheckRecords reports whether records on channel ch fit the protocol (none
+// after EndOfData, none for a deployed-finished subtask). It is the hot
+// path's check and changes nothing.
+func (m *SubtaskMachine) CheckRecords(ch int) error {
+	if m.chanEOD[ch] || m.cfg.DeployedFinished {
+		return m.protocol(ch, "records after end-of-data")
+	}
+	return nil
+}
+
+// Step applies one event. An error means the input broke the protocol (the
+// subtask must fail) or the event does not fit the subtask's phase.
+func (m *SubtaskMachine) Step(ev SubtaskEvent) error {
+	if m.phase == PhaseClosed {
+		return nil // a closed subtask hears nothing more
+	}
+	if m.phase == PhaseCreated {
+		if _, ok := ev.(Opened); !ok {
+			return fmt.Errorf("control: subtask %v: %s before it opened: %w", m.cfg.ID, ev, ErrUnexpectedEvent)
+		}
+	}
+	if e, ok := channelOf(ev); ok && (e < 0 || e >= len(m.cfg.Channels)) {
+		return fmt.Errorf("control: subtask %v: %s: no such channel (%d channels): %w", m.cfg.ID, ev, len(m.cfg.Channels), ErrChannelProtocol)
+	}
+	var err error
+	switch e := ev.(type) {
+	case Opened:
+		err = m.opened()
+	case SourceEnded:
+		if !m.isSource() {
+			return fmt.Errorf("control: subtask %v is no source: %s: %w", m.cfg.ID, ev, ErrUnexpectedEvent)
+		}
+		if m.phase == PhaseRunning {
+			m.endData(true, true)
+		}
+	case StopSource:
+		err = m.stopSource(e)
+	case Trigger:
+		m.trigger(e.B)
+	case ChannelBarrier:
+		m.channelBarrier(e.Channel, e.B)
+	case ChannelCancel:
+		m.cancel(e.ID, true)
+	case CheckpointAborted:
+		if !m.isSource() {
+			m.cancel(e.ID, false)
+		}
+	case ChannelWatermark:
+		if e.TS > m.chanWM[e.Channel] {
+			m.chanWM[e.Channel] = e.TS
+			m.advanceWatermark()
+		}
+	case ChannelEndOfData:
+		err = m.channelEndOfData(e.Channel, e.Drain)
+	case ChannelEndOfPartition:
+		err = m.channelEndOfPartition(e.Channel)
+	case CheckpointComplete:
+		m.complete(e.ID)
+	default:
+		return fmt.Errorf("control: subtask %v: unknown event %T", m.cfg.ID, ev)
+	}
+	if err != nil {
+		return err
+	}
+	m.maybeClose()
+	return nil
+}
+
+func channelOf(ev SubtaskEvent) (int, bool) {
+	switch e := ev.(type) {
+	case ChannelBarrier:
+		return e.Channel, true
+	case ChannelCancel:
+		return e.Channel, true
+	case ChannelWatermark:
+		return e.Channel, true
+	case ChannelEndOfData:
+		return e.Channel, true
+	case ChannelEndOfPartition:
+		return e.Channel, true
+	}
+	return 0, false
+}
+
+func (m *SubtaskMachine) report(ev Event) {
+	if m.cfg.Checkpointing {
+		m.emit(Report{ev})
+	}
+}
+
+func (m *SubtaskMachine) opened() error {
+	if m.phase != PhaseCreated {
+		return fmt.Errorf("control: subtask %v opened twice: %w", m.cfg.ID, ErrUnexpectedEvent)
+	}
+	m.phase = PhaseRunning
+	if m.cfg.DeployedFinished {
+		m.endData(true, true)
+		m.report(TaskRunning{Subtask: m.cfg.ID, DeployedFinished: true})
+		return nil
+	}
+	m.report(TaskRunning{Subtask: m.cfg.ID})
+	if m.isSource() && m.cfg.InputEnded {
+		m.endData(true, true)
+	}
+	return nil
+}
+
+// endData ends the subtask's data (DESIGN.md "Finishing" 1b, 3b).
+func (m *SubtaskMachine) endData(maxWM, drain bool) {
+	m.emit(EmitEndOfData{MaxWatermark: maxWM, Drain: drain})
+	m.phase = PhaseEndOfData
+	if !m.cfg.DeployedFinished {
+		m.report(TaskEndOfData{Subtask: m.cfg.ID, Drain: drain})
+	}
+}
+
+func (m *SubtaskMachine) stopSource(e StopSource) error {
+	if !m.isSource() {
+		return fmt.Errorf("control: subtask %v is no source: %s: %w", m.cfg.ID, e, ErrUnexpectedEvent)
+	}
+	m.stopID = e.SavepointID
+	switch m.phase {
+	case PhaseRunning:
+		m.endData(e.Drain, e.Drain)
+	case PhaseEndOfData:
+		// Already at end of data: wait for exactly this savepoint.
+		if m.finalAck != 0 && m.finalAck < e.SavepointID {
+			m.finalAck = 0
+		}
+	}
+	return nil
+}
+
+func (m *SubtaskMachine) snapshot(b Barrier) {
+	m.emit(ForwardBarrier{b})
+	if !m.cfg.Checkpointing {
+		return
+	}
+	after := m.phase == PhaseEndOfData
+	m.emit(TakeSnapshot{B: b, AfterEndOfData: after, DeployedFinished: m.cfg.DeployedFinished})
+	if after && m.finalAck == 0 {
+		m.finalAck = b.ID
+	}
+}
+
+func (m *SubtaskMachine) trigger(b Barrier) {
+	if m.isSource() {
+		if b.ID <= m.barrier.ID {
+			return // a repeat
+		}
+		m.barrier = b
+		m.snapshot(b)
+		return
+	}
+	// The predecessors have finished: the barrier goes behind the data
+	// already queued on each channel that has not ended.
+	if b.ID <= m.barrier.ID || b.ID <= m.lastCancel {
+		return
+	}
+	m.beginAlignment(b)
+	m.maybeAligned()
+}
+
+func (m *SubtaskMachine) beginAlignment(b Barrier) {
+	if m.aligning {
+		m.endAlignment(false)
+	}
+	m.aligning, m.barrier = true, b
+	m.emit(AlignmentStarted{b})
+}
+
+func (m *SubtaskMachine) endAlignment(aligned bool) {
+	m.emit(AlignmentEnded{ID: m.barrier.ID, Aligned: aligned})
+	m.aligning = false
+	blocked := slices.Contains(m.arrived, true)
+	clear(m.arrived)
+	if blocked {
+		m.emit(UnblockChannels{})
+	}
+}
+
+func (m *SubtaskMachine) channelBarrier(ch int, b Barrier) {
+	switch {
+	case m.aligning && b.ID == m.barrier.ID:
+	case b.ID <= m.barrier.ID, b.ID <= m.lastCancel:
+		return // a late barrier of an aborted, cancelled or completed checkpoint
+	default:
+		m.beginAlignment(b)
+	}
+	if m.arrived[ch] {
+		return
+	}
+	m.arrived[ch] = true
+	m.emit(BlockChannel{ch})
+	m.maybeAligned()
+}
+
+func (m *SubtaskMachine) maybeAligned() {
+	for c, a := range m.arrived {
+		if !a && !m.ended[c] {
+			return
+		}
+	}
+	b := m.barrier
+	m.endAlignment(true)
+	m.snapshot(b)
+}
+
+// cancel aborts the alignment of checkpoint id; a CancelCheckpoint that came
+// on a channel is forwarded once.
+func (m *SubtaskMachine) cancel(id int64, forward bool) {
+	if m.aligning && m.barrier.ID == id {
+		m.endAlignment(false)
+	}
+	if id > m.lastCancel {
+		m.lastCancel = id
+		if forward {
+			m.emit(ForwardCancel{id})
+		}
+	}
+}
+
+// advanceWatermark recomputes the subtask watermark, the minimum over the
+// channels that have not ended. Once the subtask sent EndOfData it stays.
+func (m *SubtaskMachine) advanceWatermark() {
+	if m.cfg.DeployedFinished || m.phase != PhaseRunning {
+		return
+	}
+	lo, any := MaxWatermark, false
+	for c, w := range m.chanWM {
+		if m.ended[c] {
+			continue
+		}
+		any = true
+		lo = min(lo, w)
+	}
+	if !any || lo <= m.wm {
+		return
+	}
+	m.wm = lo
+	m.emit(AdvanceWatermark{lo})
+}
+
+func (m *SubtaskMachine) channelEndOfData(ch int, drain bool) error {
+	if m.chanEOD[ch] {
+		return m.protocol(ch, "second end-of-data")
+	}
+	m.chanEOD[ch] = true
+	if m.cfg.DeployedFinished {
+		return nil // it sent its EndOfData when deployed
+	}
+	in := m.cfg.Channels[ch]
+	if !drain {
+		m.noDrain[in] = true
+	}
+	m.eod[in]++
+	if m.eod[in] < m.chans[in] {
+		return nil
+	}
+	if !m.noDrain[in] {
+		m.emit(EndInput{in})
+	}
+	m.inEnded++
+	if m.inEnded < len(m.chans) {
+		return nil
+	}
+	drainAll := !slices.Contains(m.noDrain, true)
+	if drainAll {
+		m.emit(FinishOperator{})
+	}
+	m.endData(false, drainAll)
+	return nil
+}
+
+func (m *SubtaskMachine) channelEndOfPartition(ch int) error {
+	if !m.chanEOD[ch] {
+		return m.protocol(ch, "end-of-partition before end-of-data")
+	}
+	if m.ended[ch] {
+		return m.protocol(ch, "second end-of-partition")
+	}
+	m.ended[ch] = true
+	m.open--
+	// An ended channel no longer holds back the watermark, and counts as
+	// aligned for a pending barrier.
+	m.advanceWatermark()
+	if m.aligning {
+		m.maybeAligned()
+	}
+	return nil
+}
+
+// complete: checkpoint id is complete. The operator hears of it; if the
+// subtask snapshotted a checkpoint <= id after its end of data (a stopped
+// source: exactly its savepoint), that was its final checkpoint.
+func (m *SubtaskMachine) complete(id int64) {
+	if !m.cfg.DeployedFinished {
+		m.emit(NotifyOperator{id})
+	}
+	if m.finalAck != 0 && id >= m.finalAck && (m.stopID == 0 || id == m.stopID) && !m.final {
+		m.final, m.finalID = true, id
+	}
+}
+
+func (m *SubtaskMachine) maybeClose() {
+	if m.phase != PhaseEndOfData || m.open > 0 || (m.cfg.Checkpointing && !m.final) {
+		return
+	}
+	m.phase = PhaseClosed
+	m.emit(CloseSubtask{})
+	m.report(TaskFinished{Subtask: m.cfg.ID})
+}
