@@ -159,9 +159,11 @@ func (e ChannelWatermark) String() string {
 func (e ChannelEndOfData) String() string {
 	return fmt.Sprintf("end-of-data ch=%d drain=%t", e.Channel, e.Drain)
 }
-func (e ChannelEndOfPartition) String() string { return fmt.Sprintf("end-of-partition ch=%d", e.Channel) }
-func (e CheckpointComplete) String() string    { return fmt.Sprintf("complete cp=%d", e.ID) }
-func (e CheckpointAborted) String() string     { return fmt.Sprintf("aborted cp=%d", e.ID) }
+func (e ChannelEndOfPartition) String() string {
+	return fmt.Sprintf("end-of-partition ch=%d", e.Channel)
+}
+func (e CheckpointComplete) String() string { return fmt.Sprintf("complete cp=%d", e.ID) }
+func (e CheckpointAborted) String() string  { return fmt.Sprintf("aborted cp=%d", e.ID) }
 
 func (b Barrier) String() string {
 	s := fmt.Sprintf("cp=%d %s", b.ID, b.Kind)
@@ -273,15 +275,15 @@ func (a TakeSnapshot) String() string {
 	writeFlag(&b, a.DeployedFinished, "deployed-finished")
 	return b.String()
 }
-func (a ForwardCancel) String() string    { return fmt.Sprintf("forward-cancel cp=%d", a.ID) }
+func (a ForwardCancel) String() string { return fmt.Sprintf("forward-cancel cp=%d", a.ID) }
 func (a AdvanceWatermark) String() string {
 	if a.TS == MaxWatermark {
 		return "watermark ts=MAX"
 	}
 	return fmt.Sprintf("watermark ts=%d", a.TS)
 }
-func (a EndInput) String() string         { return fmt.Sprintf("end-input %d", a.Input) }
-func (FinishOperator) String() string     { return "finish" }
+func (a EndInput) String() string     { return fmt.Sprintf("end-input %d", a.Input) }
+func (FinishOperator) String() string { return "finish" }
 func (a EmitEndOfData) String() string {
 	s := fmt.Sprintf("emit-end-of-data drain=%t", a.Drain)
 	if a.MaxWatermark {
@@ -318,7 +320,7 @@ type SubtaskMachine struct {
 	chanEOD []bool
 	ended   []bool
 	arrived []bool
-	open    int   // channels that have not ended
+	open    int    // channels that have not ended
 	noDrain []bool // per input: a channel ended without drain
 	eod     []int  // per input: channels that delivered EndOfData
 	chans   []int  // per input: number of channels
