@@ -283,34 +283,59 @@ func (d *Dir) Commit(ctx context.Context, md *Metadata) error {
 	return nil
 }
 
-// chkEntry is one chk-ID directory of the root.
+// chkEntry is one chk-ID (or savepoint-ID-SUFFIX) directory.
 type chkEntry struct {
-	id       int64
-	path     string
-	complete bool
+	id        int64
+	path      string
+	savepoint bool
+	complete  bool
 }
 
-// listChk lists the chk-ID directories of root, ascending by id.
-func listChk(root string) ([]chkEntry, error) {
+// listChk lists the chk-ID directories of root, and with savepoints set the
+// savepoint-ID-SUFFIX directories too, ascending by id (then by name, so a
+// checkpoint sorts before a savepoint of the same id).
+func listChk(root string, savepoints bool) ([]chkEntry, error) {
 	ents, err := os.ReadDir(root)
 	if err != nil {
 		return nil, err
 	}
 	var out []chkEntry
 	for _, e := range ents {
-		if !e.IsDir() || !strings.HasPrefix(e.Name(), chkPrefix) {
+		if !e.IsDir() {
 			continue
 		}
-		id, err := strconv.ParseInt(strings.TrimPrefix(e.Name(), chkPrefix), 10, 64)
-		if err != nil || id < 1 {
+		id, sp, ok := parseDirName(e.Name())
+		if !ok || sp && !savepoints {
 			continue
 		}
 		p := filepath.Join(root, e.Name())
 		_, err = os.Lstat(filepath.Join(p, MetadataFile))
-		out = append(out, chkEntry{id: id, path: p, complete: err == nil})
+		out = append(out, chkEntry{id: id, path: p, savepoint: sp, complete: err == nil})
 	}
-	slices.SortFunc(out, func(a, b chkEntry) int { return cmpInt64(a.id, b.id) })
+	slices.SortFunc(out, func(a, b chkEntry) int {
+		if c := cmpInt64(a.id, b.id); c != 0 {
+			return c
+		}
+		return strings.Compare(a.path, b.path)
+	})
 	return out, nil
+}
+
+// parseDirName reads the id of a chk-ID or savepoint-ID-SUFFIX name.
+func parseDirName(name string) (id int64, savepoint, ok bool) {
+	idStr, isChk := strings.CutPrefix(name, chkPrefix)
+	if !isChk {
+		rest, isSp := strings.CutPrefix(name, savepointPrefix)
+		var hasSuffix bool
+		if idStr, _, hasSuffix = strings.Cut(rest, "-"); !isSp || !hasSuffix {
+			return 0, false, false
+		}
+	}
+	id, err := strconv.ParseInt(idStr, 10, 64)
+	if err != nil || id < 1 {
+		return 0, false, false
+	}
+	return id, !isChk, true
 }
 
 func cmpInt64(a, b int64) int {
@@ -326,7 +351,7 @@ func cmpInt64(a, b int64) int {
 // cleanup keeps the newest d.retain completed checkpoints (and always
 // committed), and removes incomplete checkpoints older than committed.
 func (d *Dir) cleanup(committed int64) {
-	ents, err := listChk(d.root)
+	ents, err := listChk(d.root, false)
 	if err != nil {
 		d.log.Warn("checkpoint: retention: cannot list checkpoints", "dir", d.root, "err", err)
 		return
@@ -364,7 +389,7 @@ func (d *Dir) remove(path, why string) {
 // Completed lists the completed checkpoints of the root, ascending by id.
 // A corrupt _metadata is an error.
 func (d *Dir) Completed(ctx context.Context) ([]*Metadata, error) {
-	ents, err := listChk(d.root)
+	ents, err := listChk(d.root, false)
 	if err != nil {
 		return nil, fmt.Errorf("checkpoint: %w", err)
 	}
@@ -382,9 +407,10 @@ func (d *Dir) Completed(ctx context.Context) ([]*Metadata, error) {
 	return out, nil
 }
 
-// Latest returns the newest completed checkpoint of the root.
+// Latest returns the newest completed checkpoint of the root (savepoints
+// are not checkpoints: Resolve of the root considers them too).
 func (d *Dir) Latest(ctx context.Context) (*Metadata, error) {
-	return latestIn(d.root)
+	return latestIn(d.root, false)
 }
 
 // ReadState reads a blob of md.
@@ -442,7 +468,7 @@ func (d *Dir) Discard(ctx context.Context, kind control.CheckpointKind, id int64
 // (complete or not) or of a savepoint-ID-RAND directory in the root or the
 // savepoint directory, so ids keep growing across runs.
 func (d *Dir) NextID(ctx context.Context) (int64, error) {
-	ents, err := listChk(d.root)
+	ents, err := listChk(d.root, false)
 	if err != nil {
 		return 0, fmt.Errorf("checkpoint: %w", err)
 	}
@@ -466,9 +492,12 @@ func (d *Dir) NextID(ctx context.Context) (int64, error) {
 	return next, nil
 }
 
-// latestIn loads the newest completed checkpoint of root.
-func latestIn(root string) (*Metadata, error) {
-	ents, err := listChk(root)
+// latestIn loads the newest completed checkpoint of root, and with
+// savepoints set the newest completed checkpoint or savepoint by id. The
+// newest one is loaded even if an older one would load: a corrupt newest
+// _metadata is an error, never a silent fall back.
+func latestIn(root string, savepoints bool) (*Metadata, error) {
+	ents, err := listChk(root, savepoints)
 	if err != nil {
 		return nil, fmt.Errorf("checkpoint: %w", err)
 	}
@@ -501,9 +530,13 @@ func loadMetadata(dir string) (*Metadata, error) {
 }
 
 // Resolve finds a completed checkpoint or savepoint from path: its
-// directory, its _metadata file, or a checkpoint root directory (then the
-// completed checkpoint with the highest id in it). The metadata is read and
-// verified; the blobs are not (see Verify).
+// directory, its _metadata file, or any other directory (a checkpoint root
+// or a savepoint directory): then the completed checkpoint or savepoint
+// (chk-ID or savepoint-ID-SUFFIX with a _metadata) with the highest id in
+// it. Checkpoint and savepoint ids are one sequence per job, so that is the
+// last state the job committed output for. If the highest one has a corrupt
+// _metadata, that is the error (no fall back to an older one). The
+// metadata is read and verified; the blobs are not (see Verify).
 func Resolve(path string) (*Metadata, error) {
 	fi, err := os.Stat(path)
 	if err != nil {
@@ -522,7 +555,43 @@ func Resolve(path string) (*Metadata, error) {
 	if strings.HasPrefix(base, chkPrefix) || strings.HasPrefix(base, savepointPrefix) {
 		return nil, fmt.Errorf("%w: %s is incomplete: it has no %s (the checkpoint never completed)", ErrNoCheckpoint, path, MetadataFile)
 	}
-	return latestIn(path)
+	return latestIn(path, true)
+}
+
+// NewerThan returns the newest completed checkpoint or savepoint of job
+// md.Job with a higher id than md in the directory that holds md's
+// directory (for md at ROOT/chk-3: the newest in ROOT), or nil if there is
+// none. Restoring md when there is one writes the output committed after
+// md again (the file sink commits at every completed checkpoint and
+// savepoint). Resolve of a directory never returns an md with a newer one
+// beside it. A newer directory whose _metadata cannot be read is an error
+// naming it (ErrCorrupt): its job, hence whether it counts, is unknown.
+// md must be in a directory; see NewerThanIn for any location.
+func NewerThan(md *Metadata) (*Metadata, error) {
+	if strings.HasPrefix(md.Location, JetStreamScheme) {
+		return nil, fmt.Errorf("checkpoint: newer than %s: not a directory (see NewerThanJetStream)", md.Location)
+	}
+	if md.Location == "" {
+		return nil, fmt.Errorf("checkpoint: newer than %s %d: it has no location", kindName(md.Kind), md.ID)
+	}
+	parent := filepath.Dir(filepath.Clean(md.Location))
+	ents, err := listChk(parent, true)
+	if err != nil {
+		return nil, fmt.Errorf("checkpoint: newer than %s: %w", md.Location, err)
+	}
+	for i := len(ents) - 1; i >= 0 && ents[i].id > md.ID; i-- {
+		if !ents[i].complete {
+			continue
+		}
+		n, err := loadMetadata(ents[i].path)
+		if err != nil {
+			return nil, fmt.Errorf("checkpoint: newer than %s: %w", md.Location, err)
+		}
+		if n.Job == md.Job {
+			return n, nil
+		}
+	}
+	return nil, nil
 }
 
 // ReadState reads the blob of subtask sub of md (directory layout) and

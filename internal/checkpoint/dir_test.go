@@ -319,3 +319,128 @@ func testGraph(t *testing.T, pSrc, pCount, pSink int) *control.JobGraph {
 	}
 	return g
 }
+
+// commitEmpty commits a checkpoint or savepoint of job with one stateless
+// operator (no blobs) into d.
+func commitEmpty(t *testing.T, d *Dir, kind control.CheckpointKind, id int64, job string) *Metadata {
+	t.Helper()
+	md := &Metadata{Version: FormatVersion, Job: job, ID: id, Kind: kind, Time: time.Unix(1700000000, 0).UTC(),
+		Operators: []OperatorMeta{{UID: "op", Parallelism: 1, MaxParallelism: 128, Subtasks: []SubtaskMeta{{Index: 0}}}}}
+	if err := d.Commit(context.Background(), md); err != nil {
+		t.Fatal(err)
+	}
+	return md
+}
+
+// A directory resolves to its completed checkpoint or savepoint with the
+// highest id (one sequence per job), and NewerThan finds what a restore of
+// an explicitly named older one would write again.
+func TestResolveNewestByID(t *testing.T) {
+	type ck struct {
+		kind control.CheckpointKind
+		id   int64
+		job  string // default "job"
+	}
+	cp := func(id int64) ck { return ck{kind: control.KindCheckpoint, id: id} }
+	sp := func(id int64) ck { return ck{kind: control.KindSavepoint, id: id} }
+	for _, tc := range []struct {
+		name   string
+		dir    []ck
+		want   int64           // Resolve(root)
+		newer  map[int64]int64 // NewerThan(id) -> id (0: none)
+		spOnly bool            // root holds only savepoints
+	}{
+		{name: "savepoint 5 after chk-3", dir: []ck{cp(3), sp(5)}, want: 5, newer: map[int64]int64{3: 5, 5: 0}},
+		{name: "chk-7 after savepoint 5", dir: []ck{sp(5), cp(7)}, want: 7, newer: map[int64]int64{5: 7, 7: 0}},
+		{name: "retained chk-2 chk-3, savepoint 4", dir: []ck{cp(2), cp(3), sp(4)}, want: 4, newer: map[int64]int64{2: 4, 3: 4}},
+		{name: "savepoints only", dir: []ck{sp(2), sp(9)}, want: 9, newer: map[int64]int64{2: 9}},
+		{name: "another job's newer savepoint", dir: []ck{cp(3), {kind: control.KindSavepoint, id: 8, job: "other"}},
+			want: 8, newer: map[int64]int64{3: 0}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			d := openDir(t, WithRetain(3))
+			byID := map[int64]*Metadata{}
+			for _, c := range tc.dir {
+				job := c.job
+				if job == "" {
+					job = "job"
+				}
+				byID[c.id] = commitEmpty(t, d, c.kind, c.id, job)
+			}
+			// An incomplete savepoint with a higher id is never chosen.
+			if _, err := d.WriteState(context.Background(), control.KindSavepoint, 99, control.SubtaskID{Operator: "op"}, []byte("x")); err != nil {
+				t.Fatal(err)
+			}
+			got, err := Resolve(d.Root())
+			if err != nil || got.ID != tc.want || got.Kind != byID[tc.want].Kind || got.Location != byID[tc.want].Location {
+				t.Fatalf("Resolve(root) = %v, %v; want %s %d at %s", got, err, byID[tc.want].Kind, tc.want, byID[tc.want].Location)
+			}
+			for id, wantNewer := range tc.newer {
+				// The explicit path restores what it names.
+				md, err := Resolve(byID[id].Location)
+				if err != nil || md.ID != id {
+					t.Fatalf("Resolve(%s) = %v, %v", byID[id].Location, md, err)
+				}
+				n, err := NewerThan(md)
+				switch {
+				case err != nil:
+					t.Fatalf("NewerThan(%d): %v", id, err)
+				case wantNewer == 0 && n != nil:
+					t.Errorf("NewerThan(%d) = %s %d, want none", id, n.Kind, n.ID)
+				case wantNewer != 0 && (n == nil || n.ID != wantNewer || n.Location != byID[wantNewer].Location):
+					t.Errorf("NewerThan(%d) = %+v, want %d at %s", id, n, wantNewer, byID[wantNewer].Location)
+				}
+			}
+			// What Resolve(root) returns has nothing newer beside it
+			// (unless it is another job's).
+			if n, err := NewerThan(got); err != nil || n != nil {
+				t.Errorf("NewerThan(Resolve(root)) = %v, %v", n, err)
+			}
+		})
+	}
+}
+
+// The Store's Latest (failover within a run) still means the newest
+// checkpoint: savepoints are not checkpoints.
+func TestLatestIgnoresSavepoints(t *testing.T) {
+	d := openDir(t)
+	commitEmpty(t, d, control.KindCheckpoint, 3, "job")
+	commitEmpty(t, d, control.KindSavepoint, 5, "job")
+	if md, err := d.Latest(context.Background()); err != nil || md.ID != 3 {
+		t.Fatalf("Latest = %v, %v; want checkpoint 3", md, err)
+	}
+}
+
+// A corrupt _metadata of the newest completed checkpoint or savepoint is
+// refused when resolving the directory, as before savepoints counted: no
+// silent fall back to an older one. The older one still restores when
+// named, and NewerThan reports the corrupt newer one as an error.
+func TestResolveCorruptNewest(t *testing.T) {
+	for _, kind := range []control.CheckpointKind{control.KindSavepoint, control.KindCheckpoint} {
+		t.Run(string(kind), func(t *testing.T) {
+			d := openDir(t, WithRetain(2))
+			old := commitEmpty(t, d, control.KindCheckpoint, 3, "job")
+			newest := commitEmpty(t, d, kind, 5, "job")
+			meta := filepath.Join(newest.Location, MetadataFile)
+			data, _ := os.ReadFile(meta)
+			data[len(data)-10] ^= 1
+			must(t, os.WriteFile(meta, data, 0o644))
+
+			_, err := Resolve(d.Root())
+			wantErr(t, err, ErrCorrupt, meta, "checksum mismatch")
+			md, err := Resolve(old.Location)
+			if err != nil || md.ID != 3 {
+				t.Fatalf("Resolve(%s) = %v, %v", old.Location, md, err)
+			}
+			_, err = NewerThan(md)
+			wantErr(t, err, ErrCorrupt, "newer than "+old.Location, meta)
+		})
+	}
+}
+
+func must(t *testing.T, err error) {
+	t.Helper()
+	if err != nil {
+		t.Fatal(err)
+	}
+}

@@ -375,12 +375,17 @@ func (s *JetStream) Completed(ctx context.Context) ([]*Metadata, error) {
 	return out, nil
 }
 
-// Latest returns the newest completed checkpoint under the prefix.
+// Latest returns the newest completed checkpoint under the prefix
+// (savepoints are not checkpoints: ResolveJetStream of the prefix considers
+// them too).
 func (s *JetStream) Latest(ctx context.Context) (*Metadata, error) {
-	return latestJS(ctx, s.obs, s.bucket, s.prefix)
+	return latestJS(ctx, s.obs, s.bucket, s.prefix, false)
 }
 
-func latestJS(ctx context.Context, obs jetstream.ObjectStore, bucket, prefix string) (*Metadata, error) {
+// latestJS loads the newest completed checkpoint under prefix, and with
+// savepoints set the newest completed checkpoint or savepoint by id (a
+// corrupt newest _metadata is an error, as for latestIn).
+func latestJS(ctx context.Context, obs jetstream.ObjectStore, bucket, prefix string, savepoints bool) (*Metadata, error) {
 	dirs, err := listDirs(ctx, obs, prefix)
 	if err != nil {
 		return nil, err
@@ -388,7 +393,7 @@ func latestJS(ctx context.Context, obs jetstream.ObjectStore, bucket, prefix str
 	incomplete := 0
 	for i := len(dirs) - 1; i >= 0; i-- {
 		d := dirs[i]
-		if d.savept {
+		if d.savept && !savepoints {
 			continue
 		}
 		if d.complete {
@@ -510,8 +515,9 @@ func (s *JetStream) Resolve(ctx context.Context, loc string) (*Metadata, error) 
 // ResolveJetStream finds a completed checkpoint or savepoint from
 // jetstream://BUCKET/PATH: PATH is PREFIX/chk-ID, PREFIX/savepoint-ID-SUFFIX,
 // either followed by /_metadata, or a PREFIX (then the completed checkpoint
-// with the highest id under it). The metadata is read and verified; the
-// blobs are not (see VerifyFrom).
+// or savepoint with the highest id under it, as Resolve does for a
+// directory). The metadata is read and verified; the blobs are not (see
+// VerifyFrom).
 func ResolveJetStream(ctx context.Context, js jetstream.JetStream, loc string) (*Metadata, error) {
 	bucket, path, ok, err := ParseJetStreamLocation(strings.TrimSuffix(loc, "/"+MetadataFile))
 	if err != nil {
@@ -531,7 +537,59 @@ func ResolveJetStream(ctx context.Context, js jetstream.JetStream, loc string) (
 	if prefix != "" && (strings.HasPrefix(last, chkPrefix) || strings.HasPrefix(last, savepointPrefix)) {
 		return loadMeta(ctx, obs, bucket, prefix, last)
 	}
-	return latestJS(ctx, obs, bucket, path)
+	return latestJS(ctx, obs, bucket, path, true)
+}
+
+// NewerThanJetStream is NewerThan for md at jetstream://BUCKET/PREFIX/NAME:
+// the newest completed checkpoint or savepoint of job md.Job under PREFIX
+// with a higher id than md, or nil.
+func NewerThanJetStream(ctx context.Context, js jetstream.JetStream, md *Metadata) (*Metadata, error) {
+	bucket, path, ok, err := ParseJetStreamLocation(md.Location)
+	if err != nil {
+		return nil, err
+	}
+	i := strings.LastIndexByte(path, '/')
+	if !ok || i < 0 {
+		return nil, fmt.Errorf("checkpoint: newer than %q: want %sBUCKET/PREFIX/NAME", md.Location, JetStreamScheme)
+	}
+	prefix := path[:i]
+	obs, err := openBucket(ctx, js, bucket, false)
+	if err != nil {
+		return nil, err
+	}
+	dirs, err := listDirs(ctx, obs, prefix)
+	if err != nil {
+		return nil, err
+	}
+	for i := len(dirs) - 1; i >= 0 && dirs[i].id > md.ID; i-- {
+		if !dirs[i].complete {
+			continue
+		}
+		n, err := loadMeta(ctx, obs, bucket, prefix, dirs[i].name)
+		if err != nil {
+			return nil, fmt.Errorf("checkpoint: newer than %s: %w", md.Location, err)
+		}
+		if n.Job == md.Job {
+			return n, nil
+		}
+	}
+	return nil, nil
+}
+
+// NewerThanIn is NewerThan for md as Resolve, ResolveJetStream or
+// cluster.ResolveIn returned it with r, its state reader: a JetStream
+// location is listed through r (a JetStreamReader or a *JetStream).
+func NewerThanIn(ctx context.Context, r StateReader, md *Metadata) (*Metadata, error) {
+	if !strings.HasPrefix(md.Location, JetStreamScheme) {
+		return NewerThan(md)
+	}
+	switch r := r.(type) {
+	case JetStreamReader:
+		return NewerThanJetStream(ctx, r.JS, md)
+	case *JetStream:
+		return NewerThanJetStream(ctx, r.js, md)
+	}
+	return nil, fmt.Errorf("checkpoint: newer than %s: no JetStream to list it", md.Location)
 }
 
 // JetStreamReader reads state blobs of checkpoints in any bucket of a

@@ -187,6 +187,36 @@ func TestJetStreamStore(t *testing.T) {
 	if err != nil || md.Kind != control.KindSavepoint {
 		t.Fatalf("Resolve(savepoint) = %v, %v", md, err)
 	}
+	// The prefix resolves to the newest by id, checkpoint or savepoint:
+	// savepoint 6, not checkpoint 5; restoring 5 would write again what
+	// the sink committed at 6.
+	md, err = ResolveJetStream(ctx, js, "jetstream://STREAMD_CHECKPOINTS/wc")
+	if err != nil || md.ID != 6 || md.Location != sp.Location {
+		t.Fatalf("Resolve(prefix) after savepoint 6 = %v, %v; want the savepoint", md, err)
+	}
+	if n, err := NewerThanIn(ctx, JetStreamReader{JS: js}, md); err != nil || n != nil {
+		t.Fatalf("NewerThan(savepoint 6) = %v, %v; want none", n, err)
+	}
+	chk3, err := ResolveJetStream(ctx, js, "jetstream://STREAMD_CHECKPOINTS/wc/chk-3")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range []StateReader{JetStreamReader{JS: js}, ctl} {
+		if n, err := NewerThanIn(ctx, r, chk3); err != nil || n == nil || n.Location != sp.Location {
+			t.Fatalf("NewerThanIn(%T, chk-3) = %v, %v; want savepoint 6", r, n, err)
+		}
+	}
+	// Checkpoint 5 is of job "job" (commitTo): job wc's savepoint 6 does
+	// not make it older.
+	chk5, err := ResolveJetStream(ctx, js, "jetstream://STREAMD_CHECKPOINTS/wc/chk-5")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n, err := NewerThanIn(ctx, ctl, chk5); err != nil || n != nil {
+		t.Fatalf("NewerThan(chk-5 of another job) = %v, %v; want none", n, err)
+	}
+	_, err = NewerThanIn(ctx, FileReader, chk5)
+	wantErr(t, err, nil, "no JetStream")
 	// Discard of an uncommitted blob; refused for a committed one.
 	if _, err := host.WriteState(ctx, control.KindCheckpoint, 8, control.SubtaskID{Operator: "op"}, b); err != nil {
 		t.Fatal(err)
