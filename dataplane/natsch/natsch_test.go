@@ -578,6 +578,29 @@ func TestSendWaitsForCredit(t *testing.T) {
 	}
 }
 
+// TestFailedSendLeavesTheBatchToTheCaller: a batch whose Send fails (here the
+// credit wait ends with the context) is not released by the sender, as with
+// an in-process channel: the RecordWriter releases it, and a second release
+// would put it into the pool twice, so that two later batches (possibly of
+// different receivers) would be one.
+func TestFailedSendLeavesTheBatchToTheCaller(t *testing.T) {
+	nc := connect(t, startServer(t, 0))
+	s, err := transport(t, nc, CreditRetry(10*time.Millisecond)).NewSender(testID) // no receiver: no credit
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	b := batchOf(rec(1, 10), rec(2, 10))
+	if err := s.Send(ctx, dataplane.RecordsEvent(b)); err == nil {
+		t.Fatal("send without credit succeeded")
+	}
+	if len(b.Records) != 2 || string(b.Records[1].Value) != string(rec(2, 10).Value) {
+		t.Fatalf("after a failed send the batch has %d records: the sender released it", len(b.Records))
+	}
+	b.Release()
+}
+
 // TestReceiverAfterSender: the receiver's first grant is missed by nobody:
 // a sender that starts first asks for credit until the receiver answers.
 func TestReceiverAfterSender(t *testing.T) {

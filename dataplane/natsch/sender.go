@@ -103,21 +103,25 @@ func (s *Sender) fail(err error) {
 
 // Send publishes ev as the next message(s) of the channel, blocking until the
 // receiver has granted credit for it. A batch is released once published
-// (the receiver gets its own copy). After EndOfPartition, Send flushes the
-// connection and releases the credit subscription.
+// (the receiver gets its own copy). When Send fails the batch stays the
+// caller's, as with dataplane.LocalChannel: the caller (RecordWriter)
+// releases it, and releasing it here too would put it into the pool twice,
+// so that two later GetBatch calls (of any subtask of any attempt in this
+// process) share one batch and records reach the wrong receiver. After
+// EndOfPartition, Send flushes the connection and releases the credit
+// subscription.
 func (s *Sender) Send(ctx context.Context, ev dataplane.Event) error {
 	if s.ended {
-		if ev.Kind == dataplane.KindRecords && ev.Batch != nil {
-			ev.Batch.Release()
-		}
 		return fmt.Errorf("%w: %s: send %s after end-of-partition", dataplane.ErrChannelEnded, s.name, ev)
 	}
 	if ev.Kind == dataplane.KindRecords {
-		err := s.sendRecords(ctx, ev)
+		if err := s.sendRecords(ctx, ev); err != nil {
+			return err
+		}
 		if ev.Batch != nil {
 			ev.Batch.Release()
 		}
-		return err
+		return nil
 	}
 	var err error
 	s.buf, err = AppendEvent(s.buf[:0], s.seq+1, ev)
