@@ -62,18 +62,124 @@ type CheckpointSettings struct {
 // DefaultTolerableFailures is the default of checkpoint.tolerable_failures.
 const DefaultTolerableFailures = 3
 
-// RestartSettings is the job file's restart section.
+// RestartSettings is the job file's restart section. Fields that do not
+// belong to Strategy are zero. Control turns it into control's
+// RestartConfig, which applies it.
 type RestartSettings struct {
-	Strategy string        // "none" or "fixed-delay"
-	Attempts int           // fixed-delay: restarts before the job fails
-	Delay    time.Duration // fixed-delay: pause before each restart
+	Strategy string // RestartNone, RestartFixedDelay, RestartFailureRate or RestartExponentialDelay; "" means none
+	// Attempts is, for fixed-delay, the restarts before the job fails; for
+	// exponential-delay, the restarts since the last reset before the job
+	// fails (0: unlimited).
+	Attempts int
+	Delay    time.Duration // fixed-delay and failure-rate: pause before each restart
+	// failure-rate: the job fails when more than MaxFailures failures fall
+	// within FailureInterval.
+	MaxFailures     int           `json:",omitempty"`
+	FailureInterval time.Duration `json:",omitempty"`
+	// exponential-delay: the first restart waits InitialDelay, each next one
+	// Multiplier times longer, at most MaxDelay, each randomized by +-Jitter
+	// (a fraction 0..1); after the job ran ResetAfter without failing, the
+	// delay and the attempt count start over.
+	InitialDelay time.Duration `json:",omitempty"`
+	MaxDelay     time.Duration `json:",omitempty"`
+	Multiplier   float64       `json:",omitempty"`
+	Jitter       float64       `json:",omitempty"`
+	ResetAfter   time.Duration `json:",omitempty"`
 }
 
-// Restart strategies.
+// Restart strategies, spelled as control spells them.
 const (
-	RestartNone       = "none"
-	RestartFixedDelay = "fixed-delay"
+	RestartNone             = string(control.RestartNone)
+	RestartFixedDelay       = string(control.RestartFixedDelay)
+	RestartFailureRate      = string(control.RestartFailureRate)
+	RestartExponentialDelay = string(control.RestartExponentialDelay)
 )
+
+// RestartStrategies lists the strategies in the order the docs give them.
+var RestartStrategies = []string{RestartNone, RestartFixedDelay, RestartFailureRate, RestartExponentialDelay}
+
+// DefaultRestart returns a strategy with the defaults of its fields (as
+// Flink's): fixed-delay 3 attempts, delay 1s; failure-rate 1 failure within
+// 1m, delay 1s; exponential-delay 1s initial delay, 1m max, multiplier 1.5,
+// jitter 0.1, reset after 1h, unlimited attempts. A job without a restart
+// section gets exponential-delay when it has a checkpoint section and none
+// otherwise.
+func DefaultRestart(strategy string) RestartSettings {
+	switch strategy {
+	case RestartFixedDelay:
+		return RestartSettings{Strategy: strategy, Attempts: 3, Delay: time.Second}
+	case RestartFailureRate:
+		return RestartSettings{Strategy: strategy, MaxFailures: 1, FailureInterval: time.Minute, Delay: time.Second}
+	case RestartExponentialDelay:
+		return RestartSettings{Strategy: strategy, InitialDelay: time.Second, MaxDelay: time.Minute,
+			Multiplier: 1.5, Jitter: 0.1, ResetAfter: time.Hour}
+	}
+	return RestartSettings{Strategy: strategy}
+}
+
+// Control is the strategy as control applies it, with durations rounded up
+// to whole ticks of length tick (which must be positive). The zero
+// RestartSettings is none. This is the one place job-file restart settings
+// become a control.RestartConfig.
+func (r RestartSettings) Control(tick time.Duration) control.RestartConfig {
+	if tick <= 0 {
+		panic(fmt.Sprintf("jobfile: RestartSettings.Control: tick must be positive, got %v", tick))
+	}
+	ticks := func(d time.Duration) int64 {
+		n := int64(d / tick) // rounded toward zero: up for negative d
+		if d%tick > 0 {
+			n++
+		}
+		return n
+	}
+	kind := control.RestartKind(r.Strategy)
+	if kind == "" {
+		kind = control.RestartNone
+	}
+	return control.RestartConfig{
+		Kind:                 kind,
+		Attempts:             r.Attempts,
+		Delay:                ticks(r.Delay),
+		MaxFailures:          r.MaxFailures,
+		FailureIntervalTicks: ticks(r.FailureInterval),
+		InitialDelay:         ticks(r.InitialDelay),
+		MaxDelay:             ticks(r.MaxDelay),
+		Multiplier:           r.Multiplier,
+		Jitter:               r.Jitter,
+		ResetTicks:           ticks(r.ResetAfter),
+	}
+}
+
+// String is the strategy with its parameters, as `streamd validate` prints
+// it: "none", "fixed-delay, 3 attempts, delay 1s", "failure-rate, fails
+// after more than 1 failure within 1m0s, delay 1s", "exponential-delay,
+// initial delay 1s, max delay 1m0s, multiplier 1.5, jitter 0.1, reset after
+// 1h0m0s, unlimited attempts".
+func (r RestartSettings) String() string {
+	switch r.Strategy {
+	case "", RestartNone:
+		return RestartNone
+	case RestartFixedDelay:
+		return fmt.Sprintf("%s, %s, delay %v", r.Strategy, countOf(r.Attempts, "attempt"), r.Delay)
+	case RestartFailureRate:
+		return fmt.Sprintf("%s, fails after more than %s within %v, delay %v", r.Strategy, countOf(r.MaxFailures, "failure"), r.FailureInterval, r.Delay)
+	case RestartExponentialDelay:
+		attempts := "unlimited attempts"
+		if r.Attempts > 0 {
+			attempts = countOf(r.Attempts, "attempt") + " between resets"
+		}
+		return fmt.Sprintf("%s, initial delay %v, max delay %v, multiplier %s, jitter %s, reset after %v, %s", r.Strategy,
+			r.InitialDelay, r.MaxDelay, strconv.FormatFloat(r.Multiplier, 'g', -1, 64), strconv.FormatFloat(r.Jitter, 'g', -1, 64), r.ResetAfter, attempts)
+	}
+	return strconv.Quote(r.Strategy)
+}
+
+func countOf(n int, word string) string {
+	if n == 1 {
+		return "1 " + word
+	}
+	return fmt.Sprintf("%d %ss", n, word)
+}
 
 // Options change how a job file is read.
 type Options struct {
@@ -240,10 +346,10 @@ func (p *parser) parse(data []byte) *Job {
 
 	if n := f["checkpoint"]; n != nil {
 		job.Checkpoint = p.checkpoint(n)
-		job.Restart = RestartSettings{Strategy: RestartFixedDelay, Attempts: 3, Delay: time.Second}
+		job.Restart = DefaultRestart(RestartExponentialDelay)
 	}
 	if n := f["restart"]; n != nil {
-		p.restart(n, &job.Restart)
+		p.restart(n, &job.Restart, f["checkpoint"] != nil)
 	}
 
 	var ops []*operator
@@ -765,45 +871,106 @@ func (p *parser) durationAtLeast(f map[string]*yaml.Node, prefix, key string, mi
 	}
 }
 
-func (p *parser) restart(n *yaml.Node, r *RestartSettings) {
+// restartFields are the restart section's fields; restartFieldOf says which
+// strategies each field other than strategy belongs to.
+var (
+	restartFields = []string{"strategy", "attempts", "delay", "max_failures", "failure_interval",
+		"initial_delay", "max_delay", "multiplier", "jitter", "reset_after"}
+	restartFieldOf = map[string][]string{
+		"attempts":         {RestartFixedDelay, RestartExponentialDelay},
+		"delay":            {RestartFixedDelay, RestartFailureRate},
+		"max_failures":     {RestartFailureRate},
+		"failure_interval": {RestartFailureRate},
+		"initial_delay":    {RestartExponentialDelay},
+		"max_delay":        {RestartExponentialDelay},
+		"multiplier":       {RestartExponentialDelay},
+		"jitter":           {RestartExponentialDelay},
+		"reset_after":      {RestartExponentialDelay},
+	}
+)
+
+// restart reads the restart section into r, which holds the default
+// strategy (checkpoint: whether the job has a checkpoint section, for the
+// messages). A strategy given starts from that strategy's defaults.
+func (p *parser) restart(n *yaml.Node, r *RestartSettings, checkpoint bool) {
 	const prefix = "restart."
 	if n.Kind != yaml.MappingNode {
 		p.add("", n.Line, "restart", "want a mapping like {strategy: fixed-delay, attempts: 3, delay: 1s}")
 		return
 	}
-	f := p.fields("", prefix, n, []string{"strategy", "attempts", "delay"})
+	f := p.fields("", prefix, n, restartFields)
+	known := true
 	if x := f["strategy"]; x != nil {
-		r.Strategy = p.str("", prefix+"strategy", x)
-		switch r.Strategy {
-		case RestartNone:
-			r.Attempts, r.Delay = 0, 0
-		case RestartFixedDelay:
-			if r.Attempts == 0 {
-				r.Attempts, r.Delay = 3, time.Second
+		s := p.str("", prefix+"strategy", x)
+		if contains(RestartStrategies, s) {
+			*r = DefaultRestart(s)
+		} else {
+			known = false
+			if x.Kind == yaml.ScalarNode && x.Tag != "!!null" {
+				p.add("", x.Line, prefix+"strategy", "unknown strategy %q (want %s)", s, orList(RestartStrategies))
 			}
-		default:
-			p.add("", x.Line, prefix+"strategy", "unknown strategy %q (want none or fixed-delay)", r.Strategy)
 		}
 	}
-	if x := f["attempts"]; x != nil {
-		if v, ok := p.int("", prefix+"attempts", x); ok {
-			if v < 0 {
-				p.add("", x.Line, prefix+"attempts", "must not be negative, got %d", v)
+	for _, k := range restartFields[1:] {
+		x := f[k]
+		if x == nil || !known || contains(restartFieldOf[k], r.Strategy) {
+			continue
+		}
+		msg := "only for strategy " + orList(restartFieldOf[k])
+		if f["strategy"] == nil {
+			if checkpoint {
+				msg += fmt.Sprintf(" (the strategy is %s, the default with a checkpoint section)", r.Strategy)
+			} else {
+				msg += fmt.Sprintf(" (the strategy is %s, the default without a checkpoint section)", r.Strategy)
 			}
-			r.Attempts = v
+		}
+		p.add("", x.Line, prefix+k, "%s", msg)
+		delete(f, k)
+	}
+	attempts := "at least 0"
+	if r.Strategy == RestartExponentialDelay {
+		attempts = "at least 0 (0: unlimited)"
+	}
+	p.intAtLeast(f, prefix, "attempts", 0, attempts, &r.Attempts)
+	p.durationAtLeast(f, prefix, "delay", 0, "must not be negative", &r.Delay)
+	p.intAtLeast(f, prefix, "max_failures", 1, "", &r.MaxFailures)
+	p.durationAtLeast(f, prefix, "failure_interval", time.Nanosecond, "must be positive", &r.FailureInterval)
+	p.durationAtLeast(f, prefix, "initial_delay", 0, "must not be negative", &r.InitialDelay)
+	p.durationAtLeast(f, prefix, "max_delay", 0, "must not be negative", &r.MaxDelay)
+	p.durationAtLeast(f, prefix, "reset_after", time.Nanosecond, "must be positive", &r.ResetAfter)
+	if x := f["multiplier"]; x != nil {
+		if v, ok := p.float("", prefix+"multiplier", x); ok {
+			if !(v >= 1) || math.IsInf(v, 1) {
+				p.add("", x.Line, prefix+"multiplier", "must be at least 1, got %s", x.Value)
+			}
+			r.Multiplier = v
 		}
 	}
-	if x := f["delay"]; x != nil {
-		if d, ok := p.duration("", prefix+"delay", x); ok {
-			if d < 0 {
-				p.add("", x.Line, prefix+"delay", "must not be negative, got %v", d)
+	if x := f["jitter"]; x != nil {
+		if v, ok := p.float("", prefix+"jitter", x); ok {
+			if !(v >= 0 && v <= 1) {
+				p.add("", x.Line, prefix+"jitter", "must be between 0 and 1 (a fraction of the delay), got %s", x.Value)
 			}
-			r.Delay = d
+			r.Jitter = v
 		}
 	}
-	if r.Strategy == RestartNone && (f["attempts"] != nil || f["delay"] != nil) {
-		p.add("", n.Line, prefix+"strategy", "attempts and delay need strategy fixed-delay")
+	if r.Strategy == RestartExponentialDelay && r.MaxDelay < r.InitialDelay && r.MaxDelay >= 0 {
+		key, line := resolveKey(f, "max_delay", "initial_delay"), n.Line
+		if x := f[key]; x != nil {
+			line = x.Line
+		}
+		p.add("", line, prefix+key, "max_delay %v is below initial_delay %v", r.MaxDelay, r.InitialDelay)
 	}
+}
+
+// resolveKey returns the first of keys present in f.
+func resolveKey(f map[string]*yaml.Node, keys ...string) string {
+	for _, k := range keys {
+		if f[k] != nil {
+			return k
+		}
+	}
+	return keys[0]
 }
 
 // config flattens a YAML mapping into strings: scalars as written (null as

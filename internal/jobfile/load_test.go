@@ -99,7 +99,7 @@ func TestLoadWordcount(t *testing.T) {
 	if !reflect.DeepEqual(job.Checkpoint, want) {
 		t.Errorf("checkpoint %+v, want %+v", job.Checkpoint, want)
 	}
-	if job.Restart.Strategy != RestartFixedDelay || job.Path != path {
+	if job.Restart != DefaultRestart(RestartExponentialDelay) || job.Path != path {
 		t.Errorf("restart %+v path %q", job.Restart, job.Path)
 	}
 	if _, err := os.Stat(filepath.Join(dir, "out")); !os.IsNotExist(err) {
@@ -341,7 +341,7 @@ operators:
 		{"empty", "", []string{`jobfile: wordcount.yaml: the job file is empty`}},
 		{"not a mapping", "- a\n- b\n", []string{`line 1: the job file must be a mapping`}},
 		{"no operators", "name: x\n", []string{`line 1: operators: missing: a job needs at least one operator`}},
-		{"restart", head + "restart: {strategy: forever}\n", []string{`line 5: restart.strategy: unknown strategy "forever" (want none or fixed-delay)`}},
+		{"restart", head + "restart: {strategy: forever}\n", []string{`line 5: restart.strategy: unknown strategy "forever" (want none, fixed-delay, failure-rate or exponential-delay)`}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
