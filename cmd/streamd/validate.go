@@ -98,11 +98,7 @@ func printGraph(w io.Writer, job *jobfile.Job) {
 	} else {
 		fmt.Fprintln(w, "checkpoint: none")
 	}
-	if r := job.Restart; r.Strategy == jobfile.RestartFixedDelay {
-		fmt.Fprintf(w, "restart: fixed-delay, %d attempts, delay %v\n", r.Attempts, r.Delay)
-	} else {
-		fmt.Fprintln(w, "restart: none")
-	}
+	fmt.Fprintf(w, "restart: %s\n", job.Restart)
 }
 
 func describeSpec(spec any) string {

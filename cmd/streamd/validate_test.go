@@ -1,0 +1,31 @@
+package main
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/streamd/streamd/internal/jobfile"
+)
+
+// TestPrintGraphRestart checks the restart line of `streamd validate` for
+// every strategy.
+func TestPrintGraphRestart(t *testing.T) {
+	const ops = "operators:\n  - uid: gen\n    source: {type: generator, count: 1}\n  - uid: out\n    sink: {type: discard}\n    inputs: [gen]\n"
+	for _, tt := range []struct{ sections, want string }{
+		{"", "restart: none\n"},
+		{"checkpoint: {interval: 1s}\n", "restart: exponential-delay, initial delay 1s, max delay 1m0s, multiplier 1.5, jitter 0.1, reset after 1h0m0s, unlimited attempts\n"},
+		{"restart: {strategy: fixed-delay, attempts: 2, delay: 500ms}\n", "restart: fixed-delay, 2 attempts, delay 500ms\n"},
+		{"restart: {strategy: failure-rate, max_failures: 3, failure_interval: 5m, delay: 2s}\n", "restart: failure-rate, fails after more than 3 failures within 5m0s, delay 2s\n"},
+		{"restart: {strategy: exponential-delay, attempts: 4, jitter: 0}\n", "restart: exponential-delay, initial delay 1s, max delay 1m0s, multiplier 1.5, jitter 0, reset after 1h0m0s, 4 attempts between resets\n"},
+	} {
+		job, err := jobfile.ParseJob([]byte("name: j\n"+tt.sections+ops), t.TempDir(), jobfile.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var b strings.Builder
+		printGraph(&b, job)
+		if !strings.HasSuffix(b.String(), tt.want) {
+			t.Errorf("%q: printGraph ends\n%s\nwant %q", tt.sections, b.String(), tt.want)
+		}
+	}
+}
