@@ -21,8 +21,9 @@ func (c *cli) inspectCommand() *cobra.Command {
 per operator the uid, parallelism, finished state and state size.
 
 PATH is a checkpoint directory (chk-ID), a savepoint directory, a _metadata file,
-or a checkpoint root directory, which stands for the latest completed checkpoint in
-it; or a jetstream://BUCKET/PREFIX[/chk-ID|/savepoint-ID-SUFFIX] location in the
+or a checkpoint root directory, which stands for the completed checkpoint or
+savepoint with the highest id in it (what run --from restores from it); or a
+jetstream://BUCKET/PREFIX[/chk-ID|/savepoint-ID-SUFFIX] location in the
 JetStream object store of the NATS server of nats.url (--nats). The metadata checksum is always verified, and the state files' sizes and
 checksums too unless --no-verify is given. A corrupt or truncated checkpoint is
 refused with an error naming the file (exit status 1). See docs/checkpoint-format.md.`,

@@ -105,6 +105,33 @@ func TestInspect(t *testing.T) {
 	}
 }
 
+// A root directory stands for what run --from takes from it: the newest
+// completed checkpoint or savepoint by id, here the savepoint 13 written
+// after checkpoint 12.
+func TestInspectNewestIsSavepoint(t *testing.T) {
+	root, _ := writeTestCheckpoint(t, 12)
+	d, err := checkpoint.OpenDir(root, checkpoint.WithRetain(2))
+	if err != nil {
+		t.Fatal(err)
+	}
+	sp := &checkpoint.Metadata{Version: checkpoint.FormatVersion, Job: "wordcount", ID: 13, Kind: control.KindSavepoint,
+		Time: time.Date(2025, 3, 1, 12, 0, 1, 0, time.UTC), Operators: []checkpoint.OperatorMeta{{UID: "src", Parallelism: 1, MaxParallelism: 128, Subtasks: []checkpoint.SubtaskMeta{{Index: 0}}}}}
+	if err := d.Commit(context.Background(), sp); err != nil {
+		t.Fatal(err)
+	}
+	code, _, out, stderr := invoke(t, "inspect", "--json", root)
+	if code != 0 {
+		t.Fatalf("inspect --json %s: exit %d: %s", root, code, stderr)
+	}
+	var j inspectJSON
+	if err := json.Unmarshal([]byte(out), &j); err != nil {
+		t.Fatalf("--json output is not JSON: %v\n%s", err, out)
+	}
+	if j.ID != 13 || j.Kind != "savepoint" || j.Path != sp.Location {
+		t.Fatalf("inspect %s = %s %d at %s, want savepoint 13 at %s", root, j.Kind, j.ID, j.Path, sp.Location)
+	}
+}
+
 func TestInspectErrors(t *testing.T) {
 	empty := t.TempDir()
 	code, _, _, stderr := invoke(t, "inspect", empty)

@@ -193,6 +193,12 @@ func (c *cli) run(ctx context.Context, cmd *cobra.Command, target string, f runF
 		if err != nil {
 			return err
 		}
+		if newer, err := checkpoint.NewerThanIn(ctx, reader, md); err != nil {
+			log.Warn("cannot tell whether a checkpoint or savepoint newer than the one restored exists", "from", md.Location, "err", err)
+		} else if newer != nil {
+			log.Warn(fmt.Sprintf("restoring %s %d, but %s %d beside it is newer: the output committed after %s %d will be written again",
+				md.Kind, md.ID, newer.Kind, newer.ID, md.Kind, md.ID), "from", md.Location, "newer", newer.Location)
+		}
 		rs, err := checkpoint.LoadRestoreFrom(ctx, reader, md, g)
 		closeFrom()
 		if err != nil {
