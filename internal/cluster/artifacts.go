@@ -7,10 +7,12 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -21,10 +23,29 @@ import (
 // the same module deployed twice is stored once.
 type Artifacts struct {
 	js jetstream.JetStream
+	// Retry is how FetchRetry retries transient errors; default
+	// DefaultRetry.
+	Retry RetryPolicy
+	// TryTimeout bounds one try of FetchRetry (opening the bucket,
+	// downloading and checking the object); default DefaultFetchTryTimeout.
+	TryTimeout time.Duration
+	// fetch is Fetch; tests replace it to inject failures.
+	fetch func(ctx context.Context, cacheDir string, art Artifact) (string, error)
 
 	mu  sync.Mutex // guards obs
 	obs jetstream.ObjectStore
 }
+
+// DefaultFetchTryTimeout is the default of Artifacts.TryTimeout.
+const DefaultFetchTryTimeout = 30 * time.Second
+
+// Errors of Fetch that no retry mends.
+var (
+	// ErrArtifactMissing: the object store has no object of the digest.
+	ErrArtifactMissing = errors.New("cluster: artifact not in the object store")
+	// ErrDigestMismatch: the object's content does not have its digest.
+	ErrDigestMismatch = errors.New("cluster: artifact content does not match its digest")
+)
 
 // NewArtifacts uses the connection's JetStream.
 func NewArtifacts(nc *nats.Conn) (*Artifacts, error) {
@@ -32,7 +53,25 @@ func NewArtifacts(nc *nats.Conn) (*Artifacts, error) {
 	if err != nil {
 		return nil, fmt.Errorf("cluster: artifacts: jetstream: %w", err)
 	}
-	return &Artifacts{js: js}, nil
+	a := &Artifacts{js: js, Retry: DefaultRetry, TryTimeout: DefaultFetchTryTimeout}
+	a.fetch = a.Fetch
+	return a, nil
+}
+
+// FetchRetry is Fetch with transient errors (a try that timed out, NATS
+// reconnecting, JetStream briefly unavailable) retried under a.Retry, each
+// retry logged; a permanent error (ErrArtifactMissing, ErrDigestMismatch, a
+// bad digest) or the end of ctx fails at once.
+func (a *Artifacts) FetchRetry(ctx context.Context, cacheDir string, art Artifact, log *slog.Logger) (string, error) {
+	var path string
+	err := a.Retry.Do(ctx, log, "fetch artifact "+art.Name, func(ctx context.Context) error {
+		tctx, cancel := context.WithTimeout(ctx, a.TryTimeout)
+		defer cancel()
+		p, err := a.fetch(tctx, cacheDir, art)
+		path = p
+		return err
+	})
+	return path, err
 }
 
 // store opens the bucket, creating it if it does not exist.
@@ -92,7 +131,7 @@ func (a *Artifacts) Upload(ctx context.Context, path string) (Artifact, error) {
 func (a *Artifacts) Fetch(ctx context.Context, cacheDir string, art Artifact) (string, error) {
 	hexsum, ok := strings.CutPrefix(art.Digest, "sha256:")
 	if !ok || len(hexsum) != 64 {
-		return "", fmt.Errorf("cluster: artifact %s: digest %q is not sha256:<hex>", art.Name, art.Digest)
+		return "", Permanent(fmt.Errorf("cluster: artifact %s: digest %q is not sha256:<hex>", art.Name, art.Digest))
 	}
 	name := filepath.Base(art.Name)
 	if name == "." || name == "/" || name == "" {
@@ -111,6 +150,9 @@ func (a *Artifacts) Fetch(ctx context.Context, cacheDir string, art Artifact) (s
 		return "", err
 	}
 	res, err := obs.Get(ctx, objectName(art.Digest))
+	if errors.Is(err, jetstream.ErrObjectNotFound) {
+		return "", fmt.Errorf("%w: fetch artifact %s (%s) from object store %s: %w (deploy uploads it; was the bucket purged?)", ErrArtifactMissing, art.Name, art.Digest, ArtifactBucket, err)
+	}
 	if err != nil {
 		return "", fmt.Errorf("cluster: fetch artifact %s (%s) from object store %s: %w", art.Name, art.Digest, ArtifactBucket, err)
 	}
@@ -129,7 +171,7 @@ func (a *Artifacts) Fetch(ctx context.Context, cacheDir string, art Artifact) (s
 		return "", fmt.Errorf("cluster: artifact cache: %w", err)
 	}
 	if got := "sha256:" + hex.EncodeToString(h.Sum(nil)); got != art.Digest {
-		return "", fmt.Errorf("cluster: fetch artifact %s: content has digest %s, want %s", art.Name, got, art.Digest)
+		return "", fmt.Errorf("%w: fetch artifact %s: content has digest %s, want %s", ErrDigestMismatch, art.Name, got, art.Digest)
 	}
 	if err := os.Rename(tmp.Name(), path); err != nil {
 		return "", fmt.Errorf("cluster: artifact cache: %w", err)

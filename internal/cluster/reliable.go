@@ -3,11 +3,13 @@ package cluster
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 )
 
 // taskRequestTimeout is how long a subtask event or command waits for its
@@ -132,5 +134,93 @@ func (q *reliableQueue) run() {
 			q.idle = make(chan struct{})
 		}
 		q.mu.Unlock()
+	}
+}
+
+// RetryPolicy retries transient errors with exponential backoff: the first
+// retry after Initial, each next one after twice the delay, at most Max,
+// until Total has passed since the first try (or the context ends).
+type RetryPolicy struct {
+	Initial, Max, Total time.Duration
+}
+
+// DefaultRetry is the policy for transient errors within an attempt (an
+// artifact fetch, opening the checkpoint store or loading the checkpoint to
+// restore while NATS reconnects): 100ms doubling to 5s, for up to a minute.
+var DefaultRetry = RetryPolicy{Initial: 100 * time.Millisecond, Max: 5 * time.Second, Total: time.Minute}
+
+// permanentError marks an error no retry mends.
+type permanentError struct{ err error }
+
+func (e permanentError) Error() string { return e.err.Error() }
+func (e permanentError) Unwrap() error { return e.err }
+
+// Permanent marks err as not worth a retry (Transient reports false).
+func Permanent(err error) error {
+	if err == nil {
+		return nil
+	}
+	return permanentError{err}
+}
+
+// Transient reports whether err may go away when the same call is tried
+// again: a timeout, NATS disconnected or reconnecting, no responder (yet),
+// JetStream temporarily unavailable (an API error with code 503 other than
+// "not enabled"). Errors marked Permanent, a missing artifact, a digest
+// mismatch, a closed connection and anything else are not.
+func Transient(err error) bool {
+	var pe permanentError
+	switch {
+	case err == nil, errors.As(err, &pe),
+		errors.Is(err, ErrArtifactMissing), errors.Is(err, ErrDigestMismatch),
+		errors.Is(err, nats.ErrConnectionClosed), errors.Is(err, jetstream.ErrJetStreamNotEnabled),
+		errors.Is(err, jetstream.ErrJetStreamNotEnabledForAccount), errors.Is(err, context.Canceled):
+		return false
+	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, nats.ErrTimeout),
+		errors.Is(err, nats.ErrConnectionReconnecting), errors.Is(err, nats.ErrDisconnected),
+		errors.Is(err, nats.ErrNoResponders), errors.Is(err, jetstream.ErrNoStreamResponse),
+		errors.Is(err, jetstream.ErrNoHeartbeat):
+		return true
+	}
+	var apiErr *jetstream.APIError
+	return errors.As(err, &apiErr) && apiErr.Code == 503
+}
+
+// Do calls fn until it returns nil or an error that is not Transient, ctx
+// ends, or p.Total has passed; each retry is logged at warn with the error
+// and the delay. The error returned is fn's last one (with the number of
+// tries when there were retries).
+func (p RetryPolicy) Do(ctx context.Context, log *slog.Logger, what string, fn func(ctx context.Context) error) error {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	start := time.Now()
+	delay := p.Initial
+	for try := 1; ; try++ {
+		err := fn(ctx)
+		if err == nil {
+			if try > 1 {
+				log.Info(what+": succeeded after retries", "tries", try, "elapsed", time.Since(start).Round(time.Millisecond))
+			}
+			return nil
+		}
+		if ctx.Err() != nil || !Transient(err) {
+			if try > 1 {
+				return fmt.Errorf("%w (after %d tries)", err, try)
+			}
+			return err
+		}
+		if time.Since(start)+delay > p.Total {
+			return fmt.Errorf("%w (transient, still failing after %d tries in %s)", err, try, time.Since(start).Round(time.Millisecond))
+		}
+		log.Warn(what+": transient error; retrying", "err", err, "try", try, "retry_in", delay)
+		t := time.NewTimer(delay)
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			return fmt.Errorf("%w (retry interrupted: %w)", err, ctx.Err())
+		}
+		delay = min(2*delay, p.Max)
 	}
 }
