@@ -274,6 +274,15 @@ type Assignment struct {
 	Trace map[string]string `json:"trace,omitempty"`
 }
 
+// AssignReply answers an Assignment. Busy: the host refused it because its
+// slots are taken (by attempts still running or ending there); the
+// controller then reschedules the attempt once it has seen slots freed,
+// without counting a failure of the job.
+type AssignReply struct {
+	Reply
+	Busy bool `json:"busy,omitempty"`
+}
+
 // HostRequest (streamd.v1.hosts.<id>.cancel|savepoint|stop) acts on an
 // attempt a host runs.
 type HostRequest struct {
@@ -306,8 +315,11 @@ type HostEvent struct {
 	Stats   []runtime.OperatorStats `json:"stats,omitempty"`
 	// Savepoint is set with state finished when the attempt stopped with a
 	// savepoint (streamd stop).
-	Savepoint string       `json:"savepoint,omitempty"`
-	Subtasks  []SubtaskRef `json:"subtasks,omitempty"` // the subtasks the event is about; empty = all of the host's
+	Savepoint string `json:"savepoint,omitempty"`
+	// Subtasks are the subtasks the event is about; empty = all of the
+	// host's. With state failed: the subtask whose failure failed the
+	// attempt, when the error names one.
+	Subtasks []SubtaskRef `json:"subtasks,omitempty"`
 	// Checkpoints are the latest completed checkpoints of a job the host
 	// runs whole (with its own coordinator), oldest first.
 	Checkpoints []runtime.CheckpointStats `json:"checkpoints,omitempty"`

@@ -84,7 +84,30 @@ type ctlHost struct {
 	interval time.Duration
 	lastSeen time.Time
 	lost     bool
+	// busy are the attempts that hold slots here as far as the controller
+	// has seen: from their assignment until the host reported their end,
+	// answered their cancel, refused them, stopped listing them in its
+	// heartbeats, or was declared lost. Only the other slots are free.
+	busy map[AttemptRef]*slotUse
+	// ended are attempts whose end this host confirmed (end report,
+	// cancel answered, assignment refused), when: a heartbeat sent before
+	// that and read after it does not take their slots again.
+	ended map[AttemptRef]time.Time
 }
+
+// slotUse is one attempt's hold on a host's slots.
+type slotUse struct {
+	slots int
+	// settled is when the assignment request was answered or failed
+	// (zero: in flight); only heartbeats at least one interval later count
+	// in unlisted, so a heartbeat that overtook the assignment does not.
+	settled  time.Time
+	unlisted int // such heartbeats in a row that did not list the attempt
+}
+
+// unlistedRelease is how many heartbeats in a row must omit an attempt
+// before its slots on that host are free.
+const unlistedRelease = 2
 
 type ctlJob struct {
 	id      string
@@ -108,7 +131,13 @@ type ctlJob struct {
 	savepoint        string    // of a stopped job
 	from             string    // the checkpoint or savepoint the job was deployed from (deploy --from)
 	canceling        bool      // a cancel request waits for the hosts; the placement holds its slots until then
+	preparing        bool      // the controller side of a job spread over hosts is being set up (newDistJob, outside the mutex)
 	attempts         []AttemptStatus
+	placed           map[int]control.Placement // the placement of each attempt (slot counts of the slots they hold)
+
+	// changed is closed (and replaced) whenever the job's state or attempt
+	// changes: stop and savepoint requests wait on it.
+	changed chan struct{}
 
 	// dist is set once the job is spread over hosts (then every later
 	// attempt is too): the controller drives its checkpoints (dist.go).
@@ -254,13 +283,18 @@ func (c *Controller) tickLocked(now time.Time) []effect {
 		}
 		h.lost = true
 		c.log.Warn("host lost", "host", id, "last_seen", h.lastSeen, "missed_heartbeats", c.opts.LostAfter)
+		// Its slots are no longer counted; should it come back still
+		// running an attempt, its heartbeat takes them again.
+		for ref := range h.busy {
+			c.releaseLocked(id, ref, false, now, "host lost")
+		}
 		for _, jid := range c.order {
 			j := c.jobs[jid]
 			if j.placement == nil || TerminalJobState(j.state) || j.canceling || !contains(j.placement.Slots, id) {
 				continue
 			}
 			reason := fmt.Sprintf("host %s lost (no heartbeat for %s)", id, now.Sub(h.lastSeen).Round(time.Millisecond))
-			effects = append(effects, c.failLocked(j, now, reason, true, id)...)
+			effects = append(effects, c.failLocked(j, now, failure{reason: reason, kind: failInfra, host: id, skip: true})...)
 		}
 	}
 	return append(effects, c.scheduleLocked(now)...)
@@ -284,24 +318,93 @@ func contains(list []string, s string) bool {
 	return false
 }
 
-// freeSlotsLocked is each alive host's capacity and free slots.
+// freeSlotsLocked is each alive host's capacity and free slots: those no
+// attempt holds (ctlHost.busy), so a slot of a failed or canceled attempt is
+// free only once the controller has seen it freed.
 func (c *Controller) freeSlotsLocked() []control.HostSlots {
-	used := map[string]int{}
-	for _, j := range c.jobs {
-		if j.placement != nil && !TerminalJobState(j.state) {
-			for _, h := range j.placement.Slots {
-				used[h]++
-			}
-		}
-	}
 	var out []control.HostSlots
 	for _, id := range c.hostIDs() {
 		h := c.hosts[id]
 		if !h.lost {
-			out = append(out, control.HostSlots{ID: id, Capacity: h.slots, Free: h.slots - used[id]})
+			used := 0
+			for _, u := range h.busy {
+				used += u.slots
+			}
+			out = append(out, control.HostSlots{ID: id, Capacity: h.slots, Free: h.slots - used})
 		}
 	}
 	return out
+}
+
+// holdLocked records that the current attempt of j holds its slots of p.
+func (c *Controller) holdLocked(j *ctlJob, p control.Placement) {
+	ref := AttemptRef{JobID: j.id, Attempt: j.attempt}
+	for _, id := range p.Slots {
+		h := c.hosts[id]
+		if h == nil {
+			continue
+		}
+		u := h.busy[ref]
+		if u == nil {
+			u = &slotUse{}
+			h.busy[ref] = u
+		}
+		u.slots++
+	}
+}
+
+// releaseLocked frees the slots attempt ref holds on host id; ended: the
+// host confirmed the attempt's end there. It reports whether slots were
+// freed (then scheduleLocked may place waiting jobs).
+func (c *Controller) releaseLocked(id string, ref AttemptRef, ended bool, now time.Time, why string) bool {
+	h := c.hosts[id]
+	if h == nil {
+		return false
+	}
+	if ended {
+		h.ended[ref] = now
+		for r, t := range h.ended {
+			if now.Sub(t) > time.Minute {
+				delete(h.ended, r)
+			}
+		}
+	}
+	u := h.busy[ref]
+	if u == nil {
+		return false
+	}
+	delete(h.busy, ref)
+	c.log.Debug("slots freed", "host", id, "job", ref.JobID, "attempt", ref.Attempt, "slots", u.slots, "why", why)
+	return true
+}
+
+// settleLocked notes that the assignment of ref to host id was answered
+// (or failed without an answer).
+func (c *Controller) settleLocked(id string, ref AttemptRef, now time.Time) {
+	if h := c.hosts[id]; h != nil {
+		if u := h.busy[ref]; u != nil && u.settled.IsZero() {
+			u.settled = now
+		}
+	}
+}
+
+// slotsFreed releases ref's slots on host id after the host confirmed its
+// end outside an event (a cancel it answered), and places waiting jobs.
+func (c *Controller) slotsFreed(id string, ref AttemptRef, why string) {
+	now := time.Now()
+	c.mu.Lock()
+	var effects []effect
+	if c.releaseLocked(id, ref, true, now, why) {
+		effects = c.scheduleLocked(now)
+	}
+	c.mu.Unlock()
+	c.run(effects)
+}
+
+// changedLocked wakes the requests waiting on a change of j.
+func (c *Controller) changedLocked(j *ctlJob) {
+	close(j.changed)
+	j.changed = make(chan struct{})
 }
 
 // scheduleLocked places waiting jobs, oldest first, and returns the
@@ -310,7 +413,7 @@ func (c *Controller) scheduleLocked(now time.Time) []effect {
 	var effects []effect
 	for _, jid := range c.order {
 		j := c.jobs[jid]
-		if j.placement != nil || j.canceling || (j.state != JobCreated && j.state != JobRestarting) || now.Before(j.restartAt) {
+		if j.placement != nil || j.canceling || j.preparing || (j.state != JobCreated && j.state != JobRestarting) || now.Before(j.restartAt) {
 			continue
 		}
 		p, err := control.Schedule(c.freeSlotsLocked(), j.slots, false)
@@ -324,15 +427,16 @@ func (c *Controller) scheduleLocked(now time.Time) []effect {
 			continue
 		}
 		if j.dist == nil && !p.SingleHost() {
-			dj, err := c.newDistJob(j)
-			if err != nil {
-				c.endLocked(j, now, JobFailed, err.Error())
-				continue
-			}
-			j.dist = dj
+			// Its controller side opens the checkpoint store (IO): set up
+			// outside the mutex, then the job is scheduled again.
+			j.preparing = true
+			effects = append(effects, c.prepareDist(j))
+			continue
 		}
 		j.placement = &p
 		j.lastPlaced = &p
+		c.holdLocked(j, p)
+		j.placed[j.attempt] = p
 		j.hostStats = map[string][]runtime.OperatorStats{}
 		j.assignedAt, j.endedOn, j.unlisted, j.asking = now, map[string]bool{}, map[string]int{}, map[string]bool{}
 		j.subtaskState = SubtaskDeploying
@@ -343,6 +447,32 @@ func (c *Controller) scheduleLocked(now time.Time) []effect {
 		effects = append(effects, c.assignEffects(j)...)
 	}
 	return effects
+}
+
+// prepareDist returns the effect that sets up the controller side of job j,
+// which the scheduler found must be spread over hosts (j.preparing is set).
+func (c *Controller) prepareDist(j *ctlJob) effect {
+	id, spec, from, attempt := j.id, j.spec, j.from, j.attempt
+	return func() {
+		dj, err := c.newDistJob(id, spec, from, attempt)
+		now := time.Now()
+		c.mu.Lock()
+		j.preparing = false
+		var effects []effect
+		switch {
+		case TerminalJobState(j.state) || j.canceling:
+			if dj != nil {
+				dj.close(control.Cancel{})
+			}
+		case err != nil:
+			c.endLocked(j, now, JobFailed, err.Error())
+		default:
+			j.dist = dj
+		}
+		effects = c.scheduleLocked(now)
+		c.mu.Unlock()
+		c.run(effects)
+	}
 }
 
 // assignEffects sends the current attempt of j to each of its hosts.
@@ -369,37 +499,66 @@ func (c *Controller) assignEffects(j *ctlJob) []effect {
 			}
 		}
 		effects = append(effects, func() {
-			var r Reply
+			var r AssignReply
 			err := requestTimeout(c.nc, HostSubject(h, HostVerbAssign), c.opts.RequestTimeout, a, &r)
-			if err == nil {
-				err = r.Err()
-			}
-			if err != nil {
-				c.log.Warn("assignment refused", "job", a.JobID, "attempt", a.Attempt, "host", h, "err", err)
-				c.assignFailed(a, h, err)
-			}
+			c.assigned(a, h, r, err)
 		})
 	}
 	return effects
 }
 
+// failKind says what ended an attempt.
+type failKind int
+
+const (
+	failTask  failKind = iota // a subtask failed: the job's restart strategy decides
+	failInfra                 // a host was lost, refused or never reported: counts against MaxFailovers
+	failBusy                  // a host refused the assignment for busy slots: rescheduled, counts against nothing
+)
+
+// failure is why an attempt ended.
+type failure struct {
+	reason string
+	kind   failKind
+	// host is where it failed, when known; skip: it is not sent a cancel
+	// (it is lost, or its part already ended).
+	host string
+	skip bool
+	// subtask is the subtask whose failure it is, when known.
+	subtask *control.SubtaskID
+}
+
 // failLocked handles the failure of j's current attempt: a restart (new
-// attempt, rescheduled) or the end of the job. lostHost, if set, is not sent
-// a cancel.
-func (c *Controller) failLocked(j *ctlJob, now time.Time, reason string, infra bool, lostHost string) []effect {
+// attempt, rescheduled) or the end of the job.
+func (c *Controller) failLocked(j *ctlJob, now time.Time, f failure) []effect {
 	var effects []effect
+	reason := f.reason
 	if j.dist != nil {
-		j.dist.failover(reason)
+		j.dist.failover(reason, f.host, f.subtask)
 	}
 	if j.placement != nil {
-		effects = c.cancelEffects(j, lostHost)
+		skip := ""
+		if f.skip {
+			skip = f.host
+		}
+		effects = c.cancelEffects(j, skip)
 	}
 	if n := len(j.attempts); n > 0 && j.attempts[n-1].Attempt == j.attempt {
 		j.attempts[n-1].State, j.attempts[n-1].Reason = SubtaskFailed, reason
 	}
 	j.placement = nil
+	defer c.changedLocked(j)
+	infra := f.kind == failInfra
 	restart, delay := false, time.Duration(0)
 	switch {
+	case f.kind == failBusy:
+		// Not the job's failure: the attempt goes to slots the controller
+		// has seen freed, after a heartbeat interval (no tight loop while
+		// a host's view and the controller's differ).
+		restart, delay = true, c.opts.HeartbeatInterval
+		if h := c.hosts[f.host]; h != nil && h.interval > 0 {
+			delay = h.interval
+		}
 	case infra && j.failovers < c.opts.MaxFailovers:
 		j.failovers++
 		restart = true
@@ -425,7 +584,11 @@ func (c *Controller) failLocked(j *ctlJob, now time.Time, reason string, infra b
 		c.endLocked(j, now, JobFailed, fmt.Sprintf("attempt %d failed: %s (%s)", j.attempt, reason, why))
 		return effects
 	}
-	c.log.Warn("job restarting", "job", j.id, "failed_attempt", j.attempt, "reason", reason, "delay", delay)
+	blamed := ""
+	if f.subtask != nil {
+		blamed = f.subtask.String()
+	}
+	c.log.Warn("job restarting", "job", j.id, "failed_attempt", j.attempt, "reason", reason, "host", f.host, "subtask", blamed, "delay", delay)
 	j.attempt++
 	j.state = JobRestarting
 	j.reason = fmt.Sprintf("attempt %d failed: %s", j.attempt-1, reason)
@@ -445,9 +608,16 @@ func (c *Controller) cancelEffects(j *ctlJob, skip string) []effect {
 		req := HostRequest{JobID: j.id, Attempt: j.attempt}
 		effects = append(effects, func() {
 			var r Reply
-			if err := requestTimeout(c.nc, HostSubject(h, HostVerbCancel), c.opts.RequestTimeout, req, &r); err != nil {
-				c.log.Warn("cancel on host failed", "job", req.JobID, "attempt", req.Attempt, "host", h, "err", err)
+			err := requestTimeout(c.nc, HostSubject(h, HostVerbCancel), c.opts.RequestTimeout, req, &r)
+			if err == nil {
+				err = r.Err()
 			}
+			if err != nil {
+				c.log.Warn("cancel on host failed", "job", req.JobID, "attempt", req.Attempt, "host", h, "err", err)
+				return
+			}
+			// The host answers once the attempt stopped there.
+			c.slotsFreed(h, AttemptRef{JobID: req.JobID, Attempt: req.Attempt}, "cancel answered")
 		})
 	}
 	return effects
@@ -468,6 +638,7 @@ func (c *Controller) endLocked(j *ctlJob, now time.Time, state, reason string) {
 	t := now
 	j.ended = &t
 	j.placement = nil
+	c.changedLocked(j)
 	switch state {
 	case JobFinished, JobStopped:
 		j.subtaskState = SubtaskFinished
@@ -515,7 +686,8 @@ func (c *Controller) handleDeploy(msg *nats.Msg) {
 		return
 	}
 	j := &ctlJob{id: newJobID(req.Job.Name), spec: req.Job, state: JobCreated, slots: req.Job.slotsNeeded(),
-		subtaskState: SubtaskScheduled, created: now, updated: now, from: req.From}
+		subtaskState: SubtaskScheduled, created: now, updated: now, from: req.From,
+		placed: map[int]control.Placement{}, changed: make(chan struct{})}
 	c.mu.Lock()
 	for c.jobs[j.id] != nil {
 		j.id = newJobID(req.Job.Name)
@@ -633,8 +805,16 @@ func (c *Controller) handleStop(msg *nats.Msg) {
 	respond(msg, SavepointReply{Reply: errReply(err), Path: path})
 }
 
+// hostSavepointTimeout bounds a host's savepoint or stop of a job it runs
+// whole (Host.handleSavepoint); the controller waits a little longer.
+const hostSavepointTimeout = 10 * time.Minute
+
 // forwardSavepoint sends a savepoint or stop request to the host running the
-// job (one host while jobs do not span hosts).
+// job (a job on one host), or takes it (distSavepoint) for a job spread over
+// hosts. It returns when the host answers, or as soon as the attempt ended
+// (failed over, canceled, lost host): it waits on the job's changes, not on a
+// timer. A stop that fails leaves the job running (the host's run restarted
+// under the job's restart strategy) or restarting, never stopping.
 func (c *Controller) forwardSavepoint(jobID string, hr HostRequest, verb string) (string, error) {
 	c.mu.Lock()
 	j := c.jobs[jobID]
@@ -661,21 +841,67 @@ func (c *Controller) forwardSavepoint(jobID string, hr HostRequest, verb string)
 	prev := j.state
 	if verb == HostVerbStop {
 		j.state, j.updated = JobStopping, time.Now()
+		c.changedLocked(j)
 	}
+	changed := j.changed
 	c.mu.Unlock()
-	var r SavepointReply
-	err := requestTimeout(c.nc, HostSubject(hosts[0], verb), 30*time.Minute, hr, &r)
-	if err == nil {
-		err = r.Err()
-	}
-	if err != nil && verb == HostVerbStop {
+	// restore puts a stopping job whose stop failed back to its state before.
+	restore := func() {
+		if verb != HostVerbStop {
+			return
+		}
 		c.mu.Lock()
 		if j.attempt == attempt && j.state == JobStopping {
 			j.state, j.updated = prev, time.Now()
+			c.changedLocked(j)
 		}
 		c.mu.Unlock()
 	}
-	return r.Path, err
+
+	type result struct {
+		r   SavepointReply
+		err error
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), hostSavepointTimeout+30*time.Second)
+	defer cancel()
+	done := make(chan result, 1)
+	go func() {
+		var r SavepointReply
+		err := request(ctx, c.nc, HostSubject(hosts[0], verb), hr, &r)
+		if err == nil {
+			err = r.Err()
+		}
+		done <- result{r, err}
+	}()
+	for {
+		select {
+		case res := <-done:
+			if res.err != nil {
+				restore()
+				what := verb
+				if verb == HostVerbStop {
+					what = "stop with savepoint"
+				}
+				return "", fmt.Errorf("cluster: %s of job %s on host %s: %w", what, jobID, hosts[0], res.err)
+			}
+			return res.r.Path, nil
+		case <-changed:
+			c.mu.Lock()
+			changed = j.changed
+			st, reason, sp, att := j.state, j.reason, j.savepoint, j.attempt
+			c.mu.Unlock()
+			switch {
+			case st == JobStopped && verb == HostVerbStop:
+				return sp, nil
+			case TerminalJobState(st) || att != attempt:
+				cancel()
+				restore()
+				return "", fmt.Errorf("cluster: %s job %s: the attempt ended first: the job is %s: %s", verb, jobID, st, reason)
+			}
+		case <-c.done:
+			return "", errors.New("cluster: controller closed")
+		}
+	}
 }
 
 func (c *Controller) handleHosts(msg *nats.Msg) {
@@ -712,15 +938,18 @@ func (c *Controller) handleHeartbeat(msg *nats.Msg) {
 	}
 	c.mu.Lock()
 	h := c.hosts[hb.HostID]
+	wasLost := false
 	switch {
 	case h == nil:
-		h = &ctlHost{id: hb.HostID}
+		h = &ctlHost{id: hb.HostID, busy: map[AttemptRef]*slotUse{}, ended: map[AttemptRef]time.Time{}}
 		c.hosts[hb.HostID] = h
 		c.log.Info("host registered", "host", hb.HostID, "slots", hb.Slots)
 	case h.lost:
+		wasLost = true
 		c.log.Info("host is back", "host", hb.HostID, "slots", hb.Slots)
 	}
 	h.slots, h.interval, h.lastSeen, h.lost = hb.Slots, interval, now, false
+	c.reconcileSlotsLocked(h, hb, wasLost, now)
 	// A host that runs an attempt the controller no longer wants there (it
 	// was lost and its jobs moved, or the job ended) is told to cancel it.
 	var effects []effect
@@ -734,13 +963,64 @@ func (c *Controller) handleHeartbeat(msg *nats.Msg) {
 		c.log.Info("host runs a stale attempt; canceling it", "host", hostID, "job", r.JobID, "attempt", r.Attempt)
 		effects = append(effects, func() {
 			var rep Reply
-			_ = requestTimeout(c.nc, HostSubject(hostID, HostVerbCancel), c.opts.RequestTimeout, req, &rep)
+			if err := requestTimeout(c.nc, HostSubject(hostID, HostVerbCancel), c.opts.RequestTimeout, req, &rep); err == nil && rep.Err() == nil {
+				c.slotsFreed(hostID, AttemptRef{JobID: req.JobID, Attempt: req.Attempt}, "stale attempt canceled")
+			}
 		})
 	}
 	effects = append(effects, c.checkUnreportedLocked(hb, h, now)...)
 	effects = append(effects, c.scheduleLocked(now)...)
 	c.mu.Unlock()
 	c.run(effects)
+}
+
+// reconcileSlotsLocked matches the slots the controller counts as held on h
+// with the attempts h's heartbeat lists. An attempt it omits, whose
+// assignment was answered at least one interval ago, frees its slots after
+// unlistedRelease such heartbeats in a row (at once when h comes back after
+// it was declared lost). An attempt it lists that holds no slots (h ran it
+// while declared lost, or runs one of a job this controller does not know)
+// takes them again, unless h confirmed its end already (a heartbeat sent
+// before that).
+func (c *Controller) reconcileSlotsLocked(h *ctlHost, hb Heartbeat, wasLost bool, now time.Time) {
+	listed := map[AttemptRef]bool{}
+	for _, r := range hb.Running {
+		listed[r] = true
+	}
+	for ref, u := range h.busy {
+		switch {
+		case listed[ref]:
+			u.unlisted = 0
+		case u.settled.IsZero():
+		case wasLost:
+			c.releaseLocked(h.id, ref, false, now, "not listed by the host that came back")
+		case now.Sub(u.settled) >= h.interval:
+			if u.unlisted++; u.unlisted >= unlistedRelease {
+				c.releaseLocked(h.id, ref, false, now, "no longer listed in the host's heartbeats")
+			}
+		}
+	}
+	for ref := range listed {
+		if h.busy[ref] != nil {
+			continue
+		}
+		if _, ended := h.ended[ref]; ended {
+			continue
+		}
+		slots := h.slots // an unknown attempt: as if it took the whole host
+		if j := c.jobs[ref.JobID]; j != nil {
+			if p, ok := j.placed[ref.Attempt]; ok {
+				slots = 0
+				for _, id := range p.Slots {
+					if id == h.id {
+						slots++
+					}
+				}
+			}
+		}
+		c.log.Info("host runs an attempt the controller counted no slots for; they are taken", "host", h.id, "job", ref.JobID, "attempt", ref.Attempt, "slots", slots)
+		h.busy[ref] = &slotUse{slots: slots, settled: now}
+	}
 }
 
 // checkUnreportedLocked notices attempts whose end a host never reported: the
@@ -793,24 +1073,30 @@ func (c *Controller) checkUnreportedLocked(hb Heartbeat, h *ctlHost, now time.Ti
 func (c *Controller) outcome(req HostRequest, host string, rep OutcomeReply, err error) {
 	now := time.Now()
 	c.mu.Lock()
+	var effects []effect
+	defer func() {
+		c.mu.Unlock()
+		c.run(effects)
+	}()
+	ref := AttemptRef{JobID: req.JobID, Attempt: req.Attempt}
+	if err == nil && !rep.Running && rep.Event == nil && c.releaseLocked(host, ref, true, now, "the host does not know the attempt") {
+		effects = c.scheduleLocked(now)
+	}
 	j := c.jobs[req.JobID]
 	if j == nil || j.attempt != req.Attempt || TerminalJobState(j.state) || j.placement == nil || j.canceling || j.endedOn[host] {
-		c.mu.Unlock()
 		return
 	}
 	j.asking[host] = false
 	j.unlisted[host] = 0
 	switch {
 	case err == nil && rep.Running:
-		c.mu.Unlock()
 		c.log.Info("host says the attempt still runs", "host", host, "job", req.JobID, "attempt", req.Attempt)
 		return
 	case err == nil && rep.Event != nil && rep.Event.JobID == req.JobID && rep.Event.Attempt == req.Attempt:
-		c.mu.Unlock()
 		ev := *rep.Event
 		ev.HostID = host
 		c.log.Warn("host's final report was lost; taking its outcome", "host", host, "job", req.JobID, "attempt", req.Attempt, "state", ev.State)
-		c.hostEvent(ev)
+		effects = append(effects, func() { c.hostEvent(ev) })
 		return
 	}
 	reason := fmt.Sprintf("host %s reported no end for attempt %d of job %s", host, req.Attempt, req.JobID)
@@ -820,10 +1106,8 @@ func (c *Controller) outcome(req HostRequest, host string, rep OutcomeReply, err
 		reason += " (the host does not know its outcome)"
 	}
 	j.endedOn[host] = true
-	effects := c.failLocked(j, now, reason, true, host)
+	effects = append(effects, c.failLocked(j, now, failure{reason: reason, kind: failInfra, host: host, skip: true})...)
 	effects = append(effects, c.scheduleLocked(now)...)
-	c.mu.Unlock()
-	c.run(effects)
 }
 
 func (c *Controller) handleHostEvent(msg *nats.Msg) {
@@ -839,10 +1123,19 @@ func (c *Controller) handleHostEvent(msg *nats.Msg) {
 func (c *Controller) hostEvent(ev HostEvent) {
 	now := time.Now()
 	c.mu.Lock()
+	var effects []effect
+	switch ev.State {
+	case SubtaskFinished, SubtaskFailed, SubtaskCanceled:
+		// The attempt's slots on that host are free, whatever attempt it is.
+		if c.releaseLocked(ev.HostID, AttemptRef{JobID: ev.JobID, Attempt: ev.Attempt}, true, now, "end reported: "+ev.State) {
+			effects = c.scheduleLocked(now)
+		}
+	}
 	j := c.jobs[ev.JobID]
 	if j == nil || j.attempt != ev.Attempt || TerminalJobState(j.state) || j.placement == nil || j.canceling {
 		c.mu.Unlock()
 		c.log.Debug("stale host event ignored", "host", ev.HostID, "job", ev.JobID, "attempt", ev.Attempt, "state", ev.State)
+		c.run(effects)
 		return
 	}
 	if ev.Checkpoints != nil {
@@ -858,7 +1151,6 @@ func (c *Controller) hostEvent(ev HostEvent) {
 	if ev.Elapsed != "" {
 		j.elapsed = ev.Elapsed
 	}
-	var effects []effect
 	switch ev.State {
 	case SubtaskFinished, SubtaskFailed, SubtaskCanceled:
 		j.endedOn[ev.HostID] = true
@@ -873,6 +1165,7 @@ func (c *Controller) hostEvent(ev HostEvent) {
 		}
 		if j.state == JobCreated || j.state == JobRestarting {
 			j.state, j.reason = JobRunning, ""
+			c.changedLocked(j)
 			c.log.Info("job running", "job", j.id, "attempt", j.attempt, "host", ev.HostID)
 		}
 		c.setAttemptState(j, SubtaskRunning, "")
@@ -883,6 +1176,7 @@ func (c *Controller) hostEvent(ev HostEvent) {
 			j.dist.mu.Unlock()
 			j.updated = now
 			c.mu.Unlock()
+			c.run(effects)
 			c.maybeEndDist(j.id)
 			return
 		}
@@ -894,13 +1188,16 @@ func (c *Controller) hostEvent(ev HostEvent) {
 			c.setAttemptState(j, JobFinished, "")
 			c.endLocked(j, now, JobFinished, "")
 		}
-		effects = c.scheduleLocked(now)
+		effects = append(effects, c.scheduleLocked(now)...)
 	case SubtaskFailed, SubtaskCanceled:
-		reason := ev.Error
-		if reason == "" {
-			reason = "canceled on host " + ev.HostID
+		f := failure{reason: "canceled on host " + ev.HostID, kind: failTask, host: ev.HostID, skip: true}
+		if ev.Error != "" {
+			f.reason = fmt.Sprintf("on host %s: %s", ev.HostID, ev.Error)
 		}
-		effects = c.failLocked(j, now, reason, false, ev.HostID)
+		if len(ev.Subtasks) > 0 {
+			f.subtask = &control.SubtaskID{Operator: ev.Subtasks[0].Operator, Index: ev.Subtasks[0].Subtask}
+		}
+		effects = append(effects, c.failLocked(j, now, f)...)
 		effects = append(effects, c.scheduleLocked(now)...)
 	}
 	j.updated = now
@@ -908,20 +1205,48 @@ func (c *Controller) hostEvent(ev HostEvent) {
 	c.run(effects)
 }
 
-// assignFailed fails the attempt over (an infrastructure failure: it counts
-// against MaxFailovers, not against the job's restart strategy).
-func (c *Controller) assignFailed(a Assignment, h string, err error) {
+// assigned takes a host's answer to an assignment (or the request's error).
+// Accepted: the host holds the slots until it reports the end. Refused for
+// busy slots: the slots are not taken and the attempt is rescheduled, which
+// does not count as a failure of the job. Refused otherwise, or no answer:
+// the attempt fails over (an infrastructure failure: it counts against
+// MaxFailovers, not against the job's restart strategy).
+func (c *Controller) assigned(a Assignment, h string, rep AssignReply, err error) {
 	now := time.Now()
+	ref := AttemptRef{JobID: a.JobID, Attempt: a.Attempt}
+	if err == nil {
+		err = rep.Err()
+	}
 	c.mu.Lock()
-	j := c.jobs[a.JobID]
-	if j == nil || j.attempt != a.Attempt || TerminalJobState(j.state) || j.placement == nil || j.canceling {
+	var effects []effect
+	defer func() {
 		c.mu.Unlock()
+		c.run(effects)
+	}()
+	c.settleLocked(h, ref, now)
+	if err == nil {
 		return
 	}
-	effects := c.failLocked(j, now, fmt.Sprintf("assign to host %s: %v", h, err), true, "")
+	f := failure{reason: fmt.Sprintf("assign to host %s: %v", h, err), kind: failInfra, host: h, skip: true}
+	switch {
+	case rep.Busy:
+		f.kind, f.reason = failBusy, fmt.Sprintf("host %s refused the assignment: its slots are busy (%v); rescheduled", h, err)
+		fallthrough
+	case rep.Error != "", errors.Is(err, nats.ErrNoResponders):
+		// The host does not run it.
+		if c.releaseLocked(h, ref, true, now, "assignment refused") {
+			effects = c.scheduleLocked(now)
+		}
+	default:
+		f.skip = false // no answer: it may run there after all
+	}
+	j := c.jobs[a.JobID]
+	if j == nil || j.attempt != a.Attempt || TerminalJobState(j.state) || j.placement == nil || j.canceling {
+		return
+	}
+	c.log.Warn("assignment refused", "job", a.JobID, "attempt", a.Attempt, "host", h, "busy", rep.Busy, "err", err)
+	effects = append(effects, c.failLocked(j, now, f)...)
 	effects = append(effects, c.scheduleLocked(now)...)
-	c.mu.Unlock()
-	c.run(effects)
 }
 
 func (c *Controller) setAttemptState(j *ctlJob, state, reason string) {

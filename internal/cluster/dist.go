@@ -170,13 +170,13 @@ func (e *LocalExecutor) startDistributed(ctx context.Context, r ExecRequest) (Ex
 		ChannelCapacity: e.ChannelCapacity, Stdout: e.Stdout, Stdin: eofReader{}, Progress: r.Progress, NATS: e.NATS,
 	}
 	if cs := r.Checkpoint; cs != nil {
-		store, err := OpenStore(ctx, r.Conn, cs, r.JobID, r.Logger)
+		store, err := openStoreRetry(ctx, r.Conn, cs, r.JobID, r.Logger)
 		if err != nil {
 			return nil, fmt.Errorf("cluster: job %s: %w", r.JobID, err)
 		}
 		opts.Checkpoint = &runtime.CheckpointOptions{Store: store}
 		if r.RestoreFrom != "" {
-			rs, err := LoadRestore(ctx, r.Conn, r.RestoreFrom, r.Graph)
+			rs, err := loadRestoreRetry(ctx, r.Conn, r.RestoreFrom, r.Graph, r.Logger)
 			if err != nil {
 				return nil, fmt.Errorf("cluster: job %s: restore: %w", r.JobID, err)
 			}
@@ -267,21 +267,24 @@ type distJob struct {
 	evSeq     map[string]uint64         // per host, the last subtask event of the attempt taken
 	cmds      map[string]*reliableQueue // per host, the commands of the attempt
 	spWait    chan string               // a savepoint request waits for the savepoint's location
+	stopping  bool                      // a stop with a savepoint was asked for in this attempt
+	stopSP    string                    // the location of that stop's savepoint, once complete
 	closed    bool
 	obs       distObs // the attempt, failover and restore spans (trace.go)
 }
 
-// newDistJob makes the controller side of job j (called with c.mu held).
-func (c *Controller) newDistJob(j *ctlJob) (*distJob, error) {
-	g, err := j.spec.Graph(func(a Artifact) (string, error) { return "/" + a.Name, nil })
+// newDistJob makes the controller side of job id, spread over hosts from
+// attempt `attempt` on (called without c.mu: it opens the checkpoint store).
+func (c *Controller) newDistJob(id string, spec JobSpec, from string, attempt int) (*distJob, error) {
+	g, err := spec.Graph(func(a Artifact) (string, error) { return "/" + a.Name, nil })
 	if err != nil {
 		return nil, err
 	}
-	dj := &distJob{c: c, id: j.id, g: g, log: c.log.With("job", j.id), tick: runtime.DefaultTick, stop: make(chan struct{}), finished: map[string]bool{}}
-	if cs := j.spec.Checkpoint; cs != nil {
-		ctx, cancel := context.WithTimeout(context.Background(), c.opts.RequestTimeout)
+	dj := &distJob{c: c, id: id, g: g, log: c.log.With("job", id), tick: runtime.DefaultTick, stop: make(chan struct{}), finished: map[string]bool{}}
+	if cs := spec.Checkpoint; cs != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), DefaultRetry.Total)
 		defer cancel()
-		store, err := OpenStore(ctx, c.nc, cs, j.id, c.log)
+		store, err := openStoreRetry(ctx, c.nc, cs, id, c.log)
 		if err != nil {
 			return nil, err
 		}
@@ -289,8 +292,8 @@ func (c *Controller) newDistJob(j *ctlJob) (*distJob, error) {
 		// The first attempt starts from the checkpoint the job was deployed
 		// from; a job spread over hosts only after a failover (its earlier
 		// attempts ran on one host) from its latest checkpoint.
-		dj.restore = j.from
-		if j.attempt > 0 {
+		dj.restore = from
+		if attempt > 0 {
 			if md, err := store.Latest(ctx); err == nil {
 				dj.restore = md.Location
 			}
@@ -299,6 +302,9 @@ func (c *Controller) newDistJob(j *ctlJob) (*distJob, error) {
 		co.Tick = dj.tick
 		co.OnComplete = func(md *checkpoint.Metadata) {
 			// Called by the driver under dj.mu.
+			if md.Kind == control.KindSavepoint && dj.stopping {
+				dj.stopSP = md.Location
+			}
 			if md.Kind == control.KindSavepoint && dj.spWait != nil {
 				select {
 				case dj.spWait <- md.Location:
@@ -309,22 +315,22 @@ func (c *Controller) newDistJob(j *ctlJob) (*distJob, error) {
 		// Checkpoint ids go on after the checkpoint the job was deployed
 		// from, so they never repeat those of its earlier run (file sinks
 		// name their committed files by checkpoint id).
-		var from *checkpoint.Restore
-		if j.from != "" {
-			md, _, err := ResolveIn(ctx, c.nc, j.from)
+		var fromRS *checkpoint.Restore
+		if from != "" {
+			md, _, err := ResolveIn(ctx, c.nc, from)
 			if err != nil {
-				return nil, fmt.Errorf("cluster: job %s: the checkpoint it was deployed from: %w", j.id, err)
+				return nil, fmt.Errorf("cluster: job %s: the checkpoint it was deployed from: %w", id, err)
 			}
-			from = &checkpoint.Restore{Metadata: md}
+			fromRS = &checkpoint.Restore{Metadata: md}
 		}
-		dj.d, err = runtime.NewDriver(ctx, g, co, from, dj.log)
+		dj.d, err = runtime.NewDriver(ctx, g, co, fromRS, dj.log)
 		if err != nil {
 			return nil, err
 		}
 	}
-	dj.sub, err = c.nc.Subscribe(PrefixTask+"."+j.id+".*.events", dj.onEvent)
+	dj.sub, err = c.nc.Subscribe(PrefixTask+"."+id+".*.events", dj.onEvent)
 	if err != nil {
-		return nil, fmt.Errorf("cluster: job %s: subscribe to subtask events: %w", j.id, err)
+		return nil, fmt.Errorf("cluster: job %s: subscribe to subtask events: %w", id, err)
 	}
 	_ = dj.sub.SetPendingLimits(-1, -1)
 	if dj.d != nil {
@@ -450,6 +456,7 @@ func (dj *distJob) deploy(attempt int, p control.Placement) string {
 	dj.mu.Lock()
 	defer dj.mu.Unlock()
 	dj.attempt, dj.placement, dj.active = attempt, p, true
+	dj.stopping = false // stopSP stays: a failed stop's error names it
 	dj.finished = map[string]bool{}
 	dj.evSeq = map[string]uint64{}
 	dj.stopCommands()
@@ -460,7 +467,9 @@ func (dj *distJob) deploy(attempt int, p control.Placement) string {
 // failover ends the current attempt in the driver (a TaskFailed unless the
 // coordinator already fails over) and picks the checkpoint the next attempt
 // restores from: every persist of the failed attempt is over by then.
-func (dj *distJob) failover(reason string) {
+// subtask is the subtask that failed, host the host where the attempt
+// failed, when known (see blame).
+func (dj *distJob) failover(reason, host string, subtask *control.SubtaskID) {
 	dj.mu.Lock()
 	defer dj.mu.Unlock()
 	if !dj.active {
@@ -473,12 +482,37 @@ func (dj *distJob) failover(reason string) {
 		return
 	}
 	if st := dj.d.State(); st != control.JobRestarting && !st.Terminal() {
-		first := control.Subtasks(dj.g)[0]
-		dj.d.Step(nil, control.TaskFailed{Subtask: first, Reason: reason})
+		id, why := dj.blame(reason, host, subtask)
+		dj.log.Info("attempt failed over", "attempt", dj.attempt, "subtask", id.String(), "host", host, "reason", why)
+		dj.d.Step(nil, control.TaskFailed{Subtask: id, Reason: why})
 	}
 	if md := dj.d.Latest(); md != nil {
 		dj.restore = md.Location
 	}
+}
+
+// blame is the subtask the coordinator hears failed (its TaskFailed needs
+// one) and the reason it is told: the subtask that failed when known; else
+// one the attempt ran on the failed host, with a reason that says the host
+// failed, not that subtask; else (no host known either) the first subtask,
+// saying no subtask is known to have failed.
+func (dj *distJob) blame(reason, host string, subtask *control.SubtaskID) (control.SubtaskID, string) {
+	all := control.Subtasks(dj.g)
+	if subtask != nil {
+		for _, id := range all {
+			if id == *subtask {
+				return id, reason
+			}
+		}
+	}
+	if host != "" {
+		for _, id := range all {
+			if dj.placement.Host(id.Index) == host {
+				return id, fmt.Sprintf("its host %s failed (the subtask itself did not fail): %s", host, reason)
+			}
+		}
+	}
+	return all[0], "the attempt failed, no failed subtask known: " + reason
 }
 
 // close stops the job's goroutine and subscription (c.mu held).
@@ -507,7 +541,7 @@ func (c *Controller) distFailed(jobID string, attempt int, reason string) {
 		c.mu.Unlock()
 		return
 	}
-	effects := c.failLocked(j, now, reason, false, "")
+	effects := c.failLocked(j, now, failure{reason: reason, kind: failTask})
 	effects = append(effects, c.scheduleLocked(now)...)
 	c.mu.Unlock()
 	c.run(effects)
@@ -554,8 +588,13 @@ func (c *Controller) maybeEndDist(jobID string) {
 }
 
 // distSavepoint takes a savepoint of a job spread over hosts, or stops it
-// with one, and waits for it. dir, if set, is a directory on the controller
-// the savepoint is copied into (ExportSavepoint).
+// with one, and waits for it: on the job's changes (ctlJob.changed) and, for
+// a savepoint, on the driver's answer. dir, if set, is a directory on the
+// controller the savepoint is copied into (ExportSavepoint). A stop that
+// fails (its savepoint aborted, or the attempt failed before the job
+// stopped, e.g. in notify_checkpoint_complete of the savepoint) returns an
+// error as soon as the attempt ended; the job is restarting by then (or
+// failed), never left stopping.
 func (c *Controller) distSavepoint(jobID, verb, dir string, drain bool) (string, error) {
 	c.mu.Lock()
 	j := c.jobs[jobID]
@@ -579,43 +618,70 @@ func (c *Controller) distSavepoint(jobID, verb, dir string, drain bool) (string,
 	}
 	var wait chan string
 	if verb == HostVerbStop {
-		prev := j.state
-		j.state, j.updated = JobStopping, time.Now()
+		dj.stopping, dj.stopSP = true, ""
 		dj.d.Step(dj.target(), control.StopWithSavepoint{Drain: drain})
-		if dj.d.State() != control.JobStopping {
-			j.state = prev
+		if st := dj.d.State(); st != control.JobStopping {
+			dj.stopping = false
+			dj.mu.Unlock()
+			c.mu.Unlock()
+			return "", fmt.Errorf("cluster: stop job %s: the checkpoint coordinator did not take the stop (it is %s)", jobID, st)
 		}
+		j.state, j.updated = JobStopping, time.Now()
+		c.changedLocked(j)
 	} else {
 		wait = make(chan string, 1)
 		dj.spWait = wait
 		dj.d.Step(dj.target(), control.TriggerSavepoint{})
 	}
+	changed := j.changed
 	dj.mu.Unlock()
 	c.mu.Unlock()
 
+	// ended reports why the request is over without its savepoint, or ""
+	// while it may still come; for a stop, path is set once stopped.
+	ended := func() (path, why string) {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		changed = j.changed
+		switch {
+		case j.state == JobStopped && verb == HostVerbStop:
+			return j.savepoint, ""
+		case TerminalJobState(j.state) || j.attempt != attempt:
+			dj.mu.Lock()
+			sp := dj.stopSP
+			dj.mu.Unlock()
+			why = fmt.Sprintf("the job is %s: %s", j.state, j.reason)
+			if verb == HostVerbStop && sp != "" {
+				why = fmt.Sprintf("its savepoint %s was written, but the job did not stop with it: %s", sp, why)
+			}
+			return "", why
+		}
+		return "", ""
+	}
+	timeout := 10 * time.Minute
+	if cs := j.spec.Checkpoint; cs != nil && cs.Timeout > 0 && verb != HostVerbStop {
+		timeout = cs.Timeout + time.Second
+	}
+	deadline := time.NewTimer(timeout)
+	defer deadline.Stop()
 	var path string
-	if verb == HostVerbStop {
-		for {
-			time.Sleep(20 * time.Millisecond)
-			c.mu.Lock()
-			st, reason, sp, att := j.state, j.reason, j.savepoint, j.attempt
-			c.mu.Unlock()
-			if st == JobStopped {
-				path = sp
-				break
-			}
-			if TerminalJobState(st) || att != attempt {
-				return "", fmt.Errorf("cluster: stop job %s: stop-with-savepoint failed: the job is %s: %s", jobID, st, reason)
-			}
-		}
-	} else {
-		timeout := 10 * time.Minute
-		if cs := j.spec.Checkpoint; cs != nil && cs.Timeout > 0 {
-			timeout = cs.Timeout + time.Second
-		}
+	for path == "" {
 		select {
-		case path = <-wait:
-		case <-time.After(timeout):
+		case path = <-wait: // nil for a stop: never
+		case <-changed:
+			p, why := ended()
+			if why != "" {
+				what := "savepoint of job " + jobID
+				if verb == HostVerbStop {
+					what = "stop job " + jobID + ": stop-with-savepoint"
+				}
+				return "", fmt.Errorf("cluster: %s failed: %s", what, why)
+			}
+			path = p
+		case <-deadline.C:
+			if verb == HostVerbStop {
+				return "", fmt.Errorf("cluster: stop job %s: not stopped after %s (the job is %s)", jobID, timeout, c.jobState(j))
+			}
 			return "", fmt.Errorf("cluster: savepoint of job %s: not complete after %s", jobID, timeout)
 		case <-c.done:
 			return "", errors.New("cluster: controller closed")
@@ -631,4 +697,11 @@ func (c *Controller) distSavepoint(jobID, verb, dir string, drain bool) (string,
 		path = out
 	}
 	return path, nil
+}
+
+// jobState is j's state, read under the mutex.
+func (c *Controller) jobState(j *ctlJob) string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return j.state
 }

@@ -6,7 +6,10 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"path/filepath"
+	"strings"
 	"sync"
+	"sync/atomic"
 
 	"github.com/nats-io/nats.go"
 
@@ -120,9 +123,26 @@ func (e *LocalExecutor) Start(ctx context.Context, r ExecRequest) (Execution, er
 	if r.Restart.Strategy == jobfile.RestartFixedDelay {
 		opts.Restart = runtime.RestartStrategy{Attempts: r.Restart.Attempts, Delay: r.Restart.Delay}
 	}
-	x := &localExecution{done: make(chan struct{})}
+	x := &localExecution{done: make(chan struct{}), progress: make(chan struct{}, 1)}
+	if r.Logger != nil {
+		opts.Logger = slog.New(errTap{Handler: r.Logger.Handler(), last: &x.warned})
+	}
+	// Progress also tells a waiting stop how the run goes (its restarts).
+	progress := r.Progress
+	opts.Progress = func(s runtime.Stats) {
+		x.mu.Lock()
+		x.last = s
+		x.mu.Unlock()
+		select {
+		case x.progress <- struct{}{}:
+		default:
+		}
+		if progress != nil {
+			progress(s)
+		}
+	}
 	if cs := r.Checkpoint; cs != nil {
-		store, err := OpenStore(ctx, r.Conn, cs, r.JobID, r.Logger)
+		store, err := openStoreRetry(ctx, r.Conn, cs, r.JobID, r.Logger)
 		if err != nil {
 			return nil, fmt.Errorf("cluster: job %s: %w", r.JobID, err)
 		}
@@ -134,14 +154,27 @@ func (e *LocalExecutor) Start(ctx context.Context, r ExecRequest) (Execution, er
 		opts.Stop = x.stop
 		opts.Savepoint = x.savepoint
 		if r.RestoreLatest {
-			md, err := store.Latest(ctx)
+			var md *checkpoint.Metadata
+			err := DefaultRetry.Do(ctx, r.Logger, "latest checkpoint", func(ctx context.Context) error {
+				var err error
+				md, err = store.Latest(ctx)
+				if errors.Is(err, checkpoint.ErrNoCheckpoint) {
+					return Permanent(err)
+				}
+				return err
+			})
 			switch {
 			case errors.Is(err, checkpoint.ErrNoCheckpoint):
 				r.Logger.Info("no completed checkpoint: the attempt starts from the beginning", "store", storeName(store))
 			case err != nil:
 				return nil, fmt.Errorf("cluster: job %s: latest checkpoint: %w", r.JobID, err)
 			default:
-				rs, err := checkpoint.LoadRestoreFrom(ctx, store, md, r.Graph)
+				var rs *checkpoint.Restore
+				err := DefaultRetry.Do(ctx, r.Logger, "load checkpoint "+md.Location, func(ctx context.Context) error {
+					var err error
+					rs, err = checkpoint.LoadRestoreFrom(ctx, store, md, r.Graph)
+					return err
+				})
 				if err != nil {
 					return nil, fmt.Errorf("cluster: job %s: %w", r.JobID, err)
 				}
@@ -150,7 +183,7 @@ func (e *LocalExecutor) Start(ctx context.Context, r ExecRequest) (Execution, er
 			}
 		}
 		if opts.Restore == nil && r.RestoreFrom != "" { // deployed --from
-			rs, err := LoadRestore(ctx, r.Conn, r.RestoreFrom, r.Graph)
+			rs, err := loadRestoreRetry(ctx, r.Conn, r.RestoreFrom, r.Graph, r.Logger)
 			if err != nil {
 				return nil, fmt.Errorf("cluster: job %s: restore: %w", r.JobID, err)
 			}
@@ -167,8 +200,12 @@ func (e *LocalExecutor) Start(ctx context.Context, r ExecRequest) (Execution, er
 
 type localExecution struct {
 	done          chan struct{}
+	progress      chan struct{} // a Progress call since the last receive
 	stats         runtime.Stats
 	err           error
+	mu            sync.Mutex                    // guards last
+	last          runtime.Stats                 // of the latest Progress call
+	warned        atomic.Pointer[string]        // the err of the run's latest warning (errTap)
 	stop          chan runtime.StopRequest      // nil: the job does not checkpoint
 	savepoint     chan runtime.SavepointRequest // nil: the job does not checkpoint
 	checkpointDir string
@@ -212,28 +249,108 @@ func (x *localExecution) export(ctx context.Context, location, dir string) (stri
 }
 
 // StopWithSavepoint stops the run with a savepoint in the job's checkpoint
-// directory and waits for it to end.
+// directory and waits for it to end. When the stop fails (its savepoint is
+// aborted, or a subtask fails before the job stopped, e.g. in
+// notify_checkpoint_complete of the savepoint) the run fails over under the
+// job's restart strategy and runs on: StopWithSavepoint then returns an
+// error at once, naming the savepoint when it was written, instead of
+// waiting for a run that no longer stops.
 func (x *localExecution) StopWithSavepoint(ctx context.Context, dir string, drain bool) (string, error) {
 	if x.stop == nil {
 		return "", errors.New("cluster: stop with a savepoint needs checkpointing: the job file has no checkpoint section (use streamd cancel)")
 	}
+	x.mu.Lock()
+	before := x.last
+	x.mu.Unlock()
+	x.warned.Store(nil) // only a warning from now on is the stop's failure
+	req := runtime.StopRequest{Drain: drain}
 	select {
-	case x.stop <- runtime.StopRequest{Drain: drain}:
+	case x.stop <- req:
 	default:
 		return "", errors.New("cluster: a stop is already in progress")
 	}
-	select {
-	case <-x.done:
-	case <-ctx.Done():
-		return "", fmt.Errorf("cluster: stop with savepoint: %w", ctx.Err())
+	for stopped := false; !stopped; {
+		select {
+		case <-x.done:
+			stopped = true
+		case <-ctx.Done():
+			x.withdraw()
+			return "", fmt.Errorf("cluster: stop with savepoint: %w", ctx.Err())
+		case <-x.progress:
+			x.mu.Lock()
+			now := x.last
+			x.mu.Unlock()
+			if now.Restarts <= before.Restarts {
+				continue
+			}
+			if x.withdraw() {
+				// The run restarted before it took the request: the next
+				// attempt takes it.
+				before = now
+				select {
+				case x.stop <- req:
+					continue
+				default:
+					return "", errors.New("cluster: a stop is already in progress")
+				}
+			}
+			msg := fmt.Sprintf("cluster: stop with savepoint failed: the job failed over (restart %d of the run) before it stopped", now.Restarts)
+			if now.LastCheckpoint != before.LastCheckpoint && strings.Contains(filepath.Base(now.LastCheckpoint), "savepoint") {
+				msg += fmt.Sprintf("; savepoint %s was written, but the job did not stop with it", now.LastCheckpoint)
+			}
+			if cause := x.warned.Load(); cause != nil {
+				msg += "; the failure: " + *cause
+			}
+			return "", errors.New(msg + "; the job runs on")
+		}
 	}
 	if x.err != nil {
-		return "", x.err
+		return "", fmt.Errorf("cluster: stop with savepoint: the job failed: %w", x.err)
 	}
 	if x.stats.Savepoint == "" {
 		return "", errors.New("cluster: the job ended before the savepoint was taken")
 	}
 	return x.export(ctx, x.stats.Savepoint, dir)
+}
+
+// errTap keeps the "err" attribute of the latest warning or error logged
+// through it (the runtime logs why a run restarts that way), so a failed
+// stop can say why.
+type errTap struct {
+	slog.Handler
+	last *atomic.Pointer[string]
+}
+
+func (t errTap) Handle(ctx context.Context, r slog.Record) error {
+	if r.Level >= slog.LevelWarn {
+		r.Attrs(func(a slog.Attr) bool {
+			if a.Key == "err" {
+				s := a.Value.String()
+				t.last.Store(&s)
+				return false
+			}
+			return true
+		})
+	}
+	return t.Handler.Handle(ctx, r)
+}
+
+func (t errTap) WithAttrs(as []slog.Attr) slog.Handler {
+	return errTap{Handler: t.Handler.WithAttrs(as), last: t.last}
+}
+
+func (t errTap) WithGroup(name string) slog.Handler {
+	return errTap{Handler: t.Handler.WithGroup(name), last: t.last}
+}
+
+// withdraw takes back a stop request the run has not taken yet.
+func (x *localExecution) withdraw() bool {
+	select {
+	case <-x.stop:
+		return true
+	default:
+		return false
+	}
 }
 
 func (x *localExecution) Wait() (runtime.Stats, error) {
@@ -245,3 +362,27 @@ func (x *localExecution) Wait() (runtime.Stats, error) {
 type eofReader struct{}
 
 func (eofReader) Read([]byte) (int, error) { return 0, io.EOF }
+
+// openStoreRetry is OpenStore with transient errors (NATS reconnecting,
+// JetStream briefly unavailable) retried under DefaultRetry.
+func openStoreRetry(ctx context.Context, nc *nats.Conn, cs *jobfile.CheckpointSettings, jobID string, log *slog.Logger) (checkpoint.Store, error) {
+	var store checkpoint.Store
+	err := DefaultRetry.Do(ctx, log, "open checkpoint store", func(ctx context.Context) error {
+		var err error
+		store, err = OpenStore(ctx, nc, cs, jobID, log)
+		return err
+	})
+	return store, err
+}
+
+// loadRestoreRetry is LoadRestore with transient errors retried under
+// DefaultRetry.
+func loadRestoreRetry(ctx context.Context, nc *nats.Conn, location string, g *control.JobGraph, log *slog.Logger) (*checkpoint.Restore, error) {
+	var rs *checkpoint.Restore
+	err := DefaultRetry.Do(ctx, log, "load checkpoint "+location, func(ctx context.Context) error {
+		var err error
+		rs, err = LoadRestore(ctx, nc, location, g)
+		return err
+	})
+	return rs, err
+}

@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"log/slog"
 	"os"
@@ -17,6 +18,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/streamd/streamd/control"
+	"github.com/streamd/streamd/host"
 	"github.com/streamd/streamd/internal/runtime"
 	"github.com/streamd/streamd/internal/telemetry"
 )
@@ -64,8 +66,9 @@ type Host struct {
 	ctx    context.Context
 	cancel context.CancelFunc
 
-	mu      sync.Mutex // guards runs and closed
+	mu      sync.Mutex // guards runs, floor and closed
 	runs    map[AttemptRef]*hostRun
+	floor   map[string]int           // per job, the oldest attempt that may still start here (older ones are fenced)
 	ends    map[AttemptRef]HostEvent // final reports of the latest attempts (at most opts.Outcomes)
 	endList []AttemptRef             // the keys of ends, oldest first
 	closed  bool
@@ -80,6 +83,10 @@ type hostRun struct {
 	slots  int
 	cancel context.CancelFunc
 	done   chan struct{}
+	// replaces are the older attempts of the job that ran here when this
+	// one was assigned: canceled then, and waited for before this one
+	// starts, so two attempts of a job never overlap on a host.
+	replaces []*hostRun
 
 	mu   sync.Mutex // guards exec
 	exec Execution
@@ -136,7 +143,7 @@ func StartHost(nc *nats.Conn, opts HostOptions) (*Host, error) {
 		return nil, err
 	}
 	h := &Host{nc: nc, opts: opts, log: opts.Logger.With("component", "host", "host", opts.ID), arts: arts,
-		runs: map[AttemptRef]*hostRun{}, ends: map[AttemptRef]HostEvent{}, release: make(chan struct{})}
+		runs: map[AttemptRef]*hostRun{}, floor: map[string]int{}, ends: map[AttemptRef]HostEvent{}, release: make(chan struct{})}
 	h.ctx, h.cancel = context.WithCancel(context.Background())
 	for verb, fn := range map[string]nats.MsgHandler{
 		HostVerbAssign:    h.handleAssign,
@@ -245,10 +252,15 @@ func (h *Host) usedSlotsLocked() int {
 	return n
 }
 
+// handleAssign takes an assignment (AssignReply). Attempts are fenced by
+// their number: an attempt older than one this host was assigned, or whose
+// cancel it received, is refused; older attempts of the job still running
+// here are canceled, and the new one starts once they ended (their slots
+// pass to it). Without enough free slots the reply says Busy.
 func (h *Host) handleAssign(msg *nats.Msg) {
 	var a Assignment
 	if err := json.Unmarshal(msg.Data, &a); err != nil {
-		respond(msg, Reply{Error: fmt.Sprintf("cluster: host %s: bad assignment: %v", h.opts.ID, err)})
+		respond(msg, AssignReply{Reply: Reply{Error: fmt.Sprintf("cluster: host %s: bad assignment: %v", h.opts.ID, err)}})
 		return
 	}
 	ref := AttemptRef{JobID: a.JobID, Attempt: a.Attempt}
@@ -259,27 +271,46 @@ func (h *Host) handleAssign(msg *nats.Msg) {
 		}
 	}
 	h.mu.Lock()
+	var older []*hostRun
+	oldSlots := 0
+	for other, r := range h.runs {
+		if other.JobID == a.JobID && other.Attempt < a.Attempt {
+			older = append(older, r)
+			oldSlots += r.slots
+		}
+	}
+	used := h.usedSlotsLocked() - oldSlots
 	switch {
 	case h.closed:
 		h.mu.Unlock()
-		respond(msg, Reply{Error: fmt.Sprintf("cluster: host %s is shutting down", h.opts.ID)})
+		respond(msg, AssignReply{Reply: Reply{Error: fmt.Sprintf("cluster: host %s is shutting down", h.opts.ID)}})
 		return
 	case h.runs[ref] != nil:
 		h.mu.Unlock()
-		respond(msg, Reply{}) // a repeated assignment
+		respond(msg, AssignReply{}) // a repeated assignment
 		return
-	case h.usedSlotsLocked()+slots > h.opts.Slots:
-		used := h.usedSlotsLocked()
+	case a.Attempt < h.floor[a.JobID]:
+		floor := h.floor[a.JobID]
 		h.mu.Unlock()
-		respond(msg, Reply{Error: fmt.Sprintf("cluster: host %s: job %s attempt %d needs %d slots, %d of %d free", h.opts.ID, a.JobID, a.Attempt, slots, h.opts.Slots-used, h.opts.Slots)})
+		h.log.Info("assignment of an older attempt refused", "job", a.JobID, "attempt", a.Attempt, "fenced_below", floor)
+		respond(msg, AssignReply{Reply: Reply{Error: fmt.Sprintf("cluster: host %s: job %s attempt %d is fenced: this host was assigned or told to cancel a later attempt (%d or later run here)", h.opts.ID, a.JobID, a.Attempt, floor)}})
+		return
+	case used+slots > h.opts.Slots:
+		h.mu.Unlock()
+		respond(msg, AssignReply{Busy: true, Reply: Reply{Error: fmt.Sprintf("cluster: host %s: job %s attempt %d needs %d slots, %d of %d free", h.opts.ID, a.JobID, a.Attempt, slots, h.opts.Slots-used, h.opts.Slots)}})
 		return
 	}
+	h.floor[a.JobID] = a.Attempt
 	ctx, cancel := context.WithCancel(h.ctx)
-	r := &hostRun{ref: ref, slots: slots, cancel: cancel, done: make(chan struct{})}
+	r := &hostRun{ref: ref, slots: slots, cancel: cancel, done: make(chan struct{}), replaces: older}
 	h.runs[ref] = r
 	h.wg.Add(1)
 	h.mu.Unlock()
-	respond(msg, Reply{})
+	for _, o := range older {
+		h.log.Info("canceling an older attempt before the new one starts", "job", a.JobID, "attempt", o.ref.Attempt, "new_attempt", a.Attempt)
+		o.cancel()
+	}
+	respond(msg, AssignReply{})
 	go h.execute(ctx, r, a)
 }
 
@@ -310,6 +341,7 @@ func (h *Host) execute(ctx context.Context, r *hostRun, a Assignment) {
 		log.Info("attempt canceled")
 	default:
 		ev.State, ev.Error = SubtaskFailed, err.Error()
+		ev.Subtasks = failedSubtask(err)
 		log.Warn("attempt failed", "err", err)
 	}
 	h.mu.Lock()
@@ -361,12 +393,40 @@ func (h *Host) handleOutcome(msg *nats.Msg) {
 	respond(msg, out)
 }
 
+// failedSubtask names the subtask whose failure err is, when it names one.
+func failedSubtask(err error) []SubtaskRef {
+	var te *runtime.TaskError
+	if errors.As(err, &te) {
+		return []SubtaskRef{{Operator: te.Operator, Subtask: te.Subtask}}
+	}
+	var he *host.Error
+	if errors.As(err, &he) && he.Operator != "" {
+		return []SubtaskRef{{Operator: he.Operator, Subtask: he.Subtask}}
+	}
+	return nil
+}
+
 func (h *Host) runAssignment(ctx context.Context, r *hostRun, a Assignment, log *slog.Logger) (runtime.Stats, error) {
 	cache := filepath.Join(h.opts.DataDir, "artifacts")
-	g, err := a.Job.Graph(func(art Artifact) (string, error) { return h.arts.Fetch(ctx, cache, art) })
+	g, err := a.Job.Graph(func(art Artifact) (string, error) { return h.arts.FetchRetry(ctx, cache, art, log) })
 	if err != nil {
 		return runtime.Stats{}, err
 	}
+	// The older attempts of the job here were canceled on assignment: this
+	// one starts once they ended.
+	for _, o := range r.replaces {
+		select {
+		case <-o.done:
+		default:
+			log.Info("waiting for the older attempt to end", "older_attempt", o.ref.Attempt)
+			select {
+			case <-o.done:
+			case <-ctx.Done():
+				return runtime.Stats{}, ctx.Err()
+			}
+		}
+	}
+	r.replaces = nil
 	req := ExecRequest{HostID: h.opts.ID, JobID: a.JobID, Attempt: a.Attempt, Graph: g,
 		Placement: control.Placement{Slots: a.Placement}, Local: a.Local, Logger: log,
 		Checkpoint: a.Job.Checkpoint, Restart: a.Job.Restart, RestoreLatest: a.Attempt > 0,
@@ -420,6 +480,11 @@ func (h *Host) handleCancel(msg *nats.Msg) {
 	}
 	h.mu.Lock()
 	r := h.runs[AttemptRef{JobID: req.JobID, Attempt: req.Attempt}]
+	// The controller never wants a canceled attempt back: a late assignment
+	// of it (overtaken by this cancel) is refused.
+	if req.Attempt+1 > h.floor[req.JobID] && !h.closed {
+		h.floor[req.JobID] = req.Attempt + 1
+	}
 	h.mu.Unlock()
 	if r == nil {
 		respond(msg, Reply{}) // not (or no longer) running here
@@ -458,7 +523,7 @@ func (h *Host) handleSavepoint(msg *nats.Msg) {
 		respond(msg, SavepointReply{Reply: Reply{Error: fmt.Sprintf("cluster: %s job %s: %v: the task runtime has no stop-with-savepoint hook in this version", verb, req.JobID, ErrNotSupported)}})
 		return
 	}
-	ctx, cancel := context.WithTimeout(h.ctx, 10*time.Minute)
+	ctx, cancel := context.WithTimeout(h.ctx, hostSavepointTimeout)
 	defer cancel()
 	var path string
 	var err error
