@@ -11,7 +11,9 @@ package cluster
 //
 // Lock order: Controller.mu before distJob.mu; the driver runs under
 // distJob.mu and never takes Controller.mu (its Fail goes through a
-// goroutine).
+// goroutine). The driver discards state asynchronously (discardLater), but
+// it commits checkpoint metadata under distJob.mu (onEvent, ticker): a
+// holder of Controller.mu that takes distJob.mu may wait for that commit.
 
 import (
 	"context"
@@ -298,7 +300,7 @@ func (c *Controller) newDistJob(id string, spec JobSpec, from string, attempt in
 				dj.restore = md.Location
 			}
 		}
-		co := runtime.NewCheckpointOptions(cs, store)
+		co := runtime.NewCheckpointOptions(cs, discardLater{Store: store, c: c, log: dj.log})
 		co.Tick = dj.tick
 		co.OnComplete = func(md *checkpoint.Metadata) {
 			// Called by the driver under dj.mu.
@@ -338,6 +340,30 @@ func (c *Controller) newDistJob(id string, spec JobSpec, from string, attempt in
 		go dj.ticker()
 	}
 	return dj, nil
+}
+
+// discardLater is the checkpoint store of a job's driver in the controller:
+// the driver discards the state of aborted checkpoints while it is stepped,
+// which failover and close do under Controller.mu, so Discard runs on a
+// goroutine instead (no store IO under the controller's mutex; the driver
+// ignores its errors anyway).
+type discardLater struct {
+	checkpoint.Store
+	c   *Controller
+	log *slog.Logger
+}
+
+func (s discardLater) Discard(_ context.Context, kind control.CheckpointKind, id int64, stateRef string) error {
+	s.c.wg.Add(1)
+	go func() {
+		defer s.c.wg.Done()
+		ctx, cancel := context.WithTimeout(context.Background(), s.c.opts.RequestTimeout)
+		defer cancel()
+		if err := s.Store.Discard(ctx, kind, id, stateRef); err != nil {
+			s.log.Debug("state of an aborted checkpoint not discarded", "kind", kind, "id", id, "state", stateRef, "err", err)
+		}
+	}()
+	return nil
 }
 
 // distTarget sends the driver's commands of one attempt to its hosts.
