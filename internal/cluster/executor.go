@@ -10,6 +10,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/nats-io/nats.go"
 
@@ -123,9 +124,9 @@ func (e *LocalExecutor) Start(ctx context.Context, r ExecRequest) (Execution, er
 	if r.Restart.Strategy == jobfile.RestartFixedDelay {
 		opts.Restart = runtime.RestartStrategy{Attempts: r.Restart.Attempts, Delay: r.Restart.Delay}
 	}
-	x := &localExecution{done: make(chan struct{}), progress: make(chan struct{}, 1)}
+	x := &localExecution{done: make(chan struct{}), progress: make(chan struct{}, 1), warnedCh: make(chan struct{}, 1)}
 	if r.Logger != nil {
-		opts.Logger = slog.New(errTap{Handler: r.Logger.Handler(), last: &x.warned})
+		opts.Logger = slog.New(errTap{Handler: r.Logger.Handler(), last: &x.warned, kept: x.warnedCh})
 	}
 	// Progress also tells a waiting stop how the run goes (its restarts).
 	progress := r.Progress
@@ -206,6 +207,7 @@ type localExecution struct {
 	mu            sync.Mutex                    // guards last
 	last          runtime.Stats                 // of the latest Progress call
 	warned        atomic.Pointer[string]        // the err of the run's latest warning (errTap)
+	warnedCh      chan struct{}                 // a warning was kept since the last receive
 	stop          chan runtime.StopRequest      // nil: the job does not checkpoint
 	savepoint     chan runtime.SavepointRequest // nil: the job does not checkpoint
 	checkpointDir string
@@ -263,6 +265,10 @@ func (x *localExecution) StopWithSavepoint(ctx context.Context, dir string, drai
 	before := x.last
 	x.mu.Unlock()
 	x.warned.Store(nil) // only a warning from now on is the stop's failure
+	select {
+	case <-x.warnedCh:
+	default:
+	}
 	req := runtime.StopRequest{Drain: drain}
 	select {
 	case x.stop <- req:
@@ -298,6 +304,14 @@ func (x *localExecution) StopWithSavepoint(ctx context.Context, dir string, drai
 			if now.LastCheckpoint != before.LastCheckpoint && strings.Contains(filepath.Base(now.LastCheckpoint), "savepoint") {
 				msg += fmt.Sprintf("; savepoint %s was written, but the job did not stop with it", now.LastCheckpoint)
 			}
+			if x.warned.Load() == nil {
+				// Progress may see the restart before the runtime logged
+				// its cause: give it a moment.
+				select {
+				case <-x.warnedCh:
+				case <-time.After(time.Second):
+				}
+			}
 			if cause := x.warned.Load(); cause != nil {
 				msg += "; the failure: " + *cause
 			}
@@ -319,6 +333,12 @@ func (x *localExecution) StopWithSavepoint(ctx context.Context, dir string, drai
 type errTap struct {
 	slog.Handler
 	last *atomic.Pointer[string]
+	kept chan struct{}
+}
+
+// Enabled: warnings always reach the tap, whatever the logger keeps.
+func (t errTap) Enabled(ctx context.Context, l slog.Level) bool {
+	return l >= slog.LevelWarn || t.Handler.Enabled(ctx, l)
 }
 
 func (t errTap) Handle(ctx context.Context, r slog.Record) error {
@@ -327,20 +347,27 @@ func (t errTap) Handle(ctx context.Context, r slog.Record) error {
 			if a.Key == "err" {
 				s := a.Value.String()
 				t.last.Store(&s)
+				select {
+				case t.kept <- struct{}{}:
+				default:
+				}
 				return false
 			}
 			return true
 		})
 	}
+	if !t.Handler.Enabled(ctx, r.Level) {
+		return nil
+	}
 	return t.Handler.Handle(ctx, r)
 }
 
 func (t errTap) WithAttrs(as []slog.Attr) slog.Handler {
-	return errTap{Handler: t.Handler.WithAttrs(as), last: t.last}
+	return errTap{Handler: t.Handler.WithAttrs(as), last: t.last, kept: t.kept}
 }
 
 func (t errTap) WithGroup(name string) slog.Handler {
-	return errTap{Handler: t.Handler.WithGroup(name), last: t.last}
+	return errTap{Handler: t.Handler.WithGroup(name), last: t.last, kept: t.kept}
 }
 
 // withdraw takes back a stop request the run has not taken yet.
