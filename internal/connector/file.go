@@ -29,8 +29,13 @@ type FileSource struct {
 	offset               int64 // byte offset of the next line
 	line                 int64 // index of the next line
 	eof                  bool
-	arena                []byte
-	ends                 []int
+	// stream: the input is not a regular file (stdin, a pipe, a FIFO), so
+	// more lines may take long to come: Read returns the lines it has
+	// once the buffered input is used up instead of waiting for a full
+	// batch.
+	stream bool
+	arena  []byte
+	ends   []int
 }
 
 // NewFileSource opens path for subtask of parallelism, resuming at pos (a
@@ -63,6 +68,12 @@ func NewFileSource(path string, stdin io.Reader, subtask, parallelism int, pos [
 		// One reader only: subtask 0 takes every line.
 		s.parallelism = 1
 		s.r = bufio.NewReaderSize(stdin, 64<<10)
+		s.stream = true
+		if f, ok := stdin.(*os.File); ok {
+			if fi, err := f.Stat(); err == nil && fi.Mode().IsRegular() {
+				s.stream = false // stdin redirected from a file
+			}
+		}
 		return s, nil
 	}
 	f, err := os.Open(filepath.Clean(path))
@@ -77,6 +88,9 @@ func NewFileSource(path string, stdin io.Reader, subtask, parallelism int, pos [
 	}
 	s.f = f
 	s.r = bufio.NewReaderSize(f, 64<<10)
+	if fi, err := f.Stat(); err == nil && !fi.Mode().IsRegular() {
+		s.stream = true
+	}
 	return s, nil
 }
 
@@ -113,6 +127,9 @@ func (s *FileSource) Read(ctx context.Context, recs []abi.Record) (int, error) {
 	ends := s.ends[:0]
 	n := 0
 	for n < len(recs) && !s.eof {
+		if n > 0 && s.stream && s.r.Buffered() == 0 {
+			break // the next line may be long in coming: send these first
+		}
 		start := len(a)
 		var err error
 		a, err = s.readLine(a)

@@ -145,29 +145,31 @@ func (t *task) startCheckpointSpan(name string, id int64, tr map[string]string) 
 	return t.tracer.Start(ctx, name, trace.WithAttributes(attrs...))
 }
 
+// alignObs is the span and clock of the alignment in progress.
+type alignObs struct {
+	start time.Time
+	span  trace.Span // nil: tracing off
+}
+
 // beginAlignment starts aligning barrier b: the alignment span and clock.
-func (t *task) beginAlignment(st *inputState, b dataplane.Barrier) {
-	st.aligning, st.barrier = true, b
-	st.alignStart = time.Now()
-	_, st.alignSpan = t.startCheckpointSpan(telemetry.SpanBarrierAlignment, b.ID, b.Trace)
+func (t *task) beginAlignment(b control.Barrier) {
+	t.align.start = time.Now()
+	_, t.align.span = t.startCheckpointSpan(telemetry.SpanBarrierAlignment, b.ID, b.Trace)
 }
 
-// alignmentDone: every channel delivered the barrier (or ended).
-func (t *task) alignmentDone(st *inputState) {
-	t.om.Alignment(t.ctx, time.Since(st.alignStart))
-	if st.alignSpan != nil {
-		st.alignSpan.End()
-		st.alignSpan = nil
+// endAlignment: every channel delivered the barrier or ended (aligned), or
+// the alignment was aborted.
+func (t *task) endAlignment(aligned bool) {
+	if aligned {
+		t.om.Alignment(t.ctx, time.Since(t.align.start))
 	}
-}
-
-// alignmentAborted ends the span of an alignment that did not complete.
-func (st *inputState) alignmentAborted() {
-	if st.alignSpan != nil {
-		st.alignSpan.AddEvent("aborted")
-		st.alignSpan.End()
-		st.alignSpan = nil
+	if t.align.span != nil {
+		if !aligned {
+			t.align.span.AddEvent("aborted")
+		}
+		t.align.span.End()
 	}
+	t.align = alignObs{}
 }
 
 // startFinalWait: the subtask sent EndOfData and waits for its final checkpoint.
@@ -186,8 +188,8 @@ func (t *task) endFinalWait() {
 	}
 	t.om.FinalCheckpointWait(t.ctx, time.Since(t.finalStart))
 	if t.finalSpan != nil {
-		if t.finalID != 0 {
-			t.finalSpan.SetAttributes(telemetry.CheckpointID(t.finalID))
+		if id := t.m.FinalCheckpoint(); id != 0 {
+			t.finalSpan.SetAttributes(telemetry.CheckpointID(id))
 		}
 		t.endPhase(t.finalSpan, nil)
 		t.finalSpan = nil

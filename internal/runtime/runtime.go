@@ -360,6 +360,9 @@ func (j *job) build() error {
 			if err := j.bindSpec(t, modules); err != nil {
 				return t.fail(phaseSetup, err)
 			}
+			if err := t.newMachine(); err != nil {
+				return t.fail(phaseSetup, err)
+			}
 			if t.op != nil {
 				t.cp = checkpointerOf(t.op)
 			}

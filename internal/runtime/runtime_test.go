@@ -155,6 +155,9 @@ func newHarness(t *testing.T, inputs []int, o NativeOperator) *harness {
 	tk := &task{j: j, v: v, op: o, writers: []*dataplane.RecordWriter{w}, mb: &mailbox{},
 		stats: &opStats{}, info: SubtaskInfo{Job: "h", Operator: "op", Parallelism: 1, NumInputs: nIn}}
 	tk.setGate(gcs)
+	if err := tk.newMachine(); err != nil {
+		t.Fatal(err)
+	}
 	go func() { h.errc <- tk.run(ctx) }()
 	return h
 }

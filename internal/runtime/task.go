@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -44,16 +45,23 @@ type task struct {
 	srcFinished      bool   // restored source subtask that had finished its input
 	deployedFinished bool   // restored as finished: no user code runs
 
-	ctx      context.Context // the run's context, for emit
-	emit     Emitter
-	emitErr  error // first failed send of an emit (the Emitter cannot return it)
-	cmds     []command
-	eodSent  bool  // EndOfData went downstream
-	finalAck int64 // first checkpoint acknowledged after end of data
-	stopID   int64 // stop-with-savepoint: the savepoint to wait for (sources)
-	final    bool  // the final checkpoint is complete: the subtask may close
-	finalID  int64 // that final checkpoint (the one notified; finalAck may have been aborted)
-	closed   bool  // the subtask closed and sent EndOfPartition
+	ctx     context.Context // the run's context, for emit
+	emit    Emitter
+	emitErr error // first failed send of an emit (the Emitter cannot return it)
+	cmds    []command
+	// m is the subtask's side of the protocol (alignment, end of data, the
+	// final checkpoint, stop); the task goroutine does its IO.
+	m *control.SubtaskMachine
+	// Of a source: the position after the records sent so far (what a
+	// snapshot stores), and its watermark.
+	srcAt []byte
+	srcWM int64
+	src   connector.Source
+	reader *sourceReader
+	// Of an operator: the alignment in progress (spans and metrics).
+	align alignObs
+	// cmdTrace is the trace context of the command being applied.
+	cmdTrace map[string]string
 
 	// Observability (observe.go).
 	state      atomic.Int32 // index into stateWords, read by Stats
@@ -170,31 +178,156 @@ func (t *task) run(ctx context.Context) (err error) {
 	return t.runOperator(ctx)
 }
 
-// endData sends what ends a subtask's data: with drain the MAX watermark
-// (sources only: an operator forwards the one it received), then
-// EndOfData(drain) (DESIGN.md "Finishing" 1b, 3b).
-func (t *task) endData(maxWM, drain bool) error {
-	if maxWM {
-		if err := t.broadcast(dataplane.WatermarkEvent(abi.MaxWatermark)); err != nil {
-			return t.fail(phaseOutput, err)
+// newMachine makes the subtask's protocol machine (setup).
+func (t *task) newMachine() error {
+	cfg := control.SubtaskConfig{ID: t.id, Inputs: len(t.v.Inputs), Checkpointing: t.ckpt,
+		DeployedFinished: t.deployedFinished, InputEnded: t.srcFinished}
+	for c := 0; c < t.nData; c++ {
+		cfg.Channels = append(cfg.Channels, t.gate.Input(c))
+	}
+	m, err := control.NewSubtaskMachine(cfg)
+	if err != nil {
+		return err
+	}
+	t.m = m
+	return nil
+}
+
+// step feeds ev to the protocol machine and carries out its actions.
+func (t *task) step(ev control.SubtaskEvent) error {
+	if err := t.m.Step(ev); err != nil {
+		if ch, ok := channelOf(ev); ok && errors.Is(err, control.ErrChannelProtocol) && t.gate != nil {
+			return t.fail(phaseInput, fmt.Errorf("%s: %w", t.gate.Name(ch), err))
+		}
+		return t.fail(phaseInput, err)
+	}
+	for _, a := range t.m.Ready() {
+		if err := t.perform(a); err != nil {
+			t.m.Advance()
+			return err
 		}
 	}
-	if err := t.broadcast(dataplane.EndOfDataEvent(drain)); err != nil {
-		return t.fail(phaseOutput, err)
+	t.m.Advance()
+	return nil
+}
+
+func channelOf(ev control.SubtaskEvent) (int, bool) {
+	switch e := ev.(type) {
+	case control.ChannelBarrier:
+		return e.Channel, true
+	case control.ChannelCancel:
+		return e.Channel, true
+	case control.ChannelWatermark:
+		return e.Channel, true
+	case control.ChannelEndOfData:
+		return e.Channel, true
+	case control.ChannelEndOfPartition:
+		return e.Channel, true
 	}
-	t.eodSent = true
-	t.startFinalWait()
-	if !t.deployedFinished {
-		t.setState(StateEndOfData)
-		t.report(control.TaskEndOfData{Subtask: t.id, Drain: drain})
+	return 0, false
+}
+
+func toDataplaneBarrier(b control.Barrier) dataplane.Barrier {
+	kind := dataplane.Checkpoint
+	if b.Kind == control.KindSavepoint {
+		kind = dataplane.Savepoint
+	}
+	return dataplane.Barrier{ID: b.ID, Kind: kind, IsSync: b.Sync, Trace: b.Trace}
+}
+
+func fromDataplaneBarrier(b dataplane.Barrier) control.Barrier {
+	kind := control.KindCheckpoint
+	if b.Kind == dataplane.Savepoint {
+		kind = control.KindSavepoint
+	}
+	return control.Barrier{ID: b.ID, Kind: kind, Sync: b.IsSync, Trace: b.Trace}
+}
+
+// perform carries out one action of the protocol machine.
+func (t *task) perform(a control.SubtaskAction) error {
+	switch x := a.(type) {
+	case control.Report:
+		t.report(x.Event)
+	case control.BlockChannel:
+		t.gate.Block(x.Channel)
+	case control.UnblockChannels:
+		t.gate.UnblockAll()
+	case control.AlignmentStarted:
+		t.beginAlignment(x.B)
+	case control.AlignmentEnded:
+		t.endAlignment(x.Aligned)
+	case control.ForwardBarrier:
+		if err := t.broadcast(dataplane.BarrierEvent(toDataplaneBarrier(x.B))); err != nil {
+			return t.fail(phaseOutput, err)
+		}
+	case control.TakeSnapshot:
+		return t.snapshot(x)
+	case control.ForwardCancel:
+		if err := t.broadcast(dataplane.CancelCheckpointEvent(x.ID)); err != nil {
+			return t.fail(phaseOutput, err)
+		}
+	case control.AdvanceWatermark:
+		if err := t.call(string(abi.PhaseWatermark), t.op.AdvanceWatermark(t.ctx, x.TS, t.emit)); err != nil {
+			return err
+		}
+		if err := t.broadcast(dataplane.WatermarkEvent(x.TS)); err != nil {
+			return t.fail(phaseOutput, err)
+		}
+	case control.EndInput:
+		ectx, span := t.startPhase(telemetry.SpanTaskEndInput, telemetry.AttrInput.Int(x.Input))
+		err := t.op.EndInput(ectx, x.Input, t.emit)
+		t.endPhase(span, err)
+		return t.call(string(abi.PhaseEndInput), err)
+	case control.FinishOperator:
+		fctx, span := t.startPhase(telemetry.SpanTaskFinish)
+		err := t.op.Finish(fctx, t.emit)
+		t.endPhase(span, err)
+		return t.call(string(abi.PhaseFinish), err)
+	case control.EmitEndOfData:
+		return t.endData(x)
+	case control.NotifyOperator:
+		if t.cp == nil {
+			return nil // sources hear of completed checkpoints through the machine only
+		}
+		nctx, span := t.startCheckpointSpan(telemetry.SpanTaskNotifyComplete, x.ID, t.cmdTrace)
+		err := t.cp.notify(nctx, x.ID)
+		telemetry.EndSpan(span, err)
+		if err != nil {
+			return t.fail(string(abi.PhaseNotify), err)
+		}
+	case control.CloseSubtask:
+		return t.closeSubtask()
+	default:
+		return t.fail(phaseSetup, fmt.Errorf("unknown protocol action %T", a))
 	}
 	return nil
 }
 
-// snapshot takes this subtask's part of checkpoint b after its barrier went
+// endData sends what ends a subtask's data: with MaxWatermark the MAX
+// watermark (unless a source's watermark is there already), then
+// EndOfData(drain) (DESIGN.md "Finishing" 1b, 3b).
+func (t *task) endData(x control.EmitEndOfData) error {
+	if x.MaxWatermark && (t.newSource == nil || t.srcWM < abi.MaxWatermark) {
+		if err := t.broadcast(dataplane.WatermarkEvent(abi.MaxWatermark)); err != nil {
+			return t.fail(phaseOutput, err)
+		}
+		t.srcWM = abi.MaxWatermark
+	}
+	if err := t.broadcast(dataplane.EndOfDataEvent(x.Drain)); err != nil {
+		return t.fail(phaseOutput, err)
+	}
+	t.startFinalWait()
+	if !t.deployedFinished {
+		t.setState(StateEndOfData)
+	}
+	return nil
+}
+
+// snapshot takes this subtask's part of checkpoint x.B after its barrier went
 // downstream: the operator's state (or the source position), written to the
 // store, then the acknowledgement.
-func (t *task) snapshot(b dataplane.Barrier, srcPos []byte) (err error) {
+func (t *task) snapshot(x control.TakeSnapshot) (err error) {
+	b := x.B
 	sctx, span := t.startCheckpointSpan(telemetry.SpanTaskSnapshot, b.ID, b.Trace)
 	var stateBytes int64
 	defer func() {
@@ -203,16 +336,12 @@ func (t *task) snapshot(b dataplane.Barrier, srcPos []byte) (err error) {
 			telemetry.EndSpan(span, err)
 		}
 	}()
-	kind := control.KindCheckpoint
-	if b.Kind == dataplane.Savepoint {
-		kind = control.KindSavepoint
-	}
-	ack := control.Ack{CheckpointID: b.ID, Subtask: t.id, AfterEndOfData: t.eodSent, DeployedFinished: t.deployedFinished}
+	ack := control.Ack{CheckpointID: b.ID, Subtask: t.id, AfterEndOfData: x.AfterEndOfData, DeployedFinished: x.DeployedFinished}
 	var st *checkpoint.SubtaskState
 	switch {
 	case t.deployedFinished:
 	case t.newSource != nil:
-		st = &checkpoint.SubtaskState{SourcePosition: srcPos}
+		st = &checkpoint.SubtaskState{SourcePosition: t.srcAt}
 	default:
 		var err error
 		if st, err = t.cp.snapshot(sctx, b.ID); err != nil {
@@ -223,7 +352,7 @@ func (t *task) snapshot(b dataplane.Barrier, srcPos []byte) (err error) {
 		data, err := checkpoint.EncodeState(st)
 		var ref checkpoint.BlobRef
 		if err == nil {
-			ref, err = t.j.store.WriteState(t.ctx, kind, b.ID, t.id, data)
+			ref, err = t.j.store.WriteState(t.ctx, b.Kind, b.ID, t.id, data)
 		}
 		if err != nil {
 			telemetry.RecordError(span, err)
@@ -240,41 +369,23 @@ func (t *task) snapshot(b dataplane.Barrier, srcPos []byte) (err error) {
 			}
 		}
 	}
-	if t.eodSent && t.finalAck == 0 {
-		t.finalAck = b.ID
-	}
 	t.report(ack)
 	return nil
 }
 
-// onNotify: checkpoint id is complete. The operator hears of it; if the
-// subtask acknowledged a checkpoint <= id after its end of data (for a
-// stopping source: exactly its savepoint), that was its final checkpoint.
-func (t *task) onNotify(id int64, tr map[string]string) error {
-	if !t.deployedFinished && t.cp != nil {
-		nctx, span := t.startCheckpointSpan(telemetry.SpanTaskNotifyComplete, id, tr)
-		err := t.cp.notify(nctx, id)
-		telemetry.EndSpan(span, err)
-		if err != nil {
-			return t.fail(string(abi.PhaseNotify), err)
-		}
-	}
-	if t.finalAck != 0 && id >= t.finalAck && (t.stopID == 0 || id == t.stopID) {
-		if !t.final {
-			t.finalID = id
-		}
-		t.final = true
-	}
-	return nil
-}
-
-// finishSubtask closes a subtask whose data ended (DESIGN.md "Finishing" 1d, 4).
-func (t *task) finishSubtask(closeFn func(ctx context.Context) error) error {
-	t.closed = true
+// closeSubtask closes a subtask whose data ended and whose final checkpoint
+// (with checkpointing) is complete, then sends EndOfPartition (DESIGN.md
+// "Finishing" 1d, 4).
+func (t *task) closeSubtask() error {
 	t.endFinalWait()
-	if closeFn != nil {
+	if !t.deployedFinished {
 		cctx, span := t.startPhase(telemetry.SpanTaskClose)
-		err := closeFn(cctx)
+		var err error
+		if t.newSource != nil {
+			err = t.closeSource()
+		} else {
+			err = t.op.Close(cctx)
+		}
 		t.endPhase(span, err)
 		if err := t.call(string(abi.PhaseClose), err); err != nil {
 			return err
@@ -283,188 +394,237 @@ func (t *task) finishSubtask(closeFn func(ctx context.Context) error) error {
 	if err := t.broadcast(dataplane.EndOfPartitionEvent()); err != nil {
 		return t.fail(phaseOutput, err)
 	}
-	t.report(control.TaskFinished{Subtask: t.id})
 	return nil
 }
 
-// runSource is the loop of a source subtask: read batches and send them
-// downstream, with the source's watermark after each batch, and start
-// checkpoints the driver triggers; at the end the MAX watermark,
-// EndOfData(drain), the wait for the final checkpoint and EndOfPartition
-// (DESIGN.md "Finishing" 1).
-func (t *task) runSource(ctx context.Context) error {
-	if t.deployedFinished {
-		if err := t.endData(true, true); err != nil {
+// command turns a driver command into the machine's event.
+func (t *task) command(c command) control.SubtaskEvent {
+	switch c.kind {
+	case cmdTrigger:
+		return control.Trigger{B: fromDataplaneBarrier(c.barrier)}
+	case cmdNotify:
+		return control.CheckpointComplete{ID: c.id}
+	case cmdAbort:
+		return control.CheckpointAborted{ID: c.id}
+	case cmdStop:
+		return control.StopSource{SavepointID: c.id, Drain: c.drain}
+	}
+	return nil
+}
+
+// commands applies the queued driver commands.
+func (t *task) commands() error {
+	t.cmds = t.mb.take(t.cmds[:0])
+	for _, c := range t.cmds {
+		ev := t.command(c)
+		if ev == nil {
+			continue
+		}
+		t.cmdTrace = c.trace // the notify span's parent
+		err := t.step(ev)
+		t.cmdTrace = nil
+		if err != nil {
 			return err
 		}
-		t.report(control.TaskRunning{Subtask: t.id, DeployedFinished: true})
-		if t.ckpt {
-			if err := t.waitFinal(ctx, nil); err != nil {
-				return err
-			}
+		if t.m.Done() {
+			return nil
 		}
-		return t.finishSubtask(nil)
 	}
-	_, span := t.startPhase(telemetry.SpanTaskOpen)
-	src, err := t.newSource(t.srcPos)
-	t.endPhase(span, err)
-	if err != nil {
-		return t.fail(string(abi.PhaseOpen), err)
-	}
-	closed := false
-	defer func() {
-		if !closed {
-			_ = src.Close()
-		}
-	}()
-	t.setState(StateRunning)
-	t.report(control.TaskRunning{Subtask: t.id})
-	buf := make([]abi.Record, t.j.opts.BatchSize)
-	wm := abi.MinWatermark
-	drain := true
-	for !t.srcFinished {
-		if t.mb.n.Load() > 0 {
-			stop, d, err := t.sourceCommands(src)
-			if err != nil {
-				return err
-			}
-			if stop {
-				drain = d
-				break
-			}
-		}
-		n, err := src.Read(ctx, buf)
-		if errors.Is(err, io.EOF) {
-			break
-		}
+	return nil
+}
+
+// runSource is the loop of a source subtask. A reader goroutine reads
+// batches (sourceReader) while this goroutine sends them downstream, with
+// the source's watermark after each batch, and takes the driver's commands
+// at any time: between batches and while the source waits for input (a
+// throttled generator, a file or stdin waiting for a line, an empty nats
+// stream), so checkpoints and stops never wait for the next record. At the
+// end the MAX watermark, EndOfData(drain), the wait for the final
+// checkpoint and EndOfPartition (DESIGN.md "Finishing" 1).
+func (t *task) runSource(ctx context.Context) error {
+	t.srcWM = abi.MinWatermark
+	var rd *sourceReader
+	if !t.deployedFinished {
+		_, span := t.startPhase(telemetry.SpanTaskOpen)
+		src, err := t.newSource(t.srcPos)
+		t.endPhase(span, err)
 		if err != nil {
-			return t.fail(phaseRead, err)
+			return t.fail(string(abi.PhaseOpen), err)
 		}
-		t.records += int64(n)
-		t.emitRecords(buf[:n])
-		if t.emitErr != nil {
-			return t.fail(phaseRead, t.emitErr)
-		}
-		if w := src.Watermark(); w > wm {
-			wm = w
-			if err := t.broadcast(dataplane.WatermarkEvent(wm)); err != nil {
-				return t.fail(phaseOutput, err)
+		t.src, t.srcAt = src, src.Position()
+		defer func() {
+			if t.src != nil {
+				_ = t.closeSource()
 			}
-		} else if n < len(buf) {
-			// A short read: the source is slow or rate-limited; do not hold
-			// its records back waiting for a full batch.
-			if err := t.flush(); err != nil {
-				return t.fail(phaseOutput, err)
-			}
-		}
+		}()
+		t.setState(StateRunning)
+		rd = startSourceReader(ctx, src, t.j.opts.BatchSize)
+		t.reader = rd
 	}
-	// Input exhausted (or stopped): end of event time with drain, end of data.
-	if err := t.endData(drain && wm < abi.MaxWatermark, drain); err != nil {
+	if err := t.step(control.Opened{}); err != nil {
 		return err
 	}
-	if t.ckpt {
-		if err := t.waitFinal(ctx, src); err != nil {
-			return err
-		}
-	}
-	closed = true
-	return t.finishSubtask(func(context.Context) error { return src.Close() })
-}
-
-// sourceCommands handles the driver's commands to a source that is reading.
-// stop reports a stop-with-savepoint (the savepoint's trigger stays queued).
-func (t *task) sourceCommands(src connector.Source) (stop, drain bool, err error) {
-	t.cmds = t.mb.take(t.cmds[:0])
-	for i, c := range t.cmds {
-		switch c.kind {
-		case cmdTrigger:
-			if err := t.broadcast(dataplane.BarrierEvent(c.barrier)); err != nil {
-				return false, false, t.fail(phaseOutput, err)
-			}
-			if err := t.snapshot(c.barrier, src.Position()); err != nil {
-				return false, false, err
-			}
-		case cmdNotify:
-			if err := t.onNotify(c.id, c.trace); err != nil {
-				return false, false, err
-			}
-		case cmdStop:
-			// The rest (the savepoint's trigger) is handled after EndOfData.
-			t.stopID = c.id
-			for _, rest := range t.cmds[i+1:] {
-				t.mb.send(rest)
-			}
-			return true, c.drain, nil
-		}
-	}
-	return false, false, nil
-}
-
-// waitFinal waits, after a source's end of data, until its final checkpoint
-// is complete, taking part in the checkpoints triggered meanwhile.
-func (t *task) waitFinal(ctx context.Context, src connector.Source) error {
-	for !t.final {
-		if t.mb.n.Load() == 0 {
-			select {
-			case <-t.srcWake:
-			case <-ctx.Done():
-				return t.fail(phaseFinalWait, context.Cause(ctx))
+	for !t.m.Done() {
+		if t.mb.n.Load() > 0 {
+			if err := t.commands(); err != nil {
+				return err
 			}
 			continue
 		}
-		t.cmds = t.mb.take(t.cmds[:0])
-		for _, c := range t.cmds {
-			switch c.kind {
-			case cmdTrigger:
-				if err := t.broadcast(dataplane.BarrierEvent(c.barrier)); err != nil {
-					return t.fail(phaseOutput, err)
-				}
-				var pos []byte
-				if src != nil {
-					pos = src.Position()
-				}
-				if err := t.snapshot(c.barrier, pos); err != nil {
-					return err
-				}
-			case cmdNotify:
-				if err := t.onNotify(c.id, c.trace); err != nil {
-					return err
-				}
-			case cmdStop:
-				t.stopID = c.id // already at end of data: wait for exactly this savepoint
-				if t.finalAck != 0 && t.finalAck < c.id {
-					t.finalAck = 0
-				}
+		var results <-chan readResult
+		if t.m.Reading() {
+			results = rd.results
+		}
+		select {
+		case res := <-results:
+			if err := t.sourceBatch(res); err != nil {
+				return err
 			}
+		case <-t.srcWake:
+		case <-ctx.Done():
+			phase := phaseFinalWait
+			if t.m.Reading() {
+				phase = phaseRead
+			}
+			return t.fail(phase, context.Cause(ctx))
 		}
 	}
 	return nil
 }
 
-// inputState is what the operator loop tracks about its input channels.
-type inputState struct {
-	chanWM    []int64 // last watermark per channel
-	chanEOD   []bool  // channel delivered EndOfData
-	noDrain   []bool  // per input: a channel ended without drain
-	eod       []int   // per input: channels that delivered EndOfData
-	chans     []int   // per input: number of channels
-	inputsEnd int     // inputs whose channels all delivered EndOfData
-	wm        int64   // the subtask's watermark
+// sourceBatch sends one batch of the reader downstream, or ends the input.
+func (t *task) sourceBatch(res readResult) error {
+	if errors.Is(res.err, io.EOF) {
+		return t.step(control.SourceEnded{})
+	}
+	if res.err != nil {
+		return t.fail(phaseRead, res.err)
+	}
+	t.records += int64(res.n)
+	t.emitRecords(res.recs[:res.n])
+	t.srcAt = res.pos
+	t.reader.next() // the records were copied: the reader may read again
+	if t.emitErr != nil {
+		return t.fail(phaseRead, t.emitErr)
+	}
+	if res.wm > t.srcWM {
+		t.srcWM = res.wm
+		if err := t.broadcast(dataplane.WatermarkEvent(res.wm)); err != nil {
+			return t.fail(phaseOutput, err)
+		}
+	} else if res.n < len(res.recs) {
+		// A short read: the source is slow or rate-limited; do not hold
+		// its records back waiting for a full batch.
+		if err := t.flush(); err != nil {
+			return t.fail(phaseOutput, err)
+		}
+	}
+	return nil
+}
 
-	// Barrier alignment.
-	aligning   bool
-	barrier    dataplane.Barrier
-	arrived    []bool
-	lastCancel int64
-	alignStart time.Time  // the alignment began (first barrier, or the trigger)
-	alignSpan  trace.Span // nil: tracing off
+// closeSource stops the reader and closes the source (once).
+func (t *task) closeSource() error {
+	src := t.src
+	if src == nil {
+		return nil
+	}
+	t.src = nil
+	if t.reader != nil && !t.reader.stop() {
+		// The reader is inside a Read that does not end with the context
+		// (a blocked stdin): it closes the source when that Read returns.
+		return nil
+	}
+	return src.Close()
+}
+
+// readResult is one Read of a source, with the position and watermark after it.
+type readResult struct {
+	recs []abi.Record
+	n    int
+	pos  []byte
+	wm   int64
+	err  error // io.EOF at the end of a bounded source
+}
+
+// sourceReader reads a source on a goroutine of its own, one batch at a
+// time: it reads again only after next(), because a batch aliases the
+// source's memory until the next Read.
+type sourceReader struct {
+	results chan readResult
+	more    chan struct{}
+	cancel  context.CancelFunc
+	done    chan struct{}
+
+	mu       sync.Mutex
+	inRead   bool
+	stopping bool
+}
+
+func startSourceReader(ctx context.Context, src connector.Source, batch int) *sourceReader {
+	rctx, cancel := context.WithCancel(ctx)
+	r := &sourceReader{results: make(chan readResult, 1), more: make(chan struct{}, 1), cancel: cancel, done: make(chan struct{})}
+	go func() {
+		defer close(r.done)
+		buf := make([]abi.Record, batch)
+		for {
+			r.mu.Lock()
+			if r.stopping {
+				r.mu.Unlock()
+				return
+			}
+			r.inRead = true
+			r.mu.Unlock()
+			n, err := src.Read(rctx, buf)
+			res := readResult{recs: buf, n: n, err: err}
+			if err == nil {
+				res.pos, res.wm = src.Position(), src.Watermark()
+			}
+			r.mu.Lock()
+			r.inRead = false
+			if r.stopping {
+				r.mu.Unlock()
+				_ = src.Close() // stop() left the source to us
+				return
+			}
+			r.mu.Unlock()
+			r.results <- res
+			if err != nil {
+				return
+			}
+			select {
+			case <-r.more:
+			case <-rctx.Done():
+				return
+			}
+		}
+	}()
+	return r
+}
+
+// next lets the reader read the next batch.
+func (r *sourceReader) next() { r.more <- struct{}{} }
+
+// stop ends the reader. It reports whether the reader has ended, so the
+// caller closes the source; false: the reader is inside a Read and closes
+// the source itself when the Read returns.
+func (r *sourceReader) stop() bool {
+	r.mu.Lock()
+	r.stopping = true
+	reading := r.inRead
+	r.mu.Unlock()
+	r.cancel()
+	if reading {
+		return false
+	}
+	<-r.done
+	return true
 }
 
 // runOperator is the loop of an operator or sink subtask.
 func (t *task) runOperator(ctx context.Context) (err error) {
 	opened := false
 	defer func() {
-		if opened && !t.closed {
+		if opened && !t.m.Done() {
 			// Close is always called, also after a failure or cancel.
 			cctx, span := t.startPhase(telemetry.SpanTaskClose)
 			cerr := t.op.Close(context.WithoutCancel(cctx))
@@ -476,32 +636,15 @@ func (t *task) runOperator(ctx context.Context) (err error) {
 	}()
 	g := t.gate
 	nc := t.nData
-	st := &inputState{
-		chanWM:  make([]int64, nc),
-		chanEOD: make([]bool, nc),
-		noDrain: make([]bool, len(t.v.Inputs)),
-		eod:     make([]int, len(t.v.Inputs)),
-		chans:   make([]int, len(t.v.Inputs)),
-		wm:      abi.MinWatermark,
-		arrived: make([]bool, nc),
-	}
-	for c := 0; c < nc; c++ {
-		st.chanWM[c] = abi.MinWatermark
-		st.chans[g.Input(c)]++
-	}
 	if t.deployedFinished {
-		// Restored as finished: no user code; end of data at once. A file
-		// sink's last pending files may not have been committed before the
-		// failure, and a fully finished operator keeps no state: commit them.
+		// Restored as finished: no user code. A file sink's last pending
+		// files may not have been committed before the failure, and a fully
+		// finished operator keeps no state: commit them.
 		if spec, ok := t.v.Spec.(*jobfile.SinkSpec); ok && spec.Type == "file" && t.sub == 0 && t.j.restore != nil {
 			if err := connector.CommitPendingUpTo(spec.Path, t.j.restore.Metadata.ID); err != nil {
 				return t.fail(string(abi.PhaseOpen), err)
 			}
 		}
-		if err := t.endData(true, true); err != nil {
-			return err
-		}
-		t.report(control.TaskRunning{Subtask: t.id, DeployedFinished: true})
 	} else {
 		opened = true
 		octx, span := t.startPhase(telemetry.SpanTaskOpen)
@@ -511,9 +654,11 @@ func (t *task) runOperator(ctx context.Context) (err error) {
 			return err
 		}
 		t.setState(StateRunning)
-		t.report(control.TaskRunning{Subtask: t.id})
 	}
-	for {
+	if err := t.step(control.Opened{}); err != nil {
+		return err
+	}
+	for !t.m.Done() {
 		ch, ev, ok, err := g.TryNext()
 		if err == nil && !ok {
 			// Nothing ready: send what is pending before waiting, so a slow
@@ -527,249 +672,56 @@ func (t *task) runOperator(ctx context.Context) (err error) {
 			return t.fail(phaseInput, err)
 		}
 		if ch == nc {
-			if err := t.operatorCommands(st); err != nil {
+			if err := t.commands(); err != nil {
 				return err
 			}
-		} else {
-			switch ev.Kind {
-			case dataplane.KindRecords:
-				if st.chanEOD[ch] || t.deployedFinished {
-					ev.Batch.Release()
-					return t.fail(phaseInput, fmt.Errorf("%s: records after end-of-data", g.Name(ch)))
-				}
-				b := ev.Batch
-				n := len(b.Records)
-				t.stats.in.Add(int64(n))
-				t.records += int64(n)
-				var start time.Time
-				if t.om != nil {
-					start, t.inBatch, t.batchOut = time.Now(), true, 0
-				}
-				err := t.op.Process(ctx, g.Input(ch), b.Records, t.emit)
-				if t.om != nil {
-					t.inBatch = false
-					t.om.Batch(ctx, n, t.batchOut, time.Since(start))
-				}
-				b.Release()
-				if err := t.call(string(abi.PhaseProcess), err); err != nil {
-					return err
-				}
-			case dataplane.KindWatermark:
-				if ev.Watermark.TS > st.chanWM[ch] {
-					st.chanWM[ch] = ev.Watermark.TS
-					if err := t.advanceWatermark(st); err != nil {
-						return err
-					}
-				}
-			case dataplane.KindBarrier:
-				if err := t.onBarrier(st, ch, ev.Barrier); err != nil {
-					return err
-				}
-			case dataplane.KindCancelCheckpoint:
-				if err := t.onCancel(st, ev.Cancel.ID, true); err != nil {
-					return err
-				}
-			case dataplane.KindEndOfData:
-				if err := t.onEndOfData(st, ch, ev.EndOfData.Drain); err != nil {
-					return err
-				}
-			case dataplane.KindEndOfPartition:
-				if !st.chanEOD[ch] {
-					return t.fail(phaseInput, fmt.Errorf("%s: end-of-partition before end-of-data", g.Name(ch)))
-				}
-				// An ended channel no longer holds back the watermark, and
-				// counts as aligned for a pending barrier.
-				if err := t.advanceWatermark(st); err != nil {
-					return err
-				}
-				if st.aligning {
-					if err := t.maybeAligned(st); err != nil {
-						return err
-					}
-				}
-			default:
-				return t.fail(phaseInput, fmt.Errorf("%s: unknown event %s", g.Name(ch), ev))
-			}
-		}
-		// Every channel ended and the final checkpoint (with checkpointing)
-		// is complete: close (DESIGN.md "Finishing" 4).
-		if g.Open() == 1 && t.eodSent && (!t.ckpt || t.final) {
-			var closeFn func(context.Context) error
-			if !t.deployedFinished {
-				closeFn = t.op.Close
-			}
-			return t.finishSubtask(closeFn)
-		}
-	}
-}
-
-// operatorCommands handles the driver's commands to an operator subtask.
-func (t *task) operatorCommands(st *inputState) error {
-	t.cmds = t.mb.take(t.cmds[:0])
-	for _, c := range t.cmds {
-		switch c.kind {
-		case cmdTrigger:
-			// Its predecessors have finished: the barrier goes behind the
-			// data already queued on each channel that has not ended.
-			b := c.barrier
-			if (st.aligning && b.ID <= st.barrier.ID) || (!st.aligning && b.ID <= st.barrier.ID) || b.ID <= st.lastCancel {
-				continue
-			}
-			if st.aligning {
-				t.endAlignment(st)
-			}
-			t.beginAlignment(st, b)
-			if err := t.maybeAligned(st); err != nil {
-				return err
-			}
-		case cmdNotify:
-			if err := t.onNotify(c.id, c.trace); err != nil {
-				return err
-			}
-		case cmdAbort:
-			if err := t.onCancel(st, c.id, false); err != nil {
-				return err
-			}
-		}
-	}
-	return nil
-}
-
-// onCancel aborts the alignment of checkpoint id; a CancelCheckpoint that
-// came on a channel is forwarded once.
-func (t *task) onCancel(st *inputState, id int64, forward bool) error {
-	if st.aligning && st.barrier.ID == id {
-		t.endAlignment(st)
-	}
-	if id > st.lastCancel {
-		st.lastCancel = id
-		if forward {
-			if err := t.broadcast(dataplane.CancelCheckpointEvent(id)); err != nil {
-				return t.fail(phaseOutput, err)
-			}
-		}
-	}
-	return nil
-}
-
-// advanceWatermark recomputes the subtask watermark, the minimum over the
-// channels that have not ended; when it advanced, the operator fires its
-// timers and the watermark goes downstream. With every channel ended it stays.
-func (t *task) advanceWatermark(st *inputState) error {
-	if t.deployedFinished {
-		return nil
-	}
-	g := t.gate
-	min, any := abi.MaxWatermark, false
-	for c, w := range st.chanWM {
-		if g.Ended(c) {
 			continue
 		}
-		any = true
-		if w < min {
-			min = w
+		var pev control.SubtaskEvent
+		switch ev.Kind {
+		case dataplane.KindRecords:
+			if err := t.m.CheckRecords(ch); err != nil {
+				ev.Batch.Release()
+				return t.fail(phaseInput, fmt.Errorf("%s: %w", g.Name(ch), err))
+			}
+			if err := t.process(ctx, ch, ev.Batch); err != nil {
+				return err
+			}
+			continue
+		case dataplane.KindWatermark:
+			pev = control.ChannelWatermark{Channel: ch, TS: ev.Watermark.TS}
+		case dataplane.KindBarrier:
+			pev = control.ChannelBarrier{Channel: ch, B: fromDataplaneBarrier(ev.Barrier)}
+		case dataplane.KindCancelCheckpoint:
+			pev = control.ChannelCancel{Channel: ch, ID: ev.Cancel.ID}
+		case dataplane.KindEndOfData:
+			pev = control.ChannelEndOfData{Channel: ch, Drain: ev.EndOfData.Drain}
+		case dataplane.KindEndOfPartition:
+			pev = control.ChannelEndOfPartition{Channel: ch}
+		default:
+			return t.fail(phaseInput, fmt.Errorf("%s: unknown event %s", g.Name(ch), ev))
 		}
-	}
-	if !any || min <= st.wm {
-		return nil
-	}
-	st.wm = min
-	if err := t.call(string(abi.PhaseWatermark), t.op.AdvanceWatermark(t.ctx, min, t.emit)); err != nil {
-		return err
-	}
-	if err := t.broadcast(dataplane.WatermarkEvent(min)); err != nil {
-		return t.fail(phaseOutput, err)
+		if err := t.step(pev); err != nil {
+			return err
+		}
 	}
 	return nil
 }
 
-// onEndOfData: when every channel of an input delivered EndOfData, end that
-// input; when every input ended, finish and send EndOfData on
-// (DESIGN.md "Finishing" 3). Without drain neither end_input nor finish runs.
-func (t *task) onEndOfData(st *inputState, ch int, drain bool) error {
-	if st.chanEOD[ch] {
-		return t.fail(phaseInput, fmt.Errorf("%s: second end-of-data", t.gate.Name(ch)))
+// process hands one batch of channel ch to the operator.
+func (t *task) process(ctx context.Context, ch int, b *dataplane.Batch) error {
+	n := len(b.Records)
+	t.stats.in.Add(int64(n))
+	t.records += int64(n)
+	var start time.Time
+	if t.om != nil {
+		start, t.inBatch, t.batchOut = time.Now(), true, 0
 	}
-	st.chanEOD[ch] = true
-	if t.deployedFinished {
-		return nil // it sent its EndOfData when deployed
+	err := t.op.Process(ctx, t.gate.Input(ch), b.Records, t.emit)
+	if t.om != nil {
+		t.inBatch = false
+		t.om.Batch(ctx, n, t.batchOut, time.Since(start))
 	}
-	in := t.gate.Input(ch)
-	if !drain {
-		st.noDrain[in] = true
-	}
-	st.eod[in]++
-	if st.eod[in] < st.chans[in] {
-		return nil
-	}
-	if !st.noDrain[in] {
-		ectx, span := t.startPhase(telemetry.SpanTaskEndInput, telemetry.AttrInput.Int(in))
-		err := t.op.EndInput(ectx, in, t.emit)
-		t.endPhase(span, err)
-		if err := t.call(string(abi.PhaseEndInput), err); err != nil {
-			return err
-		}
-	}
-	st.inputsEnd++
-	if st.inputsEnd < len(st.chans) {
-		return nil
-	}
-	drainAll := true
-	for _, nd := range st.noDrain {
-		drainAll = drainAll && !nd
-	}
-	if drainAll {
-		fctx, span := t.startPhase(telemetry.SpanTaskFinish)
-		err := t.op.Finish(fctx, t.emit)
-		t.endPhase(span, err)
-		if err := t.call(string(abi.PhaseFinish), err); err != nil {
-			return err
-		}
-	}
-	return t.endData(false, drainAll)
-}
-
-// onBarrier aligns barriers: a channel that delivered the barrier is blocked
-// until every channel that has not ended delivered it; then the barrier goes
-// downstream, the channels are unblocked and the subtask takes its snapshot.
-// A newer barrier aborts an older alignment.
-func (t *task) onBarrier(st *inputState, ch int, b dataplane.Barrier) error {
-	switch {
-	case st.aligning && b.ID == st.barrier.ID:
-	case st.aligning && b.ID < st.barrier.ID, !st.aligning && b.ID <= st.barrier.ID, b.ID <= st.lastCancel:
-		return nil // a late barrier of an aborted, cancelled or completed checkpoint
-	default:
-		if st.aligning {
-			t.endAlignment(st)
-		}
-		t.beginAlignment(st, b)
-	}
-	st.arrived[ch] = true
-	t.gate.Block(ch)
-	return t.maybeAligned(st)
-}
-
-func (t *task) maybeAligned(st *inputState) error {
-	for c, a := range st.arrived {
-		if !a && !t.gate.Ended(c) {
-			return nil
-		}
-	}
-	b := st.barrier
-	t.alignmentDone(st)
-	t.endAlignment(st)
-	if err := t.broadcast(dataplane.BarrierEvent(b)); err != nil {
-		return t.fail(phaseOutput, err)
-	}
-	if !t.ckpt {
-		return nil
-	}
-	return t.snapshot(b, nil)
-}
-
-func (t *task) endAlignment(st *inputState) {
-	st.alignmentAborted()
-	st.aligning = false
-	clear(st.arrived)
-	t.gate.UnblockAll()
+	b.Release()
+	return t.call(string(abi.PhaseProcess), err)
 }
