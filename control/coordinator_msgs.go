@@ -126,7 +126,13 @@ type TriggerFailed struct {
 
 // Persisted reports that the metadata of a checkpoint (after its state
 // blobs) is durable: the checkpoint is complete.
-type Persisted struct{ CheckpointID int64 }
+type Persisted struct {
+	CheckpointID int64
+	// Location is where the checkpoint is (its metadata's location), for
+	// the Lifecycle to restore later attempts from; the Coordinator does
+	// not need it.
+	Location string
+}
 
 // PersistFailed reports that writing a checkpoint's metadata failed. The
 // checkpoint is aborted and counts as a failure.

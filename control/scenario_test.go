@@ -125,6 +125,17 @@ type scenario struct {
 	waits map[int64][]SubtaskID // Wait of each triggered checkpoint, for "ack cp=N all"
 	acked map[int64]map[SubtaskID]bool
 	p     *protocol // the protocol command's coordinator and subtask machines
+	m     machine   // what the events go to: the coordinator or a lifecycle
+	l     *Lifecycle
+}
+
+// machine is what Coordinator and Lifecycle have in common.
+type machine interface {
+	Step(Event) error
+	Ready() []Action
+	Advance()
+	HasReady() bool
+	State() JobState
 }
 
 func (r *scenario) run(input []string) (out []string) {
@@ -188,9 +199,29 @@ func (r *scenario) run(input []string) (out []string) {
 		if err != nil {
 			return fail("%v", err)
 		}
-		r.c, r.waits, r.acked, r.p = c, map[int64][]SubtaskID{}, map[int64]map[SubtaskID]bool{}, nil
+		r.c, r.waits, r.acked, r.p, r.m, r.l = c, map[int64][]SubtaskID{}, map[int64]map[SubtaskID]bool{}, nil, c, nil
 		return []string{fmt.Sprintf("job: %s", c.State())}
+	case "lifecycle":
+		cfg := LifecycleConfig{Restart: r.restartConfig(args), Seed: 1, FirstAttempt: r.num(kv(args, "first-attempt", "0"))}
+		if kv(args, "checkpointing", "true") == "true" {
+			cc := DefaultConfig()
+			cc.IntervalTicks = int64(r.num(kv(args, "interval", "10")))
+			cc.TolerableFailures = r.num(kv(args, "tolerable", "3"))
+			cfg.Checkpoint = &cc
+		}
+		if from := kv(args, "from", ""); from != "" {
+			cfg.From = &RestorePoint{ID: int64(r.num(from)), Kind: KindSavepoint, Location: "sp-" + from}
+		}
+		l, err := NewLifecycle(r.g, cfg)
+		if err != nil {
+			return fail("%v", err)
+		}
+		r.c, r.waits, r.acked, r.p, r.m, r.l = l.Coordinator(), map[int64][]SubtaskID{}, map[int64]map[SubtaskID]bool{}, nil, l, l
+		return []string{fmt.Sprintf("job: %s, restart %s", l.State(), cfg.Restart)}
 	case "status":
+		if r.c == nil {
+			return []string{fmt.Sprintf("job %s attempt=%d", r.m.State(), r.l.Attempt())}
+		}
 		st := r.c.Status()
 		out = append(out, fmt.Sprintf("job %s tick=%d latest=%d pending=%v", st.Job, st.Tick, st.LatestCompleted, st.Pending))
 		var line []string
@@ -200,10 +231,10 @@ func (r *scenario) run(input []string) (out []string) {
 		return append(out, strings.Join(line, " "))
 	}
 
-	if r.c == nil {
-		return fail("no coordinator: use the coordinator command first")
+	if r.m == nil {
+		return fail("no coordinator: use the coordinator or lifecycle command first")
 	}
-	before := r.c.State()
+	before := r.m.State()
 	var events []Event
 	cp := int64(r.num(kv(args, "cp", "0")))
 	pos := positional(args)
@@ -259,7 +290,17 @@ func (r *scenario) run(input []string) (out []string) {
 			events = append(events, TriggerFailed{CheckpointID: cp, Subtask: id, Reason: "task already finished"})
 		}
 	case "persisted":
-		events = append(events, Persisted{CheckpointID: cp})
+		events = append(events, Persisted{CheckpointID: cp, Location: fmt.Sprintf("loc-%d", cp)})
+	case "start":
+		events = append(events, StartJob{})
+	case "attempt-failed":
+		var sub SubtaskID
+		if ids := r.ids(pos); len(ids) > 0 {
+			sub = ids[0]
+		}
+		events = append(events, AttemptFailed{Attempt: r.num(kv(args, "attempt", fmt.Sprint(r.l.Attempt()))), Subtask: sub, Reason: kv(args, "reason", "trap")})
+	case "attempt-ended":
+		events = append(events, AttemptEnded{Attempt: r.num(kv(args, "attempt", fmt.Sprint(r.l.Attempt())))})
 	case "persist-failed":
 		events = append(events, PersistFailed{CheckpointID: cp, Reason: kv(args, "reason", "disk full")})
 	case "savepoint":
@@ -274,7 +315,7 @@ func (r *scenario) run(input []string) (out []string) {
 		return fail("unknown command %q", cmd)
 	}
 	for _, ev := range events {
-		if err := r.c.Step(ev); err != nil {
+		if err := r.m.Step(ev); err != nil {
 			out = append(out, "error: "+err.Error())
 		}
 		if _, ok := ev.(Ack); ok {
@@ -284,21 +325,37 @@ func (r *scenario) run(input []string) (out []string) {
 			}
 			r.acked[a.CheckpointID][a.Subtask] = true
 		}
-		for _, a := range r.c.Ready() {
+		for _, a := range r.m.Ready() {
 			if tr, ok := a.(TriggerCheckpoint); ok {
 				r.waits[tr.ID] = tr.Wait
 			}
 			out = append(out, a.String())
 		}
-		r.c.Advance()
-		if r.c.HasReady() {
+		r.m.Advance()
+		if r.m.HasReady() {
 			r.t.Fatal("HasReady after Advance")
 		}
 	}
-	if after := r.c.State(); after != before {
+	if after := r.m.State(); after != before {
 		out = append(out, fmt.Sprintf("job: %s -> %s", before, after))
 	}
 	return out
+}
+
+// restartConfig reads restart=KIND and its fields (ticks).
+func (r *scenario) restartConfig(args []string) RestartConfig {
+	f := func(key, def string) int64 { return int64(r.num(kv(args, key, def))) }
+	c := RestartConfig{Kind: RestartKind(kv(args, "restart", "none"))}
+	switch c.Kind {
+	case RestartFixedDelay:
+		c.Attempts, c.Delay = int(f("attempts", "3")), f("delay", "0")
+	case RestartFailureRate:
+		c.MaxFailures, c.FailureIntervalTicks, c.Delay = int(f("max-failures", "1")), f("failure-interval", "100"), f("delay", "0")
+	case RestartExponentialDelay:
+		c.InitialDelay, c.MaxDelay, c.ResetTicks, c.Attempts = f("initial", "1"), f("max", "8"), f("reset", "100"), int(f("attempts", "0"))
+		c.Multiplier, c.Jitter = 2, 0
+	}
+	return c
 }
 
 // ids resolves "all", "uid" (every subtask of uid) and "uid/i".

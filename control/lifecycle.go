@@ -1,0 +1,467 @@
+package control
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+)
+
+// Lifecycle is the life of one job, whether `streamd run`, deployed on one
+// host or spread over hosts (DESIGN.md "One lifecycle, one path"): its
+// attempts, the restart strategy, which checkpoint or savepoint an attempt
+// restores, stop, savepoint and cancel requests and the job state, around
+// the job's Coordinator. Like the Coordinator it is a pure state machine:
+// the job's loop (one goroutine per job, the only caller of Step) feeds it
+// events and carries out its actions in order:
+//
+//   - StartAttempt: deploy every subtask of attempt Attempt, restored from
+//     Restore (nil: fresh state). Events of earlier attempts must be
+//     dropped from then on.
+//   - CancelAttempt: tear the attempt down (its subtasks, on every host).
+//     The loop reports AttemptEnded or AttemptFailed once they are gone.
+//   - StopFailed: a stop-with-savepoint did not stop the job; tell whoever
+//     asked (the savepoint may have been written: Savepoint).
+//   - JobEnded: the job is over; nothing follows.
+//   - and the Coordinator's actions (trigger, persist, notify, abort, ...),
+//     except FailJob, which becomes CancelAttempt and a restart.
+//
+// Time is counted in ticks, as in the Coordinator; restart delays are ticks.
+type Lifecycle struct {
+	g       *JobGraph
+	cfg     LifecycleConfig
+	coord   *Coordinator // nil: the job does not checkpoint
+	restart *RestartTracker
+	now     int64
+
+	state     JobState // the job state when it is not the coordinator's
+	attempt   int
+	executing bool  // the current attempt was started and has not ended
+	waiting   bool  // restarting: the next attempt starts at restartAt
+	restartAt int64 // tick
+	ended     bool
+	done      *JobDone // the coordinator's JobDone of the current attempt
+
+	latest  *RestorePoint            // the latest completed checkpoint or savepoint
+	kinds   map[int64]CheckpointKind // of the checkpoints being persisted
+	stopReq *StopWithSavepoint       // a stop asked for before the job runs
+	stopID  int64                    // the stop's savepoint, once triggered
+	ready   []Action
+}
+
+// LifecycleConfig configures a Lifecycle.
+type LifecycleConfig struct {
+	// Checkpoint is the coordinator's configuration; nil: the job does not
+	// checkpoint (nothing waits for a final checkpoint; a failure restarts
+	// from the beginning).
+	Checkpoint *Config
+	Restart    RestartConfig
+	// Seed makes the restart jitter deterministic.
+	Seed uint64
+	// FirstAttempt is the number of the first attempt.
+	FirstAttempt int
+	// From is the checkpoint or savepoint the job was deployed from; nil:
+	// fresh state.
+	From *RestorePoint
+}
+
+// RestorePoint is a completed checkpoint or savepoint an attempt restores.
+type RestorePoint struct {
+	ID       int64
+	Kind     CheckpointKind
+	Location string
+}
+
+func (p *RestorePoint) String() string {
+	if p == nil {
+		return "the beginning"
+	}
+	return fmt.Sprintf("%s %d", p.Kind, p.ID)
+}
+
+// Events the Lifecycle takes besides the Coordinator's.
+
+// StartJob starts the job: the first attempt.
+type StartJob struct{}
+
+// AttemptFailed reports that attempt Attempt failed: a subtask failed (trap,
+// channel gap), a host was lost, or the attempt could not be deployed.
+// Subtask is the failing subtask when known.
+type AttemptFailed struct {
+	Attempt int
+	Subtask SubtaskID
+	Reason  string
+}
+
+// AttemptEnded reports that every subtask of attempt Attempt has ended
+// without an error (finished, stopped, or canceled on request).
+type AttemptEnded struct{ Attempt int }
+
+func (StartJob) isEvent()      {}
+func (AttemptFailed) isEvent() {}
+func (AttemptEnded) isEvent()  {}
+
+func (StartJob) String() string { return "start" }
+func (e AttemptFailed) String() string {
+	if e.Subtask.Operator == "" {
+		return fmt.Sprintf("attempt-failed %d reason=%q", e.Attempt, e.Reason)
+	}
+	return fmt.Sprintf("attempt-failed %d %v reason=%q", e.Attempt, e.Subtask, e.Reason)
+}
+func (e AttemptEnded) String() string { return fmt.Sprintf("attempt-ended %d", e.Attempt) }
+
+// Actions of the Lifecycle besides the Coordinator's.
+
+// StartAttempt deploys attempt Attempt restored from Restore (nil: fresh).
+type StartAttempt struct {
+	Attempt int
+	Restore *RestorePoint
+}
+
+// CancelAttempt tears attempt Attempt down; Reason says why.
+type CancelAttempt struct {
+	Attempt int
+	Reason  string
+}
+
+// StopFailed: the stop-with-savepoint in progress failed and the job goes on
+// (restarting as its strategy says) or failed. Savepoint is the stop's
+// savepoint when it was written before the failure.
+type StopFailed struct {
+	SavepointID int64
+	Savepoint   *RestorePoint
+	Reason      string
+}
+
+// JobEnded: the job is over in State (finished, stopped, failed, canceled).
+// Savepoint is the stop's savepoint of a stopped job.
+type JobEnded struct {
+	State     JobState
+	Reason    string
+	Savepoint *RestorePoint
+}
+
+func (StartAttempt) isAction()  {}
+func (CancelAttempt) isAction() {}
+func (StopFailed) isAction()    {}
+func (JobEnded) isAction()      {}
+
+func (a StartAttempt) String() string {
+	return fmt.Sprintf("start-attempt %d from=%s", a.Attempt, a.Restore)
+}
+func (a CancelAttempt) String() string {
+	return fmt.Sprintf("cancel-attempt %d reason=%q", a.Attempt, a.Reason)
+}
+func (a StopFailed) String() string {
+	s := fmt.Sprintf("stop-failed sp=%d", a.SavepointID)
+	if a.Savepoint != nil {
+		s += " written=" + a.Savepoint.Location
+	}
+	return s + fmt.Sprintf(" reason=%q", a.Reason)
+}
+func (a JobEnded) String() string {
+	s := "job-ended " + string(a.State)
+	if a.Savepoint != nil {
+		s += " savepoint=" + a.Savepoint.Location
+	}
+	if a.Reason != "" {
+		s += fmt.Sprintf(" reason=%q", a.Reason)
+	}
+	return s
+}
+
+// ErrNoCheckpointing refuses savepoints and stops of a job without checkpoints.
+var ErrNoCheckpointing = errors.New("the job does not checkpoint (no checkpoint section)")
+
+// NewLifecycle returns the lifecycle of job g, not started.
+func NewLifecycle(g *JobGraph, cfg LifecycleConfig) (*Lifecycle, error) {
+	if g == nil || len(g.Vertices) == 0 {
+		return nil, errors.New("control: lifecycle needs a job graph with operators")
+	}
+	rt, err := NewRestartTracker(cfg.Restart, cfg.Seed)
+	if err != nil {
+		return nil, fmt.Errorf("control: job %q: %w", g.Name, err)
+	}
+	l := &Lifecycle{g: g, cfg: cfg, restart: rt, state: JobCreated, attempt: cfg.FirstAttempt, kinds: map[int64]CheckpointKind{}}
+	if cfg.From != nil {
+		from := *cfg.From
+		l.latest = &from
+	}
+	if cfg.Checkpoint != nil {
+		cc := *cfg.Checkpoint
+		if cfg.From != nil && cc.FirstID <= cfg.From.ID {
+			cc.FirstID = cfg.From.ID + 1 // ids never repeat those of the run it resumes
+		}
+		if l.coord, err = NewCoordinator(g, cc); err != nil {
+			return nil, err
+		}
+	}
+	return l, nil
+}
+
+// Coordinator is the job's checkpoint coordinator, nil without checkpointing.
+// Read it (Status, LatestCompleted); step it only through the Lifecycle.
+func (l *Lifecycle) Coordinator() *Coordinator { return l.coord }
+
+// Attempt is the current (or last) attempt's number.
+func (l *Lifecycle) Attempt() int { return l.attempt }
+
+// Executing reports whether the current attempt runs: its events count.
+func (l *Lifecycle) Executing() bool { return l.executing }
+
+// Restarts is the number of restarts so far.
+func (l *Lifecycle) Restarts() int { return l.restart.Restarts() }
+
+// Latest is the latest completed checkpoint or savepoint (or the one the job
+// was deployed from), nil if none.
+func (l *Lifecycle) Latest() *RestorePoint { return l.latest }
+
+// Ended reports whether the job is over.
+func (l *Lifecycle) Ended() bool { return l.ended }
+
+// State is the job state.
+func (l *Lifecycle) State() JobState {
+	if l.ended || l.coord == nil || l.waiting {
+		return l.state
+	}
+	return l.coord.State()
+}
+
+// CanSavepoint reports whether a savepoint or a stop is taken now.
+func (l *Lifecycle) CanSavepoint() bool {
+	st := l.State()
+	return l.coord != nil && !l.ended && (st == JobRunning || st == JobFinishing)
+}
+
+// HasReady reports whether actions wait to be read.
+func (l *Lifecycle) HasReady() bool { return len(l.ready) > 0 }
+
+// Ready returns the actions produced since the last Advance, in order.
+func (l *Lifecycle) Ready() []Action { return slices.Clone(l.ready) }
+
+// Advance drops the actions returned by Ready.
+func (l *Lifecycle) Advance() { l.ready = l.ready[:0] }
+
+func (l *Lifecycle) emit(a Action) { l.ready = append(l.ready, a) }
+
+// Step applies one event: the lifecycle's own (StartJob, AttemptFailed,
+// AttemptEnded), a user request (StopWithSavepoint, TriggerSavepoint,
+// Cancel), a Tick, or a subtask's event for the Coordinator (the caller
+// drops events of attempts other than Attempt()). An error means the event
+// does not fit; nothing changed then.
+func (l *Lifecycle) Step(ev Event) error {
+	if l.ended {
+		if a, ok := ev.(Ack); ok && l.coord != nil {
+			return l.stepCoord(a) // late acks still yield DiscardState
+		}
+		return nil
+	}
+	switch e := ev.(type) {
+	case StartJob:
+		if l.executing || l.waiting || l.attempt != l.cfg.FirstAttempt || l.state != JobCreated {
+			return fmt.Errorf("control: job %q: started twice: %w", l.g.Name, ErrUnexpectedEvent)
+		}
+		l.startAttempt()
+		return nil
+	case Tick:
+		l.now++
+		if l.coord != nil && !l.waiting {
+			if err := l.stepCoord(e); err != nil {
+				return err
+			}
+		}
+		if l.waiting && l.now >= l.restartAt {
+			l.attempt++
+			l.startAttempt()
+		}
+		return nil
+	case AttemptFailed:
+		if e.Attempt != l.attempt || !l.executing {
+			return nil // an earlier attempt's, or already handled
+		}
+		l.failed(e.Subtask, e.Reason, true)
+		return nil
+	case AttemptEnded:
+		if e.Attempt != l.attempt || !l.executing {
+			return nil
+		}
+		l.executing = false
+		l.attemptEnded()
+		return nil
+	case StopWithSavepoint:
+		return l.stopRequest(e)
+	case TriggerSavepoint:
+		if l.coord == nil {
+			return fmt.Errorf("control: job %q: no savepoint: %w", l.g.Name, ErrNoCheckpointing)
+		}
+		if l.waiting {
+			return fmt.Errorf("control: job %q: cannot take a savepoint while the job is %s: %w", l.g.Name, JobRestarting, ErrUnexpectedEvent)
+		}
+		return l.stepCoord(e)
+	case Cancel:
+		if l.coord != nil {
+			_ = l.stepCoord(Cancel{})
+		}
+		if l.executing {
+			l.emit(CancelAttempt{Attempt: l.attempt, Reason: "job canceled"})
+		}
+		l.end(JobCanceled, "canceled by request", nil)
+		return nil
+	case Persisted:
+		if l.coord == nil {
+			return fmt.Errorf("control: job %q: %s without checkpointing: %w", l.g.Name, ev, ErrUnexpectedEvent)
+		}
+		if err := l.stepCoord(e); err != nil {
+			return err
+		}
+		kind := l.kinds[e.CheckpointID]
+		delete(l.kinds, e.CheckpointID)
+		if l.latest == nil || e.CheckpointID > l.latest.ID {
+			l.latest = &RestorePoint{ID: e.CheckpointID, Kind: kind, Location: e.Location}
+		}
+		return nil
+	}
+	if l.coord == nil {
+		return fmt.Errorf("control: job %q: %s without checkpointing: %w", l.g.Name, ev, ErrUnexpectedEvent)
+	}
+	if _, ok := ev.(PersistFailed); ok {
+		return l.stepCoord(ev) // its outcome counts after a failover too
+	}
+	if l.waiting || !l.executing {
+		return nil // a straggler between attempts
+	}
+	return l.stepCoord(ev)
+}
+
+// stepCoord steps the coordinator and takes over its actions.
+func (l *Lifecycle) stepCoord(ev Event) error {
+	before := l.coord.State()
+	err := l.coord.Step(ev)
+	acts := l.coord.Ready()
+	l.coord.Advance()
+	var fail error
+	for _, a := range acts {
+		switch x := a.(type) {
+		case FailJob:
+			fail = x.Err // after the other actions (the aborts) went out
+			continue
+		case PersistMetadata:
+			l.kinds[x.ID] = x.Kind
+		case TriggerCheckpoint:
+			if x.Sync {
+				l.stopID = x.ID
+			}
+		case JobDone:
+			d := x
+			l.done = &d
+		}
+		l.emit(a)
+	}
+	if fail != nil && l.executing {
+		l.failed(SubtaskID{}, fail.Error(), false)
+	}
+	if err != nil {
+		return err
+	}
+	if before != JobRunning && l.coord.State() == JobRunning && l.executing {
+		l.restart.Running(l.now)
+		if s := l.stopReq; s != nil {
+			l.stopReq = nil
+			return l.stepCoord(*s)
+		}
+	}
+	return nil
+}
+
+func (l *Lifecycle) startAttempt() {
+	l.waiting, l.executing, l.done, l.stopID = false, true, nil, 0
+	if l.coord == nil {
+		l.state = JobRunning
+		l.restart.Running(l.now)
+	} else if l.attempt == l.cfg.FirstAttempt {
+		l.state = JobCreated
+	}
+	var from *RestorePoint
+	if l.latest != nil && l.coord != nil {
+		p := *l.latest
+		from = &p
+	}
+	l.emit(StartAttempt{Attempt: l.attempt, Restore: from})
+}
+
+// failed handles the failure of the current attempt: the subtasks are torn
+// down, then the job restarts as the strategy says or fails. toCoord: tell
+// the coordinator (it did not decide the failure itself).
+func (l *Lifecycle) failed(sub SubtaskID, reason string, toCoord bool) {
+	stopping := l.coord != nil && (l.coord.State() == JobStopping || l.stopID != 0 || l.stopReq != nil)
+	if l.coord != nil && toCoord && l.coord.State() != JobRestarting {
+		if sub.Operator == "" || l.coord.subtasks[sub] == nil {
+			sub = l.coord.order[0] // the coordinator only needs to fail over
+		}
+		_ = l.stepCoord(TaskFailed{Subtask: sub, Reason: reason})
+	}
+	l.executing = false
+	l.emit(CancelAttempt{Attempt: l.attempt, Reason: reason})
+	if stopping {
+		sf := StopFailed{SavepointID: l.stopID, Reason: reason}
+		if l.latest != nil && l.stopID != 0 && l.latest.ID == l.stopID {
+			p := *l.latest
+			sf.Savepoint = &p
+		}
+		l.emit(sf)
+	}
+	l.stopReq = nil
+	delay, ok, why := l.restart.Failed(l.now)
+	if !ok {
+		if l.coord != nil {
+			_ = l.stepCoord(RestartsExhausted{Reason: reason})
+		}
+		l.end(JobFailed, fmt.Sprintf("attempt %d failed: %s (%s)", l.attempt, reason, why), nil)
+		return
+	}
+	l.state, l.waiting, l.restartAt = JobRestarting, true, l.now+delay
+	if delay == 0 {
+		l.attempt++
+		l.startAttempt()
+	}
+}
+
+// attemptEnded: every subtask of the current attempt ended without error.
+func (l *Lifecycle) attemptEnded() {
+	switch {
+	case l.coord == nil:
+		l.end(JobFinished, "", nil)
+	case l.done != nil && l.done.State == JobStopped:
+		var sp *RestorePoint
+		if l.latest != nil && l.latest.ID == l.done.SavepointID {
+			p := *l.latest
+			sp = &p
+		}
+		l.end(JobStopped, "", sp)
+	case l.done != nil:
+		l.end(JobFinished, "", nil)
+	default:
+		// Every subtask ended, yet the coordinator has not finished the
+		// job: a subtask ended without reporting. A failure of the attempt.
+		l.executing = true
+		l.failed(SubtaskID{}, fmt.Sprintf("every subtask ended but the checkpoint coordinator has not finished the job (state %s)", l.coord.State()), true)
+	}
+}
+
+func (l *Lifecycle) stopRequest(e StopWithSavepoint) error {
+	if l.coord == nil {
+		return fmt.Errorf("control: job %q: no stop with a savepoint: %w", l.g.Name, ErrNoCheckpointing)
+	}
+	switch st := l.State(); {
+	case st == JobStopping || l.stopReq != nil:
+		return fmt.Errorf("control: job %q: a stop with a savepoint is already in progress: %w", l.g.Name, ErrUnexpectedEvent)
+	case st == JobCreated || st == JobRestarting:
+		l.stopReq = &e // once every subtask runs
+		return nil
+	}
+	return l.stepCoord(e)
+}
+
+func (l *Lifecycle) end(st JobState, reason string, sp *RestorePoint) {
+	l.ended, l.executing, l.waiting, l.state = true, false, false, st
+	l.emit(JobEnded{State: st, Reason: reason, Savepoint: sp})
+}
