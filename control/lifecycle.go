@@ -117,10 +117,12 @@ type StartAttempt struct {
 	Restore *RestorePoint
 }
 
-// CancelAttempt tears attempt Attempt down; Reason says why.
+// CancelAttempt tears attempt Attempt down; Reason says why. Err is the
+// Coordinator's error when it failed the attempt (FailJob), else nil.
 type CancelAttempt struct {
 	Attempt int
 	Reason  string
+	Err     error
 }
 
 // StopFailed: the stop-with-savepoint in progress failed and the job goes on
@@ -278,7 +280,7 @@ func (l *Lifecycle) Step(ev Event) error {
 		if e.Attempt != l.attempt || !l.executing {
 			return nil // an earlier attempt's, or already handled
 		}
-		l.failed(e.Subtask, e.Reason, true)
+		l.failed(e.Subtask, e.Reason, true, nil)
 		return nil
 	case AttemptEnded:
 		if e.Attempt != l.attempt || !l.executing {
@@ -357,7 +359,7 @@ func (l *Lifecycle) stepCoord(ev Event) error {
 		l.emit(a)
 	}
 	if fail != nil && l.executing {
-		l.failed(SubtaskID{}, fail.Error(), false)
+		l.failed(SubtaskID{}, fail.Error(), false, fail)
 	}
 	if err != nil {
 		return err
@@ -391,7 +393,7 @@ func (l *Lifecycle) startAttempt() {
 // failed handles the failure of the current attempt: the subtasks are torn
 // down, then the job restarts as the strategy says or fails. toCoord: tell
 // the coordinator (it did not decide the failure itself).
-func (l *Lifecycle) failed(sub SubtaskID, reason string, toCoord bool) {
+func (l *Lifecycle) failed(sub SubtaskID, reason string, toCoord bool, err error) {
 	stopping := l.coord != nil && (l.coord.State() == JobStopping || l.stopID != 0 || l.stopReq != nil)
 	if l.coord != nil && toCoord && l.coord.State() != JobRestarting {
 		if sub.Operator == "" || l.coord.subtasks[sub] == nil {
@@ -400,7 +402,7 @@ func (l *Lifecycle) failed(sub SubtaskID, reason string, toCoord bool) {
 		_ = l.stepCoord(TaskFailed{Subtask: sub, Reason: reason})
 	}
 	l.executing = false
-	l.emit(CancelAttempt{Attempt: l.attempt, Reason: reason})
+	l.emit(CancelAttempt{Attempt: l.attempt, Reason: reason, Err: err})
 	if stopping {
 		sf := StopFailed{SavepointID: l.stopID, Reason: reason}
 		if l.latest != nil && l.stopID != 0 && l.latest.ID == l.stopID {
@@ -443,7 +445,7 @@ func (l *Lifecycle) attemptEnded() {
 		// Every subtask ended, yet the coordinator has not finished the
 		// job: a subtask ended without reporting. A failure of the attempt.
 		l.executing = true
-		l.failed(SubtaskID{}, fmt.Sprintf("every subtask ended but the checkpoint coordinator has not finished the job (state %s)", l.coord.State()), true)
+		l.failed(SubtaskID{}, fmt.Sprintf("every subtask ended but the checkpoint coordinator has not finished the job (state %s)", l.coord.State()), true, nil)
 	}
 }
 

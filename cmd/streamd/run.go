@@ -5,9 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"os/signal"
 	"path/filepath"
 	"sort"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -177,10 +179,7 @@ func (c *cli) run(ctx context.Context, cmd *cobra.Command, target string, f runF
 		ChannelCapacity: chanCap,
 		Stdout:          c.stdout,
 		Stdin:           c.stdin,
-		Restart:         runtime.RestartStrategy{Attempts: job.Restart.Attempts, Delay: job.Restart.Delay},
-	}
-	if job.Restart.Strategy == jobfile.RestartNone {
-		opts.Restart = runtime.RestartStrategy{}
+		Restart:         job.Restart,
 	}
 	if usesNATS(g) {
 		c.clusterDefaults()
@@ -224,14 +223,7 @@ func (c *cli) run(ctx context.Context, cmd *cobra.Command, target string, f runF
 		done := make(chan struct{})
 		defer close(done)
 		stopped = ctx.Done()
-		go func() {
-			select {
-			case <-ctx.Done():
-				fmt.Fprintf(c.stderr, "stopping with a savepoint (drain=%t); press Ctrl-C again to kill\n", f.drain)
-				stop <- runtime.StopRequest{Drain: f.drain}
-			case <-done:
-			}
-		}()
+		go c.stopOnSignal(ctx, done, stop, f.drain)
 	}
 	prog := newProgress(mode, c.stderr, log)
 	opts.Progress = prog.update
@@ -262,6 +254,44 @@ func (c *cli) run(ctx context.Context, cmd *cobra.Command, target string, f runF
 	default:
 		prog.finish(stats, "failed")
 		return err
+	}
+}
+
+// stopOnSignal stops the job with a savepoint when ctx is canceled (Ctrl-C,
+// SIGTERM); a second signal kills the process (main restores the default
+// handlers). If that stop fails and the job goes on, the next signal stops
+// it again with a new savepoint, and one more kills.
+func (c *cli) stopOnSignal(ctx context.Context, done <-chan struct{}, stop chan<- runtime.StopRequest, drain bool) {
+	select {
+	case <-ctx.Done():
+	case <-done:
+		return
+	}
+	failed := make(chan error, 1)
+	fmt.Fprintf(c.stderr, "stopping with a savepoint (drain=%t); press Ctrl-C again to kill\n", drain)
+	stop <- runtime.StopRequest{Drain: drain, Failed: failed}
+	var err error
+	select {
+	case err = <-failed:
+	case <-done:
+		return
+	}
+	sig := make(chan os.Signal, 1)
+	signal.Notify(sig, os.Interrupt, syscall.SIGTERM)
+	fmt.Fprintf(c.stderr, "streamd: %v\nthe job goes on; press Ctrl-C to stop it again with a new savepoint\n", err)
+	select {
+	case <-sig:
+	case <-done:
+		signal.Stop(sig)
+		return
+	}
+	signal.Stop(sig) // a further signal kills
+	fmt.Fprintf(c.stderr, "stopping with a savepoint (drain=%t); press Ctrl-C again to kill\n", drain)
+	stop <- runtime.StopRequest{Drain: drain, Failed: failed}
+	select {
+	case err = <-failed:
+		fmt.Fprintf(c.stderr, "streamd: %v\n", err)
+	case <-done:
 	}
 }
 

@@ -143,7 +143,11 @@ type ctlJob struct {
 	// attempt is too): the controller drives its checkpoints (dist.go).
 	dist         *distJob
 	hostStats    map[string][]runtime.OperatorStats // dist: per host, of the current attempt
-	taskRestarts int                                // dist: restarts after task failures
+	// restart applies the job's restart strategy to the task failures of a
+	// job spread over hosts (a job on one host restarts in its host's
+	// runtime, under the same strategy); its ticks are milliseconds since
+	// the job was created.
+	restart *control.RestartTracker
 
 	// Of the current attempt, to notice a host's lost final report
 	// (checkUnreportedLocked): when it was assigned, the hosts whose end
@@ -549,7 +553,7 @@ func (c *Controller) failLocked(j *ctlJob, now time.Time, f failure) []effect {
 	j.placement = nil
 	defer c.changedLocked(j)
 	infra := f.kind == failInfra
-	restart, delay := false, time.Duration(0)
+	restart, delay, why := false, time.Duration(0), ""
 	switch {
 	case f.kind == failBusy:
 		// Not the job's failure: the attempt goes to slots the controller
@@ -565,21 +569,22 @@ func (c *Controller) failLocked(j *ctlJob, now time.Time, f failure) []effect {
 		if j.spec.Restart.Strategy == jobfile.RestartFixedDelay {
 			delay = j.spec.Restart.Delay
 		}
-	case !infra && j.dist != nil && j.spec.Restart.Strategy == jobfile.RestartFixedDelay && j.taskRestarts < j.spec.Restart.Attempts:
+	case !infra && j.dist != nil:
 		// A job spread over hosts restarts here after task failures (no
 		// host's runtime restarts it).
-		j.taskRestarts++
-		restart, delay = true, j.spec.Restart.Delay
+		var ms int64
+		ms, restart, why = j.restart.Failed(j.ticks(now))
+		delay = time.Duration(ms) * time.Millisecond
 	}
 	if !restart {
-		// Task failures were already retried by the host's runtime under
-		// the job's restart strategy: the attempt failing means it gave up.
-		why := "the restart strategy gives up"
-		switch {
-		case infra:
+		// Task failures of a job on one host were already retried by the
+		// host's runtime under the job's restart strategy: the attempt
+		// failing means it gave up.
+		if why == "" {
+			why = "the restart strategy gives up"
+		}
+		if infra {
 			why = fmt.Sprintf("%d failovers after lost or refusing hosts, the limit", j.failovers)
-		case j.spec.Restart.Strategy != jobfile.RestartFixedDelay:
-			why = "the job has no restart strategy"
 		}
 		c.endLocked(j, now, JobFailed, fmt.Sprintf("attempt %d failed: %s (%s)", j.attempt, reason, why))
 		return effects
@@ -597,6 +602,10 @@ func (c *Controller) failLocked(j *ctlJob, now time.Time, f failure) []effect {
 	j.updated = now
 	return effects
 }
+
+// ticks is the job's clock for its restart tracker: milliseconds since it
+// was created.
+func (j *ctlJob) ticks(now time.Time) int64 { return now.Sub(j.created).Milliseconds() }
 
 // cancelEffects tells j's hosts (but skip) to cancel the current attempt.
 func (c *Controller) cancelEffects(j *ctlJob, skip string) []effect {
@@ -685,8 +694,13 @@ func (c *Controller) handleDeploy(msg *nats.Msg) {
 		respond(msg, DeployReply{Reply: Reply{Error: "cluster: deploy --from: the job has no checkpoint section"}})
 		return
 	}
+	rt, err := control.NewRestartTracker(req.Job.Restart.Control(time.Millisecond), uint64(now.UnixNano()))
+	if err != nil {
+		respond(msg, DeployReply{Reply: Reply{Error: "cluster: deploy: " + err.Error()}})
+		return
+	}
 	j := &ctlJob{id: newJobID(req.Job.Name), spec: req.Job, state: JobCreated, slots: req.Job.slotsNeeded(),
-		subtaskState: SubtaskScheduled, created: now, updated: now, from: req.From,
+		subtaskState: SubtaskScheduled, created: now, updated: now, from: req.From, restart: rt,
 		placed: map[int]control.Placement{}, changed: make(chan struct{})}
 	c.mu.Lock()
 	for c.jobs[j.id] != nil {
@@ -1165,6 +1179,7 @@ func (c *Controller) hostEvent(ev HostEvent) {
 		}
 		if j.state == JobCreated || j.state == JobRestarting {
 			j.state, j.reason = JobRunning, ""
+			j.restart.Running(j.ticks(now))
 			c.changedLocked(j)
 			c.log.Info("job running", "job", j.id, "attempt", j.attempt, "host", ev.HostID)
 		}

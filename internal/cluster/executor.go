@@ -6,11 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"path/filepath"
-	"strings"
 	"sync"
-	"sync/atomic"
-	"time"
 
 	"github.com/nats-io/nats.go"
 
@@ -121,27 +117,8 @@ func (e *LocalExecutor) Start(ctx context.Context, r ExecRequest) (Execution, er
 		Progress:        r.Progress,
 		NATS:            e.NATS,
 	}
-	if r.Restart.Strategy == jobfile.RestartFixedDelay {
-		opts.Restart = runtime.RestartStrategy{Attempts: r.Restart.Attempts, Delay: r.Restart.Delay}
-	}
-	x := &localExecution{done: make(chan struct{}), progress: make(chan struct{}, 1), warnedCh: make(chan struct{}, 1)}
-	if r.Logger != nil {
-		opts.Logger = slog.New(errTap{Handler: r.Logger.Handler(), last: &x.warned, kept: x.warnedCh})
-	}
-	// Progress also tells a waiting stop how the run goes (its restarts).
-	progress := r.Progress
-	opts.Progress = func(s runtime.Stats) {
-		x.mu.Lock()
-		x.last = s
-		x.mu.Unlock()
-		select {
-		case x.progress <- struct{}{}:
-		default:
-		}
-		if progress != nil {
-			progress(s)
-		}
-	}
+	opts.Restart = r.Restart
+	x := &localExecution{done: make(chan struct{})}
 	if cs := r.Checkpoint; cs != nil {
 		store, err := openStoreRetry(ctx, r.Conn, cs, r.JobID, r.Logger)
 		if err != nil {
@@ -201,13 +178,8 @@ func (e *LocalExecutor) Start(ctx context.Context, r ExecRequest) (Execution, er
 
 type localExecution struct {
 	done          chan struct{}
-	progress      chan struct{} // a Progress call since the last receive
 	stats         runtime.Stats
 	err           error
-	mu            sync.Mutex                    // guards last
-	last          runtime.Stats                 // of the latest Progress call
-	warned        atomic.Pointer[string]        // the err of the run's latest warning (errTap)
-	warnedCh      chan struct{}                 // a warning was kept since the last receive
 	stop          chan runtime.StopRequest      // nil: the job does not checkpoint
 	savepoint     chan runtime.SavepointRequest // nil: the job does not checkpoint
 	checkpointDir string
@@ -261,62 +233,22 @@ func (x *localExecution) StopWithSavepoint(ctx context.Context, dir string, drai
 	if x.stop == nil {
 		return "", errors.New("cluster: stop with a savepoint needs checkpointing: the job file has no checkpoint section (use streamd cancel)")
 	}
-	x.mu.Lock()
-	before := x.last
-	x.mu.Unlock()
-	x.warned.Store(nil) // only a warning from now on is the stop's failure
+	// The runtime says when the stop fails and the job goes on (its
+	// savepoint failed, or was written but the job failed before it
+	// stopped): the error names the savepoint.
+	failed := make(chan error, 1)
 	select {
-	case <-x.warnedCh:
-	default:
-	}
-	req := runtime.StopRequest{Drain: drain}
-	select {
-	case x.stop <- req:
+	case x.stop <- runtime.StopRequest{Drain: drain, Failed: failed}:
 	default:
 		return "", errors.New("cluster: a stop is already in progress")
 	}
-	for stopped := false; !stopped; {
-		select {
-		case <-x.done:
-			stopped = true
-		case <-ctx.Done():
-			x.withdraw()
-			return "", fmt.Errorf("cluster: stop with savepoint: %w", ctx.Err())
-		case <-x.progress:
-			x.mu.Lock()
-			now := x.last
-			x.mu.Unlock()
-			if now.Restarts <= before.Restarts {
-				continue
-			}
-			if x.withdraw() {
-				// The run restarted before it took the request: the next
-				// attempt takes it.
-				before = now
-				select {
-				case x.stop <- req:
-					continue
-				default:
-					return "", errors.New("cluster: a stop is already in progress")
-				}
-			}
-			msg := fmt.Sprintf("cluster: stop with savepoint failed: the job failed over (restart %d of the run) before it stopped", now.Restarts)
-			if now.LastCheckpoint != before.LastCheckpoint && strings.Contains(filepath.Base(now.LastCheckpoint), "savepoint") {
-				msg += fmt.Sprintf("; savepoint %s was written, but the job did not stop with it", now.LastCheckpoint)
-			}
-			if x.warned.Load() == nil {
-				// Progress may see the restart before the runtime logged
-				// its cause: give it a moment.
-				select {
-				case <-x.warnedCh:
-				case <-time.After(time.Second):
-				}
-			}
-			if cause := x.warned.Load(); cause != nil {
-				msg += "; the failure: " + *cause
-			}
-			return "", errors.New(msg + "; the job runs on")
-		}
+	select {
+	case <-x.done:
+	case err := <-failed:
+		return "", fmt.Errorf("cluster: %w", err)
+	case <-ctx.Done():
+		x.withdraw()
+		return "", fmt.Errorf("cluster: stop with savepoint: %w", ctx.Err())
 	}
 	if x.err != nil {
 		return "", fmt.Errorf("cluster: stop with savepoint: the job failed: %w", x.err)
@@ -325,49 +257,6 @@ func (x *localExecution) StopWithSavepoint(ctx context.Context, dir string, drai
 		return "", errors.New("cluster: the job ended before the savepoint was taken")
 	}
 	return x.export(ctx, x.stats.Savepoint, dir)
-}
-
-// errTap keeps the "err" attribute of the latest warning or error logged
-// through it (the runtime logs why a run restarts that way), so a failed
-// stop can say why.
-type errTap struct {
-	slog.Handler
-	last *atomic.Pointer[string]
-	kept chan struct{}
-}
-
-// Enabled: warnings always reach the tap, whatever the logger keeps.
-func (t errTap) Enabled(ctx context.Context, l slog.Level) bool {
-	return l >= slog.LevelWarn || t.Handler.Enabled(ctx, l)
-}
-
-func (t errTap) Handle(ctx context.Context, r slog.Record) error {
-	if r.Level >= slog.LevelWarn {
-		r.Attrs(func(a slog.Attr) bool {
-			if a.Key == "err" {
-				s := a.Value.String()
-				t.last.Store(&s)
-				select {
-				case t.kept <- struct{}{}:
-				default:
-				}
-				return false
-			}
-			return true
-		})
-	}
-	if !t.Handler.Enabled(ctx, r.Level) {
-		return nil
-	}
-	return t.Handler.Handle(ctx, r)
-}
-
-func (t errTap) WithAttrs(as []slog.Attr) slog.Handler {
-	return errTap{Handler: t.Handler.WithAttrs(as), last: t.last, kept: t.kept}
-}
-
-func (t errTap) WithGroup(name string) slog.Handler {
-	return errTap{Handler: t.Handler.WithGroup(name), last: t.last, kept: t.kept}
 }
 
 // withdraw takes back a stop request the run has not taken yet.

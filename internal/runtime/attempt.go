@@ -92,11 +92,19 @@ func (j *job) Fail(err error) {
 }
 
 // State is the coordinator's job state.
-func (d *Driver) State() control.JobState { return d.coord.State() }
+func (d *Driver) State() control.JobState {
+	if d.lc != nil {
+		return d.lc.State()
+	}
+	return d.coord.State()
+}
 
 // CanStop reports whether the coordinator takes a stop-with-savepoint or a
 // savepoint now.
 func (d *Driver) CanStop() bool {
+	if d.lc != nil {
+		return d.lc.CanSavepoint()
+	}
 	st := d.coord.State()
 	return st == control.JobRunning || st == control.JobFinishing
 }

@@ -172,7 +172,7 @@ func BenchmarkFailoverRestart8(b *testing.B) {
 				}
 			}
 		}()
-		_, err := Run(ctx, g, Options{Restart: RestartStrategy{Attempts: 1},
+		_, err := Run(ctx, g, Options{Restart: jobfile.RestartSettings{Strategy: jobfile.RestartFixedDelay, Attempts: 1},
 			Checkpoint: &CheckpointOptions{Store: openStore(b, b.TempDir()), Interval: 20 * time.Millisecond, Tick: 5 * time.Millisecond}})
 		cancel()
 		if !errors.Is(err, context.Canceled) {

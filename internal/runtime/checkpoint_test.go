@@ -111,7 +111,7 @@ func TestExactlyOnceUnderFailure(t *testing.T) {
 					Engine: eng, BatchSize: 64,
 					Checkpoint: &CheckpointOptions{Store: openStore(t, filepath.Join(dir, "chk")), Interval: 30 * time.Millisecond, Tick: 10 * time.Millisecond,
 						OnComplete: func(*checkpoint.Metadata) { before++ }},
-					Restart: RestartStrategy{Attempts: 2},
+					Restart: jobfile.RestartSettings{Strategy: jobfile.RestartFixedDelay, Attempts: 2},
 				})
 				if err != nil {
 					t.Fatal(err)

@@ -32,7 +32,17 @@ type runner struct {
 	stdout  sync.Mutex
 	nats    natsConns
 	obs     runObs // job, restore and failover spans (observe.go)
-	cur     *job   // the current attempt, for Stats; guarded by Driver.mu
+	cur     *job   // the current attempt, nil between attempts; guarded by Driver.mu for Stats
+	last    *job   // the latest attempt that ended, for Stats; guarded by Driver.mu
+
+	// Of the job's loop (loop).
+	ctx          context.Context
+	tick         time.Duration
+	ended        *control.JobEnded     // the lifecycle ended the job
+	pendingStart *control.StartAttempt // waits for the attempt before to end
+	lastErr      error                 // of the latest failed attempt
+	fatalErr     error                 // ends the job without a restart
+	stopFailed   chan<- error          // the stop request's Failed
 
 	Driver // the checkpoint coordinator's driver (coord nil without checkpointing)
 }
@@ -47,7 +57,12 @@ type Driver struct {
 	g        *control.JobGraph
 	co       *CheckpointOptions
 	log      *slog.Logger
-	coord    *control.Coordinator
+	coord    *control.Coordinator // read only: stepped through lc when lc is set
+	// lc, when set (Run), is what events go to: the job's lifecycle around
+	// coord; its own actions go to onLifecycle. Without it (a job spread over
+	// hosts, driven by internal/cluster) events go to coord.
+	lc          *control.Lifecycle
+	onLifecycle func(control.Action)
 	store    checkpoint.Store
 	queued   []control.Event // events to Step once the current actions are done
 	lastMD   *checkpoint.Metadata
@@ -120,6 +135,9 @@ func (r *runner) snapshot() Stats {
 	}
 	s.Recent = append([]CheckpointStats(nil), r.Driver.obs.history...)
 	cur := r.cur
+	if cur == nil {
+		cur = r.last
+	}
 	r.mu.Unlock()
 	subtaskStates(&s, r.g, cur)
 	return s
@@ -171,9 +189,21 @@ func NewDriver(ctx context.Context, g *control.JobGraph, co *CheckpointOptions, 
 }
 
 func (d *Driver) init(ctx context.Context, g *control.JobGraph, co *CheckpointOptions, restore *checkpoint.Restore, log *slog.Logger) error {
+	cfg, err := d.config(ctx, g, co, restore, log)
+	if err != nil {
+		return err
+	}
+	d.coord, err = control.NewCoordinator(g, cfg)
+	return err
+}
+
+// config sets up the driver for g with the checkpoint options co and returns
+// the coordinator's configuration: the one conversion of checkpoint options
+// (durations) to the coordinator's (ticks).
+func (d *Driver) config(ctx context.Context, g *control.JobGraph, co *CheckpointOptions, restore *checkpoint.Restore, log *slog.Logger) (control.Config, error) {
 	d.g, d.co, d.log = g, co, log
 	if co.Store == nil {
-		return fmt.Errorf("runtime: job %q: checkpointing needs a checkpoint store", g.Name)
+		return control.Config{}, fmt.Errorf("runtime: job %q: checkpointing needs a checkpoint store", g.Name)
 	}
 	if co.Tick <= 0 {
 		co.Tick = DefaultTick
@@ -187,12 +217,13 @@ func (d *Driver) init(ctx context.Context, g *control.JobGraph, co *CheckpointOp
 	}
 	first, err := co.Store.NextID(ctx)
 	if err != nil {
-		return fmt.Errorf("runtime: job %q: %w", g.Name, err)
+		return control.Config{}, fmt.Errorf("runtime: job %q: %w", g.Name, err)
 	}
 	if restore != nil {
 		first = max(first, restore.Metadata.ID+1)
 	}
-	cfg := control.Config{
+	d.store = co.Store
+	return control.Config{
 		IntervalTicks:              ticks(co.Interval, co.Tick),
 		TimeoutTicks:               ticks(co.Timeout, co.Tick),
 		MinPauseTicks:              ticks(co.MinPause, co.Tick),
@@ -200,10 +231,7 @@ func (d *Driver) init(ctx context.Context, g *control.JobGraph, co *CheckpointOp
 		TolerableFailures:          tolerable,
 		FinalCheckpointImmediately: !co.DelayFinalCheckpoint,
 		FirstID:                    first,
-	}
-	d.coord, err = control.NewCoordinator(g, cfg)
-	d.store = co.Store
-	return err
+	}, nil
 }
 
 func (r *runner) run(ctx context.Context) (stats Stats, err error) {
@@ -218,20 +246,17 @@ func (r *runner) run(ctx context.Context) (stats Stats, err error) {
 			return r.snapshot(), fmt.Errorf("runtime: restore from %s %d: %w", restore.Metadata.Kind, restore.Metadata.ID, err)
 		}
 	}
+	if err := r.initLifecycle(ctx); err != nil {
+		return r.snapshot(), err
+	}
 	if r.opts.Checkpoint != nil {
-		if err := r.newCoordinator(ctx); err != nil {
-			return r.snapshot(), err
-		}
 		r.Driver.Observe(ctx, r.opts.TracerProvider, r.opts.Metrics)
-	} else if r.opts.Restart.Attempts > 0 {
+	} else if r.lc.Coordinator() == nil && r.opts.Restart.Strategy != "" && r.opts.Restart.Strategy != jobfile.RestartNone {
 		r.log.Info("checkpointing is off: after a failure the job restarts from the beginning, so its output is complete but not exactly-once across failures")
 	}
 
 	stopProgress := r.startProgress()
-	if restore != nil {
-		r.startRestore(nil, restore)
-	}
-	err = r.attempts(ctx, restore)
+	err = r.loop(ctx)
 	stopProgress()
 	stats = r.snapshot()
 	if r.opts.Progress != nil {
@@ -243,33 +268,182 @@ func (r *runner) run(ctx context.Context) (stats Stats, err error) {
 	return stats, err
 }
 
-// attempts runs the job, restarting it after failures under the strategy.
-func (r *runner) attempts(ctx context.Context, restore *checkpoint.Restore) error {
-	for attempt := r.opts.Attempt; ; attempt++ {
-		j := &job{
-			g: r.g, opts: r.opts, log: r.log, stats: r.stats, modules: r.modules, stdout: &r.stdout, nats: &r.nats,
-			start: r.start, attempt: attempt, restore: restore, store: r.store,
-			byID: map[control.SubtaskID]*task{}, done: make(chan struct{}),
-		}
-		if err := j.build(); err != nil {
+// initLifecycle makes the job's lifecycle (control.Lifecycle) and, with
+// checkpointing, its coordinator, from the options.
+func (r *runner) initLifecycle(ctx context.Context) error {
+	r.tick = DefaultTick
+	lcfg := control.LifecycleConfig{FirstAttempt: r.opts.Attempt, Seed: uint64(time.Now().UnixNano())}
+	if co := r.opts.Checkpoint; co != nil {
+		cfg, err := r.Driver.config(ctx, r.g, co, r.opts.Restore, r.log)
+		if err != nil {
 			return err
 		}
-		err := r.drive(ctx, j)
+		lcfg.Checkpoint = &cfg
+		r.tick = co.Tick
+	} else {
+		r.Driver.g, r.Driver.log = r.g, r.log
+	}
+	lcfg.Restart = r.opts.Restart.Control(r.tick)
+	if rs := r.opts.Restore; rs != nil {
+		md := rs.Metadata
+		lcfg.From = &control.RestorePoint{ID: md.ID, Kind: md.Kind, Location: md.Location}
+	}
+	lc, err := control.NewLifecycle(r.g, lcfg)
+	if err != nil {
+		return fmt.Errorf("runtime: job %q: %w", r.g.Name, err)
+	}
+	r.lc, r.coord = lc, lc.Coordinator()
+	r.onLifecycle = r.lifecycleAction
+	return nil
+}
+
+// loop is the job's loop: the only caller of the lifecycle's Step. It feeds
+// it ticks, the subtasks' events, the ends of attempts and the user's
+// requests, and carries out its actions (Driver.Step).
+func (r *runner) loop(ctx context.Context) error {
+	ticker := time.NewTicker(r.tick)
+	defer ticker.Stop()
+	r.ctx = ctx
+	r.step(control.StartJob{})
+	canceled := false
+	for {
+		j := r.cur
+		if r.ended != nil && j == nil {
+			return r.result(ctx, canceled)
+		}
+		var events <-chan control.Event
+		var done <-chan struct{}
+		if j != nil {
+			events, done = j.events, j.done
+		}
+		select {
+		case ev := <-events:
+			r.stepFrom(j, ev)
+		case <-done:
+			r.attemptDone(j)
+		case <-ticker.C:
+			r.step(control.Tick{})
+		case req := <-r.opts.Stop:
+			r.log.Info("stopping with a savepoint", "drain", req.Drain)
+			r.stopFailed = req.Failed
+			if err := r.Driver.Step(r.target(), control.StopWithSavepoint{Drain: req.Drain}); err != nil {
+				r.tellStopFailed(fmt.Errorf("runtime: job %q: no stop with a savepoint: %w", r.g.Name, err))
+			}
+		case req := <-r.opts.Savepoint:
+			r.Driver.RequestSavepoint(r.target(), req.Result)
+		case <-ctx.Done():
+			if !canceled {
+				canceled = true
+				r.step(control.Cancel{})
+			}
+		}
+	}
+}
+
+// target is where the driver's commands go: the current attempt.
+func (r *runner) target() Target {
+	if r.cur == nil || r.cur.attempt != r.lc.Attempt() {
+		return noTarget{}
+	}
+	return r.cur
+}
+
+// step feeds ev to the lifecycle and carries out the resulting actions.
+func (r *runner) step(ev control.Event) {
+	r.Driver.Step(r.target(), ev)
+	r.checkRunning()
+}
+
+// stepFrom steps an event of attempt j's subtasks, unless j is no longer
+// the lifecycle's attempt.
+func (r *runner) stepFrom(j *job, ev control.Event) {
+	if j.attempt == r.lc.Attempt() && r.lc.Executing() {
+		r.step(ev)
+	}
+}
+
+// attemptDone: every subtask of attempt j has returned.
+func (r *runner) attemptDone(j *job) {
+	for more := true; more; {
+		select {
+		case ev := <-j.events:
+			r.stepFrom(j, ev)
+		default:
+			more = false
+		}
+	}
+	j.closeRemote()
+	r.mu.Lock()
+	r.cur, r.last = nil, j
+	r.mu.Unlock()
+	if j.err != nil {
+		if r.lastErr == nil || !errors.Is(j.err, r.lastErr) {
+			r.lastErr = j.err
+		}
+		r.step(control.AttemptFailed{Attempt: j.attempt, Subtask: j.failed, Reason: j.err.Error()})
+	} else {
+		r.step(control.AttemptEnded{Attempt: j.attempt})
+	}
+	if r.pendingStart != nil && r.ended == nil {
+		a := *r.pendingStart
+		r.pendingStart = nil
+		r.startAttempt(a)
+	}
+}
+
+// lifecycleAction carries out the lifecycle's own actions (Driver.act hands
+// them over).
+func (r *runner) lifecycleAction(a control.Action) {
+	switch x := a.(type) {
+	case control.StartAttempt:
+		if r.cur != nil {
+			// The attempt before has not ended yet (the coordinator failed
+			// it): attempts never overlap.
+			r.pendingStart = &x
+			return
+		}
+		r.startAttempt(x)
+	case control.CancelAttempt:
+		err := x.Err
 		if err == nil {
-			return nil
+			err = errors.New(x.Reason)
 		}
-		if ctx.Err() != nil && errors.Is(err, ctx.Err()) {
-			return ctx.Err()
+		err = fmt.Errorf("runtime: job %q: %w", r.g.Name, err)
+		if j := r.cur; j != nil && j.attempt == x.Attempt {
+			j.fail(control.SubtaskID{}, err)
 		}
-		if attempt-r.opts.Attempt >= r.opts.Restart.Attempts {
-			if r.coord != nil {
-				r.step(nil, control.RestartsExhausted{Reason: err.Error()})
-			}
-			if r.opts.Restart.Attempts > 0 {
-				return fmt.Errorf("runtime: job %q failed after %d restarts: %w", r.g.Name, r.opts.Restart.Attempts, err)
-			}
-			return err
+		if x.Err != nil {
+			r.lastErr = err // the coordinator failed the attempt: its error is the cause
 		}
+	case control.StopFailed:
+		what := fmt.Sprintf("savepoint %d was not written", x.SavepointID)
+		if x.Savepoint != nil {
+			what = fmt.Sprintf("savepoint %d was written to %s, but the job failed before it stopped", x.SavepointID, x.Savepoint.Location)
+		}
+		err := fmt.Errorf("runtime: job %q: stop-with-savepoint failed: %s: %s; the job restarts as its restart strategy says", r.g.Name, what, x.Reason)
+		r.log.Error("stop-with-savepoint failed", "savepoint", x.SavepointID, "err", err)
+		r.tellStopFailed(err)
+	case control.JobEnded:
+		r.ended = &x
+	}
+}
+
+// tellStopFailed tells the stop's requester that it failed.
+func (r *runner) tellStopFailed(err error) {
+	if r.stopFailed != nil {
+		select {
+		case r.stopFailed <- err:
+		default:
+		}
+	}
+}
+
+// startAttempt builds and starts the subtasks of attempt a.
+func (r *runner) startAttempt(a control.StartAttempt) {
+	ctx := r.ctx
+	first := a.Attempt == r.opts.Attempt
+	restore := r.opts.Restore
+	if !first {
 		r.mu.Lock()
 		r.restarts++
 		r.mu.Unlock()
@@ -278,46 +452,42 @@ func (r *runner) attempts(ctx context.Context, restore *checkpoint.Restore) erro
 		} else {
 			telemetry.GlobalMetrics().Restart(ctx, r.g.Name)
 		}
-		r.endPending(err)
+		r.endPending(r.lastErr)
 		if r.coord != nil {
 			r.EndSpans("the attempt failed")
 		}
-		fctx := r.startPending(nil, telemetry.SpanFailover, telemetry.Attempt(attempt+1))
-		telemetry.RecordError(trace.SpanFromContext(fctx), err)
-		from := "the beginning"
-		if r.lastMD != nil {
-			from = fmt.Sprintf("%s %d", r.lastMD.Kind, r.lastMD.ID)
-		} else if restore != nil {
-			from = fmt.Sprintf("%s %d", restore.Metadata.Kind, restore.Metadata.ID)
-		}
-		r.log.Warn("job failed, restarting", "attempt", attempt+1, "from", from, "delay", r.opts.Restart.Delay, "err", err)
-		if r.opts.Restart.Delay > 0 {
-			t := time.NewTimer(r.opts.Restart.Delay)
-			select {
-			case <-t.C:
-			case <-ctx.Done():
-				t.Stop()
-				return ctx.Err()
+		fctx := r.startPending(nil, telemetry.SpanFailover, telemetry.Attempt(a.Attempt))
+		telemetry.RecordError(trace.SpanFromContext(fctx), r.lastErr)
+		r.log.Warn("job failed, restarting", "attempt", a.Attempt, "from", a.Restore.String(), "err", r.lastErr)
+		restore = nil
+		if a.Restore != nil {
+			switch md := r.Latest(); {
+			case r.opts.Restore != nil && a.Restore.ID == r.opts.Restore.Metadata.ID:
+				restore = r.opts.Restore
+			case md != nil && md.ID == a.Restore.ID:
+				rs, err := checkpoint.LoadRestoreFrom(ctx, r.store, md, r.g)
+				if err != nil {
+					r.fatal(fmt.Errorf("runtime: job %q: restart from %s %d: %w", r.g.Name, md.Kind, md.ID, err))
+					return
+				}
+				restore = rs
+			default:
+				r.fatal(fmt.Errorf("runtime: job %q: restart from %s: not found", r.g.Name, a.Restore))
+				return
 			}
-		}
-		if r.lastMD != nil && (restore == nil || restore.Metadata.ID != r.lastMD.ID) {
-			rs, err := checkpoint.LoadRestoreFrom(ctx, r.store, r.lastMD, r.g)
-			if err != nil {
-				return fmt.Errorf("runtime: job %q: restart from %s %d: %w", r.g.Name, r.lastMD.Kind, r.lastMD.ID, err)
-			}
-			restore = rs
 		}
 		if restore != nil {
 			r.startRestore(fctx, restore)
 		}
+	} else if restore != nil {
+		r.startRestore(nil, restore)
 	}
-}
-
-// drive starts the subtasks of j and drives them until they all ended: nil
-// when the job finished or stopped, else the failure.
-func (r *runner) drive(ctx context.Context, j *job) error {
+	j := r.newJob(a.Attempt, restore)
+	if err := j.build(); err != nil {
+		r.fatal(err)
+		return
+	}
 	runCtx, cancel := context.WithCancelCause(ctx)
-	defer cancel(nil)
 	j.cancel = cancel
 	j.events = make(chan control.Event, 4*len(j.tasks)+64)
 	r.mu.Lock()
@@ -333,71 +503,42 @@ func (r *runner) drive(ctx context.Context, j *job) error {
 			}
 		}()
 	}
-	go func() { wg.Wait(); close(j.done) }()
-
+	go func() { wg.Wait(); cancel(nil); close(j.done) }()
 	if r.coord == nil {
 		r.endPending(nil) // nothing reports running without a coordinator
-		select {
-		case <-j.done:
-		case <-ctx.Done():
-			<-j.done
-		}
-		return j.result(ctx)
-	}
-
-	ticker := time.NewTicker(r.opts.Checkpoint.Tick)
-	defer ticker.Stop()
-	stop := r.opts.Stop
-	var pendingStop *StopRequest // a stop that came before the job was running
-	for {
-		select {
-		case req := <-r.opts.Savepoint:
-			r.Driver.RequestSavepoint(j, req.Result)
-		case ev := <-j.events:
-			r.step(j, ev)
-		case <-ticker.C:
-			r.step(j, control.Tick{})
-			if pendingStop != nil && r.canStop() {
-				r.step(j, control.StopWithSavepoint{Drain: pendingStop.Drain})
-				pendingStop = nil
-			}
-		case req := <-stop:
-			stop = nil
-			r.log.Info("stopping with a savepoint", "drain", req.Drain)
-			if !r.canStop() {
-				pendingStop = &req // once every subtask runs
-				continue
-			}
-			r.step(j, control.StopWithSavepoint{Drain: req.Drain})
-		case <-j.done:
-			for {
-				select {
-				case ev := <-j.events:
-					r.step(j, ev)
-					continue
-				default:
-				}
-				break
-			}
-			err := j.result(ctx)
-			if err == nil && r.jobDone == nil {
-				err = fmt.Errorf("runtime: job %q: every subtask ended but the checkpoint coordinator has not finished the job (state %s)", r.g.Name, r.coord.State())
-			}
-			if err != nil && !errors.Is(err, ctx.Err()) && r.coord.State() != control.JobRestarting {
-				r.step(j, control.TaskFailed{Subtask: j.failed, Reason: err.Error()})
-			}
-			if err != nil && ctx.Err() != nil {
-				r.step(nil, control.Cancel{})
-			}
-			return err
-		}
 	}
 }
 
-// canStop reports whether the coordinator can take a stop-with-savepoint now.
-func (r *runner) canStop() bool {
-	st := r.coord.State()
-	return st == control.JobRunning || st == control.JobFinishing
+// fatal ends the job with err: something no restart can mend (a build
+// error, a checkpoint that cannot be read).
+func (r *runner) fatal(err error) {
+	r.lastErr = err
+	r.fatalErr = err
+	_ = r.lc.Step(control.Cancel{})
+	r.Driver.perform(r.target())
+}
+
+// result is the outcome of the ended job.
+func (r *runner) result(ctx context.Context, canceled bool) error {
+	x := r.ended
+	switch {
+	case r.fatalErr != nil:
+		return r.fatalErr
+	case x.State == control.JobFinished || x.State == control.JobStopped:
+		return nil
+	case canceled:
+		return ctx.Err()
+	case x.State == control.JobFailed:
+		err := r.lastErr
+		if err == nil {
+			err = errors.New(x.Reason)
+		}
+		if n := r.lc.Restarts(); n > 0 {
+			return fmt.Errorf("runtime: job %q failed after %d restarts: %w", r.g.Name, n, err)
+		}
+		return err
+	}
+	return fmt.Errorf("runtime: job %q %s: %s", r.g.Name, x.State, x.Reason)
 }
 
 // fail records the first failure of an attempt and cancels the others.
@@ -417,31 +558,28 @@ func (j *job) result(ctx context.Context) error {
 	return j.err
 }
 
-// step feeds ev to the coordinator and carries out the resulting actions.
-// j is nil when no attempt runs.
-func (r *runner) step(j *job, ev control.Event) {
-	if j == nil {
-		r.Driver.Step(nil, ev)
-		return
-	}
-	r.Driver.Step(j, ev)
-	r.checkRunning()
-}
-
-// Step feeds ev to the coordinator and carries out the resulting actions,
-// sending commands to t (nil when no attempt runs).
-func (d *Driver) Step(t Target, ev control.Event) {
+// Step feeds ev to the lifecycle (or the coordinator) and carries out the
+// resulting actions, sending commands to t (nil when no attempt runs). It
+// returns why ev was refused, if it was.
+func (d *Driver) Step(t Target, ev control.Event) (refused error) {
 	if t == nil {
 		t = noTarget{}
 	}
 	d.queued = append(d.queued, ev)
 	if len(d.queued) > 1 {
-		return // a step in progress takes it
+		return nil // a step in progress takes it
 	}
 	d.observeEvent(ev)
+	first := true
 	for len(d.queued) > 0 {
 		ev := d.queued[0]
-		if err := d.coord.Step(ev); err != nil {
+		var err error
+		if d.lc != nil {
+			err = d.lc.Step(ev)
+		} else {
+			err = d.coord.Step(ev)
+		}
+		if err != nil {
 			if _, ok := ev.(control.TriggerSavepoint); ok {
 				d.answerSavepoints("", fmt.Errorf("runtime: job %q: no savepoint: %w", d.g.Name, err))
 			}
@@ -450,10 +588,15 @@ func (d *Driver) Step(t Target, ev control.Event) {
 				level = slog.LevelWarn
 			}
 			d.log.Log(context.Background(), level, "checkpoint coordinator refused an event", "event", ev.String(), "err", err)
+			if first {
+				refused = err
+			}
 		}
+		first = false
 		d.perform(t)
 		d.queued = d.queued[1:]
 	}
+	return refused
 }
 
 // RequestSavepoint triggers a savepoint of the running job; reply hears its
@@ -484,13 +627,26 @@ func (d *Driver) answerSavepoints(location string, err error) {
 
 // perform carries out the coordinator's actions in order.
 func (d *Driver) perform(t Target) {
-	for d.coord.HasReady() {
-		acts := d.coord.Ready()
-		d.coord.Advance()
+	for d.hasReady() {
+		var acts []control.Action
+		if d.lc != nil {
+			acts = d.lc.Ready()
+			d.lc.Advance()
+		} else {
+			acts = d.coord.Ready()
+			d.coord.Advance()
+		}
 		for _, a := range acts {
 			d.act(t, a)
 		}
 	}
+}
+
+func (d *Driver) hasReady() bool {
+	if d.lc != nil {
+		return d.lc.HasReady()
+	}
+	return d.coord.HasReady()
 }
 
 func (d *Driver) later(ev control.Event) { d.queued = append(d.queued, ev) }
@@ -537,7 +693,7 @@ func (d *Driver) act(t Target, a control.Action) {
 		if md.Kind == control.KindSavepoint {
 			d.answerSavepoints(md.Location, nil)
 		}
-		d.later(control.Persisted{CheckpointID: x.ID})
+		d.later(control.Persisted{CheckpointID: x.ID, Location: md.Location})
 	case control.NotifyComplete:
 		tr := d.notifyTrace(x.ID)
 		for _, id := range x.Tasks {
@@ -561,6 +717,13 @@ func (d *Driver) act(t Target, a control.Action) {
 	case control.FailJob:
 		d.answerSavepoints("", fmt.Errorf("runtime: job %q failed before the savepoint completed: %w", d.g.Name, x.Err))
 		t.Fail(fmt.Errorf("runtime: job %q: %w", d.g.Name, x.Err))
+	case control.StartAttempt, control.CancelAttempt, control.StopFailed, control.JobEnded:
+		if x, ok := a.(control.CancelAttempt); ok {
+			d.answerSavepoints("", fmt.Errorf("runtime: job %q: the attempt ended before the savepoint completed: %s", d.g.Name, x.Reason))
+		}
+		if d.onLifecycle != nil {
+			d.onLifecycle(a)
+		}
 	case control.JobDone:
 		d.answerSavepoints("", fmt.Errorf("runtime: job %q is %s: no savepoint", d.g.Name, x.State))
 		d.jobDone = &x

@@ -208,7 +208,7 @@ func TestFinishedBranchSkippedOnRestore(t *testing.T) {
 	var restarted atomic.Bool
 	store := openStore(t, filepath.Join(dir, "chk"))
 	stats, err := Run(context.Background(), g, Options{Engine: eng, BatchSize: 64, Stop: stop,
-		Restart: RestartStrategy{Attempts: 1},
+		Restart: jobfile.RestartSettings{Strategy: jobfile.RestartFixedDelay, Attempts: 1},
 		Checkpoint: &CheckpointOptions{Store: store, Interval: 30 * time.Millisecond, Tick: 5 * time.Millisecond,
 			OnComplete: func(md *checkpoint.Metadata) {
 				if md.Operator("bop").Finished == control.OperatorFullyFinished && md.Operator("bout").Finished == control.OperatorFullyFinished {

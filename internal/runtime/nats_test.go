@@ -105,7 +105,7 @@ operators:
 				Logger:     slog.New(slog.NewTextHandler(&logs, nil)),
 				NATS:       natsutil.ConnectOptions{URLs: []string{srv.URL()}},
 				Checkpoint: &CheckpointOptions{Store: store, Interval: job.Checkpoint.Interval, Tick: 10 * time.Millisecond},
-				Restart:    RestartStrategy{Attempts: job.Restart.Attempts, Delay: job.Restart.Delay},
+				Restart:    job.Restart,
 			})
 			if err != nil {
 				t.Fatal(err)

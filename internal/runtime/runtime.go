@@ -47,8 +47,10 @@ type Options struct {
 	// final checkpoint, sinks commit when the job finishes and a failure
 	// restarts from the beginning).
 	Checkpoint *CheckpointOptions
-	// Restart is the restart strategy after a subtask failure.
-	Restart RestartStrategy
+	// Restart is the restart strategy after a failure (of a subtask, of a
+	// checkpoint too many times, of a stop's savepoint); the zero value
+	// never restarts.
+	Restart jobfile.RestartSettings
 	// Restore is the checkpoint or savepoint to start from (see
 	// checkpoint.LoadRestore); nil: fresh state.
 	Restore *checkpoint.Restore
@@ -96,18 +98,15 @@ func NewCheckpointOptions(cs *jobfile.CheckpointSettings, store checkpoint.Store
 		MaxConcurrent: cs.MaxConcurrent, TolerableFailures: &tf, DelayFinalCheckpoint: !cs.FinalImmediately}
 }
 
-// RestartStrategy is the fixed-delay restart strategy: after a failure the
-// whole job restarts from the latest completed checkpoint (or from the
-// beginning) after Delay, at most Attempts times; then Run fails with the
-// last cause.
-type RestartStrategy struct {
-	Attempts int
-	Delay    time.Duration
-}
-
 // StopRequest asks to stop the job with a savepoint; with Drain the
 // operators finish (end_input, finish) first.
-type StopRequest struct{ Drain bool }
+type StopRequest struct {
+	Drain bool
+	// Failed, if set, hears why the stop failed when the job goes on (its
+	// savepoint failed; the job restarts as its strategy says) or refused
+	// it. Run does not block on it. A stop that succeeds ends Run.
+	Failed chan<- error
+}
 
 // SavepointRequest asks for a savepoint of a running job. Result must have
 // room for one value: the driver never blocks on it.
