@@ -141,8 +141,8 @@ type ctlJob struct {
 
 	// dist is set once the job is spread over hosts (then every later
 	// attempt is too): the controller drives its checkpoints (dist.go).
-	dist         *distJob
-	hostStats    map[string][]runtime.OperatorStats // dist: per host, of the current attempt
+	dist      *distJob
+	hostStats map[string][]runtime.OperatorStats // dist: per host, of the current attempt
 	// restart applies the job's restart strategy to the task failures of a
 	// job spread over hosts (a job on one host restarts in its host's
 	// runtime, under the same strategy); its ticks are milliseconds since

@@ -54,24 +54,24 @@ type runner struct {
 // controller drives a job spread over hosts with it). The caller serializes
 // Step; the fields Stats reads are guarded by mu.
 type Driver struct {
-	g        *control.JobGraph
-	co       *CheckpointOptions
-	log      *slog.Logger
-	coord    *control.Coordinator // read only: stepped through lc when lc is set
+	g     *control.JobGraph
+	co    *CheckpointOptions
+	log   *slog.Logger
+	coord *control.Coordinator // read only: stepped through lc when lc is set
 	// lc, when set (Run), is what events go to: the job's lifecycle around
 	// coord; its own actions go to onLifecycle. Without it (a job spread over
 	// hosts, driven by internal/cluster) events go to coord.
 	lc          *control.Lifecycle
 	onLifecycle func(control.Action)
-	store    checkpoint.Store
-	queued   []control.Event // events to Step once the current actions are done
-	lastMD   *checkpoint.Metadata
-	restarts int
-	count    int // completed checkpoints
-	jobDone  *control.JobDone
-	savepath string
-	mu       sync.Mutex // guards the fields Stats reads: restarts, count, lastMD, savepath
-	obs      driverObs  // checkpoint and stop-with-savepoint spans, checkpoint metrics (observe.go)
+	store       checkpoint.Store
+	queued      []control.Event // events to Step once the current actions are done
+	lastMD      *checkpoint.Metadata
+	restarts    int
+	count       int // completed checkpoints
+	jobDone     *control.JobDone
+	savepath    string
+	mu          sync.Mutex // guards the fields Stats reads: restarts, count, lastMD, savepath
+	obs         driverObs  // checkpoint and stop-with-savepoint spans, checkpoint metrics (observe.go)
 
 	spWaiters []chan<- SavepointResult // savepoint requests waiting for their savepoint
 }

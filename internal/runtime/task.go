@@ -54,9 +54,9 @@ type task struct {
 	m *control.SubtaskMachine
 	// Of a source: the position after the records sent so far (what a
 	// snapshot stores), and its watermark.
-	srcAt []byte
-	srcWM int64
-	src   connector.Source
+	srcAt  []byte
+	srcWM  int64
+	src    connector.Source
 	reader *sourceReader
 	// Of an operator: the alignment in progress (spans and metrics).
 	align alignObs
