@@ -439,14 +439,14 @@ func (c *Coordinator) decline(e Decline) error {
 	if p == nil || p.persisting {
 		return nil // already over
 	}
-	reason, counted := AbortDeclined, true
+	reason, counted, op := AbortDeclined, true, ""
 	switch e.Kind {
 	case DeclineUnionStatePartiallyFinished:
-		reason, counted = AbortUnionState, false
+		reason, counted, op = AbortUnionState, false, e.Subtask.Operator
 	case DeclineNotReady:
 		reason, counted = AbortNotReady, false
 	}
-	c.abort(p, reason, fmt.Sprintf("subtask %v: %s", e.Subtask, e.Reason), counted)
+	c.abortAbout(p, reason, fmt.Sprintf("subtask %v: %s", e.Subtask, e.Reason), counted, op)
 	return nil
 }
 
@@ -536,7 +536,7 @@ func (c *Coordinator) complete(p *pendingCheckpoint) {
 			md.FullyFinished = append(md.FullyFinished, v.UID)
 		case n > 0:
 			if p.union[v.UID] {
-				c.abort(p, AbortUnionState, fmt.Sprintf("operator %q has union list state and %d of %d subtasks finished", v.UID, n, v.Parallelism), false)
+				c.abortAbout(p, AbortUnionState, fmt.Sprintf("operator %q has union list state and %d of %d subtasks finished", v.UID, n, v.Parallelism), false, v.UID)
 				return
 			}
 			md.PartiallyFinished = append(md.PartiallyFinished, v.UID)
@@ -594,10 +594,15 @@ func (c *Coordinator) persisted(id int64) error {
 // abort ends p without completing it. A stop-with-savepoint failure fails
 // the job; counted failures beyond the tolerable number too.
 func (c *Coordinator) abort(p *pendingCheckpoint, reason AbortReason, detail string, counted bool) {
+	c.abortAbout(p, reason, detail, counted, "")
+}
+
+// abortAbout is abort of a checkpoint that failed because of operator op.
+func (c *Coordinator) abortAbout(p *pendingCheckpoint, reason AbortReason, detail string, counted bool, op string) {
 	counted = counted && p.kind == KindCheckpoint
 	c.remove(p)
 	c.lastEnd, c.ended = c.now, true
-	a := AbortCheckpoint{ID: p.id, Kind: p.kind, Reason: reason, Detail: detail, Counted: counted}
+	a := AbortCheckpoint{ID: p.id, Kind: p.kind, Reason: reason, Detail: detail, Counted: counted, Operator: op}
 	for _, id := range p.plan.Wait {
 		if c.subtasks[id].state != SubtaskFinished && c.subtasks[id].state != SubtaskDeploying {
 			a.Tasks = append(a.Tasks, id)

@@ -354,8 +354,11 @@ type AbortCheckpoint struct {
 	Reason  AbortReason
 	Detail  string
 	Counted bool
-	Tasks   []SubtaskID
-	Discard []AckedState
+	// Operator is the operator the abort is about, when it is one
+	// (union-state: the partially finished operator with union list state).
+	Operator string
+	Tasks    []SubtaskID
+	Discard  []AckedState
 }
 
 // DiscardState says a late acknowledgement arrived for a checkpoint that no

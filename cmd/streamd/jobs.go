@@ -270,6 +270,11 @@ func (c *cli) printStatus(st *cluster.JobStatus) {
 		fmt.Fprintf(tw, "  %s\t%d\t%d\t%d\t%s\n", op.UID, op.Parallelism, op.RecordsIn, op.RecordsOut, strings.Join(subs, " "))
 	}
 	tw.Flush()
+	for _, op := range st.Operators {
+		if op.UnionDeclines > 0 {
+			fmt.Fprintf(w, "operator %s: %d checkpoint(s) declined: it has union list state and was partially finished\n", op.UID, op.UnionDeclines)
+		}
+	}
 	if n := len(st.Checkpoints); n > 0 {
 		tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 		fmt.Fprintln(tw, "  CHECKPOINT\tKIND\tCOMPLETED\tDURATION\tSIZE")

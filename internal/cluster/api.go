@@ -210,11 +210,14 @@ type JobStatus struct {
 
 // OperatorStatus is one operator of a job.
 type OperatorStatus struct {
-	UID         string          `json:"uid"`
-	Parallelism int             `json:"parallelism"`
-	RecordsIn   int64           `json:"records_in"`
-	RecordsOut  int64           `json:"records_out"`
-	Subtasks    []SubtaskStatus `json:"subtasks"`
+	UID         string `json:"uid"`
+	Parallelism int    `json:"parallelism"`
+	RecordsIn   int64  `json:"records_in"`
+	RecordsOut  int64  `json:"records_out"`
+	// UnionDeclines counts the checkpoints declined because the operator
+	// has union list state and was partially finished (FLIP-147).
+	UnionDeclines int             `json:"union_declines,omitempty"`
+	Subtasks      []SubtaskStatus `json:"subtasks"`
 }
 
 // SubtaskStatus is one subtask: where it runs and its state.

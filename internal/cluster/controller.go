@@ -1288,7 +1288,11 @@ func (c *Controller) statusLocked(j *ctlJob) JobStatus {
 		stats[s.UID] = s
 	}
 	for _, v := range j.spec.Vertices {
-		op := OperatorStatus{UID: v.UID, Parallelism: v.Parallelism, RecordsIn: stats[v.UID].RecordsIn, RecordsOut: stats[v.UID].RecordsOut}
+		op := OperatorStatus{UID: v.UID, Parallelism: v.Parallelism, RecordsIn: stats[v.UID].RecordsIn, RecordsOut: stats[v.UID].RecordsOut,
+			UnionDeclines: stats[v.UID].UnionDeclines}
+		if j.dist != nil && j.dist.d != nil {
+			op.UnionDeclines = j.dist.d.UnionDeclines()[v.UID] // the controller drives its checkpoints
+		}
 		for i := 0; i < v.Parallelism; i++ {
 			s := SubtaskStatus{Index: i, State: j.subtaskState}
 			if sub := stats[v.UID].Subtasks; i < len(sub) && sub[i] != "" && !TerminalJobState(j.state) {

@@ -74,6 +74,53 @@ type Driver struct {
 	obs         driverObs  // checkpoint and stop-with-savepoint spans, checkpoint metrics (observe.go)
 
 	spWaiters []chan<- SavepointResult // savepoint requests waiting for their savepoint
+
+	// Checkpoints declined because an operator with union list state is
+	// partially finished: per operator, those of the current run of
+	// declines (logged once at its start and once at its end) and the total
+	// (Stats; guarded by mu).
+	unionRun   map[string]int
+	unionTotal map[string]int
+}
+
+// unionDeclined counts a checkpoint aborted for the union list state of a
+// partially finished operator; the first of a run is logged at info.
+func (d *Driver) unionDeclined(x control.AbortCheckpoint) {
+	if d.unionRun == nil {
+		d.unionRun, d.unionTotal = map[string]int{}, map[string]int{}
+	}
+	if d.unionRun[x.Operator] == 0 {
+		d.log.Info("checkpoints are declined while an operator with union list state is partially finished; subtasks waiting for their final checkpoint wait until all its subtasks finish",
+			"operator", x.Operator, "checkpoint", x.ID, "detail", x.Detail)
+	}
+	d.unionRun[x.Operator]++
+	d.mu.Lock()
+	d.unionTotal[x.Operator]++
+	d.mu.Unlock()
+}
+
+// unionDeclinesEnd ends the runs of union-state declines: a checkpoint
+// completed (or the job ended) after them.
+func (d *Driver) unionDeclinesEnd(why string) {
+	for op, n := range d.unionRun {
+		d.log.Info("union-state declines ended", "operator", op, "declined", n, "because", why)
+	}
+	clear(d.unionRun)
+}
+
+// UnionDeclines is, per operator, how many checkpoints were declined because
+// it has union list state and was partially finished.
+func (d *Driver) UnionDeclines() map[string]int {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if len(d.unionTotal) == 0 {
+		return nil
+	}
+	out := make(map[string]int, len(d.unionTotal))
+	for op, n := range d.unionTotal {
+		out[op] = n
+	}
+	return out
 }
 
 // Target is where a Driver's commands go: the subtasks of the current
@@ -137,6 +184,9 @@ func (r *runner) snapshot() Stats {
 	cur := r.cur
 	if cur == nil {
 		cur = r.last
+	}
+	for i, v := range r.g.Vertices {
+		s.Operators[i].UnionDeclines = r.unionTotal[v.UID]
 	}
 	r.mu.Unlock()
 	subtaskStates(&s, r.g, cur)
@@ -686,6 +736,7 @@ func (d *Driver) act(t Target, a control.Action) {
 		d.lastMD = md
 		d.count++
 		d.mu.Unlock()
+		d.unionDeclinesEnd(fmt.Sprintf("%s %d completed", md.Kind, md.ID))
 		d.log.Debug("checkpoint complete", "id", x.ID, "kind", x.Kind, "size", x.Size, "location", md.Location)
 		if d.co.OnComplete != nil {
 			d.co.OnComplete(md)
@@ -701,6 +752,9 @@ func (d *Driver) act(t Target, a control.Action) {
 		}
 	case control.AbortCheckpoint:
 		d.log.Debug("checkpoint aborted", "id", x.ID, "reason", x.Reason, "detail", x.Detail)
+		if x.Reason == control.AbortUnionState {
+			d.unionDeclined(x)
+		}
 		if x.Kind == control.KindSavepoint {
 			d.log.Warn("savepoint aborted", "id", x.ID, "reason", x.Reason, "detail", x.Detail)
 			d.answerSavepoints("", fmt.Errorf("runtime: job %q: savepoint %d aborted: %s %s", d.g.Name, x.ID, x.Reason, x.Detail))
@@ -725,6 +779,7 @@ func (d *Driver) act(t Target, a control.Action) {
 			d.onLifecycle(a)
 		}
 	case control.JobDone:
+		d.unionDeclinesEnd("the job is " + string(x.State))
 		d.answerSavepoints("", fmt.Errorf("runtime: job %q is %s: no savepoint", d.g.Name, x.State))
 		d.jobDone = &x
 		if x.State == control.JobStopped && d.lastMD != nil {

@@ -138,6 +138,9 @@ type OperatorStats struct {
 	// Subtasks has the state of each subtask (StateRunning ...), by index;
 	// "" for a subtask that does not run in this process.
 	Subtasks []string `json:",omitempty"`
+	// UnionDeclines counts the checkpoints declined because the operator
+	// has union list state and was partially finished.
+	UnionDeclines int `json:",omitempty"`
 }
 
 // Stats is a snapshot of a run's counters.

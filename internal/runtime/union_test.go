@@ -227,6 +227,11 @@ func TestUnionStatePartiallyFinished(t *testing.T) {
 	if unionAborts < 3 {
 		t.Errorf("%d union-state aborts before the final checkpoint %d, want at least 3", unionAborts, last.ID)
 	}
+	for _, o := range r.stats.Operators {
+		if want := map[bool]int{true: len(aborts)}[o.UID == "op"]; o.UnionDeclines != want {
+			t.Errorf("stats: operator %s has %d union-state declines, want %d", o.UID, o.UnionDeclines, want)
+		}
+	}
 
 	// Exactly once: each sink subtask's committed files, in checkpoint
 	// order, are op's output stream (conformance guests/SPEC.md).
