@@ -448,3 +448,58 @@ func TestStopWithSavepointFails(t *testing.T) {
 		t.Fatalf("err = %v, want a stop-with-savepoint failure naming the cause", err)
 	}
 }
+
+// wmLifecycleOp is a lifecycleOp that records every watermark it is given.
+type wmLifecycleOp struct{ *lifecycleOp }
+
+func (o wmLifecycleOp) AdvanceWatermark(_ context.Context, ts int64, _ Emitter) error {
+	o.add(fmt.Sprint("wm:", ts))
+	return nil
+}
+
+// TestStopWithoutDrainMultiInput: a two-input operator whose inputs have
+// different watermarks is stopped with a savepoint without drain. Between
+// the savepoint's snapshot_state and close it gets only
+// notify_checkpoint_complete: no on_watermark when one input's channel
+// ends before the other's (ABI.md).
+func TestStopWithoutDrainMultiInput(t *testing.T) {
+	for round := 0; round < 3; round++ {
+		dir := t.TempDir()
+		slow, fast := genSpec(0), genSpec(0)
+		slow.Rate, fast.Rate = 5000, 5000
+		fast.StartTS = 1_000_000_000
+		lc := &lifecycle{calls: map[int][]string{}}
+		g := graph(t,
+			src("slow", 1, slow),
+			src("fast", 1, fast),
+			op("rec", 1, NativeFactory(func(info SubtaskInfo) NativeOperator {
+				return wmLifecycleOp{&lifecycleOp{l: lc, sub: info.Subtask}}
+			}), in("slow", control.Forward), in("fast", control.Forward)),
+			sink("out", 1, &jobfile.SinkSpec{Type: "discard"}, in("rec", control.Forward)),
+		)
+		stop := make(chan StopRequest, 1)
+		var completed atomic.Int32
+		stats, err := Run(context.Background(), g, Options{BatchSize: 16, Stop: stop,
+			Checkpoint: &CheckpointOptions{Store: openStore(t, filepath.Join(dir, "chk")), Interval: 20 * time.Millisecond, Tick: 5 * time.Millisecond,
+				OnComplete: func(md *checkpoint.Metadata) {
+					if completed.Add(1) == 3 {
+						stop <- StopRequest{}
+					}
+				}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		md, err := checkpoint.Resolve(stats.Savepoint)
+		if err != nil {
+			t.Fatal(err)
+		}
+		calls := lc.get(0)
+		i := slices.Index(calls, fmt.Sprint("snapshot:", md.ID))
+		if i < 0 || !slices.Equal(calls[i:], []string{fmt.Sprint("snapshot:", md.ID), fmt.Sprint("notify:", md.ID), "close"}) {
+			t.Fatalf("after the savepoint's snapshot: %v, want only its notify and close (all: %d calls)", calls[max(i, 0):], len(calls))
+		}
+		if !slices.ContainsFunc(calls[:i], func(c string) bool { return strings.HasPrefix(c, "wm:") }) {
+			t.Fatalf("no watermark before the savepoint: %v", calls)
+		}
+	}
+}
