@@ -1177,7 +1177,9 @@ func (c *Controller) hostEvent(ev HostEvent) {
 		if j.dist != nil {
 			j.dist.hostRunning(ev.HostID)
 		}
-		if j.state == JobCreated || j.state == JobRestarting {
+		// A job spread over hosts with checkpoints runs once its coordinator
+		// sees every subtask running (distRunning).
+		if (j.state == JobCreated || j.state == JobRestarting) && (j.dist == nil || j.dist.d == nil) {
 			j.state, j.reason = JobRunning, ""
 			j.restart.Running(j.ticks(now))
 			c.changedLocked(j)

@@ -272,6 +272,7 @@ type distJob struct {
 	stopping  bool                      // a stop with a savepoint was asked for in this attempt
 	stopSP    string                    // the location of that stop's savepoint, once complete
 	closed    bool
+	running   bool // the coordinator saw every subtask of the attempt running
 	obs       distObs // the attempt, failover and restore spans (trace.go)
 }
 
@@ -449,6 +450,27 @@ func (dj *distJob) onEvent(m *nats.Msg) {
 	}
 	dj.d.Step(dj.target(), ev)
 	dj.checkRunning()
+	if st := dj.d.State(); !dj.running && (st == control.JobRunning || st == control.JobFinishing) {
+		// The coordinator sees every subtask running: so is the job (the
+		// controller's state; c.mu comes before dj.mu, so not from here).
+		dj.running = true
+		go dj.c.distRunning(dj.id, dj.attempt)
+	}
+}
+
+// distRunning: every subtask of attempt runs (the coordinator says so).
+func (c *Controller) distRunning(jobID string, attempt int) {
+	now := time.Now()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	j := c.jobs[jobID]
+	if j == nil || j.attempt != attempt || (j.state != JobCreated && j.state != JobRestarting) {
+		return
+	}
+	j.state, j.reason, j.updated = JobRunning, "", now
+	j.restart.Running(j.ticks(now))
+	c.changedLocked(j)
+	c.log.Info("job running", "job", j.id, "attempt", j.attempt, "hosts", j.placement.Hosts())
 }
 
 func (dj *distJob) ticker() {
@@ -481,7 +503,7 @@ func (dj *distJob) ticker() {
 func (dj *distJob) deploy(attempt int, p control.Placement) string {
 	dj.mu.Lock()
 	defer dj.mu.Unlock()
-	dj.attempt, dj.placement, dj.active = attempt, p, true
+	dj.attempt, dj.placement, dj.active, dj.running = attempt, p, true, false
 	dj.stopping = false // stopSP stays: a failed stop's error names it
 	dj.finished = map[string]bool{}
 	dj.evSeq = map[string]uint64{}

@@ -466,9 +466,9 @@ func (r *runner) lifecycleAction(a control.Action) {
 			r.lastErr = err // the coordinator failed the attempt: its error is the cause
 		}
 	case control.StopFailed:
-		what := fmt.Sprintf("savepoint %d was not written", x.SavepointID)
+		what := fmt.Sprintf("its savepoint %d was not written", x.SavepointID)
 		if x.Savepoint != nil {
-			what = fmt.Sprintf("savepoint %d was written to %s, but the job failed before it stopped", x.SavepointID, x.Savepoint.Location)
+			what = fmt.Sprintf("its savepoint %s (id %d) was written, but the job failed before it stopped", x.Savepoint.Location, x.SavepointID)
 		}
 		err := fmt.Errorf("runtime: job %q: stop-with-savepoint failed: %s: %s; the job restarts as its restart strategy says", r.g.Name, what, x.Reason)
 		r.log.Error("stop-with-savepoint failed", "savepoint", x.SavepointID, "err", err)

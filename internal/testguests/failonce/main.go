@@ -8,6 +8,10 @@
 // state, so an exactly-once run emits every count 1..n of every key exactly
 // once. Otherwise (mode "map", the default) it passes every record on.
 //
+// With fail_notify K (0 or absent: never) it fails instead in its K-th
+// notify_checkpoint_complete of attempt 0 (with no periodic checkpoints,
+// the first notify is that of a stop's savepoint).
+//
 // It also keeps a split list state "seen" (records processed by the subtask
 // since the first attempt), restored on open, so list state survives
 // checkpoints too.
@@ -27,6 +31,8 @@ var count = streamd.ValueState("count")
 type failOnce struct {
 	streamd.Base
 	failAt  int64
+	failNtf int64 // fail_notify
+	notifys int64
 	attempt int
 	keyed   bool
 	seen    uint64 // records seen, restored from list state
@@ -37,6 +43,9 @@ type failOnce struct {
 func (f *failOnce) Open(ctx *streamd.Context) error {
 	var err error
 	if f.failAt, err = ctx.Config.Int("fail_at", 0); err != nil {
+		return err
+	}
+	if f.failNtf, err = ctx.Config.Int("fail_notify", 0); err != nil {
 		return err
 	}
 	f.attempt = ctx.Attempt
@@ -81,6 +90,14 @@ func (f *failOnce) SnapshotState(int64) error {
 	var b [8]byte
 	binary.LittleEndian.PutUint64(b[:], f.seen)
 	streamd.ListState("seen", streamd.Split).Add(b[:])
+	return nil
+}
+
+func (f *failOnce) NotifyCheckpointComplete(id int64) error {
+	f.notifys++
+	if f.attempt == 0 && f.failNtf > 0 && f.notifys == f.failNtf {
+		return fmt.Errorf("failonce: injected failure in notify_checkpoint_complete(%d) of attempt 0", id)
+	}
 	return nil
 }
 
