@@ -272,7 +272,7 @@ type distJob struct {
 	stopping  bool                      // a stop with a savepoint was asked for in this attempt
 	stopSP    string                    // the location of that stop's savepoint, once complete
 	closed    bool
-	running   bool // the coordinator saw every subtask of the attempt running
+	running   bool    // the coordinator saw every subtask of the attempt running
 	obs       distObs // the attempt, failover and restore spans (trace.go)
 }
 
