@@ -430,7 +430,7 @@ func (c *Controller) scheduleLocked(now time.Time) []effect {
 			}
 			continue
 		}
-		if j.dist == nil && !p.SingleHost() {
+		if j.dist == nil {
 			// Its controller side opens the checkpoint store (IO): set up
 			// outside the mutex, then the job is scheduled again.
 			j.preparing = true
