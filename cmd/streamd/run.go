@@ -51,7 +51,7 @@ A job file with a checkpoint section checkpoints (docs/checkpoints.md): a failed
 subtask restarts the job from the latest completed checkpoint, the file sink's
 output is exactly-once, and Ctrl-C (SIGINT or SIGTERM) stops the job with a
 savepoint and prints its path; resume with --from PATH. --from also takes a
-checkpoint directory (its latest completed checkpoint), at any parallelism.`,
+checkpoint directory (its newest completed checkpoint or savepoint, by id), at any parallelism.`,
 		Example: `  streamd run examples/wasm/wordcount/wordcount.yaml
   streamd run --parallelism 4 job.yaml
   streamd run job.yaml --from checkpoints/
@@ -69,7 +69,7 @@ checkpoint directory (its latest completed checkpoint), at any parallelism.`,
 	fl.IntVarP(&f.parallelism, "parallelism", "p", 0, "job: replace the default parallelism (operators that set their own keep it); module: the operator's parallelism")
 	fl.StringArrayVar(&f.config, "config", nil, "module only: operator config entry KEY=VALUE (repeatable)")
 	fl.BoolVar(&f.allowClock, "allow-clock", false, "module only: give the guest the real wall clock")
-	fl.StringVar(&f.from, "from", "", "job: restore from a checkpoint, a savepoint, or a checkpoint directory (its latest completed checkpoint)")
+	fl.StringVar(&f.from, "from", "", "job: restore from a checkpoint, a savepoint, or a checkpoint directory (its newest completed checkpoint or savepoint)")
 	fl.BoolVar(&f.drain, "drain", false, "job: on Ctrl-C (SIGINT, SIGTERM) stop with a savepoint after draining (end_input and finish run; timers fire)")
 	fl.String("progress", progressAuto, "progress display: auto, table, log or off ("+keyProgress+")")
 	fl.Int("batch-size", 1024, "records per batch on channels and into wasm ("+keyBatchSize+")")

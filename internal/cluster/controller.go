@@ -55,10 +55,6 @@ const (
 	DefaultUnreportedAfter   = 3
 )
 
-// ErrCrossHost is the reason of a job that only fits spread over several
-// hosts: the runtime cannot run one job across hosts yet.
-var ErrCrossHost = errors.New("cluster: cross-host execution not available yet")
-
 // Controller keeps the job table and the host registry, schedules jobs onto
 // host slots and fails jobs over when a host is lost. Start it with
 // StartController; stop it with Close.
@@ -139,14 +135,13 @@ type ctlJob struct {
 	// changes: stop and savepoint requests wait on it.
 	changed chan struct{}
 
-	// dist is set once the job is spread over hosts (then every later
-	// attempt is too): the controller drives its checkpoints (dist.go).
+	// dist is the controller's side of the job, set before its first
+	// attempt is placed: the controller drives every deployed job's
+	// checkpoints (dist.go), on one host or spread over several.
 	dist      *distJob
-	hostStats map[string][]runtime.OperatorStats // dist: per host, of the current attempt
-	// restart applies the job's restart strategy to the task failures of a
-	// job spread over hosts (a job on one host restarts in its host's
-	// runtime, under the same strategy); its ticks are milliseconds since
-	// the job was created.
+	hostStats map[string][]runtime.OperatorStats // per host, of the current attempt
+	// restart applies the job's restart strategy to its task failures;
+	// its ticks are milliseconds since the job was created.
 	restart *control.RestartTracker
 
 	// Of the current attempt, to notice a host's lost final report
@@ -483,18 +478,11 @@ func (c *Controller) prepareDist(j *ctlJob) effect {
 func (c *Controller) assignEffects(j *ctlJob) []effect {
 	var effects []effect
 	p := *j.placement
-	// A job on one host restores from its own latest checkpoint after a
-	// failover, else from the checkpoint it was deployed from.
-	restore, dist := j.from, j.dist != nil
-	if dist {
-		restore = j.dist.deploy(j.attempt, p)
-	}
-	var tr map[string]string
-	if dist {
-		tr = j.dist.attemptTrace()
-	}
+	// The attempt restores what the job's driver chose (dist.deploy).
+	restore := j.dist.deploy(j.attempt, p)
+	tr := j.dist.attemptTrace()
 	for _, h := range p.Hosts() {
-		a := Assignment{JobID: j.id, Attempt: j.attempt, Job: j.spec, Placement: p.Slots, Distributed: dist, Restore: restore, Trace: tr}
+		a := Assignment{JobID: j.id, Attempt: j.attempt, Job: j.spec, Placement: p.Slots, Distributed: true, Restore: restore, Trace: tr}
 		for _, v := range j.spec.Vertices {
 			for i := 0; i < v.Parallelism; i++ {
 				if p.Host(i) == h {
@@ -569,17 +557,14 @@ func (c *Controller) failLocked(j *ctlJob, now time.Time, f failure) []effect {
 		if j.spec.Restart.Strategy == jobfile.RestartFixedDelay {
 			delay = j.spec.Restart.Delay
 		}
-	case !infra && j.dist != nil:
-		// A job spread over hosts restarts here after task failures (no
-		// host's runtime restarts it).
+	case !infra:
+		// Task failures restart here, under the job's restart strategy
+		// (hosts restart nothing themselves).
 		var ms int64
 		ms, restart, why = j.restart.Failed(j.ticks(now))
 		delay = time.Duration(ms) * time.Millisecond
 	}
 	if !restart {
-		// Task failures of a job on one host were already retried by the
-		// host's runtime under the job's restart strategy: the attempt
-		// failing means it gave up.
 		if why == "" {
 			why = "the restart strategy gives up"
 		}
@@ -819,16 +804,10 @@ func (c *Controller) handleStop(msg *nats.Msg) {
 	respond(msg, SavepointReply{Reply: errReply(err), Path: path})
 }
 
-// hostSavepointTimeout bounds a host's savepoint or stop of a job it runs
-// whole (Host.handleSavepoint); the controller waits a little longer.
-const hostSavepointTimeout = 10 * time.Minute
-
-// forwardSavepoint sends a savepoint or stop request to the host running the
-// job (a job on one host), or takes it (distSavepoint) for a job spread over
-// hosts. It returns when the host answers, or as soon as the attempt ended
-// (failed over, canceled, lost host): it waits on the job's changes, not on a
-// timer. A stop that fails leaves the job running (the host's run restarted
-// under the job's restart strategy) or restarting, never stopping.
+// forwardSavepoint takes a savepoint of a running job, or stops it with
+// one (distSavepoint): the controller drives every deployed job's
+// checkpoints. A stop that fails leaves the job running or restarting,
+// never stopping.
 func (c *Controller) forwardSavepoint(jobID string, hr HostRequest, verb string) (string, error) {
 	c.mu.Lock()
 	j := c.jobs[jobID]
@@ -836,86 +815,13 @@ func (c *Controller) forwardSavepoint(jobID string, hr HostRequest, verb string)
 	case j == nil:
 		c.mu.Unlock()
 		return "", fmt.Errorf("cluster: no job %q (streamd list shows the jobs)", jobID)
-	case j.placement == nil || (j.state != JobRunning && j.state != JobFinishing):
+	case j.placement == nil || j.dist == nil || (j.state != JobRunning && j.state != JobFinishing):
 		st := j.state
 		c.mu.Unlock()
 		return "", fmt.Errorf("cluster: %s job %s: the job is %s, not running", verb, jobID, st)
 	}
-	if j.dist != nil {
-		c.mu.Unlock()
-		return c.distSavepoint(jobID, verb, hr.Dir, hr.Drain)
-	}
-	hosts := j.placement.Hosts()
-	hr.JobID, hr.Attempt = j.id, j.attempt
-	attempt := j.attempt
-	if len(hosts) != 1 {
-		c.mu.Unlock()
-		return "", fmt.Errorf("cluster: %s job %s: %w", verb, jobID, ErrCrossHost)
-	}
-	prev := j.state
-	if verb == HostVerbStop {
-		j.state, j.updated = JobStopping, time.Now()
-		c.changedLocked(j)
-	}
-	changed := j.changed
 	c.mu.Unlock()
-	// restore puts a stopping job whose stop failed back to its state before.
-	restore := func() {
-		if verb != HostVerbStop {
-			return
-		}
-		c.mu.Lock()
-		if j.attempt == attempt && j.state == JobStopping {
-			j.state, j.updated = prev, time.Now()
-			c.changedLocked(j)
-		}
-		c.mu.Unlock()
-	}
-
-	type result struct {
-		r   SavepointReply
-		err error
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), hostSavepointTimeout+30*time.Second)
-	defer cancel()
-	done := make(chan result, 1)
-	go func() {
-		var r SavepointReply
-		err := request(ctx, c.nc, HostSubject(hosts[0], verb), hr, &r)
-		if err == nil {
-			err = r.Err()
-		}
-		done <- result{r, err}
-	}()
-	for {
-		select {
-		case res := <-done:
-			if res.err != nil {
-				restore()
-				what := verb
-				if verb == HostVerbStop {
-					what = "stop with savepoint"
-				}
-				return "", fmt.Errorf("cluster: %s of job %s on host %s: %w", what, jobID, hosts[0], res.err)
-			}
-			return res.r.Path, nil
-		case <-changed:
-			c.mu.Lock()
-			changed = j.changed
-			st, reason, sp, att := j.state, j.reason, j.savepoint, j.attempt
-			c.mu.Unlock()
-			switch {
-			case st == JobStopped && verb == HostVerbStop:
-				return sp, nil
-			case TerminalJobState(st) || att != attempt:
-				cancel()
-				restore()
-				return "", fmt.Errorf("cluster: %s job %s: the attempt ended first: the job is %s: %s", verb, jobID, st, reason)
-			}
-		case <-c.done:
-			return "", errors.New("cluster: controller closed")
-		}
-	}
+	return c.distSavepoint(jobID, verb, hr.Dir, hr.Drain)
 }
 
 func (c *Controller) handleHosts(msg *nats.Msg) {
@@ -1179,7 +1085,7 @@ func (c *Controller) hostEvent(ev HostEvent) {
 		}
 		// A job spread over hosts with checkpoints runs once its coordinator
 		// sees every subtask running (distRunning).
-		if (j.state == JobCreated || j.state == JobRestarting) && (j.dist == nil || j.dist.d == nil) {
+		if (j.state == JobCreated || j.state == JobRestarting) && j.dist.d == nil {
 			j.state, j.reason = JobRunning, ""
 			j.restart.Running(j.ticks(now))
 			c.changedLocked(j)
@@ -1187,25 +1093,14 @@ func (c *Controller) hostEvent(ev HostEvent) {
 		}
 		c.setAttemptState(j, SubtaskRunning, "")
 	case SubtaskFinished:
-		if j.dist != nil {
-			j.dist.mu.Lock()
-			j.dist.finished[ev.HostID] = true
-			j.dist.mu.Unlock()
-			j.updated = now
-			c.mu.Unlock()
-			c.run(effects)
-			c.maybeEndDist(j.id)
-			return
-		}
-		if ev.Savepoint != "" {
-			c.setAttemptState(j, JobStopped, "")
-			j.savepoint = ev.Savepoint
-			c.endLocked(j, now, JobStopped, "stopped with savepoint "+ev.Savepoint)
-		} else {
-			c.setAttemptState(j, JobFinished, "")
-			c.endLocked(j, now, JobFinished, "")
-		}
-		effects = append(effects, c.scheduleLocked(now)...)
+		j.dist.mu.Lock()
+		j.dist.finished[ev.HostID] = true
+		j.dist.mu.Unlock()
+		j.updated = now
+		c.mu.Unlock()
+		c.run(effects)
+		c.maybeEndDist(j.id)
+		return
 	case SubtaskFailed, SubtaskCanceled:
 		f := failure{reason: "canceled on host " + ev.HostID, kind: failTask, host: ev.HostID, skip: true}
 		if ev.Error != "" {

@@ -293,8 +293,7 @@ func (c *Controller) newDistJob(id string, spec JobSpec, from string, attempt in
 		}
 		dj.store = store
 		// The first attempt starts from the checkpoint the job was deployed
-		// from; a job spread over hosts only after a failover (its earlier
-		// attempts ran on one host) from its latest checkpoint.
+		// from; later ones from the latest checkpoint the driver completed.
 		dj.restore = from
 		if attempt > 0 {
 			if md, err := store.Latest(ctx); err == nil {

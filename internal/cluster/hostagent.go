@@ -429,8 +429,7 @@ func (h *Host) runAssignment(ctx context.Context, r *hostRun, a Assignment, log 
 	r.replaces = nil
 	req := ExecRequest{HostID: h.opts.ID, JobID: a.JobID, Attempt: a.Attempt, Graph: g,
 		Placement: control.Placement{Slots: a.Placement}, Local: a.Local, Logger: log,
-		Checkpoint: a.Job.Checkpoint, Restart: a.Job.Restart, RestoreLatest: a.Attempt > 0,
-		Distributed: a.Distributed, Conn: h.nc, RestoreFrom: a.Restore,
+		Checkpoint: a.Job.Checkpoint, Conn: h.nc, RestoreFrom: a.Restore,
 		Progress: func(s runtime.Stats) {
 			h.report(HostEvent{HostID: h.opts.ID, JobID: a.JobID, Attempt: a.Attempt, State: SubtaskRunning,
 				Stats: s.Operators, Checkpoints: s.Recent, Elapsed: s.Elapsed.Round(time.Millisecond).String()}, false)
@@ -509,28 +508,8 @@ func (h *Host) handleSavepoint(msg *nats.Msg) {
 		respond(msg, SavepointReply{Reply: Reply{Error: fmt.Sprintf("cluster: host %s: bad %s request: %v", h.opts.ID, verb, err)}})
 		return
 	}
-	h.mu.Lock()
-	r := h.runs[AttemptRef{JobID: req.JobID, Attempt: req.Attempt}]
-	h.mu.Unlock()
-	if r == nil {
-		respond(msg, SavepointReply{Reply: Reply{Error: fmt.Sprintf("cluster: host %s: job %s attempt %d does not run here", h.opts.ID, req.JobID, req.Attempt)}})
-		return
-	}
-	r.mu.Lock()
-	sp, ok := r.exec.(Savepointer)
-	r.mu.Unlock()
-	if !ok {
-		respond(msg, SavepointReply{Reply: Reply{Error: fmt.Sprintf("cluster: %s job %s: %v: the task runtime has no stop-with-savepoint hook in this version", verb, req.JobID, ErrNotSupported)}})
-		return
-	}
-	ctx, cancel := context.WithTimeout(h.ctx, hostSavepointTimeout)
-	defer cancel()
-	var path string
-	var err error
-	if verb == HostVerbStop {
-		path, err = sp.StopWithSavepoint(ctx, req.Dir, req.Drain)
-	} else {
-		path, err = sp.Savepoint(ctx, req.Dir)
-	}
-	respond(msg, SavepointReply{Reply: errReply(err), Path: path})
+	// The controller drives the checkpoints of every deployed job (its
+	// savepoint and stop requests go to the job's subtasks as commands);
+	// a host takes none of its own.
+	respond(msg, SavepointReply{Reply: Reply{Error: fmt.Sprintf("cluster: host %s: %s job %s: the controller takes savepoints of deployed jobs (streamd savepoint / streamd stop)", h.opts.ID, verb, req.JobID)}})
 }
