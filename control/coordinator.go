@@ -6,7 +6,9 @@ import (
 	"slices"
 )
 
-// JobState is the job's lifecycle state, as `streamd status` shows it.
+// JobState is the job's lifecycle state (DESIGN.md "States"): the one
+// vocabulary of job states, used by `streamd status` and `--json`, traces,
+// metrics and the docs.
 type JobState string
 
 const (
@@ -26,15 +28,20 @@ func (s JobState) Terminal() bool {
 	return s == JobFinished || s == JobFailed || s == JobStopped || s == JobCanceled
 }
 
-// SubtaskState is a subtask's lifecycle state as the coordinator sees it.
+// SubtaskState is a subtask's lifecycle state (DESIGN.md "States"). These
+// words are the one vocabulary of subtask states: the coordinator's, the
+// runtime's Stats, `streamd status` and `--json`, traces and the docs.
 type SubtaskState string
 
 const (
+	SubtaskScheduled        SubtaskState = "scheduled" // placed on a host, not deployed yet (deployed jobs)
 	SubtaskDeploying        SubtaskState = "deploying"
 	SubtaskRunning          SubtaskState = "running"
-	SubtaskEndOfData        SubtaskState = "end-of-data"       // logic finished, waiting for its final checkpoint
-	SubtaskDeployedFinished SubtaskState = "deployed-finished" // restored as finished, waiting for a checkpoint
+	SubtaskEndOfData        SubtaskState = "end-of-data"          // logic finished, waiting for its final checkpoint
+	SubtaskDeployedFinished SubtaskState = "deployed-as-finished" // restored as finished, waiting for a checkpoint
 	SubtaskFinished         SubtaskState = "finished"
+	SubtaskFailed           SubtaskState = "failed"
+	SubtaskCanceled         SubtaskState = "canceled"
 )
 
 // Errors returned by Step, always wrapped in a "control: job ...: ..." message

@@ -169,6 +169,7 @@ func (c *cli) withClient(ctx context.Context, fn func(ctx context.Context, cl *c
 	if err != nil {
 		return err
 	}
+	cl.Log = c.log
 	timeout, err := c.duration(keyRequestTimeout)
 	if err != nil {
 		return err

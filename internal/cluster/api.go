@@ -19,6 +19,7 @@ package cluster
 import (
 	"time"
 
+	"github.com/streamd/streamd/control"
 	"github.com/streamd/streamd/internal/runtime"
 )
 
@@ -67,38 +68,33 @@ const (
 // and input files, keyed by content hash.
 const ArtifactBucket = "STREAMD_ARTIFACTS"
 
-// Job states (DESIGN.md "States").
+// Job states in JobStatus: control's words (control.JobState).
 const (
-	JobCreated    = "created"
-	JobRunning    = "running"
-	JobFinishing  = "finishing"
-	JobFinished   = "finished"
-	JobRestarting = "restarting"
-	JobFailed     = "failed"
-	JobStopping   = "stopping"
-	JobStopped    = "stopped"
-	JobCanceled   = "canceled"
+	JobCreated    = string(control.JobCreated)
+	JobRunning    = string(control.JobRunning)
+	JobFinishing  = string(control.JobFinishing)
+	JobFinished   = string(control.JobFinished)
+	JobRestarting = string(control.JobRestarting)
+	JobFailed     = string(control.JobFailed)
+	JobStopping   = string(control.JobStopping)
+	JobStopped    = string(control.JobStopped)
+	JobCanceled   = string(control.JobCanceled)
 )
 
-// Subtask states (DESIGN.md "States"), plus "scheduled" before deployment.
+// Subtask states in JobStatus and HostEvent: control's words
+// (control.SubtaskState).
 const (
-	SubtaskScheduled = "scheduled"
-	SubtaskDeploying = "deploying"
-	SubtaskRunning   = "running"
-	SubtaskEndOfData = "end-of-data"
-	SubtaskFinished  = "finished"
-	SubtaskFailed    = "failed"
-	SubtaskCanceled  = "canceled"
+	SubtaskScheduled = string(control.SubtaskScheduled)
+	SubtaskDeploying = string(control.SubtaskDeploying)
+	SubtaskRunning   = string(control.SubtaskRunning)
+	SubtaskEndOfData = string(control.SubtaskEndOfData)
+	SubtaskFinished  = string(control.SubtaskFinished)
+	SubtaskFailed    = string(control.SubtaskFailed)
+	SubtaskCanceled  = string(control.SubtaskCanceled)
 )
 
 // TerminalJobState reports whether a job in state s never changes again.
-func TerminalJobState(s string) bool {
-	switch s {
-	case JobFinished, JobFailed, JobStopped, JobCanceled:
-		return true
-	}
-	return false
-}
+func TerminalJobState(s string) bool { return control.JobState(s).Terminal() }
 
 // Reply is embedded in every reply: a non-empty Error means the request failed.
 type Reply struct {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 
 	"path/filepath"
 	"strings"
@@ -18,6 +19,9 @@ import (
 type Client struct {
 	nc   *nats.Conn
 	arts *Artifacts
+	// Log, if set, gets the client's warnings (deploy --from of a
+	// checkpoint older than one beside it).
+	Log *slog.Logger
 }
 
 // NewClient uses nc for requests to the controller.
@@ -64,6 +68,14 @@ func (c *Client) DeployFrom(ctx context.Context, job *jobfile.Job, jobFile, from
 		}
 		if _, err := checkpoint.LoadRestoreFrom(ctx, r, md, job.Graph); err != nil {
 			return "", err
+		}
+		if c.Log != nil {
+			if newer, err := checkpoint.NewerThanIn(ctx, r, md); err != nil {
+				c.Log.Warn("cannot tell whether a checkpoint or savepoint newer than the one restored exists", "from", md.Location, "err", err)
+			} else if newer != nil {
+				c.Log.Warn(fmt.Sprintf("restoring %s %d, but %s %d beside it is newer: the output committed after %s %d will be written again",
+					md.Kind, md.ID, newer.Kind, newer.ID, md.Kind, md.ID), "from", md.Location, "newer", newer.Location)
+			}
 		}
 		req.From = md.Location
 		if !strings.HasPrefix(req.From, checkpoint.JetStreamScheme) {

@@ -474,29 +474,34 @@ func (c *Controller) prepareDist(j *ctlJob) effect {
 	}
 }
 
-// assignEffects sends the current attempt of j to each of its hosts.
+// assignEffects sends the current attempt of j to each of its hosts. The
+// job's loop records the attempt first (dist.deploy: after any failover
+// queued before it, so the restore is the latest checkpoint the failed
+// attempt completed), then the assignments go out.
 func (c *Controller) assignEffects(j *ctlJob) []effect {
-	var effects []effect
 	p := *j.placement
-	// The attempt restores what the job's driver chose (dist.deploy).
-	restore := j.dist.deploy(j.attempt, p)
-	tr := j.dist.attemptTrace()
-	for _, h := range p.Hosts() {
-		a := Assignment{JobID: j.id, Attempt: j.attempt, Job: j.spec, Placement: p.Slots, Distributed: true, Restore: restore, Trace: tr}
-		for _, v := range j.spec.Vertices {
-			for i := 0; i < v.Parallelism; i++ {
-				if p.Host(i) == h {
-					a.Local = append(a.Local, SubtaskRef{Operator: v.UID, Subtask: i})
-				}
-			}
+	dj, id, attempt, spec := j.dist, j.id, j.attempt, j.spec
+	locals := map[string][]SubtaskRef{}
+	for _, v := range spec.Vertices {
+		for i := 0; i < v.Parallelism; i++ {
+			locals[p.Host(i)] = append(locals[p.Host(i)], SubtaskRef{Operator: v.UID, Subtask: i})
 		}
-		effects = append(effects, func() {
-			var r AssignReply
-			err := requestTimeout(c.nc, HostSubject(h, HostVerbAssign), c.opts.RequestTimeout, a, &r)
-			c.assigned(a, h, r, err)
-		})
 	}
-	return effects
+	dj.post(func() {
+		restore := dj.deploy(attempt, p)
+		tr := dj.attemptTrace()
+		var effects []effect
+		for _, h := range p.Hosts() {
+			a := Assignment{JobID: id, Attempt: attempt, Job: spec, Placement: p.Slots, Distributed: true, Restore: restore, Trace: tr, Local: locals[h]}
+			effects = append(effects, func() {
+				var r AssignReply
+				err := requestTimeout(c.nc, HostSubject(h, HostVerbAssign), c.opts.RequestTimeout, a, &r)
+				c.assigned(a, h, r, err)
+			})
+		}
+		c.run(effects)
+	})
+	return nil
 }
 
 // failKind says what ended an attempt.

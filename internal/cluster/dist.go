@@ -1,19 +1,19 @@
 package cluster
 
-// Jobs spread over several hosts. The controller runs the job's checkpoint
-// coordinator through a runtime.Driver (the same driver `streamd run` uses);
-// each host runs its subtasks with runtime.StartAttempt, with NATS channels
-// (dataplane/natsch) to the subtasks on other hosts and in-process channels
-// between its own. The subtasks' events go to the controller on
-// TaskEventsSubject, the driver's commands to each host on
-// TaskCommandSubject; both carry the attempt, so nothing of an earlier
-// attempt is ever mixed into a later one.
+// Deployed jobs, on one host or spread over several. The controller runs
+// the job's checkpoint coordinator through a runtime.Driver (the same driver
+// `streamd run` uses); each host runs its subtasks with
+// runtime.StartAttempt, with NATS channels (dataplane/natsch) to the
+// subtasks on other hosts and in-process channels between its own. The
+// subtasks' events go to the controller on TaskEventsSubject, the driver's
+// commands to each host on TaskCommandSubject; both carry the attempt, so
+// nothing of an earlier attempt is ever mixed into a later one.
 //
-// Lock order: Controller.mu before distJob.mu; the driver runs under
-// distJob.mu and never takes Controller.mu (its Fail goes through a
-// goroutine). The driver discards state asynchronously (discardLater), but
-// it commits checkpoint metadata under distJob.mu (onEvent, ticker): a
-// holder of Controller.mu that takes distJob.mu may wait for that commit.
+// One goroutine per job (distJob.loop) steps its driver; everything else
+// posts work to it. Lock order: Controller.mu before distJob.mu; distJob.mu
+// is held only briefly for plain fields, never while the driver steps (and
+// so never during the driver's store IO), and the loop never takes
+// Controller.mu (what it tells the controller goes through goroutines).
 
 import (
 	"context"
@@ -248,7 +248,11 @@ func (e *LocalExecutor) startDistributed(ctx context.Context, r ExecRequest) (Ex
 
 // ---- controller side ----
 
-// distJob is the controller's side of a job spread over hosts.
+// distJob is the controller's side of a deployed job. One goroutine, its
+// loop, is the only one to step its driver (d): subtask events, ticks,
+// failovers, stops and the start of each attempt are queued for it (post),
+// so a slow checkpoint store stalls only this job, and the controller's
+// mutex is never held while the driver does IO.
 type distJob struct {
 	c     *Controller
 	id    string
@@ -257,14 +261,20 @@ type distJob struct {
 	log   *slog.Logger
 	tick  time.Duration
 	sub   *nats.Subscription
-	stop  chan struct{}
+	d     *runtime.Driver // nil: no checkpointing; stepped by the loop only
 
-	mu        sync.Mutex // after Controller.mu; guards everything below
-	d         *runtime.Driver
+	// Of the loop only.
+	restore string  // the checkpoint the next attempt restores from
+	obs     distObs // the attempt, failover and restore spans (trace.go)
+	running bool    // the coordinator saw every subtask of the attempt running
+
+	mu        sync.Mutex // after Controller.mu, held briefly (never while the driver steps); guards everything below
+	work      []func()   // queued for the loop
+	wake      chan struct{}
+	exited    bool // the loop has ended: nothing more is queued
 	attempt   int
 	placement control.Placement
 	active    bool                      // the attempt is deployed and has not failed
-	restore   string                    // the checkpoint the next attempt restores from
 	finished  map[string]bool           // hosts whose part of the attempt finished
 	evSeq     map[string]uint64         // per host, the last subtask event of the attempt taken
 	cmds      map[string]*reliableQueue // per host, the commands of the attempt
@@ -272,8 +282,9 @@ type distJob struct {
 	stopping  bool                      // a stop with a savepoint was asked for in this attempt
 	stopSP    string                    // the location of that stop's savepoint, once complete
 	closed    bool
-	running   bool    // the coordinator saw every subtask of the attempt running
-	obs       distObs // the attempt, failover and restore spans (trace.go)
+	// The driver's outcome, published by the loop after each step.
+	done     *control.JobDone
+	savepath string
 }
 
 // newDistJob makes the controller side of job id, spread over hosts from
@@ -283,7 +294,7 @@ func (c *Controller) newDistJob(id string, spec JobSpec, from string, attempt in
 	if err != nil {
 		return nil, err
 	}
-	dj := &distJob{c: c, id: id, g: g, log: c.log.With("job", id), tick: runtime.DefaultTick, stop: make(chan struct{}), finished: map[string]bool{}}
+	dj := &distJob{c: c, id: id, g: g, log: c.log.With("job", id), tick: runtime.DefaultTick, wake: make(chan struct{}, 1), finished: map[string]bool{}}
 	if cs := spec.Checkpoint; cs != nil {
 		ctx, cancel := context.WithTimeout(context.Background(), DefaultRetry.Total)
 		defer cancel()
@@ -303,7 +314,9 @@ func (c *Controller) newDistJob(id string, spec JobSpec, from string, attempt in
 		co := runtime.NewCheckpointOptions(cs, discardLater{Store: store, c: c, log: dj.log})
 		co.Tick = dj.tick
 		co.OnComplete = func(md *checkpoint.Metadata) {
-			// Called by the driver under dj.mu.
+			// Called by the driver, in the loop.
+			dj.mu.Lock()
+			defer dj.mu.Unlock()
 			if md.Kind == control.KindSavepoint && dj.stopping {
 				dj.stopSP = md.Location
 			}
@@ -335,11 +348,93 @@ func (c *Controller) newDistJob(id string, spec JobSpec, from string, attempt in
 		return nil, fmt.Errorf("cluster: job %s: subscribe to subtask events: %w", id, err)
 	}
 	_ = dj.sub.SetPendingLimits(-1, -1)
-	if dj.d != nil {
-		c.wg.Add(1)
-		go dj.ticker()
-	}
+	c.wg.Add(1)
+	go dj.loop()
 	return dj, nil
+}
+
+// post queues f for the job's loop; false when the loop has ended. It never
+// blocks (callers may hold the controller's mutex).
+func (dj *distJob) post(f func()) bool {
+	dj.mu.Lock()
+	if dj.exited {
+		dj.mu.Unlock()
+		return false
+	}
+	dj.work = append(dj.work, f)
+	dj.mu.Unlock()
+	select {
+	case dj.wake <- struct{}{}:
+	default:
+	}
+	return true
+}
+
+// loop is the job's goroutine: it runs what was posted, in order, and
+// ticks the driver.
+func (dj *distJob) loop() {
+	defer dj.c.wg.Done()
+	var tick <-chan time.Time
+	if dj.d != nil {
+		t := time.NewTicker(dj.tick)
+		defer t.Stop()
+		tick = t.C
+	}
+	for {
+		select {
+		case <-dj.c.done:
+			dj.mu.Lock()
+			dj.exited = true
+			dj.mu.Unlock()
+			return
+		case <-tick:
+			dj.mu.Lock()
+			on := dj.active && !dj.closed
+			dj.mu.Unlock()
+			if on {
+				dj.step(control.Tick{})
+			}
+		case <-dj.wake:
+			for {
+				dj.mu.Lock()
+				work := dj.work
+				dj.work = nil
+				end := len(work) == 0 && dj.closed
+				if end {
+					dj.exited = true
+				}
+				dj.mu.Unlock()
+				if end {
+					return
+				}
+				if len(work) == 0 {
+					break
+				}
+				for _, f := range work {
+					f()
+				}
+			}
+		}
+	}
+}
+
+// step feeds ev to the driver (in the loop) and publishes its outcome.
+func (dj *distJob) step(ev control.Event) {
+	dj.d.Step(dj.target(), ev)
+	dj.checkRunning()
+	done, sp := dj.d.Done(), dj.d.Savepoint()
+	dj.mu.Lock()
+	dj.done, dj.savepath = done, sp
+	attempt := dj.attempt
+	dj.mu.Unlock()
+	if st := dj.d.State(); !dj.running && (st == control.JobRunning || st == control.JobFinishing) {
+		// The coordinator sees every subtask running: so is the job.
+		dj.running = true
+		go dj.c.distRunning(dj.id, attempt)
+	}
+	if done != nil {
+		go dj.c.maybeEndDist(dj.id)
+	}
 }
 
 // discardLater is the checkpoint store of a job's driver in the controller:
@@ -373,14 +468,19 @@ type distTarget struct {
 	placement control.Placement
 }
 
-// Command queues c for the host of subtask id (dj.mu held): sent as a
-// request, again until the host answers (reliableQueue).
+// Command queues c for the host of subtask id (called by the driver, in the
+// loop): sent as a request, again until the host answers (reliableQueue).
 func (t distTarget) Command(id control.SubtaskID, c runtime.Command) bool {
 	h := t.placement.Host(id.Index)
 	if h == "" {
 		return false
 	}
 	dj := t.dj
+	dj.mu.Lock()
+	defer dj.mu.Unlock()
+	if dj.attempt != t.attempt || !dj.active {
+		return true // the attempt is over: its commands go nowhere
+	}
 	q := dj.cmds[h]
 	if q == nil {
 		q = newReliableQueue(dj.c.nc, TaskCommandSubject(dj.id, t.attempt, h), dj.log)
@@ -407,8 +507,10 @@ func (t distTarget) Fail(err error) {
 	go t.dj.c.distFailed(t.dj.id, t.attempt, err.Error())
 }
 
-// target is the current attempt's target (dj.mu held); nil when no attempt is active.
+// target is the current attempt's target; nil when no attempt is active.
 func (dj *distJob) target() runtime.Target {
+	dj.mu.Lock()
+	defer dj.mu.Unlock()
 	if !dj.active {
 		return nil
 	}
@@ -436,25 +538,22 @@ func (dj *distJob) onEvent(m *nats.Msg) {
 		dj.log.Warn("bad subtask event", "host", te.Host, "err", err)
 		return
 	}
-	dj.mu.Lock()
-	defer dj.mu.Unlock()
-	if attempt != dj.attempt || !dj.active || dj.d == nil || dj.closed {
-		return // a straggler of an earlier attempt
-	}
-	if te.Seq != 0 {
-		if te.Seq <= dj.evSeq[te.Host] {
-			return // sent again after a lost answer: already taken
+	dj.post(func() {
+		dj.mu.Lock()
+		if attempt != dj.attempt || !dj.active || dj.d == nil || dj.closed {
+			dj.mu.Unlock()
+			return // a straggler of an earlier attempt
 		}
-		dj.evSeq[te.Host] = te.Seq
-	}
-	dj.d.Step(dj.target(), ev)
-	dj.checkRunning()
-	if st := dj.d.State(); !dj.running && (st == control.JobRunning || st == control.JobFinishing) {
-		// The coordinator sees every subtask running: so is the job (the
-		// controller's state; c.mu comes before dj.mu, so not from here).
-		dj.running = true
-		go dj.c.distRunning(dj.id, dj.attempt)
-	}
+		if te.Seq != 0 {
+			if te.Seq <= dj.evSeq[te.Host] {
+				dj.mu.Unlock()
+				return // sent again after a lost answer: already taken
+			}
+			dj.evSeq[te.Host] = te.Seq
+		}
+		dj.mu.Unlock()
+		dj.step(ev)
+	})
 }
 
 // distRunning: every subtask of attempt runs (the coordinator says so).
@@ -472,41 +571,17 @@ func (c *Controller) distRunning(jobID string, attempt int) {
 	c.log.Info("job running", "job", j.id, "attempt", j.attempt, "hosts", j.placement.Hosts())
 }
 
-func (dj *distJob) ticker() {
-	defer dj.c.wg.Done()
-	t := time.NewTicker(dj.tick)
-	defer t.Stop()
-	for {
-		select {
-		case <-dj.stop:
-			return
-		case <-dj.c.done:
-			return
-		case <-t.C:
-		}
-		dj.mu.Lock()
-		done := false
-		if dj.active && !dj.closed {
-			dj.d.Step(dj.target(), control.Tick{})
-			done = dj.d.Done() != nil
-		}
-		dj.mu.Unlock()
-		if done {
-			dj.c.maybeEndDist(dj.id)
-		}
-	}
-}
-
-// deploy records the new attempt (dj.mu taken here; c.mu held by the caller)
-// and returns the checkpoint location it restores from.
+// deploy records the new attempt (in the loop) and returns the checkpoint
+// location it restores from.
 func (dj *distJob) deploy(attempt int, p control.Placement) string {
 	dj.mu.Lock()
-	defer dj.mu.Unlock()
-	dj.attempt, dj.placement, dj.active, dj.running = attempt, p, true, false
+	dj.attempt, dj.placement, dj.active = attempt, p, true
 	dj.stopping = false // stopSP stays: a failed stop's error names it
 	dj.finished = map[string]bool{}
 	dj.evSeq = map[string]uint64{}
 	dj.stopCommands()
+	dj.mu.Unlock()
+	dj.running = false
 	dj.startAttemptSpan(dj.restore)
 	return dj.restore
 }
@@ -516,26 +591,34 @@ func (dj *distJob) deploy(attempt int, p control.Placement) string {
 // restores from: every persist of the failed attempt is over by then.
 // subtask is the subtask that failed, host the host where the attempt
 // failed, when known (see blame).
+//
+// Called with c.mu held: the attempt's commands stop at once, the driver
+// hears of it in the loop (before the next attempt's deploy, which is
+// queued after it).
 func (dj *distJob) failover(reason, host string, subtask *control.SubtaskID) {
 	dj.mu.Lock()
-	defer dj.mu.Unlock()
 	if !dj.active {
+		dj.mu.Unlock()
 		return
 	}
 	dj.active = false
 	dj.stopCommands()
-	defer dj.failoverSpans(reason) // after the driver aborted the attempt's checkpoints
-	if dj.d == nil {
-		return
-	}
-	if st := dj.d.State(); st != control.JobRestarting && !st.Terminal() {
-		id, why := dj.blame(reason, host, subtask)
-		dj.log.Info("attempt failed over", "attempt", dj.attempt, "subtask", id.String(), "host", host, "reason", why)
-		dj.d.Step(nil, control.TaskFailed{Subtask: id, Reason: why})
-	}
-	if md := dj.d.Latest(); md != nil {
-		dj.restore = md.Location
-	}
+	attempt := dj.attempt
+	dj.mu.Unlock()
+	dj.post(func() {
+		defer dj.failoverSpans(reason) // after the driver aborted the attempt's checkpoints
+		if dj.d == nil {
+			return
+		}
+		if st := dj.d.State(); st != control.JobRestarting && !st.Terminal() {
+			id, why := dj.blame(reason, host, subtask)
+			dj.log.Info("attempt failed over", "attempt", attempt, "subtask", id.String(), "host", host, "reason", why)
+			dj.d.Step(nil, control.TaskFailed{Subtask: id, Reason: why})
+		}
+		if md := dj.d.Latest(); md != nil {
+			dj.restore = md.Location
+		}
+	})
 }
 
 // blame is the subtask the coordinator hears failed (its TaskFailed needs
@@ -562,20 +645,30 @@ func (dj *distJob) blame(reason, host string, subtask *control.SubtaskID) (contr
 	return all[0], "the attempt failed, no failed subtask known: " + reason
 }
 
-// close stops the job's goroutine and subscription (c.mu held).
+// close ends the job's loop (after what is queued and the driver's final
+// event) and its subscription (c.mu held).
 func (dj *distJob) close(final control.Event) {
 	dj.mu.Lock()
-	if !dj.closed {
-		dj.closed = true
-		dj.active = false
-		close(dj.stop)
-		dj.stopCommands()
+	if dj.closed {
+		dj.mu.Unlock()
+		return
+	}
+	dj.active = false
+	dj.stopCommands()
+	dj.mu.Unlock()
+	dj.post(func() {
 		if dj.d != nil && final != nil && !dj.d.State().Terminal() {
 			dj.d.Step(nil, final)
 		}
 		dj.endSpans(final)
-	}
+	})
+	dj.mu.Lock()
+	dj.closed = true // the loop ends once its queue is empty
 	dj.mu.Unlock()
+	select {
+	case dj.wake <- struct{}{}:
+	default:
+	}
 	_ = dj.sub.Unsubscribe()
 }
 
@@ -614,12 +707,7 @@ func (c *Controller) maybeEndDist(jobID string) {
 	for _, h := range j.placement.Hosts() {
 		all = all && dj.finished[h]
 	}
-	var done *control.JobDone
-	savepoint := ""
-	if dj.d != nil {
-		done = dj.d.Done()
-		savepoint = dj.d.Savepoint()
-	}
+	done, savepoint := dj.done, dj.savepath
 	dj.mu.Unlock()
 	if !all || (dj.d != nil && done == nil) {
 		return
@@ -651,37 +739,61 @@ func (c *Controller) distSavepoint(jobID, verb, dir string, drain bool) (string,
 	}
 	dj := j.dist
 	attempt := j.attempt
-	dj.mu.Lock()
-	switch {
-	case dj.d == nil:
-		dj.mu.Unlock()
-		c.mu.Unlock()
+	c.mu.Unlock()
+	if dj.d == nil {
 		return "", errors.New("cluster: stop with a savepoint needs checkpointing: the job file has no checkpoint section (use streamd cancel)")
-	case !dj.active || !dj.d.CanStop():
-		st := dj.d.State()
-		dj.mu.Unlock()
-		c.mu.Unlock()
-		return "", fmt.Errorf("cluster: %s job %s: the job is %s, not running", verb, jobID, st)
 	}
+	// The driver takes the request in the job's loop.
 	var wait chan string
-	if verb == HostVerbStop {
-		dj.stopping, dj.stopSP = true, ""
-		dj.d.Step(dj.target(), control.StopWithSavepoint{Drain: drain})
-		if st := dj.d.State(); st != control.JobStopping {
-			dj.stopping = false
-			dj.mu.Unlock()
-			c.mu.Unlock()
-			return "", fmt.Errorf("cluster: stop job %s: the checkpoint coordinator did not take the stop (it is %s)", jobID, st)
+	if verb != HostVerbStop {
+		wait = make(chan string, 1)
+	}
+	taken := make(chan error, 1)
+	ok := dj.post(func() {
+		dj.mu.Lock()
+		active := dj.active && dj.attempt == attempt
+		dj.mu.Unlock()
+		if !active || !dj.d.CanStop() {
+			taken <- fmt.Errorf("cluster: %s job %s: the job is %s, not running", verb, jobID, dj.d.State())
+			return
 		}
+		if verb == HostVerbStop {
+			dj.mu.Lock()
+			dj.stopping, dj.stopSP = true, ""
+			dj.mu.Unlock()
+			dj.step(control.StopWithSavepoint{Drain: drain})
+			if st := dj.d.State(); st != control.JobStopping {
+				dj.mu.Lock()
+				dj.stopping = false
+				dj.mu.Unlock()
+				taken <- fmt.Errorf("cluster: stop job %s: the checkpoint coordinator did not take the stop (it is %s)", jobID, st)
+				return
+			}
+		} else {
+			dj.mu.Lock()
+			dj.spWait = wait
+			dj.mu.Unlock()
+			dj.step(control.TriggerSavepoint{})
+		}
+		taken <- nil
+	})
+	if !ok {
+		return "", fmt.Errorf("cluster: %s job %s: the job has ended", verb, jobID)
+	}
+	select {
+	case err := <-taken:
+		if err != nil {
+			return "", err
+		}
+	case <-c.done:
+		return "", errors.New("cluster: controller closed")
+	}
+	c.mu.Lock()
+	if verb == HostVerbStop && j.attempt == attempt && !TerminalJobState(j.state) {
 		j.state, j.updated = JobStopping, time.Now()
 		c.changedLocked(j)
-	} else {
-		wait = make(chan string, 1)
-		dj.spWait = wait
-		dj.d.Step(dj.target(), control.TriggerSavepoint{})
 	}
 	changed := j.changed
-	dj.mu.Unlock()
 	c.mu.Unlock()
 
 	// ended reports why the request is over without its savepoint, or ""

@@ -271,10 +271,12 @@ func (f *fakeHost) cancel(m *nats.Msg) {
 		was := f.running[ref]
 		delete(f.running, ref)
 		f.mu.Unlock()
+		// The attempt has stopped: noted before it is reported (the
+		// report frees the slot, and the next assignment may come at once).
+		f.note("cancel-done " + refString(ref))
 		if was {
 			f.report(ref, SubtaskCanceled, "")
 		}
-		f.note("cancel-done " + refString(ref))
 		respond(m, Reply{})
 	}()
 }

@@ -73,14 +73,11 @@ func (dj *distJob) startAttemptSpan(restore string) {
 	o.failCtx = nil
 }
 
-// attemptTrace is the trace context for the current attempt's Assignment.
-func (dj *distJob) attemptTrace() map[string]string {
-	dj.mu.Lock()
-	defer dj.mu.Unlock()
-	return dj.obs.trace
-}
+// attemptTrace is the trace context for the current attempt's Assignment
+// (in the loop).
+func (dj *distJob) attemptTrace() map[string]string { return dj.obs.trace }
 
-// failoverSpans (dj.mu held): the attempt failed for reason. The checkpoint
+// failoverSpans (in the loop): the attempt failed for reason. The checkpoint
 // and stop spans still open and the attempt span end with the failure; the
 // failover span starts, linked to the attempt's span.
 func (dj *distJob) failoverSpans(reason string) {
@@ -104,7 +101,7 @@ func (dj *distJob) failoverSpans(reason string) {
 	o.pending = append(o.pending, span)
 }
 
-// endSpans (dj.mu held): the job ended; final is the coordinator's last
+// endSpans (in the loop): the job ended; final is the coordinator's last
 // event (nil: finished or stopped).
 func (dj *distJob) endSpans(final control.Event) {
 	o := &dj.obs
@@ -141,10 +138,16 @@ func (o *distObs) endPending(err error) {
 	o.failCtx = nil
 }
 
-// checkRunning (dj.mu held) ends the failover and restore spans once the
+// checkRunning (in the loop) ends the failover and restore spans once the
 // coordinator sees every subtask running.
 func (dj *distJob) checkRunning() {
-	if len(dj.obs.pending) == 0 || dj.d == nil || !dj.active {
+	if len(dj.obs.pending) == 0 || dj.d == nil {
+		return
+	}
+	dj.mu.Lock()
+	active := dj.active
+	dj.mu.Unlock()
+	if !active {
 		return
 	}
 	if st := dj.d.State(); st == control.JobRunning || st == control.JobFinishing {
@@ -156,17 +159,23 @@ func (dj *distJob) checkRunning() {
 // Without a driver (no checkpointing) the failover and restore spans end
 // when every host of the attempt has.
 func (dj *distJob) hostRunning(host string) {
-	dj.mu.Lock()
-	defer dj.mu.Unlock()
-	o := &dj.obs
-	if dj.d != nil || !dj.active || len(o.pending) == 0 {
+	if dj.d != nil {
 		return
 	}
-	o.running[host] = true
-	for _, h := range dj.placement.Hosts() {
-		if !o.running[h] {
+	dj.post(func() {
+		dj.mu.Lock()
+		active, p := dj.active, dj.placement
+		dj.mu.Unlock()
+		o := &dj.obs
+		if !active || len(o.pending) == 0 {
 			return
 		}
-	}
-	o.endPending(nil)
+		o.running[host] = true
+		for _, h := range p.Hosts() {
+			if !o.running[h] {
+				return
+			}
+		}
+		o.endPending(nil)
+	})
 }

@@ -46,15 +46,15 @@ func tracerOf(opts *Options) trace.Tracer {
 	return tp.Tracer(telemetry.ScopeName)
 }
 
-// Subtask states (DESIGN.md "States"), as Stats and `streamd status` show them.
+// Subtask states as Stats show them: control's words (control.SubtaskState).
 const (
-	StateDeploying        = "deploying"
-	StateRunning          = "running"
-	StateEndOfData        = "end-of-data"
-	StateFinished         = "finished"
-	StateDeployedFinished = "deployed-as-finished"
-	StateFailed           = "failed"
-	StateCanceled         = "canceled"
+	StateDeploying        = string(control.SubtaskDeploying)
+	StateRunning          = string(control.SubtaskRunning)
+	StateEndOfData        = string(control.SubtaskEndOfData)
+	StateFinished         = string(control.SubtaskFinished)
+	StateDeployedFinished = string(control.SubtaskDeployedFinished)
+	StateFailed           = string(control.SubtaskFailed)
+	StateCanceled         = string(control.SubtaskCanceled)
 )
 
 var stateWords = [...]string{StateDeploying, StateRunning, StateEndOfData, StateFinished,
