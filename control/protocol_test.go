@@ -2,8 +2,6 @@ package control
 
 import (
 	"fmt"
-	"os"
-	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -433,18 +431,4 @@ func phaseWord(ph SubtaskPhase) string {
 	return [...]string{"created", "running", "end-of-data", "closed"}[ph]
 }
 
-func TestProtocolScripts(t *testing.T) {
-	files, err := filepath.Glob("testdata/protocol/*.txt")
-	if err != nil || len(files) == 0 {
-		t.Fatalf("no protocol scripts in testdata/protocol/: %v", err)
-	}
-	for _, file := range files {
-		t.Run(strings.TrimSuffix(filepath.Base(file), ".txt"), func(t *testing.T) {
-			data, err := os.ReadFile(file)
-			if err != nil {
-				t.Fatal(err)
-			}
-			runScript(t, file, string(data))
-		})
-	}
-}
+func TestProtocolScripts(t *testing.T) { runScripts(t, "testdata/protocol/*.txt") }

@@ -74,10 +74,13 @@ func parseScenario(t *testing.T, text string) (cases []scenarioCase, trailer []s
 	return cases, pre
 }
 
-func TestScenarios(t *testing.T) {
-	files, err := filepath.Glob("testdata/*.txt")
+func TestScenarios(t *testing.T) { runScripts(t, "testdata/*.txt") }
+
+// runScripts runs every script that glob matches, each as a subtest.
+func runScripts(t *testing.T, glob string) {
+	files, err := filepath.Glob(glob)
 	if err != nil || len(files) == 0 {
-		t.Fatalf("no scenario scripts in testdata/: %v", err)
+		t.Fatalf("no scripts match %s: %v", glob, err)
 	}
 	for _, file := range files {
 		t.Run(strings.TrimSuffix(filepath.Base(file), ".txt"), func(t *testing.T) {

@@ -423,7 +423,7 @@ func (m *SubtaskMachine) Step(ev SubtaskEvent) error {
 			return fmt.Errorf("control: subtask %v: %s before it opened: %w", m.cfg.ID, ev, ErrUnexpectedEvent)
 		}
 	}
-	if e, ok := channelOf(ev); ok && (e < 0 || e >= len(m.cfg.Channels)) {
+	if e, ok := ChannelOf(ev); ok && (e < 0 || e >= len(m.cfg.Channels)) {
 		return fmt.Errorf("control: subtask %v: %s: no such channel (%d channels): %w", m.cfg.ID, ev, len(m.cfg.Channels), ErrChannelProtocol)
 	}
 	var err error
@@ -470,7 +470,9 @@ func (m *SubtaskMachine) Step(ev SubtaskEvent) error {
 	return nil
 }
 
-func channelOf(ev SubtaskEvent) (int, bool) {
+// ChannelOf is the input channel an event came on; false for events that
+// did not come on a channel.
+func ChannelOf(ev SubtaskEvent) (int, bool) {
 	switch e := ev.(type) {
 	case ChannelBarrier:
 		return e.Channel, true

@@ -8,24 +8,13 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
-
-	"github.com/streamd/streamd/internal/natsutil"
 )
 
 // TestReliableQueueResendsUntilAnswered loses answers on purpose (the
 // receiver takes every third request but does not answer it) and checks that every message
 // arrives, in order, the repeats recognizable by their sequence numbers.
 func TestReliableQueueResendsUntilAnswered(t *testing.T) {
-	srv, err := natsutil.StartEmbedded(natsutil.EmbeddedOptions{Port: -1, NoLog: true, NoJetStream: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(srv.Shutdown)
-	nc, err := natsutil.Connect(natsutil.URLs(srv.URL()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
+	nc := testNATS(t)
 	const n = 30
 	var mu sync.Mutex
 	var got []uint64

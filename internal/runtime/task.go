@@ -196,7 +196,7 @@ func (t *task) newMachine() error {
 // step feeds ev to the protocol machine and carries out its actions.
 func (t *task) step(ev control.SubtaskEvent) error {
 	if err := t.m.Step(ev); err != nil {
-		if ch, ok := channelOf(ev); ok && errors.Is(err, control.ErrChannelProtocol) && t.gate != nil {
+		if ch, ok := control.ChannelOf(ev); ok && errors.Is(err, control.ErrChannelProtocol) && t.gate != nil {
 			return t.fail(phaseInput, fmt.Errorf("%s: %w", t.gate.Name(ch), err))
 		}
 		return t.fail(phaseInput, err)
@@ -211,21 +211,6 @@ func (t *task) step(ev control.SubtaskEvent) error {
 	return nil
 }
 
-func channelOf(ev control.SubtaskEvent) (int, bool) {
-	switch e := ev.(type) {
-	case control.ChannelBarrier:
-		return e.Channel, true
-	case control.ChannelCancel:
-		return e.Channel, true
-	case control.ChannelWatermark:
-		return e.Channel, true
-	case control.ChannelEndOfData:
-		return e.Channel, true
-	case control.ChannelEndOfPartition:
-		return e.Channel, true
-	}
-	return 0, false
-}
 
 func toDataplaneBarrier(b control.Barrier) dataplane.Barrier {
 	kind := dataplane.Checkpoint

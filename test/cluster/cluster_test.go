@@ -91,16 +91,7 @@ func (tc *testCluster) addHost(id string, slots int) *cluster.Host {
 
 // addHostWith starts host id with its own executor.
 func (tc *testCluster) addHostWith(id string, slots int, exec *cluster.LocalExecutor) *cluster.Host {
-	t := tc.t
-	h, err := cluster.StartHost(connect(t, tc.srv.URL()), cluster.HostOptions{
-		ID: id, Slots: slots, DataDir: t.TempDir(), HeartbeatInterval: hbInterval,
-		Executor: exec, Logger: logger(t)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(h.Close)
-	tc.hosts[id] = h
-	return h
+	return tc.addHostExec(id, slots, exec)
 }
 
 func (tc *testCluster) waitHosts(n int) {
