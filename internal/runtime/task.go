@@ -211,7 +211,6 @@ func (t *task) step(ev control.SubtaskEvent) error {
 	return nil
 }
 
-
 func toDataplaneBarrier(b control.Barrier) dataplane.Barrier {
 	kind := dataplane.Checkpoint
 	if b.Kind == control.KindSavepoint {
