@@ -96,9 +96,19 @@ type AttemptFailed struct {
 // without an error (finished, stopped, or canceled on request).
 type AttemptEnded struct{ Attempt int }
 
+// AttemptLost reports that attempt Attempt ended for a reason outside the
+// job (a lost host, an assignment a host refused): the job restarts at
+// once, from the checkpoint the restore rule picks, without counting against
+// its restart strategy (the executor bounds such restarts itself).
+type AttemptLost struct {
+	Attempt int
+	Reason  string
+}
+
 func (StartJob) isEvent()      {}
 func (AttemptFailed) isEvent() {}
 func (AttemptEnded) isEvent()  {}
+func (AttemptLost) isEvent()   {}
 
 func (StartJob) String() string { return "start" }
 func (e AttemptFailed) String() string {
@@ -108,6 +118,9 @@ func (e AttemptFailed) String() string {
 	return fmt.Sprintf("attempt-failed %d %v reason=%q", e.Attempt, e.Subtask, e.Reason)
 }
 func (e AttemptEnded) String() string { return fmt.Sprintf("attempt-ended %d", e.Attempt) }
+func (e AttemptLost) String() string {
+	return fmt.Sprintf("attempt-lost %d reason=%q", e.Attempt, e.Reason)
+}
 
 // Actions of the Lifecycle besides the Coordinator's.
 
@@ -289,6 +302,22 @@ func (l *Lifecycle) Step(ev Event) error {
 		l.executing = false
 		l.attemptEnded()
 		return nil
+	case AttemptLost:
+		if e.Attempt != l.attempt || !l.executing {
+			return nil
+		}
+		l.lost(e.Reason)
+		return nil
+	case RestartsExhausted:
+		// The executor gives up (for example too many lost hosts).
+		if l.coord != nil {
+			_ = l.stepCoord(e)
+		}
+		if l.executing {
+			l.emit(CancelAttempt{Attempt: l.attempt, Reason: e.Reason})
+		}
+		l.end(JobFailed, e.Reason, nil)
+		return nil
 	case StopWithSavepoint:
 		return l.stopRequest(e)
 	case TriggerSavepoint:
@@ -425,6 +454,27 @@ func (l *Lifecycle) failed(sub SubtaskID, reason string, toCoord bool, err error
 		l.attempt++
 		l.startAttempt()
 	}
+}
+
+// lost handles an attempt that ended for a reason outside the job: torn
+// down and started again at once, not counted by the restart strategy.
+func (l *Lifecycle) lost(reason string) {
+	if l.coord != nil && l.coord.State() != JobRestarting {
+		_ = l.stepCoord(TaskFailed{Subtask: l.coord.order[0], Reason: reason})
+	}
+	l.executing = false
+	l.emit(CancelAttempt{Attempt: l.attempt, Reason: reason})
+	if l.stopID != 0 || l.stopReq != nil {
+		sf := StopFailed{SavepointID: l.stopID, Reason: reason}
+		if l.latest != nil && l.stopID != 0 && l.latest.ID == l.stopID {
+			p := *l.latest
+			sf.Savepoint = &p
+		}
+		l.emit(sf)
+	}
+	l.stopReq = nil
+	l.attempt++
+	l.startAttempt()
 }
 
 // attemptEnded: every subtask of the current attempt ended without error.

@@ -302,6 +302,8 @@ func (r *scenario) run(input []string) (out []string) {
 			sub = ids[0]
 		}
 		events = append(events, AttemptFailed{Attempt: r.num(kv(args, "attempt", fmt.Sprint(r.l.Attempt()))), Subtask: sub, Reason: kv(args, "reason", "trap")})
+	case "attempt-lost":
+		events = append(events, AttemptLost{Attempt: r.num(kv(args, "attempt", fmt.Sprint(r.l.Attempt()))), Reason: kv(args, "reason", "host lost")})
 	case "attempt-ended":
 		events = append(events, AttemptEnded{Attempt: r.num(kv(args, "attempt", fmt.Sprint(r.l.Attempt())))})
 	case "persist-failed":

@@ -123,6 +123,8 @@ type ctlJob struct {
 	created, updated time.Time
 	ended            *time.Time
 	restartAt        time.Time // restarting: not before
+	awaitingRestart  bool      // restarting after a task failure: the job's lifecycle says when
+	restartReady     bool      // the lifecycle restarted the job before failLocked heard of the failure
 	failovers        int       // lost-host restarts
 	savepoint        string    // of a stopped job
 	from             string    // the checkpoint or savepoint the job was deployed from (deploy --from)
@@ -140,9 +142,6 @@ type ctlJob struct {
 	// checkpoints (dist.go), on one host or spread over several.
 	dist      *distJob
 	hostStats map[string][]runtime.OperatorStats // per host, of the current attempt
-	// restart applies the job's restart strategy to its task failures;
-	// its ticks are milliseconds since the job was created.
-	restart *control.RestartTracker
 
 	// Of the current attempt, to notice a host's lost final report
 	// (checkUnreportedLocked): when it was assigned, the hosts whose end
@@ -525,13 +524,17 @@ type failure struct {
 	subtask *control.SubtaskID
 }
 
-// failLocked handles the failure of j's current attempt: a restart (new
-// attempt, rescheduled) or the end of the job.
+// failLocked handles the failure of j's current attempt: it is canceled on
+// its hosts and a new attempt follows, or the job ends. After a task failure
+// the job's lifecycle decides (its restart strategy: lifecycleRestart or
+// lifecycleGaveUp); after a lost or refusing host the controller restarts
+// it at once, up to MaxFailovers (not the job's failure).
 func (c *Controller) failLocked(j *ctlJob, now time.Time, f failure) []effect {
 	var effects []effect
 	reason := f.reason
-	if j.dist != nil {
-		j.dist.failover(reason, f.host, f.subtask)
+	infra := f.kind == failInfra
+	if j.dist != nil && !(infra && j.failovers >= c.opts.MaxFailovers) {
+		j.dist.failover(reason, f.host, f.subtask, f.kind != failTask)
 	}
 	if j.placement != nil {
 		skip := ""
@@ -545,29 +548,29 @@ func (c *Controller) failLocked(j *ctlJob, now time.Time, f failure) []effect {
 	}
 	j.placement = nil
 	defer c.changedLocked(j)
-	infra := f.kind == failInfra
 	restart, delay, why := false, time.Duration(0), ""
 	switch {
 	case f.kind == failBusy:
 		// Not the job's failure: the attempt goes to slots the controller
 		// has seen freed, after a heartbeat interval (no tight loop while
 		// a host's view and the controller's differ).
-		restart, delay = true, c.opts.HeartbeatInterval
+		restart, delay, j.awaitingRestart = true, c.opts.HeartbeatInterval, false
 		if h := c.hosts[f.host]; h != nil && h.interval > 0 {
 			delay = h.interval
 		}
 	case infra && j.failovers < c.opts.MaxFailovers:
 		j.failovers++
-		restart = true
-		if j.spec.Restart.Strategy == jobfile.RestartFixedDelay {
-			delay = j.spec.Restart.Delay
-		}
+		restart, j.awaitingRestart = true, false
 	case !infra:
-		// Task failures restart here, under the job's restart strategy
-		// (hosts restart nothing themselves).
-		var ms int64
-		ms, restart, why = j.restart.Failed(j.ticks(now))
-		delay = time.Duration(ms) * time.Millisecond
+		// The job's lifecycle decides: it restarts the job when its
+		// restart strategy's delay has passed (lifecycleRestart), or fails
+		// it (lifecycleGaveUp).
+		restart = true
+		if j.restartReady {
+			j.restartReady = false // it already did
+		} else {
+			delay, j.awaitingRestart = 100*365*24*time.Hour, true
+		}
 	}
 	if !restart {
 		if why == "" {
@@ -583,7 +586,7 @@ func (c *Controller) failLocked(j *ctlJob, now time.Time, f failure) []effect {
 	if f.subtask != nil {
 		blamed = f.subtask.String()
 	}
-	c.log.Warn("job restarting", "job", j.id, "failed_attempt", j.attempt, "reason", reason, "host", f.host, "subtask", blamed, "delay", delay)
+	c.log.Warn("attempt failed", "job", j.id, "failed_attempt", j.attempt, "reason", reason, "host", f.host, "subtask", blamed, "infrastructure", f.kind != failTask)
 	j.attempt++
 	j.state = JobRestarting
 	j.reason = fmt.Sprintf("attempt %d failed: %s", j.attempt-1, reason)
@@ -592,10 +595,6 @@ func (c *Controller) failLocked(j *ctlJob, now time.Time, f failure) []effect {
 	j.updated = now
 	return effects
 }
-
-// ticks is the job's clock for its restart tracker: milliseconds since it
-// was created.
-func (j *ctlJob) ticks(now time.Time) int64 { return now.Sub(j.created).Milliseconds() }
 
 // cancelEffects tells j's hosts (but skip) to cancel the current attempt.
 func (c *Controller) cancelEffects(j *ctlJob, skip string) []effect {
@@ -684,13 +683,12 @@ func (c *Controller) handleDeploy(msg *nats.Msg) {
 		respond(msg, DeployReply{Reply: Reply{Error: "cluster: deploy --from: the job has no checkpoint section"}})
 		return
 	}
-	rt, err := control.NewRestartTracker(req.Job.Restart.Control(time.Millisecond), uint64(now.UnixNano()))
-	if err != nil {
+	if err := req.Job.Restart.Control(time.Millisecond).Validate(); err != nil {
 		respond(msg, DeployReply{Reply: Reply{Error: "cluster: deploy: " + err.Error()}})
 		return
 	}
 	j := &ctlJob{id: newJobID(req.Job.Name), spec: req.Job, state: JobCreated, slots: req.Job.slotsNeeded(),
-		subtaskState: SubtaskScheduled, created: now, updated: now, from: req.From, restart: rt,
+		subtaskState: SubtaskScheduled, created: now, updated: now, from: req.From,
 		placed: map[int]control.Placement{}, changed: make(chan struct{})}
 	c.mu.Lock()
 	for c.jobs[j.id] != nil {
@@ -1090,9 +1088,8 @@ func (c *Controller) hostEvent(ev HostEvent) {
 		}
 		// A job spread over hosts with checkpoints runs once its coordinator
 		// sees every subtask running (distRunning).
-		if (j.state == JobCreated || j.state == JobRestarting) && j.dist.d == nil {
+		if (j.state == JobCreated || j.state == JobRestarting) && !j.dist.ckpt {
 			j.state, j.reason = JobRunning, ""
-			j.restart.Running(j.ticks(now))
 			c.changedLocked(j)
 			c.log.Info("job running", "job", j.id, "attempt", j.attempt, "host", ev.HostID)
 		}

@@ -261,10 +261,11 @@ type distJob struct {
 	log   *slog.Logger
 	tick  time.Duration
 	sub   *nats.Subscription
-	d     *runtime.Driver // nil: no checkpointing; stepped by the loop only
+	d     *runtime.Driver // the job's lifecycle and (ckpt) coordinator; stepped by the loop only
+	ckpt  bool            // the job checkpoints
 
 	// Of the loop only.
-	restore string  // the checkpoint the next attempt restores from
+	restore string  // the checkpoint the next attempt restores from (the lifecycle's choice)
 	obs     distObs // the attempt, failover and restore spans (trace.go)
 	running bool    // the coordinator saw every subtask of the attempt running
 
@@ -280,6 +281,7 @@ type distJob struct {
 	cmds      map[string]*reliableQueue // per host, the commands of the attempt
 	spWait    chan string               // a savepoint request waits for the savepoint's location
 	stopping  bool                      // a stop with a savepoint was asked for in this attempt
+	awaitRestart bool                   // a task failure: the controller waits for the lifecycle to restart the job
 	stopSP    string                    // the location of that stop's savepoint, once complete
 	closed    bool
 	// The driver's outcome, published by the loop after each step.
@@ -295,6 +297,11 @@ func (c *Controller) newDistJob(id string, spec JobSpec, from string, attempt in
 		return nil, err
 	}
 	dj := &distJob{c: c, id: id, g: g, log: c.log.With("job", id), tick: runtime.DefaultTick, wake: make(chan struct{}, 1), finished: map[string]bool{}}
+	// The job's lifecycle (control.Lifecycle) decides its restarts and
+	// what each attempt restores; with checkpointing it runs the
+	// coordinator too.
+	var co *runtime.CheckpointOptions
+	var fromRS *checkpoint.Restore
 	if cs := spec.Checkpoint; cs != nil {
 		ctx, cancel := context.WithTimeout(context.Background(), DefaultRetry.Total)
 		defer cancel()
@@ -302,16 +309,8 @@ func (c *Controller) newDistJob(id string, spec JobSpec, from string, attempt in
 		if err != nil {
 			return nil, err
 		}
-		dj.store = store
-		// The first attempt starts from the checkpoint the job was deployed
-		// from; later ones from the latest checkpoint the driver completed.
-		dj.restore = from
-		if attempt > 0 {
-			if md, err := store.Latest(ctx); err == nil {
-				dj.restore = md.Location
-			}
-		}
-		co := runtime.NewCheckpointOptions(cs, discardLater{Store: store, c: c, log: dj.log})
+		dj.store, dj.ckpt = store, true
+		co = runtime.NewCheckpointOptions(cs, discardLater{Store: store, c: c, log: dj.log})
 		co.Tick = dj.tick
 		co.OnComplete = func(md *checkpoint.Metadata) {
 			// Called by the driver, in the loop.
@@ -327,10 +326,10 @@ func (c *Controller) newDistJob(id string, spec JobSpec, from string, attempt in
 				}
 			}
 		}
-		// Checkpoint ids go on after the checkpoint the job was deployed
-		// from, so they never repeat those of its earlier run (file sinks
-		// name their committed files by checkpoint id).
-		var fromRS *checkpoint.Restore
+		// The first attempt starts from the checkpoint the job was deployed
+		// from, and checkpoint ids go on after it, so they never repeat
+		// those of its earlier run (file sinks name their committed files by
+		// checkpoint id).
 		if from != "" {
 			md, _, err := ResolveIn(ctx, c.nc, from)
 			if err != nil {
@@ -338,11 +337,14 @@ func (c *Controller) newDistJob(id string, spec JobSpec, from string, attempt in
 			}
 			fromRS = &checkpoint.Restore{Metadata: md}
 		}
-		dj.d, err = runtime.NewDriver(ctx, g, co, fromRS, dj.log)
-		if err != nil {
-			return nil, err
-		}
 	}
+	ctx, cancel := context.WithTimeout(context.Background(), DefaultRetry.Total)
+	defer cancel()
+	dj.d, err = runtime.NewJobDriver(ctx, g, co, fromRS, spec.Restart, attempt, uint64(time.Now().UnixNano()), dj.log, dj.lifecycleAction)
+	if err != nil {
+		return nil, err
+	}
+	dj.d.Step(nil, control.StartJob{}) // the loop has not started: its first StartAttempt sets restore
 	dj.sub, err = c.nc.Subscribe(PrefixTask+"."+id+".*.events", dj.onEvent)
 	if err != nil {
 		return nil, fmt.Errorf("cluster: job %s: subscribe to subtask events: %w", id, err)
@@ -374,12 +376,9 @@ func (dj *distJob) post(f func()) bool {
 // ticks the driver.
 func (dj *distJob) loop() {
 	defer dj.c.wg.Done()
-	var tick <-chan time.Time
-	if dj.d != nil {
-		t := time.NewTicker(dj.tick)
-		defer t.Stop()
-		tick = t.C
-	}
+	t := time.NewTicker(dj.tick)
+	defer t.Stop()
+	tick := t.C
 	for {
 		select {
 		case <-dj.c.done:
@@ -389,10 +388,10 @@ func (dj *distJob) loop() {
 			return
 		case <-tick:
 			dj.mu.Lock()
-			on := dj.active && !dj.closed
+			on := !dj.closed
 			dj.mu.Unlock()
 			if on {
-				dj.step(control.Tick{})
+				dj.step(control.Tick{}) // also between attempts: restart delays are ticks
 			}
 		case <-dj.wake:
 			for {
@@ -427,7 +426,7 @@ func (dj *distJob) step(ev control.Event) {
 	dj.done, dj.savepath = done, sp
 	attempt := dj.attempt
 	dj.mu.Unlock()
-	if st := dj.d.State(); !dj.running && (st == control.JobRunning || st == control.JobFinishing) {
+	if st := dj.d.State(); dj.ckpt && !dj.running && (st == control.JobRunning || st == control.JobFinishing) {
 		// The coordinator sees every subtask running: so is the job.
 		dj.running = true
 		go dj.c.distRunning(dj.id, attempt)
@@ -466,6 +465,47 @@ type distTarget struct {
 	dj        *distJob
 	attempt   int
 	placement control.Placement
+}
+
+// lifecycleAction takes the lifecycle's own actions (in the loop, or in
+// newDistJob before it starts). The controller places and assigns attempts
+// and cancels them on their hosts; the lifecycle says what an attempt
+// restores, when a failed job restarts, and when it gives up.
+func (dj *distJob) lifecycleAction(a control.Action) {
+	switch x := a.(type) {
+	case control.CancelAttempt:
+		// The lifecycle failed the attempt itself (the coordinator's
+		// decision: too many failed checkpoints, a stop's savepoint aborted):
+		// the controller cancels it on its hosts and waits for the restart.
+		dj.mu.Lock()
+		own := dj.active
+		if own {
+			dj.active, dj.awaitRestart = false, true
+			dj.stopCommands()
+		}
+		attempt := dj.attempt
+		dj.mu.Unlock()
+		if own {
+			dj.failoverSpans(x.Reason)
+			go dj.c.distFailed(dj.id, attempt, x.Reason)
+		}
+	case control.StartAttempt:
+		dj.restore = ""
+		if x.Restore != nil {
+			dj.restore = x.Restore.Location
+		}
+		dj.mu.Lock()
+		awaited := dj.awaitRestart
+		dj.awaitRestart = false
+		dj.mu.Unlock()
+		if awaited {
+			go dj.c.lifecycleRestart(dj.id)
+		}
+	case control.JobEnded:
+		if x.State == control.JobFailed {
+			go dj.c.lifecycleGaveUp(dj.id, x.Reason)
+		}
+	}
 }
 
 // Command queues c for the host of subtask id (called by the driver, in the
@@ -540,7 +580,7 @@ func (dj *distJob) onEvent(m *nats.Msg) {
 	}
 	dj.post(func() {
 		dj.mu.Lock()
-		if attempt != dj.attempt || !dj.active || dj.d == nil || dj.closed {
+		if attempt != dj.attempt || !dj.active || !dj.ckpt || dj.closed {
 			dj.mu.Unlock()
 			return // a straggler of an earlier attempt
 		}
@@ -566,7 +606,6 @@ func (c *Controller) distRunning(jobID string, attempt int) {
 		return
 	}
 	j.state, j.reason, j.updated = JobRunning, "", now
-	j.restart.Running(j.ticks(now))
 	c.changedLocked(j)
 	c.log.Info("job running", "job", j.id, "attempt", j.attempt, "hosts", j.placement.Hosts())
 }
@@ -595,7 +634,7 @@ func (dj *distJob) deploy(attempt int, p control.Placement) string {
 // Called with c.mu held: the attempt's commands stop at once, the driver
 // hears of it in the loop (before the next attempt's deploy, which is
 // queued after it).
-func (dj *distJob) failover(reason, host string, subtask *control.SubtaskID) {
+func (dj *distJob) failover(reason, host string, subtask *control.SubtaskID, lost bool) {
 	dj.mu.Lock()
 	if !dj.active {
 		dj.mu.Unlock()
@@ -604,19 +643,17 @@ func (dj *distJob) failover(reason, host string, subtask *control.SubtaskID) {
 	dj.active = false
 	dj.stopCommands()
 	attempt := dj.attempt
+	dj.awaitRestart = !lost // the controller waits for the lifecycle's StartAttempt
 	dj.mu.Unlock()
 	dj.post(func() {
 		defer dj.failoverSpans(reason) // after the driver aborted the attempt's checkpoints
-		if dj.d == nil {
-			return
-		}
-		if st := dj.d.State(); st != control.JobRestarting && !st.Terminal() {
-			id, why := dj.blame(reason, host, subtask)
-			dj.log.Info("attempt failed over", "attempt", attempt, "subtask", id.String(), "host", host, "reason", why)
-			dj.d.Step(nil, control.TaskFailed{Subtask: id, Reason: why})
-		}
-		if md := dj.d.Latest(); md != nil {
-			dj.restore = md.Location
+		lc := dj.d.Lifecycle()
+		id, why := dj.blame(reason, host, subtask)
+		dj.log.Info("attempt failed over", "attempt", attempt, "subtask", id.String(), "host", host, "reason", why, "lost", lost)
+		if lost {
+			dj.step(control.AttemptLost{Attempt: lc.Attempt(), Reason: why})
+		} else {
+			dj.step(control.AttemptFailed{Attempt: lc.Attempt(), Subtask: id, Reason: why})
 		}
 	})
 }
@@ -657,7 +694,7 @@ func (dj *distJob) close(final control.Event) {
 	dj.stopCommands()
 	dj.mu.Unlock()
 	dj.post(func() {
-		if dj.d != nil && final != nil && !dj.d.State().Terminal() {
+		if final != nil && !dj.d.Lifecycle().Ended() {
 			dj.d.Step(nil, final)
 		}
 		dj.endSpans(final)
@@ -670,6 +707,46 @@ func (dj *distJob) close(final control.Event) {
 	default:
 	}
 	_ = dj.sub.Unsubscribe()
+}
+
+// lifecycleRestart: the job's lifecycle restarts the job after a task
+// failure (its restart strategy's delay has passed): the attempt is placed.
+func (c *Controller) lifecycleRestart(jobID string) {
+	now := time.Now()
+	c.mu.Lock()
+	j := c.jobs[jobID]
+	if j == nil || TerminalJobState(j.state) || j.canceling {
+		c.mu.Unlock()
+		return
+	}
+	if !j.awaitingRestart {
+		// The failure has not reached failLocked yet (the lifecycle decided
+		// it): failLocked restarts at once.
+		j.restartReady = true
+		c.mu.Unlock()
+		return
+	}
+	j.awaitingRestart = false
+	j.restartAt = now
+	c.log.Info("job restarting", "job", j.id, "attempt", j.attempt)
+	effects := c.scheduleLocked(now)
+	c.mu.Unlock()
+	c.run(effects)
+}
+
+// lifecycleGaveUp: the job's restart strategy gives up.
+func (c *Controller) lifecycleGaveUp(jobID, reason string) {
+	now := time.Now()
+	c.mu.Lock()
+	j := c.jobs[jobID]
+	if j == nil || TerminalJobState(j.state) {
+		c.mu.Unlock()
+		return
+	}
+	c.endLocked(j, now, JobFailed, reason)
+	effects := c.scheduleLocked(now)
+	c.mu.Unlock()
+	c.run(effects)
 }
 
 // distFailed fails the attempt after the driver asked to (FailJob).
@@ -709,7 +786,7 @@ func (c *Controller) maybeEndDist(jobID string) {
 	}
 	done, savepoint := dj.done, dj.savepath
 	dj.mu.Unlock()
-	if !all || (dj.d != nil && done == nil) {
+	if !all || (dj.ckpt && done == nil) {
 		return
 	}
 	if done != nil && done.State == control.JobStopped {
@@ -740,7 +817,7 @@ func (c *Controller) distSavepoint(jobID, verb, dir string, drain bool) (string,
 	dj := j.dist
 	attempt := j.attempt
 	c.mu.Unlock()
-	if dj.d == nil {
+	if !dj.ckpt {
 		return "", errors.New("cluster: stop with a savepoint needs checkpointing: the job file has no checkpoint section (use streamd cancel)")
 	}
 	// The driver takes the request in the job's loop.

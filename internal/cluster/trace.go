@@ -141,7 +141,7 @@ func (o *distObs) endPending(err error) {
 // checkRunning (in the loop) ends the failover and restore spans once the
 // coordinator sees every subtask running.
 func (dj *distJob) checkRunning() {
-	if len(dj.obs.pending) == 0 || dj.d == nil {
+	if len(dj.obs.pending) == 0 || !dj.ckpt {
 		return
 	}
 	dj.mu.Lock()
@@ -159,7 +159,7 @@ func (dj *distJob) checkRunning() {
 // Without a driver (no checkpointing) the failover and restore spans end
 // when every host of the attempt has.
 func (dj *distJob) hostRunning(host string) {
-	if dj.d != nil {
+	if dj.ckpt {
 		return
 	}
 	dj.post(func() {

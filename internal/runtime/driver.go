@@ -238,6 +238,46 @@ func NewDriver(ctx context.Context, g *control.JobGraph, co *CheckpointOptions, 
 	return d, nil
 }
 
+// NewJobDriver returns the driver of a job's lifecycle (control.Lifecycle)
+// for a job whose attempts run elsewhere (internal/cluster: the controller
+// drives deployed jobs with it): the lifecycle decides restarts and what
+// each attempt restores; co, if set, turns checkpointing on (its Store is
+// required); from is the checkpoint the job was deployed from. onLifecycle
+// gets the lifecycle's own actions (StartAttempt, CancelAttempt,
+// StopFailed, JobEnded) while Step carries them out; it must not call back
+// into the driver. The job is started (its first StartAttempt) by
+// Step(t, control.StartJob{}).
+func NewJobDriver(ctx context.Context, g *control.JobGraph, co *CheckpointOptions, from *checkpoint.Restore, restart jobfile.RestartSettings,
+	firstAttempt int, seed uint64, log *slog.Logger, onLifecycle func(control.Action)) (*Driver, error) {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	d := &Driver{g: g, log: log, onLifecycle: onLifecycle}
+	tick := DefaultTick
+	lcfg := control.LifecycleConfig{FirstAttempt: firstAttempt, Seed: seed}
+	if co != nil {
+		cfg, err := d.config(ctx, g, co, from, log)
+		if err != nil {
+			return nil, err
+		}
+		lcfg.Checkpoint, tick = &cfg, co.Tick
+	}
+	lcfg.Restart = restart.Control(tick)
+	if from != nil {
+		md := from.Metadata
+		lcfg.From = &control.RestorePoint{ID: md.ID, Kind: md.Kind, Location: md.Location}
+	}
+	lc, err := control.NewLifecycle(g, lcfg)
+	if err != nil {
+		return nil, fmt.Errorf("runtime: job %q: %w", g.Name, err)
+	}
+	d.lc, d.coord = lc, lc.Coordinator()
+	return d, nil
+}
+
+// Lifecycle is the job's lifecycle (nil for a driver of a bare coordinator).
+func (d *Driver) Lifecycle() *control.Lifecycle { return d.lc }
+
 func (d *Driver) init(ctx context.Context, g *control.JobGraph, co *CheckpointOptions, restore *checkpoint.Restore, log *slog.Logger) error {
 	cfg, err := d.config(ctx, g, co, restore, log)
 	if err != nil {
