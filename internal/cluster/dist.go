@@ -269,21 +269,21 @@ type distJob struct {
 	obs     distObs // the attempt, failover and restore spans (trace.go)
 	running bool    // the coordinator saw every subtask of the attempt running
 
-	mu        sync.Mutex // after Controller.mu, held briefly (never while the driver steps); guards everything below
-	work      []func()   // queued for the loop
-	wake      chan struct{}
-	exited    bool // the loop has ended: nothing more is queued
-	attempt   int
-	placement control.Placement
-	active    bool                      // the attempt is deployed and has not failed
-	finished  map[string]bool           // hosts whose part of the attempt finished
-	evSeq     map[string]uint64         // per host, the last subtask event of the attempt taken
-	cmds      map[string]*reliableQueue // per host, the commands of the attempt
-	spWait    chan string               // a savepoint request waits for the savepoint's location
-	stopping  bool                      // a stop with a savepoint was asked for in this attempt
-	awaitRestart bool                   // a task failure: the controller waits for the lifecycle to restart the job
-	stopSP    string                    // the location of that stop's savepoint, once complete
-	closed    bool
+	mu           sync.Mutex // after Controller.mu, held briefly (never while the driver steps); guards everything below
+	work         []func()   // queued for the loop
+	wake         chan struct{}
+	exited       bool // the loop has ended: nothing more is queued
+	attempt      int
+	placement    control.Placement
+	active       bool                      // the attempt is deployed and has not failed
+	finished     map[string]bool           // hosts whose part of the attempt finished
+	evSeq        map[string]uint64         // per host, the last subtask event of the attempt taken
+	cmds         map[string]*reliableQueue // per host, the commands of the attempt
+	spWait       chan string               // a savepoint request waits for the savepoint's location
+	stopping     bool                      // a stop with a savepoint was asked for in this attempt
+	awaitRestart bool                      // a task failure: the controller waits for the lifecycle to restart the job
+	stopSP       string                    // the location of that stop's savepoint, once complete
+	closed       bool
 	// The driver's outcome, published by the loop after each step.
 	done     *control.JobDone
 	savepath string
