@@ -32,6 +32,15 @@ type Source interface {
 	Close() error
 }
 
+// ReadySource is implemented by sources that can tell, without blocking,
+// whether a Read would return at once (records are due, buffered or read
+// from a regular file, or the input has ended). The runtime then reads on
+// the subtask's own goroutine; otherwise on a reader goroutine, so that the
+// subtask takes barriers while the source waits.
+type ReadySource interface {
+	Ready() bool
+}
+
 // Sink is one subtask of a built-in sink. One goroutine uses it.
 type Sink interface {
 	// Write consumes recs; the sink copies what it keeps.

@@ -170,6 +170,10 @@ func (s *FileSource) Read(ctx context.Context, recs []abi.Record) (int, error) {
 	return n, nil
 }
 
+// Ready reports whether Read returns without waiting for input: a regular
+// file, buffered input, or the end.
+func (s *FileSource) Ready() bool { return s.eof || !s.stream || s.r.Buffered() > 0 }
+
 // readLine appends the next line including its newline to dst.
 func (s *FileSource) readLine(dst []byte) ([]byte, error) {
 	for {

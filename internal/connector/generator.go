@@ -179,6 +179,19 @@ func (g *Generator) Read(ctx context.Context, recs []abi.Record) (int, error) {
 	return int(want), nil
 }
 
+// Ready reports whether Read returns at once: no rate, the end, or at least
+// a step of records due.
+func (g *Generator) Ready() bool {
+	if g.rate <= 0 || g.remaining() == 0 {
+		return true
+	}
+	if g.started.IsZero() {
+		return false
+	}
+	step := max(int64(g.rate/100), 1)
+	return int64(g.rate*g.now().Sub(g.started).Seconds())-g.produced >= step
+}
+
 // throttle waits until at least min(want, rate*10ms) more records are due and
 // returns how many (<= want) may be produced now.
 func (g *Generator) throttle(ctx context.Context, want int64) (int64, error) {

@@ -234,6 +234,10 @@ func (s *NATSSource) deliver(m jetstream.Msg) {
 
 // Read returns the next records, waiting for at least one. A bounded source
 // returns io.EOF after the last message up to its bound.
+// Ready reports whether Read returns at once: messages are buffered, or the
+// bounded stream has ended.
+func (s *NATSSource) Ready() bool { return s.eof || len(s.msgs) > 0 }
+
 func (s *NATSSource) Read(ctx context.Context, recs []abi.Record) (int, error) {
 	n := 0
 	for n == 0 {

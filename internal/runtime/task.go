@@ -417,17 +417,22 @@ func (t *task) commands() error {
 	return nil
 }
 
-// runSource is the loop of a source subtask. A reader goroutine reads
-// batches (sourceReader) while this goroutine sends them downstream, with
-// the source's watermark after each batch, and takes the driver's commands
-// at any time: between batches and while the source waits for input (a
-// throttled generator, a file or stdin waiting for a line, an empty nats
-// stream), so checkpoints and stops never wait for the next record. At the
-// end the MAX watermark, EndOfData(drain), the wait for the final
-// checkpoint and EndOfPartition (DESIGN.md "Finishing" 1).
+// runSource is the loop of a source subtask. It sends the source's batches
+// downstream, with the source's watermark after each batch, and takes the
+// driver's commands at any time: between batches and while the source
+// waits for input (a throttled generator, a file or stdin waiting for a
+// line, an empty nats stream), so checkpoints and stops never wait for the
+// next record. A source that says a Read returns at once
+// (connector.ReadySource) is read here; otherwise the read goes to a
+// reader goroutine (sourceReader) while this one waits for its batch and
+// the commands together. At the end the MAX watermark, EndOfData(drain),
+// the wait for the final checkpoint and EndOfPartition (DESIGN.md
+// "Finishing" 1).
 func (t *task) runSource(ctx context.Context) error {
 	t.srcWM = abi.MinWatermark
 	var rd *sourceReader
+	var ready connector.ReadySource
+	var buf []abi.Record
 	if !t.deployedFinished {
 		_, span := t.startPhase(telemetry.SpanTaskOpen)
 		src, err := t.newSource(t.srcPos)
@@ -442,12 +447,15 @@ func (t *task) runSource(ctx context.Context) error {
 			}
 		}()
 		t.setState(StateRunning)
+		ready, _ = src.(connector.ReadySource)
+		buf = make([]abi.Record, t.j.opts.BatchSize)
 		rd = startSourceReader(ctx, src, t.j.opts.BatchSize)
 		t.reader = rd
 	}
 	if err := t.step(control.Opened{}); err != nil {
 		return err
 	}
+	inflight := false // the reader has a Read to do or done
 	for !t.m.Done() {
 		if t.mb.n.Load() > 0 {
 			if err := t.commands(); err != nil {
@@ -457,10 +465,21 @@ func (t *task) runSource(ctx context.Context) error {
 		}
 		var results <-chan readResult
 		if t.m.Reading() {
+			if !inflight && ready != nil && ready.Ready() {
+				if err := t.sourceBatch(t.readInline(ctx, buf)); err != nil {
+					return err
+				}
+				continue
+			}
+			if !inflight {
+				rd.request()
+				inflight = true
+			}
 			results = rd.results
 		}
 		select {
 		case res := <-results:
+			inflight = false
 			if err := t.sourceBatch(res); err != nil {
 				return err
 			}
@@ -476,7 +495,17 @@ func (t *task) runSource(ctx context.Context) error {
 	return nil
 }
 
-// sourceBatch sends one batch of the reader downstream, or ends the input.
+// readInline reads one batch on the subtask's goroutine.
+func (t *task) readInline(ctx context.Context, buf []abi.Record) readResult {
+	n, err := t.src.Read(ctx, buf)
+	res := readResult{recs: buf, n: n, err: err}
+	if err == nil {
+		res.pos, res.wm = t.src.Position(), t.src.Watermark()
+	}
+	return res
+}
+
+// sourceBatch sends one batch downstream, or ends the input.
 func (t *task) sourceBatch(res readResult) error {
 	if errors.Is(res.err, io.EOF) {
 		return t.step(control.SourceEnded{})
@@ -487,7 +516,6 @@ func (t *task) sourceBatch(res readResult) error {
 	t.records += int64(res.n)
 	t.emitRecords(res.recs[:res.n])
 	t.srcAt = res.pos
-	t.reader.next() // the records were copied: the reader may read again
 	if t.emitErr != nil {
 		return t.fail(phaseRead, t.emitErr)
 	}
@@ -530,12 +558,13 @@ type readResult struct {
 	err  error // io.EOF at the end of a bounded source
 }
 
-// sourceReader reads a source on a goroutine of its own, one batch at a
-// time: it reads again only after next(), because a batch aliases the
-// source's memory until the next Read.
+// sourceReader reads a source on a goroutine of its own, one batch for each
+// request: the subtask asks only when it has sent the batch before
+// downstream, because a batch aliases the source's memory until the next
+// Read, and it never reads itself while a request is open.
 type sourceReader struct {
 	results chan readResult
-	more    chan struct{}
+	req     chan struct{}
 	cancel  context.CancelFunc
 	done    chan struct{}
 
@@ -546,11 +575,16 @@ type sourceReader struct {
 
 func startSourceReader(ctx context.Context, src connector.Source, batch int) *sourceReader {
 	rctx, cancel := context.WithCancel(ctx)
-	r := &sourceReader{results: make(chan readResult, 1), more: make(chan struct{}, 1), cancel: cancel, done: make(chan struct{})}
+	r := &sourceReader{results: make(chan readResult, 1), req: make(chan struct{}, 1), cancel: cancel, done: make(chan struct{})}
 	go func() {
 		defer close(r.done)
-		buf := make([]abi.Record, batch)
+		var buf []abi.Record
 		for {
+			select {
+			case <-r.req:
+			case <-rctx.Done():
+				return
+			}
 			r.mu.Lock()
 			if r.stopping {
 				r.mu.Unlock()
@@ -558,6 +592,9 @@ func startSourceReader(ctx context.Context, src connector.Source, batch int) *so
 			}
 			r.inRead = true
 			r.mu.Unlock()
+			if buf == nil {
+				buf = make([]abi.Record, batch)
+			}
 			n, err := src.Read(rctx, buf)
 			res := readResult{recs: buf, n: n, err: err}
 			if err == nil {
@@ -575,18 +612,13 @@ func startSourceReader(ctx context.Context, src connector.Source, batch int) *so
 			if err != nil {
 				return
 			}
-			select {
-			case <-r.more:
-			case <-rctx.Done():
-				return
-			}
 		}
 	}()
 	return r
 }
 
-// next lets the reader read the next batch.
-func (r *sourceReader) next() { r.more <- struct{}{} }
+// request asks the reader for the next batch.
+func (r *sourceReader) request() { r.req <- struct{}{} }
 
 // stop ends the reader. It reports whether the reader has ended, so the
 // caller closes the source; false: the reader is inside a Read and closes
