@@ -106,3 +106,47 @@ func must(t *testing.T, err error) {
 		t.Fatal(err)
 	}
 }
+
+// TestRestartConfiguration: restart.* in the configuration is the restart
+// strategy of job files without a restart section; a job file's own
+// section wins; a bad setting is a usage error naming the key.
+func TestRestartConfiguration(t *testing.T) {
+	dir := t.TempDir()
+	t.Chdir(dir)
+	for _, k := range restartKeys {
+		t.Setenv("STREAMD_"+strings.ToUpper(strings.ReplaceAll(k, ".", "_")), "")
+		os.Unsetenv("STREAMD_" + strings.ToUpper(strings.ReplaceAll(k, ".", "_")))
+	}
+	job := "name: j\ncheckpoint: {interval: 1s}\noperators:\n  - {uid: gen, source: {type: generator, count: 10}}\n  - {uid: out, sink: {type: discard}, inputs: [gen]}\n"
+	must(t, os.WriteFile(filepath.Join(dir, "job.yaml"), []byte(job), 0o644))
+	must(t, os.WriteFile(filepath.Join(dir, "own.yaml"), []byte(job+"restart: {strategy: none}\n"), 0o644))
+	restartLine := func(args ...string) (int, string, string) {
+		t.Helper()
+		code, _, out, errb := invoke(t, args...)
+		for _, l := range strings.Split(out, "\n") {
+			if strings.HasPrefix(l, "restart: ") {
+				return code, l, errb
+			}
+		}
+		return code, "", errb
+	}
+	if code, l, errb := restartLine("validate", "job.yaml"); code != 0 || !strings.HasPrefix(l, "restart: exponential-delay") {
+		t.Fatalf("built-in default: exit %d, %q %s", code, l, errb)
+	}
+	must(t, os.WriteFile(filepath.Join(dir, "streamd.yaml"), []byte("restart: {strategy: fixed-delay, attempts: 7, delay: 2s}\n"), 0o644))
+	if code, l, errb := restartLine("validate", "job.yaml"); code != 0 || l != "restart: fixed-delay, 7 attempts, delay 2s" {
+		t.Fatalf("configured: exit %d, %q %s", code, l, errb)
+	}
+	if code, l, errb := restartLine("validate", "own.yaml"); code != 0 || l != "restart: none" {
+		t.Fatalf("the job file's own section: exit %d, %q %s", code, l, errb)
+	}
+	t.Setenv("STREAMD_RESTART_STRATEGY", "sometimes")
+	if code, _, errb := restartLine("validate", "job.yaml"); code != exitUsage || !strings.Contains(errb, "restart.strategy") {
+		t.Fatalf("bad strategy: exit %d, %s", code, errb)
+	}
+	t.Setenv("STREAMD_RESTART_STRATEGY", "exponential-delay")
+	t.Setenv("STREAMD_RESTART_MULTIPLIER", "0.5")
+	if code, _, errb := restartLine("validate", "job.yaml"); code != exitUsage || !strings.Contains(errb, "multiplier") {
+		t.Fatalf("bad multiplier: exit %d, %s", code, errb)
+	}
+}

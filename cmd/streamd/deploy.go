@@ -99,7 +99,11 @@ func (c *cli) loadForDeploy(cmd *cobra.Command, target string, f runFlags) (*job
 				return nil, "", usagef("--%s applies only when deploying a .wasm module; %s is a job file (set it in the file)", name, target)
 			}
 		}
-		job, err := jobfile.LoadJob(target, jobfile.Options{Parallelism: f.parallelism})
+		restart, err := c.restartDefault()
+		if err != nil {
+			return nil, "", err
+		}
+		job, err := jobfile.LoadJob(target, jobfile.Options{Parallelism: f.parallelism, Restart: restart})
 		if err != nil {
 			return nil, "", err
 		}

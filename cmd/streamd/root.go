@@ -116,7 +116,7 @@ func (c *cli) loadConfig() error {
 	v.SetEnvKeyReplacer(strings.NewReplacer(".", "_"))
 	v.AutomaticEnv()
 	// AutomaticEnv only answers keys viper knows; make sure every key is known.
-	for _, k := range []string{keyWasmCacheDir} {
+	for _, k := range append([]string{keyWasmCacheDir}, restartKeys...) {
 		_ = v.BindEnv(k)
 	}
 

@@ -121,7 +121,10 @@ func (c *cli) run(ctx context.Context, cmd *cobra.Command, target string, f runF
 				return usagef("--%s applies only when running a .wasm module; %s is a job file (set it in the file)", name, target)
 			}
 		}
-		job, err = jobfile.LoadJob(target, jobfile.Options{Parallelism: f.parallelism})
+		var restart *jobfile.RestartSettings
+		if restart, err = c.restartDefault(); err == nil {
+			job, err = jobfile.LoadJob(target, jobfile.Options{Parallelism: f.parallelism, Restart: restart})
+		}
 	}
 	if err != nil {
 		return err

@@ -27,7 +27,11 @@ field. Each wasm module is also compiled and checked for the exports and ABI
 version streamd needs. Exit status 0 when the job is valid, 1 when it is not.`,
 		Args: exactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			job, err := jobfile.LoadJob(args[0], jobfile.Options{Parallelism: parallelism})
+			restart, err := c.restartDefault()
+			if err != nil {
+				return err
+			}
+			job, err := jobfile.LoadJob(args[0], jobfile.Options{Parallelism: parallelism, Restart: restart})
 			if err != nil {
 				return err
 			}

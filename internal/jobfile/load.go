@@ -188,6 +188,10 @@ type Options struct {
 	// Parallelism, when > 0, replaces the job's default parallelism; operators
 	// that set their own parallelism keep it.
 	Parallelism int
+	// Restart, when set, is the restart strategy of a job file without a
+	// restart section (the configuration's restart.* keys) instead of the
+	// built-in default.
+	Restart *RestartSettings
 }
 
 // Load reads, validates and returns the job graph of the job file at path.
@@ -350,6 +354,8 @@ func (p *parser) parse(data []byte) *Job {
 	}
 	if n := f["restart"]; n != nil {
 		p.restart(n, &job.Restart, f["checkpoint"] != nil)
+	} else if r := p.opts.Restart; r != nil {
+		job.Restart = *r
 	}
 
 	var ops []*operator
