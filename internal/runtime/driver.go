@@ -396,6 +396,7 @@ func (r *runner) loop(ctx context.Context) error {
 	r.ctx = ctx
 	r.step(control.StartJob{})
 	canceled := false
+	ctxDone := ctx.Done()
 	for {
 		j := r.cur
 		if r.ended != nil && j == nil {
@@ -421,11 +422,10 @@ func (r *runner) loop(ctx context.Context) error {
 			}
 		case req := <-r.opts.Savepoint:
 			r.Driver.RequestSavepoint(r.target(), req.Result)
-		case <-ctx.Done():
-			if !canceled {
-				canceled = true
-				r.step(control.Cancel{})
-			}
+		case <-ctxDone:
+			ctxDone = nil // once: then wait for the attempt to end
+			canceled = true
+			r.step(control.Cancel{})
 		}
 	}
 }
