@@ -9,7 +9,9 @@ package cluster
 // commands to each host on TaskCommandSubject; both carry the attempt, so
 // nothing of an earlier attempt is ever mixed into a later one.
 //
-// One goroutine per job (distJob.loop) steps its driver; everything else
+// One goroutine per job (a runtime.JobLoop, the same loop `streamd run`
+// runs a job on, with the distJob as its Executor) steps its driver;
+// everything else
 // posts work to it. Lock order: Controller.mu before distJob.mu; distJob.mu
 // is held only briefly for plain fields, never while the driver steps (and
 // so never during the driver's store IO), and the loop never takes
@@ -269,10 +271,9 @@ type distJob struct {
 	obs     distObs // the attempt, failover and restore spans (trace.go)
 	running bool    // the coordinator saw every subtask of the attempt running
 
+	jl *runtime.JobLoop // the job's one goroutine
+
 	mu           sync.Mutex // after Controller.mu, held briefly (never while the driver steps); guards everything below
-	work         []func()   // queued for the loop
-	wake         chan struct{}
-	exited       bool // the loop has ended: nothing more is queued
 	attempt      int
 	placement    control.Placement
 	active       bool                      // the attempt is deployed and has not failed
@@ -296,7 +297,7 @@ func (c *Controller) newDistJob(id string, spec JobSpec, from string, attempt in
 	if err != nil {
 		return nil, err
 	}
-	dj := &distJob{c: c, id: id, g: g, log: c.log.With("job", id), tick: runtime.DefaultTick, wake: make(chan struct{}, 1), finished: map[string]bool{}}
+	dj := &distJob{c: c, id: id, g: g, log: c.log.With("job", id), tick: runtime.DefaultTick, finished: map[string]bool{}}
 	// The job's lifecycle (control.Lifecycle) decides its restarts and
 	// what each attempt restores; with checkpointing it runs the
 	// coordinator too.
@@ -340,10 +341,11 @@ func (c *Controller) newDistJob(id string, spec JobSpec, from string, attempt in
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), DefaultRetry.Total)
 	defer cancel()
-	dj.d, err = runtime.NewJobDriver(ctx, g, co, fromRS, spec.Restart, attempt, uint64(time.Now().UnixNano()), dj.log, dj.lifecycleAction)
+	dj.d, err = runtime.NewJobDriver(ctx, g, co, fromRS, spec.Restart, attempt, uint64(time.Now().UnixNano()), dj.log, nil)
 	if err != nil {
 		return nil, err
 	}
+	dj.jl = runtime.NewJobLoop(dj.d, dj, dj.tick, c.done)
 	dj.d.Step(nil, control.StartJob{}) // the loop has not started: its first StartAttempt sets restore
 	dj.sub, err = c.nc.Subscribe(PrefixTask+"."+id+".*.events", dj.onEvent)
 	if err != nil {
@@ -351,69 +353,25 @@ func (c *Controller) newDistJob(id string, spec JobSpec, from string, attempt in
 	}
 	_ = dj.sub.SetPendingLimits(-1, -1)
 	c.wg.Add(1)
-	go dj.loop()
+	go func() {
+		defer c.wg.Done()
+		dj.jl.Run()
+	}()
 	return dj, nil
 }
 
-// post queues f for the job's loop; false when the loop has ended. It never
-// blocks (callers may hold the controller's mutex).
-func (dj *distJob) post(f func()) bool {
-	dj.mu.Lock()
-	if dj.exited {
-		dj.mu.Unlock()
-		return false
-	}
-	dj.work = append(dj.work, f)
-	dj.mu.Unlock()
-	select {
-	case dj.wake <- struct{}{}:
-	default:
-	}
-	return true
-}
+// post queues f for the job's loop (runtime.JobLoop); false when the loop
+// has ended. It never blocks (callers may hold the controller's mutex).
+func (dj *distJob) post(f func()) bool { return dj.jl.Post(f) }
 
-// loop is the job's goroutine: it runs what was posted, in order, and
-// ticks the driver.
-func (dj *distJob) loop() {
-	defer dj.c.wg.Done()
-	t := time.NewTicker(dj.tick)
-	defer t.Stop()
-	tick := t.C
-	for {
-		select {
-		case <-dj.c.done:
-			dj.mu.Lock()
-			dj.exited = true
-			dj.mu.Unlock()
-			return
-		case <-tick:
-			dj.mu.Lock()
-			on := !dj.closed
-			dj.mu.Unlock()
-			if on {
-				dj.step(control.Tick{}) // also between attempts: restart delays are ticks
-			}
-		case <-dj.wake:
-			for {
-				dj.mu.Lock()
-				work := dj.work
-				dj.work = nil
-				end := len(work) == 0 && dj.closed
-				if end {
-					dj.exited = true
-				}
-				dj.mu.Unlock()
-				if end {
-					return
-				}
-				if len(work) == 0 {
-					break
-				}
-				for _, f := range work {
-					f()
-				}
-			}
-		}
+// Tick steps the driver every tick, also between attempts: restart delays
+// are ticks (runtime.Executor).
+func (dj *distJob) Tick() {
+	dj.mu.Lock()
+	on := !dj.closed
+	dj.mu.Unlock()
+	if on {
+		dj.step(control.Tick{})
 	}
 }
 
@@ -467,44 +425,54 @@ type distTarget struct {
 	placement control.Placement
 }
 
-// lifecycleAction takes the lifecycle's own actions (in the loop, or in
-// newDistJob before it starts). The controller places and assigns attempts
-// and cancels them on their hosts; the lifecycle says what an attempt
-// restores, when a failed job restarts, and when it gives up.
-func (dj *distJob) lifecycleAction(a control.Action) {
-	switch x := a.(type) {
-	case control.CancelAttempt:
-		// The lifecycle failed the attempt itself (the coordinator's
-		// decision: too many failed checkpoints, a stop's savepoint aborted):
-		// the controller cancels it on its hosts and waits for the restart.
-		dj.mu.Lock()
-		own := dj.active
-		if own {
-			dj.active, dj.awaitRestart = false, true
-			dj.stopCommands()
-		}
-		attempt := dj.attempt
-		dj.mu.Unlock()
-		if own {
-			dj.failoverSpans(x.Reason)
-			go dj.c.distFailed(dj.id, attempt, x.Reason)
-		}
-	case control.StartAttempt:
-		dj.restore = ""
-		if x.Restore != nil {
-			dj.restore = x.Restore.Location
-		}
-		dj.mu.Lock()
-		awaited := dj.awaitRestart
-		dj.awaitRestart = false
-		dj.mu.Unlock()
-		if awaited {
-			go dj.c.lifecycleRestart(dj.id)
-		}
-	case control.JobEnded:
-		if x.State == control.JobFailed {
-			go dj.c.lifecycleGaveUp(dj.id, x.Reason)
-		}
+// The job's lifecycle's own actions, in the loop (runtime.Executor; the
+// first StartAttempt comes in newDistJob, before the loop starts). The
+// controller places and assigns attempts and cancels them on their hosts;
+// the lifecycle says what an attempt restores, when a failed job restarts,
+// and when it gives up.
+
+// CancelAttempt: the lifecycle failed the attempt itself (the coordinator's
+// decision: too many failed checkpoints, a stop's savepoint aborted), or
+// answers a failure the controller reported (nothing to do then). The
+// controller cancels it on its hosts and waits for the restart.
+func (dj *distJob) CancelAttempt(x control.CancelAttempt) {
+	dj.mu.Lock()
+	own := dj.active
+	if own {
+		dj.active, dj.awaitRestart = false, true
+		dj.stopCommands()
+	}
+	attempt := dj.attempt
+	dj.mu.Unlock()
+	if own {
+		dj.failoverSpans(x.Reason)
+		go dj.c.distFailed(dj.id, attempt, x.Reason)
+	}
+}
+
+// StartAttempt records what the next attempt restores; after a task
+// failure it tells the controller to place it.
+func (dj *distJob) StartAttempt(x control.StartAttempt) {
+	dj.restore = ""
+	if x.Restore != nil {
+		dj.restore = x.Restore.Location
+	}
+	dj.mu.Lock()
+	awaited := dj.awaitRestart
+	dj.awaitRestart = false
+	dj.mu.Unlock()
+	if awaited {
+		go dj.c.lifecycleRestart(dj.id)
+	}
+}
+
+// StopFailed: distSavepoint notices on the job's state.
+func (dj *distJob) StopFailed(control.StopFailed) {}
+
+// JobEnded: when the restart strategy gives up, the job fails.
+func (dj *distJob) JobEnded(x control.JobEnded) {
+	if x.State == control.JobFailed {
+		go dj.c.lifecycleGaveUp(dj.id, x.Reason)
 	}
 }
 
@@ -700,12 +668,9 @@ func (dj *distJob) close(final control.Event) {
 		dj.endSpans(final)
 	})
 	dj.mu.Lock()
-	dj.closed = true // the loop ends once its queue is empty
+	dj.closed = true
 	dj.mu.Unlock()
-	select {
-	case dj.wake <- struct{}{}:
-	default:
-	}
+	dj.jl.Close() // once its queue is empty
 	_ = dj.sub.Unsubscribe()
 }
 

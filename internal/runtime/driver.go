@@ -18,10 +18,12 @@ import (
 	"github.com/streamd/streamd/internal/telemetry"
 )
 
-// runner is one Run: the attempts of a job and, with checkpointing, the
-// driver around the checkpoint coordinator (control.Coordinator). The
-// driver is the goroutine of Run: it feeds the coordinator ticks from a real
-// ticker and the subtasks' events, and carries out its actions in order.
+// runner is one Run: the job's lifecycle (control.Lifecycle, with its
+// coordinator when the job checkpoints) on a JobLoop, and the in-process
+// Executor of its attempts: Run's goroutine is the job's loop, the only one
+// to step the lifecycle; the subtasks' events, their ends and the user's
+// requests are posted to it. The controller of internal/cluster drives a
+// deployed job the same way, with hosts as its Executor.
 type runner struct {
 	g       *control.JobGraph
 	opts    Options
@@ -43,6 +45,8 @@ type runner struct {
 	lastErr      error                 // of the latest failed attempt
 	fatalErr     error                 // ends the job without a restart
 	stopFailed   chan<- error          // the stop request's Failed
+	jl           *JobLoop              // the job's loop
+	canceled     bool                  // ctx ended: the job was canceled
 
 	Driver // the checkpoint coordinator's driver (coord nil without checkpointing)
 }
@@ -383,52 +387,54 @@ func (r *runner) initLifecycle(ctx context.Context) error {
 		return fmt.Errorf("runtime: job %q: %w", r.g.Name, err)
 	}
 	r.lc, r.coord = lc, lc.Coordinator()
-	r.onLifecycle = r.lifecycleAction
 	return nil
 }
 
-// loop is the job's loop: the only caller of the lifecycle's Step. It feeds
-// it ticks, the subtasks' events, the ends of attempts and the user's
-// requests, and carries out its actions (Driver.Step).
+// loop runs the job on its JobLoop, with the runner as the in-process
+// Executor, until the job has ended and its last attempt with it.
 func (r *runner) loop(ctx context.Context) error {
-	ticker := time.NewTicker(r.tick)
-	defer ticker.Stop()
 	r.ctx = ctx
-	r.step(control.StartJob{})
-	canceled := false
+	r.jl = NewJobLoop(&r.Driver, r, r.tick, nil)
+	done := make(chan struct{})
+	go r.requests(ctx, done)
+	r.jl.Post(func() { r.step(control.StartJob{}) })
+	r.jl.Run()
+	close(done)
+	return r.result(ctx, r.canceled)
+}
+
+// requests hands the user's stop and savepoint requests and the context's
+// end to the loop, until done.
+func (r *runner) requests(ctx context.Context, done <-chan struct{}) {
 	ctxDone := ctx.Done()
 	for {
-		j := r.cur
-		if r.ended != nil && j == nil {
-			return r.result(ctx, canceled)
-		}
-		var events <-chan control.Event
-		var done <-chan struct{}
-		if j != nil {
-			events, done = j.events, j.done
-		}
 		select {
-		case ev := <-events:
-			r.stepFrom(j, ev)
-		case <-done:
-			r.attemptDone(j)
-		case <-ticker.C:
-			r.step(control.Tick{})
 		case req := <-r.opts.Stop:
-			r.log.Info("stopping with a savepoint", "drain", req.Drain)
-			r.stopFailed = req.Failed
-			if err := r.Driver.Step(r.target(), control.StopWithSavepoint{Drain: req.Drain}); err != nil {
-				r.tellStopFailed(fmt.Errorf("runtime: job %q: no stop with a savepoint: %w", r.g.Name, err))
-			}
+			r.jl.Post(func() {
+				r.log.Info("stopping with a savepoint", "drain", req.Drain)
+				r.stopFailed = req.Failed
+				if err := r.Driver.Step(r.target(), control.StopWithSavepoint{Drain: req.Drain}); err != nil {
+					r.tellStopFailed(fmt.Errorf("runtime: job %q: no stop with a savepoint: %w", r.g.Name, err))
+				}
+			})
 		case req := <-r.opts.Savepoint:
-			r.Driver.RequestSavepoint(r.target(), req.Result)
+			if !r.jl.Post(func() { r.Driver.RequestSavepoint(r.target(), req.Result) }) {
+				req.Result <- SavepointResult{Err: fmt.Errorf("runtime: job %q has ended: no savepoint", r.g.Name)}
+			}
 		case <-ctxDone:
-			ctxDone = nil // once: then wait for the attempt to end
-			canceled = true
-			r.step(control.Cancel{})
+			ctxDone = nil // once: then the loop waits for the attempt to end
+			r.jl.Post(func() {
+				r.canceled = true
+				r.step(control.Cancel{})
+			})
+		case <-done:
+			return
 		}
 	}
 }
+
+// Tick steps the lifecycle with a tick (Executor).
+func (r *runner) Tick() { r.step(control.Tick{}) }
 
 // target is where the driver's commands go: the current attempt.
 func (r *runner) target() Target {
@@ -454,14 +460,6 @@ func (r *runner) stepFrom(j *job, ev control.Event) {
 
 // attemptDone: every subtask of attempt j has returned.
 func (r *runner) attemptDone(j *job) {
-	for more := true; more; {
-		select {
-		case ev := <-j.events:
-			r.stepFrom(j, ev)
-		default:
-			more = false
-		}
-	}
 	j.closeRemote()
 	r.mu.Lock()
 	r.cur, r.last = nil, j
@@ -479,42 +477,54 @@ func (r *runner) attemptDone(j *job) {
 		r.pendingStart = nil
 		r.startAttempt(a)
 	}
+	if r.ended != nil && r.cur == nil {
+		r.jl.Close()
+	}
 }
 
-// lifecycleAction carries out the lifecycle's own actions (Driver.act hands
-// them over).
-func (r *runner) lifecycleAction(a control.Action) {
-	switch x := a.(type) {
-	case control.StartAttempt:
-		if r.cur != nil {
-			// The attempt before has not ended yet (the coordinator failed
-			// it): attempts never overlap.
-			r.pendingStart = &x
-			return
-		}
-		r.startAttempt(x)
-	case control.CancelAttempt:
-		err := x.Err
-		if err == nil {
-			err = errors.New(x.Reason)
-		}
-		err = fmt.Errorf("runtime: job %q: %w", r.g.Name, err)
-		if j := r.cur; j != nil && j.attempt == x.Attempt {
-			j.fail(control.SubtaskID{}, err)
-		}
-		if x.Err != nil {
-			r.lastErr = err // the coordinator failed the attempt: its error is the cause
-		}
-	case control.StopFailed:
-		what := fmt.Sprintf("its savepoint %d was not written", x.SavepointID)
-		if x.Savepoint != nil {
-			what = fmt.Sprintf("its savepoint %s (id %d) was written, but the job failed before it stopped", x.Savepoint.Location, x.SavepointID)
-		}
-		err := fmt.Errorf("runtime: job %q: stop-with-savepoint failed: %s: %s; the job restarts as its restart strategy says", r.g.Name, what, x.Reason)
-		r.log.Error("stop-with-savepoint failed", "savepoint", x.SavepointID, "err", err)
-		r.tellStopFailed(err)
-	case control.JobEnded:
-		r.ended = &x
+// StartAttempt starts attempt a once the attempt before has ended
+// (Executor).
+func (r *runner) StartAttempt(a control.StartAttempt) {
+	if r.cur != nil {
+		// The attempt before has not ended yet (the coordinator failed
+		// it): attempts never overlap.
+		r.pendingStart = &a
+		return
+	}
+	r.startAttempt(a)
+}
+
+// CancelAttempt cancels the subtasks of attempt x (Executor).
+func (r *runner) CancelAttempt(x control.CancelAttempt) {
+	err := x.Err
+	if err == nil {
+		err = errors.New(x.Reason)
+	}
+	err = fmt.Errorf("runtime: job %q: %w", r.g.Name, err)
+	if j := r.cur; j != nil && j.attempt == x.Attempt {
+		j.fail(control.SubtaskID{}, err)
+	}
+	if x.Err != nil {
+		r.lastErr = err // the coordinator failed the attempt: its error is the cause
+	}
+}
+
+// StopFailed tells the stop's requester (Executor).
+func (r *runner) StopFailed(x control.StopFailed) {
+	what := fmt.Sprintf("its savepoint %d was not written", x.SavepointID)
+	if x.Savepoint != nil {
+		what = fmt.Sprintf("its savepoint %s (id %d) was written, but the job failed before it stopped", x.Savepoint.Location, x.SavepointID)
+	}
+	err := fmt.Errorf("runtime: job %q: stop-with-savepoint failed: %s: %s; the job restarts as its restart strategy says", r.g.Name, what, x.Reason)
+	r.log.Error("stop-with-savepoint failed", "savepoint", x.SavepointID, "err", err)
+	r.tellStopFailed(err)
+}
+
+// JobEnded ends the loop once no attempt runs (Executor).
+func (r *runner) JobEnded(x control.JobEnded) {
+	r.ended = &x
+	if r.cur == nil {
+		r.jl.Close()
 	}
 }
 
@@ -594,8 +604,31 @@ func (r *runner) startAttempt(a control.StartAttempt) {
 		}()
 	}
 	go func() { wg.Wait(); cancel(nil); close(j.done) }()
+	go r.forward(j)
 	if r.coord == nil {
 		r.endPending(nil) // nothing reports running without a coordinator
+	}
+}
+
+// forward posts attempt j's subtask events to the loop in order, then its end.
+func (r *runner) forward(j *job) {
+	for {
+		select {
+		case ev := <-j.events:
+			r.jl.Post(func() { r.stepFrom(j, ev) })
+		case <-j.done:
+			for {
+				select {
+				case ev := <-j.events:
+					r.jl.Post(func() { r.stepFrom(j, ev) })
+					continue
+				default:
+				}
+				break
+			}
+			r.jl.Post(func() { r.attemptDone(j) })
+			return
+		}
 	}
 }
 
