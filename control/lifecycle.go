@@ -433,14 +433,8 @@ func (l *Lifecycle) failed(sub SubtaskID, reason string, toCoord bool, err error
 	l.executing = false
 	l.emit(CancelAttempt{Attempt: l.attempt, Reason: reason, Err: err})
 	if stopping {
-		sf := StopFailed{SavepointID: l.stopID, Reason: reason}
-		if l.latest != nil && l.stopID != 0 && l.latest.ID == l.stopID {
-			p := *l.latest
-			sf.Savepoint = &p
-		}
-		l.emit(sf)
+		l.stopFailed(reason)
 	}
-	l.stopReq = nil
 	delay, ok, why := l.restart.Failed(l.now)
 	if !ok {
 		if l.coord != nil {
@@ -456,6 +450,18 @@ func (l *Lifecycle) failed(sub SubtaskID, reason string, toCoord bool, err error
 	}
 }
 
+// stopFailed says that the stop in progress (or asked for) failed with the
+// attempt, naming its savepoint if it was written, and drops the request.
+func (l *Lifecycle) stopFailed(reason string) {
+	sf := StopFailed{SavepointID: l.stopID, Reason: reason}
+	if l.latest != nil && l.stopID != 0 && l.latest.ID == l.stopID {
+		p := *l.latest
+		sf.Savepoint = &p
+	}
+	l.emit(sf)
+	l.stopReq = nil
+}
+
 // lost handles an attempt that ended for a reason outside the job: torn
 // down and started again at once, not counted by the restart strategy.
 func (l *Lifecycle) lost(reason string) {
@@ -465,14 +471,8 @@ func (l *Lifecycle) lost(reason string) {
 	l.executing = false
 	l.emit(CancelAttempt{Attempt: l.attempt, Reason: reason})
 	if l.stopID != 0 || l.stopReq != nil {
-		sf := StopFailed{SavepointID: l.stopID, Reason: reason}
-		if l.latest != nil && l.stopID != 0 && l.latest.ID == l.stopID {
-			p := *l.latest
-			sf.Savepoint = &p
-		}
-		l.emit(sf)
+		l.stopFailed(reason)
 	}
-	l.stopReq = nil
 	l.attempt++
 	l.startAttempt()
 }
