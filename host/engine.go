@@ -225,7 +225,9 @@ func (e *Engine) LoadFile(ctx context.Context, path string) (*Module, error) {
 var wasmMagic = []byte{0x00, 'a', 's', 'm'}
 
 // Load validates and compiles wasm, named name in errors. It refuses (with an
-// error wrapping ErrBadModule) bytes that are not a Wasm module, a missing or
+// error wrapping ErrBadModule) bytes that are not a Wasm module, a module
+// whose structure does not fit its size (checked in bounded memory before
+// wazero decodes it: precheck), a missing or
 // mistyped export, an import outside streamd_v1 and WASI, and an ABI version
 // other than abi.Version.
 func (e *Engine) Load(ctx context.Context, name string, wasm []byte) (*Module, error) {
@@ -242,6 +244,12 @@ func (e *Engine) Load(ctx context.Context, name string, wasm []byte) (*Module, e
 		return nil, badModule(name, "truncated: %d bytes, shorter than the wasm header", len(wasm))
 	case wasm[4] != 1 || wasm[5] != 0 || wasm[6] != 0 || wasm[7] != 0:
 		return nil, badModule(name, "not a wasm module: binary version %x, want 1", wasm[4:8])
+	}
+	if err := precheck(wasm, uint32(e.cfg.memoryLimitMiB)*16); err != nil {
+		if errors.Is(err, errTruncated) {
+			return nil, badModule(name, "truncated: %v", err)
+		}
+		return nil, badModule(name, "malformed: %v", err)
 	}
 	digest := sha256.Sum256(wasm)
 	// Compiling under the lock keeps two loads of the same bytes from
