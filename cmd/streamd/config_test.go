@@ -150,3 +150,20 @@ func TestRestartConfiguration(t *testing.T) {
 		t.Fatalf("bad multiplier: exit %d, %s", code, errb)
 	}
 }
+
+// TestParallelismAtLeastOne: -p 0 (or negative) is a usage error, not
+// silently the job's default.
+func TestParallelismAtLeastOne(t *testing.T) {
+	dir := t.TempDir()
+	t.Chdir(dir)
+	must(t, os.WriteFile("job.yaml", []byte("name: j\noperators:\n  - {uid: gen, source: {type: generator, count: 1}}\n  - {uid: out, sink: {type: discard}, inputs: [gen]}\n"), 0o644))
+	for _, p := range []string{"0", "-3"} {
+		code, _, _, errb := invoke(t, "validate", "-p", p, "job.yaml")
+		if code != exitUsage || !strings.Contains(errb, "--parallelism must be at least 1") {
+			t.Errorf("-p %s: exit %d, %s", p, code, errb)
+		}
+	}
+	if code, _, _, errb := invoke(t, "validate", "-p", "2", "job.yaml"); code != 0 {
+		t.Errorf("-p 2: exit %d, %s", code, errb)
+	}
+}

@@ -67,6 +67,11 @@ named by --config-file), then defaults. See docs/cli.md.`,
 		SilenceUsage:  true,
 		SilenceErrors: true,
 		PersistentPreRunE: func(cmd *cobra.Command, _ []string) error {
+			if fl := cmd.Flags().Lookup("parallelism"); fl != nil && fl.Changed {
+				if n, err := cmd.Flags().GetInt("parallelism"); err == nil && n < 1 {
+					return usagef("--parallelism must be at least 1, got %d", n)
+				}
+			}
 			return c.loadConfig()
 		},
 	}
