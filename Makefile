@@ -39,6 +39,8 @@ test: deps wasm
 
 test-long: deps wasm
 	$(GO) test -count=1 -timeout 60m -tags long ./...
+	# Module loading under random bytes (seeded with real modules): no input may crash the process.
+	$(GO) test -run '^$$' -fuzz '^FuzzLoad$$' -fuzztime 5m ./host
 
 bench: deps wasm build
 	$(GO) run ./internal/benchharness
