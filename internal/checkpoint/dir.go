@@ -517,9 +517,9 @@ func latestIn(root string, savepoints bool) (*Metadata, error) {
 // loadMetadata reads and verifies DIR/_metadata.
 func loadMetadata(dir string) (*Metadata, error) {
 	p := filepath.Join(dir, MetadataFile)
-	data, err := os.ReadFile(p)
+	data, err := readBounded(p, dir, MaxMetadataBytes)
 	if err != nil {
-		return nil, fmt.Errorf("checkpoint: %w", err)
+		return nil, err
 	}
 	md, err := decodeMetadata(data)
 	if err != nil {
@@ -604,7 +604,7 @@ func ReadState(md *Metadata, sub SubtaskMeta) (*SubtaskState, error) {
 		return nil, fmt.Errorf("checkpoint: %s: %w", md.Location, err)
 	}
 	p := filepath.Join(md.Location, sub.Ref)
-	data, err := os.ReadFile(p)
+	data, err := readBounded(p, md.Location, sub.Size)
 	if err != nil {
 		return nil, fmt.Errorf("checkpoint: state of subtask %d: %w", sub.Index, err)
 	}
@@ -642,12 +642,12 @@ func Verify(md *Metadata) error {
 				return fmt.Errorf("checkpoint: %s: %w", md.Location, err)
 			}
 			p := filepath.Join(md.Location, s.Ref)
-			f, err := os.Open(p)
+			f, _, err := openBounded(p, md.Location)
 			if err != nil {
 				return fmt.Errorf("checkpoint: state of %s/%d: %w", op.UID, s.Index, err)
 			}
 			h := crc32.New(castagnoli)
-			n, err := io.Copy(h, f)
+			n, err := io.Copy(h, io.LimitReader(f, s.Size+1))
 			f.Close()
 			if err != nil {
 				return fmt.Errorf("checkpoint: %s: %w", p, err)

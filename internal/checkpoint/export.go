@@ -40,8 +40,8 @@ func ReadBlob(ctx context.Context, js jetstream.JetStream, md *Metadata, sub Sub
 		}
 	} else {
 		p = filepath.Join(md.Location, sub.Ref)
-		if data, err = os.ReadFile(p); err != nil {
-			return nil, fmt.Errorf("checkpoint: %w", err)
+		if data, err = readBounded(p, md.Location, sub.Size); err != nil {
+			return nil, err
 		}
 	}
 	if err := checkBlob(p, int64(len(data)), crc32c(data), sub); err != nil {
