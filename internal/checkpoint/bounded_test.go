@@ -50,4 +50,3 @@ func TestReadsAreBounded(t *testing.T) {
 		t.Errorf("Resolve of a _metadata linked to /dev/zero: %v", err)
 	}
 }
-
