@@ -497,10 +497,16 @@ func (t *task) runSource(ctx context.Context) error {
 
 // readInline reads one batch on the subtask's goroutine.
 func (t *task) readInline(ctx context.Context, buf []abi.Record) readResult {
-	n, err := t.src.Read(ctx, buf)
+	return readOnce(ctx, t.src, buf)
+}
+
+// readOnce reads one batch of src into buf, with the position and
+// watermark after it.
+func readOnce(ctx context.Context, src connector.Source, buf []abi.Record) readResult {
+	n, err := src.Read(ctx, buf)
 	res := readResult{recs: buf, n: n, err: err}
 	if err == nil {
-		res.pos, res.wm = t.src.Position(), t.src.Watermark()
+		res.pos, res.wm = src.Position(), src.Watermark()
 	}
 	return res
 }
@@ -595,11 +601,7 @@ func startSourceReader(ctx context.Context, src connector.Source, batch int) *so
 			if buf == nil {
 				buf = make([]abi.Record, batch)
 			}
-			n, err := src.Read(rctx, buf)
-			res := readResult{recs: buf, n: n, err: err}
-			if err == nil {
-				res.pos, res.wm = src.Position(), src.Watermark()
-			}
+			res := readOnce(rctx, src, buf)
 			r.mu.Lock()
 			r.inRead = false
 			if r.stopping {
@@ -609,7 +611,7 @@ func startSourceReader(ctx context.Context, src connector.Source, batch int) *so
 			}
 			r.mu.Unlock()
 			r.results <- res
-			if err != nil {
+			if res.err != nil {
 				return
 			}
 		}
