@@ -694,6 +694,7 @@ func (c *Controller) handleDeploy(msg *nats.Msg) {
 	for c.jobs[j.id] != nil {
 		j.id = newJobID(req.Job.Name)
 	}
+	j.spec.ownFiles(j.id)
 	c.jobs[j.id] = j
 	c.order = append(c.order, j.id)
 	c.log.Info("job deployed", "job", j.id, "name", j.spec.Name, "slots", j.slots)
@@ -703,10 +704,19 @@ func (c *Controller) handleDeploy(msg *nats.Msg) {
 	c.run(effects)
 }
 
+// newJobID is the job's name, with every byte but letters, digits, '-' and
+// '_' replaced by '_' (the id names a directory and goes into NATS subjects
+// and file names), then '-' and 8 random hex digits.
 func newJobID(name string) string {
 	var b [4]byte
 	_, _ = rand.Read(b[:])
-	return name + "-" + hex.EncodeToString(b[:])
+	safe := []byte(name)
+	for i, c := range safe {
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' || c == '_') {
+			safe[i] = '_'
+		}
+	}
+	return string(safe) + "-" + hex.EncodeToString(b[:])
 }
 
 func (c *Controller) handleList(msg *nats.Msg) {

@@ -312,7 +312,7 @@ func (c *Controller) newDistJob(id string, spec JobSpec, from string, attempt in
 		}
 		dj.store, dj.ckpt = store, true
 		co = runtime.NewCheckpointOptions(cs, discardLater{Store: store, c: c, log: dj.log})
-		co.Tick = dj.tick
+		co.Tick, co.JobID = dj.tick, id
 		co.OnComplete = func(md *checkpoint.Metadata) {
 			// Called by the driver, in the loop.
 			dj.mu.Lock()

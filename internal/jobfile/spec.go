@@ -42,6 +42,11 @@ type SinkSpec struct {
 	// the value, or "key<TAB>value" when Format is "kv".
 	Path   string
 	Format string // "value" (default) | "kv"
+	// Job is the id of the deployed job the sink belongs to: the
+	// controller sets it (it is not in job files) and it goes into every
+	// file name (part-<job>-<i>-<id>), so jobs sharing a directory keep
+	// every record. "" for streamd run.
+	Job string `json:",omitempty"`
 
 	// nats: JetStream publishes to Subject (connector.NATSSink), which a
 	// stream must capture; message ids make replays after a restore duplicates

@@ -797,6 +797,7 @@ func (d *Driver) act(t Target, a control.Action) {
 	case control.PersistMetadata:
 		md, err := checkpoint.NewMetadata(d.g, x, time.Now())
 		if err == nil {
+			md.JobID = d.co.JobID
 			err = d.store.Commit(ctx, md)
 		}
 		d.checkpointPersisted(x, md, err)

@@ -87,6 +87,9 @@ type CheckpointOptions struct {
 	// OnComplete, if set, is called by the driver after each checkpoint or
 	// savepoint is durable, before any subtask hears of it.
 	OnComplete func(*checkpoint.Metadata)
+	// JobID, for a deployed job, is its id, recorded in every checkpoint's
+	// metadata; "" for streamd run.
+	JobID string
 }
 
 // NewCheckpointOptions returns the checkpoint options of a job file's
@@ -409,7 +412,7 @@ func (j *job) bindSpec(t *task, modules map[string]*host.Module) error {
 		var open func() (connector.Sink, error)
 		switch spec.Type {
 		case "file":
-			open = func() (connector.Sink, error) { return connector.NewFileSink(spec.Path, t.sub, spec.Format) }
+			open = func() (connector.Sink, error) { return connector.NewFileSink(spec.Path, spec.Job, t.sub, spec.Format) }
 		case "stdout":
 			open = func() (connector.Sink, error) { return connector.NewStdoutSink(j.opts.Stdout, j.stdout), nil }
 		case "discard":

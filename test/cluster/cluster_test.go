@@ -198,7 +198,7 @@ func TestDeployRunsOnAHostAndFinishes(t *testing.T) {
 	if st.State != cluster.JobFinished {
 		t.Fatalf("job ended %s: %s", st.State, st.Reason)
 	}
-	if got, want := readFile(t, filepath.Join(filepath.Dir(path), "out", "part-0")), expected(t); got != want {
+	if got, want := readFile(t, filepath.Join(filepath.Dir(path), "out", "part-"+id+"-0")), expected(t); got != want {
 		t.Fatalf("output:\n%s\nwant:\n%s", got, want)
 	}
 	if len(st.Hosts) != 1 || st.Hosts[0] != "h1" || st.Attempt != 0 {
@@ -276,7 +276,7 @@ func TestLostHostFailsOver(t *testing.T) {
 	if st.State != cluster.JobFinished || len(st.Hosts) != 1 || st.Hosts[0] != other {
 		t.Fatalf("job %s on %v (%s), want finished on %s", st.State, st.Hosts, st.Reason, other)
 	}
-	out := readFile(t, filepath.Join(filepath.Dir(path), "out", "part-0"))
+	out := readFile(t, filepath.Join(filepath.Dir(path), "out", "part-"+id+"-0"))
 	lines := strings.Split(strings.TrimSuffix(out, "\n"), "\n")
 	if len(lines) != n || lines[0] != "VALUE-0" || lines[n-1] != fmt.Sprintf("VALUE-%d", n-1) {
 		t.Fatalf("output: %d lines, first %q last %q; want %d from VALUE-0", len(lines), lines[0], lines[len(lines)-1], n)
