@@ -858,17 +858,38 @@ func (c *Controller) handleHosts(msg *nats.Msg) {
 
 // ---- host messages ----
 
-func (c *Controller) handleHeartbeat(msg *nats.Msg) {
+// checkHeartbeat decodes a heartbeat and checks its values: a host id as
+// StartHost allows, 1 to MaxSlots slots, an interval (default the
+// controller's) from 1ms to 1h. Nothing out of range registers a host.
+func (c *Controller) checkHeartbeat(data []byte) (Heartbeat, time.Duration, error) {
 	var hb Heartbeat
-	if err := json.Unmarshal(msg.Data, &hb); err != nil || hb.HostID == "" {
-		c.log.Warn("bad heartbeat", "err", err)
+	if err := json.Unmarshal(data, &hb); err != nil {
+		return hb, 0, fmt.Errorf("not a heartbeat: %w", err)
+	}
+	if !hostIDRE.MatchString(hb.HostID) {
+		return hb, 0, fmt.Errorf("host id %q: want 1 to 128 letters, digits, '-' and '_'", hb.HostID)
+	}
+	if hb.Slots < 1 || hb.Slots > MaxSlots {
+		return hb, 0, fmt.Errorf("host %s: slots %d out of range [1, %d]", hb.HostID, hb.Slots, MaxSlots)
+	}
+	interval := c.opts.HeartbeatInterval
+	if hb.Interval != "" {
+		d, err := time.ParseDuration(hb.Interval)
+		if err != nil || d < time.Millisecond || d > time.Hour {
+			return hb, 0, fmt.Errorf("host %s: heartbeat interval %q: want a duration from 1ms to 1h", hb.HostID, hb.Interval)
+		}
+		interval = d
+	}
+	return hb, interval, nil
+}
+
+func (c *Controller) handleHeartbeat(msg *nats.Msg) {
+	hb, interval, err := c.checkHeartbeat(msg.Data)
+	if err != nil {
+		c.log.Warn("heartbeat refused", "err", err)
 		return
 	}
 	now := time.Now()
-	interval, err := time.ParseDuration(hb.Interval)
-	if err != nil || interval <= 0 {
-		interval = c.opts.HeartbeatInterval
-	}
 	c.mu.Lock()
 	h := c.hosts[hb.HostID]
 	wasLost := false

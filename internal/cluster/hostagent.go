@@ -53,7 +53,10 @@ type HostOptions struct {
 // DefaultOutcomes is the default of HostOptions.Outcomes.
 const DefaultOutcomes = 64
 
-var hostIDRE = regexp.MustCompile(`^[A-Za-z0-9_-]+$`)
+var hostIDRE = regexp.MustCompile(`^[A-Za-z0-9_-]{1,128}$`)
+
+// MaxSlots is the most slots one host may offer.
+const MaxSlots = 1024
 
 // Host is a host agent: it registers with the controller by heartbeats, runs
 // the attempts assigned to it and reports their state.
@@ -114,8 +117,8 @@ func StartHost(nc *nats.Conn, opts HostOptions) (*Host, error) {
 	if opts.Slots == 0 {
 		opts.Slots = 1
 	}
-	if opts.Slots < 0 {
-		return nil, fmt.Errorf("cluster: host %s: slots %d < 0", opts.ID, opts.Slots)
+	if opts.Slots < 0 || opts.Slots > MaxSlots {
+		return nil, fmt.Errorf("cluster: host %s: slots %d out of range [1, %d]", opts.ID, opts.Slots, MaxSlots)
 	}
 	if opts.DataDir == "" {
 		return nil, fmt.Errorf("cluster: host %s: no data directory", opts.ID)

@@ -62,8 +62,24 @@ func newCluster(t *testing.T, slots ...int) *testCluster {
 		t.Fatal(err)
 	}
 	t.Cleanup(srv.Shutdown)
+	tc := startController(t, srv, connect(t, srv.URL()))
+	for i, n := range slots {
+		tc.addHost(fmt.Sprintf("h%d", i+1), n)
+	}
+	tc.client, err = cluster.NewClient(connect(t, srv.URL()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tc.waitHosts(len(slots))
+	return tc
+}
+
+// startController starts a controller on nc and an engine for the hosts.
+func startController(t *testing.T, srv *natsutil.Server, nc *nats.Conn) *testCluster {
+	t.Helper()
 	tc := &testCluster{t: t, srv: srv, hosts: map[string]*cluster.Host{}}
-	tc.ctl, err = cluster.StartController(connect(t, srv.URL()), cluster.ControllerOptions{
+	var err error
+	tc.ctl, err = cluster.StartController(nc, cluster.ControllerOptions{
 		Logger: logger(t), HeartbeatInterval: hbInterval, LostAfter: lostAfter})
 	if err != nil {
 		t.Fatal(err)
@@ -74,14 +90,6 @@ func newCluster(t *testing.T, slots ...int) *testCluster {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { tc.engine.Close(context.Background()) })
-	for i, n := range slots {
-		tc.addHost(fmt.Sprintf("h%d", i+1), n)
-	}
-	tc.client, err = cluster.NewClient(connect(t, srv.URL()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	tc.waitHosts(len(slots))
 	return tc
 }
 
