@@ -43,11 +43,14 @@ type SinkSpec struct {
 	Path   string
 	Format string // "value" (default) | "kv"
 
-	// nats: JetStream publishes to Subject (connector.NATSSink), which a
-	// stream must capture; message ids make replays after a restore duplicates
-	// the stream drops.
-	URL     string // NATS server URL(s), comma-separated; "" = the runtime's default (config nats.url)
-	Subject string // required; no wildcards
+	// nats: publishes to Subject (connector.NATSSink), which a stream
+	// allowing atomic publish must capture; with checkpointing each
+	// checkpoint's records are published when it completes, in atomic
+	// batches with commit markers on CommitSubject.<writer>.<subtask>
+	// (exactly once).
+	URL           string // NATS server URL(s), comma-separated; "" = the runtime's default (config nats.url)
+	Subject       string // required; no wildcards
+	CommitSubject string // prefix of the commit-marker subjects; "" = Subject + ".streamd-commit"
 }
 
 // WasmSpec is a user operator compiled to WebAssembly.
