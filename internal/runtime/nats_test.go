@@ -35,20 +35,7 @@ func TestNATSExactlyOnceUnderFailure(t *testing.T) {
 	const n = 6000
 	for _, p := range []int{1, 3} {
 		t.Run(fmt.Sprint("p", p), func(t *testing.T) {
-			srv, err := natsutil.StartEmbedded(natsutil.EmbeddedOptions{Port: -1, NoLog: true, StoreDir: t.TempDir()})
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(srv.Shutdown)
-			nc, err := nats.Connect(srv.URL())
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(nc.Close)
-			js, err := jetstream.New(nc)
-			if err != nil {
-				t.Fatal(err)
-			}
+			srv, js := jetStreamServer(t)
 			ctx := context.Background()
 			for _, sc := range []jetstream.StreamConfig{
 				{Name: "IN", Subjects: []string{"in.>"}},
@@ -140,6 +127,26 @@ operators:
 	}
 }
 
+// jetStreamServer starts an embedded JetStream server for the test.
+func jetStreamServer(t *testing.T) (*natsutil.Server, jetstream.JetStream) {
+	t.Helper()
+	srv, err := natsutil.StartEmbedded(natsutil.EmbeddedOptions{Port: -1, NoLog: true, StoreDir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(srv.Shutdown)
+	nc, err := nats.Connect(srv.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return srv, js
+}
+
 // streamValues returns the sorted payloads of the messages on subject in
 // stream st (not the sink's commit markers, which are on other subjects),
 // calling check on each message.
@@ -177,20 +184,7 @@ func TestNATSSinkHashedExactlyOnce(t *testing.T) {
 	upper := testwasm.Path(t, "examples/wasm/uppercase/uppercase.wasm")
 	eng := cachedEngine(t)
 	const n = 8000
-	srv, err := natsutil.StartEmbedded(natsutil.EmbeddedOptions{Port: -1, NoLog: true, StoreDir: t.TempDir()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(srv.Shutdown)
-	nc, err := nats.Connect(srv.URL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	srv, js := jetStreamServer(t)
 	ctx := context.Background()
 	out, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "OUT", Subjects: []string{"out.>"}, Duplicates: 100 * time.Millisecond, AllowAtomicPublish: true})
 	if err != nil {
