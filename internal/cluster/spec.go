@@ -41,12 +41,13 @@ type WasmSpec struct {
 	AllowClock bool              `json:"allow_clock,omitempty"`
 }
 
-// ownFiles makes the files job id writes its own: every file sink puts the
-// job id into its file names (jobfile.SinkSpec.Job). Checkpoints are the
-// job's own by OpenStore. The sink specs are copied, not changed in place.
+// ownFiles makes the output of job id its own: every file sink puts the job
+// id into its file names and every nats sink into its writer name
+// (jobfile.SinkSpec.Job). Checkpoints are the job's own by OpenStore. The
+// sink specs are copied, not changed in place.
 func (s *JobSpec) ownFiles(id string) {
 	for i := range s.Vertices {
-		if sk := s.Vertices[i].Sink; sk != nil && sk.Type == "file" {
+		if sk := s.Vertices[i].Sink; sk != nil && (sk.Type == "file" || sk.Type == "nats") {
 			own := *sk
 			own.Job = id
 			s.Vertices[i].Sink = &own

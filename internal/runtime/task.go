@@ -665,6 +665,14 @@ func (t *task) runOperator(ctx context.Context) (err error) {
 				return t.fail(string(abi.PhaseOpen), err)
 			}
 		}
+		// A nats sink's final epochs are in its restored state: commit them.
+		if so, ok := t.op.(*sinkOperator); ok && len(so.pending) > 0 {
+			if spec, ok := t.v.Spec.(*jobfile.SinkSpec); ok && spec.Type == "nats" {
+				if err := so.commitRestored(); err != nil {
+					return t.fail(string(abi.PhaseOpen), err)
+				}
+			}
+		}
 	} else {
 		opened = true
 		octx, span := t.startPhase(telemetry.SpanTaskOpen)
