@@ -8,6 +8,7 @@ import (
 
 	"path/filepath"
 	"strings"
+	"time"
 
 	"github.com/nats-io/nats.go"
 
@@ -22,7 +23,17 @@ type Client struct {
 	// Log, if set, gets the client's warnings (deploy --from of a
 	// checkpoint older than one beside it).
 	Log *slog.Logger
+	// LeaderWait is how long a request waits for a controller to answer
+	// while none does (a standby taking over, a controller starting
+	// again): it is sent again until one answers; default
+	// DefaultLeaderWait, < 0: not at all.
+	LeaderWait time.Duration
 }
+
+// DefaultLeaderWait is the default of Client.LeaderWait: longer than a
+// takeover with the default heartbeat interval (1.5s without renewal, then
+// the job table's load).
+const DefaultLeaderWait = 10 * time.Second
 
 // NewClient uses nc for requests to the controller.
 func NewClient(nc *nats.Conn) (*Client, error) {
@@ -34,7 +45,25 @@ func NewClient(nc *nats.Conn) (*Client, error) {
 }
 
 func (c *Client) call(ctx context.Context, subject string, req, resp any, reply func() Reply) error {
-	if err := request(ctx, c.nc, subject, req, resp); err != nil {
+	wait := c.LeaderWait
+	if wait == 0 {
+		wait = DefaultLeaderWait
+	}
+	deadline := time.Now().Add(wait)
+	delay := 50 * time.Millisecond
+	err := request(ctx, c.nc, subject, req, resp)
+	// Nobody received a request that found no responder: it is safe to
+	// send again, whatever it asks.
+	for errors.Is(err, nats.ErrNoResponders) && time.Now().Add(delay).Before(deadline) {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(delay):
+		}
+		delay = min(2*delay, 500*time.Millisecond)
+		err = request(ctx, c.nc, subject, req, resp)
+	}
+	if err != nil {
 		if errors.Is(err, nats.ErrNoResponders) {
 			return fmt.Errorf("cluster: no controller answers on %s (is `streamd controller` or `streamd server` running on this NATS server?)", c.nc.ConnectedUrlRedacted())
 		}

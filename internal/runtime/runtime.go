@@ -87,6 +87,11 @@ type CheckpointOptions struct {
 	// OnComplete, if set, is called by the driver after each checkpoint or
 	// savepoint is durable, before any subtask hears of it.
 	OnComplete func(*checkpoint.Metadata)
+	// SkipIDs is how many checkpoint ids after the store's NextID are not
+	// used: a controller that takes a job over skips the ids its
+	// predecessor may have triggered without any state written yet (the
+	// subtasks ignore a barrier whose id is not above the last they saw).
+	SkipIDs int64
 }
 
 // NewCheckpointOptions returns the checkpoint options of a job file's
