@@ -174,6 +174,7 @@ type ctlJob struct {
 	// latest the latest completed checkpoint or savepoint, restarts the
 	// restart strategy's state, as the job's loop last published them.
 	ver      uint64
+	resumed  bool // loaded from the bucket: an earlier term ran it
 	latest   *control.RestorePoint
 	restarts *control.RestartState
 
@@ -562,9 +563,9 @@ func (c *Controller) scheduleLocked(now time.Time) []effect {
 // prepareDist returns the effect that sets up the controller side of job j,
 // which the scheduler found must be spread over hosts (j.preparing is set).
 func (c *Controller) prepareDist(j *ctlJob) effect {
-	id, spec, from, attempt := j.id, j.spec, j.restoreFrom(), j.attempt
+	id, spec, from, attempt, resumed := j.id, j.spec, j.restoreFrom(), j.attempt, j.resumed
 	return func() {
-		dj, err := c.newDistJob(id, spec, from, attempt, nil)
+		dj, err := c.newDistJob(id, spec, from, attempt, resumed, nil)
 		now := time.Now()
 		c.mu.Lock()
 		j.preparing = false

@@ -336,11 +336,14 @@ type distJob struct {
 
 // newDistJob makes the controller side of job id, spread over hosts from
 // attempt `attempt` on (called without c.mu: it opens the checkpoint store).
-// With takeover, attempt runs already: the job's lifecycle takes it over
-// (adopt sends nothing but a resync to its hosts), from is the job's latest
-// restore point, and the checkpoint ids skip those the previous leader may
-// have triggered.
-func (c *Controller) newDistJob(id string, spec JobSpec, from string, attempt int, takeover *runtime.Takeover) (*distJob, error) {
+// resumed: an earlier controller term ran the job (it was loaded from the
+// bucket); from is its latest restore point as recorded, and the store's
+// latest completed checkpoint counts too when it is newer (the record may
+// lag; retention may have removed the recorded one). With takeover,
+// attempt runs already: the job's lifecycle takes it over (adopt sends
+// nothing but a resync to its hosts), and the checkpoint ids skip those the
+// previous leader may have triggered.
+func (c *Controller) newDistJob(id string, spec JobSpec, from string, attempt int, resumed bool, takeover *runtime.Takeover) (*distJob, error) {
 	g, err := spec.Graph(func(a Artifact) (string, error) { return "/" + a.Name, nil })
 	if err != nil {
 		return nil, err
@@ -382,12 +385,25 @@ func (c *Controller) newDistJob(id string, spec JobSpec, from string, attempt in
 		// from, and checkpoint ids go on after it, so they never repeat
 		// those of its earlier run (file sinks name their committed files by
 		// checkpoint id).
+		var latest *checkpoint.Metadata
+		if resumed {
+			if latest, err = store.Latest(ctx); err != nil && !errors.Is(err, checkpoint.ErrNoCheckpoint) {
+				return nil, fmt.Errorf("cluster: job %s: the latest checkpoint in %s: %w", id, storeName(store), err)
+			}
+		}
 		if from != "" {
 			md, _, err := ResolveIn(ctx, c.nc, from)
-			if err != nil {
+			switch {
+			case err == nil:
+				fromRS = &checkpoint.Restore{Metadata: md}
+			case latest == nil:
 				return nil, fmt.Errorf("cluster: job %s: the checkpoint it was deployed from: %w", id, err)
+			default:
+				dj.log.Info("the recorded restore point is gone; the latest checkpoint in the store is newer", "recorded", from, "latest", latest.Location)
 			}
-			fromRS = &checkpoint.Restore{Metadata: md}
+		}
+		if latest != nil && (fromRS == nil || latest.ID > fromRS.Metadata.ID) {
+			fromRS = &checkpoint.Restore{Metadata: latest}
 		}
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), DefaultRetry.Total)

@@ -508,7 +508,7 @@ func (c *Controller) lead(term uint64) error {
 		if j.placement != nil {
 			// The attempt was assigned: it may run. Its controller side
 			// takes it over without deploying anything.
-			dj, err := c.newDistJob(j.id, j.spec, j.restoreFrom(), j.attempt, &runtime.Takeover{Restarts: j.restarts})
+			dj, err := c.newDistJob(j.id, j.spec, j.restoreFrom(), j.attempt, true, &runtime.Takeover{Restarts: j.restarts})
 			if err != nil {
 				c.log.Error("running job cannot be adopted; it fails", "job", j.id, "attempt", j.attempt, "err", err)
 				j.placement = nil
@@ -569,7 +569,7 @@ func jobFromRecord(r jobRecord, now time.Time) *ctlJob {
 	j := &ctlJob{id: r.ID, spec: r.Spec, state: r.State, reason: r.Reason, attempt: r.Attempt, slots: r.Slots,
 		created: r.Created, updated: r.Updated, ended: r.Ended, savepoint: r.Savepoint, from: r.From,
 		attempts: r.Attempts, failovers: r.Failovers, latest: r.Latest, restarts: r.Restarts,
-		placed: map[int]control.Placement{}, changed: make(chan struct{}), subtaskState: SubtaskScheduled}
+		placed: map[int]control.Placement{}, changed: make(chan struct{}), subtaskState: SubtaskScheduled, resumed: true}
 	if len(r.LastHosts) > 0 {
 		j.lastPlaced = &control.Placement{Slots: r.LastHosts}
 	}
