@@ -187,20 +187,7 @@ func exactlyOnce(t *testing.T, dir string, n int) {
 	}
 	slices.Sort(want)
 	if !slices.Equal(got, want) {
-		seen := map[string]int{}
-		for _, l := range got {
-			seen[l]++
-		}
-		dup, missing := 0, 0
-		for _, w := range want {
-			switch seen[w] {
-			case 0:
-				missing++
-			case 1:
-			default:
-				dup++
-			}
-		}
+		missing, dup := lostAndTwice(got, want)
 		t.Fatalf("output: %d lines, %d missing, %d twice; want %d exactly once", len(got), missing, dup, n)
 	}
 }
