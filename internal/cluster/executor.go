@@ -36,6 +36,17 @@ type ExecRequest struct {
 	// RestoreFrom is the checkpoint the attempt restores from (chosen by
 	// the controller); "" = fresh state.
 	RestoreFrom string
+	// Fence, if set, refuses a command of controller term `term` when the
+	// host knows a newer term (the host's fencing; raises the host's term
+	// otherwise).
+	Fence func(term uint64) error
+}
+
+func (r ExecRequest) fence(term uint64) error {
+	if r.Fence == nil {
+		return nil
+	}
+	return r.Fence(term)
 }
 
 // Executor runs subtasks on a host. Start returns once the execution has

@@ -90,6 +90,11 @@ type CheckpointOptions struct {
 	// JobID, for a deployed job, is its id, recorded in every checkpoint's
 	// metadata; "" for streamd run.
 	JobID string
+	// SkipIDs is how many checkpoint ids after the store's NextID are not
+	// used: a controller that takes a job over skips the ids its
+	// predecessor may have triggered without any state written yet (the
+	// subtasks ignore a barrier whose id is not above the last they saw).
+	SkipIDs int64
 }
 
 // NewCheckpointOptions returns the checkpoint options of a job file's

@@ -85,11 +85,17 @@ func checkOutStream(t *testing.T, js jetstream.JetStream, n int) {
 	if slices.Equal(got, want) {
 		return
 	}
+	lost, twice := lostAndTwice(got, want)
+	t.Fatalf("output stream: %d messages, want %d: %d records lost, %d more than once", len(got), n, lost, twice)
+}
+
+// lostAndTwice counts the lines of want missing from got, and those in got
+// more than once.
+func lostAndTwice(got, want []string) (lost, twice int) {
 	seen := map[string]int{}
 	for _, g := range got {
 		seen[g]++
 	}
-	lost, twice := 0, 0
 	for _, w := range want {
 		switch seen[w] {
 		case 0:
@@ -99,7 +105,7 @@ func checkOutStream(t *testing.T, js jetstream.JetStream, n int) {
 			twice++
 		}
 	}
-	t.Fatalf("output stream: %d messages, want %d: %d records lost, %d more than once", len(got), n, lost, twice)
+	return lost, twice
 }
 
 // TestNATSJobKillHostExactlyOnce runs a nats source -> uppercase -> nats sink
