@@ -110,6 +110,9 @@ func TerminalJobState(s string) bool { return control.JobState(s).Terminal() }
 // Reply is embedded in every reply: a non-empty Error means the request failed.
 type Reply struct {
 	Error string `json:"error,omitempty"`
+	// Retry: the controller stopped before it acted on the request (it lost
+	// the lead); send it again (to the new leader).
+	Retry bool `json:"retry,omitempty"`
 }
 
 // Err returns the reply's error, or nil.
@@ -130,6 +133,10 @@ type DeployRequest struct {
 	// From is the checkpoint or savepoint the job starts from (a
 	// jetstream:// location or a directory the hosts see); "" = fresh state.
 	From string `json:"from,omitempty"`
+	// RequestID, chosen by the client, makes the deploy idempotent: a
+	// request sent again with the same id (its answer was lost, or the
+	// controller that took it stopped) names the job the first one made.
+	RequestID string `json:"request_id,omitempty"`
 }
 
 // DeployReply names the new job.

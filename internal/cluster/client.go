@@ -2,6 +2,8 @@ package cluster
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -44,6 +46,9 @@ func NewClient(nc *nats.Conn) (*Client, error) {
 	return &Client{nc: nc, arts: arts}, nil
 }
 
+// errRetry: the controller answered Reply.Retry.
+var errRetry = errors.New("cluster: the controller stopped before acting; sending again")
+
 // readTryTimeout bounds one try of a read (list, status, hosts): a read
 // that a controller took but never answered (it was killed) is sent again.
 const readTryTimeout = time.Second
@@ -52,12 +57,16 @@ func (c *Client) call(ctx context.Context, subject string, req, resp any, reply 
 	return c.callTry(ctx, false, subject, req, resp, reply)
 }
 
-// read is call for a request that changes nothing: a try without an answer
-// is sent again too.
+// read is call for a request that changes nothing, or that is idempotent
+// (a deploy with its request id): a try without an answer is sent again too.
 func (c *Client) read(ctx context.Context, subject string, req, resp any, reply func() Reply) error {
 	return c.callTry(ctx, true, subject, req, resp, reply)
 }
 
+// callTry sends req until a controller answers it, within the leader wait:
+// again when no controller listens, when the controller that took it
+// stopped before acting on it (Reply.Retry), and, with read set, when no
+// answer came.
 func (c *Client) callTry(ctx context.Context, read bool, subject string, req, resp any, reply func() Reply) error {
 	wait := c.LeaderWait
 	if wait == 0 {
@@ -74,9 +83,13 @@ func (c *Client) callTry(ctx context.Context, read bool, subject string, req, re
 		return request(tctx, c.nc, subject, req, resp)
 	}
 	err := try()
+	if err == nil && reply().Retry {
+		err = errRetry
+	}
 	// Nobody received a request that found no responder: it is safe to
 	// send again, whatever it asks; a read is sent again after no answer.
-	for (errors.Is(err, nats.ErrNoResponders) || read && (errors.Is(err, context.DeadlineExceeded) || errors.Is(err, nats.ErrTimeout)) && ctx.Err() == nil) &&
+	for (errors.Is(err, nats.ErrNoResponders) || errors.Is(err, errRetry) ||
+		read && (errors.Is(err, context.DeadlineExceeded) || errors.Is(err, nats.ErrTimeout)) && ctx.Err() == nil) &&
 		time.Now().Add(delay).Before(deadline) {
 		select {
 		case <-ctx.Done():
@@ -84,7 +97,12 @@ func (c *Client) callTry(ctx context.Context, read bool, subject string, req, re
 		case <-time.After(delay):
 		}
 		delay = min(2*delay, 500*time.Millisecond)
-		err = try()
+		if err = try(); err == nil && reply().Retry {
+			err = errRetry
+		}
+	}
+	if errors.Is(err, errRetry) {
+		return reply().Err()
 	}
 	if err != nil {
 		if errors.Is(err, nats.ErrNoResponders) {
@@ -141,8 +159,13 @@ func (c *Client) DeployFrom(ctx context.Context, job *jobfile.Job, jobFile, from
 		return "", err
 	}
 	req.Job = spec
+	// With a request id the deploy may be sent again (a lost answer, a
+	// controller that stopped): the controller makes one job of it.
+	var rid [8]byte
+	_, _ = rand.Read(rid[:])
+	req.RequestID = hex.EncodeToString(rid[:])
 	var r DeployReply
-	if err := c.call(ctx, SubjectDeploy, req, &r, func() Reply { return r.Reply }); err != nil {
+	if err := c.read(ctx, SubjectDeploy, req, &r, func() Reply { return r.Reply }); err != nil {
 		return "", err
 	}
 	return r.JobID, nil

@@ -139,12 +139,13 @@ type slotUse struct {
 const unlistedRelease = 2
 
 type ctlJob struct {
-	id      string
-	spec    JobSpec
-	state   string
-	reason  string
-	attempt int
-	slots   int
+	id        string
+	requestID string // of the deploy that made it (DeployRequest.RequestID)
+	spec      JobSpec
+	state     string
+	reason    string
+	attempt   int
+	slots     int
 
 	placement    *control.Placement // nil: not placed
 	lastPlaced   *control.Placement // the placement of the latest attempt, kept after it ends for status
@@ -806,10 +807,21 @@ func (c *Controller) handleDeploy(msg *nats.Msg) {
 		respond(msg, DeployReply{Reply: Reply{Error: "cluster: deploy: " + err.Error()}})
 		return
 	}
-	j := &ctlJob{id: newJobID(req.Job.Name), spec: req.Job, state: JobCreated, slots: req.Job.slotsNeeded(),
+	j := &ctlJob{id: newJobID(req.Job.Name), requestID: req.RequestID, spec: req.Job, state: JobCreated, slots: req.Job.slotsNeeded(),
 		subtaskState: SubtaskScheduled, created: now, updated: now, from: req.From,
 		placed: map[int]control.Placement{}, changed: make(chan struct{})}
 	c.mu.Lock()
+	if old := c.deployedLocked(req.RequestID); old != nil {
+		// The same request again: its first try made old.
+		oldVer := old.ver
+		c.mu.Unlock()
+		if err := c.saved(old.id, oldVer); err != nil {
+			respond(msg, DeployReply{Reply: Reply{Error: fmt.Sprintf("cluster: deploy: job %s not saved: %v", old.id, err), Retry: true}})
+			return
+		}
+		respond(msg, DeployReply{JobID: old.id})
+		return
+	}
 	for c.jobs[j.id] != nil {
 		j.id = newJobID(req.Job.Name)
 	}
@@ -823,10 +835,23 @@ func (c *Controller) handleDeploy(msg *nats.Msg) {
 	c.run(effects)
 	// The job is in the bucket before its id is given out.
 	if err := c.saved(j.id, ver); err != nil {
-		respond(msg, DeployReply{Reply: Reply{Error: fmt.Sprintf("cluster: deploy: job %s not saved: %v", j.id, err)}})
+		respond(msg, DeployReply{Reply: Reply{Error: fmt.Sprintf("cluster: deploy: job %s not saved: %v", j.id, err), Retry: true}})
 		return
 	}
 	respond(msg, DeployReply{JobID: j.id})
+}
+
+// deployedLocked is the job that deploy request id made, if any.
+func (c *Controller) deployedLocked(id string) *ctlJob {
+	if id == "" {
+		return nil
+	}
+	for _, j := range c.jobs {
+		if j.requestID == id {
+			return j
+		}
+	}
+	return nil
 }
 
 // newJobID is the job's name, with every byte but letters, digits, '-' and

@@ -71,6 +71,7 @@ type jobRecord struct {
 	ID        string          `json:"id"`
 	Spec      JobSpec         `json:"spec"` // with its artifacts' digests (the modules are in ArtifactBucket)
 	From      string          `json:"from,omitempty"`
+	RequestID string          `json:"request_id,omitempty"` // of the deploy that made it
 	State     string          `json:"state"`
 	Reason    string          `json:"reason,omitempty"`
 	Attempt   int             `json:"attempt"`
@@ -327,7 +328,7 @@ func (c *Controller) Leader() (string, uint64) {
 
 // recordLocked is the record of j now.
 func (c *Controller) recordLocked(j *ctlJob) jobRecord {
-	r := jobRecord{ID: j.id, Spec: j.spec, From: j.from, State: j.state, Reason: j.reason, Attempt: j.attempt, Slots: j.slots,
+	r := jobRecord{ID: j.id, Spec: j.spec, From: j.from, RequestID: j.requestID, State: j.state, Reason: j.reason, Attempt: j.attempt, Slots: j.slots,
 		Attempts: append([]AttemptStatus(nil), j.attempts...), Failovers: j.failovers, Savepoint: j.savepoint,
 		Created: j.created, Updated: j.updated, Ended: j.ended, Latest: j.latest, Restarts: j.restarts, Term: c.term}
 	if j.placement != nil {
@@ -567,7 +568,7 @@ func (c *Controller) lead(term uint64) error {
 // jobFromRecord is the job of record r, as a new leader sees it at now.
 func jobFromRecord(r jobRecord, now time.Time) *ctlJob {
 	j := &ctlJob{id: r.ID, spec: r.Spec, state: r.State, reason: r.Reason, attempt: r.Attempt, slots: r.Slots,
-		created: r.Created, updated: r.Updated, ended: r.Ended, savepoint: r.Savepoint, from: r.From,
+		created: r.Created, updated: r.Updated, ended: r.Ended, savepoint: r.Savepoint, from: r.From, requestID: r.RequestID,
 		attempts: r.Attempts, failovers: r.Failovers, latest: r.Latest, restarts: r.Restarts,
 		placed: map[int]control.Placement{}, changed: make(chan struct{}), subtaskState: SubtaskScheduled, resumed: true}
 	if len(r.LastHosts) > 0 {

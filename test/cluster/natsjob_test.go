@@ -56,8 +56,15 @@ func natsStreams(t *testing.T, url string, n int) jetstream.JetStream {
 // once.
 func checkOutStream(t *testing.T, js jetstream.JetStream, n int) {
 	t.Helper()
+	checkStream(t, js, "OUT", n)
+}
+
+// checkStream checks that stream name holds exactly VALUE-0 .. VALUE-(n-1),
+// each once, besides the nats sink's commit markers.
+func checkStream(t *testing.T, js jetstream.JetStream, name string, n int) {
+	t.Helper()
 	ctx := context.Background()
-	out, err := js.Stream(ctx, "OUT")
+	out, err := js.Stream(ctx, name)
 	if err != nil {
 		t.Fatal(err)
 	}

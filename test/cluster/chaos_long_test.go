@@ -1,0 +1,234 @@
+//go:build long
+
+package cluster_test
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/streamd/streamd/internal/cluster"
+	"github.com/streamd/streamd/internal/jobfile"
+	"github.com/streamd/streamd/internal/testwasm"
+)
+
+// chaosProc is a process a chaos test kills with SIGKILL and starts again
+// with the same arguments (same port, data and store directories).
+type chaosProc struct {
+	t    *testing.T
+	name string
+	bin  string
+	args []string
+	cmd  *exec.Cmd
+	out  *lockedBuffer
+	done chan struct{}
+}
+
+func newChaosProc(t *testing.T, name, bin string, args ...string) *chaosProc {
+	p := &chaosProc{t: t, name: name, bin: bin, args: args, out: &lockedBuffer{}}
+	p.start()
+	t.Cleanup(func() {
+		p.stop()
+		if t.Failed() {
+			s := p.out.String()
+			t.Logf("%s output (last 6 KiB):\n%s", name, s[max(0, len(s)-6<<10):])
+		}
+	})
+	return p
+}
+
+func (p *chaosProc) start() {
+	p.cmd = exec.Command(p.bin, p.args...)
+	p.cmd.Dir = p.t.TempDir()
+	p.cmd.Stdout, p.cmd.Stderr = p.out, p.out
+	fmt.Fprintf(p.out, "---- %s start\n", time.Now().Format(time.TimeOnly))
+	if err := p.cmd.Start(); err != nil {
+		p.t.Fatal(err)
+	}
+	done, cmd := make(chan struct{}), p.cmd
+	p.done = done
+	go func() { cmd.Wait(); close(done) }()
+}
+
+func (p *chaosProc) kill() {
+	fmt.Fprintf(p.out, "---- %s SIGKILL\n", time.Now().Format(time.TimeOnly))
+	if err := p.cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		p.t.Fatal(err)
+	}
+	<-p.done
+}
+
+func (p *chaosProc) stop() {
+	select {
+	case <-p.done:
+		return
+	default:
+	}
+	p.cmd.Process.Signal(os.Interrupt)
+	select {
+	case <-p.done:
+	case <-time.After(10 * time.Second):
+		p.cmd.Process.Kill()
+		<-p.done
+	}
+}
+
+// TestChaos runs 20 rounds against a standalone nats-server process, two
+// `streamd controller` processes (leader and standby) and three `streamd
+// host` processes. Each round deploys two jobs with checkpoints in the
+// JetStream object store, generator -hash-> uppercase -> nats sink and
+// generator -rebalance-> uppercase -> file sink, and once both have
+// completed a checkpoint kills one of the leading controller, a host
+// running them and the NATS server with SIGKILL, at random
+// (STREAMD_CHAOS_SEED repeats a run), and starts it again: both jobs finish
+// and their output holds every record exactly once, every round.
+func TestChaos(t *testing.T) {
+	seed := uint64(time.Now().UnixNano())
+	if s := os.Getenv("STREAMD_CHAOS_SEED"); s != "" {
+		var err error
+		if seed, err = strconv.ParseUint(s, 10, 64); err != nil {
+			t.Fatalf("STREAMD_CHAOS_SEED: %v", err)
+		}
+	}
+	t.Logf("seed %d (STREAMD_CHAOS_SEED=%d repeats this run)", seed, seed)
+	rng := rand.New(rand.NewPCG(seed, 0))
+
+	port := freePort(t)
+	url := fmt.Sprintf("nats://127.0.0.1:%d", port)
+	natsProc := newChaosProc(t, "nats-server", natsServerBin(t), "-a", "127.0.0.1", "-p", fmt.Sprint(port), "-js", "-sd", t.TempDir(), "-n", "chaos")
+	waitJetStream(t, url)
+	hb := "--heartbeat-interval=100ms"
+	ctls := map[string]*chaosProc{}
+	for _, id := range []string{"c1", "c2"} {
+		ctls[id] = newChaosProc(t, "controller "+id, streamdBin(t), "controller", "--nats", url, hb, "--lost-after=4", "--controller-id", id)
+	}
+	hosts := map[string]*chaosProc{}
+	for i := 1; i <= 3; i++ {
+		id := fmt.Sprintf("h%d", i)
+		hosts[id] = newChaosProc(t, "host "+id, streamdBin(t), "host", "--nats", url, hb, "--host-id", id, "--slots", "2", "--data-dir", t.TempDir())
+	}
+	client, err := cluster.NewClient(connect(t, url))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tc := &testCluster{t: t, client: client}
+	tc.waitHosts(3)
+	js, err := jetstream.New(connect(t, url))
+	if err != nil {
+		t.Fatal(err)
+	}
+	upper := testwasm.Path(t, "examples/wasm/uppercase/uppercase.wasm")
+
+	const rounds, n = 20, 3000
+	kills := map[string]int{}
+	for r := 1; r <= rounds; r++ {
+		dir := t.TempDir()
+		stream, subject := fmt.Sprintf("OUT%d", r), fmt.Sprintf("out%d.upper", r)
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		_, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: stream, Subjects: []string{fmt.Sprintf("out%d.>", r)}, AllowAtomicPublish: true})
+		cancel()
+		if err != nil {
+			t.Fatalf("round %d: create stream %s: %v", r, stream, err)
+		}
+		common := fmt.Sprintf(`parallelism: 2
+checkpoint: {interval: 100ms, storage: jetstream}
+restart: {strategy: fixed-delay, attempts: 100, delay: 200ms}
+operators:
+  - uid: gen
+    source: {type: generator, count: %d, rate: 1000, keys: 100}
+  - uid: upper
+    wasm: %s
+    inputs: [{from: gen, partition: %%s}]
+  - uid: out
+`, n, upper)
+		natsJob := filepath.Join(dir, "nats.yaml")
+		writeFile(t, natsJob, "name: chaos-nats\n"+fmt.Sprintf(common, "hash")+fmt.Sprintf("    sink: {type: nats, subject: %s}\n    inputs: [upper]\n", subject))
+		fileJob := filepath.Join(dir, "file.yaml")
+		writeFile(t, fileJob, "name: chaos-file\n"+fmt.Sprintf(common, "rebalance")+"    sink: {type: file, path: out/}\n    inputs: [upper]\n")
+		ids := []string{deploy(t, tc, natsJob, jobfile.Options{}), deploy(t, tc, fileJob, jobfile.Options{})}
+
+		// Both running with a completed checkpoint, then one kill.
+		var running []*cluster.JobStatus
+		for _, id := range ids {
+			running = append(running, tc.waitJob(id, "a completed checkpoint", func(st *cluster.JobStatus) bool {
+				return cluster.TerminalJobState(st.State) || st.State == cluster.JobRunning && len(st.Checkpoints) > 0
+			}))
+		}
+		victim := []string{"leader", "host", "nats"}[rng.IntN(3)]
+		what := victim
+		switch victim {
+		case "leader":
+			leader := running[0].Leader
+			p := ctls[leader]
+			if p == nil {
+				t.Fatalf("round %d: the leader %q is none of the controllers", r, leader)
+			}
+			p.kill()
+			// The standby takes over (list answers from it), then the
+			// killed one comes back as the standby.
+			deadline := time.Now().Add(20 * time.Second)
+			for {
+				st, err := client.Status(context.Background(), ids[0])
+				if err == nil && st.Leader != "" && st.Leader != leader {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("round %d: no controller took over from %s within 20s (last error %v)", r, leader, err)
+				}
+				time.Sleep(20 * time.Millisecond)
+			}
+			p.start()
+			what = "leader " + leader
+		case "host":
+			hs := running[rng.IntN(2)].Hosts
+			if len(hs) == 0 {
+				t.Fatalf("round %d: the running job lists no host", r)
+			}
+			id := hs[rng.IntN(len(hs))]
+			hosts[id].kill()
+			if rng.IntN(2) == 0 {
+				// Back only once the controller counted it lost.
+				deadline := time.Now().Add(20 * time.Second)
+				for lost := false; !lost; time.Sleep(20 * time.Millisecond) {
+					all, err := client.Hosts(context.Background())
+					for _, h := range all {
+						lost = lost || err == nil && h.ID == id && h.State == "lost"
+					}
+					if time.Now().After(deadline) {
+						t.Fatalf("round %d: host %s not lost within 20s", r, id)
+					}
+				}
+				what = "host " + id + " (restarted once lost)"
+			} else {
+				what = "host " + id + " (restarted at once)"
+			}
+			hosts[id].start()
+		case "nats":
+			natsProc.kill()
+			natsProc.start()
+			waitJetStream(t, url)
+		}
+		kills[victim]++
+		for i, id := range ids {
+			st := tc.waitJob(id, "finished", state(cluster.JobFinished))
+			if st.State != cluster.JobFinished {
+				t.Fatalf("round %d, after killing %s: job %s %s: %s", r, what, id, st.State, st.Reason)
+			}
+			running[i] = st
+		}
+		checkStream(t, js, stream, n)
+		exactlyOnce(t, filepath.Join(dir, "out"), n)
+		t.Logf("round %d: killed %s; nats job in attempt %d, file job in attempt %d; both exactly once",
+			r, what, running[0].Attempt, running[1].Attempt)
+	}
+	t.Logf("%d rounds, kills: %v", rounds, kills)
+}
