@@ -133,6 +133,9 @@ func splitTrace(s string) (msg, stack string) {
 		for k, l := range lines {
 			lines[k] = strings.TrimPrefix(l, "\t")
 		}
+		if len(lines) > 0 && strings.HasPrefix(lines[0], guardModule+".") {
+			lines = lines[1:] // the guard's yield (guard.go), not the guest's
+		}
 		return msg, strings.TrimRight(strings.Join(lines, "\n"), "\n")
 	}
 	return s, ""
