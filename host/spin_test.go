@@ -22,8 +22,8 @@ type signal struct {
 func newSignal(msg string) *signal { return &signal{msg: msg, ch: make(chan struct{})} }
 
 func (s *signal) Enabled(context.Context, slog.Level) bool { return true }
-func (s *signal) WithAttrs([]slog.Attr) slog.Handler        { return s }
-func (s *signal) WithGroup(string) slog.Handler             { return s }
+func (s *signal) WithAttrs([]slog.Attr) slog.Handler       { return s }
+func (s *signal) WithGroup(string) slog.Handler            { return s }
 func (s *signal) Handle(_ context.Context, r slog.Record) error {
 	if r.Message == s.msg {
 		select {

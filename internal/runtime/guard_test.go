@@ -22,8 +22,8 @@ import (
 type spinSignal struct{ ch chan struct{} }
 
 func (s spinSignal) Enabled(context.Context, slog.Level) bool { return true }
-func (s spinSignal) WithAttrs([]slog.Attr) slog.Handler        { return s }
-func (s spinSignal) WithGroup(string) slog.Handler             { return s }
+func (s spinSignal) WithAttrs([]slog.Attr) slog.Handler       { return s }
+func (s spinSignal) WithGroup(string) slog.Handler            { return s }
 func (s spinSignal) Handle(_ context.Context, r slog.Record) error {
 	if r.Message == "spinning" {
 		s.ch <- struct{}{}
