@@ -151,39 +151,15 @@ func (g *guardRewriter) scanImports(r *wreader) error {
 	}
 	for i := uint32(0); i < n; i++ {
 		at := r.off
-		ml, err := r.name()
+		mod, kind, err := r.importEntry(0)
 		if err != nil {
 			return err
 		}
-		mod := g.in[r.off-int(ml) : r.off]
 		if string(mod) == guardModule {
 			return fmt.Errorf("import %d at byte %d is from %s, a module reserved for the host", i, at, guardModule)
 		}
-		if _, err := r.name(); err != nil {
-			return err
-		}
-		kind, err := r.byte()
-		if err != nil {
-			return err
-		}
-		switch kind {
-		case 0:
-			_, err = r.u32()
+		if kind == 0 {
 			g.imported++
-		case 1:
-			err = r.tableType()
-		case 2:
-			err = r.memType(0)
-		case 3:
-			_, err = r.byte()
-			if err == nil {
-				_, err = r.byte()
-			}
-		default:
-			err = fmt.Errorf("import %d: kind 0x%02x", i, kind)
-		}
-		if err != nil {
-			return err
 		}
 	}
 	return nil

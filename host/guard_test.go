@@ -3,7 +3,6 @@ package host
 import (
 	"bytes"
 	"context"
-	"errors"
 	"fmt"
 	"io/fs"
 	"os"
@@ -193,42 +192,4 @@ func equalMaps(a, b map[string]uint64) bool {
 		}
 	}
 	return true
-}
-
-// TestGuardRefuses: what the guard cannot rewrite is refused with the place.
-func TestGuardRefuses(t *testing.T) {
-	mod := func(sections ...[]byte) []byte {
-		b := []byte{0, 'a', 's', 'm', 1, 0, 0, 0}
-		for _, s := range sections {
-			b = append(b, s[0])
-			b = appendU32(b, uint32(len(s)-1))
-			b = append(b, s[1:]...)
-		}
-		return b
-	}
-	imp := append([]byte{2, 1}, appendName(appendName(nil, guardModule), guardYield)...)
-	body := []byte{10, 1, 6, 0, 0x03, 0x40, 0xfe, 0x00, 0x0b} // loop; an atomic op (threads are off)
-	for name, c := range map[string]struct {
-		wasm []byte
-		want string
-	}{
-		"own import": {mod([]byte{1, 1, 0x60, 0, 0}, append(imp, 0, 0)), "import 0 at byte"},
-		"opcode":     {mod([]byte{1, 1, 0x60, 0, 0}, []byte{3, 1, 0}, body), "function 0 (body at byte"},
-	} {
-		_, err := guard(c.wasm)
-		if err == nil || !strings.Contains(err.Error(), c.want) {
-			t.Errorf("%s: err = %v, want one containing %q", name, err, c.want)
-		}
-		t.Log(err)
-	}
-	// Through Load: a clear bad-module error.
-	e, err := NewEngine(context.Background(), WithCacheDir(""))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer e.Close(context.Background())
-	_, err = e.Load(context.Background(), "own.wasm", mod([]byte{1, 1, 0x60, 0, 0}, append(imp, 0, 0)))
-	if !errors.Is(err, ErrBadModule) || !strings.Contains(err.Error(), "reserved for the host") {
-		t.Fatalf("err = %v", err)
-	}
 }

@@ -145,3 +145,25 @@ func TestDefaultCallDeadline(t *testing.T) {
 		t.Fatalf("DefaultCallDeadline = %v", host.DefaultCallDeadline)
 	}
 }
+
+// TestGuardRefuses: what the guard cannot rewrite, and a module importing
+// the guard's own module, are refused with the place.
+func TestGuardRefuses(t *testing.T) {
+	e := newEngine(t)
+	name := func(s string) []byte { return append(appendLEB(nil, uint32(len(s))), s...) }
+	types := []byte{1, 1, 0x60, 0, 0}
+	own := append(append(append([]byte{2, 1}, name("streamd_guard")...), name("yield")...), 0, 0)
+	atomic := []byte{10, 1, 6, 0, 0x03, 0x40, 0xfe, 0x00, 0x0b} // loop; an atomic op (threads are off)
+	for what, c := range map[string]struct {
+		wasm []byte
+		want string
+	}{
+		"own import": {module(types, own), "import 0 at byte 17 is from streamd_guard, a module reserved for the host"},
+		"opcode":     {module(types, []byte{3, 1, 0}, atomic), "function 0 (body at byte 21): instruction 0xfe at byte 25: unknown or unsupported opcode 0xfe"},
+	} {
+		_, err := e.Load(context.Background(), "guard.wasm", c.wasm)
+		if !errors.Is(err, host.ErrBadModule) || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%s: err = %v, want a bad-module error containing %q", what, err, c.want)
+		}
+	}
+}
