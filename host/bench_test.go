@@ -75,16 +75,19 @@ func BenchmarkCallPerRecord(b *testing.B) {
 	}
 }
 
-// BenchmarkCallBatched: batches of 1000 records of 100 bytes per call.
+// BenchmarkCallBatched: batches of 1000 records of 100 bytes per call, with
+// the guard (the default: instrumented loops, 1m call deadline) and without
+// it (no instrumentation, no deadline: the guest can freeze the process),
+// which is what the guard costs.
 func BenchmarkCallBatched(b *testing.B) {
 	for _, g := range benchGuests {
-		for _, deadline := range []time.Duration{0, time.Minute} {
-			name := g.name
-			if deadline > 0 {
-				name += "/deadline" // WithCloseOnContextDone: interruptible guest code
+		for _, guard := range []bool{true, false} {
+			name, opts := g.name+"/guard", []host.Option(nil)
+			if !guard {
+				name, opts = g.name+"/unguarded", []host.Option{host.WithGuard(false), host.WithCallDeadline(0)}
 			}
 			b.Run(name, func(b *testing.B) {
-				inst := benchInstance(b, g.target, host.WithCallDeadline(deadline))
+				inst := benchInstance(b, g.target, opts...)
 				recs := benchRecords(benchBatch)
 				ctx := context.Background()
 				out := 0
@@ -186,4 +189,37 @@ func BenchmarkCompile(b *testing.B) {
 		b.ResetTimer()
 		run(b, host.WithCacheDir(dir))
 	})
+}
+
+// BenchmarkCallBatchedGuardOnVsOff alternates one batched call (1000 x 100 B)
+// on a guarded instance (the default) and one on an unguarded instance, so
+// both see the same machine, and reports the guarded throughput as a
+// percentage of the unguarded one.
+func BenchmarkCallBatchedGuardOnVsOff(b *testing.B) {
+	for _, g := range benchGuests {
+		b.Run(g.name, func(b *testing.B) {
+			insts := []*host.Instance{
+				benchInstance(b, g.target, host.WithGuard(false), host.WithCallDeadline(0)),
+				benchInstance(b, g.target),
+			}
+			recs := benchRecords(benchBatch)
+			ctx := context.Background()
+			emit := func([]abi.Record) {}
+			var spent [2]time.Duration
+			b.ResetTimer()
+			for n := 0; n < b.N; n++ {
+				for i, inst := range insts {
+					start := time.Now()
+					if err := inst.Process(ctx, 0, recs, emit); err != nil {
+						b.Fatal(err)
+					}
+					spent[i] += time.Since(start)
+				}
+			}
+			per := func(d time.Duration) float64 { return float64(d.Nanoseconds()) / float64(b.N*benchBatch) }
+			b.ReportMetric(per(spent[0]), "off-ns/record")
+			b.ReportMetric(per(spent[1]), "on-ns/record")
+			b.ReportMetric(100*per(spent[0])/per(spent[1]), "on-%-of-off")
+		})
+	}
 }

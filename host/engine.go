@@ -32,7 +32,11 @@ type config struct {
 	callDeadline   time.Duration
 	logger         *slog.Logger
 	allowClock     bool
+	guard          bool
 }
+
+// DefaultCallDeadline bounds a guest call unless WithCallDeadline says otherwise.
+const DefaultCallDeadline = time.Minute
 
 // Option configures an Engine. Options validate their argument.
 type Option func(*config) error
@@ -58,15 +62,28 @@ func WithMemoryLimitMiB(n int) Option {
 	}
 }
 
-// WithCallDeadline bounds every guest call. 0 (the default) means none; a
-// positive deadline makes guest code interruptible (wazero
-// WithCloseOnContextDone), which costs some speed in loops.
+// WithCallDeadline bounds every guest call (default DefaultCallDeadline): a
+// call whose guest code runs longer fails with ErrDeadline. Time the guest
+// spends in emit (waiting for downstream) does not count. 0 means no
+// deadline; the call still ends with ErrCanceled when its context is done.
 func WithCallDeadline(d time.Duration) Option {
 	return func(c *config) error {
 		if d < 0 {
 			return fmt.Errorf("host: negative call deadline %v", d)
 		}
 		c.callDeadline = d
+		return nil
+	}
+}
+
+// WithGuard(false) turns off the loop instrumentation that keeps a guest
+// from freezing the process (guard.go) and brings back wazero's
+// WithCloseOnContextDone for a positive deadline. It exists to measure what
+// the guard costs (benchmarks); without it a guest that never returns
+// blocks every garbage collection, and so the whole process, forever.
+func WithGuard(on bool) Option {
+	return func(c *config) error {
+		c.guard = on
 		return nil
 	}
 }
@@ -122,7 +139,7 @@ type sharedModule struct {
 
 // NewEngine creates an engine. Close it to release the runtime and compiled code.
 func NewEngine(ctx context.Context, opts ...Option) (*Engine, error) {
-	cfg := config{memoryLimitMiB: 256, logger: slog.Default()}
+	cfg := config{memoryLimitMiB: 256, logger: slog.Default(), callDeadline: DefaultCallDeadline, guard: true}
 	for _, o := range opts {
 		if err := o(&cfg); err != nil {
 			return nil, err
@@ -136,7 +153,7 @@ func NewEngine(ctx context.Context, opts ...Option) (*Engine, error) {
 	e := &Engine{cfg: cfg, memLimit: uint64(cfg.memoryLimitMiB) << 20, compiled: map[[sha256.Size]byte]*sharedModule{}}
 	rc := wazero.NewRuntimeConfigCompiler().
 		WithMemoryLimitPages(uint32(cfg.memoryLimitMiB) * 16).
-		WithCloseOnContextDone(cfg.callDeadline > 0)
+		WithCloseOnContextDone(!cfg.guard && cfg.callDeadline > 0)
 	if cfg.cacheDir != "" {
 		c, err := wazero.NewCompilationCacheWithDir(cfg.cacheDir)
 		if err != nil {
@@ -149,6 +166,12 @@ func NewEngine(ctx context.Context, opts ...Option) (*Engine, error) {
 	if _, err := wasi_snapshot_preview1.Instantiate(ctx, e.runtime); err != nil {
 		e.Close(ctx)
 		return nil, fmt.Errorf("host: instantiate WASI: %w", err)
+	}
+	if cfg.guard {
+		if err := e.instantiateGuardModule(ctx); err != nil {
+			e.Close(ctx)
+			return nil, fmt.Errorf("host: instantiate %s: %w", guardModule, err)
+		}
 	}
 	hm, err := e.instantiateHostModule(ctx)
 	if err != nil {
@@ -260,7 +283,14 @@ func (e *Engine) Load(ctx context.Context, name string, wasm []byte) (*Module, e
 		s.refs++
 		return &Module{eng: e, name: name, compiled: s.cm, hasInit: s.hasInit, digest: digest}, nil
 	}
-	cm, err := e.runtime.CompileModule(ctx, wasm)
+	code := wasm
+	if e.cfg.guard {
+		var err error
+		if code, err = guard(wasm); err != nil {
+			return nil, badModule(name, "%v", err)
+		}
+	}
+	cm, err := e.runtime.CompileModule(ctx, code)
 	if err != nil {
 		if isTruncation(err) {
 			return nil, badModule(name, "truncated: %v", err)
@@ -323,6 +353,11 @@ func (e *Engine) validate(ctx context.Context, m *Module) error {
 			known = e.hostFuncs
 		case wasiModule:
 			known = e.wasiFuncs
+		case guardModule:
+			if e.cfg.guard && fn == guardYield {
+				continue // added by guard, which refuses modules importing it themselves
+			}
+			fallthrough
 		default:
 			return badModule(m.name, "imports %s.%s: only %s and %s imports are allowed", mod, fn, abi.ImportModule, wasiModule)
 		}

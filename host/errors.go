@@ -17,10 +17,11 @@ var (
 	ErrTrap = errors.New("host: guest trapped")
 	// ErrGuestFailed: the guest called fail, or an export returned a non-zero status.
 	ErrGuestFailed = errors.New("host: guest failed")
-	// ErrDeadline: the call deadline expired and the instance was stopped.
+	// ErrDeadline: the guest code of one call ran longer than the call
+	// deadline (WithCallDeadline) and the instance was stopped.
 	ErrDeadline = errors.New("host: call deadline exceeded")
-	// ErrCanceled: the caller's context was canceled during a guest call (only
-	// with a call deadline configured, which makes calls interruptible).
+	// ErrCanceled: the caller's context was done during a guest call; the
+	// guard (guard.go) stops guest code within 16384 loop iterations.
 	ErrCanceled = errors.New("host: guest call canceled")
 	// ErrMemoryLimit: the guest ran out of memory under the instance memory limit.
 	ErrMemoryLimit = errors.New("host: guest memory limit exceeded")
@@ -132,6 +133,9 @@ func splitTrace(s string) (msg, stack string) {
 		lines := strings.Split(stack, "\n")
 		for k, l := range lines {
 			lines[k] = strings.TrimPrefix(l, "\t")
+		}
+		if len(lines) > 0 && strings.HasPrefix(lines[0], guardModule+".") {
+			lines = lines[1:] // the guard's yield (guard.go), not the guest's
 		}
 		return msg, strings.TrimRight(strings.Join(lines, "\n"), "\n")
 	}

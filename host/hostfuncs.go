@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"time"
 
 	"github.com/tetratelabs/wazero/api"
 
@@ -130,7 +131,14 @@ func hostEmit(i *Instance, stack []uint64) {
 		i.misuse("emit: %v", err)
 	}
 	if i.emit != nil && len(recs) > 0 {
+		if i.callStart.IsZero() {
+			i.emit(recs)
+			return
+		}
+		// Waiting for downstream is not guest time (the call deadline).
+		t := time.Now()
 		i.emit(recs)
+		i.callStart = i.callStart.Add(time.Since(t))
 	}
 }
 

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"math"
 	"strings"
+	"time"
 
 	"github.com/tetratelabs/wazero"
 	"github.com/tetratelabs/wazero/api"
@@ -79,7 +80,8 @@ type Instance struct {
 	watermark     int64
 	due           []timerID
 	scratch       []byte
-	records       int64 // records passed to process (a span attribute, trace.go)
+	records       int64     // records passed to process (a span attribute, trace.go)
+	callStart     time.Time // the guest call's first yield (guard.go); zero before it
 }
 
 // NewInstance instantiates the module for one subtask, with WASI sandboxed as
@@ -435,11 +437,12 @@ func (i *Instance) call(ctx context.Context, phase abi.Phase, fn api.Function, n
 func (i *Instance) invoke(ctx context.Context, phase abi.Phase, fn api.Function, n int) error {
 	i.phase = phase
 	i.failure = nil
+	i.callStart = time.Time{}
 	if i.stderr.crash != "" { // only this goroutine writes it (WASI fd_write runs inside our calls)
 		i.stderr.crash = ""
 	}
 	var err error
-	if d := i.eng.cfg.callDeadline; d > 0 {
+	if d := i.eng.cfg.callDeadline; d > 0 && !i.eng.cfg.guard {
 		cctx, cancel := context.WithTimeout(ctx, d)
 		err = fn.CallWithStack(cctx, i.stack[:n])
 		cancel()

@@ -77,7 +77,7 @@ func checkSection(id byte, r *wreader, maxPages uint32) error {
 		case 1:
 			err = r.funcType()
 		case 2:
-			err = r.importEntry(maxPages)
+			_, _, err = r.importEntry(maxPages)
 		case 4:
 			err = r.tableType()
 		case 5:
@@ -228,15 +228,18 @@ func (r *wreader) memType(maxPages uint32) error {
 	return err
 }
 
-func (r *wreader) importEntry(maxPages uint32) error {
-	for range 2 { // module and field names
-		if _, err := r.name(); err != nil {
-			return err
-		}
-	}
-	kind, err := r.byte()
+// importEntry reads one import and returns its module name and kind.
+func (r *wreader) importEntry(maxPages uint32) (module []byte, kind byte, err error) {
+	n, err := r.name()
 	if err != nil {
-		return err
+		return nil, 0, err
+	}
+	module = r.b[r.off-int(n) : r.off]
+	if _, err := r.name(); err != nil {
+		return nil, 0, err
+	}
+	if kind, err = r.byte(); err != nil {
+		return nil, 0, err
 	}
 	switch kind {
 	case 0: // function: a type index
@@ -252,7 +255,7 @@ func (r *wreader) importEntry(maxPages uint32) error {
 	default:
 		err = fmt.Errorf("import kind 0x%02x", kind)
 	}
-	return err
+	return module, kind, err
 }
 
 func (r *wreader) codeEntry() error {

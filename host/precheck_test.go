@@ -7,6 +7,7 @@ import (
 	"runtime"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/streamd/streamd/host"
 	"github.com/streamd/streamd/internal/testwasm"
@@ -68,29 +69,44 @@ func TestLoadRefusesHugeCounts(t *testing.T) {
 }
 
 // FuzzLoad: no input takes the process down; loading either works or is
-// refused with ErrBadModule. The seeds are real modules; `make test-long`
+// refused with ErrBadModule, and the guard (guard.go, which rewrites every
+// module that passes precheck) changes neither: an engine without it loads
+// exactly the same inputs. The seeds are real modules; `make test-long`
 // fuzzes for minutes.
 func FuzzLoad(f *testing.F) {
-	for _, p := range []string{watConformance, goConformance, "examples/wasm/uppercase-rust/uppercase_rust.wasm", "examples/wasm/wordcount/count.wasm"} {
+	for _, p := range []string{watConformance, goConformance, "examples/wasm/uppercase-rust/uppercase_rust.wasm", "examples/wasm/wordcount/count.wasm", "host/testdata/guard_features.wasm"} {
 		b, err := os.ReadFile(testwasm.Path(f, p))
 		if err != nil {
 			f.Fatal(err)
 		}
 		f.Add(b)
 	}
-	e, err := host.NewEngine(context.Background(), host.WithCacheDir(""), host.WithMemoryLimitMiB(64))
-	if err != nil {
-		f.Fatal(err)
-	}
-	f.Cleanup(func() { e.Close(context.Background()) })
-	f.Fuzz(func(t *testing.T, wasm []byte) {
-		m, err := e.Load(context.Background(), "fuzz.wasm", wasm)
+	ctx := context.Background()
+	engine := func(opts ...host.Option) *host.Engine {
+		// A short deadline: a mutant may loop forever in _initialize.
+		e, err := host.NewEngine(ctx, append([]host.Option{host.WithCacheDir(""), host.WithMemoryLimitMiB(64), host.WithCallDeadline(time.Second)}, opts...)...)
 		if err != nil {
-			if !errors.Is(err, host.ErrBadModule) {
-				t.Fatalf("load: %v, want ErrBadModule", err)
-			}
-			return
+			f.Fatal(err)
 		}
-		m.Close(context.Background())
+		f.Cleanup(func() { e.Close(ctx) })
+		return e
+	}
+	guarded, unguarded := engine(), engine(host.WithGuard(false))
+	f.Fuzz(func(t *testing.T, wasm []byte) {
+		load := func(e *host.Engine) error {
+			m, err := e.Load(ctx, "fuzz.wasm", wasm)
+			if err != nil {
+				if !errors.Is(err, host.ErrBadModule) {
+					t.Fatalf("load: %v, want ErrBadModule", err)
+				}
+				return err
+			}
+			m.Close(ctx)
+			return nil
+		}
+		errOn, errOff := load(guarded), load(unguarded)
+		if (errOn == nil) != (errOff == nil) {
+			t.Fatalf("with the guard: %v; without: %v", errOn, errOff)
+		}
 	})
 }

@@ -42,7 +42,7 @@ func TestConfigPrecedence(t *testing.T) {
 			t.Errorf("%s: wasm.call_deadline = %v (%v), want %v", name, got, err, wantDeadline)
 		}
 	}
-	check("defaults", "info", 256, 0)
+	check("defaults", "info", 256, time.Minute)
 
 	must(t, os.WriteFile(filepath.Join(dir, "streamd.yaml"), []byte("log: {level: warn}\nwasm: {memory_limit_mib: 512, call_deadline: 30s}\n"), 0o644))
 	check("file", "warn", 512, 30*time.Second)

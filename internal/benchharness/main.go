@@ -208,10 +208,11 @@ type ratio struct {
 // without checkpoints or tracing, hash against forward) are measured by
 // benchmarks that alternate both sides and are read off in values instead.
 var ratios = []ratio{
-	{"boundary: one call per record / batched call (no-op WAT guest), ns/record", "BenchmarkCallPerRecord/noop-wat", "BenchmarkCallBatched/noop-wat", "ns/record", "batched boundary under 20 ns/record"},
-	{"Rust guest map / native Go map, ns/record (batches of 1000 x 100 B)", "BenchmarkCallBatched/uppercase-rust", "BenchmarkNativeGo", "ns/record", "report; Rust >= 1.2M records/s"},
-	{"Go guest map / native Go map, ns/record", "BenchmarkCallBatched/uppercase-go", "BenchmarkNativeGo", "ns/record", "report"},
-	{"Rust guest with call deadline / without, ns/record", "BenchmarkCallBatched/uppercase-rust/deadline", "BenchmarkCallBatched/uppercase-rust", "ns/record", "report (DESIGN: 4-7x on loops)"},
+	{"boundary: one call per record / batched call (no-op WAT guest), ns/record", "BenchmarkCallPerRecord/noop-wat", "BenchmarkCallBatched/noop-wat/guard", "ns/record", "batched boundary under 20 ns/record"},
+	{"Rust guest map / native Go map, ns/record (batches of 1000 x 100 B)", "BenchmarkCallBatched/uppercase-rust/guard", "BenchmarkNativeGo", "ns/record", "report; Rust >= 1.2M records/s"},
+	{"Go guest map / native Go map, ns/record", "BenchmarkCallBatched/uppercase-go/guard", "BenchmarkNativeGo", "ns/record", "report"},
+	{"Rust guest map with the guest guard / without, ns/record (CallBatched)", "BenchmarkCallBatched/uppercase-rust/guard", "BenchmarkCallBatched/uppercase-rust/unguarded", "ns/record", "report"},
+	{"Go guest map with the guest guard / without, ns/record (CallBatched)", "BenchmarkCallBatched/uppercase-go/guard", "BenchmarkCallBatched/uppercase-go/unguarded", "ns/record", "report"},
 	{"two hosts over NATS loopback / in-process (generator -hash-> uppercase wasm p=2), records/s", "BenchmarkTwoHostsNATS", "BenchmarkInProcess", "records/s", "report"},
 }
 
@@ -221,11 +222,12 @@ type value struct {
 }
 
 var values = []value{
-	{"boundary cost of a batched call (no-op WAT guest)", "BenchmarkCallBatched/noop-wat", "ns/record", "< 20 ns/record"},
-	{"Rust guest map through the host, one core", "BenchmarkCallBatched/uppercase-rust", "records/s", ">= 1.2M records/s"},
+	{"boundary cost of a batched call (no-op WAT guest)", "BenchmarkCallBatched/noop-wat/guard", "ns/record", "< 20 ns/record"},
+	{"Rust guest map through the host, one core", "BenchmarkCallBatched/uppercase-rust/guard", "records/s", ">= 1.2M records/s"},
 	{"Rust guest pipeline generator -> map -> discard, p=1", "BenchmarkPipelineRustGuest", "records/s", ">= 1M records/s"},
 	{"Rust guest pipeline as % of native, back to back in one benchmark", "BenchmarkGuestVsNative", "rust-%-of-native", ">= 40"},
 	{"Go guest pipeline as % of native, back to back in one benchmark", "BenchmarkGuestVsNative", "go-%-of-native", "report"},
+	{"guest guard on (default) as % of off, Rust map pipeline, alternating in one benchmark", "BenchmarkGuardOnVsOff", "on-%-of-off", ">= 90"},
 	{"tracing on as % of off, alternating in one benchmark", "BenchmarkTracingOnVsOff", "on-%-of-off", ">= 95"},
 	{"checkpoint every 1 s as % of no checkpoints, alternating in one benchmark", "BenchmarkCheckpointVsNone", "1s-%-of-none", ">= 90"},
 	{"hash partitioning p=2 as % of forward p=2, alternating in one benchmark", "BenchmarkHashVsForwardP2", "hash-%-of-forward", ">= 70"},

@@ -119,3 +119,27 @@ func BenchmarkGuestVsNative(b *testing.B) {
 	b.ReportMetric(100*rate(tr)/rate(tn), "rust-%-of-native")
 	b.ReportMetric(100*rate(tg)/rate(tn), "go-%-of-native")
 }
+
+// BenchmarkGuardOnVsOff alternates the Rust guest pipeline (generator ->
+// Rust uppercase map -> discard, 1M records each per iteration) on an engine
+// with the guest guard (the default: instrumented loops that yield to Go,
+// host/guard.go, and the 1m call deadline) and on one without it (no
+// instrumentation, no deadline), and reports the guarded throughput as a
+// percentage of the unguarded one (target >= 90).
+func BenchmarkGuardOnVsOff(b *testing.B) {
+	const n = 1_000_000
+	wasm := &jobfile.WasmSpec{Path: testwasm.Path(b, "examples/wasm/uppercase-rust/uppercase_rust.wasm")}
+	off, err := host.NewEngine(context.Background(), host.WithCacheDir(b.TempDir()), host.WithGuard(false), host.WithCallDeadline(0))
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { off.Close(context.Background()) })
+	runs := []func(int) Stats{
+		pipelineRunner(b, wasm, 1, control.Forward, off),
+		pipelineRunner(b, wasm, 1, control.Forward, benchEngine(b)),
+	}
+	for _, r := range runs {
+		r(10000) // compile, fill the pools
+	}
+	alternate(b, n, []string{"off", "on"}, func(i int) { runs[i](n) })
+}
