@@ -113,6 +113,9 @@ type Reply struct {
 	// Retry: the controller stopped before it acted on the request (it lost
 	// the lead); send it again (to the new leader).
 	Retry bool `json:"retry,omitempty"`
+	// NewerTerm: a host refused the request because a controller of this
+	// later term leads; the sender stops acting.
+	NewerTerm uint64 `json:"newer_term,omitempty"`
 }
 
 // Err returns the reply's error, or nil.

@@ -9,6 +9,7 @@ import (
 	"log/slog"
 
 	"path/filepath"
+	"reflect"
 	"strings"
 	"time"
 
@@ -75,6 +76,11 @@ func (c *Client) callTry(ctx context.Context, read bool, subject string, req, re
 	deadline := time.Now().Add(wait)
 	delay := 50 * time.Millisecond
 	try := func() error {
+		// A new answer decodes into a zero resp: no field of an earlier
+		// try's answer (its retry flag, its error) may stay.
+		if v := reflect.ValueOf(resp); v.Kind() == reflect.Pointer && !v.IsNil() {
+			v.Elem().SetZero()
+		}
 		if !read {
 			return request(ctx, c.nc, subject, req, resp)
 		}

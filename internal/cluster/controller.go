@@ -272,6 +272,7 @@ func (c *Controller) subscribe() error {
 		SubjectHosts:      c.handleHosts,
 		SubjectHeartbeat:  c.handleHeartbeat,
 		SubjectHostEvents: c.handleHostEvent,
+		SubjectLeader:     c.handleLeader,
 	}
 	subjects := make([]string, 0, len(handlers))
 	for s := range handlers {
@@ -1033,6 +1034,22 @@ func (c *Controller) checkHeartbeat(data []byte) (Heartbeat, time.Duration, erro
 	return hb, interval, nil
 }
 
+// handleLeader hears the leader's announcements: a leader that hears of a
+// later term than its own was taken over (it may not have noticed yet, its
+// renewals held up by a NATS outage) and stops acting at once.
+func (c *Controller) handleLeader(msg *nats.Msg) {
+	var a LeaderAnnounce
+	if err := json.Unmarshal(msg.Data, &a); err != nil {
+		return
+	}
+	c.mu.Lock()
+	term := c.term
+	c.mu.Unlock()
+	if term != 0 && a.Term > term {
+		c.depose(fmt.Errorf("cluster: controller %s: controller %s announced term %d, later than this one's %d", c.id, a.ID, a.Term, term))
+	}
+}
+
 func (c *Controller) handleHeartbeat(msg *nats.Msg) {
 	hb, interval, err := c.checkHeartbeat(msg.Data)
 	if err != nil {
@@ -1321,6 +1338,13 @@ func (c *Controller) assigned(a Assignment, h string, rep AssignReply, err error
 	}()
 	c.settleLocked(h, ref, now)
 	if err == nil {
+		return
+	}
+	if rep.NewerTerm > c.term {
+		// Not the host's fault: another controller leads now.
+		effects = append(effects, func() {
+			c.depose(fmt.Errorf("cluster: controller %s: host %s knows a later term %d", c.id, h, rep.NewerTerm))
+		})
 		return
 	}
 	f := failure{reason: fmt.Sprintf("assign to host %s: %v", h, err), kind: failInfra, host: h, skip: true}

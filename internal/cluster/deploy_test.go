@@ -1,9 +1,12 @@
 package cluster
 
 import (
+	"context"
 	"encoding/json"
 	"testing"
 	"time"
+
+	"github.com/nats-io/nats.go"
 
 	"github.com/streamd/streamd/internal/natsutil"
 )
@@ -51,5 +54,48 @@ func TestDeployIsIdempotent(t *testing.T) {
 	}
 	if err := json.Unmarshal(msg.Data, &list); err != nil || len(list.Jobs) != 2 {
 		t.Fatalf("list: %v, %d jobs, want 2", err, len(list.Jobs))
+	}
+}
+
+// TestClientSendsAgainOnRetry: a controller that answers Retry (it lost the
+// lead before acting) gets the request again, and the answer of the next try
+// is what the client returns, with nothing of the first.
+func TestClientSendsAgainOnRetry(t *testing.T) {
+	srv, err := natsutil.StartEmbedded(natsutil.EmbeddedOptions{Port: -1, NoLog: true, StoreDir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(srv.Shutdown)
+	nc, err := natsutil.Connect(natsutil.URLs(srv.URL()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	var rids []string
+	sub, err := nc.Subscribe(SubjectDeploy, func(m *nats.Msg) {
+		var req DeployRequest
+		_ = json.Unmarshal(m.Data, &req)
+		rids = append(rids, req.RequestID)
+		if len(rids) == 1 {
+			respond(m, DeployReply{Reply: Reply{Error: "cluster: controller stopped before job x was saved", Retry: true}})
+			return
+		}
+		respond(m, DeployReply{JobID: "job-2"})
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { sub.Unsubscribe() })
+	cl, err := NewClient(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var r DeployReply
+	err = cl.read(context.Background(), SubjectDeploy, DeployRequest{RequestID: "rid-1"}, &r, func() Reply { return r.Reply })
+	if err != nil || r.JobID != "job-2" || r.Retry || r.Error != "" {
+		t.Fatalf("answer %+v, %v: want job-2 and no error", r, err)
+	}
+	if len(rids) != 2 || rids[0] != "rid-1" || rids[1] != "rid-1" {
+		t.Fatalf("requests %v: want two with the same id", rids)
 	}
 }

@@ -219,7 +219,7 @@ func (h *Host) fence(term uint64, what string) error {
 	defer h.mu.Unlock()
 	if term < h.term {
 		h.log.Info("request of an older controller term refused", "request", what, "term", term, "current_term", h.term)
-		return fmt.Errorf("cluster: host %s: %s of controller term %d refused: term %d (%s) leads", h.opts.ID, what, term, h.term, h.leader)
+		return &fencedError{host: h.opts.ID, what: what, term: term, current: h.term, leader: h.leader}
 	}
 	h.raiseTermLocked(term, "")
 	return nil

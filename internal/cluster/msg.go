@@ -52,5 +52,20 @@ func errReply(err error) Reply {
 	if err == nil {
 		return Reply{}
 	}
-	return Reply{Error: err.Error()}
+	r := Reply{Error: err.Error()}
+	var f *fencedError
+	if errors.As(err, &f) {
+		r.NewerTerm = f.current
+	}
+	return r
+}
+
+// fencedError is a host's refusal of a request of an older controller term.
+type fencedError struct {
+	host, what, leader string
+	term, current      uint64
+}
+
+func (e *fencedError) Error() string {
+	return fmt.Sprintf("cluster: host %s: %s of controller term %d refused: term %d (%s) leads", e.host, e.what, e.term, e.current, e.leader)
 }
