@@ -27,11 +27,11 @@ field. Each wasm module is also compiled and checked for the exports and ABI
 version streamd needs. Exit status 0 when the job is valid, 1 when it is not.`,
 		Args: exactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			restart, err := c.restartDefault()
+			lo, err := c.loadOptions(parallelism)
 			if err != nil {
 				return err
 			}
-			job, err := jobfile.LoadJob(args[0], jobfile.Options{Parallelism: parallelism, Restart: restart})
+			job, err := jobfile.LoadJob(args[0], lo)
 			if err != nil {
 				return err
 			}

@@ -429,7 +429,7 @@ func (h *Host) runAssignment(ctx context.Context, r *hostRun, a Assignment, log 
 	r.replaces = nil
 	req := ExecRequest{HostID: h.opts.ID, JobID: a.JobID, Attempt: a.Attempt, Graph: g,
 		Placement: control.Placement{Slots: a.Placement}, Local: a.Local, Logger: log,
-		Checkpoint: a.Job.Checkpoint, Conn: h.nc, RestoreFrom: a.Restore,
+		Checkpoint: a.Job.Checkpoint, Conn: h.nc, RestoreFrom: a.Restore, MaxRecordBytes: a.Job.MaxRecordBytes,
 		Progress: func(s runtime.Stats) {
 			h.report(HostEvent{HostID: h.opts.ID, JobID: a.JobID, Attempt: a.Attempt, State: SubtaskRunning,
 				Stats: s.Operators, Checkpoints: s.Recent, Elapsed: s.Elapsed.Round(time.Millisecond).String()}, false)
