@@ -223,6 +223,7 @@ func (s *Sender) sendParts(ctx context.Context, ev dataplane.Event, r abi.Record
 			return err
 		}
 		s.stats.parts.Add(1)
+		s.t.senders.parts.Add(1)
 		off += n
 	}
 	return nil
@@ -357,7 +358,7 @@ func (s *Sender) Stats() SenderStats {
 
 // senderTotals are the counters of every sender of a Transport.
 type senderTotals struct {
-	messages, bytes, maxInFlight, creditWaits, creditRequests atomic.Uint64
+	messages, bytes, maxInFlight, creditWaits, creditRequests, parts atomic.Uint64
 }
 
 // SenderStats returns the counters of every sender this transport made,
@@ -366,7 +367,7 @@ type senderTotals struct {
 func (t *Transport) SenderStats() SenderStats {
 	return SenderStats{
 		Messages: t.senders.messages.Load(), Bytes: t.senders.bytes.Load(), MaxInFlight: t.senders.maxInFlight.Load(),
-		CreditWaits: t.senders.creditWaits.Load(), CreditRequests: t.senders.creditRequests.Load(),
+		CreditWaits: t.senders.creditWaits.Load(), CreditRequests: t.senders.creditRequests.Load(), Parts: t.senders.parts.Load(),
 	}
 }
 
