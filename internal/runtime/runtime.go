@@ -30,18 +30,18 @@ type Options struct {
 	// job in it (streamd run and the hosts do), the runtime adds no job
 	// attribute of its own (it would repeat job=...). nil: no logs.
 	Logger          *slog.Logger
-	Attempt         int         // attempt number of the first run (later attempts count up)
-	BatchSize       int         // records per batch on channels and into wasm; default 1024
-	ChannelCapacity int         // bounded queue length in batches per channel; default 16
+	Attempt         int // attempt number of the first run (later attempts count up)
+	BatchSize       int // records per batch on channels and into wasm; default 1024
+	ChannelCapacity int // bounded queue length in batches per channel; default 16
 	// MaxRecordBytes is the job's max_record_bytes (jobfile.Job.MaxRecordBytes;
 	// 0 means abi.DefaultMaxRecordBytes): a larger record, read by a source,
 	// emitted by an operator or arriving on a channel, fails its subtask
 	// with an error wrapping abi.ErrRecordTooLarge that names the operator,
 	// the subtask and the size.
 	MaxRecordBytes int
-	Stdout          io.Writer   // for the stdout sink; default os.Stdout
-	Stdin           io.Reader   // for a file source with Path "-" (stdin); default os.Stdin
-	Progress        func(Stats) // called about once per second and once at the end, may be nil
+	Stdout         io.Writer   // for the stdout sink; default os.Stdout
+	Stdin          io.Reader   // for a file source with Path "-" (stdin); default os.Stdin
+	Progress       func(Stats) // called about once per second and once at the end, may be nil
 
 	// TracerProvider makes the job's spans (nil: the global provider, a
 	// no-op unless telemetry is set up). Records are never traced.
