@@ -11,6 +11,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/streamd/streamd/abi"
 	"github.com/streamd/streamd/host"
 	"github.com/streamd/streamd/internal/jobfile"
 )
@@ -103,6 +104,9 @@ func printGraph(w io.Writer, job *jobfile.Job) {
 		fmt.Fprintln(w, "checkpoint: none")
 	}
 	fmt.Fprintf(w, "restart: %s\n", job.Restart)
+	if n := job.MaxRecordBytes; n != 0 && n != abi.DefaultMaxRecordBytes {
+		fmt.Fprintf(w, "max_record_bytes: %d\n", n)
+	}
 }
 
 func describeSpec(spec any) string {

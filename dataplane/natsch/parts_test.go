@@ -32,68 +32,46 @@ func bigRecord(i, size int) abi.Record {
 func TestRecordsOfAnySizeAcrossHosts(t *testing.T) {
 	s := startServer(t, 0)
 	st := transport(t, connect(t, s))
-	rt := transport(t, connect(t, s))
 	if st.MaxMessage() != 1<<20 {
 		t.Fatalf("max message %d, want the default 1 MiB", st.MaxMessage())
 	}
-	r, err := rt.NewReceiver(testID)
-	if err != nil {
-		t.Fatal(err)
-	}
-	snd, err := st.NewSender(testID)
-	if err != nil {
-		t.Fatal(err)
-	}
+	r, snd := channelEnds(t, transport(t, connect(t, s)), st)
 	sizes := []int{0, 1 << 20, 8 << 20, 40 << 20}
-	var batches [][]abi.Record
+	var evs []dataplane.Event
+	var want []abi.Record
 	for i, n := range sizes {
-		batches = append(batches, []abi.Record{bigRecord(i, n)})
+		want = append(want, bigRecord(i, n))
+		evs = append(evs, dataplane.RecordsEvent(batchOf(want[i])))
 	}
-	batches = append(batches, []abi.Record{rec(1, 10), bigRecord(7, 8<<20), rec(2, 10), rec(3, 10)})
+	mixed := []abi.Record{rec(1, 10), bigRecord(7, 8<<20), rec(2, 10), rec(3, 10)}
+	want = append(want, mixed...)
+	evs = append(evs, dataplane.RecordsEvent(batchOf(mixed...)), dataplane.EndOfPartitionEvent())
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	done := make(chan error, 1)
-	go func() {
-		for _, recs := range batches {
-			if err := snd.Send(ctx, dataplane.RecordsEvent(batchOf(recs...))); err != nil {
-				done <- err
-				return
-			}
-		}
-		done <- snd.Send(ctx, dataplane.EndOfPartitionEvent())
-	}()
-	var want []abi.Record
-	for _, b := range batches {
-		want = append(want, b...)
+	done := sendAll(ctx, snd, evs)
+	got, err := recvAll(ctx, r, 0)
+	if err != nil {
+		t.Fatal(err)
 	}
-	g := dataplane.NewInputGate([]dataplane.GateChannel{{In: r}})
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
 	next := 0
-	for {
-		_, ev, err := g.Next(ctx)
-		if errors.Is(err, dataplane.ErrGateEnded) {
-			break
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
+	for _, ev := range got {
 		if ev.Kind != dataplane.KindRecords {
 			continue
 		}
-		for _, got := range ev.Batch.Records {
+		for _, g := range ev.Batch.Records {
 			if next >= len(want) {
 				t.Fatalf("more records than sent")
 			}
 			w := want[next]
-			if !bytes.Equal(got.Key, w.Key) || !bytes.Equal(got.Value, w.Value) || got.Timestamp != w.Timestamp {
+			if !bytes.Equal(g.Key, w.Key) || !bytes.Equal(g.Value, w.Value) || g.Timestamp != w.Timestamp {
 				t.Fatalf("record %d: key %q, %d value bytes, ts %d; want key %q, %d bytes, ts %d (or the bytes differ)",
-					next, got.Key, len(got.Value), got.Timestamp, w.Key, len(w.Value), w.Timestamp)
+					next, g.Key, len(g.Value), g.Timestamp, w.Key, len(w.Value), w.Timestamp)
 			}
 			next++
 		}
-		ev.Batch.Release()
-	}
-	if err := <-done; err != nil {
-		t.Fatal(err)
 	}
 	if next != len(want) {
 		t.Fatalf("received %d records, want %d", next, len(want))
@@ -137,14 +115,7 @@ func TestRecordOverMaxRecord(t *testing.T) {
 	big.Release()
 
 	// The receiver's limit: the sender (default 64 MiB) sends parts.
-	r, err := rt.NewReceiver(testID)
-	if err != nil {
-		t.Fatal(err)
-	}
-	snd, err := st.NewSender(testID)
-	if err != nil {
-		t.Fatal(err)
-	}
+	r, snd := channelEnds(t, rt, st)
 	go snd.Send(ctx, dataplane.RecordsEvent(batchOf(bigRecord(1, 2<<20))))
 	_, err = recvErr(t, r)
 	if !errors.Is(err, abi.ErrRecordTooLarge) || !strings.Contains(err.Error(), "a record of 2097154 bytes") || !strings.Contains(err.Error(), "map[0]->sink[1]") {
@@ -153,6 +124,36 @@ func TestRecordOverMaxRecord(t *testing.T) {
 	if st := r.Stats(); st.MaxPartial != 0 {
 		t.Errorf("the receiver buffered %d bytes of a record it refuses", st.MaxPartial)
 	}
+}
+
+// channelEnds makes testID's receiver on rt, then its sender on st.
+func channelEnds(t *testing.T, rt, st *Transport) (*Receiver, *Sender) {
+	t.Helper()
+	r, err := rt.NewReceiver(testID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	snd, err := st.NewSender(testID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r, snd
+}
+
+// sendAll sends evs on snd from a goroutine; the channel gets the first
+// error, or nil.
+func sendAll(ctx context.Context, snd dataplane.Output, evs []dataplane.Event) <-chan error {
+	done := make(chan error, 1)
+	go func() {
+		for _, ev := range evs {
+			if err := snd.Send(ctx, ev); err != nil {
+				done <- err
+				return
+			}
+		}
+		done <- nil
+	}()
+	return done
 }
 
 // part is the data message of one record part, possibly malformed.

@@ -13,11 +13,12 @@ import (
 	"github.com/streamd/streamd/internal/testwasm"
 )
 
-// bigRecordJob writes a job file: a generator of n records of size bytes
-// (no key; "value-<n>" padded with '.'), rebalanced into the uppercase module
-// at parallelism 2 (each generator subtask sends to both upper subtasks, so
-// with one slot per host records cross hosts both ways), into a file sink.
-func bigRecordJob(t *testing.T, n, size int, extra string) string {
+// bigRecordJob writes a job file: a generator of n records with key and a
+// value of size bytes ("value-<n>" padded with '.'), rebalanced into the
+// uppercase module at parallelism 2 (each generator subtask sends to both
+// upper subtasks, so with one slot per host records cross hosts both ways),
+// into a file sink; extra is added to the job's fields.
+func bigRecordJob(t *testing.T, n, size int, key, extra string) string {
 	wasm := testwasm.Path(t, "examples/wasm/uppercase/uppercase.wasm")
 	dir := t.TempDir()
 	value := "value-{n}"
@@ -29,14 +30,14 @@ parallelism: 2
 %s
 operators:
   - uid: gen
-    source: {type: generator, count: %d, key: "", value: "%s", value_size: %d}
+    source: {type: generator, count: %d, key: "%s", value: "%s", value_size: %d}
   - uid: upper
     wasm: %s
     inputs: [{from: gen, partition: rebalance}]
   - uid: out
     sink: {type: file, path: out/}
     inputs: [{from: upper}]
-`, extra, n, value, size, wasm)
+`, extra, n, key, value, size, wasm)
 	path := filepath.Join(dir, "big.yaml")
 	if err := os.WriteFile(path, []byte(job), 0o644); err != nil {
 		t.Fatal(err)
@@ -92,7 +93,7 @@ func TestBigRecordsAcrossHosts(t *testing.T) {
 	for _, size := range []int{0, 1 << 20, 8 << 20, 40 << 20} {
 		t.Run(fmt.Sprintf("%d_bytes", size), func(t *testing.T) {
 			parts := execs[0].SenderStats().Parts + execs[1].SenderStats().Parts
-			path := bigRecordJob(t, n, size, "")
+			path := bigRecordJob(t, n, size, "", "")
 			id := deploy(t, tc, path, jobfile.Options{})
 			st := tc.waitJob(id, "finished", state(cluster.JobFinished))
 			if st.State != cluster.JobFinished {
@@ -135,25 +136,7 @@ func TestBigRecordsAcrossHosts(t *testing.T) {
 // subtask and the size.
 func TestRecordOverMaxRecordBytesFailsJob(t *testing.T) {
 	tc := newCluster(t, 1, 1)
-	wasm := testwasm.Path(t, "examples/wasm/uppercase/uppercase.wasm")
-	dir := t.TempDir()
-	path := filepath.Join(dir, "over.yaml")
-	job := fmt.Sprintf(`name: over
-parallelism: 2
-max_record_bytes: 1000
-operators:
-  - uid: gen
-    source: {type: generator, count: 10, key: "k", value_size: 1000}
-  - uid: upper
-    wasm: %s
-    inputs: [{from: gen, partition: rebalance}]
-  - uid: out
-    sink: {type: file, path: out/}
-    inputs: [{from: upper}]
-`, wasm)
-	if err := os.WriteFile(path, []byte(job), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	path := bigRecordJob(t, 10, 1000, "k", "max_record_bytes: 1000")
 	id := deploy(t, tc, path, jobfile.Options{})
 	st := tc.waitJob(id, "failed", state(cluster.JobFailed))
 	if st.State != cluster.JobFailed {
@@ -164,7 +147,7 @@ operators:
 			t.Errorf("reason %q does not say %q", st.Reason, want)
 		}
 	}
-	if lines := sinkLines(t, filepath.Join(dir, "out")); len(lines) != 0 {
+	if lines := sinkLines(t, filepath.Join(filepath.Dir(path), "out")); len(lines) != 0 {
 		t.Errorf("%d records committed by a failed job", len(lines))
 	}
 }
