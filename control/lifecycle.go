@@ -60,8 +60,18 @@ type LifecycleConfig struct {
 	// FirstAttempt is the number of the first attempt.
 	FirstAttempt int
 	// From is the checkpoint or savepoint the job was deployed from; nil:
-	// fresh state.
+	// fresh state. For a job taken over by another controller (Adopt) it
+	// is the latest completed checkpoint or savepoint the job had.
 	From *RestorePoint
+	// Adopt: attempt FirstAttempt already runs (a controller took the job
+	// over from another, or from its own earlier run): StartJob emits no
+	// StartAttempt; the attempt is executing and its subtasks report their
+	// state again (TaskRunning, TaskEndOfData, TaskFinished) as if it had
+	// just been deployed.
+	Adopt bool
+	// Restarts is the restart strategy's state carried over from the
+	// controller that ran the job before (RestartTracker.State); nil: none.
+	Restarts *RestartState
 }
 
 // RestorePoint is a completed checkpoint or savepoint an attempt restores.
@@ -201,6 +211,9 @@ func NewLifecycle(g *JobGraph, cfg LifecycleConfig) (*Lifecycle, error) {
 		from := *cfg.From
 		l.latest = &from
 	}
+	if cfg.Restarts != nil {
+		rt.restore(*cfg.Restarts)
+	}
 	if cfg.Checkpoint != nil {
 		cc := *cfg.Checkpoint
 		if cfg.From != nil && cc.FirstID <= cfg.From.ID {
@@ -225,6 +238,11 @@ func (l *Lifecycle) Executing() bool { return l.executing }
 
 // Restarts is the number of restarts so far.
 func (l *Lifecycle) Restarts() int { return l.restart.Restarts() }
+
+// RestartState is the restart strategy's state now, to carry over to the
+// lifecycle of a controller that takes the job over
+// (LifecycleConfig.Restarts).
+func (l *Lifecycle) RestartState() RestartState { return l.restart.State() }
 
 // Latest is the latest completed checkpoint or savepoint (or the one the job
 // was deployed from), nil if none.
@@ -274,6 +292,10 @@ func (l *Lifecycle) Step(ev Event) error {
 	case StartJob:
 		if l.executing || l.waiting || l.attempt != l.cfg.FirstAttempt || l.state != JobCreated {
 			return fmt.Errorf("control: job %q: started twice: %w", l.g.Name, ErrUnexpectedEvent)
+		}
+		if l.cfg.Adopt {
+			l.adoptAttempt()
+			return nil
 		}
 		l.startAttempt()
 		return nil
@@ -417,6 +439,16 @@ func (l *Lifecycle) startAttempt() {
 		from = &p
 	}
 	l.emit(StartAttempt{Attempt: l.attempt, Restore: from})
+}
+
+// adoptAttempt takes the running attempt FirstAttempt over: executing, as
+// after a StartAttempt, but nothing is deployed.
+func (l *Lifecycle) adoptAttempt() {
+	l.executing = true
+	if l.coord == nil {
+		l.state = JobRunning
+		l.restart.Running(l.now)
+	}
 }
 
 // failed handles the failure of the current attempt: the subtasks are torn

@@ -244,6 +244,38 @@ func (r *RestartTracker) giveUp(why string) (int64, bool, string) {
 	return 0, false, why
 }
 
+// RestartState is what a RestartTracker has counted, in a form that outlives
+// its clock: failures are given as ticks before the tick State was read.
+type RestartState struct {
+	Restarts    int     `json:"restarts"`
+	Streak      int     `json:"streak,omitempty"`       // exponential-delay: restarts since the last reset
+	Base        float64 `json:"base,omitempty"`         // exponential-delay: the next delay before jitter, ticks
+	FailuresAgo []int64 `json:"failures_ago,omitempty"` // failure-rate: ticks before now, oldest first
+	GaveUp      string  `json:"gave_up,omitempty"`
+}
+
+// State is what r has counted, relative to the latest tick it saw.
+func (r *RestartTracker) State() RestartState {
+	st := RestartState{Restarts: r.restarts, Streak: r.streak, Base: r.base, GaveUp: r.gaveUp}
+	for _, t := range r.failures {
+		st.FailuresAgo = append(st.FailuresAgo, r.now-t)
+	}
+	return st
+}
+
+// restore takes st over, before r has seen any tick: its failures become
+// ticks before 0.
+func (r *RestartTracker) restore(st RestartState) {
+	r.restarts, r.streak, r.gaveUp = st.Restarts, st.Streak, st.GaveUp
+	if st.Base > 0 {
+		r.base = st.Base
+	}
+	r.failures = r.failures[:0]
+	for _, ago := range st.FailuresAgo {
+		r.failures = append(r.failures, -ago)
+	}
+}
+
 // Restarts is the number of restarts granted so far.
 func (r *RestartTracker) Restarts() int { return r.restarts }
 

@@ -1,7 +1,10 @@
 package main
 
 import (
+	"context"
 	"time"
+
+	"github.com/nats-io/nats.go"
 
 	"github.com/spf13/cobra"
 
@@ -18,7 +21,11 @@ func (c *cli) controllerCommand() *cobra.Command {
 (--nats, STREAMD_NATS_URL), answers the control API (streamd deploy, list, status,
 cancel, savepoint, stop), registers hosts by their heartbeats, schedules jobs onto
 free host slots and fails jobs over when a host misses cluster.lost_after
-heartbeats. Its job table lives in memory. See docs/subjects.md for the subjects.`,
+heartbeats. Its job table and each job's state live in the JetStream key-value
+bucket controller.bucket, so several controllers may run on one NATS: one leads
+(a lease in the bucket, renewed every half heartbeat interval), the others stand
+by and take over, adopting the running jobs, when the lease is not renewed for
+1.5 heartbeat intervals. See docs/subjects.md for the subjects.`,
 		Args: exactArgs(0),
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			stopTelemetry, err := c.startTelemetry(cmd.Context(), "streamd-controller")
@@ -35,13 +42,7 @@ heartbeats. Its job table lives in memory. See docs/subjects.md for the subjects
 			if err != nil {
 				return err
 			}
-			ctl, err := cluster.StartController(nc, opts)
-			if err != nil {
-				return err
-			}
-			defer ctl.Close()
-			<-cmd.Context().Done()
-			return nil
+			return c.runController(cmd.Context(), nc, opts)
 		},
 	}
 	c.natsFlags(cmd, c.clusterFlags(cmd, true)...)
@@ -58,8 +59,31 @@ func (c *cli) clusterFlags(cmd *cobra.Command, controller bool) []flagKey {
 	fl.Int("lost-after", cluster.DefaultLostAfter, "missed heartbeats after which a host is lost ("+keyLostAfter+")")
 	fl.Int("max-failovers", cluster.DefaultMaxFailovers, "restarts of one job after lost hosts before it fails ("+keyMaxFailovers+")")
 	fl.String("checkpoint-storage", "", "checkpoint storage of deployed jobs whose job file chooses none: dir or jetstream ("+keyCheckpointStorage+")")
+	fl.String("controller-id", "", "name of this controller in the leader lease ("+keyControllerID+"; default: hostname and a random suffix)")
+	fl.String("controller-bucket", cluster.DefaultControllerBucket, "JetStream key-value bucket of the job table and the lease ("+keyControllerBucket+")")
+	fl.Int("controller-replicas", 0, "replicas of that bucket when it is created; 0 = the NATS cluster's size, at most 5 ("+keyControllerReplicas+")")
 	return []flagKey{{"heartbeat-interval", keyHeartbeatInterval}, {"lost-after", keyLostAfter}, {"max-failovers", keyMaxFailovers},
-		{"checkpoint-storage", keyCheckpointStorage}}
+		{"checkpoint-storage", keyCheckpointStorage}, {"controller-id", keyControllerID}, {"controller-bucket", keyControllerBucket},
+		{"controller-replicas", keyControllerReplicas}}
+}
+
+// runController runs a controller until ctx ends. A controller that was
+// deposed (it lost its lease) stops acting at once; a new one then stands by
+// in its place.
+func (c *cli) runController(ctx context.Context, nc *nats.Conn, opts cluster.ControllerOptions) error {
+	for {
+		ctl, err := cluster.StartController(nc, opts)
+		if err != nil {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			ctl.Close()
+			return nil
+		case <-ctl.Done():
+			c.log.Warn("controller deposed; standing by again", "err", ctl.Err())
+		}
+	}
 }
 
 func (c *cli) controllerOptions() (cluster.ControllerOptions, error) {
@@ -81,7 +105,12 @@ func (c *cli) controllerOptions() (cluster.ControllerOptions, error) {
 	default:
 		return cluster.ControllerOptions{}, usagef("%s: %q: want dir or jetstream", keyCheckpointStorage, storage)
 	}
-	return cluster.ControllerOptions{Logger: c.log, HeartbeatInterval: hb, LostAfter: lost, MaxFailovers: fo, CheckpointStorage: storage}, nil
+	replicas, err := castInt(c.v.Get(keyControllerReplicas))
+	if err != nil || replicas < 0 || replicas > 5 {
+		return cluster.ControllerOptions{}, usagef("%s: want 0 (follow the NATS cluster) to 5, got %v", keyControllerReplicas, c.v.Get(keyControllerReplicas))
+	}
+	return cluster.ControllerOptions{Logger: c.log, HeartbeatInterval: hb, LostAfter: lost, MaxFailovers: fo, CheckpointStorage: storage,
+		ID: c.v.GetString(keyControllerID), Bucket: c.v.GetString(keyControllerBucket), Replicas: replicas}, nil
 }
 
 func (c *cli) positiveDuration(key string) (time.Duration, error) {

@@ -31,11 +31,14 @@ const (
 	keyNATSTLSCert  = "nats.tls.cert"
 	keyNATSTLSKey   = "nats.tls.key"
 
-	keyHeartbeatInterval = "cluster.heartbeat_interval"
-	keyLostAfter         = "cluster.lost_after"
-	keyMaxFailovers      = "cluster.max_failovers"
-	keyRequestTimeout    = "cluster.request_timeout"
-	keyCheckpointStorage = "checkpoint.storage"
+	keyHeartbeatInterval  = "cluster.heartbeat_interval"
+	keyLostAfter          = "cluster.lost_after"
+	keyMaxFailovers       = "cluster.max_failovers"
+	keyRequestTimeout     = "cluster.request_timeout"
+	keyCheckpointStorage  = "checkpoint.storage"
+	keyControllerID       = "controller.id"
+	keyControllerBucket   = "controller.bucket"
+	keyControllerReplicas = "controller.replicas"
 
 	keyHostID   = "host.id"
 	keySlots    = "host.slots"
@@ -49,7 +52,7 @@ const defaultNATSURL = "nats://127.0.0.1:4222"
 
 var clusterKeys = []string{keyNATSURL, keyNATSUser, keyNATSPassword, keyNATSToken, keyNATSNKey, keyNATSCreds,
 	keyNATSTLSCA, keyNATSTLSCert, keyNATSTLSKey, keyHeartbeatInterval, keyLostAfter, keyMaxFailovers,
-	keyRequestTimeout, keyCheckpointStorage, keyHostID, keySlots, keyDataDir, keyNATSPort, keyNATSHost}
+	keyRequestTimeout, keyCheckpointStorage, keyControllerID, keyControllerBucket, keyControllerReplicas, keyHostID, keySlots, keyDataDir, keyNATSPort, keyNATSHost}
 
 func init() { knownKeys = append(knownKeys, clusterKeys...) }
 
@@ -92,9 +95,11 @@ func (c *cli) natsFlags(cmd *cobra.Command, extra ...flagKey) {
 func (c *cli) clusterDefaults() {
 	v := c.v
 	v.SetDefault(keyNATSURL, defaultNATSURL)
-	for _, k := range []string{keyNATSUser, keyNATSPassword, keyNATSToken, keyNATSNKey, keyNATSCreds, keyNATSTLSCA, keyNATSTLSCert, keyNATSTLSKey, keyHostID, keyDataDir, keyCheckpointStorage} {
+	for _, k := range []string{keyNATSUser, keyNATSPassword, keyNATSToken, keyNATSNKey, keyNATSCreds, keyNATSTLSCA, keyNATSTLSCert, keyNATSTLSKey, keyHostID, keyDataDir, keyCheckpointStorage, keyControllerID} {
 		v.SetDefault(k, "")
 	}
+	v.SetDefault(keyControllerBucket, cluster.DefaultControllerBucket)
+	v.SetDefault(keyControllerReplicas, 0)
 	v.SetDefault(keyHeartbeatInterval, "1s")
 	v.SetDefault(keyLostAfter, cluster.DefaultLostAfter)
 	v.SetDefault(keyMaxFailovers, cluster.DefaultMaxFailovers)
@@ -208,7 +213,13 @@ func (c *cli) listCommand() *cobra.Command {
 				for _, j := range jobs {
 					fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%s\n", j.ID, j.Name, j.State, j.Attempt, orDash(strings.Join(j.Hosts, ",")), j.Created.Local().Format(time.DateTime))
 				}
-				return tw.Flush()
+				if err := tw.Flush(); err != nil {
+					return err
+				}
+				if len(jobs) > 0 && jobs[0].Leader != "" {
+					fmt.Fprintf(c.stdout, "controller %s leads (term %d)\n", jobs[0].Leader, jobs[0].Term)
+				}
+				return nil
 			})
 		},
 	}
@@ -292,6 +303,9 @@ func (c *cli) printStatus(st *cluster.JobStatus) {
 			line += ": " + a.Reason
 		}
 		fmt.Fprintln(w, line)
+	}
+	if st.Leader != "" {
+		fmt.Fprintf(w, "controller %s leads (term %d)\n", st.Leader, st.Term)
 	}
 }
 

@@ -7,7 +7,6 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/streamd/streamd/internal/cluster"
 	"github.com/streamd/streamd/internal/natsutil"
 )
 
@@ -78,11 +77,12 @@ func (c *cli) server(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	ctl, err := cluster.StartController(nc, opts)
-	if err != nil {
-		return err
-	}
-	defer ctl.Close()
+	// The controller's bucket is in the NATS store under data_dir: a server
+	// started again finds its jobs there and adopts those still running.
+	ctlDone := make(chan error, 1)
+	ctlCtx, stopCtl := context.WithCancel(ctx)
+	go func() { ctlDone <- c.runController(ctlCtx, nc, opts) }()
+	defer func() { stopCtl(); <-ctlDone }()
 	h, eng, err := c.startHost(ctx, nc, "local")
 	if err != nil {
 		return err
@@ -90,7 +90,14 @@ func (c *cli) server(ctx context.Context) error {
 	defer eng.Close(context.WithoutCancel(ctx))
 	defer h.Close()
 	c.log.Info("server ready", "nats", srv.URL(), "host", h.ID(), "slots", c.v.GetInt(keySlots), "data_dir", dir)
-	<-ctx.Done()
+	select {
+	case <-ctx.Done():
+	case err := <-ctlDone:
+		ctlDone <- err
+		if err != nil {
+			return fmt.Errorf("server: controller: %w", err)
+		}
+	}
 	c.log.Info("server stopping")
 	return nil
 }

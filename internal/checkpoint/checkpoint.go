@@ -47,8 +47,11 @@ type SubtaskState struct {
 
 // Metadata describes one completed checkpoint or savepoint.
 type Metadata struct {
-	Version   int                    `json:"version"`
-	Job       string                 `json:"job"`
+	Version int    `json:"version"`
+	Job     string `json:"job"`
+	// JobID is the id of the deployed job that wrote it; absent for a job
+	// that streamd run ran (and in checkpoints of earlier versions).
+	JobID     string                 `json:"job_id,omitempty"`
 	ID        int64                  `json:"id"`
 	Kind      control.CheckpointKind `json:"kind"`
 	Time      time.Time              `json:"time"`

@@ -535,8 +535,11 @@ func loadMetadata(dir string) (*Metadata, error) {
 // (chk-ID or savepoint-ID-SUFFIX with a _metadata) with the highest id in
 // it. Checkpoint and savepoint ids are one sequence per job, so that is the
 // last state the job committed output for. If the highest one has a corrupt
-// _metadata, that is the error (no fall back to an older one). The
-// metadata is read and verified; the blobs are not (see Verify).
+// _metadata, that is the error (no fall back to an older one). A directory
+// without any, whose subdirectories hold checkpoints (the checkpoint
+// directory of deployed jobs: one DIR/JOB_ID per job), resolves to the newest
+// of those jobs' newest ones by the time they completed. The metadata is read
+// and verified; the blobs are not (see Verify).
 func Resolve(path string) (*Metadata, error) {
 	fi, err := os.Stat(path)
 	if err != nil {
@@ -555,7 +558,43 @@ func Resolve(path string) (*Metadata, error) {
 	if strings.HasPrefix(base, chkPrefix) || strings.HasPrefix(base, savepointPrefix) {
 		return nil, fmt.Errorf("%w: %s is incomplete: it has no %s (the checkpoint never completed)", ErrNoCheckpoint, path, MetadataFile)
 	}
+	ents, err := listChk(path, true)
+	if err != nil || len(ents) > 0 {
+		return latestIn(path, true)
+	}
+	if md, err := latestOfJobs(path); md != nil || err != nil {
+		return md, err
+	}
 	return latestIn(path, true)
+}
+
+// latestOfJobs is the newest (by completion time, then id) of the newest
+// completed checkpoints or savepoints of root's job directories (those
+// holding chk-ID or savepoint-ID-SUFFIX directories); nil if there is none.
+func latestOfJobs(root string) (*Metadata, error) {
+	ents, err := os.ReadDir(root)
+	if err != nil {
+		return nil, fmt.Errorf("checkpoint: %w", err)
+	}
+	var best *Metadata
+	for _, e := range ents {
+		if !e.IsDir() {
+			continue
+		}
+		sub := filepath.Join(root, e.Name())
+		chk, err := listChk(sub, true)
+		if err != nil || !slices.ContainsFunc(chk, func(c chkEntry) bool { return c.complete }) {
+			continue
+		}
+		md, err := latestIn(sub, true)
+		if err != nil {
+			return nil, err
+		}
+		if best == nil || md.Time.After(best.Time) || md.Time.Equal(best.Time) && md.ID > best.ID {
+			best = md
+		}
+	}
+	return best, nil
 }
 
 // NewerThan returns the newest completed checkpoint or savepoint of job

@@ -444,3 +444,39 @@ func must(t *testing.T, err error) {
 		t.Fatal(err)
 	}
 }
+
+// The checkpoint directory of deployed jobs holds one directory per job
+// (DIR/JOB_ID): the directory resolves to the checkpoint that completed
+// last among the jobs' newest, whatever its id, and the job id recorded in
+// the metadata reads back.
+func TestResolveJobDirectories(t *testing.T) {
+	root := t.TempDir()
+	commit := func(job string, id int64, at time.Time) *Metadata {
+		d, err := OpenDir(filepath.Join(root, job))
+		if err != nil {
+			t.Fatal(err)
+		}
+		md := &Metadata{Version: FormatVersion, Job: "wc", JobID: job, ID: id, Kind: control.KindCheckpoint, Time: at.UTC(),
+			Operators: []OperatorMeta{{UID: "op", Parallelism: 1, MaxParallelism: 128, Subtasks: []SubtaskMeta{{Index: 0}}}}}
+		if err := d.Commit(context.Background(), md); err != nil {
+			t.Fatal(err)
+		}
+		return md
+	}
+	t0 := time.Unix(1700000000, 0)
+	commit("wc-aaaa", 9, t0)
+	want := commit("wc-bbbb", 2, t0.Add(time.Minute)) // later, lower id
+	if err := os.MkdirAll(filepath.Join(root, "empty-job"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	got, err := Resolve(root)
+	if err != nil || got.Location != want.Location || got.JobID != "wc-bbbb" {
+		t.Fatalf("Resolve(root) = %+v, %v; want wc-bbbb's chk-2 at %s", got, err, want.Location)
+	}
+	if _, err := Resolve(filepath.Join(root, "empty-job")); !errors.Is(err, ErrNoCheckpoint) {
+		t.Fatalf("Resolve(empty job dir) = %v, want ErrNoCheckpoint", err)
+	}
+	if _, err := Resolve(t.TempDir()); !errors.Is(err, ErrNoCheckpoint) {
+		t.Fatalf("Resolve(empty dir) = %v, want ErrNoCheckpoint", err)
+	}
+}

@@ -45,7 +45,18 @@ const (
 	// SubjectHostEvents: hosts report attempt state changes here (request/reply,
 	// the controller acknowledges).
 	SubjectHostEvents = "streamd.v1.hosts.events"
+	// SubjectLeader: the leading controller publishes a LeaderAnnounce here
+	// when it takes the lead and at every renewal of its lease; hosts
+	// refuse commands of older terms from then on.
+	SubjectLeader = "streamd.v1.hosts.leader"
 )
+
+// LeaderAnnounce (streamd.v1.hosts.leader) names the leading controller and
+// its term.
+type LeaderAnnounce struct {
+	ID   string `json:"id"`
+	Term uint64 `json:"term"`
+}
 
 // HostSubject is the subject on which host id receives verb from the
 // controller (request/reply): "assign", "cancel", "savepoint", "stop" or
@@ -196,6 +207,9 @@ type JobStatus struct {
 	Ended     *time.Time `json:"ended,omitempty"`
 	Elapsed   string     `json:"elapsed,omitempty"`   // of the current attempt's run, as the host measured it
 	Savepoint string     `json:"savepoint,omitempty"` // where a stopped job's savepoint is
+	// Leader is the controller that answered, leading in Term.
+	Leader string `json:"leader,omitempty"`
+	Term   uint64 `json:"term,omitempty"`
 
 	Operators []OperatorStatus `json:"operators"`
 	Attempts  []AttemptStatus  `json:"attempts,omitempty"`
@@ -257,8 +271,12 @@ type SubtaskRef struct {
 // subtask i of every operator with parallelism > i), so a host knows which
 // subtasks are local and where the remote ends of its channels are.
 type Assignment struct {
-	JobID     string       `json:"job_id"`
-	Attempt   int          `json:"attempt"`
+	JobID   string `json:"job_id"`
+	Attempt int    `json:"attempt"`
+	// Term is the assigning controller's term (every controller -> host
+	// request carries it): a host refuses requests of a term older than
+	// the newest it knows.
+	Term      uint64       `json:"term,omitempty"`
 	Job       JobSpec      `json:"job"`
 	Placement []string     `json:"placement"` // host of each slot
 	Local     []SubtaskRef `json:"local"`     // the subtasks this host runs
@@ -287,6 +305,7 @@ type AssignReply struct {
 type HostRequest struct {
 	JobID   string `json:"job_id"`
 	Attempt int    `json:"attempt"`
+	Term    uint64 `json:"term,omitempty"` // the controller's term (Assignment.Term)
 	Dir     string `json:"dir,omitempty"`
 	Drain   bool   `json:"drain,omitempty"`
 }

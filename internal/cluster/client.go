@@ -8,6 +8,7 @@ import (
 
 	"path/filepath"
 	"strings"
+	"time"
 
 	"github.com/nats-io/nats.go"
 
@@ -22,7 +23,17 @@ type Client struct {
 	// Log, if set, gets the client's warnings (deploy --from of a
 	// checkpoint older than one beside it).
 	Log *slog.Logger
+	// LeaderWait is how long a request waits for a controller to answer
+	// while none does (a standby taking over, a controller starting
+	// again): it is sent again until one answers; default
+	// DefaultLeaderWait, < 0: not at all.
+	LeaderWait time.Duration
 }
+
+// DefaultLeaderWait is the default of Client.LeaderWait: longer than a
+// takeover with the default heartbeat interval (1.5s without renewal, then
+// the job table's load).
+const DefaultLeaderWait = 10 * time.Second
 
 // NewClient uses nc for requests to the controller.
 func NewClient(nc *nats.Conn) (*Client, error) {
@@ -33,8 +44,49 @@ func NewClient(nc *nats.Conn) (*Client, error) {
 	return &Client{nc: nc, arts: arts}, nil
 }
 
+// readTryTimeout bounds one try of a read (list, status, hosts): a read
+// that a controller took but never answered (it was killed) is sent again.
+const readTryTimeout = time.Second
+
 func (c *Client) call(ctx context.Context, subject string, req, resp any, reply func() Reply) error {
-	if err := request(ctx, c.nc, subject, req, resp); err != nil {
+	return c.callTry(ctx, false, subject, req, resp, reply)
+}
+
+// read is call for a request that changes nothing: a try without an answer
+// is sent again too.
+func (c *Client) read(ctx context.Context, subject string, req, resp any, reply func() Reply) error {
+	return c.callTry(ctx, true, subject, req, resp, reply)
+}
+
+func (c *Client) callTry(ctx context.Context, read bool, subject string, req, resp any, reply func() Reply) error {
+	wait := c.LeaderWait
+	if wait == 0 {
+		wait = DefaultLeaderWait
+	}
+	deadline := time.Now().Add(wait)
+	delay := 50 * time.Millisecond
+	try := func() error {
+		if !read {
+			return request(ctx, c.nc, subject, req, resp)
+		}
+		tctx, cancel := context.WithTimeout(ctx, readTryTimeout)
+		defer cancel()
+		return request(tctx, c.nc, subject, req, resp)
+	}
+	err := try()
+	// Nobody received a request that found no responder: it is safe to
+	// send again, whatever it asks; a read is sent again after no answer.
+	for (errors.Is(err, nats.ErrNoResponders) || read && (errors.Is(err, context.DeadlineExceeded) || errors.Is(err, nats.ErrTimeout)) && ctx.Err() == nil) &&
+		time.Now().Add(delay).Before(deadline) {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(delay):
+		}
+		delay = min(2*delay, 500*time.Millisecond)
+		err = try()
+	}
+	if err != nil {
 		if errors.Is(err, nats.ErrNoResponders) {
 			return fmt.Errorf("cluster: no controller answers on %s (is `streamd controller` or `streamd server` running on this NATS server?)", c.nc.ConnectedUrlRedacted())
 		}
@@ -99,14 +151,14 @@ func (c *Client) DeployFrom(ctx context.Context, job *jobfile.Job, jobFile, from
 // List returns every job, newest first.
 func (c *Client) List(ctx context.Context) ([]JobStatus, error) {
 	var r ListReply
-	err := c.call(ctx, SubjectList, ListRequest{}, &r, func() Reply { return r.Reply })
+	err := c.read(ctx, SubjectList, ListRequest{}, &r, func() Reply { return r.Reply })
 	return r.Jobs, err
 }
 
 // Status returns one job's status.
 func (c *Client) Status(ctx context.Context, jobID string) (*JobStatus, error) {
 	var r JobReply
-	if err := c.call(ctx, SubjectStatus, JobRequest{JobID: jobID}, &r, func() Reply { return r.Reply }); err != nil {
+	if err := c.read(ctx, SubjectStatus, JobRequest{JobID: jobID}, &r, func() Reply { return r.Reply }); err != nil {
 		return nil, err
 	}
 	return r.Job, nil
@@ -138,6 +190,6 @@ func (c *Client) Stop(ctx context.Context, jobID, dir string, drain bool) (strin
 // Hosts lists the registered hosts.
 func (c *Client) Hosts(ctx context.Context) ([]HostStatus, error) {
 	var r HostsReply
-	err := c.call(ctx, SubjectHosts, struct{}{}, &r, func() Reply { return r.Reply })
+	err := c.read(ctx, SubjectHosts, struct{}{}, &r, func() Reply { return r.Reply })
 	return r.Hosts, err
 }

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/streamd/streamd/control"
 	"github.com/streamd/streamd/internal/jobfile"
@@ -44,6 +45,15 @@ type ControllerOptions struct {
 	// jobfile.StorageDir for their checkpoint directory,
 	// jobfile.StorageJetStream for the JetStream object store.
 	CheckpointStorage string
+	// ID names the controller in its lease; letters, digits, '-' and '_'.
+	// Default: the hostname and a random suffix.
+	ID string
+	// Bucket is the JetStream key-value bucket of the job table and the
+	// leader lease; default DefaultControllerBucket.
+	Bucket string
+	// Replicas of the bucket when it is created: 0 (default) follows the
+	// NATS cluster (its servers, at most 5; 1 without a cluster).
+	Replicas int
 }
 
 // Defaults of ControllerOptions.
@@ -72,6 +82,29 @@ type Controller struct {
 	wg     sync.WaitGroup // effects and the ticker
 	done   chan struct{}
 	closed bool
+
+	// Leadership and the bucket (ha.go).
+	id         string
+	kv         jetstream.KeyValue
+	term       uint64 // the term this controller leads; 0: it stands by
+	deposedErr error
+	ended      chan struct{}  // closed once stopped
+	lwg        sync.WaitGroup // the lease and persist loops
+	// Of the lease loop only.
+	seenRev, leaseRev uint64
+	seenAt, renewed   time.Time
+	// The job records to write (persistLoop), per job the version durable,
+	// closed and replaced whenever a record was written; revs (of
+	// persistLoop, and of lead before it) is each key's revision.
+	queue    map[string]queuedRecord
+	durable  map[string]uint64
+	savedCh  chan struct{}
+	saveWake chan struct{}
+	revs     map[string]uint64
+	// Right after taking the lead: no placing until the hosts of adopted
+	// attempts (awaiting) reported, or adoptUntil.
+	adoptUntil time.Time
+	awaiting   map[string]bool
 }
 
 type ctlHost struct {
@@ -137,6 +170,14 @@ type ctlJob struct {
 	// changes: stop and savepoint requests wait on it.
 	changed chan struct{}
 
+	// Kept in the job's record (ha.go): ver is the version last queued;
+	// latest the latest completed checkpoint or savepoint, restarts the
+	// restart strategy's state, as the job's loop last published them.
+	ver      uint64
+	resumed  bool // loaded from the bucket: an earlier term ran it
+	latest   *control.RestorePoint
+	restarts *control.RestartState
+
 	// dist is the controller's side of the job, set before its first
 	// attempt is placed: the controller drives every deployed job's
 	// checkpoints (dist.go), on one host or spread over several.
@@ -153,8 +194,11 @@ type ctlJob struct {
 	asking     map[string]bool
 }
 
-// StartController subscribes the controller to the control API and the host
-// subjects on nc and starts its ticker.
+// StartController starts a controller on nc: it opens (or creates) the
+// controller's bucket and takes the lease if nobody holds it, so it leads
+// on return; else it stands by and takes over once the leader's lease
+// lapses (ha.go). A leader subscribes to the control API and the host
+// subjects. The controller ends with Close, or when it is deposed (Done).
 func StartController(nc *nats.Conn, opts ControllerOptions) (*Controller, error) {
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler)
@@ -174,13 +218,49 @@ func StartController(nc *nats.Conn, opts ControllerOptions) (*Controller, error)
 	if opts.UnreportedAfter <= 0 {
 		opts.UnreportedAfter = DefaultUnreportedAfter
 	}
+	if opts.Bucket == "" {
+		opts.Bucket = DefaultControllerBucket
+	}
+	if opts.ID == "" {
+		opts.ID = newControllerID()
+	}
+	switch {
+	case !hostIDRE.MatchString(opts.ID):
+		return nil, fmt.Errorf("cluster: controller id %q: may contain only letters, digits, '-' and '_'", opts.ID)
+	case !plainKeyRE.MatchString(opts.Bucket):
+		return nil, fmt.Errorf("cluster: controller bucket %q: may contain only letters, digits, '-' and '_'", opts.Bucket)
+	case opts.Replicas < 0 || opts.Replicas > maxReplicas:
+		return nil, fmt.Errorf("cluster: controller bucket replicas %d: want 0 (follow the NATS cluster) to %d", opts.Replicas, maxReplicas)
+	}
 	switch opts.CheckpointStorage {
 	case "", jobfile.StorageDir, jobfile.StorageJetStream:
 	default:
 		return nil, fmt.Errorf("cluster: controller: checkpoint storage %q: want dir or jetstream", opts.CheckpointStorage)
 	}
-	c := &Controller{nc: nc, opts: opts, log: opts.Logger.With("component", "controller"),
-		jobs: map[string]*ctlJob{}, hosts: map[string]*ctlHost{}, done: make(chan struct{})}
+	ctx, cancel := context.WithTimeout(context.Background(), DefaultRetry.Total)
+	defer cancel()
+	kv, replicas, err := openControllerBucket(ctx, nc, opts.Bucket, opts.Replicas)
+	if err != nil {
+		return nil, err
+	}
+	c := &Controller{nc: nc, opts: opts, id: opts.ID, kv: kv, log: opts.Logger.With("component", "controller", "controller", opts.ID),
+		jobs: map[string]*ctlJob{}, hosts: map[string]*ctlHost{}, done: make(chan struct{}), ended: make(chan struct{}),
+		queue: map[string]queuedRecord{}, durable: map[string]uint64{}, revs: map[string]uint64{}, awaiting: map[string]bool{},
+		savedCh: make(chan struct{}), saveWake: make(chan struct{}, 1)}
+	c.lwg.Add(1)
+	go c.persistLoop()
+	c.tryLease()
+	c.lwg.Add(1)
+	go c.leaseLoop()
+	renew, expiry, _ := c.leaseTiming()
+	_, term := c.Leader()
+	c.log.Info("controller started", "nats", nc.ConnectedUrlRedacted(), "heartbeat_interval", opts.HeartbeatInterval, "lost_after", opts.LostAfter,
+		"bucket", opts.Bucket, "replicas", replicas, "lease_renewal", renew, "lease_expiry", expiry, "term", term, "leads", term != 0)
+	return c, nil
+}
+
+// subscribe subscribes the leader to the control API and the host subjects.
+func (c *Controller) subscribe() error {
 	handlers := map[string]nats.MsgHandler{
 		SubjectDeploy:     c.handleDeploy,
 		SubjectList:       c.handleList,
@@ -197,47 +277,69 @@ func StartController(nc *nats.Conn, opts ControllerOptions) (*Controller, error)
 		subjects = append(subjects, s)
 	}
 	sort.Strings(subjects)
+	c.mu.Lock()
+	defer c.mu.Unlock()
 	for _, s := range subjects {
 		// Requests that wait on hosts (cancel, savepoint, stop) must not hold
 		// up the others: each subscription has its own goroutine in nats.go.
-		sub, err := nc.Subscribe(s, handlers[s])
+		sub, err := c.nc.Subscribe(s, handlers[s])
 		if err != nil {
-			c.unsubscribe()
-			return nil, fmt.Errorf("cluster: controller: subscribe %s: %w", s, err)
+			return fmt.Errorf("cluster: controller: subscribe %s: %w", s, err)
 		}
 		c.subs = append(c.subs, sub)
 	}
-	if err := nc.Flush(); err != nil {
-		c.unsubscribe()
-		return nil, fmt.Errorf("cluster: controller: %w", err)
+	if err := c.nc.Flush(); err != nil {
+		return fmt.Errorf("cluster: controller: %w", err)
 	}
-	c.wg.Add(1)
-	go c.ticker()
-	c.log.Info("controller started", "nats", nc.ConnectedUrlRedacted(), "heartbeat_interval", opts.HeartbeatInterval, "lost_after", opts.LostAfter)
-	return c, nil
+	return nil
 }
 
 func (c *Controller) unsubscribe() {
-	for _, s := range c.subs {
+	c.mu.Lock()
+	subs := c.subs
+	c.subs = nil
+	c.mu.Unlock()
+	for _, s := range subs {
 		_ = s.Unsubscribe()
 	}
-	c.subs = nil
 }
 
-// Close stops the controller: it unsubscribes and waits for its goroutines.
-// Jobs keep running on their hosts; the job table is lost (it lives in
-// memory).
-func (c *Controller) Close() {
+// Close stops the controller: it unsubscribes, gives its lease up (a
+// standby takes over at once) and waits for its goroutines. Jobs keep
+// running on their hosts; the next leader adopts them.
+func (c *Controller) Close() { c.shutdown(true) }
+
+// shutdown stops the controller; release: give the lease up (not when
+// deposed: it is someone else's).
+func (c *Controller) shutdown(release bool) {
 	c.mu.Lock()
 	if c.closed {
 		c.mu.Unlock()
+		<-c.ended
 		return
 	}
 	c.closed = true
+	leading := c.term != 0
 	close(c.done)
+	close(c.savedCh)
+	c.savedCh = make(chan struct{})
+	var dists []*distJob
+	for _, j := range c.jobs {
+		if j.dist != nil {
+			dists = append(dists, j.dist)
+		}
+	}
 	c.mu.Unlock()
 	c.unsubscribe()
+	for _, dj := range dists {
+		dj.halt()
+	}
+	c.lwg.Wait()
+	if release && leading {
+		c.resign(true)
+	}
 	c.wg.Wait()
+	close(c.ended)
 }
 
 func (c *Controller) ticker() {
@@ -261,6 +363,12 @@ func (c *Controller) ticker() {
 type effect func()
 
 func (c *Controller) run(effects []effect) {
+	c.mu.Lock()
+	stopped := c.closed || c.deposedErr != nil
+	c.mu.Unlock()
+	if stopped {
+		return // a controller that stopped (deposed) acts no more
+	}
 	for _, e := range effects {
 		c.wg.Add(1)
 		go func() {
@@ -400,14 +508,19 @@ func (c *Controller) slotsFreed(id string, ref AttemptRef, why string) {
 }
 
 // changedLocked wakes the requests waiting on a change of j.
+// The job's record is saved with every such change.
 func (c *Controller) changedLocked(j *ctlJob) {
 	close(j.changed)
 	j.changed = make(chan struct{})
+	c.saveLocked(j)
 }
 
 // scheduleLocked places waiting jobs, oldest first, and returns the
 // assignments to send.
 func (c *Controller) scheduleLocked(now time.Time) []effect {
+	if c.term == 0 || c.closed || c.adoptionLocked(now) {
+		return nil
+	}
 	var effects []effect
 	for _, jid := range c.order {
 		j := c.jobs[jid]
@@ -442,7 +555,7 @@ func (c *Controller) scheduleLocked(now time.Time) []effect {
 		j.updated = now
 		j.attempts = append(j.attempts, AttemptStatus{Attempt: j.attempt, Hosts: p.Hosts(), State: SubtaskDeploying})
 		c.log.Info("job scheduled", "job", j.id, "attempt", j.attempt, "hosts", p.Hosts(), "slots", j.slots)
-		effects = append(effects, c.assignEffects(j)...)
+		effects = append(effects, c.assignEffects(j, c.saveLocked(j))...)
 	}
 	return effects
 }
@@ -450,9 +563,9 @@ func (c *Controller) scheduleLocked(now time.Time) []effect {
 // prepareDist returns the effect that sets up the controller side of job j,
 // which the scheduler found must be spread over hosts (j.preparing is set).
 func (c *Controller) prepareDist(j *ctlJob) effect {
-	id, spec, from, attempt := j.id, j.spec, j.from, j.attempt
+	id, spec, from, attempt, resumed := j.id, j.spec, j.restoreFrom(), j.attempt, j.resumed
 	return func() {
-		dj, err := c.newDistJob(id, spec, from, attempt)
+		dj, err := c.newDistJob(id, spec, from, attempt, resumed, nil)
 		now := time.Now()
 		c.mu.Lock()
 		j.preparing = false
@@ -476,10 +589,12 @@ func (c *Controller) prepareDist(j *ctlJob) effect {
 // assignEffects sends the current attempt of j to each of its hosts. The
 // job's loop records the attempt first (dist.deploy: after any failover
 // queued before it, so the restore is the latest checkpoint the failed
-// attempt completed), then the assignments go out.
-func (c *Controller) assignEffects(j *ctlJob) []effect {
+// attempt completed) and waits until version ver of the job's record, which
+// has the attempt and its placement, is in the bucket (a later leader never
+// reuses the attempt number); then the assignments go out.
+func (c *Controller) assignEffects(j *ctlJob, ver uint64) []effect {
 	p := *j.placement
-	dj, id, attempt, spec := j.dist, j.id, j.attempt, j.spec
+	dj, id, attempt, spec, term := j.dist, j.id, j.attempt, j.spec, c.term
 	locals := map[string][]SubtaskRef{}
 	for _, v := range spec.Vertices {
 		for i := 0; i < v.Parallelism; i++ {
@@ -488,10 +603,14 @@ func (c *Controller) assignEffects(j *ctlJob) []effect {
 	}
 	dj.post(func() {
 		restore := dj.deploy(attempt, p)
+		if err := c.saved(id, ver); err != nil {
+			dj.log.Warn("attempt not assigned", "attempt", attempt, "err", err)
+			return
+		}
 		tr := dj.attemptTrace()
 		var effects []effect
 		for _, h := range p.Hosts() {
-			a := Assignment{JobID: id, Attempt: attempt, Job: spec, Placement: p.Slots, Distributed: true, Restore: restore, Trace: tr, Local: locals[h]}
+			a := Assignment{JobID: id, Attempt: attempt, Term: term, Job: spec, Placement: p.Slots, Distributed: true, Restore: restore, Trace: tr, Local: locals[h]}
 			effects = append(effects, func() {
 				var r AssignReply
 				err := requestTimeout(c.nc, HostSubject(h, HostVerbAssign), c.opts.RequestTimeout, a, &r)
@@ -603,7 +722,7 @@ func (c *Controller) cancelEffects(j *ctlJob, skip string) []effect {
 		if h == skip {
 			continue
 		}
-		req := HostRequest{JobID: j.id, Attempt: j.attempt}
+		req := HostRequest{JobID: j.id, Attempt: j.attempt, Term: c.term}
 		effects = append(effects, func() {
 			var r Reply
 			err := requestTimeout(c.nc, HostSubject(h, HostVerbCancel), c.opts.RequestTimeout, req, &r)
@@ -694,19 +813,35 @@ func (c *Controller) handleDeploy(msg *nats.Msg) {
 	for c.jobs[j.id] != nil {
 		j.id = newJobID(req.Job.Name)
 	}
+	j.spec.ownFiles(j.id)
 	c.jobs[j.id] = j
 	c.order = append(c.order, j.id)
 	c.log.Info("job deployed", "job", j.id, "name", j.spec.Name, "slots", j.slots)
+	ver := c.saveLocked(j)
 	effects := c.scheduleLocked(now)
 	c.mu.Unlock()
-	respond(msg, DeployReply{JobID: j.id})
 	c.run(effects)
+	// The job is in the bucket before its id is given out.
+	if err := c.saved(j.id, ver); err != nil {
+		respond(msg, DeployReply{Reply: Reply{Error: fmt.Sprintf("cluster: deploy: job %s not saved: %v", j.id, err)}})
+		return
+	}
+	respond(msg, DeployReply{JobID: j.id})
 }
 
+// newJobID is the job's name, with every byte but letters, digits, '-' and
+// '_' replaced by '_' (the id names a directory and goes into NATS subjects
+// and file names), then '-' and 8 random hex digits.
 func newJobID(name string) string {
 	var b [4]byte
 	_, _ = rand.Read(b[:])
-	return name + "-" + hex.EncodeToString(b[:])
+	safe := []byte(name)
+	for i, c := range safe {
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' || c == '_') {
+			safe[i] = '_'
+		}
+	}
+	return string(safe) + "-" + hex.EncodeToString(b[:])
 }
 
 func (c *Controller) handleList(msg *nats.Msg) {
@@ -848,17 +983,38 @@ func (c *Controller) handleHosts(msg *nats.Msg) {
 
 // ---- host messages ----
 
-func (c *Controller) handleHeartbeat(msg *nats.Msg) {
+// checkHeartbeat decodes a heartbeat and checks its values: a host id as
+// StartHost allows, 1 to MaxSlots slots, an interval (default the
+// controller's) from 1ms to 1h. Nothing out of range registers a host.
+func (c *Controller) checkHeartbeat(data []byte) (Heartbeat, time.Duration, error) {
 	var hb Heartbeat
-	if err := json.Unmarshal(msg.Data, &hb); err != nil || hb.HostID == "" {
-		c.log.Warn("bad heartbeat", "err", err)
+	if err := json.Unmarshal(data, &hb); err != nil {
+		return hb, 0, fmt.Errorf("not a heartbeat: %w", err)
+	}
+	if !hostIDRE.MatchString(hb.HostID) {
+		return hb, 0, fmt.Errorf("host id %q: want 1 to 128 letters, digits, '-' and '_'", hb.HostID)
+	}
+	if hb.Slots < 1 || hb.Slots > MaxSlots {
+		return hb, 0, fmt.Errorf("host %s: slots %d out of range [1, %d]", hb.HostID, hb.Slots, MaxSlots)
+	}
+	interval := c.opts.HeartbeatInterval
+	if hb.Interval != "" {
+		d, err := time.ParseDuration(hb.Interval)
+		if err != nil || d < time.Millisecond || d > time.Hour {
+			return hb, 0, fmt.Errorf("host %s: heartbeat interval %q: want a duration from 1ms to 1h", hb.HostID, hb.Interval)
+		}
+		interval = d
+	}
+	return hb, interval, nil
+}
+
+func (c *Controller) handleHeartbeat(msg *nats.Msg) {
+	hb, interval, err := c.checkHeartbeat(msg.Data)
+	if err != nil {
+		c.log.Warn("heartbeat refused", "err", err)
 		return
 	}
 	now := time.Now()
-	interval, err := time.ParseDuration(hb.Interval)
-	if err != nil || interval <= 0 {
-		interval = c.opts.HeartbeatInterval
-	}
 	c.mu.Lock()
 	h := c.hosts[hb.HostID]
 	wasLost := false
@@ -872,6 +1028,7 @@ func (c *Controller) handleHeartbeat(msg *nats.Msg) {
 		c.log.Info("host is back", "host", hb.HostID, "slots", hb.Slots)
 	}
 	h.slots, h.interval, h.lastSeen, h.lost = hb.Slots, interval, now, false
+	delete(c.awaiting, hb.HostID)
 	c.reconcileSlotsLocked(h, hb, wasLost, now)
 	// A host that runs an attempt the controller no longer wants there (it
 	// was lost and its jobs moved, or the job ended) is told to cancel it.
@@ -881,7 +1038,7 @@ func (c *Controller) handleHeartbeat(msg *nats.Msg) {
 		if j != nil && j.attempt == r.Attempt && j.placement != nil && contains(j.placement.Slots, hb.HostID) && !TerminalJobState(j.state) {
 			continue
 		}
-		req := HostRequest{JobID: r.JobID, Attempt: r.Attempt}
+		req := HostRequest{JobID: r.JobID, Attempt: r.Attempt, Term: c.term}
 		hostID := hb.HostID
 		c.log.Info("host runs a stale attempt; canceling it", "host", hostID, "job", r.JobID, "attempt", r.Attempt)
 		effects = append(effects, func() {
@@ -975,7 +1132,7 @@ func (c *Controller) checkUnreportedLocked(hb Heartbeat, h *ctlHost, now time.Ti
 			continue
 		}
 		j.asking[h.id] = true
-		req, host := HostRequest{JobID: j.id, Attempt: j.attempt}, h.id
+		req, host := HostRequest{JobID: j.id, Attempt: j.attempt, Term: c.term}, h.id
 		c.log.Warn("host no longer runs an attempt whose end it did not report; asking for its outcome",
 			"host", host, "job", j.id, "attempt", j.attempt, "heartbeats", j.unlisted[host])
 		effects = append(effects, func() {
@@ -1173,7 +1330,8 @@ func (c *Controller) setAttemptState(j *ctlJob, state, reason string) {
 func (c *Controller) statusLocked(j *ctlJob) JobStatus {
 	st := JobStatus{ID: j.id, Name: j.spec.Name, State: j.state, Reason: j.reason, Attempt: j.attempt,
 		Slots: j.slots, Created: j.created, Updated: j.updated, Ended: j.ended, Elapsed: j.elapsed, Savepoint: j.savepoint,
-		Attempts: append([]AttemptStatus(nil), j.attempts...), Checkpoints: append([]runtime.CheckpointStats(nil), j.checkpoints...)}
+		Attempts: append([]AttemptStatus(nil), j.attempts...), Checkpoints: append([]runtime.CheckpointStats(nil), j.checkpoints...),
+		Leader: c.id, Term: c.term}
 	if j.dist != nil && j.dist.d != nil {
 		st.Checkpoints = j.dist.d.Recent() // the controller drives its checkpoints
 	}

@@ -113,8 +113,15 @@ type TaskCommand struct {
 	Command runtime.Command   `json:"command"`
 	// Seq numbers the commands to one host in one attempt (1, 2, ...): a
 	// command sent again after a lost answer is recognized and not applied
-	// twice. 0: unnumbered.
+	// twice. 0: unnumbered. Each controller term numbers from 1 again.
 	Seq uint64 `json:"seq,omitempty"`
+	// Term is the sending controller's term: a host takes commands of the
+	// newest term it knows only.
+	Term uint64 `json:"term,omitempty"`
+	// Resync (with no command): a new leader took the attempt over; the
+	// host reports its subtasks' lifecycle again (running, end of data,
+	// finished), as its new checkpoint coordinator has not heard them.
+	Resync bool `json:"resync,omitempty"`
 }
 
 // ---- host side ----
@@ -193,7 +200,9 @@ func (e *LocalExecutor) startDistributed(ctx context.Context, r ExecRequest) (Ex
 	}
 	nc := r.Conn
 	events := newReliableQueue(nc, TaskEventsSubject(r.JobID, r.Attempt), r.Logger)
-	report := func(ev control.Event) {
+	var lifeMu sync.Mutex
+	var life []control.Event // the subtasks' lifecycle events so far, for a resync
+	send := func(ev control.Event) {
 		te, err := newTaskEvent(r.HostID, ev)
 		if err == nil {
 			err = events.send(func(seq uint64) ([]byte, error) {
@@ -205,7 +214,17 @@ func (e *LocalExecutor) startDistributed(ctx context.Context, r ExecRequest) (Ex
 			r.Logger.Warn("subtask event not sent", "event", ev.String(), "err", err)
 		}
 	}
-	var lastCmd uint64 // of the command subscription's goroutine
+	// report sends ev; lifeMu orders it with a resync's events.
+	report := func(ev control.Event) {
+		lifeMu.Lock()
+		defer lifeMu.Unlock()
+		switch ev.(type) {
+		case control.TaskRunning, control.TaskEndOfData, control.TaskFinished:
+			life = append(life, ev)
+		}
+		send(ev)
+	}
+	var lastCmd, cmdTerm uint64 // of the command subscription's goroutine
 	ready := make(chan struct{})
 	var att *runtime.Attempt
 	sub, err := nc.Subscribe(TaskCommandSubject(r.JobID, r.Attempt, r.HostID), func(m *nats.Msg) {
@@ -220,11 +239,30 @@ func (e *LocalExecutor) startDistributed(ctx context.Context, r ExecRequest) (Ex
 			respond(m, Reply{Error: "cluster: bad command: " + err.Error()})
 			return
 		}
+		if err := r.fence(tc.Term); err != nil || tc.Term < cmdTerm {
+			if err == nil {
+				err = fmt.Errorf("cluster: host %s: command of controller term %d refused: term %d leads", r.HostID, tc.Term, cmdTerm)
+			}
+			respond(m, Reply{Error: err.Error()})
+			return
+		}
 		defer respond(m, Reply{})
+		if tc.Term > cmdTerm {
+			cmdTerm, lastCmd = tc.Term, 0 // a new leader numbers its commands from 1
+		}
 		if att == nil || tc.Seq != 0 && tc.Seq <= lastCmd {
 			return // a repeat of a command already applied
 		}
 		lastCmd = max(lastCmd, tc.Seq)
+		if tc.Resync {
+			lifeMu.Lock()
+			r.Logger.Info("reporting the subtasks' state to a new controller", "term", tc.Term, "events", len(life))
+			for _, ev := range life {
+				send(ev)
+			}
+			lifeMu.Unlock()
+			return
+		}
 		if !att.Command(tc.Subtask, tc.Command) && tc.Command.Kind == runtime.CommandTrigger {
 			report(control.TriggerFailed{CheckpointID: tc.Command.ID, Subtask: tc.Subtask, Reason: "the subtask has finished"})
 		}
@@ -267,11 +305,16 @@ type distJob struct {
 	sub   *nats.Subscription
 	d     *runtime.Driver // the job's lifecycle and (ckpt) coordinator; stepped by the loop only
 	ckpt  bool            // the job checkpoints
+	term  uint64          // the controller's term: sent with every command
 
 	// Of the loop only.
 	restore string  // the checkpoint the next attempt restores from (the lifecycle's choice)
 	obs     distObs // the attempt, failover and restore spans (trace.go)
 	running bool    // the coordinator saw every subtask of the attempt running
+	// published: the latest restore point and restart count last told to
+	// the controller (for the job's record).
+	pubLatest   int64
+	pubRestarts int
 
 	jl *runtime.JobLoop // the job's one goroutine
 
@@ -287,6 +330,7 @@ type distJob struct {
 	awaitRestart bool                      // a task failure: the controller waits for the lifecycle to restart the job
 	stopSP       string                    // the location of that stop's savepoint, once complete
 	closed       bool
+	adopted      bool // the current attempt was taken over from another controller term
 	// The driver's outcome, published by the loop after each step.
 	done     *control.JobDone
 	savepath string
@@ -294,12 +338,19 @@ type distJob struct {
 
 // newDistJob makes the controller side of job id, spread over hosts from
 // attempt `attempt` on (called without c.mu: it opens the checkpoint store).
-func (c *Controller) newDistJob(id string, spec JobSpec, from string, attempt int) (*distJob, error) {
+// resumed: an earlier controller term ran the job (it was loaded from the
+// bucket); from is its latest restore point as recorded, and the store's
+// latest completed checkpoint counts too when it is newer (the record may
+// lag; retention may have removed the recorded one). With takeover,
+// attempt runs already: the job's lifecycle takes it over (adopt sends
+// nothing but a resync to its hosts), and the checkpoint ids skip those the
+// previous leader may have triggered.
+func (c *Controller) newDistJob(id string, spec JobSpec, from string, attempt int, resumed bool, takeover *runtime.Takeover) (*distJob, error) {
 	g, err := spec.Graph(func(a Artifact) (string, error) { return "/" + a.Name, nil })
 	if err != nil {
 		return nil, err
 	}
-	dj := &distJob{c: c, id: id, g: g, log: c.log.With("job", id), tick: runtime.DefaultTick, finished: map[string]bool{}}
+	dj := &distJob{c: c, id: id, g: g, log: c.log.With("job", id), tick: runtime.DefaultTick, finished: map[string]bool{}, term: c.leaderTerm()}
 	// The job's lifecycle (control.Lifecycle) decides its restarts and
 	// what each attempt restores; with checkpointing it runs the
 	// coordinator too.
@@ -314,7 +365,10 @@ func (c *Controller) newDistJob(id string, spec JobSpec, from string, attempt in
 		}
 		dj.store, dj.ckpt = store, true
 		co = runtime.NewCheckpointOptions(cs, discardLater{Store: store, c: c, log: dj.log})
-		co.Tick = dj.tick
+		co.Tick, co.JobID = dj.tick, id
+		if takeover != nil {
+			co.SkipIDs = int64(max(cs.MaxConcurrent, 1))
+		}
 		co.OnComplete = func(md *checkpoint.Metadata) {
 			// Called by the driver, in the loop.
 			dj.mu.Lock()
@@ -333,22 +387,36 @@ func (c *Controller) newDistJob(id string, spec JobSpec, from string, attempt in
 		// from, and checkpoint ids go on after it, so they never repeat
 		// those of its earlier run (file sinks name their committed files by
 		// checkpoint id).
+		var latest *checkpoint.Metadata
+		if resumed {
+			if latest, err = store.Latest(ctx); err != nil && !errors.Is(err, checkpoint.ErrNoCheckpoint) {
+				return nil, fmt.Errorf("cluster: job %s: the latest checkpoint in %s: %w", id, storeName(store), err)
+			}
+		}
 		if from != "" {
 			md, _, err := ResolveIn(ctx, c.nc, from)
-			if err != nil {
+			switch {
+			case err == nil:
+				fromRS = &checkpoint.Restore{Metadata: md}
+			case latest == nil:
 				return nil, fmt.Errorf("cluster: job %s: the checkpoint it was deployed from: %w", id, err)
+			default:
+				dj.log.Info("the recorded restore point is gone; the latest checkpoint in the store is newer", "recorded", from, "latest", latest.Location)
 			}
-			fromRS = &checkpoint.Restore{Metadata: md}
+		}
+		if latest != nil && (fromRS == nil || latest.ID > fromRS.Metadata.ID) {
+			fromRS = &checkpoint.Restore{Metadata: latest}
 		}
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), DefaultRetry.Total)
 	defer cancel()
-	dj.d, err = runtime.NewJobDriver(ctx, g, co, fromRS, spec.Restart, attempt, uint64(time.Now().UnixNano()), dj.log, nil)
+	dj.d, err = runtime.NewJobDriver(ctx, g, co, fromRS, spec.Restart, attempt, takeover, uint64(time.Now().UnixNano()), dj.log, nil)
 	if err != nil {
 		return nil, err
 	}
 	dj.jl = runtime.NewJobLoop(dj.d, dj, dj.tick, c.done)
 	dj.d.Step(nil, control.StartJob{}) // the loop has not started: its first StartAttempt sets restore
+	dj.adopted = takeover != nil
 	dj.sub, err = c.nc.Subscribe(PrefixTask+"."+id+".*.events", dj.onEvent)
 	if err != nil {
 		return nil, fmt.Errorf("cluster: job %s: subscribe to subtask events: %w", id, err)
@@ -393,6 +461,39 @@ func (dj *distJob) step(ev control.Event) {
 	}
 	if done != nil {
 		go dj.c.maybeEndDist(dj.id)
+	}
+	lc := dj.d.Lifecycle()
+	if l := lc.Latest(); (l != nil && l.ID != dj.pubLatest) || lc.Restarts() != dj.pubRestarts {
+		var latest *control.RestorePoint
+		if l != nil {
+			p := *l
+			latest, dj.pubLatest = &p, l.ID
+		}
+		rs := lc.RestartState()
+		dj.pubRestarts = rs.Restarts
+		go dj.c.lifecycleState(dj.id, latest, rs)
+	}
+}
+
+// lifecycleState keeps what the job's lifecycle knows in its record: the
+// latest restore point (what a new leader's next attempt restores) and the
+// restart strategy's state.
+func (c *Controller) lifecycleState(jobID string, latest *control.RestorePoint, rs control.RestartState) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	j := c.jobs[jobID]
+	if j == nil || TerminalJobState(j.state) {
+		return
+	}
+	changed := false
+	if latest != nil && (j.latest == nil || latest.ID > j.latest.ID) {
+		j.latest, changed = latest, true
+	}
+	if j.restarts == nil || rs.Restarts >= j.restarts.Restarts {
+		j.restarts, changed = &rs, true
+	}
+	if changed {
+		c.saveLocked(j)
 	}
 }
 
@@ -491,18 +592,57 @@ func (t distTarget) Command(id control.SubtaskID, c runtime.Command) bool {
 	if dj.attempt != t.attempt || !dj.active {
 		return true // the attempt is over: its commands go nowhere
 	}
-	q := dj.cmds[h]
-	if q == nil {
-		q = newReliableQueue(dj.c.nc, TaskCommandSubject(dj.id, t.attempt, h), dj.log)
-		dj.cmds[h] = q
-	}
+	q := dj.cmdQueue(h)
 	err := q.send(func(seq uint64) ([]byte, error) {
-		return json.Marshal(TaskCommand{Subtask: id, Command: c, Seq: seq})
+		return json.Marshal(TaskCommand{Subtask: id, Command: c, Seq: seq, Term: dj.term})
 	})
 	if err != nil {
 		dj.log.Warn("command not sent", "host", h, "subtask", id, "err", err)
 	}
 	return true
+}
+
+// cmdQueue is the command queue of the current attempt to host h (dj.mu
+// held).
+func (dj *distJob) cmdQueue(h string) *reliableQueue {
+	q := dj.cmds[h]
+	if q == nil {
+		q = newReliableQueue(dj.c.nc, TaskCommandSubject(dj.id, dj.attempt, h), dj.log)
+		dj.cmds[h] = q
+	}
+	return q
+}
+
+// adopt takes over attempt, which runs on placement p (a new leader): the
+// attempt is recorded as deployed, and its hosts are asked to report their
+// subtasks' lifecycle again, for the coordinator.
+func (dj *distJob) adopt(attempt int, p control.Placement) {
+	dj.post(func() {
+		dj.deploy(attempt, p)
+		dj.mu.Lock()
+		defer dj.mu.Unlock()
+		if !dj.ckpt {
+			return
+		}
+		for _, h := range p.Hosts() {
+			err := dj.cmdQueue(h).send(func(seq uint64) ([]byte, error) {
+				return json.Marshal(TaskCommand{Seq: seq, Term: dj.term, Resync: true})
+			})
+			if err != nil {
+				dj.log.Warn("resync not sent", "host", h, "err", err)
+			}
+		}
+	})
+}
+
+// halt stops the job's messages at once (the controller stopped or was
+// deposed): no more events taken, no more commands sent. The job runs on;
+// the next leader adopts it.
+func (dj *distJob) halt() {
+	_ = dj.sub.Unsubscribe()
+	dj.mu.Lock()
+	dj.stopCommands()
+	dj.mu.Unlock()
 }
 
 // stopCommands ends the command queues of the attempt (dj.mu held).
@@ -584,6 +724,9 @@ func (c *Controller) distRunning(jobID string, attempt int) {
 // location it restores from.
 func (dj *distJob) deploy(attempt int, p control.Placement) string {
 	dj.mu.Lock()
+	if attempt != dj.attempt {
+		dj.adopted = false
+	}
 	dj.attempt, dj.placement, dj.active = attempt, p, true
 	dj.stopping = false // stopSP stays: a failed stop's error names it
 	dj.finished = map[string]bool{}
@@ -752,8 +895,15 @@ func (c *Controller) maybeEndDist(jobID string) {
 		all = all && dj.finished[h]
 	}
 	done, savepoint := dj.done, dj.savepath
+	adopted := dj.adopted
 	dj.mu.Unlock()
-	if !all || (dj.ckpt && done == nil) {
+	if all && dj.ckpt && done == nil && adopted {
+		// Taken over from another controller, and every host's part ended
+		// well before the coordinator heard every subtask again (their
+		// last events went to the old leader): a subtask finishes only
+		// after its final checkpoint, so the job is done.
+		c.log.Info("every host finished its part of the adopted attempt", "job", j.id, "attempt", j.attempt)
+	} else if !all || (dj.ckpt && done == nil) {
 		return
 	}
 	if done != nil && done.State == control.JobStopped {

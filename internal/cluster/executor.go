@@ -39,6 +39,17 @@ type ExecRequest struct {
 	// MaxRecordBytes is the job's max_record_bytes (JobSpec); 0: the
 	// executor's.
 	MaxRecordBytes int
+	// Fence, if set, refuses a command of controller term `term` when the
+	// host knows a newer term (the host's fencing; raises the host's term
+	// otherwise).
+	Fence func(term uint64) error
+}
+
+func (r ExecRequest) fence(term uint64) error {
+	if r.Fence == nil {
+		return nil
+	}
+	return r.Fence(term)
 }
 
 // Executor runs subtasks on a host. Start returns once the execution has

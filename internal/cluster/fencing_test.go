@@ -87,7 +87,7 @@ func (e *slowExecutor) waitFor(t *testing.T, what string, cond func() bool) {
 
 func testNATS(t *testing.T) *nats.Conn {
 	t.Helper()
-	srv, err := natsutil.StartEmbedded(natsutil.EmbeddedOptions{Port: -1, NoLog: true, NoJetStream: true})
+	srv, err := natsutil.StartEmbedded(natsutil.EmbeddedOptions{Port: -1, NoLog: true})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -53,7 +53,10 @@ type HostOptions struct {
 // DefaultOutcomes is the default of HostOptions.Outcomes.
 const DefaultOutcomes = 64
 
-var hostIDRE = regexp.MustCompile(`^[A-Za-z0-9_-]+$`)
+var hostIDRE = regexp.MustCompile(`^[A-Za-z0-9_-]{1,128}$`)
+
+// MaxSlots is the most slots one host may offer.
+const MaxSlots = 1024
 
 // Host is a host agent: it registers with the controller by heartbeats, runs
 // the attempts assigned to it and reports their state.
@@ -66,8 +69,13 @@ type Host struct {
 	ctx    context.Context
 	cancel context.CancelFunc
 
-	mu      sync.Mutex // guards runs, floor and closed
-	runs    map[AttemptRef]*hostRun
+	mu   sync.Mutex // guards runs, floor, term and closed
+	runs map[AttemptRef]*hostRun
+	// term is the newest controller term this host knows (from the
+	// leader's announcements and requests), leader its controller: requests
+	// of older terms are refused.
+	term    uint64
+	leader  string
 	floor   map[string]int           // per job, the oldest attempt that may still start here (older ones are fenced)
 	ends    map[AttemptRef]HostEvent // final reports of the latest attempts (at most opts.Outcomes)
 	endList []AttemptRef             // the keys of ends, oldest first
@@ -114,8 +122,8 @@ func StartHost(nc *nats.Conn, opts HostOptions) (*Host, error) {
 	if opts.Slots == 0 {
 		opts.Slots = 1
 	}
-	if opts.Slots < 0 {
-		return nil, fmt.Errorf("cluster: host %s: slots %d < 0", opts.ID, opts.Slots)
+	if opts.Slots < 0 || opts.Slots > MaxSlots {
+		return nil, fmt.Errorf("cluster: host %s: slots %d out of range [1, %d]", opts.ID, opts.Slots, MaxSlots)
 	}
 	if opts.DataDir == "" {
 		return nil, fmt.Errorf("cluster: host %s: no data directory", opts.ID)
@@ -145,14 +153,15 @@ func StartHost(nc *nats.Conn, opts HostOptions) (*Host, error) {
 	h := &Host{nc: nc, opts: opts, log: opts.Logger.With("component", "host", "host", opts.ID), arts: arts,
 		runs: map[AttemptRef]*hostRun{}, floor: map[string]int{}, ends: map[AttemptRef]HostEvent{}, release: make(chan struct{})}
 	h.ctx, h.cancel = context.WithCancel(context.Background())
-	for verb, fn := range map[string]nats.MsgHandler{
-		HostVerbAssign:    h.handleAssign,
-		HostVerbCancel:    h.handleCancel,
-		HostVerbSavepoint: h.handleSavepoint,
-		HostVerbStop:      h.handleSavepoint,
-		HostVerbOutcome:   h.handleOutcome,
+	for subject, fn := range map[string]nats.MsgHandler{
+		HostSubject(opts.ID, HostVerbAssign):    h.handleAssign,
+		HostSubject(opts.ID, HostVerbCancel):    h.handleCancel,
+		HostSubject(opts.ID, HostVerbSavepoint): h.handleSavepoint,
+		HostSubject(opts.ID, HostVerbStop):      h.handleSavepoint,
+		HostSubject(opts.ID, HostVerbOutcome):   h.handleOutcome,
+		SubjectLeader:                           h.handleLeader,
 	} {
-		sub, err := nc.Subscribe(HostSubject(opts.ID, verb), fn)
+		sub, err := nc.Subscribe(subject, fn)
 		if err != nil {
 			h.unsubscribe()
 			return nil, fmt.Errorf("cluster: host %s: subscribe: %w", opts.ID, err)
@@ -171,6 +180,50 @@ func StartHost(nc *nats.Conn, opts HostOptions) (*Host, error) {
 
 // ID is the host's id.
 func (h *Host) ID() string { return h.opts.ID }
+
+// Term is the newest controller term the host knows.
+func (h *Host) Term() uint64 {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.term
+}
+
+// handleLeader takes a leader's announcement: its term fences older ones.
+func (h *Host) handleLeader(msg *nats.Msg) {
+	var la LeaderAnnounce
+	if err := json.Unmarshal(msg.Data, &la); err != nil {
+		h.log.Warn("bad leader announcement", "err", err)
+		return
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.raiseTermLocked(la.Term, la.ID)
+}
+
+func (h *Host) raiseTermLocked(term uint64, leader string) {
+	if term > h.term {
+		if h.term != 0 {
+			h.log.Info("new controller leader", "term", term, "leader", leader, "previous_term", h.term)
+		}
+		h.term = term
+		if leader != "" {
+			h.leader = leader
+		}
+	}
+}
+
+// fence refuses a request of controller term `term` if the host knows a
+// newer one; else term is the newest known from now on.
+func (h *Host) fence(term uint64, what string) error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if term < h.term {
+		h.log.Info("request of an older controller term refused", "request", what, "term", term, "current_term", h.term)
+		return fmt.Errorf("cluster: host %s: %s of controller term %d refused: term %d (%s) leads", h.opts.ID, what, term, h.term, h.leader)
+	}
+	h.raiseTermLocked(term, "")
+	return nil
+}
 
 func (h *Host) unsubscribe() {
 	for _, s := range h.subs {
@@ -261,6 +314,10 @@ func (h *Host) handleAssign(msg *nats.Msg) {
 	var a Assignment
 	if err := json.Unmarshal(msg.Data, &a); err != nil {
 		respond(msg, AssignReply{Reply: Reply{Error: fmt.Sprintf("cluster: host %s: bad assignment: %v", h.opts.ID, err)}})
+		return
+	}
+	if err := h.fence(a.Term, "assignment"); err != nil {
+		respond(msg, AssignReply{Reply: errReply(err)})
 		return
 	}
 	ref := AttemptRef{JobID: a.JobID, Attempt: a.Attempt}
@@ -381,6 +438,10 @@ func (h *Host) handleOutcome(msg *nats.Msg) {
 		respond(msg, OutcomeReply{Reply: Reply{Error: fmt.Sprintf("cluster: host %s: bad outcome request: %v", h.opts.ID, err)}})
 		return
 	}
+	if err := h.fence(req.Term, "outcome request"); err != nil {
+		respond(msg, OutcomeReply{Reply: errReply(err)})
+		return
+	}
 	ref := AttemptRef{JobID: req.JobID, Attempt: req.Attempt}
 	var out OutcomeReply
 	h.mu.Lock()
@@ -430,6 +491,7 @@ func (h *Host) runAssignment(ctx context.Context, r *hostRun, a Assignment, log 
 	req := ExecRequest{HostID: h.opts.ID, JobID: a.JobID, Attempt: a.Attempt, Graph: g,
 		Placement: control.Placement{Slots: a.Placement}, Local: a.Local, Logger: log,
 		Checkpoint: a.Job.Checkpoint, Conn: h.nc, RestoreFrom: a.Restore, MaxRecordBytes: a.Job.MaxRecordBytes,
+		Fence: func(term uint64) error { return h.fence(term, "command") },
 		Progress: func(s runtime.Stats) {
 			h.report(HostEvent{HostID: h.opts.ID, JobID: a.JobID, Attempt: a.Attempt, State: SubtaskRunning,
 				Stats: s.Operators, Checkpoints: s.Recent, Elapsed: s.Elapsed.Round(time.Millisecond).String()}, false)
@@ -475,6 +537,10 @@ func (h *Host) handleCancel(msg *nats.Msg) {
 	var req HostRequest
 	if err := json.Unmarshal(msg.Data, &req); err != nil {
 		respond(msg, Reply{Error: fmt.Sprintf("cluster: host %s: bad cancel request: %v", h.opts.ID, err)})
+		return
+	}
+	if err := h.fence(req.Term, "cancel"); err != nil {
+		respond(msg, errReply(err))
 		return
 	}
 	h.mu.Lock()

@@ -45,6 +45,20 @@ type WasmSpec struct {
 	AllowClock bool              `json:"allow_clock,omitempty"`
 }
 
+// ownFiles makes the output of job id its own: every file sink puts the job
+// id into its file names and every nats sink into its writer name
+// (jobfile.SinkSpec.Job). Checkpoints are the job's own by OpenStore. The
+// sink specs are copied, not changed in place.
+func (s *JobSpec) ownFiles(id string) {
+	for i := range s.Vertices {
+		if sk := s.Vertices[i].Sink; sk != nil && (sk.Type == "file" || sk.Type == "nats") {
+			own := *sk
+			own.Job = id
+			s.Vertices[i].Sink = &own
+		}
+	}
+}
+
 // Artifact is a file in the artifact object store, named by its content hash.
 type Artifact struct {
 	Name   string `json:"name"`   // the file's base name (kept for error messages and logs)

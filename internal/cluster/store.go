@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"path/filepath"
 	"strings"
 
 	"github.com/nats-io/nats.go"
@@ -40,7 +41,9 @@ func OpenStore(ctx context.Context, nc *nats.Conn, cs *jobfile.CheckpointSetting
 		}
 		return checkpoint.OpenJetStream(ctx, js, cs.Bucket, jobID, opts...)
 	}
-	return checkpoint.OpenDir(cs.Dir, opts...)
+	// Each deployed job has a directory of its own, so deployments of one
+	// job file never share (or prune) each other's checkpoints.
+	return checkpoint.OpenDir(filepath.Join(cs.Dir, jobID), opts...)
 }
 
 // ResolveIn finds the completed checkpoint or savepoint at location: a

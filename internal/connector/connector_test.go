@@ -299,7 +299,7 @@ func TestFileSink(t *testing.T) {
 		{Value: []byte("v2")},
 	}
 	for _, tc := range []struct{ format, want string }{{"", "v1\nv2\n"}, {"kv", "k1\tv1\n\tv2\n"}} {
-		s, err := NewFileSink(dir, 3, tc.format)
+		s, err := NewFileSink(dir, "", 3, tc.format)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -323,7 +323,7 @@ func TestFileSink(t *testing.T) {
 			t.Fatal("write after close succeeded")
 		}
 	}
-	if _, err := NewFileSink(dir, 0, "json"); err == nil {
+	if _, err := NewFileSink(dir, "", 0, "json"); err == nil {
 		t.Fatal("unknown format accepted")
 	}
 }
@@ -385,7 +385,7 @@ func visible(t *testing.T, dir string) map[string]string {
 func TestFileSinkTwoPhaseCommit(t *testing.T) {
 	dir := t.TempDir()
 	rec := func(v string) []abi.Record { return []abi.Record{{Value: []byte(v)}} }
-	s, err := NewFileSink(dir, 1, "")
+	s, err := NewFileSink(dir, "", 1, "")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -425,7 +425,7 @@ func TestFileSinkTwoPhaseCommit(t *testing.T) {
 	// second restore of the same checkpoint changes nothing), and the
 	// in-progress data of the failed attempt is gone.
 	for i := 0; i < 2; i++ {
-		r, err := NewFileSink(dir, 1, "")
+		r, err := NewFileSink(dir, "", 1, "")
 		must(err)
 		must(r.CommitPending([][]byte{st2}))
 		must(r.Close())
@@ -442,7 +442,7 @@ func TestFileSinkTwoPhaseCommit(t *testing.T) {
 	}
 	// A pending file that is gone without being committed is an error.
 	bad := EncodePending([]PendingFile{{ID: 9, Pending: ".part-1-9.pending", Final: "part-1-9"}})
-	r, _ := NewFileSink(dir, 1, "")
+	r, _ := NewFileSink(dir, "", 1, "")
 	if err := r.CommitPending([][]byte{bad}); err == nil || !strings.Contains(err.Error(), "neither") {
 		t.Fatalf("lost pending file: %v", err)
 	}
@@ -453,13 +453,15 @@ func TestFileSinkTwoPhaseCommit(t *testing.T) {
 
 func TestCommitPendingUpTo(t *testing.T) {
 	dir := t.TempDir()
-	for _, n := range []string{".part-0-3.pending", ".part-1-5.pending", ".part-1-9.pending", ".part-0.inprogress"} {
+	// The pending files of another job in the same directory stay pending.
+	other := []string{".part-wc-1a2b-0-3.pending", ".part-wc-1a2b-1-4.pending"}
+	for _, n := range append([]string{".part-0-3.pending", ".part-1-5.pending", ".part-1-9.pending", ".part-0.inprogress"}, other...) {
 		if err := os.WriteFile(filepath.Join(dir, n), []byte(n+"\n"), 0o644); err != nil {
 			t.Fatal(err)
 		}
 	}
 	for i := 0; i < 2; i++ {
-		if err := CommitPendingUpTo(dir, 5); err != nil {
+		if err := CommitPendingUpTo(dir, PartPrefix(""), 5); err != nil {
 			t.Fatal(err)
 		}
 		v := visible(t, dir)
@@ -467,7 +469,58 @@ func TestCommitPendingUpTo(t *testing.T) {
 			t.Fatalf("round %d: %v", i, v)
 		}
 	}
-	if err := CommitPendingUpTo(filepath.Join(dir, "missing"), 5); err != nil {
+	for _, n := range other {
+		if _, err := os.Stat(filepath.Join(dir, n)); err != nil {
+			t.Fatalf("another job's pending file: %v", err)
+		}
+	}
+	if err := CommitPendingUpTo(dir, PartPrefix("wc-1a2b"), 3); err != nil {
 		t.Fatal(err)
+	}
+	if v := visible(t, dir); len(v) != 3 || v["part-wc-1a2b-0-3"] == "" {
+		t.Fatalf("job wc-1a2b up to 3: %v", v)
+	}
+	if err := CommitPendingUpTo(filepath.Join(dir, "missing"), PartPrefix(""), 5); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestFileSinksOfTwoJobsInOneDirectory: two jobs' sinks with the same subtask
+// index write one directory; each commits, restores and cleans up only its own
+// files, so every record of both stays.
+func TestFileSinksOfTwoJobsInOneDirectory(t *testing.T) {
+	dir := t.TempDir()
+	a, err := NewFileSink(dir, "job-a", 0, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := NewFileSink(dir, "job-b", 0, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	must := func(err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	must(a.Write([]abi.Record{{Value: []byte("a1")}}))
+	must(b.Write([]abi.Record{{Value: []byte("b1")}}))
+	stA, err := a.PreCommit(1)
+	must(err)
+	_, err = b.PreCommit(1)
+	must(err)
+	must(b.Commit(1))
+	must(b.Write([]abi.Record{{Value: []byte("b2")}}))
+	// Job a fails before its commit and is restored: its cleanup must not
+	// remove job b's in-progress file, and its commit only its own file.
+	must(a.Close())
+	r, err := NewFileSink(dir, "job-a", 0, "")
+	must(err)
+	must(r.CommitPending([][]byte{stA}))
+	must(b.CommitFinal())
+	v := visible(t, dir)
+	if len(v) != 3 || v["part-job-a-0-1"] != "a1\n" || v["part-job-b-0-1"] != "b1\n" || v["part-job-b-0"] != "b2\n" {
+		t.Fatalf("visible files: %v", v)
 	}
 }

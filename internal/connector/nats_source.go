@@ -292,6 +292,9 @@ func (s *NATSSource) take(m jetstream.Msg, recs []abi.Record, n int) (int, error
 		return n, nil
 	}
 	h := m.Headers()
+	if len(h.Values(HeaderCommit)) > 0 {
+		return n, nil // a nats sink's commit marker, not a record
+	}
 	r := abi.Record{Value: m.Data(), Timestamp: meta.Timestamp.UnixMilli()}
 	if s.keyFromSubject {
 		subj := m.Subject()

@@ -17,7 +17,7 @@ import (
 )
 
 // jsServer starts an embedded JetStream server and creates stream ORDERS on
-// "orders.>" with a one-minute duplicate window.
+// "orders.>" with a one-minute duplicate window and atomic publish.
 func jsServer(t *testing.T) (natsutil.ConnectOptions, *nats.Conn, jetstream.JetStream) {
 	t.Helper()
 	s, err := natsutil.StartEmbedded(natsutil.EmbeddedOptions{Port: -1, NoLog: true, StoreDir: t.TempDir()})
@@ -38,7 +38,7 @@ func jsServer(t *testing.T) (natsutil.ConnectOptions, *nats.Conn, jetstream.JetS
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := js.CreateStream(context.Background(), jetstream.StreamConfig{Name: "ORDERS", Subjects: []string{"orders.>"}, Duplicates: time.Minute}); err != nil {
+	if _, err := js.CreateStream(context.Background(), jetstream.StreamConfig{Name: "ORDERS", Subjects: []string{"orders.>"}, Duplicates: time.Minute, AllowAtomicPublish: true}); err != nil {
 		t.Fatal(err)
 	}
 	return co, nc, js
@@ -276,184 +276,5 @@ func TestNATSSourceErrors(t *testing.T) {
 	}
 	if _, err := NewNATSSource(ctx, NATSSourceOptions{Conn: co, Stream: "ORDERS", KeyFrom: "body"}, 0, 1, nil); err == nil || !strings.Contains(err.Error(), `key from "body"`) {
 		t.Errorf("bad key mode: %v", err)
-	}
-}
-
-// streamMsgs returns the values and message ids of the stream's messages.
-func streamMsgs(t *testing.T, js jetstream.JetStream) (vals, ids []string, hdr []nats.Header) {
-	t.Helper()
-	ctx := context.Background()
-	st, err := js.Stream(ctx, "ORDERS")
-	if err != nil {
-		t.Fatal(err)
-	}
-	info, err := st.Info(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for seq := info.State.FirstSeq; seq <= info.State.LastSeq && info.State.Msgs > 0; seq++ {
-		m, err := st.GetMsg(ctx, seq)
-		if err != nil {
-			t.Fatal(err)
-		}
-		vals = append(vals, string(m.Data))
-		ids = append(ids, m.Header.Get(jetstream.MsgIDHeader))
-		hdr = append(hdr, m.Header)
-	}
-	return vals, ids, hdr
-}
-
-func sinkRecs(from, to int) []abi.Record {
-	var recs []abi.Record
-	for i := from; i < to; i++ {
-		r := abi.Record{Value: fmt.Appendf(nil, "out-%d", i), Timestamp: abi.NoTimestamp}
-		if i%2 == 0 {
-			r.Key, r.Timestamp = fmt.Appendf(nil, "k%d", i), int64(i)
-		}
-		recs = append(recs, r)
-	}
-	return recs
-}
-
-// TestNATSSinkReplayDeduplicated: a sink writes, checkpoints, writes more and
-// fails; restored from the checkpoint it writes the same records again, and
-// the stream drops them as duplicates.
-func TestNATSSinkReplayDeduplicated(t *testing.T) {
-	co, _, js := jsServer(t)
-	ctx := context.Background()
-	o := NATSSinkOptions{Conn: co, Subject: "orders.out", Job: "job1", Operator: "sink", MaxPending: 16}
-	s, err := NewNATSSink(ctx, o, 1, 2)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := s.CommitPending(nil); err != nil {
-		t.Fatal(err)
-	}
-	if err := s.Write(sinkRecs(0, 100)); err != nil {
-		t.Fatal(err)
-	}
-	state, err := s.PreCommit(7)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if s.Acked() != 100 {
-		t.Fatalf("%d acks after PreCommit, want 100", s.Acked())
-	}
-	if err := s.Write(sinkRecs(100, 150)); err != nil {
-		t.Fatal(err)
-	}
-	if err := s.Flush(); err != nil {
-		t.Fatal(err)
-	}
-	s.Close() // the subtask fails here
-
-	s2, err := NewNATSSink(ctx, o, 1, 2)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s2.Close()
-	if err := s2.CommitPending([][]byte{state}); err != nil {
-		t.Fatal(err)
-	}
-	if s2.Epoch() != 0 || s2.Index() != 100 {
-		t.Fatalf("restored at epoch %d index %d, want 0 and 100", s2.Epoch(), s2.Index())
-	}
-	if err := s2.Write(sinkRecs(100, 160)); err != nil { // the replay, and 10 new records
-		t.Fatal(err)
-	}
-	if err := s2.CommitFinal(); err != nil {
-		t.Fatal(err)
-	}
-	if s2.Duplicates() != 50 || s2.Acked() != 60 {
-		t.Errorf("replay: %d acks, %d duplicates; want 60 and 50", s2.Acked(), s2.Duplicates())
-	}
-	vals, ids, hdr := streamMsgs(t, js)
-	var want []string
-	for _, r := range sinkRecs(0, 160) {
-		want = append(want, string(r.Value))
-	}
-	if !slices.Equal(vals, want) {
-		t.Fatalf("stream holds %d messages %v", len(vals), vals)
-	}
-	if ids[0] != "job1:sink:p2:1:0:0" || ids[159] != "job1:sink:p2:1:0:159" {
-		t.Errorf("message ids %s .. %s", ids[0], ids[159])
-	}
-	if hdr[4].Get(HeaderKey) != "k4" || hdr[4].Get(HeaderTimestamp) != "4" || hdr[5].Get(HeaderKey) != "" || hdr[5].Get(HeaderTimestamp) != "" {
-		t.Errorf("headers %v, %v", hdr[4], hdr[5])
-	}
-}
-
-func TestNATSSinkRescaledEpoch(t *testing.T) {
-	co, _, _ := jsServer(t)
-	ctx := context.Background()
-	o := NATSSinkOptions{Conn: co, Subject: "orders.out", Job: "job1", Operator: "sink"}
-	var states [][]byte
-	for i := 0; i < 2; i++ {
-		s, err := NewNATSSink(ctx, o, i, 2)
-		if err != nil {
-			t.Fatal(err)
-		}
-		s.Write(sinkRecs(0, 3))
-		st, err := s.PreCommit(9)
-		if err != nil {
-			t.Fatal(err)
-		}
-		states = append(states, st)
-		s.Close()
-	}
-	s, err := NewNATSSink(ctx, o, 0, 1)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
-	if err := s.CommitPending(states); err != nil {
-		t.Fatal(err)
-	}
-	if s.Epoch() != 9 || s.Index() != 0 || s.MsgID(9, 0) != "job1:sink:p1:0:9:0" {
-		t.Errorf("rescaled: epoch %d index %d id %s", s.Epoch(), s.Index(), s.MsgID(9, 0))
-	}
-	if err := s.CommitPending([][]byte{{1, 2, 3}}); err == nil {
-		t.Error("bad state accepted")
-	}
-}
-
-func TestNATSSinkNoStream(t *testing.T) {
-	co, _, _ := jsServer(t)
-	_, err := NewNATSSink(context.Background(), NATSSinkOptions{Conn: co, Subject: "elsewhere", Job: "j", Operator: "o"}, 0, 1)
-	if err == nil || !strings.Contains(err.Error(), "no JetStream stream captures the subject") {
-		t.Errorf("error %v", err)
-	}
-}
-
-// TestNATSSinkToSource: what the sink writes, the source reads back with
-// the same keys, values and timestamps.
-func TestNATSSinkToSource(t *testing.T) {
-	co, _, _ := jsServer(t)
-	ctx := context.Background()
-	s, err := NewNATSSink(ctx, NATSSinkOptions{Conn: co, Subject: "orders.out", Job: "j", Operator: "o"}, 0, 1)
-	if err != nil {
-		t.Fatal(err)
-	}
-	recs := sinkRecs(0, 20)
-	if err := s.Write(recs); err != nil {
-		t.Fatal(err)
-	}
-	if err := s.CommitFinal(); err != nil {
-		t.Fatal(err)
-	}
-	s.Close()
-	src, err := NewNATSSource(ctx, NATSSourceOptions{Conn: co, Stream: "ORDERS", Bounded: true}, 0, 1, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer src.Close()
-	got, eof := readSome(t, src, 8, 100)
-	if !eof || len(got) != len(recs) {
-		t.Fatalf("read %d records, eof %v", len(got), eof)
-	}
-	for i, r := range got {
-		if r.value != string(recs[i].Value) || r.key != string(recs[i].Key) || (recs[i].Timestamp != abi.NoTimestamp && r.ts != recs[i].Timestamp) {
-			t.Errorf("record %d: %+v, wrote %q/%q@%d", i, r, recs[i].Key, recs[i].Value, recs[i].Timestamp)
-		}
 	}
 }

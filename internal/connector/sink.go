@@ -20,23 +20,28 @@ import (
 // per record (the value, or key TAB value when kv is set) with a two-phase
 // commit, so every visible file in its directory is committed output:
 //
-//   - Records go to an in-progress file, ".part-<subtask>.inprogress".
+// Every name starts with the sink's part prefix P: "part", or "part-<job>" for
+// a sink of a deployed job (job = its job id), so that jobs writing one
+// directory never touch each other's files.
+//
+//   - Records go to an in-progress file, ".P-<subtask>.inprogress".
 //   - PreCommit(id), at checkpoint id's barrier, flushes and fsyncs it and
-//     renames it to the pending file ".part-<subtask>-<id>.pending". The
+//     renames it to the pending file ".P-<subtask>-<id>.pending". The
 //     pending files not yet committed are the sink's checkpoint state
 //     (PendingState).
 //   - Commit(id), on notify_checkpoint_complete(id), renames every pending
-//     file of a checkpoint <= id into place as "part-<subtask>-<id>".
+//     file of a checkpoint <= id into place as "P-<subtask>-<id>".
 //     Committing what is already committed does nothing, so a restore can
 //     commit the pending files of the checkpoint it restores from first
 //     (CommitPending), whether or not they were committed before the failure.
 //   - Without checkpointing, CommitFinal at the end of the job renames the
-//     in-progress file into place as "part-<subtask>".
+//     in-progress file into place as "P-<subtask>".
 //
 // Files whose names start with '.' are hidden: in-progress and pending data.
 // Close removes the in-progress file; pending files stay for a restore.
 type FileSink struct {
 	dir     string
+	prefix  string // "part" or "part-<job>"
 	subtask int
 	kv      bool
 
@@ -59,9 +64,19 @@ const (
 	FormatKV    = "kv"
 )
 
-// NewFileSink creates dir if needed and returns the sink of subtask. It
-// creates no file until the first record.
-func NewFileSink(dir string, subtask int, format string) (*FileSink, error) {
+// PartPrefix is the prefix of a file sink's file names: "part", or
+// "part-<job>" for the sink of job (a deployed job's id; "" for none).
+func PartPrefix(job string) string {
+	if job == "" {
+		return "part"
+	}
+	return "part-" + job
+}
+
+// NewFileSink creates dir if needed and returns the sink of subtask. job is
+// the deployed job's id ("" for a job that streamd run runs), which goes into
+// every file name (PartPrefix). It creates no file until the first record.
+func NewFileSink(dir, job string, subtask int, format string) (*FileSink, error) {
 	switch format {
 	case "", FormatValue, FormatKV:
 	default:
@@ -70,10 +85,12 @@ func NewFileSink(dir string, subtask int, format string) (*FileSink, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, fmt.Errorf("connector: file sink: %w", err)
 	}
-	return &FileSink{dir: dir, subtask: subtask, kv: format == FormatKV}, nil
+	return &FileSink{dir: dir, prefix: PartPrefix(job), subtask: subtask, kv: format == FormatKV}, nil
 }
 
-func (s *FileSink) inProgressName() string { return ".part-" + strconv.Itoa(s.subtask) + ".inprogress" }
+func (s *FileSink) inProgressName() string {
+	return "." + s.prefix + "-" + strconv.Itoa(s.subtask) + ".inprogress"
+}
 
 // Dir is the sink's directory.
 func (s *FileSink) Dir() string { return s.dir }
@@ -148,7 +165,8 @@ func (s *FileSink) seal(name string) (bool, error) {
 func (s *FileSink) PreCommit(id int64) ([]byte, error) {
 	sub := strconv.Itoa(s.subtask)
 	id10 := strconv.FormatInt(id, 10)
-	pf := PendingFile{ID: id, Pending: ".part-" + sub + "-" + id10 + ".pending", Final: "part-" + sub + "-" + id10}
+	final := s.prefix + "-" + sub + "-" + id10
+	pf := PendingFile{ID: id, Pending: "." + final + ".pending", Final: final}
 	sealed, err := s.seal(pf.Pending)
 	if err != nil {
 		return nil, err
@@ -197,7 +215,7 @@ func (s *FileSink) CommitPending(states [][]byte) error {
 	if err := commitFiles(s.dir, all); err != nil {
 		return err
 	}
-	prefix := ".part-" + strconv.Itoa(s.subtask)
+	prefix := "." + s.prefix + "-" + strconv.Itoa(s.subtask)
 	ents, err := os.ReadDir(s.dir)
 	if err != nil {
 		return fmt.Errorf("connector: file sink: %w", err)
@@ -214,9 +232,9 @@ func (s *FileSink) CommitPending(states [][]byte) error {
 }
 
 // CommitFinal, without checkpointing, moves everything written into place as
-// part-<subtask> (replacing the file of an earlier attempt).
+// P-<subtask> (replacing the file of an earlier attempt).
 func (s *FileSink) CommitFinal() error {
-	sealed, err := s.seal("part-" + strconv.Itoa(s.subtask))
+	sealed, err := s.seal(s.prefix + "-" + strconv.Itoa(s.subtask))
 	if err != nil || !sealed {
 		return err
 	}
@@ -385,12 +403,14 @@ func (DiscardSink) Write([]abi.Record) error { return nil }
 func (DiscardSink) Flush() error             { return nil }
 func (DiscardSink) Close() error             { return nil }
 
-// CommitPendingUpTo commits every pending file in dir of a checkpoint <= id,
-// whatever subtask wrote it. A file sink whose operator was fully finished in
-// checkpoint id keeps no state in it (only the finished flag), yet the job may
-// have failed after that checkpoint completed and before every sink subtask
-// committed its final pending file: restoring such a sink calls this once.
-func CommitPendingUpTo(dir string, id int64) error {
+// CommitPendingUpTo commits every pending file in dir of a checkpoint <= id
+// that a sink with part prefix prefix (PartPrefix) wrote, whatever subtask
+// wrote it. A file sink whose operator was fully finished in checkpoint id
+// keeps no state in it (only the finished flag), yet the job may have failed
+// after that checkpoint completed and before every sink subtask committed its
+// final pending file: restoring such a sink calls this once. The files of
+// other jobs in dir (other prefixes) are left alone.
+func CommitPendingUpTo(dir, prefix string, id int64) error {
 	ents, err := os.ReadDir(dir)
 	if err != nil {
 		if errors.Is(err, fs.ErrNotExist) {
@@ -401,16 +421,32 @@ func CommitPendingUpTo(dir string, id int64) error {
 	var todo []PendingFile
 	for _, e := range ents {
 		n := e.Name()
-		if !strings.HasPrefix(n, ".part-") || !strings.HasSuffix(n, ".pending") {
+		rest, ok := strings.CutPrefix(n, "."+prefix+"-")
+		if !ok {
 			continue
 		}
-		base := strings.TrimSuffix(strings.TrimPrefix(n, "."), ".pending") // part-<sub>-<id>
-		i := strings.LastIndexByte(base, '-')
-		cid, err := strconv.ParseInt(base[i+1:], 10, 64)
-		if i < 0 || err != nil || cid > id {
+		rest, ok = strings.CutSuffix(rest, ".pending") // <sub>-<id>
+		sub, idText, ok2 := strings.Cut(rest, "-")
+		if !ok || !ok2 || !allDigits(sub) || !allDigits(idText) {
 			continue
 		}
-		todo = append(todo, PendingFile{ID: cid, Pending: n, Final: base})
+		cid, err := strconv.ParseInt(idText, 10, 64)
+		if err != nil || cid > id {
+			continue
+		}
+		todo = append(todo, PendingFile{ID: cid, Pending: n, Final: prefix + "-" + rest})
 	}
 	return commitFiles(dir, todo)
+}
+
+func allDigits(s string) bool {
+	if s == "" {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		if s[i] < '0' || s[i] > '9' {
+			return false
+		}
+	}
+	return true
 }

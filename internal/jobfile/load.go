@@ -591,8 +591,8 @@ var (
 	fileSourceOnly   = []string{"path"}
 	generatorFields  = []string{"count", "rate", "key", "value", "keys", "value_size", "start_ts", "ts_step", "watermark_lag"}
 	natsSourceFields = []string{"url", "stream", "subject", "bounded", "key_from", "watermark_lag"}
-	sinkFields       = []string{"type", "path", "format", "url", "subject"}
-	sinkTypeFields   = map[string][]string{"file": {"path", "format"}, "stdout": {"format"}, "discard": {}, "nats": {"url", "subject"}}
+	sinkFields       = []string{"type", "path", "format", "url", "subject", "commit_subject"}
+	sinkTypeFields   = map[string][]string{"file": {"path", "format"}, "stdout": {"format"}, "discard": {}, "nats": {"url", "subject", "commit_subject"}}
 )
 
 // SourceTypes and SinkTypes are the built-in connector types a job file may name.
@@ -831,6 +831,11 @@ func (p *parser) sink(op, prefix string, n *yaml.Node) *SinkSpec {
 			p.add(op, c.Line, prefix+"subject", "empty: name the subject to publish to")
 		} else if s.Subject != "" {
 			p.checkSubject(op, prefix+"subject", c.Line, s.Subject, false)
+		}
+		if c := f["commit_subject"]; c != nil {
+			if s.CommitSubject = p.str(op, prefix+"commit_subject", c); s.CommitSubject != "" {
+				p.checkSubject(op, prefix+"commit_subject", c.Line, s.CommitSubject, false)
+			}
 		}
 	default:
 		p.add(op, t.Line, prefix+"type", "unknown sink type %q (want %s)", s.Type, strings.Join(SinkTypes, ", "))

@@ -455,7 +455,7 @@ operators:
     sink: {type: nats, subject: results.upper}
     inputs: [in, in2]
   - uid: out2
-    sink: {type: nats, url: "tls://nats.example:4443", subject: results.copy}
+    sink: {type: nats, url: "tls://nats.example:4443", subject: results.copy, commit_subject: commits.copy}
     inputs: [in]
 `)
 	g, err := Load(path)
@@ -473,7 +473,7 @@ operators:
 	if got := g.Vertex("out").Spec.(*SinkSpec); got.Type != "nats" || got.URL != "" || got.Subject != "results.upper" {
 		t.Errorf("sink = %+v", got)
 	}
-	if got := g.Vertex("out2").Spec.(*SinkSpec); got.URL != "tls://nats.example:4443" || got.Subject != "results.copy" {
+	if got := g.Vertex("out2").Spec.(*SinkSpec); got.URL != "tls://nats.example:4443" || got.Subject != "results.copy" || got.CommitSubject != "commits.copy" {
 		t.Errorf("sink with url = %+v", got)
 	}
 }
@@ -497,6 +497,7 @@ func TestNATSInvalid(t *testing.T) {
 		{"lag", src + "    source: {type: nats, stream: S, watermark_lag: -1s}\n", []string{`operator "in" (line 4): source.watermark_lag: must not be negative, got -1s`}},
 		{"sink no subject", snk + "    sink: {type: nats}\n", []string{`operator "out" (line 7): sink.subject: missing: a nats sink publishes to subject`}},
 		{"sink wildcard", snk + "    sink: {type: nats, subject: \"out.*\"}\n", []string{`operator "out" (line 7): sink.subject: "out.*" has a wildcard; a sink publishes to one subject`}},
+		{"sink commit wildcard", snk + "    sink: {type: nats, subject: out, commit_subject: \"c.>\"}\n", []string{`operator "out" (line 7): sink.commit_subject: "c.>" has a wildcard; a sink publishes to one subject`}},
 		{"sink path", snk + "    sink: {type: nats, subject: out, path: x/, format: kv}\n", []string{`operator "out" (line 7): sink.path: not a field of a nats sink`, `operator "out" (line 7): sink.format: not a field of a nats sink`}},
 		{"sink url", snk + "    sink: {type: nats, subject: out, url: \"nats://\"}\n", []string{`operator "out" (line 7): sink.url: server URL "nats://": no host`}},
 		{"file sink subject", snk + "    sink: {type: file, path: out/, subject: x}\n", []string{`operator "out" (line 7): sink.subject: not a field of a file sink`}},

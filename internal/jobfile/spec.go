@@ -42,12 +42,21 @@ type SinkSpec struct {
 	// the value, or "key<TAB>value" when Format is "kv".
 	Path   string
 	Format string // "value" (default) | "kv"
+	// Job is the id of the deployed job the sink belongs to: the
+	// controller sets it (it is not in job files) and it goes into every
+	// file name (part-<job>-<i>-<id>) of a file sink and the writer name of
+	// a nats sink, so jobs sharing a directory or a subject keep every
+	// record. "" for streamd run.
+	Job string `json:",omitempty"`
 
-	// nats: JetStream publishes to Subject (connector.NATSSink), which a
-	// stream must capture; message ids make replays after a restore duplicates
-	// the stream drops.
-	URL     string // NATS server URL(s), comma-separated; "" = the runtime's default (config nats.url)
-	Subject string // required; no wildcards
+	// nats: publishes to Subject (connector.NATSSink), which a stream
+	// allowing atomic publish must capture; with checkpointing each
+	// checkpoint's records are published when it completes, in atomic
+	// batches with commit markers on CommitSubject.<writer>.<subtask>
+	// (exactly once).
+	URL           string // NATS server URL(s), comma-separated; "" = the runtime's default (config nats.url)
+	Subject       string // required; no wildcards
+	CommitSubject string // prefix of the commit-marker subjects; "" = Subject + ".streamd-commit"
 }
 
 // WasmSpec is a user operator compiled to WebAssembly.

@@ -250,15 +250,19 @@ func NewDriver(ctx context.Context, g *control.JobGraph, co *CheckpointOptions, 
 // gets the lifecycle's own actions (StartAttempt, CancelAttempt,
 // StopFailed, JobEnded) while Step carries them out; it must not call back
 // into the driver. The job is started (its first StartAttempt) by
-// Step(t, control.StartJob{}).
+// Step(t, control.StartJob{}); with takeover set, that start takes over
+// attempt firstAttempt, which runs already (control.LifecycleConfig.Adopt).
 func NewJobDriver(ctx context.Context, g *control.JobGraph, co *CheckpointOptions, from *checkpoint.Restore, restart jobfile.RestartSettings,
-	firstAttempt int, seed uint64, log *slog.Logger, onLifecycle func(control.Action)) (*Driver, error) {
+	firstAttempt int, takeover *Takeover, seed uint64, log *slog.Logger, onLifecycle func(control.Action)) (*Driver, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
 	d := &Driver{g: g, log: log, onLifecycle: onLifecycle}
 	tick := DefaultTick
 	lcfg := control.LifecycleConfig{FirstAttempt: firstAttempt, Seed: seed}
+	if takeover != nil {
+		lcfg.Adopt, lcfg.Restarts = true, takeover.Restarts
+	}
 	if co != nil {
 		cfg, err := d.config(ctx, g, co, from, log)
 		if err != nil {
@@ -277,6 +281,13 @@ func NewJobDriver(ctx context.Context, g *control.JobGraph, co *CheckpointOption
 	}
 	d.lc, d.coord = lc, lc.Coordinator()
 	return d, nil
+}
+
+// Takeover makes NewJobDriver take over a running attempt: a controller
+// adopts a job another controller (or its own earlier run) started.
+type Takeover struct {
+	// Restarts is the restart strategy's state the job had; nil: none.
+	Restarts *control.RestartState
 }
 
 // Lifecycle is the job's lifecycle (nil for a driver of a bare coordinator).
@@ -316,6 +327,7 @@ func (d *Driver) config(ctx context.Context, g *control.JobGraph, co *Checkpoint
 	if restore != nil {
 		first = max(first, restore.Metadata.ID+1)
 	}
+	first += co.SkipIDs
 	d.store = co.Store
 	return control.Config{
 		IntervalTicks:              ticks(co.Interval, co.Tick),
@@ -797,6 +809,7 @@ func (d *Driver) act(t Target, a control.Action) {
 	case control.PersistMetadata:
 		md, err := checkpoint.NewMetadata(d.g, x, time.Now())
 		if err == nil {
+			md.JobID = d.co.JobID
 			err = d.store.Commit(ctx, md)
 		}
 		d.checkpointPersisted(x, md, err)

@@ -104,9 +104,11 @@ func (j *job) natsSource(t *task, spec *jobfile.SourceSpec) func(pos []byte) (co
 	}
 }
 
-// natsSink returns the open function of a nats sink subtask. Its message ids
-// are named by the job's name and the operator's uid, which stay the same
-// across attempts and restores, so replayed records are deduplicated.
+// natsSink returns the open function of a nats sink subtask. Its writer
+// (the commit-marker subjects) is named by the job's id when it is deployed
+// (stable across failovers, apart for two deployments of one job file) or
+// by the job's name for streamd run, and by the operator's uid. Without
+// checkpointing it publishes at once (Direct).
 func (j *job) natsSink(t *task, spec *jobfile.SinkSpec) func() (connector.Sink, error) {
 	return func() (connector.Sink, error) {
 		nc, err := j.nats.get(j.natsOptions(spec.URL))
@@ -115,8 +117,15 @@ func (j *job) natsSink(t *task, spec *jobfile.SinkSpec) func() (connector.Sink, 
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), natsSetupTimeout)
 		defer cancel()
+		writer := j.g.Name
+		switch {
+		case spec.Job != "":
+			writer = spec.Job
+		case j.remote != nil:
+			writer = j.remote.JobID
+		}
 		sink, err := connector.NewNATSSinkConn(ctx, nc, connector.NATSSinkOptions{
-			Subject: spec.Subject, Job: j.g.Name, Operator: t.v.UID,
+			Subject: spec.Subject, CommitSubject: spec.CommitSubject, Job: writer, Operator: t.v.UID, Direct: !t.ckpt,
 		}, t.sub, t.v.Parallelism)
 		if err != nil {
 			return nil, err

@@ -93,6 +93,14 @@ type CheckpointOptions struct {
 	// OnComplete, if set, is called by the driver after each checkpoint or
 	// savepoint is durable, before any subtask hears of it.
 	OnComplete func(*checkpoint.Metadata)
+	// JobID, for a deployed job, is its id, recorded in every checkpoint's
+	// metadata; "" for streamd run.
+	JobID string
+	// SkipIDs is how many checkpoint ids after the store's NextID are not
+	// used: a controller that takes a job over skips the ids its
+	// predecessor may have triggered without any state written yet (the
+	// subtasks ignore a barrier whose id is not above the last they saw).
+	SkipIDs int64
 }
 
 // NewCheckpointOptions returns the checkpoint options of a job file's
@@ -418,7 +426,7 @@ func (j *job) bindSpec(t *task, modules map[string]*host.Module) error {
 		var open func() (connector.Sink, error)
 		switch spec.Type {
 		case "file":
-			open = func() (connector.Sink, error) { return connector.NewFileSink(spec.Path, t.sub, spec.Format) }
+			open = func() (connector.Sink, error) { return connector.NewFileSink(spec.Path, spec.Job, t.sub, spec.Format) }
 		case "stdout":
 			open = func() (connector.Sink, error) { return connector.NewStdoutSink(j.opts.Stdout, j.stdout), nil }
 		case "discard":

@@ -659,8 +659,18 @@ func (t *task) runOperator(ctx context.Context) (err error) {
 		// files may not have been committed before the failure, and a fully
 		// finished operator keeps no state: commit them.
 		if spec, ok := t.v.Spec.(*jobfile.SinkSpec); ok && spec.Type == "file" && t.sub == 0 && t.j.restore != nil {
-			if err := connector.CommitPendingUpTo(spec.Path, t.j.restore.Metadata.ID); err != nil {
+			// The files are those of the job that wrote the checkpoint.
+			md := t.j.restore.Metadata
+			if err := connector.CommitPendingUpTo(spec.Path, connector.PartPrefix(md.JobID), md.ID); err != nil {
 				return t.fail(string(abi.PhaseOpen), err)
+			}
+		}
+		// A nats sink's final epochs are in its restored state: commit them.
+		if so, ok := t.op.(*sinkOperator); ok && len(so.pending) > 0 {
+			if spec, ok := t.v.Spec.(*jobfile.SinkSpec); ok && spec.Type == "nats" {
+				if err := so.commitRestored(); err != nil {
+					return t.fail(string(abi.PhaseOpen), err)
+				}
 			}
 		}
 	} else {

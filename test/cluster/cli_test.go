@@ -134,7 +134,7 @@ func TestBinaryServerDeployStatus(t *testing.T) {
 	if st.State != cluster.JobFinished {
 		t.Fatalf("job %s: %s", st.State, st.Reason)
 	}
-	if got, want := readFile(t, filepath.Join(filepath.Dir(path), "out", "part-0")), expected(t); got != want {
+	if got, want := readFile(t, filepath.Join(filepath.Dir(path), "out", "part-"+id+"-0")), expected(t); got != want {
 		t.Fatalf("output:\n%s\nwant:\n%s", got, want)
 	}
 	out, _, code = streamd(t, env, "list")
@@ -160,7 +160,7 @@ func TestBinaryServerDeployStatus(t *testing.T) {
 	if err := json.Unmarshal([]byte(out), &st); err != nil || st.State != cluster.JobFinished {
 		t.Fatalf("deploy --wait --json: %v %s", err, out)
 	}
-	if lines := strings.Count(readFile(t, filepath.Join(outDir, "part-0")), "\n"); lines != 20 {
+	if lines := strings.Count(readFile(t, filepath.Join(outDir, "part-"+st.ID+"-0")), "\n"); lines != 20 {
 		t.Errorf("filter output: %d lines, want 20", lines)
 	}
 	_, errs, code = streamd(t, env, "deploy", wasm)

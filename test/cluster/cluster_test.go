@@ -62,8 +62,24 @@ func newCluster(t *testing.T, slots ...int) *testCluster {
 		t.Fatal(err)
 	}
 	t.Cleanup(srv.Shutdown)
+	tc := startController(t, srv, connect(t, srv.URL()))
+	for i, n := range slots {
+		tc.addHost(fmt.Sprintf("h%d", i+1), n)
+	}
+	tc.client, err = cluster.NewClient(connect(t, srv.URL()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tc.waitHosts(len(slots))
+	return tc
+}
+
+// startController starts a controller on nc and an engine for the hosts.
+func startController(t *testing.T, srv *natsutil.Server, nc *nats.Conn) *testCluster {
+	t.Helper()
 	tc := &testCluster{t: t, srv: srv, hosts: map[string]*cluster.Host{}}
-	tc.ctl, err = cluster.StartController(connect(t, srv.URL()), cluster.ControllerOptions{
+	var err error
+	tc.ctl, err = cluster.StartController(nc, cluster.ControllerOptions{
 		Logger: logger(t), HeartbeatInterval: hbInterval, LostAfter: lostAfter})
 	if err != nil {
 		t.Fatal(err)
@@ -74,14 +90,6 @@ func newCluster(t *testing.T, slots ...int) *testCluster {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { tc.engine.Close(context.Background()) })
-	for i, n := range slots {
-		tc.addHost(fmt.Sprintf("h%d", i+1), n)
-	}
-	tc.client, err = cluster.NewClient(connect(t, srv.URL()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	tc.waitHosts(len(slots))
 	return tc
 }
 
@@ -198,7 +206,7 @@ func TestDeployRunsOnAHostAndFinishes(t *testing.T) {
 	if st.State != cluster.JobFinished {
 		t.Fatalf("job ended %s: %s", st.State, st.Reason)
 	}
-	if got, want := readFile(t, filepath.Join(filepath.Dir(path), "out", "part-0")), expected(t); got != want {
+	if got, want := readFile(t, filepath.Join(filepath.Dir(path), "out", "part-"+id+"-0")), expected(t); got != want {
 		t.Fatalf("output:\n%s\nwant:\n%s", got, want)
 	}
 	if len(st.Hosts) != 1 || st.Hosts[0] != "h1" || st.Attempt != 0 {
@@ -276,7 +284,7 @@ func TestLostHostFailsOver(t *testing.T) {
 	if st.State != cluster.JobFinished || len(st.Hosts) != 1 || st.Hosts[0] != other {
 		t.Fatalf("job %s on %v (%s), want finished on %s", st.State, st.Hosts, st.Reason, other)
 	}
-	out := readFile(t, filepath.Join(filepath.Dir(path), "out", "part-0"))
+	out := readFile(t, filepath.Join(filepath.Dir(path), "out", "part-"+id+"-0"))
 	lines := strings.Split(strings.TrimSuffix(out, "\n"), "\n")
 	if len(lines) != n || lines[0] != "VALUE-0" || lines[n-1] != fmt.Sprintf("VALUE-%d", n-1) {
 		t.Fatalf("output: %d lines, first %q last %q; want %d from VALUE-0", len(lines), lines[0], lines[len(lines)-1], n)

@@ -2,12 +2,14 @@ package cluster_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
 	"regexp"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/streamd/streamd/internal/cluster"
@@ -47,13 +49,20 @@ operators:
 // starting with '.') and returns their lines, sorted.
 func outputLines(t *testing.T, dir string) []string {
 	t.Helper()
+	return outputLinesOf(t, dir, "")
+}
+
+// outputLinesOf is outputLines of the committed files whose names start with
+// prefix.
+func outputLinesOf(t *testing.T, dir, prefix string) []string {
+	t.Helper()
 	ents, err := os.ReadDir(dir)
 	if err != nil {
 		t.Fatal(err)
 	}
 	var lines []string
 	for _, e := range ents {
-		if strings.HasPrefix(e.Name(), ".") || e.IsDir() {
+		if strings.HasPrefix(e.Name(), ".") || e.IsDir() || !strings.HasPrefix(e.Name(), prefix) {
 			continue
 		}
 		for _, l := range strings.Split(readFile(t, filepath.Join(dir, e.Name())), "\n") {
@@ -122,6 +131,42 @@ func TestJobSpreadOverTwoHosts(t *testing.T) {
 			}
 			sameLines(t, outputLines(t, filepath.Join(filepath.Dir(path), "out")), runLocally(t, path))
 		})
+	}
+}
+
+// TestSameJobFileDeployedTwice deploys one job file twice at once, spread
+// over two hosts with checkpoints (retain 1) and one file sink directory:
+// each deployment keeps its checkpoints under chk/JOB_ID and its own part
+// files, and both write every record exactly once.
+func TestSameJobFileDeployedTwice(t *testing.T) {
+	tc := newCluster(t, 4, 4)
+	path := spreadJob(t, 6000, 20000, 2, "checkpoint: {interval: 50ms, dir: chk, retain: 1}\n")
+	job, err := jobfile.LoadJob(path, jobfile.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ids, errs := make([]string, 2), make([]error, 2)
+	var wg sync.WaitGroup
+	for i := range ids {
+		wg.Go(func() { ids[i], errs[i] = tc.client.Deploy(context.Background(), job, path) })
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		t.Fatal(err)
+	}
+	want := runLocally(t, path)
+	for _, id := range ids {
+		st := tc.waitJob(id, "finished", state(cluster.JobFinished))
+		if st.State != cluster.JobFinished || st.Attempt != 0 {
+			t.Fatalf("job %s: %s in attempt %d: %s", id, st.State, st.Attempt, st.Reason)
+		}
+		if len(st.Checkpoints) == 0 {
+			t.Fatalf("job %s completed no checkpoint", id)
+		}
+		if last := st.Checkpoints[len(st.Checkpoints)-1].Location; !strings.HasPrefix(last, filepath.Join(filepath.Dir(path), "chk", id)+"/") {
+			t.Errorf("job %s: last checkpoint at %s, want it under chk/%s", id, last, id)
+		}
+		sameLines(t, outputLinesOf(t, filepath.Join(filepath.Dir(path), "out"), "part-"+id+"-"), want)
 	}
 }
 

@@ -83,7 +83,7 @@ func TestLostFinalReport(t *testing.T) {
 			t.Logf("finished in attempt %d after %s (heartbeat %s)", st.Attempt, took.Round(time.Millisecond), hbInterval)
 			if tt.spread {
 				sameLines(t, outputLines(t, filepath.Join(filepath.Dir(path), "out")), runLocally(t, path))
-			} else if got, want := readFile(t, filepath.Join(filepath.Dir(path), "out", "part-0")), expected(t); got != want {
+			} else if got, want := readFile(t, filepath.Join(filepath.Dir(path), "out", "part-"+id+"-0")), expected(t); got != want {
 				t.Fatalf("output:\n%s\nwant:\n%s", got, want)
 			}
 		})

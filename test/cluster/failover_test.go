@@ -151,7 +151,7 @@ func killHostFailsOverOn(t *testing.T, pc *processCluster, storage string) {
 			t.Errorf("streamd inspect %s: exit %d\n%s\n%s", last, code, out, errs)
 		}
 	default:
-		if !strings.HasPrefix(last, filepath.Join(filepath.Dir(path), "chk", "chk-")) {
+		if !strings.HasPrefix(last, filepath.Join(filepath.Dir(path), "chk", id, "chk-")) {
 			t.Errorf("last checkpoint at %s, want it in the checkpoint directory", last)
 		}
 	}

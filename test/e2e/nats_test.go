@@ -38,7 +38,7 @@ func TestRunNATS(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	for _, sc := range []jetstream.StreamConfig{{Name: "LINES", Subjects: []string{"lines.>"}}, {Name: "UPPER", Subjects: []string{"upper.>"}}} {
+	for _, sc := range []jetstream.StreamConfig{{Name: "LINES", Subjects: []string{"lines.>"}}, {Name: "UPPER", Subjects: []string{"upper.>"}, AllowAtomicPublish: true}} {
 		if _, err := js.CreateStream(ctx, sc); err != nil {
 			t.Fatal(err)
 		}

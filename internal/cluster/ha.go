@@ -1,0 +1,628 @@
+package cluster
+
+// The durable, highly available controller (DESIGN.md "Distribution"): the
+// job table and every job's lifecycle state live in the JetStream key-value
+// bucket ControllerBucket; one controller leads by a lease in the bucket,
+// any others stand by. A leader (a new one, or one started again) loads the
+// table and adopts the attempts that still run from the hosts' reports,
+// without restarting them.
+//
+// Keys of the bucket:
+//
+//	leader        leaseRecord: holder, term, when renewed
+//	jobs.<job id> jobRecord: the job's spec, state, attempt, placement,
+//	              history, latest restore point, restart strategy state
+//
+// Timing, from the heartbeat interval I (ControllerOptions.HeartbeatInterval):
+// the leader renews its lease every I/2; a standby takes the lease over
+// when it has seen no renewal for 3 renewals (1.5 I), with the next term;
+// a leader that could not renew for I stops acting (it may be cut off), so
+// it has stopped before a standby takes over. Writes of the leader use the
+// revision it last read or wrote (KV Update): a deposed leader's write
+// fails, and it stops at once. Hosts accept commands of the newest term they
+// know only (the leader announces its term on SubjectLeader every renewal
+// and sends it with every command).
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"regexp"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/streamd/streamd/control"
+	"github.com/streamd/streamd/internal/runtime"
+)
+
+// DefaultControllerBucket is the default of ControllerOptions.Bucket.
+const DefaultControllerBucket = "STREAMD_CONTROLLER"
+
+// maxReplicas is the most replicas JetStream allows for a stream.
+const maxReplicas = 5
+
+const (
+	leaseKey  = "leader"
+	jobPrefix = "jobs."
+)
+
+// leaseRecord is the value of the lease key.
+type leaseRecord struct {
+	Holder   string    `json:"holder"`
+	Term     uint64    `json:"term"`
+	Renewed  time.Time `json:"renewed"`
+	Interval string    `json:"interval"`
+	// Released: the holder stopped (Close) and gave the lease up; a
+	// standby takes it at once.
+	Released bool `json:"released,omitempty"`
+}
+
+// jobRecord is what the bucket keeps of one job: enough for another
+// controller to list it, to adopt its running attempt, or to place its next
+// one without reusing an attempt number.
+type jobRecord struct {
+	ID        string          `json:"id"`
+	Spec      JobSpec         `json:"spec"` // with its artifacts' digests (the modules are in ArtifactBucket)
+	From      string          `json:"from,omitempty"`
+	State     string          `json:"state"`
+	Reason    string          `json:"reason,omitempty"`
+	Attempt   int             `json:"attempt"`
+	Slots     int             `json:"slots"`
+	Placement []string        `json:"placement,omitempty"` // of the current attempt, once assigned; nil: not placed
+	LastHosts []string        `json:"last_hosts,omitempty"`
+	Attempts  []AttemptStatus `json:"attempts,omitempty"`
+	Failovers int             `json:"failovers,omitempty"`
+	Savepoint string          `json:"savepoint,omitempty"`
+	Created   time.Time       `json:"created"`
+	Updated   time.Time       `json:"updated"`
+	Ended     *time.Time      `json:"ended,omitempty"`
+	// Latest is the latest completed checkpoint or savepoint of the job
+	// (or the one it was deployed from): what its next attempt restores.
+	Latest   *control.RestorePoint `json:"latest,omitempty"`
+	Restarts *control.RestartState `json:"restarts,omitempty"`
+	Term     uint64                `json:"term"` // of the leader that wrote it
+}
+
+var plainKeyRE = regexp.MustCompile(`^[A-Za-z0-9_-]+$`)
+
+// jobKey is the bucket key of job id (ids that are not plain tokens are
+// hex-encoded).
+func jobKey(id string) string {
+	if plainKeyRE.MatchString(id) {
+		return jobPrefix + id
+	}
+	return jobPrefix + "=" + hex.EncodeToString([]byte(id))
+}
+
+// openControllerBucket opens the controller's bucket, creating it with
+// replicas replicas (0: as many as the NATS cluster has servers, at most
+// maxReplicas; 1 without a cluster).
+func openControllerBucket(ctx context.Context, nc *nats.Conn, bucket string, replicas int) (jetstream.KeyValue, int, error) {
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return nil, 0, fmt.Errorf("cluster: controller bucket %s: %w", bucket, err)
+	}
+	kv, err := js.KeyValue(ctx, bucket)
+	if err == nil {
+		st, err := kv.Status(ctx)
+		r := 0
+		if err == nil {
+			if s, ok := st.(*jetstream.KeyValueBucketStatus); ok {
+				r = s.StreamInfo().Config.Replicas
+			}
+		}
+		return kv, r, nil
+	}
+	if !errors.Is(err, jetstream.ErrBucketNotFound) {
+		return nil, 0, fmt.Errorf("cluster: controller bucket %s (the NATS server needs JetStream): %w", bucket, err)
+	}
+	if replicas <= 0 {
+		replicas = clusterReplicas(nc)
+	}
+	cfg := jetstream.KeyValueConfig{Bucket: bucket, Description: "streamd controller: job table and leader lease",
+		History: 1, Storage: jetstream.FileStorage, Replicas: replicas}
+	kv, err = js.CreateKeyValue(ctx, cfg)
+	if errors.Is(err, jetstream.ErrBucketExists) {
+		kv, err = js.KeyValue(ctx, bucket)
+	}
+	if err != nil {
+		return nil, 0, fmt.Errorf("cluster: create controller bucket %s with %d replicas: %w", bucket, replicas, err)
+	}
+	return kv, replicas, nil
+}
+
+// clusterReplicas is the replica count of a bucket that follows the NATS
+// cluster nc is connected to: its known servers, at most maxReplicas; 1
+// without a cluster.
+func clusterReplicas(nc *nats.Conn) int {
+	if nc.ConnectedClusterName() == "" {
+		return 1
+	}
+	return max(1, min(len(nc.Servers()), maxReplicas))
+}
+
+func newControllerID() string {
+	var b [4]byte
+	_, _ = rand.Read(b[:])
+	return NewHostID() + "-" + hex.EncodeToString(b[:2])
+}
+
+// leaseTiming is how often the leader renews, how long a lease lasts
+// without renewal for a standby, and how long the leader itself goes on
+// without a renewal.
+func (c *Controller) leaseTiming() (renew, expiry, selfExpiry time.Duration) {
+	renew = max(c.opts.HeartbeatInterval/2, 5*time.Millisecond)
+	return renew, 3 * renew, 2 * renew
+}
+
+// leaseLoop renews the lease while this controller leads, and tries to take
+// it while it stands by. It ends with the controller.
+func (c *Controller) leaseLoop() {
+	defer c.lwg.Done()
+	renew, _, _ := c.leaseTiming()
+	t := time.NewTicker(renew / 2)
+	defer t.Stop()
+	for {
+		c.mu.Lock()
+		leading := c.term != 0
+		c.mu.Unlock()
+		if leading {
+			c.renewLease()
+		} else {
+			c.tryLease()
+		}
+		select {
+		case <-c.done:
+			return
+		case <-t.C:
+		}
+	}
+}
+
+func (c *Controller) kvCtx() (context.Context, context.CancelFunc) {
+	_, _, self := c.leaseTiming()
+	return context.WithTimeout(context.Background(), max(self, time.Second))
+}
+
+// tryLease takes the lease if nobody holds it, it was released, or it was
+// not renewed for the expiry; on success this controller leads.
+func (c *Controller) tryLease() {
+	_, expiry, _ := c.leaseTiming()
+	ctx, cancel := c.kvCtx()
+	defer cancel()
+	now := time.Now()
+	rec := leaseRecord{Holder: c.id, Term: 1, Renewed: now, Interval: c.opts.HeartbeatInterval.String()}
+	e, err := c.kv.Get(ctx, leaseKey)
+	var rev uint64
+	switch {
+	case errors.Is(err, jetstream.ErrKeyNotFound):
+		data, _ := json.Marshal(rec)
+		rev, err = c.kv.Create(ctx, leaseKey, data)
+		if err != nil {
+			c.log.Debug("lease not taken", "err", err)
+			return
+		}
+	case err != nil:
+		c.log.Debug("lease not read", "err", err)
+		return
+	default:
+		var cur leaseRecord
+		if err := json.Unmarshal(e.Value(), &cur); err != nil {
+			c.log.Warn("bad lease record; taking the lease", "err", err)
+		}
+		if e.Revision() != c.seenRev {
+			c.seenRev, c.seenAt = e.Revision(), now
+		}
+		if !cur.Released && now.Sub(c.seenAt) < expiry {
+			return // the leader renews it
+		}
+		rec.Term = cur.Term + 1
+		data, _ := json.Marshal(rec)
+		if rev, err = c.kv.Update(ctx, leaseKey, data, e.Revision()); err != nil {
+			c.log.Debug("lease not taken", "err", err)
+			return
+		}
+		c.log.Info("taking over as leader", "previous_leader", cur.Holder, "previous_term", cur.Term, "released", cur.Released,
+			"not_renewed_for", now.Sub(cur.Renewed).Round(time.Millisecond))
+	}
+	c.leaseRev, c.renewed = rev, now
+	if err := c.lead(rec.Term); err != nil {
+		c.log.Error("could not take the lead; giving the lease up", "term", rec.Term, "err", err)
+		c.resign(false)
+	}
+}
+
+// renewLease renews the lease; a controller that lost it, or could not
+// renew it in time, stops acting at once.
+func (c *Controller) renewLease() {
+	_, _, self := c.leaseTiming()
+	ctx, cancel := c.kvCtx()
+	defer cancel()
+	c.mu.Lock()
+	term := c.term
+	c.mu.Unlock()
+	now := time.Now()
+	data, _ := json.Marshal(leaseRecord{Holder: c.id, Term: term, Renewed: now, Interval: c.opts.HeartbeatInterval.String()})
+	rev, err := c.kv.Update(ctx, leaseKey, data, c.leaseRev)
+	switch {
+	case err == nil:
+		c.leaseRev, c.renewed = rev, now
+		c.announce(term)
+	case errors.Is(err, jetstream.ErrKeyRevisionMismatch):
+		c.depose(fmt.Errorf("cluster: controller %s: the lease of term %d was taken over", c.id, term))
+	case time.Since(c.renewed) > self:
+		c.depose(fmt.Errorf("cluster: controller %s: the lease of term %d not renewed for %s: %w", c.id, term, time.Since(c.renewed).Round(time.Millisecond), err))
+	default:
+		c.log.Warn("lease not renewed; trying again", "term", term, "err", err)
+	}
+}
+
+// announce tells the hosts who leads in which term (they fence older terms).
+func (c *Controller) announce(term uint64) {
+	data, _ := json.Marshal(LeaderAnnounce{ID: c.id, Term: term})
+	_ = c.nc.Publish(SubjectLeader, data)
+}
+
+// resign gives the lease up (Close of a leader; a standby takes it at once)
+// when release is set, else only stops leading.
+func (c *Controller) resign(release bool) {
+	if !release {
+		return
+	}
+	ctx, cancel := c.kvCtx()
+	defer cancel()
+	data, _ := json.Marshal(leaseRecord{Holder: c.id, Term: c.term, Renewed: time.Now(), Released: true})
+	if _, err := c.kv.Update(ctx, leaseKey, data, c.leaseRev); err != nil {
+		c.log.Debug("lease not released", "err", err)
+	}
+}
+
+// depose stops a leader that lost its lease or a write to the bucket: it
+// ends at once (Done), without a word to the hosts; the new leader adopts
+// its jobs.
+func (c *Controller) depose(err error) {
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return
+	}
+	c.deposedErr = err
+	c.mu.Unlock()
+	c.log.Error("controller deposed: it stops acting", "err", err)
+	go c.shutdown(false)
+}
+
+// Done is closed when the controller has stopped: Close, or deposed (Err
+// says why; start a new controller to stand by again).
+func (c *Controller) Done() <-chan struct{} { return c.ended }
+
+// Err is why the controller stopped when it was deposed, else nil.
+func (c *Controller) Err() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.deposedErr
+}
+
+func (c *Controller) leaderTerm() uint64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.term
+}
+
+// Leader is this controller's id and the term it leads (0: it stands by).
+func (c *Controller) Leader() (string, uint64) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.id, c.term
+}
+
+// ---- the job table in the bucket ----
+
+// recordLocked is the record of j now.
+func (c *Controller) recordLocked(j *ctlJob) jobRecord {
+	r := jobRecord{ID: j.id, Spec: j.spec, From: j.from, State: j.state, Reason: j.reason, Attempt: j.attempt, Slots: j.slots,
+		Attempts: append([]AttemptStatus(nil), j.attempts...), Failovers: j.failovers, Savepoint: j.savepoint,
+		Created: j.created, Updated: j.updated, Ended: j.ended, Latest: j.latest, Restarts: j.restarts, Term: c.term}
+	if j.placement != nil {
+		r.Placement = append([]string(nil), j.placement.Slots...)
+	}
+	if j.lastPlaced != nil {
+		r.LastHosts = j.lastPlaced.Slots
+	}
+	return r
+}
+
+// saveLocked queues the record of j for the bucket and returns its version:
+// saved(j.id, version) waits until it is durable. Records are written in
+// order by one goroutine (persistLoop), the newest of each job only.
+func (c *Controller) saveLocked(j *ctlJob) uint64 {
+	if c.term == 0 || c.closed {
+		return 0
+	}
+	j.ver++
+	c.queue[j.id] = queuedRecord{rec: c.recordLocked(j), ver: j.ver}
+	select {
+	case c.saveWake <- struct{}{}:
+	default:
+	}
+	return j.ver
+}
+
+type queuedRecord struct {
+	rec jobRecord
+	ver uint64
+}
+
+// saved waits until version ver of job id's record is in the bucket; an
+// error when the controller stopped first (deposed: the write failed).
+func (c *Controller) saved(id string, ver uint64) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for {
+		if c.closed {
+			return fmt.Errorf("cluster: controller stopped before job %s was saved", id)
+		}
+		if c.durable[id] >= ver {
+			return nil
+		}
+		ch := c.savedCh
+		c.mu.Unlock()
+		<-ch
+		c.mu.Lock()
+	}
+}
+
+// persistLoop writes the queued job records. A write that finds another
+// revision than the one this controller last wrote means another leader
+// wrote it: this one is deposed.
+func (c *Controller) persistLoop() {
+	defer c.lwg.Done()
+	for {
+		select {
+		case <-c.done:
+			return
+		case <-c.saveWake:
+		}
+		for {
+			c.mu.Lock()
+			var ids []string
+			for id := range c.queue {
+				ids = append(ids, id)
+			}
+			sort.Strings(ids)
+			batch := make([]queuedRecord, 0, len(ids))
+			for _, id := range ids {
+				batch = append(batch, c.queue[id])
+				delete(c.queue, id)
+			}
+			c.mu.Unlock()
+			if len(batch) == 0 {
+				break
+			}
+			for _, q := range batch {
+				if err := c.writeRecord(q.rec); err != nil {
+					c.depose(err)
+					return
+				}
+				c.mu.Lock()
+				c.durable[q.rec.ID] = max(c.durable[q.rec.ID], q.ver)
+				close(c.savedCh)
+				c.savedCh = make(chan struct{})
+				c.mu.Unlock()
+			}
+		}
+	}
+}
+
+// writeRecord writes rec with the revision last seen of its key, retrying
+// transient errors while the controller leads.
+func (c *Controller) writeRecord(rec jobRecord) error {
+	data, err := json.Marshal(rec)
+	if err != nil {
+		return fmt.Errorf("cluster: encode the record of job %s: %w", rec.ID, err)
+	}
+	key := jobKey(rec.ID)
+	delay := 50 * time.Millisecond
+	for {
+		ctx, cancel := c.kvCtx()
+		var rev uint64
+		if last := c.revs[key]; last == 0 {
+			rev, err = c.kv.Create(ctx, key, data)
+		} else {
+			rev, err = c.kv.Update(ctx, key, data, last)
+		}
+		cancel()
+		switch {
+		case err == nil:
+			c.revs[key] = rev
+			return nil
+		case errors.Is(err, jetstream.ErrKeyExists), errors.Is(err, jetstream.ErrKeyRevisionMismatch):
+			return fmt.Errorf("cluster: controller %s: job %s was written by another controller (revision %d is not the latest): %w", c.id, rec.ID, c.revs[key], err)
+		}
+		c.log.Warn("job record not saved; trying again", "job", rec.ID, "err", err)
+		select {
+		case <-c.done:
+			return fmt.Errorf("cluster: job %s not saved: %w", rec.ID, err)
+		case <-time.After(delay):
+		}
+		delay = min(2*delay, time.Second)
+	}
+}
+
+// loadJobs reads the job table from the bucket.
+func (c *Controller) loadJobs(ctx context.Context) ([]jobRecord, error) {
+	lister, err := c.kv.ListKeysFiltered(ctx, jobPrefix+">")
+	if err != nil {
+		return nil, fmt.Errorf("cluster: list the jobs in bucket %s: %w", c.opts.Bucket, err)
+	}
+	var keys []string
+	for k := range lister.Keys() {
+		keys = append(keys, k)
+	}
+	var out []jobRecord
+	for _, k := range keys {
+		e, err := c.kv.Get(ctx, k)
+		if errors.Is(err, jetstream.ErrKeyNotFound) {
+			continue
+		}
+		if err != nil {
+			return nil, fmt.Errorf("cluster: read %s from bucket %s: %w", k, c.opts.Bucket, err)
+		}
+		var r jobRecord
+		if err := json.Unmarshal(e.Value(), &r); err != nil || r.ID == "" {
+			c.log.Error("job record unreadable; skipped", "key", k, "err", err)
+			continue
+		}
+		c.revs[k] = e.Revision()
+		out = append(out, r)
+	}
+	sort.SliceStable(out, func(a, b int) bool { return out[a].Created.Before(out[b].Created) })
+	return out, nil
+}
+
+// lead makes this controller the leader of term: it loads the job table,
+// sets up the jobs whose attempt runs (adopted: not restarted; their hosts'
+// reports decide whether they still run), subscribes to the control API
+// and the hosts, and announces its term.
+func (c *Controller) lead(term uint64) error {
+	ctx, cancel := context.WithTimeout(context.Background(), DefaultRetry.Total)
+	defer cancel()
+	recs, err := c.loadJobs(ctx)
+	if err != nil {
+		return err
+	}
+	now := time.Now()
+	c.mu.Lock()
+	c.term = term
+	c.mu.Unlock()
+	var adopted []*ctlJob
+	for _, r := range recs {
+		j := jobFromRecord(r, now)
+		if j.placement != nil {
+			// The attempt was assigned: it may run. Its controller side
+			// takes it over without deploying anything.
+			dj, err := c.newDistJob(j.id, j.spec, j.restoreFrom(), j.attempt, true, &runtime.Takeover{Restarts: j.restarts})
+			if err != nil {
+				c.log.Error("running job cannot be adopted; it fails", "job", j.id, "attempt", j.attempt, "err", err)
+				j.placement = nil
+				c.mu.Lock()
+				c.endLocked(j, now, JobFailed, fmt.Sprintf("controller term %d could not adopt attempt %d: %v", term, j.attempt, err))
+				c.mu.Unlock()
+			} else {
+				j.dist = dj
+				adopted = append(adopted, j)
+			}
+		}
+		c.mu.Lock()
+		c.jobs[j.id] = j
+		c.order = append(c.order, j.id)
+		c.mu.Unlock()
+	}
+	c.mu.Lock()
+	// Until the hosts of the adopted attempts have reported (or two
+	// heartbeat intervals passed) nothing is placed: their slots are not
+	// known yet. A host that never reports is lost as usual.
+	c.adoptUntil = now.Add(2 * c.opts.HeartbeatInterval)
+	for _, j := range adopted {
+		for _, id := range j.placement.Hosts() {
+			if c.hosts[id] == nil {
+				c.hosts[id] = &ctlHost{id: id, interval: c.opts.HeartbeatInterval, lastSeen: now,
+					busy: map[AttemptRef]*slotUse{}, ended: map[AttemptRef]time.Time{}}
+				c.awaiting[id] = true
+			}
+		}
+		c.holdLocked(j, *j.placement)
+		for _, id := range j.placement.Hosts() {
+			c.settleLocked(id, AttemptRef{JobID: j.id, Attempt: j.attempt}, now)
+		}
+		c.saveLocked(j) // written in this term: a deposed leader's later write fails
+	}
+	for _, id := range c.order {
+		if j := c.jobs[id]; j.ver == 0 && !TerminalJobState(j.state) {
+			c.saveLocked(j)
+		}
+	}
+	c.mu.Unlock()
+	if err := c.subscribe(); err != nil {
+		return err
+	}
+	c.announce(term)
+	for _, j := range adopted {
+		c.log.Info("job adopted", "job", j.id, "attempt", j.attempt, "hosts", j.placement.Hosts(), "state", j.state)
+		j.dist.adopt(j.attempt, *j.placement)
+	}
+	c.wg.Add(1)
+	go c.ticker()
+	c.log.Info("controller leads", "id", c.id, "term", term, "jobs", len(recs), "adopted", len(adopted))
+	return nil
+}
+
+// jobFromRecord is the job of record r, as a new leader sees it at now.
+func jobFromRecord(r jobRecord, now time.Time) *ctlJob {
+	j := &ctlJob{id: r.ID, spec: r.Spec, state: r.State, reason: r.Reason, attempt: r.Attempt, slots: r.Slots,
+		created: r.Created, updated: r.Updated, ended: r.Ended, savepoint: r.Savepoint, from: r.From,
+		attempts: r.Attempts, failovers: r.Failovers, latest: r.Latest, restarts: r.Restarts,
+		placed: map[int]control.Placement{}, changed: make(chan struct{}), subtaskState: SubtaskScheduled, resumed: true}
+	if len(r.LastHosts) > 0 {
+		j.lastPlaced = &control.Placement{Slots: r.LastHosts}
+	}
+	switch {
+	case TerminalJobState(r.State):
+		j.subtaskState = map[string]string{JobFinished: SubtaskFinished, JobStopped: SubtaskFinished,
+			JobCanceled: SubtaskCanceled, JobFailed: SubtaskFailed}[r.State]
+	case len(r.Placement) > 0:
+		p := control.Placement{Slots: r.Placement}
+		j.placement, j.lastPlaced = &p, &p
+		j.placed[j.attempt] = p
+		j.hostStats = map[string][]runtime.OperatorStats{}
+		j.assignedAt, j.endedOn, j.unlisted, j.asking = now, map[string]bool{}, map[string]int{}, map[string]bool{}
+		j.subtaskState = SubtaskRunning
+		if r.State != JobRunning && r.State != JobFinishing {
+			j.subtaskState = SubtaskDeploying
+		}
+		if r.State == JobStopping {
+			// The stop's request went with the old leader: the job runs on.
+			j.state, j.reason = JobRunning, "a stop with savepoint was interrupted by a change of controller"
+		}
+	case r.State == JobRestarting:
+		j.restartAt = now
+	}
+	return j
+}
+
+// restoreFrom is what the next attempt of j restores: its latest restore
+// point, else the checkpoint it was deployed from.
+func (j *ctlJob) restoreFrom() string {
+	if j.latest != nil && j.latest.Location != "" {
+		return j.latest.Location
+	}
+	return j.from
+}
+
+// adoptionLocked reports whether placing is held back: right after taking
+// the lead, until the hosts of the adopted attempts reported.
+func (c *Controller) adoptionLocked(now time.Time) bool {
+	if c.adoptUntil.IsZero() {
+		return false
+	}
+	if len(c.awaiting) == 0 || !now.Before(c.adoptUntil) {
+		if len(c.awaiting) > 0 {
+			hosts := make([]string, 0, len(c.awaiting))
+			for h := range c.awaiting {
+				hosts = append(hosts, h)
+			}
+			sort.Strings(hosts)
+			c.log.Warn("hosts of adopted jobs have not reported; placing jobs anyway", "hosts", strings.Join(hosts, ","))
+		}
+		c.adoptUntil, c.awaiting = time.Time{}, map[string]bool{}
+		return false
+	}
+	return true
+}

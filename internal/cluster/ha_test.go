@@ -1,0 +1,118 @@
+package cluster
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/streamd/streamd/internal/natsutil"
+)
+
+// TestDeposedLeaderIsFenced: once a standby took over (term 2), the hosts
+// refuse the requests of term 1 (a deposed leader that has not noticed yet):
+// its cancel does not stop the adopted attempt and its assignment is
+// refused; the new leader's requests work. The old leader itself is deposed when it finds its lease
+// taken.
+func TestDeposedLeaderIsFenced(t *testing.T) {
+	srv, err := natsutil.StartEmbedded(natsutil.EmbeddedOptions{Port: -1, NoLog: true, StoreDir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(srv.Shutdown)
+	conn := func() *nats.Conn {
+		nc, err := natsutil.Connect(natsutil.URLs(srv.URL()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(nc.Close)
+		return nc
+	}
+	const hb = 100 * time.Millisecond
+	ncA := conn()
+	a, err := StartController(ncA, ControllerOptions{ID: "a", HeartbeatInterval: hb})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(a.Close)
+	if _, term := a.Leader(); term != 1 {
+		t.Fatalf("first controller: term %d, want 1", term)
+	}
+	exec := newSlowExecutor(0)
+	hnc := conn()
+	h, err := StartHost(hnc, HostOptions{ID: "h1", Slots: 1, DataDir: t.TempDir(), HeartbeatInterval: hb, Executor: exec})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(h.Close)
+	client := &Client{nc: conn()}
+	var dr DeployReply
+	if err := client.call(context.Background(), SubjectDeploy, DeployRequest{Job: testSpec(1)}, &dr, func() Reply { return dr.Reply }); err != nil {
+		t.Fatal(err)
+	}
+	ref := AttemptRef{JobID: dr.JobID, Attempt: 0}
+	exec.waitFor(t, "attempt 0 started", func() bool { _, ok := exec.started[ref]; return ok })
+
+	// a is cut off: it can renew its lease no more, and b takes over in
+	// term 2 once the lease lapsed.
+	ncB := conn()
+	ncA.Close()
+	b, err := StartController(ncB, ControllerOptions{ID: "b", HeartbeatInterval: hb})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(b.Close)
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		if _, term := b.Leader(); term == 2 && h.Term() == 2 {
+			break
+		}
+		if time.Now().After(deadline) {
+			_, term := b.Leader()
+			t.Fatalf("b term %d, host term %d: want 2 and 2", term, h.Term())
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	select {
+	case <-a.Done():
+		if a.Err() == nil {
+			t.Error("a stopped without saying it was deposed")
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("a did not stop after losing its lease")
+	}
+
+	// Term 1's requests are refused; the adopted attempt runs on.
+	var rep Reply
+	if err := requestTimeout(hnc, HostSubject("h1", HostVerbCancel), 5*time.Second, HostRequest{JobID: ref.JobID, Attempt: 0, Term: 1}, &rep); err != nil {
+		t.Fatal(err)
+	}
+	if rep.Err() == nil || !strings.Contains(rep.Error, "term 1 refused") {
+		t.Errorf("cancel of term 1: %v, want refused", rep.Err())
+	}
+	var ar AssignReply
+	if err := requestTimeout(hnc, HostSubject("h1", HostVerbAssign), 5*time.Second, Assignment{JobID: ref.JobID, Attempt: 5, Term: 1, Job: testSpec(1), Placement: []string{"h1"}}, &ar); err != nil {
+		t.Fatal(err)
+	}
+	if ar.Err() == nil || !strings.Contains(ar.Error, "term 1 refused") {
+		t.Errorf("assignment of term 1: %v, want refused", ar.Err())
+	}
+	if got := h.Running(); len(got) != 1 || got[0] != ref {
+		t.Fatalf("host runs %v after term 1's requests, want only %v", got, ref)
+	}
+	var jr JobReply
+	if err := client.read(context.Background(), SubjectStatus, JobRequest{JobID: ref.JobID}, &jr, func() Reply { return jr.Reply }); err != nil {
+		t.Fatal(err)
+	}
+	if st := jr.Job; st.State != JobRunning || st.Attempt != 0 || st.Term != 2 || st.Leader != "b" {
+		t.Fatalf("status after the takeover: %s attempt %d term %d leader %q (%s); want running attempt 0 from b in term 2", st.State, st.Attempt, st.Term, st.Leader, st.Reason)
+	}
+	// The leader of term 2 is obeyed.
+	jr = JobReply{}
+	if err := client.call(context.Background(), SubjectCancel, JobRequest{JobID: ref.JobID}, &jr, func() Reply { return jr.Reply }); err != nil {
+		t.Fatal(err)
+	}
+	exec.waitFor(t, "attempt 0 canceled by term 2", func() bool { _, ok := exec.ended[ref]; return ok })
+}
