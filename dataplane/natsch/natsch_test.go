@@ -258,16 +258,7 @@ func TestSlowReceiver(t *testing.T) {
 	const window = 16 << 10
 	s := startServer(t, 0)
 	// Sender and receiver on separate connections, as on two hosts.
-	rt := transport(t, connect(t, s), Window(window))
-	st := transport(t, connect(t, s), Window(window))
-	r, err := rt.NewReceiver(testID)
-	if err != nil {
-		t.Fatal(err)
-	}
-	snd, err := st.NewSender(testID)
-	if err != nil {
-		t.Fatal(err)
-	}
+	r, snd := channelEnds(t, transport(t, connect(t, s), Window(window)), transport(t, connect(t, s), Window(window)))
 	const batches, perBatch = 300, 10 // 300 x ~1.2 KB: ~23 windows
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
