@@ -5,7 +5,11 @@
 // the standard library.
 package abi
 
-import "math"
+import (
+	"errors"
+	"fmt"
+	"math"
+)
 
 // Version is the ABI version a guest must report from ExportABIVersion.
 const Version = 1
@@ -129,6 +133,43 @@ const AbsentLength int32 = -1
 
 // DefaultMaxParallelism is the number of key groups when a job sets none.
 const DefaultMaxParallelism = 128
+
+// Record size limit: a record's size is its key and value bytes
+// (len(key)+len(value)); the job's max_record_bytes bounds it wherever a
+// record enters or travels (sources, emits, channels).
+const (
+	// DefaultMaxRecordBytes is max_record_bytes when neither the job file nor
+	// the configuration sets it: 64 MiB.
+	DefaultMaxRecordBytes = 64 << 20
+	// MaxMaxRecordBytes is the largest max_record_bytes accepted: 1 GiB
+	// (frames carry u32 lengths, and a guest's memory is at most 4 GiB).
+	MaxMaxRecordBytes = 1 << 30
+)
+
+// ErrRecordTooLarge is wrapped by every refusal of a record larger than
+// max_record_bytes.
+var ErrRecordTooLarge = errors.New("record too large")
+
+// RecordBytes is the size max_record_bytes bounds: the key and value bytes of r.
+func RecordBytes(r Record) int { return len(r.Key) + len(r.Value) }
+
+// CheckRecordBytes returns an error wrapping ErrRecordTooLarge, naming the
+// record's size and the limit, if r is larger than max bytes.
+func CheckRecordBytes(r Record, max int) error {
+	if n := len(r.Key) + len(r.Value); n > max {
+		return fmt.Errorf("%w: a record of %d bytes (key %d, value %d) is over max_record_bytes %d", ErrRecordTooLarge, n, len(r.Key), len(r.Value), max)
+	}
+	return nil
+}
+
+// CheckMaxRecordBytes validates a max_record_bytes setting named key (the
+// job-file field or configuration key, for the error).
+func CheckMaxRecordBytes(key string, v int64) error {
+	if v < 1 || v > MaxMaxRecordBytes {
+		return fmt.Errorf("%s: %d bytes: want 1 to %d (1 GiB); the default is %d (64 MiB)", key, v, MaxMaxRecordBytes, DefaultMaxRecordBytes)
+	}
+	return nil
+}
 
 // RequiredExports must be exported by every guest; the others are optional and
 // treated as returning StatusOK when absent.

@@ -55,6 +55,9 @@ type WriterOptions struct {
 	BatchSize      int // records per batch; default DefaultBatchSize
 	MaxParallelism int // key groups of the receiving operator (Hash); default abi.DefaultMaxParallelism
 	Start          int // first output of Rebalance (spread senders: use the sender's subtask index)
+	// MaxRecordBytes is max_record_bytes: a larger record (key and value
+	// bytes) fails the emit; default abi.DefaultMaxRecordBytes.
+	MaxRecordBytes int
 }
 
 // RecordWriter is the sending side of one job-graph edge for one subtask: it
@@ -68,6 +71,7 @@ type RecordWriter struct {
 	part      Partitioning
 	maxPar    int
 	batchSize int
+	maxRecord int
 	pending   []*Batch
 	rr        int
 	err       error
@@ -87,6 +91,9 @@ func NewRecordWriter(outs []Output, p Partitioning, o WriterOptions) (*RecordWri
 	if o.MaxParallelism <= 0 {
 		o.MaxParallelism = abi.DefaultMaxParallelism
 	}
+	if o.MaxRecordBytes <= 0 {
+		o.MaxRecordBytes = abi.DefaultMaxRecordBytes
+	}
 	if p == Hash && o.MaxParallelism < len(outs) {
 		return nil, fmt.Errorf("dataplane: record writer: max parallelism %d < %d receivers", o.MaxParallelism, len(outs))
 	}
@@ -95,6 +102,7 @@ func NewRecordWriter(outs []Output, p Partitioning, o WriterOptions) (*RecordWri
 		part:      p,
 		maxPar:    o.MaxParallelism,
 		batchSize: o.BatchSize,
+		maxRecord: o.MaxRecordBytes,
 		pending:   make([]*Batch, len(outs)),
 		rr:        o.Start % len(outs),
 	}, nil
@@ -112,10 +120,18 @@ func (w *RecordWriter) Emit(ctx context.Context, r abi.Record) error {
 }
 
 // EmitBatch copies recs into the batches of their receivers, sending each
-// batch that fills up. The caller keeps ownership of recs.
+// batch that fills up. The caller keeps ownership of recs. A record over
+// max_record_bytes fails the writer (an error wrapping abi.ErrRecordTooLarge)
+// before any record of recs is taken.
 func (w *RecordWriter) EmitBatch(ctx context.Context, recs []abi.Record) error {
 	if w.err != nil {
 		return w.err
+	}
+	for i := range recs {
+		if len(recs[i].Key)+len(recs[i].Value) > w.maxRecord {
+			w.err = fmt.Errorf("dataplane: record writer: record %d of %d: %w", i, len(recs), abi.CheckRecordBytes(recs[i], w.maxRecord))
+			return w.err
+		}
 	}
 	switch w.part {
 	case Forward:

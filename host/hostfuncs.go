@@ -130,6 +130,17 @@ func hostEmit(i *Instance, stack []uint64) {
 	if err != nil {
 		i.misuse("emit: %v", err)
 	}
+	limit := i.cfg.MaxRecordBytes
+	if limit <= 0 {
+		limit = abi.DefaultMaxRecordBytes
+	}
+	for n := range recs {
+		if r := recs[n]; len(r.Key)+len(r.Value) > limit {
+			i.failure = &hostCallPanic{abi.ErrRecordTooLarge, fmt.Sprintf("emit: record %d of %d has %d bytes (key %d, value %d), over max_record_bytes %d",
+				n, len(recs), len(r.Key)+len(r.Value), len(r.Key), len(r.Value), limit)}
+			panic(i.failure)
+		}
+	}
 	if i.emit != nil && len(recs) > 0 {
 		if i.callStart.IsZero() {
 			i.emit(recs)

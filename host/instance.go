@@ -34,6 +34,10 @@ type InstanceConfig struct {
 	// returns, so the host copies nothing. For receivers that copy what they
 	// keep (the task runtime's record writers do); false hands out copies.
 	LendEmits bool
+	// MaxRecordBytes is max_record_bytes: an emit of a larger record (key
+	// and value bytes) fails the call with an *Error of kind
+	// abi.ErrRecordTooLarge; 0 means abi.DefaultMaxRecordBytes.
+	MaxRecordBytes int
 }
 
 // Emitter receives the records of one guest emit call. The slices (the record

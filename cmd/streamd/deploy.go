@@ -99,11 +99,11 @@ func (c *cli) loadForDeploy(cmd *cobra.Command, target string, f runFlags) (*job
 				return nil, "", usagef("--%s applies only when deploying a .wasm module; %s is a job file (set it in the file)", name, target)
 			}
 		}
-		restart, err := c.restartDefault()
+		lo, err := c.loadOptions(f.parallelism)
 		if err != nil {
 			return nil, "", err
 		}
-		job, err := jobfile.LoadJob(target, jobfile.Options{Parallelism: f.parallelism, Restart: restart})
+		job, err := jobfile.LoadJob(target, lo)
 		if err != nil {
 			return nil, "", err
 		}
@@ -123,8 +123,12 @@ func (c *cli) loadForDeploy(cmd *cobra.Command, target string, f runFlags) (*job
 		}
 		cfg[k] = v
 	}
+	mrb, err := c.maxRecordBytes()
+	if err != nil {
+		return nil, "", err
+	}
 	job, err := jobfile.FilterJob(jobfile.Filter{Module: target, Source: f.source, Sink: f.sink,
-		Parallelism: f.parallelism, Config: cfg, AllowClock: f.allowClock})
+		Parallelism: f.parallelism, Config: cfg, AllowClock: f.allowClock, MaxRecordBytes: mrb})
 	return job, "", err
 }
 

@@ -87,6 +87,10 @@ func (c *cli) startHost(ctx context.Context, nc *nats.Conn, defaultID string) (*
 	if err != nil {
 		return nil, nil, err
 	}
+	mrb, err := c.maxRecordBytes()
+	if err != nil {
+		return nil, nil, err
+	}
 	dir, err := c.dataDir()
 	if err != nil {
 		return nil, nil, err
@@ -112,7 +116,7 @@ func (c *cli) startHost(ctx context.Context, nc *nats.Conn, defaultID string) (*
 	}
 	h, err := cluster.StartHost(nc, cluster.HostOptions{
 		ID: id, Slots: slots, DataDir: filepath.Join(dir, "host"), HeartbeatInterval: hb, Logger: c.log,
-		Executor: &cluster.LocalExecutor{Engine: eng, Stdout: c.stdout, BatchSize: batch, ChannelCapacity: chanCap, NATS: natsOpts},
+		Executor: &cluster.LocalExecutor{Engine: eng, Stdout: c.stdout, BatchSize: batch, ChannelCapacity: chanCap, MaxRecordBytes: mrb, NATS: natsOpts},
 	})
 	if err != nil {
 		eng.Close(context.WithoutCancel(ctx))

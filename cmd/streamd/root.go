@@ -15,7 +15,9 @@ import (
 	"github.com/spf13/pflag"
 	"github.com/spf13/viper"
 
+	"github.com/streamd/streamd/abi"
 	"github.com/streamd/streamd/host"
+	"github.com/streamd/streamd/internal/jobfile"
 	"github.com/streamd/streamd/internal/telemetry"
 )
 
@@ -45,6 +47,7 @@ const (
 	keyWasmDeadline    = "wasm.call_deadline"
 	keyBatchSize       = "runtime.batch_size"
 	keyChannelCapacity = "runtime.channel_capacity"
+	keyMaxRecordBytes  = "runtime.max_record_bytes"
 	keyProgress        = "progress"
 )
 
@@ -121,7 +124,7 @@ func (c *cli) loadConfig() error {
 	v.SetEnvKeyReplacer(strings.NewReplacer(".", "_"))
 	v.AutomaticEnv()
 	// AutomaticEnv only answers keys viper knows; make sure every key is known.
-	for _, k := range append([]string{keyWasmCacheDir}, restartKeys...) {
+	for _, k := range append([]string{keyWasmCacheDir, keyMaxRecordBytes}, restartKeys...) {
 		_ = v.BindEnv(k)
 	}
 
@@ -162,7 +165,7 @@ func (c *cli) loadConfig() error {
 }
 
 // knownKeys are the keys a configuration file may set.
-var knownKeys = []string{keyLogLevel, keyLogFormat, keyWasmCacheDir, keyWasmMemoryLimit, keyWasmDeadline, keyBatchSize, keyChannelCapacity, keyProgress}
+var knownKeys = []string{keyLogLevel, keyLogFormat, keyWasmCacheDir, keyWasmMemoryLimit, keyWasmDeadline, keyBatchSize, keyChannelCapacity, keyMaxRecordBytes, keyProgress}
 
 // checkKnownKeys rejects typos in the configuration file.
 func (c *cli) checkKnownKeys() error {
@@ -206,6 +209,39 @@ func (c *cli) engineOptions() ([]host.Option, error) {
 	}
 	opts = append(opts, host.WithCallDeadline(d))
 	return opts, nil
+}
+
+// maxRecordBytes is runtime.max_record_bytes, the max_record_bytes of jobs
+// whose file sets none; 0 when the configuration does not set it (the
+// default, abi.DefaultMaxRecordBytes, applies).
+func (c *cli) maxRecordBytes() (int, error) {
+	if !c.v.IsSet(keyMaxRecordBytes) {
+		return 0, nil
+	}
+	raw := c.v.Get(keyMaxRecordBytes)
+	n, err := castInt(raw)
+	if err != nil {
+		return 0, usagef("%s: want an integer number of bytes, got %v", keyMaxRecordBytes, raw)
+	}
+	if err := abi.CheckMaxRecordBytes(keyMaxRecordBytes, int64(n)); err != nil {
+		return 0, usagef("%w", err)
+	}
+	return n, nil
+}
+
+// loadOptions are the job-file options the configuration gives: the
+// restart strategy and max_record_bytes of job files that set none, and
+// the parallelism override.
+func (c *cli) loadOptions(parallelism int) (jobfile.Options, error) {
+	restart, err := c.restartDefault()
+	if err != nil {
+		return jobfile.Options{}, err
+	}
+	mrb, err := c.maxRecordBytes()
+	if err != nil {
+		return jobfile.Options{}, err
+	}
+	return jobfile.Options{Parallelism: parallelism, Restart: restart, MaxRecordBytes: mrb}, nil
 }
 
 func (c *cli) positiveInt(key string) (int, error) {

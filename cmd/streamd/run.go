@@ -108,8 +108,11 @@ func (c *cli) run(ctx context.Context, cmd *cobra.Command, target string, f runF
 			}
 			cfg[k] = v
 		}
-		job, err = jobfile.FilterJob(jobfile.Filter{Module: target, Source: f.source, Sink: f.sink,
-			Parallelism: f.parallelism, Config: cfg, AllowClock: f.allowClock})
+		var mrb int
+		if mrb, err = c.maxRecordBytes(); err == nil {
+			job, err = jobfile.FilterJob(jobfile.Filter{Module: target, Source: f.source, Sink: f.sink,
+				Parallelism: f.parallelism, Config: cfg, AllowClock: f.allowClock, MaxRecordBytes: mrb})
+		}
 		for _, name := range []string{"from", "drain"} {
 			if cmd.Flags().Changed(name) {
 				return usagef("--%s applies only to a job file", name)
@@ -121,9 +124,9 @@ func (c *cli) run(ctx context.Context, cmd *cobra.Command, target string, f runF
 				return usagef("--%s applies only when running a .wasm module; %s is a job file (set it in the file)", name, target)
 			}
 		}
-		var restart *jobfile.RestartSettings
-		if restart, err = c.restartDefault(); err == nil {
-			job, err = jobfile.LoadJob(target, jobfile.Options{Parallelism: f.parallelism, Restart: restart})
+		var lo jobfile.Options
+		if lo, err = c.loadOptions(f.parallelism); err == nil {
+			job, err = jobfile.LoadJob(target, lo)
 		}
 	}
 	if err != nil {
@@ -180,6 +183,7 @@ func (c *cli) run(ctx context.Context, cmd *cobra.Command, target string, f runF
 		Logger:          log,
 		BatchSize:       batch,
 		ChannelCapacity: chanCap,
+		MaxRecordBytes:  job.MaxRecordBytes,
 		Stdout:          c.stdout,
 		Stdin:           c.stdin,
 		Restart:         job.Restart,

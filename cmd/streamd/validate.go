@@ -11,6 +11,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/streamd/streamd/abi"
 	"github.com/streamd/streamd/host"
 	"github.com/streamd/streamd/internal/jobfile"
 )
@@ -27,11 +28,11 @@ field. Each wasm module is also compiled and checked for the exports and ABI
 version streamd needs. Exit status 0 when the job is valid, 1 when it is not.`,
 		Args: exactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			restart, err := c.restartDefault()
+			lo, err := c.loadOptions(parallelism)
 			if err != nil {
 				return err
 			}
-			job, err := jobfile.LoadJob(args[0], jobfile.Options{Parallelism: parallelism, Restart: restart})
+			job, err := jobfile.LoadJob(args[0], lo)
 			if err != nil {
 				return err
 			}
@@ -103,6 +104,9 @@ func printGraph(w io.Writer, job *jobfile.Job) {
 		fmt.Fprintln(w, "checkpoint: none")
 	}
 	fmt.Fprintf(w, "restart: %s\n", job.Restart)
+	if n := job.MaxRecordBytes; n != 0 && n != abi.DefaultMaxRecordBytes {
+		fmt.Fprintf(w, "max_record_bytes: %d\n", n)
+	}
 }
 
 func describeSpec(spec any) string {

@@ -7,7 +7,9 @@
 // (dataplane.Input) on the receiving host. The sender publishes every event as
 // one NATS message on the channel's data subject, numbered 1, 2, 3, ...; a
 // records event carries a whole batch (split into several messages only when
-// it exceeds the message size limit). The receiver checks the numbers with
+// it exceeds the message size limit, and a record too large for one message
+// travels as a run of record parts, reassembled by the receiver). The
+// receiver checks the numbers with
 // dataplane.CheckSeq: a gap (core NATS dropped a message) or a duplicate fails
 // the receiving subtask, which triggers failover, never silent loss.
 //
@@ -34,6 +36,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/streamd/streamd/abi"
 	"github.com/streamd/streamd/dataplane"
 )
 
@@ -43,6 +46,10 @@ const DefaultWindow = 4 << 20
 // DefaultMaxMessage caps a data message's payload by default (1 MiB, NATS's
 // default max_payload); the connection's max payload caps it too.
 const DefaultMaxMessage = 1 << 20
+
+// headerReserve is what a transport with a SendHeader hook keeps free of
+// payload in each message for the headers the hook adds.
+const headerReserve = 1 << 10
 
 // DefaultCreditRetry is how often a sender blocked on credit asks again.
 const DefaultCreditRetry = 200 * time.Millisecond
@@ -55,9 +62,15 @@ type Options struct {
 	MaxMessage int
 	// CreditRetry is how often a sender waiting for credit asks again.
 	CreditRetry time.Duration
+	// MaxRecord is max_record_bytes: a sender refuses a larger record, and a
+	// receiver refuses record parts announcing one (so it never buffers more
+	// for one record); default abi.DefaultMaxRecordBytes.
+	MaxRecord int
 	// SendHeader, if set, is called before every data message is published,
 	// with Send's ctx, the event (for a split batch: the whole batch) and a
-	// fresh header to fill (trace context). Without it messages carry no header.
+	// fresh header to fill (trace context); payloads are then kept 1 KiB
+	// below the server's max_payload, room for the headers. Without it
+	// messages carry no header (but a barrier's trace context).
 	SendHeader func(ctx context.Context, ev dataplane.Event, h nats.Header)
 	// RecvHeader, if set, is called by TryRecv with each event it returns and
 	// the header of its message (nil when the message had none).
@@ -100,6 +113,19 @@ func CreditRetry(d time.Duration) Option {
 	}
 }
 
+// MaxRecord sets max_record_bytes, the largest record (key and value bytes)
+// a channel carries (1 byte to abi.MaxMaxRecordBytes). Given to NewSender or
+// NewReceiver it applies to that channel only.
+func MaxRecord(bytes int) Option {
+	return func(o *Options) error {
+		if err := abi.CheckMaxRecordBytes("natsch: max record", int64(bytes)); err != nil {
+			return err
+		}
+		o.MaxRecord = bytes
+		return nil
+	}
+}
+
 // SendHeader sets the hook that fills each data message's header.
 func SendHeader(fn func(ctx context.Context, ev dataplane.Event, h nats.Header)) Option {
 	return func(o *Options) error { o.SendHeader = fn; return nil }
@@ -133,7 +159,7 @@ func NewTransport(nc *nats.Conn, opts ...Option) (*Transport, error) {
 	if nc == nil {
 		return nil, errors.New("natsch: nil connection")
 	}
-	o := Options{Window: DefaultWindow, MaxMessage: DefaultMaxMessage, CreditRetry: DefaultCreditRetry}
+	o := Options{Window: DefaultWindow, MaxMessage: DefaultMaxMessage, CreditRetry: DefaultCreditRetry, MaxRecord: abi.DefaultMaxRecordBytes}
 	for _, opt := range opts {
 		if err := opt(&o); err != nil {
 			return nil, err
@@ -141,15 +167,31 @@ func NewTransport(nc *nats.Conn, opts ...Option) (*Transport, error) {
 	}
 	t := &Transport{nc: nc, opts: o, subs: map[*nats.Subscription]failer{}}
 	t.maxMessage = o.MaxMessage
-	if mp := int(nc.MaxPayload()); mp > 0 && mp < t.maxMessage {
-		t.maxMessage = mp
+	if mp := int(nc.MaxPayload()); mp > 0 {
+		if o.SendHeader != nil {
+			mp -= headerReserve // the server counts headers in max_payload
+		}
+		t.maxMessage = min(t.maxMessage, mp)
 	}
-	if t.maxMessage < HeaderLen+64 {
+	if t.maxMessage < HeaderLen+partHeaderLen+64 {
 		return nil, fmt.Errorf("natsch: server max payload %d is too small", t.maxMessage)
 	}
 	t.prevErrCB = nc.Opts.AsyncErrorCB
 	nc.SetErrorHandler(t.asyncError)
 	return t, nil
+}
+
+// channelOptions are the transport's options with opts, a channel's own,
+// applied on top. Window and MaxRecord may differ per channel; MaxMessage
+// stays the transport's.
+func (t *Transport) channelOptions(opts []Option) (Options, error) {
+	o := t.opts
+	for _, opt := range opts {
+		if err := opt(&o); err != nil {
+			return o, err
+		}
+	}
+	return o, nil
 }
 
 // Conn is the transport's connection.
@@ -219,13 +261,13 @@ type Channel struct {
 	R *Receiver
 }
 
-// NewChannel builds the receiver, then the sender, of id.
-func (t *Transport) NewChannel(id ChannelID) (*Channel, error) {
-	r, err := t.NewReceiver(id)
+// NewChannel builds the receiver, then the sender, of id, both with opts.
+func (t *Transport) NewChannel(id ChannelID, opts ...Option) (*Channel, error) {
+	r, err := t.NewReceiver(id, opts...)
 	if err != nil {
 		return nil, err
 	}
-	s, err := t.NewSender(id)
+	s, err := t.NewSender(id, opts...)
 	if err != nil {
 		r.Close()
 		return nil, err

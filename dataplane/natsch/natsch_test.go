@@ -258,16 +258,7 @@ func TestSlowReceiver(t *testing.T) {
 	const window = 16 << 10
 	s := startServer(t, 0)
 	// Sender and receiver on separate connections, as on two hosts.
-	rt := transport(t, connect(t, s), Window(window))
-	st := transport(t, connect(t, s), Window(window))
-	r, err := rt.NewReceiver(testID)
-	if err != nil {
-		t.Fatal(err)
-	}
-	snd, err := st.NewSender(testID)
-	if err != nil {
-		t.Fatal(err)
-	}
+	r, snd := channelEnds(t, transport(t, connect(t, s), Window(window)), transport(t, connect(t, s), Window(window)))
 	const batches, perBatch = 300, 10 // 300 x ~1.2 KB: ~23 windows
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -544,6 +535,8 @@ func TestMessageLargerThanWindow(t *testing.T) {
 	}
 }
 
+// TestRecordLargerThanMaxPayload: a record that does not fit in the server's
+// max_payload travels as record parts (it used to be refused).
 func TestRecordLargerThanMaxPayload(t *testing.T) {
 	nc := connect(t, startServer(t, 2048))
 	ch, err := transport(t, nc).NewChannel(testID)
@@ -555,9 +548,20 @@ func TestRecordLargerThanMaxPayload(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	err = ch.S.Send(ctx, dataplane.RecordsEvent(batchOf(rec(1, 3000))))
-	if err == nil || !strings.Contains(err.Error(), "does not fit in a message of at most 2048 bytes") {
-		t.Errorf("error %v", err)
+	want := rec(1, 3000)
+	go func() {
+		ch.S.Send(ctx, dataplane.RecordsEvent(batchOf(want)))
+		ch.S.Send(ctx, dataplane.EndOfPartitionEvent())
+	}()
+	evs, err := recvAll(ctx, ch.R, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(evs) != 2 || describe(evs[0]) != describe(dataplane.RecordsEvent(batchOf(want))) {
+		t.Fatalf("got %d events, first %.80s", len(evs), describe(evs[0]))
+	}
+	if st := ch.S.Stats(); st.Parts != 2 {
+		t.Errorf("%d record parts, want 2 of at most 2048 bytes", st.Parts)
 	}
 }
 

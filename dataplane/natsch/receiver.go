@@ -8,6 +8,7 @@ import (
 	"sync/atomic"
 
 	"github.com/nats-io/nats.go"
+	"github.com/streamd/streamd/abi"
 	"github.com/streamd/streamd/dataplane"
 )
 
@@ -21,6 +22,7 @@ type Receiver struct {
 	name       string
 	creditSubj string
 	window     uint64
+	maxRecord  int // max_record_bytes: the most one reassembled record may hold
 	sub        *nats.Subscription
 
 	mu          sync.Mutex
@@ -38,20 +40,30 @@ type Receiver struct {
 	ended  bool
 	failed error // sticky: TryRecv keeps returning it
 	closed atomic.Bool
+	// The record being reassembled from record parts: part holds the bytes
+	// so far (its capacity is the announced total, allocated once), partSeq
+	// is the sequence number of its first part. nil: none.
+	part    []byte
+	partSeq uint64
 
 	stats struct {
-		messages, bytes, maxQueued, grants atomic.Uint64
+		messages, bytes, maxQueued, grants, parts, maxPartial atomic.Uint64
 	}
 }
 
 // NewReceiver subscribes to id's data subject and grants the sender the
 // transport's window. The subscription's pending limits are set far above
-// what credits allow to queue, so NATS does not drop its messages.
-func (t *Transport) NewReceiver(id ChannelID) (*Receiver, error) {
+// what credits allow to queue, so NATS does not drop its messages. opts
+// override the transport's options for this channel (MaxRecord, Window).
+func (t *Transport) NewReceiver(id ChannelID, opts ...Option) (*Receiver, error) {
 	if err := id.Validate(); err != nil {
 		return nil, err
 	}
-	r := &Receiver{t: t, id: id, name: "nats " + id.String(), creditSubj: id.CreditSubject(), window: uint64(t.opts.Window)}
+	o, err := t.channelOptions(opts)
+	if err != nil {
+		return nil, err
+	}
+	r := &Receiver{t: t, id: id, name: "nats " + id.String(), creditSubj: id.CreditSubject(), window: uint64(o.Window), maxRecord: o.MaxRecord}
 	sub, err := t.nc.Subscribe(id.DataSubject(), r.onData)
 	if err != nil {
 		return nil, fmt.Errorf("natsch: %s: subscribe: %w", r.name, err)
@@ -59,7 +71,7 @@ func (t *Transport) NewReceiver(id ChannelID) (*Receiver, error) {
 	r.sub = sub
 	// Messages wait here only until the callback queues them; credits bound
 	// the bytes in flight to the window (plus one oversized message).
-	pending := 2*t.opts.Window + 2*t.maxMessage + 1<<20
+	pending := 2*o.Window + 2*t.maxMessage + 1<<20
 	if err := sub.SetPendingLimits(-1, pending); err != nil {
 		sub.Unsubscribe()
 		return nil, fmt.Errorf("natsch: %s: pending limits: %w", r.name, err)
@@ -181,50 +193,71 @@ func (r *Receiver) SetNotify(c chan<- struct{}) {
 
 // TryRecv returns the next event if one has arrived. It fails, for good, when
 // the message's sequence number is not the next one (an error wrapping
-// dataplane.ErrSequence), when a message is malformed, or when NATS reported
-// an error for the subscription (e.g. a slow consumer).
+// dataplane.ErrSequence), when a message is malformed, when a run of record
+// parts is broken off or announces a record over max_record_bytes, or when
+// NATS reported an error for the subscription (e.g. a slow consumer). The
+// parts of a record are taken as they arrive (and credited, so the sender
+// keeps sending); the record is returned with its last part.
 func (r *Receiver) TryRecv() (dataplane.Event, bool, error) {
-	if r.failed != nil {
-		return dataplane.Event{}, false, r.failed
-	}
-	r.mu.Lock()
-	if r.err != nil {
-		r.failed = r.err
+	for {
+		if r.failed != nil {
+			return dataplane.Event{}, false, r.failed
+		}
+		r.mu.Lock()
+		if r.err != nil {
+			r.failed = r.err
+			r.mu.Unlock()
+			return dataplane.Event{}, false, r.failed
+		}
+		if r.head == len(r.queue) {
+			r.mu.Unlock()
+			return dataplane.Event{}, false, nil
+		}
+		m := r.queue[r.head]
+		r.queue[r.head] = nil
+		if r.head++; r.head == len(r.queue) {
+			r.queue, r.head = r.queue[:0], 0
+		}
+		r.queuedBytes -= uint64(len(m.Data))
 		r.mu.Unlock()
-		return dataplane.Event{}, false, r.failed
-	}
-	if r.head == len(r.queue) {
-		r.mu.Unlock()
-		return dataplane.Event{}, false, nil
-	}
-	m := r.queue[r.head]
-	r.queue[r.head] = nil
-	if r.head++; r.head == len(r.queue) {
-		r.queue, r.head = r.queue[:0], 0
-	}
-	r.queuedBytes -= uint64(len(m.Data))
-	r.mu.Unlock()
 
-	seq, ev, err := DecodeEvent(m.Data)
+		ev, ok, err := r.take(m)
+		if err != nil {
+			r.failed = err
+			return dataplane.Event{}, false, err
+		}
+		if ok {
+			return ev, true, nil
+		}
+	}
+}
+
+// take checks and decodes one message: an event (ok), or a record part that
+// does not end its record (not ok, no error).
+func (r *Receiver) take(m *nats.Msg) (ev dataplane.Event, ok bool, err error) {
+	kind, seq, body, err := decodeHeader(m.Data)
+	if err == nil {
+		if kind == wireRecordPart {
+			return r.takePart(m, seq, body)
+		}
+		if r.part != nil {
+			return ev, false, r.brokenParts(fmt.Sprintf("a message of kind %d (seq %d)", kind, seq))
+		}
+		ev, err = decodeBody(kind, body)
+	}
 	if err != nil {
-		r.failed = fmt.Errorf("natsch: %s: message after %d: %w", r.name, r.seq, err)
-		return dataplane.Event{}, false, r.failed
+		return ev, false, fmt.Errorf("natsch: %s: message after %d: %w", r.name, r.seq, err)
 	}
 	if r.ended {
-		r.failed = fmt.Errorf("%w: %s: received %s (seq %d) after end-of-partition", dataplane.ErrChannelEnded, r.name, ev, seq)
-		return dataplane.Event{}, false, r.failed
+		return ev, false, fmt.Errorf("%w: %s: received %s (seq %d) after end-of-partition", dataplane.ErrChannelEnded, r.name, ev, seq)
 	}
 	if err := dataplane.CheckSeq(r.name, r.seq, seq); err != nil {
 		if ev.Kind == dataplane.KindRecords {
 			ev.Batch.Release()
 		}
-		r.failed = err
-		return dataplane.Event{}, false, err
+		return ev, false, err
 	}
 	r.seq = seq
-	size := uint64(len(m.Data))
-	r.stats.messages.Add(1)
-	r.stats.bytes.Add(size)
 	if ev.Kind == dataplane.KindBarrier && len(m.Header) > 0 {
 		ev.Barrier.Trace = make(map[string]string, len(m.Header))
 		for k, v := range m.Header {
@@ -236,28 +269,103 @@ func (r *Receiver) TryRecv() (dataplane.Event, bool, error) {
 	if h := r.t.opts.RecvHeader; h != nil {
 		h(ev, m.Header)
 	}
-	// Re-grant once a quarter of the window has been consumed.
-	r.mu.Lock()
-	r.consumed += size
 	if ev.Kind == dataplane.KindEndOfPartition {
-		r.mu.Unlock()
+		r.count(m, false)
 		r.ended = true
 		r.Close()
 		return ev, true, nil
 	}
-	regrant := r.consumed+r.window-r.granted >= r.window/4
-	if regrant {
-		r.granted = r.consumed + r.window
-	}
-	g := r.granted
-	r.mu.Unlock()
-	if regrant {
-		if err := r.publishCredit(g); err != nil {
-			r.failed = err
-			return dataplane.Event{}, false, err
+	if err := r.count(m, true); err != nil {
+		if ev.Kind == dataplane.KindRecords {
+			ev.Batch.Release()
 		}
+		return dataplane.Event{}, false, err
 	}
 	return ev, true, nil
+}
+
+// takePart adds a record part to the record being reassembled; with its
+// last part the record is the event returned (ok).
+func (r *Receiver) takePart(m *nats.Msg, seq uint64, body []byte) (ev dataplane.Event, ok bool, err error) {
+	total, off, data, err := decodePart(body)
+	if err != nil {
+		return ev, false, fmt.Errorf("natsch: %s: message after %d: %w", r.name, r.seq, err)
+	}
+	if r.ended {
+		return ev, false, fmt.Errorf("%w: %s: received a record part (seq %d) after end-of-partition", dataplane.ErrChannelEnded, r.name, seq)
+	}
+	if err := dataplane.CheckSeq(r.name, r.seq, seq); err != nil {
+		return ev, false, err
+	}
+	if r.part == nil {
+		if off != 0 {
+			return ev, false, fmt.Errorf("natsch: %s: %w: record part (seq %d) at offset %d of %d bytes, but no record is being reassembled (a first part has offset 0)", r.name, ErrWire, seq, off, total)
+		}
+		if limit := uint64(r.maxRecord) + recordFrameOverhead; total > limit || total < recordFrameOverhead {
+			if total > limit {
+				return ev, false, fmt.Errorf("natsch: %s: record parts (seq %d) announce a record of %d bytes: %w: over max_record_bytes %d", r.name, seq, total-recordFrameOverhead, abi.ErrRecordTooLarge, r.maxRecord)
+			}
+			return ev, false, fmt.Errorf("natsch: %s: %w: record parts (seq %d) announce %d bytes, less than one record's frame", r.name, ErrWire, seq, total)
+		}
+		r.part, r.partSeq = make([]byte, 0, total), seq
+		r.stats.parts.Add(1)
+		if total > r.stats.maxPartial.Load() {
+			r.stats.maxPartial.Store(total)
+		}
+	} else if have := uint64(len(r.part)); total != uint64(cap(r.part)) || off != have {
+		return ev, false, r.brokenParts(fmt.Sprintf("a part (seq %d) at offset %d of %d bytes", seq, off, total))
+	}
+	if uint64(len(data)) > total-off {
+		return ev, false, fmt.Errorf("natsch: %s: %w: record part (seq %d) of %d bytes at offset %d runs past the announced %d bytes", r.name, ErrWire, seq, len(data), off, total)
+	}
+	r.seq = seq
+	r.part = append(r.part, data...)
+	done := len(r.part) == cap(r.part)
+	if done {
+		b := dataplane.GetBatch()
+		recs, err := abi.DecodeBatch(r.part, b.Records[:0])
+		b.Records = recs
+		if err != nil {
+			b.Release()
+			return ev, false, fmt.Errorf("natsch: %s: %w: the record of parts %d to %d: %w", r.name, ErrWire, r.partSeq, seq, err)
+		}
+		r.part = nil
+		ev = dataplane.RecordsEvent(b)
+		if h := r.t.opts.RecvHeader; h != nil {
+			h(ev, m.Header)
+		}
+	}
+	if err := r.count(m, true); err != nil {
+		if done {
+			ev.Batch.Release()
+		}
+		return dataplane.Event{}, false, err
+	}
+	return ev, done, nil
+}
+
+// brokenParts is the error for a run of record parts that got is not the
+// next part of.
+func (r *Receiver) brokenParts(got string) error {
+	return fmt.Errorf("natsch: %s: %w: the record of parts from seq %d is broken off after %d of its %d bytes by %s", r.name, ErrWire, r.partSeq, len(r.part), cap(r.part), got)
+}
+
+// count records m as consumed and, with regrant, grants credit again once a
+// quarter of the window has been consumed.
+func (r *Receiver) count(m *nats.Msg, regrant bool) error {
+	size := uint64(len(m.Data))
+	r.stats.messages.Add(1)
+	r.stats.bytes.Add(size)
+	r.mu.Lock()
+	r.consumed += size
+	if !regrant || r.consumed+r.window-r.granted < r.window/4 {
+		r.mu.Unlock()
+		return nil
+	}
+	r.granted = r.consumed + r.window
+	g := r.granted
+	r.mu.Unlock()
+	return r.publishCredit(g)
 }
 
 // ReceiverStats are counters of a Receiver.
@@ -268,6 +376,11 @@ type ReceiverStats struct {
 	MaxQueued uint64
 	Grants    uint64 // credit messages published
 	Window    uint64
+	// Parted is the number of records reassembled from record parts (or
+	// being reassembled); MaxPartial the largest such record's frame in
+	// bytes, which is what its reassembly buffer holds: never more than
+	// max_record_bytes plus a 20-byte frame header.
+	Parted, MaxPartial uint64
 }
 
 // Stats returns the receiver's counters; any goroutine may call it.
@@ -275,6 +388,7 @@ func (r *Receiver) Stats() ReceiverStats {
 	return ReceiverStats{
 		Messages: r.stats.messages.Load(), Bytes: r.stats.bytes.Load(), MaxQueued: r.stats.maxQueued.Load(),
 		Grants: r.stats.grants.Load(), Window: r.window,
+		Parted: r.stats.parts.Load(), MaxPartial: r.stats.maxPartial.Load(),
 	}
 }
 

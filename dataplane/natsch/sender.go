@@ -2,6 +2,7 @@ package natsch
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"sync"
@@ -25,6 +26,9 @@ type Sender struct {
 	name     string
 	dataSubj string
 	sub      *nats.Subscription // credit grants
+	// maxRecord is max_record_bytes; records larger than a message go out as
+	// record parts.
+	maxRecord int
 
 	mu      sync.Mutex
 	granted uint64 // cumulative bytes the receiver allows
@@ -41,17 +45,22 @@ type Sender struct {
 	timer  *time.Timer
 
 	stats struct {
-		messages, bytes, maxInFlight, creditWaits, creditRequests atomic.Uint64
+		messages, bytes, maxInFlight, creditWaits, creditRequests, parts atomic.Uint64
 	}
 }
 
 // NewSender subscribes to id's credit subject and returns the sending side.
-// It sends nothing until the receiver's first grant arrives.
-func (t *Transport) NewSender(id ChannelID) (*Sender, error) {
+// It sends nothing until the receiver's first grant arrives. opts override
+// the transport's options for this channel (MaxRecord, Window).
+func (t *Transport) NewSender(id ChannelID, opts ...Option) (*Sender, error) {
 	if err := id.Validate(); err != nil {
 		return nil, err
 	}
-	s := &Sender{t: t, id: id, name: "nats " + id.String(), dataSubj: id.DataSubject(), wake: make(chan struct{}, 1)}
+	o, err := t.channelOptions(opts)
+	if err != nil {
+		return nil, err
+	}
+	s := &Sender{t: t, id: id, name: "nats " + id.String(), dataSubj: id.DataSubject(), wake: make(chan struct{}, 1), maxRecord: o.MaxRecord}
 	sub, err := t.nc.Subscribe(id.CreditSubject(), s.onCredit)
 	if err != nil {
 		return nil, fmt.Errorf("natsch: %s: subscribe to credit: %w", s.name, err)
@@ -146,7 +155,8 @@ func (s *Sender) Send(ctx context.Context, ev dataplane.Event) error {
 }
 
 // sendRecords publishes a batch as one message, or as several when its
-// frame exceeds the transport's message size.
+// frame exceeds the transport's message size: split between records, and a
+// record that does not fit in a message alone as record parts.
 func (s *Sender) sendRecords(ctx context.Context, ev dataplane.Event) error {
 	var recs []abi.Record
 	if ev.Batch != nil {
@@ -157,6 +167,9 @@ func (s *Sender) sendRecords(ctx context.Context, ev dataplane.Event) error {
 	for first := true; first || len(recs) > 0; first = false {
 		n, size := 0, 4
 		for n < len(recs) {
+			if abi.RecordBytes(recs[n]) > s.maxRecord {
+				return fmt.Errorf("natsch: %s: %w", s.name, abi.CheckRecordBytes(recs[n], s.maxRecord))
+			}
 			rs := abi.RecordSize(recs[n])
 			if n > 0 && size+rs > limit {
 				break
@@ -164,8 +177,12 @@ func (s *Sender) sendRecords(ctx context.Context, ev dataplane.Event) error {
 			size += rs
 			n++
 		}
-		if size > limit {
-			return fmt.Errorf("natsch: %s: a record of %d bytes does not fit in a message of at most %d bytes (the NATS server's max_payload)", s.name, size-4, s.t.maxMessage)
+		if size > limit { // n == 1
+			if err := s.sendParts(ctx, ev, recs[0]); err != nil {
+				return err
+			}
+			recs = recs[1:]
+			continue
 		}
 		need := HeaderLen + size
 		if cap(s.buf) < need {
@@ -180,6 +197,54 @@ func (s *Sender) sendRecords(ctx context.Context, ev dataplane.Event) error {
 		recs = recs[n:]
 	}
 	return nil
+}
+
+// sendParts publishes the batch frame of the one record r, which does not
+// fit in a message, as consecutive record parts of at most a message each,
+// copied straight from r (the whole frame is never built).
+func (s *Sender) sendParts(ctx context.Context, ev dataplane.Event, r abi.Record) error {
+	var head [4 + 8 + 4]byte // count 1, timestamp, key length
+	binary.LittleEndian.PutUint32(head[0:], 1)
+	binary.LittleEndian.PutUint64(head[4:], uint64(r.Timestamp))
+	binary.LittleEndian.PutUint32(head[12:], uint32(len(r.Key)))
+	var vlen [4]byte
+	binary.LittleEndian.PutUint32(vlen[:], uint32(len(r.Value)))
+	segs := [][]byte{head[:], r.Key, vlen[:], r.Value}
+	total := uint64(recordFrameOverhead + len(r.Key) + len(r.Value))
+	chunk := uint64(s.t.maxMessage - HeaderLen - partHeaderLen)
+	if cap(s.buf) < s.t.maxMessage {
+		s.buf = make([]byte, 0, s.t.maxMessage)
+	}
+	for off := uint64(0); off < total; {
+		n := min(chunk, total-off)
+		s.buf = appendPartHeader(s.buf[:0], s.seq+1, total, off)
+		s.buf = appendSegments(s.buf, segs, off, n)
+		if err := s.publish(ctx, ev, s.buf); err != nil {
+			return err
+		}
+		s.stats.parts.Add(1)
+		s.t.senders.parts.Add(1)
+		off += n
+	}
+	return nil
+}
+
+// appendSegments appends n bytes of the concatenation of segs, starting at
+// offset off, to dst.
+func appendSegments(dst []byte, segs [][]byte, off, n uint64) []byte {
+	for _, seg := range segs {
+		if n == 0 {
+			break
+		}
+		if l := uint64(len(seg)); off >= l {
+			off -= l
+			continue
+		}
+		k := min(uint64(len(seg))-off, n)
+		dst = append(dst, seg[off:off+k]...)
+		off, n = 0, n-k
+	}
+	return dst
 }
 
 // publish waits for credit for data (whose seq is s.seq+1) and publishes it.
@@ -280,19 +345,20 @@ type SenderStats struct {
 	MaxInFlight    uint64
 	CreditWaits    uint64 // sends that had to wait for credit
 	CreditRequests uint64
+	Parts          uint64 // record-part messages (of records too large for one message), counted in Messages too
 }
 
 // Stats returns the sender's counters; any goroutine may call it.
 func (s *Sender) Stats() SenderStats {
 	return SenderStats{
 		Messages: s.stats.messages.Load(), Bytes: s.stats.bytes.Load(), MaxInFlight: s.stats.maxInFlight.Load(),
-		CreditWaits: s.stats.creditWaits.Load(), CreditRequests: s.stats.creditRequests.Load(),
+		CreditWaits: s.stats.creditWaits.Load(), CreditRequests: s.stats.creditRequests.Load(), Parts: s.stats.parts.Load(),
 	}
 }
 
 // senderTotals are the counters of every sender of a Transport.
 type senderTotals struct {
-	messages, bytes, maxInFlight, creditWaits, creditRequests atomic.Uint64
+	messages, bytes, maxInFlight, creditWaits, creditRequests, parts atomic.Uint64
 }
 
 // SenderStats returns the counters of every sender this transport made,
@@ -301,7 +367,7 @@ type senderTotals struct {
 func (t *Transport) SenderStats() SenderStats {
 	return SenderStats{
 		Messages: t.senders.messages.Load(), Bytes: t.senders.bytes.Load(), MaxInFlight: t.senders.maxInFlight.Load(),
-		CreditWaits: t.senders.creditWaits.Load(), CreditRequests: t.senders.creditRequests.Load(),
+		CreditWaits: t.senders.creditWaits.Load(), CreditRequests: t.senders.creditRequests.Load(), Parts: t.senders.parts.Load(),
 	}
 }
 

@@ -37,6 +37,7 @@ const (
 	wireEndOfData        byte = 4
 	wireEndOfPartition   byte = 5
 	wireCancelCheckpoint byte = 6
+	wireRecordPart       byte = 7  // one piece of a records body too large for one message
 	wireCreditRequest    byte = 16 // sender -> receiver on the data subject; carries no sequence number
 )
 
@@ -44,6 +45,15 @@ const (
 //
 //	u8 version, u8 kind, u64 sequence (little-endian)
 const HeaderLen = 10
+
+// partHeaderLen is the size of a record part's header after the message
+// header: u64 total (bytes of the records body the parts carry), u64 offset
+// (where this part starts in it).
+const partHeaderLen = 16
+
+// recordFrameOverhead is what a batch frame of one record adds to the
+// record's key and value bytes: the u32 count and the record header.
+const recordFrameOverhead = 4 + 16
 
 // creditLen is the size of a credit message: u8 version, u64 granted, u32 window.
 const creditLen = 1 + 8 + 4
@@ -130,7 +140,9 @@ func (id ChannelID) String() string {
 //	end-of-partition   nothing
 //	cancel-checkpoint  i64 id
 //
-// all little-endian.
+// all little-endian. A record too large for one message is not an event of
+// its own: the sender splits its records body into record parts
+// (appendPartHeader), which the receiver reassembles.
 func AppendEvent(dst []byte, seq uint64, ev dataplane.Event) ([]byte, error) {
 	var k byte
 	switch ev.Kind {
@@ -190,6 +202,16 @@ func DecodeEvent(data []byte) (seq uint64, ev dataplane.Event, err error) {
 	if err != nil {
 		return 0, ev, err
 	}
+	ev, err = decodeBody(kind, body)
+	if err != nil {
+		return 0, ev, err
+	}
+	return seq, ev, nil
+}
+
+// decodeBody parses the body of a data message of kind (any but a record
+// part or a credit request).
+func decodeBody(kind byte, body []byte) (ev dataplane.Event, err error) {
 	fixed := func(n int) error {
 		if len(body) != n {
 			return fmt.Errorf("%w: %d-byte body for kind %d, want %d", ErrWire, len(body), kind, n)
@@ -203,44 +225,47 @@ func DecodeEvent(data []byte) (seq uint64, ev dataplane.Event, err error) {
 		if err != nil {
 			b.Records = recs
 			b.Release()
-			return 0, ev, fmt.Errorf("%w: records: %w", ErrWire, err)
+			return ev, fmt.Errorf("%w: records: %w", ErrWire, err)
 		}
 		b.Records = recs
-		return seq, dataplane.RecordsEvent(b), nil
+		return dataplane.RecordsEvent(b), nil
 	case wireWatermark:
 		if err := fixed(8); err != nil {
-			return 0, ev, err
+			return ev, err
 		}
-		return seq, dataplane.WatermarkEvent(int64(binary.LittleEndian.Uint64(body))), nil
+		return dataplane.WatermarkEvent(int64(binary.LittleEndian.Uint64(body))), nil
 	case wireBarrier:
 		if err := fixed(10); err != nil {
-			return 0, ev, err
+			return ev, err
 		}
 		bk := dataplane.BarrierKind(body[8])
 		if bk != dataplane.Checkpoint && bk != dataplane.Savepoint || body[9] > 1 {
-			return 0, ev, fmt.Errorf("%w: barrier kind %d, sync %d", ErrWire, body[8], body[9])
+			return ev, fmt.Errorf("%w: barrier kind %d, sync %d", ErrWire, body[8], body[9])
 		}
-		return seq, dataplane.BarrierEvent(dataplane.Barrier{ID: int64(binary.LittleEndian.Uint64(body)), Kind: bk, IsSync: body[9] == 1}), nil
+		return dataplane.BarrierEvent(dataplane.Barrier{ID: int64(binary.LittleEndian.Uint64(body)), Kind: bk, IsSync: body[9] == 1}), nil
 	case wireEndOfData:
 		if err := fixed(1); err != nil {
-			return 0, ev, err
+			return ev, err
 		}
 		if body[0] > 1 {
-			return 0, ev, fmt.Errorf("%w: end-of-data drain %d", ErrWire, body[0])
+			return ev, fmt.Errorf("%w: end-of-data drain %d", ErrWire, body[0])
 		}
-		return seq, dataplane.EndOfDataEvent(body[0] == 1), nil
+		return dataplane.EndOfDataEvent(body[0] == 1), nil
 	case wireEndOfPartition:
 		if err := fixed(0); err != nil {
-			return 0, ev, err
+			return ev, err
 		}
-		return seq, dataplane.EndOfPartitionEvent(), nil
+		return dataplane.EndOfPartitionEvent(), nil
 	case wireCancelCheckpoint:
 		if err := fixed(8); err != nil {
-			return 0, ev, err
+			return ev, err
 		}
-		return seq, dataplane.CancelCheckpointEvent(int64(binary.LittleEndian.Uint64(body))), nil
+		return dataplane.CancelCheckpointEvent(int64(binary.LittleEndian.Uint64(body))), nil
 	}
-	return 0, ev, fmt.Errorf("%w: unknown kind %d", ErrWire, kind)
+	if kind == wireRecordPart {
+		return ev, fmt.Errorf("%w: a record part is not an event by itself (a Receiver reassembles parts)", ErrWire)
+	}
+	return ev, fmt.Errorf("%w: unknown kind %d", ErrWire, kind)
 }
 
 func decodeHeader(data []byte) (kind byte, seq uint64, body []byte, err error) {
@@ -251,6 +276,23 @@ func decodeHeader(data []byte) (kind byte, seq uint64, body []byte, err error) {
 		return 0, 0, nil, fmt.Errorf("%w: version %d, want %d", ErrWire, data[0], WireVersion)
 	}
 	return data[1], binary.LittleEndian.Uint64(data[2:]), data[HeaderLen:], nil
+}
+
+// appendPartHeader appends the header of the record part at offset of a
+// records body of total bytes, whose message has sequence number seq; the
+// part's bytes follow it.
+func appendPartHeader(dst []byte, seq uint64, total, offset uint64) []byte {
+	dst = appendHeader(dst, wireRecordPart, seq)
+	dst = binary.LittleEndian.AppendUint64(dst, total)
+	return binary.LittleEndian.AppendUint64(dst, offset)
+}
+
+// decodePart splits a record part's body into its header and bytes.
+func decodePart(body []byte) (total, offset uint64, part []byte, err error) {
+	if len(body) <= partHeaderLen {
+		return 0, 0, nil, fmt.Errorf("%w: record part of %d bytes: want a %d-byte part header and at least one byte", ErrWire, len(body), partHeaderLen)
+	}
+	return binary.LittleEndian.Uint64(body), binary.LittleEndian.Uint64(body[8:]), body[partHeaderLen:], nil
 }
 
 func appendCreditRequest(dst []byte, lastSent uint64) []byte {

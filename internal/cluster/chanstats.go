@@ -15,6 +15,7 @@ func (e *LocalExecutor) SenderStats() natsch.SenderStats {
 		out.Bytes += s.Bytes
 		out.CreditWaits += s.CreditWaits
 		out.CreditRequests += s.CreditRequests
+		out.Parts += s.Parts
 		out.MaxInFlight = max(out.MaxInFlight, s.MaxInFlight)
 	}
 	return out

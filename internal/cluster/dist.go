@@ -18,6 +18,7 @@ package cluster
 // Controller.mu (what it tells the controller goes through goroutines).
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -179,6 +180,7 @@ func (e *LocalExecutor) startDistributed(ctx context.Context, r ExecRequest) (Ex
 	opts := runtime.Options{
 		Engine: e.Engine, Logger: r.Logger, Attempt: r.Attempt, BatchSize: e.BatchSize,
 		ChannelCapacity: e.ChannelCapacity, Stdout: e.Stdout, Stdin: eofReader{}, Progress: r.Progress, NATS: e.NATS,
+		MaxRecordBytes: cmp.Or(r.MaxRecordBytes, e.MaxRecordBytes),
 	}
 	if cs := r.Checkpoint; cs != nil {
 		store, err := openStoreRetry(ctx, r.Conn, cs, r.JobID, r.Logger)

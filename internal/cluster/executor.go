@@ -36,6 +36,9 @@ type ExecRequest struct {
 	// RestoreFrom is the checkpoint the attempt restores from (chosen by
 	// the controller); "" = fresh state.
 	RestoreFrom string
+	// MaxRecordBytes is the job's max_record_bytes (JobSpec); 0: the
+	// executor's.
+	MaxRecordBytes int
 	// Fence, if set, refuses a command of controller term `term` when the
 	// host knows a newer term (the host's fencing; raises the host's term
 	// otherwise).
@@ -70,6 +73,9 @@ type LocalExecutor struct {
 	Stdout          io.Writer // stdout sinks; default os.Stdout (runtime default)
 	BatchSize       int
 	ChannelCapacity int
+	// MaxRecordBytes is max_record_bytes of jobs whose spec carries none
+	// (the host's runtime.max_record_bytes); 0: abi.DefaultMaxRecordBytes.
+	MaxRecordBytes int
 	// NATS is how the jobs' nats sources and sinks connect when they name
 	// no url (runtime.Options.NATS): normally the host's own NATS settings.
 	NATS natsutil.ConnectOptions

@@ -3,6 +3,7 @@ package cluster
 import (
 	"errors"
 	"fmt"
+	"os"
 
 	"github.com/streamd/streamd/control"
 	"github.com/streamd/streamd/internal/jobfile"
@@ -18,6 +19,9 @@ type JobSpec struct {
 	Checkpoint *jobfile.CheckpointSettings `json:"checkpoint,omitempty"`
 	Restart    jobfile.RestartSettings     `json:"restart"`
 	JobFile    *Artifact                   `json:"job_file,omitempty"` // the job file as deployed; nil for a module
+	// MaxRecordBytes is the job's max_record_bytes (jobfile.Job); 0 (a spec
+	// from an older client): the host's runtime.max_record_bytes.
+	MaxRecordBytes int `json:"max_record_bytes,omitempty"`
 }
 
 // VertexSpec is one operator. Exactly one of Source, Sink and Wasm is set.
@@ -72,7 +76,7 @@ type Resolver func(Artifact) (string, error)
 // the input file of every file source. jobFile, if not empty, is uploaded too.
 func NewJobSpec(job *jobfile.Job, jobFile string, upload Uploader) (JobSpec, error) {
 	g := job.Graph
-	s := JobSpec{Name: g.Name, Checkpoint: job.Checkpoint, Restart: job.Restart}
+	s := JobSpec{Name: g.Name, Checkpoint: job.Checkpoint, Restart: job.Restart, MaxRecordBytes: job.MaxRecordBytes}
 	if jobFile != "" {
 		a, err := upload(jobFile)
 		if err != nil {
@@ -100,6 +104,11 @@ func NewJobSpec(job *jobfile.Job, jobFile string, upload Uploader) (JobSpec, err
 			if c.Type == "file" {
 				if c.Path == "-" {
 					return JobSpec{}, fmt.Errorf("cluster: operator %q: a deployed job cannot read standard input; use a file or generator source", v.UID)
+				}
+				// The input is uploaded whole: a stream (a FIFO, a device
+				// such as /dev/zero) would never end.
+				if fi, err := os.Stat(c.Path); err == nil && !fi.Mode().IsRegular() {
+					return JobSpec{}, fmt.Errorf("cluster: operator %q: input file %s is not a regular file (%s): a deployed job's input is uploaded to the hosts, so it must be a file, not a stream", v.UID, c.Path, fi.Mode().Type())
 				}
 				a, err := up(c.Path)
 				if err != nil {

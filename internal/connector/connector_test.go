@@ -222,7 +222,7 @@ func TestFileSourceSplitsLines(t *testing.T) {
 	want = append(want, "last without newline")
 	path := writeFile(t, b.String())
 
-	src, err := NewFileSource(path, nil, 0, 1, nil)
+	src, err := NewFileSource(path, nil, 0, 1, nil, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -234,7 +234,7 @@ func TestFileSourceSplitsLines(t *testing.T) {
 
 	var union []string
 	for i := 0; i < 3; i++ {
-		src, err := NewFileSource(path, nil, i, 3, nil)
+		src, err := NewFileSource(path, nil, i, 3, nil, 0)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -255,13 +255,13 @@ func TestFileSourceSplitsLines(t *testing.T) {
 	}
 
 	// Resume: a new source from the position continues with the next line.
-	src, _ = NewFileSource(path, nil, 1, 3, nil)
+	src, _ = NewFileSource(path, nil, 1, 3, nil, 0)
 	buf := make([]abi.Record, 4)
 	src.Read(context.Background(), buf)
 	pos := src.Position()
 	rest := values(readAll(t, src, 3))
 	src.Close()
-	src2, err := NewFileSource(path, nil, 1, 3, pos)
+	src2, err := NewFileSource(path, nil, 1, 3, pos, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -271,19 +271,19 @@ func TestFileSourceSplitsLines(t *testing.T) {
 	src2.Close()
 
 	// Empty file: no records.
-	src, _ = NewFileSource(writeFile(t, ""), nil, 0, 1, nil)
+	src, _ = NewFileSource(writeFile(t, ""), nil, 0, 1, nil, 0)
 	if got := readAll(t, src, 4); len(got) != 0 {
 		t.Fatalf("empty file produced %v", got)
 	}
-	if _, err := NewFileSource(filepath.Join(t.TempDir(), "missing"), nil, 0, 1, nil); err == nil || !strings.Contains(err.Error(), "connector: file source") {
+	if _, err := NewFileSource(filepath.Join(t.TempDir(), "missing"), nil, 0, 1, nil, 0); err == nil || !strings.Contains(err.Error(), "connector: file source") {
 		t.Fatalf("missing file: %v", err)
 	}
 }
 
 func TestFileSourceStdin(t *testing.T) {
 	in := strings.NewReader("a\nb\nc\n")
-	s0, _ := NewFileSource("-", in, 0, 2, nil)
-	s1, _ := NewFileSource("-", in, 1, 2, nil)
+	s0, _ := NewFileSource("-", in, 0, 2, nil, 0)
+	s1, _ := NewFileSource("-", in, 1, 2, nil, 0)
 	if got := values(readAll(t, s0, 2)); strings.Join(got, ",") != "a,b,c" {
 		t.Fatalf("stdin subtask 0 read %v", got)
 	}

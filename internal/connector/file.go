@@ -33,19 +33,31 @@ type FileSource struct {
 	// more lines may take long to come: Read returns the lines it has
 	// once the buffered input is used up instead of waiting for a full
 	// batch.
-	stream bool
-	arena  []byte
-	ends   []int
+	stream  bool
+	maxLine int // max_record_bytes: the longest line, without its newline
+	arena   []byte
+	ends    []int
 }
+
+// maxReadBytes bounds the lines one Read returns: it stops after the line that
+// reaches this many bytes (as a record writer sends a batch at
+// dataplane.MaxBatchBytes), so a batch of long lines does not pile up.
+const maxReadBytes = 4 << 20
 
 // NewFileSource opens path for subtask of parallelism, resuming at pos (a
 // Position() of an earlier FileSource of the same file and subtask) unless
-// pos is nil. stdin is read when path is "-".
-func NewFileSource(path string, stdin io.Reader, subtask, parallelism int, pos []byte) (*FileSource, error) {
+// pos is nil. stdin is read when path is "-". A line longer than maxLine
+// bytes (max_record_bytes; 0 means abi.DefaultMaxRecordBytes) fails Read as
+// soon as that many bytes of it are read: memory stays bounded whatever the
+// input (a device such as /dev/zero, a file without newlines).
+func NewFileSource(path string, stdin io.Reader, subtask, parallelism int, pos []byte, maxLine int) (*FileSource, error) {
 	if parallelism < 1 || subtask < 0 || subtask >= parallelism {
 		return nil, fmt.Errorf("connector: file source %s: subtask %d of parallelism %d", path, subtask, parallelism)
 	}
-	s := &FileSource{name: path, subtask: subtask, parallelism: parallelism}
+	if maxLine <= 0 {
+		maxLine = abi.DefaultMaxRecordBytes
+	}
+	s := &FileSource{name: path, subtask: subtask, parallelism: parallelism, maxLine: maxLine}
 	if pos != nil {
 		if len(pos) != 17 || pos[0] != positionVersion {
 			return nil, fmt.Errorf("connector: file source %s: bad position %x", path, pos)
@@ -130,6 +142,9 @@ func (s *FileSource) Read(ctx context.Context, recs []abi.Record) (int, error) {
 		if n > 0 && s.stream && s.r.Buffered() == 0 {
 			break // the next line may be long in coming: send these first
 		}
+		if len(a) >= maxReadBytes {
+			break
+		}
 		start := len(a)
 		var err error
 		a, err = s.readLine(a)
@@ -139,6 +154,7 @@ func (s *FileSource) Read(ctx context.Context, recs []abi.Record) (int, error) {
 				break // no last line without a newline
 			}
 		} else if err != nil {
+			s.arena, s.ends = a[:0], ends[:0]
 			return 0, fmt.Errorf("connector: file source %s: line %d (byte %d): %w", s.name, s.line+1, s.offset, err)
 		}
 		s.offset += int64(len(a) - start)
@@ -174,11 +190,35 @@ func (s *FileSource) Read(ctx context.Context, recs []abi.Record) (int, error) {
 // file, buffered input, or the end.
 func (s *FileSource) Ready() bool { return s.eof || !s.stream || s.r.Buffered() > 0 }
 
-// readLine appends the next line including its newline to dst.
+// readLine appends the next line including its newline to dst. It fails with
+// an error wrapping abi.ErrRecordTooLarge once the line, without its
+// newline, is known to be longer than s.maxLine, having appended at most
+// s.maxLine+1 bytes plus one buffer of it.
 func (s *FileSource) readLine(dst []byte) ([]byte, error) {
+	start := len(dst)
 	for {
 		frag, err := s.r.ReadSlice('\n')
+		if len(dst)+len(frag) > cap(dst) {
+			// Double (append grows large slices by 1.25x, which for one
+			// long line allocates several times its size in all).
+			grown := make([]byte, len(dst), max(2*cap(dst), len(dst)+len(frag)))
+			copy(grown, dst)
+			dst = grown
+		}
 		dst = append(dst, frag...)
+		n := len(dst) - start // the line so far, with its newline if it has one
+		switch {
+		case err == nil: // ends with '\n'
+			n--
+			if n > 0 && dst[len(dst)-2] == '\r' {
+				n--
+			}
+		case errors.Is(err, bufio.ErrBufferFull) && dst[len(dst)-1] == '\r':
+			n-- // the '\r' of a "\r\n" split by the buffer
+		}
+		if n > s.maxLine {
+			return dst[:start], fmt.Errorf("%w: longer than max_record_bytes %d (%d bytes read without a newline)", abi.ErrRecordTooLarge, s.maxLine, len(dst)-start)
+		}
 		if !errors.Is(err, bufio.ErrBufferFull) {
 			return dst, err
 		}

@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/streamd/streamd/abi"
 	"github.com/streamd/streamd/control"
 )
 
@@ -20,6 +21,8 @@ type Filter struct {
 	Parallelism int               // of the operator (and of generator sources and file/discard sinks); default 1
 	Config      map[string]string // the operator's config
 	AllowClock  bool
+	// MaxRecordBytes is the job's max_record_bytes; 0 means abi.DefaultMaxRecordBytes.
+	MaxRecordBytes int
 }
 
 // Uids of the vertices of a filter job; the operator's uid is derived from the module's file name.
@@ -34,6 +37,12 @@ var notUIDChar = regexp.MustCompile(`[^A-Za-z0-9_-]+`)
 // and a file are read by one source subtask and standard output is written by
 // one sink subtask; edges between different parallelisms rebalance.
 func FilterJob(f Filter) (*Job, error) {
+	maxRec := f.MaxRecordBytes
+	if maxRec == 0 {
+		maxRec = abi.DefaultMaxRecordBytes
+	} else if err := abi.CheckMaxRecordBytes("max_record_bytes", int64(maxRec)); err != nil {
+		return nil, fmt.Errorf("jobfile: %w", err)
+	}
 	fail := func(field, format string, args ...any) (*Job, error) {
 		return nil, &Error{Problems: []Problem{{Field: field, Message: fmt.Sprintf(format, args...)}}}
 	}
@@ -141,5 +150,5 @@ func FilterJob(f Filter) (*Job, error) {
 	if err != nil {
 		return nil, fmt.Errorf("jobfile: %w", err)
 	}
-	return &Job{Graph: g, Restart: RestartSettings{Strategy: RestartNone}}, nil
+	return &Job{Graph: g, Restart: RestartSettings{Strategy: RestartNone}, MaxRecordBytes: maxRec}, nil
 }

@@ -17,6 +17,7 @@ import (
 
 	"gopkg.in/yaml.v3"
 
+	"github.com/streamd/streamd/abi"
 	"github.com/streamd/streamd/control"
 	"github.com/streamd/streamd/internal/natsutil"
 )
@@ -27,6 +28,10 @@ type Job struct {
 	Graph      *control.JobGraph   // vertices carry *SourceSpec, *SinkSpec or *WasmSpec
 	Checkpoint *CheckpointSettings // nil: the job has no checkpoint section
 	Restart    RestartSettings
+	// MaxRecordBytes is max_record_bytes, the largest record (key and value
+	// bytes) the job carries: the file's, else Options.MaxRecordBytes, else
+	// abi.DefaultMaxRecordBytes.
+	MaxRecordBytes int
 }
 
 // CheckpointSettings is the job file's checkpoint section.
@@ -192,6 +197,10 @@ type Options struct {
 	// restart section (the configuration's restart.* keys) instead of the
 	// built-in default.
 	Restart *RestartSettings
+	// MaxRecordBytes, when > 0, is max_record_bytes of a job file that sets
+	// none (the configuration's runtime.max_record_bytes) instead of
+	// abi.DefaultMaxRecordBytes.
+	MaxRecordBytes int
 }
 
 // Load reads, validates and returns the job graph of the job file at path.
@@ -264,7 +273,7 @@ func (p *parser) add(op string, line int, field, format string, args ...any) {
 
 var yamlLineRE = regexp.MustCompile(`^yaml: line (\d+): (.*)$`)
 
-var jobFields = []string{"name", "parallelism", "max_parallelism", "checkpoint", "restart", "operators"}
+var jobFields = []string{"name", "parallelism", "max_parallelism", "max_record_bytes", "checkpoint", "restart", "operators"}
 
 // operator is one parsed operators[] entry.
 type operator struct {
@@ -348,6 +357,20 @@ func (p *parser) parse(data []byte) *Job {
 		p.add("", 0, "parallelism", "the override must be at least 1, got %d", o)
 	}
 
+	job.MaxRecordBytes = abi.DefaultMaxRecordBytes
+	if o := p.opts.MaxRecordBytes; o > 0 {
+		job.MaxRecordBytes = o
+	}
+	if n := f["max_record_bytes"]; n != nil {
+		if v, ok := p.int64("", "max_record_bytes", n); ok {
+			if err := abi.CheckMaxRecordBytes("max_record_bytes", v); err != nil {
+				p.add("", n.Line, "max_record_bytes", "must be between 1 and %d (1 GiB), got %d", abi.MaxMaxRecordBytes, v)
+			} else {
+				job.MaxRecordBytes = int(v)
+			}
+		}
+	}
+
 	if n := f["checkpoint"]; n != nil {
 		job.Checkpoint = p.checkpoint(n)
 		job.Restart = DefaultRestart(RestartExponentialDelay)
@@ -370,6 +393,11 @@ func (p *parser) parse(data []byte) *Job {
 			if op := p.operator(i, resolve(c), par, maxPar); op != nil {
 				ops = append(ops, op)
 			}
+		}
+	}
+	for _, op := range ops {
+		if s, ok := op.vertex.Spec.(*SourceSpec); ok && s.Type == "generator" && s.ValueSize > job.MaxRecordBytes {
+			p.add(op.vertex.UID, op.lines["source"], "source.value_size", "%d bytes is over the job's max_record_bytes %d: every record would fail the job", s.ValueSize, job.MaxRecordBytes)
 		}
 	}
 
@@ -608,7 +636,7 @@ func (p *parser) source(op, prefix string, n *yaml.Node) *SourceSpec {
 		}
 		s.Path = p.path(op, prefix+"path", c)
 		if s.Path != "" {
-			p.checkReadableFile(op, prefix+"path", c.Line, s.Path, "input file")
+			p.checkInput(op, prefix+"path", c.Line, s.Path)
 		}
 	case "generator":
 		notFor(generatorFields)
@@ -1163,6 +1191,43 @@ func (p *parser) path(op, field string, n *yaml.Node) string {
 		s = filepath.Join(p.baseDir, s)
 	}
 	return filepath.Clean(s)
+}
+
+// checkInput checks a file source's path: a regular file must be readable;
+// a FIFO or a character device (a named pipe, /dev/stdin) is a stream the
+// source may read, so it is accepted without being opened (opening a FIFO
+// blocks until a writer comes). The runtime reads every input with bounded
+// memory, so a stream without newlines such as /dev/zero fails the job at
+// its first line longer than max_record_bytes. A directory, a socket or a
+// block device is refused.
+func (p *parser) checkInput(op, field string, line int, path string) {
+	fi, err := os.Stat(path)
+	if err != nil {
+		p.add(op, line, field, "cannot read input file %s: %v", path, unwrapPathError(err))
+		return
+	}
+	switch m := fi.Mode(); {
+	case m.IsRegular():
+		p.checkReadableFile(op, field, line, path, "input file")
+	case m&fs.ModeNamedPipe != 0, m&fs.ModeCharDevice != 0:
+	case m.IsDir():
+		p.add(op, line, field, "input file %s is a directory", path)
+	default:
+		p.add(op, line, field, "input file %s is a %s, not a file, a named pipe or a character device", path, fileKind(m))
+	}
+}
+
+// fileKind names the type of a file that is neither regular nor a directory.
+func fileKind(m fs.FileMode) string {
+	switch {
+	case m&fs.ModeSocket != 0:
+		return "socket"
+	case m&fs.ModeDevice != 0:
+		return "block device"
+	case m&fs.ModeIrregular != 0:
+		return "irregular file"
+	}
+	return "special file"
 }
 
 func (p *parser) checkReadableFile(op, field string, line int, path, what string) bool {

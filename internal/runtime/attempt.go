@@ -9,6 +9,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/streamd/streamd/abi"
 	"github.com/streamd/streamd/control"
 	"github.com/streamd/streamd/dataplane"
 	"github.com/streamd/streamd/dataplane/natsch"
@@ -140,8 +141,8 @@ func (d *Driver) Status() control.Status { return d.coord.Status() }
 // RemoteChannels makes the ends of channels whose other end is on another
 // host. *natsch.Transport implements it.
 type RemoteChannels interface {
-	NewSender(natsch.ChannelID) (*natsch.Sender, error)
-	NewReceiver(natsch.ChannelID) (*natsch.Receiver, error)
+	NewSender(natsch.ChannelID, ...natsch.Option) (*natsch.Sender, error)
+	NewReceiver(natsch.ChannelID, ...natsch.Option) (*natsch.Receiver, error)
 }
 
 // Remote makes a run one host's part of a job attempt whose driver runs
@@ -184,6 +185,9 @@ func StartAttempt(ctx context.Context, g *control.JobGraph, opts Options, rem Re
 	}
 	if opts.BatchSize <= 0 {
 		opts.BatchSize = DefaultBatchSize
+	}
+	if opts.MaxRecordBytes <= 0 {
+		opts.MaxRecordBytes = abi.DefaultMaxRecordBytes
 	}
 	if opts.ChannelCapacity <= 0 {
 		opts.ChannelCapacity = DefaultChannelCapacity
@@ -321,14 +325,14 @@ func (j *job) channel(from *control.Vertex, s int, to *control.Vertex, rcv int, 
 	}
 	id := natsch.ChannelID{Job: j.remote.JobID, Attempt: j.attempt, From: from.UID, FromSubtask: s, To: to.UID, ToSubtask: rcv, Input: input}
 	if sendHere {
-		snd, err := j.remote.Channels.NewSender(id)
+		snd, err := j.remote.Channels.NewSender(id, natsch.MaxRecord(j.opts.MaxRecordBytes))
 		if err != nil {
 			return nil, nil, err
 		}
 		j.remotes = append(j.remotes, snd)
 		return snd, nil, nil
 	}
-	rc, err := j.remote.Channels.NewReceiver(id)
+	rc, err := j.remote.Channels.NewReceiver(id, natsch.MaxRecord(j.opts.MaxRecordBytes))
 	if err != nil {
 		return nil, nil, err
 	}

@@ -30,12 +30,18 @@ type Options struct {
 	// job in it (streamd run and the hosts do), the runtime adds no job
 	// attribute of its own (it would repeat job=...). nil: no logs.
 	Logger          *slog.Logger
-	Attempt         int         // attempt number of the first run (later attempts count up)
-	BatchSize       int         // records per batch on channels and into wasm; default 1024
-	ChannelCapacity int         // bounded queue length in batches per channel; default 16
-	Stdout          io.Writer   // for the stdout sink; default os.Stdout
-	Stdin           io.Reader   // for a file source with Path "-" (stdin); default os.Stdin
-	Progress        func(Stats) // called about once per second and once at the end, may be nil
+	Attempt         int // attempt number of the first run (later attempts count up)
+	BatchSize       int // records per batch on channels and into wasm; default 1024
+	ChannelCapacity int // bounded queue length in batches per channel; default 16
+	// MaxRecordBytes is the job's max_record_bytes (jobfile.Job.MaxRecordBytes;
+	// 0 means abi.DefaultMaxRecordBytes): a larger record, read by a source,
+	// emitted by an operator or arriving on a channel, fails its subtask
+	// with an error wrapping abi.ErrRecordTooLarge that names the operator,
+	// the subtask and the size.
+	MaxRecordBytes int
+	Stdout         io.Writer   // for the stdout sink; default os.Stdout
+	Stdin          io.Reader   // for a file source with Path "-" (stdin); default os.Stdin
+	Progress       func(Stats) // called about once per second and once at the end, may be nil
 
 	// TracerProvider makes the job's spans (nil: the global provider, a
 	// no-op unless telemetry is set up). Records are never traced.
@@ -212,6 +218,9 @@ func Run(ctx context.Context, g *control.JobGraph, opts Options) (Stats, error) 
 	if opts.BatchSize <= 0 {
 		opts.BatchSize = DefaultBatchSize
 	}
+	if opts.MaxRecordBytes <= 0 {
+		opts.MaxRecordBytes = abi.DefaultMaxRecordBytes
+	}
 	if opts.ChannelCapacity <= 0 {
 		opts.ChannelCapacity = DefaultChannelCapacity
 	}
@@ -360,7 +369,7 @@ func (j *job) build() error {
 				outs = t.timeOutputs(outs)
 				p, _ := toDataplane(e.Partition)
 				w, err := dataplane.NewRecordWriter(outs, p, dataplane.WriterOptions{
-					BatchSize: j.opts.BatchSize, MaxParallelism: maxParallelism(to), Start: s,
+					BatchSize: j.opts.BatchSize, MaxParallelism: maxParallelism(to), Start: s, MaxRecordBytes: j.opts.MaxRecordBytes,
 				})
 				if err != nil {
 					return t.fail(phaseSetup, fmt.Errorf("output to %q: %w", e.To, err))
@@ -405,7 +414,7 @@ func (j *job) bindSpec(t *task, modules map[string]*host.Module) error {
 			}
 		case "file":
 			t.newSource = func(pos []byte) (connector.Source, error) {
-				return connector.NewFileSource(spec.Path, j.opts.Stdin, t.sub, v.Parallelism, pos)
+				return connector.NewFileSource(spec.Path, j.opts.Stdin, t.sub, v.Parallelism, pos, j.opts.MaxRecordBytes)
 			}
 		case "nats":
 			t.newSource = j.natsSource(t, spec)
@@ -437,7 +446,8 @@ func (j *job) bindSpec(t *task, modules map[string]*host.Module) error {
 			Job: t.info.Job, Operator: v.UID, Subtask: t.sub, Parallelism: v.Parallelism,
 			MaxParallelism: t.info.MaxParallelism, Attempt: t.info.Attempt, NumInputs: len(v.Inputs),
 			Config: spec.Config, AllowClock: spec.AllowClock,
-			LendEmits: true, // the record writers copy every emitted record into their batches
+			LendEmits:      true, // the record writers copy every emitted record into their batches
+			MaxRecordBytes: j.opts.MaxRecordBytes,
 		}}
 		if rs != nil {
 			wo.cfg.Restore = rs.Snapshot

@@ -35,6 +35,7 @@ type testCluster struct {
 	client *cluster.Client
 	engine *host.Engine
 	hosts  map[string]*cluster.Host
+	hb     time.Duration // heartbeat interval of the controller and the hosts
 }
 
 func logger(t *testing.T) *slog.Logger {
@@ -57,12 +58,22 @@ func connect(t testing.TB, url string) *nats.Conn {
 // newCluster starts a NATS server, a controller and one host per slot count.
 func newCluster(t *testing.T, slots ...int) *testCluster {
 	t.Helper()
+	return newClusterHB(t, hbInterval, slots...)
+}
+
+// newClusterHB is newCluster with heartbeats (of the hosts, and the
+// controller's lease renewals) every hb: a test whose process stalls for
+// longer than the short default (a guest call on tens of MiB keeps the Go
+// runtime from stopping the world) would otherwise see hosts declared lost
+// and the leader step down.
+func newClusterHB(t *testing.T, hb time.Duration, slots ...int) *testCluster {
+	t.Helper()
 	srv, err := natsutil.StartEmbedded(natsutil.EmbeddedOptions{Port: -1, NoLog: true, StoreDir: t.TempDir()})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(srv.Shutdown)
-	tc := startController(t, srv, connect(t, srv.URL()))
+	tc := startControllerHB(t, srv, connect(t, srv.URL()), hb)
 	for i, n := range slots {
 		tc.addHost(fmt.Sprintf("h%d", i+1), n)
 	}
@@ -76,11 +87,15 @@ func newCluster(t *testing.T, slots ...int) *testCluster {
 
 // startController starts a controller on nc and an engine for the hosts.
 func startController(t *testing.T, srv *natsutil.Server, nc *nats.Conn) *testCluster {
+	return startControllerHB(t, srv, nc, hbInterval)
+}
+
+func startControllerHB(t *testing.T, srv *natsutil.Server, nc *nats.Conn, hb time.Duration) *testCluster {
 	t.Helper()
-	tc := &testCluster{t: t, srv: srv, hosts: map[string]*cluster.Host{}}
+	tc := &testCluster{t: t, srv: srv, hosts: map[string]*cluster.Host{}, hb: hb}
 	var err error
 	tc.ctl, err = cluster.StartController(nc, cluster.ControllerOptions{
-		Logger: logger(t), HeartbeatInterval: hbInterval, LostAfter: lostAfter})
+		Logger: logger(t), HeartbeatInterval: hb, LostAfter: lostAfter})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,6 +1,7 @@
 package cluster_test
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"os"
@@ -163,7 +164,7 @@ operators:
 func (tc *testCluster) addHostExec(id string, slots int, exec cluster.Executor) *cluster.Host {
 	t := tc.t
 	h, err := cluster.StartHost(connect(t, tc.srv.URL()), cluster.HostOptions{
-		ID: id, Slots: slots, DataDir: t.TempDir(), HeartbeatInterval: hbInterval,
+		ID: id, Slots: slots, DataDir: t.TempDir(), HeartbeatInterval: cmp.Or(tc.hb, hbInterval),
 		Executor: exec, Logger: logger(t)})
 	if err != nil {
 		t.Fatal(err)
