@@ -178,6 +178,9 @@ func (o *natsOut) checkExactlyOnce(n int, openAtKill map[string]int) (abandoned 
 	var got []string
 	inStream := map[string]bool{}
 	for _, m := range msgs {
+		if m.batch == "" {
+			o.t.Fatalf("a stored message without its Nats-Batch-Id header: %+v", m)
+		}
 		inStream[m.batch] = true
 		if !m.marker {
 			got = append(got, m.line)
