@@ -26,7 +26,7 @@ const (
 func TestNATSSinkKillRoundsHash(t *testing.T) {
 	o := startNATSOut(t)
 	dir := t.TempDir()
-	natsKillJob(t, dir, "hash", killRecords, killRate)
+	natsKillJob(t, dir, "hash", killRecords, killRate, 50*time.Millisecond)
 	open := killRounds(t, o, dir, false, randomKills(newRNG(t), 10), nil)
 	checkNATSKill(t, o, killRecords, open)
 }
@@ -34,7 +34,7 @@ func TestNATSSinkKillRoundsHash(t *testing.T) {
 func TestNATSSinkKillRoundsRebalance(t *testing.T) {
 	o := startNATSOut(t)
 	dir := t.TempDir()
-	natsKillJob(t, dir, "rebalance", killRecords, killRate)
+	natsKillJob(t, dir, "rebalance", killRecords, killRate, 50*time.Millisecond)
 	open := killRounds(t, o, dir, false, randomKills(newRNG(t), 10), nil)
 	checkNATSKill(t, o, killRecords, open)
 }
@@ -46,9 +46,28 @@ func TestNATSSinkKillRoundsRebalance(t *testing.T) {
 func TestNATSSinkKillRoundsRescale(t *testing.T) {
 	o := startNATSOut(t)
 	dir := t.TempDir()
-	natsKillJob(t, dir, "hash", killRecords, killRate)
+	natsKillJob(t, dir, "hash", killRecords, killRate, 50*time.Millisecond)
 	open := killRounds(t, o, dir, false, randomKills(newRNG(t), 10), []int{2, 3, 1, 3, 2, 4})
 	checkNATSKill(t, o, killRecords, open)
+}
+
+// TestNATSSinkKillRoundsMultiBatch: checkpoints 400ms apart at 20000
+// records/s make each subtask's epoch about 4000 records, committed in
+// several atomic batches (999 records and the marker each), so the kills
+// after a marker land between the batches of one epoch.
+func TestNATSSinkKillRoundsMultiBatch(t *testing.T) {
+	o := startNATSOut(t)
+	dir := t.TempDir()
+	const n = 300000
+	natsKillJob(t, dir, "hash", n, 20000, 400*time.Millisecond)
+	plan := randomKills(newRNG(t), 10)
+	for i := range plan {
+		if plan[i].after > 0 {
+			plan[i].after *= 2
+		}
+	}
+	open := killRounds(t, o, dir, false, plan, nil)
+	checkNATSKill(t, o, n, open)
 }
 
 // TestNATSSinkNATSRestart: the embedded NATS server (same port, same store)
@@ -62,7 +81,7 @@ func TestNATSSinkNATSRestart(t *testing.T) {
 	dir := t.TempDir()
 	chk := filepath.Join(dir, "chk")
 	rng := newRNG(t)
-	natsKillJob(t, dir, "hash", killRecords, killRate)
+	natsKillJob(t, dir, "hash", killRecords, killRate, 50*time.Millisecond)
 
 	began := time.Now()
 	cmd, errb := start(t, dir, "run", "--progress", "off", "job.yaml")
@@ -118,7 +137,7 @@ func TestNATSSinkNATSRestart(t *testing.T) {
 func TestNATSSinkKilledWhileNATSDown(t *testing.T) {
 	o := startNATSOut(t)
 	dir := t.TempDir()
-	natsKillJob(t, dir, "hash", killRecords, killRate)
+	natsKillJob(t, dir, "hash", killRecords, killRate, 50*time.Millisecond)
 	plan := []killAt{
 		{checkpoints: 3, natsDown: time.Second},
 		{batchMsg: 5},

@@ -201,13 +201,13 @@ func (o *natsOut) checkExactlyOnce(n int, openAtKill map[string]int) (abandoned 
 
 // natsKillJob is generator (parallelism 2, n records "v-<i>" with keys
 // key-<i mod 100>, rate records/s) -edge-> uppercase -> nats sink on
-// out.kill, parallelism 2, a checkpoint every 50ms into chk/.
-func natsKillJob(t *testing.T, dir, edge string, n, rate int) {
+// out.kill, parallelism 2, a checkpoint every interval into chk/.
+func natsKillJob(t *testing.T, dir, edge string, n, rate int, interval time.Duration) {
 	t.Helper()
 	upper := testwasm.Path(t, "examples/wasm/uppercase/uppercase.wasm")
 	job := fmt.Sprintf(`name: natskill
 parallelism: 2
-checkpoint: {interval: 50ms, dir: chk}
+checkpoint: {interval: %s, dir: chk}
 operators:
   - uid: gen
     parallelism: 2
@@ -218,7 +218,7 @@ operators:
   - uid: out
     sink: {type: nats, subject: out.kill}
     inputs: [upper]
-`, n, rate, upper, edge)
+`, interval, n, rate, upper, edge)
 	must(t, os.WriteFile(filepath.Join(dir, "job.yaml"), []byte(job), 0o644))
 }
 
@@ -403,7 +403,7 @@ func TestNATSSinkKilled(t *testing.T) {
 	o := startNATSOut(t)
 	dir := t.TempDir()
 	const n = 8000
-	natsKillJob(t, dir, "hash", n, 4000)
+	natsKillJob(t, dir, "hash", n, 4000, 50*time.Millisecond)
 	open := killRounds(t, o, dir, false, []killAt{{checkpoints: 2}, {batchMsg: 3}}, nil)
 	checkNATSKill(t, o, n, open)
 }
