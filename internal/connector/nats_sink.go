@@ -87,7 +87,10 @@ type NATSSinkOptions struct {
 // come later). Batch b of nonce n is stored iff a marker "n b" is. A commit
 // that is not sure how its last try ended (timeout, disconnect, NATS
 // restart, a failed compare-and-swap) reads the markers again and
-// continues with the first batch not stored. The batches of one entry, and
+// continues with the first batch not stored. A try ends as soon as the
+// connection it was sent on is lost or re-established (its reply, and
+// its atomic batch, went with it), and no try starts while NATS is away,
+// so a commit goes on as soon as NATS is back. The batches of one entry, and
 // the entries of one state, are published in order, so a marker of a later
 // batch or entry also proves the earlier ones (this covers streams whose
 // limits keep only the last message per subject).

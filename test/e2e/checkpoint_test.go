@@ -65,7 +65,7 @@ func exactlyOnce(t *testing.T, got, want []string) {
 		delete(count, w)
 	}
 	if len(bad) > 0 || len(count) > 0 {
-		t.Fatalf("got %d lines, want %d: %d missing, %d more than once, %d unexpected; wrong counts (first 5): %.5q", len(got), len(want), missing, dups, len(count), bad)
+		t.Fatalf("got %d lines, want %d: %d missing, %d more than once, %d unexpected; wrong counts (first 5): %q", len(got), len(want), missing, dups, len(count), bad[:min(5, len(bad))])
 	}
 }
 

@@ -23,31 +23,23 @@ const (
 	killRate    = 5000 // records/s: an uninterrupted run lasts 8s
 )
 
-func TestNATSSinkKillRoundsHash(t *testing.T) {
-	o := startNATSOut(t)
-	dir := t.TempDir()
-	natsKillJob(t, dir, "hash", killRecords, killRate, 50*time.Millisecond)
-	open := killRounds(t, o, dir, false, randomKills(newRNG(t), 10), nil)
-	checkNATSKill(t, o, killRecords, open)
-}
+func TestNATSSinkKillRoundsHash(t *testing.T) { killRoundsTest(t, "hash", nil) }
 
-func TestNATSSinkKillRoundsRebalance(t *testing.T) {
-	o := startNATSOut(t)
-	dir := t.TempDir()
-	natsKillJob(t, dir, "rebalance", killRecords, killRate, 50*time.Millisecond)
-	open := killRounds(t, o, dir, false, randomKills(newRNG(t), 10), nil)
-	checkNATSKill(t, o, killRecords, open)
-}
+func TestNATSSinkKillRoundsRebalance(t *testing.T) { killRoundsTest(t, "rebalance", nil) }
 
 // TestNATSSinkKillRoundsRescale resumes each round at another parallelism
 // of the operator and the sink (the generator keeps 2): the restored
 // entries of the old subtasks are committed by the new ones, under the
 // writers that sealed them.
-func TestNATSSinkKillRoundsRescale(t *testing.T) {
+func TestNATSSinkKillRoundsRescale(t *testing.T) { killRoundsTest(t, "hash", []int{2, 3, 1, 3, 2, 4}) }
+
+// killRoundsTest runs ten random kill rounds of the job with edge, the
+// rounds at parallelisms ps (none: the job's 2).
+func killRoundsTest(t *testing.T, edge string, ps []int) {
 	o := startNATSOut(t)
 	dir := t.TempDir()
-	natsKillJob(t, dir, "hash", killRecords, killRate, 50*time.Millisecond)
-	open := killRounds(t, o, dir, false, randomKills(newRNG(t), 10), []int{2, 3, 1, 3, 2, 4})
+	natsKillJob(t, dir, edge, killRecords, killRate, 50*time.Millisecond)
+	open := killRounds(t, o, dir, false, randomKills(newRNG(t), 10), ps)
 	checkNATSKill(t, o, killRecords, open)
 }
 
