@@ -413,5 +413,9 @@ func TestNATSSinkKilled(t *testing.T) {
 func checkNATSKill(t *testing.T, o *natsOut, n int, open map[string]int) {
 	t.Helper()
 	abandoned := o.checkExactlyOnce(n, open)
+	if len(open) == 0 {
+		t.Logf("OUT holds each of the %d records once", n)
+		return
+	}
 	t.Logf("OUT holds each of the %d records once; %d of the %d batches open at a kill never reached the stream (their commit was cut off, and done again later)", n, abandoned, len(open))
 }
