@@ -87,7 +87,10 @@ type NATSSinkOptions struct {
 // come later). Batch b of nonce n is stored iff a marker "n b" is. A commit
 // that is not sure how its last try ended (timeout, disconnect, NATS
 // restart, a failed compare-and-swap) reads the markers again and
-// continues with the first batch not stored. The batches of one entry, and
+// continues with the first batch not stored. A try ends as soon as the
+// connection it was sent on is lost or re-established (its reply, and
+// its atomic batch, went with it), and no try starts while NATS is away,
+// so a commit goes on as soon as NATS is back. The batches of one entry, and
 // the entries of one state, are published in order, so a marker of a later
 // batch or entry also proves the earlier ones (this covers streams whose
 // limits keep only the last message per subject).
@@ -183,9 +186,11 @@ const (
 	natsRecordOverhead   = 512     // headers of a record message, bounded
 )
 
-// NewNATSSink connects with o.Conn and opens a sink subtask.
+// NewNATSSink connects with o.Conn (reconnecting forever, as
+// natsutil.KeepReconnecting) and opens a sink subtask.
 func NewNATSSink(ctx context.Context, o NATSSinkOptions, subtask, parallelism int) (*NATSSink, error) {
-	nc, err := o.Conn.Connect(nats.Name(fmt.Sprintf("streamd nats sink %s[%d]", o.Operator, subtask)))
+	opts := append(natsutil.KeepReconnecting(), nats.Name(fmt.Sprintf("streamd nats sink %s[%d]", o.Operator, subtask)))
+	nc, err := o.Conn.Connect(opts...)
 	if err != nil {
 		return nil, fmt.Errorf("connector: nats sink %s: %w", o.Subject, err)
 	}
@@ -642,6 +647,49 @@ func (e errPermanent) Unwrap() error { return e.error }
 // errWrongLast: the marker subject moved since the sink looked.
 var errWrongLast = errors.New("another commit marker was stored meanwhile")
 
+// errConnLost: the connection to NATS broke (or was re-established) during
+// a request, so its reply will not come; an atomic batch is also lost with
+// the connection it was started on.
+var errConnLost = errors.New("connection to NATS lost")
+
+// natsConnPoll is how often a request in flight checks its connection.
+const natsConnPoll = 20 * time.Millisecond
+
+// callCtx bounds one request: the ack timeout, or until the connection is
+// lost or reconnected after session (a Stats().Reconnects), whichever is
+// first. A reply lost with a connection is then retried when NATS is back,
+// not after a whole ack timeout.
+func (s *NATSSink) callCtx(ctx context.Context, session uint64) (context.Context, context.CancelFunc) {
+	ctx, cancelTimeout := context.WithTimeout(ctx, s.ackTimeout)
+	ctx, cancel := context.WithCancelCause(ctx)
+	go func() {
+		t := time.NewTicker(natsConnPoll)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+				if !s.nc.IsConnected() || s.nc.Stats().Reconnects != session {
+					cancel(errConnLost)
+					return
+				}
+			}
+		}
+	}()
+	return ctx, func() { cancel(nil); cancelTimeout() }
+}
+
+// callErr names the cause of err when callCtx's ctx ended it.
+func callErr(ctx context.Context, err error) error {
+	if err != nil && ctx.Err() != nil {
+		if cause := context.Cause(ctx); errors.Is(cause, errConnLost) {
+			return fmt.Errorf("%w: %w", errConnLost, err)
+		}
+	}
+	return err
+}
+
 // commitEntry publishes the batches of e not stored yet, reading the
 // markers again whenever it cannot be sure where the stream is.
 func (s *NATSSink) commitEntry(ctx context.Context, e *natsEntry) error {
@@ -649,7 +697,14 @@ func (s *NATSSink) commitEntry(ctx context.Context, e *natsEntry) error {
 	backoff := 50 * time.Millisecond
 	var lastErr error
 	for e.done < len(e.batches) {
-		if e.recheck {
+		if !s.nc.IsConnected() {
+			if s.nc.IsClosed() {
+				return fmt.Errorf("connector: %s: commit of epoch %d: %w", s.name, e.epoch, nats.ErrConnectionClosed)
+			}
+			// Reconnecting: a try now would only fill the reconnect
+			// buffer with a batch the next server does not know.
+			lastErr, e.recheck = errConnLost, true
+		} else if e.recheck {
 			p, err := s.scanMarkers(ctx, e.subject, e.floor)
 			if err == nil {
 				e.done, e.recheck = max(e.done, min(p[e.nonce], len(e.batches))), false
@@ -691,6 +746,7 @@ func (s *NATSSink) publishBatch(ctx context.Context, e *natsEntry, b int, expect
 	var idb [12]byte
 	rand.Read(idb[:])
 	batchID := hex.EncodeToString(idb[:])
+	session := s.nc.Stats().Reconnects // the batch lives on this connection only
 	seq, i := 0, 0
 	send := func(m *nats.Msg, commit bool) ([]byte, error) {
 		seq++
@@ -700,11 +756,16 @@ func (s *NATSSink) publishBatch(ctx context.Context, e *natsEntry, b int, expect
 			m.Header.Set("Nats-Batch-Commit", "1")
 		}
 		if commit || seq == 1 || seq%natsFlowEvery == 0 {
-			r, err := s.nc.RequestMsg(m, s.ackTimeout)
+			rctx, cancel := s.callCtx(ctx, session)
+			defer cancel()
+			r, err := s.nc.RequestMsgWithContext(rctx, m)
 			if err != nil {
-				return nil, err
+				return nil, callErr(rctx, err)
 			}
 			return r.Data, nil
+		}
+		if s.nc.Stats().Reconnects != session {
+			return nil, errConnLost
 		}
 		return nil, s.nc.PublishMsg(m)
 	}
@@ -811,7 +872,7 @@ func (s *NATSSink) parseAck(reply []byte, e *natsEntry, b int) (*batchAck, error
 // lastMarker reads the last sequence of a marker subject (0: none) and
 // remembers it.
 func (s *NATSSink) lastMarker(ctx context.Context, subj string) (uint64, error) {
-	ctx, cancel := context.WithTimeout(ctx, s.ackTimeout)
+	ctx, cancel := s.callCtx(ctx, s.nc.Stats().Reconnects)
 	defer cancel()
 	m, err := s.stream.GetLastMsgForSubject(ctx, subj)
 	if errors.Is(err, jetstream.ErrMsgNotFound) {
@@ -819,7 +880,7 @@ func (s *NATSSink) lastMarker(ctx context.Context, subj string) (uint64, error) 
 		return 0, nil
 	}
 	if err != nil {
-		return 0, fmt.Errorf("connector: %s: read the commit marker %s: %w", s.name, subj, err)
+		return 0, fmt.Errorf("connector: %s: read the commit marker %s: %w", s.name, subj, callErr(ctx, err))
 	}
 	s.known[subj] = m.Sequence
 	return m.Sequence, nil
@@ -835,8 +896,9 @@ func (s *NATSSink) scanMarkers(ctx context.Context, subj string, floor uint64) (
 	}
 	done := map[[16]byte]int{}
 	for seq := floor + 1; seq <= last; {
-		gctx, cancel := context.WithTimeout(ctx, s.ackTimeout)
+		gctx, cancel := s.callCtx(ctx, s.nc.Stats().Reconnects)
 		m, err := s.stream.GetMsg(gctx, seq, jetstream.WithGetMsgSubject(subj))
+		err = callErr(gctx, err)
 		cancel()
 		if errors.Is(err, jetstream.ErrMsgNotFound) {
 			break

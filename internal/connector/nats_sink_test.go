@@ -397,33 +397,60 @@ func TestNATSSinkReplayOrder(t *testing.T) {
 }
 
 // TestNATSSinkServerRestart: the NATS server restarts (same store) in the
-// middle of a batch, and again between two batches; the commit goes on
-// after it and stays exactly once.
+// middle of a batch, between two batches and before a batch's marker; the
+// commit goes on after it and stays exactly once. "at once": the server is
+// back before the sink sends again. "while waiting": it goes down as the
+// sink sends and is back 300ms later, while the sink waits for an ack the
+// old server will never send; the sink drops that try when the connection
+// is lost and goes on once it is back, within its ack timeout (before, each
+// lost reply cost a whole ack timeout, the commit's deadline too, so the
+// commit failed).
 func TestNATSSinkServerRestart(t *testing.T) {
-	e := newSinkEnv(t, jetstream.StreamConfig{})
-	o := NATSSinkOptions{BatchSize: 10, AckTimeout: 10 * time.Second}
-	s := e.sink(o, 0, 1)
-	mustWrite(t, s, sinkRecs(0, 90))
-	st := mustPreCommit(t, s, 1)
-	restarts := 0
-	s.failHook = func(_ *natsEntry, b, msg int) error {
-		if (b == 3 && msg == 4) || (b == 6 && msg == 0) || (b == 8 && msg == 9) {
-			if restarts < 3 {
+	for _, tc := range []struct {
+		name    string
+		waiting bool
+	}{{"at once", false}, {"while waiting", true}} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newSinkEnv(t, jetstream.StreamConfig{})
+			o := NATSSinkOptions{BatchSize: 10, AckTimeout: 10 * time.Second}
+			s := e.sink(o, 0, 1)
+			mustWrite(t, s, sinkRecs(0, 90))
+			st := mustPreCommit(t, s, 1)
+			var wg sync.WaitGroup
+			restarts := 0
+			s.failHook = func(_ *natsEntry, b, msg int) error {
+				if restarts == 3 || !(b == 3 && msg == 4 || b == 6 && msg == 0 || b == 8 && msg == 9) {
+					return nil
+				}
 				restarts++
-				e.restart()
+				if !tc.waiting {
+					e.restart()
+					return nil
+				}
+				e.mu.Lock()
+				e.srv.Shutdown()
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					defer e.mu.Unlock()
+					time.Sleep(300 * time.Millisecond)
+					e.start()
+				}()
+				return nil
 			}
-		}
-		return nil
+			err := s.Commit(1)
+			wg.Wait()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if restarts != 3 {
+				t.Fatalf("%d restarts", restarts)
+			}
+			e.exactlyOnce("out.a", vals(sinkRecs(0, 90)))
+			e.sink(o, 0, 1, st) // and a restore afterwards publishes nothing
+			e.exactlyOnce("out.a", vals(sinkRecs(0, 90)))
+		})
 	}
-	if err := s.Commit(1); err != nil {
-		t.Fatal(err)
-	}
-	if restarts != 3 {
-		t.Fatalf("%d restarts", restarts)
-	}
-	e.exactlyOnce("out.a", vals(sinkRecs(0, 90)))
-	e.sink(o, 0, 1, st) // and a restore afterwards publishes nothing
-	e.exactlyOnce("out.a", vals(sinkRecs(0, 90)))
 }
 
 // TestNATSSinkConcurrentCommits: two sinks commit the same restored state

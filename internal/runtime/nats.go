@@ -60,9 +60,10 @@ func (c *natsConns) get(o natsutil.ConnectOptions) (*nats.Conn, error) {
 	if nc := c.conns[key]; nc != nil && !nc.IsClosed() {
 		return nc, nil
 	}
-	// Keep reconnecting while the job runs: a restart of the server should
-	// not end the connection the subtasks share.
-	nc, err := o.Connect(nats.MaxReconnects(-1))
+	// Keep reconnecting while the job runs, a few times a second: a
+	// restart of the server should not end the connection the subtasks
+	// share, and the nats sink's commits wait for it to be back.
+	nc, err := o.Connect(natsutil.KeepReconnecting()...)
 	if err != nil {
 		return nil, err
 	}

@@ -51,14 +51,21 @@ func exactlyOnce(t *testing.T, got, want []string) {
 		count[l]++
 	}
 	var bad []string
+	missing, dups := 0, 0
 	for _, w := range want {
+		switch c := count[w]; {
+		case c == 0:
+			missing++
+		case c > 1:
+			dups++
+		}
 		if count[w] != 1 {
 			bad = append(bad, fmt.Sprintf("%s x%d", w, count[w]))
 		}
 		delete(count, w)
 	}
 	if len(bad) > 0 || len(count) > 0 {
-		t.Fatalf("got %d lines, want %d; wrong counts (first 5): %.5q; %d unexpected", len(got), len(want), bad, len(count))
+		t.Fatalf("got %d lines, want %d: %d missing, %d more than once, %d unexpected; wrong counts (first 5): %q", len(got), len(want), missing, dups, len(count), bad[:min(5, len(bad))])
 	}
 }
 
