@@ -94,13 +94,15 @@ type Controller struct {
 	seenRev, leaseRev uint64
 	seenAt, renewed   time.Time
 	// The job records to write (persistLoop), per job the version durable,
-	// closed and replaced whenever a record was written; revs (of
-	// persistLoop, and of lead before it) is each key's revision.
+	// closed and replaced whenever a record was written; revs (under
+	// revMu) is each key's revision.
 	queue    map[string]queuedRecord
 	durable  map[string]uint64
 	savedCh  chan struct{}
 	saveWake chan struct{}
+	revMu    sync.Mutex
 	revs     map[string]uint64
+	taking   map[string]bool // jobs lateRecord is taking
 	// Right after taking the lead: no placing until the hosts of adopted
 	// attempts (awaiting) reported, or adoptUntil.
 	adoptUntil time.Time
@@ -246,7 +248,7 @@ func StartController(nc *nats.Conn, opts ControllerOptions) (*Controller, error)
 	}
 	c := &Controller{nc: nc, opts: opts, id: opts.ID, kv: kv, log: opts.Logger.With("component", "controller", "controller", opts.ID),
 		jobs: map[string]*ctlJob{}, hosts: map[string]*ctlHost{}, done: make(chan struct{}), ended: make(chan struct{}),
-		queue: map[string]queuedRecord{}, durable: map[string]uint64{}, revs: map[string]uint64{}, awaiting: map[string]bool{},
+		queue: map[string]queuedRecord{}, durable: map[string]uint64{}, revs: map[string]uint64{}, taking: map[string]bool{}, awaiting: map[string]bool{},
 		savedCh: make(chan struct{}), saveWake: make(chan struct{}, 1)}
 	c.lwg.Add(1)
 	go c.persistLoop()
@@ -893,7 +895,16 @@ func (c *Controller) lookup(msg *nats.Msg) (*ctlJob, JobRequest, error) {
 	return j, req, nil
 }
 
+// catchUpRequest is catchUp of the job a JobRequest names.
+func (c *Controller) catchUpRequest(msg *nats.Msg) {
+	var req JobRequest
+	if json.Unmarshal(msg.Data, &req) == nil {
+		c.catchUp(req.JobID)
+	}
+}
+
 func (c *Controller) handleStatus(msg *nats.Msg) {
+	c.catchUpRequest(msg)
 	c.mu.Lock()
 	j, _, err := c.lookup(msg)
 	var out JobReply
@@ -908,6 +919,7 @@ func (c *Controller) handleStatus(msg *nats.Msg) {
 }
 
 func (c *Controller) handleCancel(msg *nats.Msg) {
+	c.catchUpRequest(msg)
 	c.mu.Lock()
 	j, _, err := c.lookup(msg)
 	if err != nil {

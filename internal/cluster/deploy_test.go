@@ -99,3 +99,82 @@ func TestClientSendsAgainOnRetry(t *testing.T) {
 		t.Fatalf("requests %v: want two with the same id", rids)
 	}
 }
+
+// TestLateRecordOfAnEarlierLeaderIsTaken: a job record an earlier leader
+// wrote after the new leader read the table (its write held up by a NATS
+// outage, its deploy answered) is taken by the new leader: status finds it,
+// it is scheduled, and a deploy sent again with its request id names it.
+func TestLateRecordOfAnEarlierLeaderIsTaken(t *testing.T) {
+	srv, err := natsutil.StartEmbedded(natsutil.EmbeddedOptions{Port: -1, NoLog: true, StoreDir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(srv.Shutdown)
+	connect := func() *nats.Conn {
+		nc, err := natsutil.Connect(natsutil.URLs(srv.URL()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(nc.Close)
+		return nc
+	}
+	first, err := StartController(connect(), ControllerOptions{ID: "first", HeartbeatInterval: 50 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	first.Close() // releases the lease
+	nc := connect()
+	ctl, err := StartController(nc, ControllerOptions{ID: "second", HeartbeatInterval: 50 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(ctl.Close)
+	if _, term := ctl.Leader(); term != 2 {
+		t.Fatalf("second controller leads term %d, want 2", term)
+	}
+	// The first leader's late write of a job it deployed in term 1.
+	now := time.Now()
+	rec := jobRecord{ID: "late-1", Spec: testSpec(1), RequestID: "rid-late", State: JobCreated, Slots: 1, Created: now, Updated: now, Term: 1}
+	data, _ := json.Marshal(rec)
+	if _, err := ctl.kv.Create(context.Background(), jobKey(rec.ID), data); err != nil {
+		t.Fatal(err)
+	}
+	status := func() JobReply {
+		t.Helper()
+		b, _ := json.Marshal(JobRequest{JobID: rec.ID})
+		msg, err := nc.Request(SubjectStatus, b, 10*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var r JobReply
+		if err := json.Unmarshal(msg.Data, &r); err != nil {
+			t.Fatal(err)
+		}
+		return r
+	}
+	if r := status(); r.Error != "" || r.Job == nil || r.Job.ID != rec.ID {
+		t.Fatalf("status of the late job: %+v", r)
+	}
+	b, _ := json.Marshal(DeployRequest{Job: testSpec(1), RequestID: "rid-late"})
+	msg, err := nc.Request(SubjectDeploy, b, 10*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var dr DeployReply
+	if err := json.Unmarshal(msg.Data, &dr); err != nil || dr.JobID != rec.ID {
+		t.Fatalf("deploy again with the late job's request id: %+v, %v; want %s", dr, err, rec.ID)
+	}
+	// Rewritten in term 2: an older leader's next write of it fails.
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		e, err := ctl.kv.Get(context.Background(), jobKey(rec.ID))
+		var got jobRecord
+		if err == nil && json.Unmarshal(e.Value(), &got) == nil && got.Term == 2 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the late job's record was not rewritten in term 2: %+v, %v", got, err)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}

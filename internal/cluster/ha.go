@@ -434,7 +434,8 @@ func (c *Controller) writeRecord(rec jobRecord) error {
 	for {
 		ctx, cancel := c.kvCtx()
 		var rev uint64
-		if last := c.revs[key]; last == 0 {
+		last := c.rev(key)
+		if last == 0 {
 			rev, err = c.kv.Create(ctx, key, data)
 		} else {
 			rev, err = c.kv.Update(ctx, key, data, last)
@@ -442,10 +443,10 @@ func (c *Controller) writeRecord(rec jobRecord) error {
 		cancel()
 		switch {
 		case err == nil:
-			c.revs[key] = rev
+			c.setRev(key, rev)
 			return nil
 		case errors.Is(err, jetstream.ErrKeyExists), errors.Is(err, jetstream.ErrKeyRevisionMismatch):
-			return fmt.Errorf("cluster: controller %s: job %s was written by another controller (revision %d is not the latest): %w", c.id, rec.ID, c.revs[key], err)
+			return fmt.Errorf("cluster: controller %s: job %s was written by another controller (revision %d is not the latest): %w", c.id, rec.ID, last, err)
 		}
 		c.log.Warn("job record not saved; trying again", "job", rec.ID, "err", err)
 		select {
@@ -455,6 +456,18 @@ func (c *Controller) writeRecord(rec jobRecord) error {
 		}
 		delay = min(2*delay, time.Second)
 	}
+}
+
+func (c *Controller) rev(key string) uint64 {
+	c.revMu.Lock()
+	defer c.revMu.Unlock()
+	return c.revs[key]
+}
+
+func (c *Controller) setRev(key string, rev uint64) {
+	c.revMu.Lock()
+	defer c.revMu.Unlock()
+	c.revs[key] = rev
 }
 
 // loadJobs reads the job table from the bucket.
@@ -481,7 +494,7 @@ func (c *Controller) loadJobs(ctx context.Context) ([]jobRecord, error) {
 			c.log.Error("job record unreadable; skipped", "key", k, "err", err)
 			continue
 		}
-		c.revs[k] = e.Revision()
+		c.setRev(k, e.Revision())
 		out = append(out, r)
 	}
 	sort.SliceStable(out, func(a, b int) bool { return out[a].Created.Before(out[b].Created) })
@@ -495,8 +508,18 @@ func (c *Controller) loadJobs(ctx context.Context) ([]jobRecord, error) {
 func (c *Controller) lead(term uint64) error {
 	ctx, cancel := context.WithTimeout(context.Background(), DefaultRetry.Total)
 	defer cancel()
+	// Records written after the table is read, by a leader of an older term
+	// that has not stopped yet (its writes held up by a NATS outage), are
+	// watched from before the read: see lateRecord.
+	wctx, wcancel := context.WithCancel(context.Background())
+	w, err := c.kv.Watch(wctx, jobPrefix+">", jetstream.UpdatesOnly())
+	if err != nil {
+		wcancel()
+		return fmt.Errorf("cluster: watch the jobs in bucket %s: %w", c.opts.Bucket, err)
+	}
 	recs, err := c.loadJobs(ctx)
 	if err != nil {
+		wcancel()
 		return err
 	}
 	now := time.Now()
@@ -505,53 +528,22 @@ func (c *Controller) lead(term uint64) error {
 	c.mu.Unlock()
 	var adopted []*ctlJob
 	for _, r := range recs {
-		j := jobFromRecord(r, now)
-		if j.placement != nil {
-			// The attempt was assigned: it may run. Its controller side
-			// takes it over without deploying anything.
-			dj, err := c.newDistJob(j.id, j.spec, j.restoreFrom(), j.attempt, true, &runtime.Takeover{Restarts: j.restarts})
-			if err != nil {
-				c.log.Error("running job cannot be adopted; it fails", "job", j.id, "attempt", j.attempt, "err", err)
-				j.placement = nil
-				c.mu.Lock()
-				c.endLocked(j, now, JobFailed, fmt.Sprintf("controller term %d could not adopt attempt %d: %v", term, j.attempt, err))
-				c.mu.Unlock()
-			} else {
-				j.dist = dj
-				adopted = append(adopted, j)
-			}
+		if j := c.takeRecord(r, term, now); j.dist != nil {
+			adopted = append(adopted, j)
 		}
-		c.mu.Lock()
-		c.jobs[j.id] = j
-		c.order = append(c.order, j.id)
-		c.mu.Unlock()
 	}
 	c.mu.Lock()
-	// Until the hosts of the adopted attempts have reported (or two
-	// heartbeat intervals passed) nothing is placed: their slots are not
-	// known yet. A host that never reports is lost as usual.
-	c.adoptUntil = now.Add(2 * c.opts.HeartbeatInterval)
 	for _, j := range adopted {
-		for _, id := range j.placement.Hosts() {
-			if c.hosts[id] == nil {
-				c.hosts[id] = &ctlHost{id: id, interval: c.opts.HeartbeatInterval, lastSeen: now,
-					busy: map[AttemptRef]*slotUse{}, ended: map[AttemptRef]time.Time{}}
-				c.awaiting[id] = true
-			}
-		}
-		c.holdLocked(j, *j.placement)
-		for _, id := range j.placement.Hosts() {
-			c.settleLocked(id, AttemptRef{JobID: j.id, Attempt: j.attempt}, now)
-		}
-		c.saveLocked(j) // written in this term: a deposed leader's later write fails
+		c.adoptLocked(j, now)
 	}
 	for _, id := range c.order {
 		if j := c.jobs[id]; j.ver == 0 && !TerminalJobState(j.state) {
-			c.saveLocked(j)
+			c.saveLocked(j) // written in this term: a deposed leader's later write fails
 		}
 	}
 	c.mu.Unlock()
 	if err := c.subscribe(); err != nil {
+		wcancel()
 		return err
 	}
 	c.announce(term)
@@ -559,10 +551,153 @@ func (c *Controller) lead(term uint64) error {
 		c.log.Info("job adopted", "job", j.id, "attempt", j.attempt, "hosts", j.placement.Hosts(), "state", j.state)
 		j.dist.adopt(j.attempt, *j.placement)
 	}
-	c.wg.Add(1)
+	c.wg.Add(2)
 	go c.ticker()
+	go c.watchRecords(w, wcancel)
 	c.log.Info("controller leads", "id", c.id, "term", term, "jobs", len(recs), "adopted", len(adopted))
 	return nil
+}
+
+// takeRecord makes the job of record r this leader's (term): a job whose
+// attempt was assigned gets its controller side, which takes the attempt
+// over without deploying anything (j.dist; adoptLocked and dist.adopt
+// finish that). Called without c.mu.
+func (c *Controller) takeRecord(r jobRecord, term uint64, now time.Time) *ctlJob {
+	j := jobFromRecord(r, now)
+	if j.placement != nil {
+		// The attempt was assigned: it may run.
+		dj, err := c.newDistJob(j.id, j.spec, j.restoreFrom(), j.attempt, true, &runtime.Takeover{Restarts: j.restarts})
+		if err != nil {
+			c.log.Error("running job cannot be adopted; it fails", "job", j.id, "attempt", j.attempt, "err", err)
+			j.placement = nil
+			c.mu.Lock()
+			c.endLocked(j, now, JobFailed, fmt.Sprintf("controller term %d could not adopt attempt %d: %v", term, j.attempt, err))
+			c.mu.Unlock()
+		} else {
+			j.dist = dj
+		}
+	}
+	c.mu.Lock()
+	c.jobs[j.id] = j
+	c.order = append(c.order, j.id)
+	c.mu.Unlock()
+	return j
+}
+
+// adoptLocked holds the slots of j's adopted attempt. Until the hosts of
+// adopted attempts have reported (or two heartbeat intervals passed)
+// nothing is placed: their slots are not known yet. A host that never
+// reports is lost as usual.
+func (c *Controller) adoptLocked(j *ctlJob, now time.Time) {
+	if until := now.Add(2 * c.opts.HeartbeatInterval); until.After(c.adoptUntil) {
+		c.adoptUntil = until
+	}
+	for _, id := range j.placement.Hosts() {
+		if c.hosts[id] == nil {
+			c.hosts[id] = &ctlHost{id: id, interval: c.opts.HeartbeatInterval, lastSeen: now,
+				busy: map[AttemptRef]*slotUse{}, ended: map[AttemptRef]time.Time{}}
+			c.awaiting[id] = true
+		}
+	}
+	c.holdLocked(j, *j.placement)
+	for _, id := range j.placement.Hosts() {
+		c.settleLocked(id, AttemptRef{JobID: j.id, Attempt: j.attempt}, now)
+	}
+	c.saveLocked(j) // written in this term: a deposed leader's later write fails
+}
+
+// catchUp takes job id from the bucket if this leader does not know it
+// (yet): a request naming a job the previous leader deployed just before it
+// stopped can come before the record's update reaches watchRecords.
+func (c *Controller) catchUp(id string) {
+	c.mu.Lock()
+	skip := id == "" || c.term == 0 || c.jobs[id] != nil
+	c.mu.Unlock()
+	if skip {
+		return
+	}
+	ctx, cancel := c.kvCtx()
+	defer cancel()
+	e, err := c.kv.Get(ctx, jobKey(id))
+	if err != nil {
+		return
+	}
+	var r jobRecord
+	if json.Unmarshal(e.Value(), &r) == nil && r.ID == id {
+		c.lateRecord(r, e.Key(), e.Revision())
+	}
+}
+
+// watchRecords hands every job record written after this leader read the
+// table to lateRecord, until the controller stops.
+func (c *Controller) watchRecords(w jetstream.KeyWatcher, cancel context.CancelFunc) {
+	defer c.wg.Done()
+	defer cancel()
+	for {
+		select {
+		case <-c.done:
+			return
+		case e, ok := <-w.Updates():
+			if !ok {
+				return
+			}
+			if e == nil || e.Operation() != jetstream.KeyValuePut {
+				continue
+			}
+			var r jobRecord
+			if err := json.Unmarshal(e.Value(), &r); err != nil || r.ID == "" {
+				continue
+			}
+			c.lateRecord(r, e.Key(), e.Revision())
+		}
+	}
+}
+
+// lateRecord takes a job record that appeared after this leader read the
+// table. One of a later term means another controller leads: this one
+// stops. One of an earlier term, of a job this leader does not know, was
+// written by the previous leader before it stopped (a deploy it answered,
+// perhaps an attempt it assigned): the job is taken as if it had been in
+// the table. Records of known jobs need nothing: this leader rewrote every
+// job not ended, so an older leader's write of one fails.
+func (c *Controller) lateRecord(r jobRecord, key string, rev uint64) {
+	c.mu.Lock()
+	term, known, stopped := c.term, c.jobs[r.ID] != nil || c.taking[r.ID], c.closed
+	if !stopped && term != 0 && r.Term < term && !known {
+		c.taking[r.ID] = true
+	}
+	c.mu.Unlock()
+	switch {
+	case stopped || term == 0 || r.Term == term:
+		return
+	case r.Term > term:
+		c.depose(fmt.Errorf("cluster: controller %s: job %s was written in term %d, later than this one's %d", c.id, r.ID, r.Term, term))
+		return
+	case known:
+		return
+	}
+	defer func() {
+		c.mu.Lock()
+		delete(c.taking, r.ID)
+		c.mu.Unlock()
+	}()
+	now := time.Now()
+	c.setRev(key, rev)
+	c.log.Warn("job written by an earlier leader after the takeover; taking it", "job", r.ID, "term", r.Term, "state", r.State)
+	j := c.takeRecord(r, term, now)
+	c.mu.Lock()
+	if j.dist != nil {
+		c.adoptLocked(j, now)
+	} else if !TerminalJobState(j.state) {
+		c.saveLocked(j)
+	}
+	effects := c.scheduleLocked(now)
+	c.mu.Unlock()
+	if j.dist != nil {
+		c.log.Info("job adopted", "job", j.id, "attempt", j.attempt, "hosts", j.placement.Hosts(), "state", j.state)
+		j.dist.adopt(j.attempt, *j.placement)
+	}
+	c.run(effects)
 }
 
 // jobFromRecord is the job of record r, as a new leader sees it at now.
