@@ -10,28 +10,14 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/streamd/streamd/control"
-	"github.com/streamd/streamd/internal/natsutil"
+	"github.com/streamd/streamd/internal/natstest"
 )
 
 // jetStream starts an embedded NATS server with JetStream and returns a
 // JetStream context on it.
 func jetStream(t *testing.T) jetstream.JetStream {
 	t.Helper()
-	srv, err := natsutil.StartEmbedded(natsutil.EmbeddedOptions{Port: -1, NoLog: true, StoreDir: t.TempDir()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(srv.Shutdown)
-	nc, err := natsutil.Connect(natsutil.URLs(srv.URL()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return js
+	return natstest.JetStream(t, natstest.Server(t))
 }
 
 // commitTo writes one blob per non-nil state for operator "op" into s and

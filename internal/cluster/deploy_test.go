@@ -8,23 +8,15 @@ import (
 
 	"github.com/nats-io/nats.go"
 
-	"github.com/streamd/streamd/internal/natsutil"
+	"github.com/streamd/streamd/internal/natstest"
 )
 
 // TestDeployIsIdempotent: a deploy request sent again with the same request
 // id (its answer was lost, or the controller that took it stopped) makes no
 // second job: the answer names the job of the first try.
 func TestDeployIsIdempotent(t *testing.T) {
-	srv, err := natsutil.StartEmbedded(natsutil.EmbeddedOptions{Port: -1, NoLog: true, StoreDir: t.TempDir()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(srv.Shutdown)
-	nc, err := natsutil.Connect(natsutil.URLs(srv.URL()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
+	srv := natstest.Server(t)
+	nc := natstest.Connect(t, srv.URL())
 	ctl, err := StartController(nc, ControllerOptions{HeartbeatInterval: 50 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
@@ -61,16 +53,8 @@ func TestDeployIsIdempotent(t *testing.T) {
 // lead before acting) gets the request again, and the answer of the next try
 // is what the client returns, with nothing of the first.
 func TestClientSendsAgainOnRetry(t *testing.T) {
-	srv, err := natsutil.StartEmbedded(natsutil.EmbeddedOptions{Port: -1, NoLog: true, StoreDir: t.TempDir()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(srv.Shutdown)
-	nc, err := natsutil.Connect(natsutil.URLs(srv.URL()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
+	srv := natstest.Server(t)
+	nc := natstest.Connect(t, srv.URL())
 	var rids []string
 	sub, err := nc.Subscribe(SubjectDeploy, func(m *nats.Msg) {
 		var req DeployRequest
@@ -105,19 +89,8 @@ func TestClientSendsAgainOnRetry(t *testing.T) {
 // outage, its deploy answered) is taken by the new leader: status finds it,
 // it is scheduled, and a deploy sent again with its request id names it.
 func TestLateRecordOfAnEarlierLeaderIsTaken(t *testing.T) {
-	srv, err := natsutil.StartEmbedded(natsutil.EmbeddedOptions{Port: -1, NoLog: true, StoreDir: t.TempDir()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(srv.Shutdown)
-	connect := func() *nats.Conn {
-		nc, err := natsutil.Connect(natsutil.URLs(srv.URL()))
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(nc.Close)
-		return nc
-	}
+	srv := natstest.Server(t)
+	connect := func() *nats.Conn { return natstest.Connect(t, srv.URL()) }
 	first, err := StartController(connect(), ControllerOptions{ID: "first", HeartbeatInterval: 50 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)

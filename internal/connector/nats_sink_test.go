@@ -15,6 +15,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/streamd/streamd/abi"
+	"github.com/streamd/streamd/internal/natstest"
 	"github.com/streamd/streamd/internal/natsutil"
 )
 
@@ -622,14 +623,8 @@ func TestNATSSinkToSource(t *testing.T) {
 // records; direct is the publish-at-once path (the old sink's way), staged
 // the two-phase commit.
 func BenchmarkNATSSink(b *testing.B) {
-	s, err := natsutil.StartEmbedded(natsutil.EmbeddedOptions{Port: -1, NoLog: true, StoreDir: b.TempDir()})
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer s.Shutdown()
-	co, _ := natsutil.NewConnectOptions(natsutil.URLs(s.URL()))
-	nc, _ := co.Connect()
-	defer nc.Close()
+	s := natstest.Server(b)
+	nc := natstest.Connect(b, s.URL())
 	js, _ := jetstream.New(nc)
 	if _, err := js.CreateStream(context.Background(), jetstream.StreamConfig{Name: "B", Subjects: []string{"b.>"}, AllowAtomicPublish: true}); err != nil {
 		b.Fatal(err)

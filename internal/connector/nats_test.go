@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/streamd/streamd/abi"
+	"github.com/streamd/streamd/internal/natstest"
 	"github.com/streamd/streamd/internal/natsutil"
 )
 
@@ -20,20 +21,12 @@ import (
 // "orders.>" with a one-minute duplicate window and atomic publish.
 func jsServer(t *testing.T) (natsutil.ConnectOptions, *nats.Conn, jetstream.JetStream) {
 	t.Helper()
-	s, err := natsutil.StartEmbedded(natsutil.EmbeddedOptions{Port: -1, NoLog: true, StoreDir: t.TempDir()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(s.Shutdown)
+	s := natstest.Server(t)
 	co, err := natsutil.NewConnectOptions(natsutil.URLs(s.URL()))
 	if err != nil {
 		t.Fatal(err)
 	}
-	nc, err := co.Connect()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
+	nc := natstest.Connect(t, s.URL())
 	js, err := jetstream.New(nc)
 	if err != nil {
 		t.Fatal(err)

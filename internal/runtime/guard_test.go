@@ -14,7 +14,7 @@ import (
 	"github.com/streamd/streamd/control"
 	"github.com/streamd/streamd/host"
 	"github.com/streamd/streamd/internal/jobfile"
-	"github.com/streamd/streamd/internal/natsutil"
+	"github.com/streamd/streamd/internal/natstest"
 	"github.com/streamd/streamd/internal/testwasm"
 )
 
@@ -40,24 +40,12 @@ func (s spinSignal) Handle(_ context.Context, r slog.Record) error {
 func TestSpinningGuestFailsOnlyItsJob(t *testing.T) {
 	spin := testwasm.Path(t, "host/testdata/spin.wasm")
 	upper := testwasm.Path(t, "examples/wasm/uppercase-rust/uppercase_rust.wasm")
-	srv, err := natsutil.StartEmbedded(natsutil.EmbeddedOptions{Port: -1, NoLog: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(srv.Shutdown)
-	responder, err := nats.Connect(srv.URL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(responder.Close)
+	srv := natstest.Server(t)
+	responder := natstest.Connect(t, srv.URL())
 	if _, err := responder.Subscribe("ping", func(m *nats.Msg) { m.Respond([]byte("pong")) }); err != nil {
 		t.Fatal(err)
 	}
-	client, err := nats.Connect(srv.URL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(client.Close)
+	client := natstest.Connect(t, srv.URL())
 	ping := func() {
 		t.Helper()
 		if m, err := client.Request("ping", nil, 5*time.Second); err != nil || string(m.Data) != "pong" {

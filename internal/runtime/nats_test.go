@@ -12,11 +12,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/streamd/streamd/internal/checkpoint"
 	"github.com/streamd/streamd/internal/jobfile"
+	"github.com/streamd/streamd/internal/natstest"
 	"github.com/streamd/streamd/internal/natsutil"
 	"github.com/streamd/streamd/internal/testwasm"
 )
@@ -130,21 +130,8 @@ operators:
 // jetStreamServer starts an embedded JetStream server for the test.
 func jetStreamServer(t *testing.T) (*natsutil.Server, jetstream.JetStream) {
 	t.Helper()
-	srv, err := natsutil.StartEmbedded(natsutil.EmbeddedOptions{Port: -1, NoLog: true, StoreDir: t.TempDir()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(srv.Shutdown)
-	nc, err := nats.Connect(srv.URL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return srv, js
+	srv := natstest.Server(t)
+	return srv, natstest.JetStream(t, srv)
 }
 
 // streamValues returns the sorted payloads of the messages on subject in
