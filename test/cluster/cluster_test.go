@@ -19,6 +19,7 @@ import (
 	"github.com/streamd/streamd/host"
 	"github.com/streamd/streamd/internal/cluster"
 	"github.com/streamd/streamd/internal/jobfile"
+	"github.com/streamd/streamd/internal/natstest"
 	"github.com/streamd/streamd/internal/natsutil"
 	"github.com/streamd/streamd/internal/testwasm"
 )
@@ -47,12 +48,7 @@ func logger(t *testing.T) *slog.Logger {
 
 func connect(t testing.TB, url string) *nats.Conn {
 	t.Helper()
-	nc, err := natsutil.Connect(natsutil.URLs(url))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	return nc
+	return natstest.Connect(t, url)
 }
 
 // newCluster starts a NATS server, a controller and one host per slot count.
