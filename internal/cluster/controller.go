@@ -90,9 +90,12 @@ type Controller struct {
 	deposedErr error
 	ended      chan struct{}  // closed once stopped
 	lwg        sync.WaitGroup // the lease and persist loops
-	// Of the lease loop only.
-	seenRev, leaseRev uint64
-	seenAt, renewed   time.Time
+	// Of the lease loop only. leaseTerm is the term of the lease it holds
+	// (0: none), set before lead runs and makes it the acting term.
+	seenRev, leaseRev, leaseTerm uint64
+	seenAt, renewed              time.Time
+	firstTry                     chan struct{} // closed once the first try for the lease (and lead) is done
+	firstOnce                    sync.Once
 	// The job records to write (persistLoop), per job the version durable,
 	// closed and replaced whenever a record was written; revs (under
 	// revMu) is each key's revision.
@@ -249,12 +252,11 @@ func StartController(nc *nats.Conn, opts ControllerOptions) (*Controller, error)
 	c := &Controller{nc: nc, opts: opts, id: opts.ID, kv: kv, log: opts.Logger.With("component", "controller", "controller", opts.ID),
 		jobs: map[string]*ctlJob{}, hosts: map[string]*ctlHost{}, done: make(chan struct{}), ended: make(chan struct{}),
 		queue: map[string]queuedRecord{}, durable: map[string]uint64{}, revs: map[string]uint64{}, taking: map[string]bool{}, awaiting: map[string]bool{},
-		savedCh: make(chan struct{}), saveWake: make(chan struct{}, 1)}
-	c.lwg.Add(1)
+		savedCh: make(chan struct{}), saveWake: make(chan struct{}, 1), firstTry: make(chan struct{})}
+	c.lwg.Add(2)
 	go c.persistLoop()
-	c.tryLease()
-	c.lwg.Add(1)
 	go c.leaseLoop()
+	<-c.firstTry
 	renew, expiry, _ := c.leaseTiming()
 	_, term := c.Leader()
 	c.log.Info("controller started", "nats", nc.ConnectedUrlRedacted(), "heartbeat_interval", opts.HeartbeatInterval, "lost_after", opts.LostAfter,

@@ -171,10 +171,7 @@ func (c *Controller) leaseLoop() {
 	t := time.NewTicker(renew / 2)
 	defer t.Stop()
 	for {
-		c.mu.Lock()
-		leading := c.term != 0
-		c.mu.Unlock()
-		if leading {
+		if c.leaseTerm != 0 {
 			c.renewLease()
 		} else {
 			c.tryLease()
@@ -195,6 +192,12 @@ func (c *Controller) kvCtx() (context.Context, context.CancelFunc) {
 // tryLease takes the lease if nobody holds it, it was released, or it was
 // not renewed for the expiry; on success this controller leads.
 func (c *Controller) tryLease() {
+	won := false
+	defer func() {
+		if !won {
+			c.firstTried()
+		}
+	}()
 	_, expiry, _ := c.leaseTiming()
 	ctx, cancel := c.kvCtx()
 	defer cancel()
@@ -233,12 +236,27 @@ func (c *Controller) tryLease() {
 		c.log.Info("taking over as leader", "previous_leader", cur.Holder, "previous_term", cur.Term, "released", cur.Released,
 			"not_renewed_for", now.Sub(cur.Renewed).Round(time.Millisecond))
 	}
-	c.leaseRev, c.renewed = rev, now
-	if err := c.lead(rec.Term); err != nil {
-		c.log.Error("could not take the lead; giving the lease up", "term", rec.Term, "err", err)
-		c.resign(false)
-	}
+	// The lease is renewed while lead loads the table and adopts the jobs,
+	// however long that takes.
+	won = true
+	c.leaseRev, c.renewed, c.leaseTerm = rev, now, rec.Term
+	c.lwg.Add(1)
+	go func() {
+		defer c.lwg.Done()
+		defer c.firstTried()
+		select {
+		case <-c.done:
+			return
+		default:
+		}
+		if err := c.lead(rec.Term); err != nil {
+			c.depose(fmt.Errorf("cluster: controller %s: could not take the lead in term %d: %w", c.id, rec.Term, err))
+		}
+	}()
 }
+
+// firstTried ends StartController's wait for the first try for the lease.
+func (c *Controller) firstTried() { c.firstOnce.Do(func() { close(c.firstTry) }) }
 
 // renewLease renews the lease; a controller that lost it, or could not
 // renew it in time, stops acting at once.
@@ -246,9 +264,7 @@ func (c *Controller) renewLease() {
 	_, _, self := c.leaseTiming()
 	ctx, cancel := c.kvCtx()
 	defer cancel()
-	c.mu.Lock()
-	term := c.term
-	c.mu.Unlock()
+	term := c.leaseTerm
 	now := time.Now()
 	data, _ := json.Marshal(leaseRecord{Holder: c.id, Term: term, Renewed: now, Interval: c.opts.HeartbeatInterval.String()})
 	rev, err := c.kv.Update(ctx, leaseKey, data, c.leaseRev)
@@ -279,7 +295,7 @@ func (c *Controller) resign(release bool) {
 	}
 	ctx, cancel := c.kvCtx()
 	defer cancel()
-	data, _ := json.Marshal(leaseRecord{Holder: c.id, Term: c.term, Renewed: time.Now(), Released: true})
+	data, _ := json.Marshal(leaseRecord{Holder: c.id, Term: c.leaseTerm, Renewed: time.Now(), Released: true})
 	if _, err := c.kv.Update(ctx, leaseKey, data, c.leaseRev); err != nil {
 		c.log.Debug("lease not released", "err", err)
 	}
@@ -446,6 +462,13 @@ func (c *Controller) writeRecord(rec jobRecord) error {
 			c.setRev(key, rev)
 			return nil
 		case errors.Is(err, jetstream.ErrKeyExists), errors.Is(err, jetstream.ErrKeyRevisionMismatch):
+			// Written by a leader of an earlier term that had not stopped
+			// yet: this leader's record replaces it (and that leader's next
+			// write fails). Of this or a later term: another leader acts.
+			if newer, ok := c.olderWrite(key, rec.Term); ok {
+				c.setRev(key, newer)
+				continue
+			}
 			return fmt.Errorf("cluster: controller %s: job %s was written by another controller (revision %d is not the latest): %w", c.id, rec.ID, last, err)
 		}
 		c.log.Warn("job record not saved; trying again", "job", rec.ID, "err", err)
@@ -456,6 +479,23 @@ func (c *Controller) writeRecord(rec jobRecord) error {
 		}
 		delay = min(2*delay, time.Second)
 	}
+}
+
+// olderWrite reports whether the record at key was written in a term before
+// term, and its revision.
+func (c *Controller) olderWrite(key string, term uint64) (uint64, bool) {
+	ctx, cancel := c.kvCtx()
+	defer cancel()
+	e, err := c.kv.Get(ctx, key)
+	if err != nil {
+		return 0, false
+	}
+	var cur jobRecord
+	if json.Unmarshal(e.Value(), &cur) != nil || cur.Term >= term {
+		return 0, false
+	}
+	c.log.Warn("job record of an earlier leader replaced", "key", key, "its_term", cur.Term, "term", term)
+	return e.Revision(), true
 }
 
 func (c *Controller) rev(key string) uint64 {
