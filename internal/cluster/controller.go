@@ -634,7 +634,7 @@ type failKind int
 const (
 	failTask  failKind = iota // a subtask failed: the job's restart strategy decides
 	failInfra                 // a host was lost, refused or never reported: counts against MaxFailovers
-	failBusy                  // a host refused the assignment for busy slots: rescheduled, counts against nothing
+	failBusy                  // a host refused the assignment for busy slots, or nobody listened for it: rescheduled, counts against nothing
 )
 
 // failure is why an attempt ended.
@@ -1366,7 +1366,15 @@ func (c *Controller) assigned(a Assignment, h string, rep AssignReply, err error
 	case rep.Busy:
 		f.kind, f.reason = failBusy, fmt.Sprintf("host %s refused the assignment: its slots are busy (%v); rescheduled", h, err)
 		fallthrough
-	case rep.Error != "", errors.Is(err, nats.ErrNoResponders):
+	case errors.Is(err, nats.ErrNoResponders):
+		if !rep.Busy {
+			// Nobody listens for the host (it reconnects to NATS, or is
+			// gone, which its missed heartbeats will tell): not the job's
+			// failure, tried again after a heartbeat interval.
+			f.kind, f.reason = failBusy, fmt.Sprintf("host %s did not take the assignment (%v); rescheduled", h, err)
+		}
+		fallthrough
+	case rep.Error != "":
 		// The host does not run it.
 		if c.releaseLocked(h, ref, true, now, "assignment refused") {
 			effects = c.scheduleLocked(now)
