@@ -1,30 +1,35 @@
 package checkpoint
 
 import (
+	"context"
 	"encoding/binary"
 	"fmt"
 	"hash/crc32"
 	"net/url"
 	"strconv"
 
+	"github.com/streamd/streamd/control"
 	"github.com/streamd/streamd/host"
 )
 
-// State blob format, version 1 (integers little-endian):
+// State blob format, version 1 or 2 (integers little-endian):
 //
 //	"SDST" u32 version u32 section_count
 //	section_count times: u8 tag, u64 length, length bytes
 //	u32 crc32c (Castagnoli) of everything before it
 //
 // Tags: 1 operator snapshot (host.Snapshot.MarshalBinary), 2 source
-// position, 3 sink pending-commit data. Each tag at most once, in
-// ascending order.
+// position, 3 sink pending-commit data, 4 channel state (ChannelState.Encode;
+// version 2 only). Each tag at most once, in ascending order. A blob is
+// written as version 2 only when it has channel state, so the blobs of an
+// aligned checkpoint are byte for byte those of version 1.
 const (
 	blobMagic = "SDST"
 
 	tagOperator       = 1
 	tagSourcePosition = 2
 	tagSinkPending    = 3
+	tagChannelState   = 4
 )
 
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)
@@ -46,10 +51,16 @@ func EncodeState(s *SubtaskState) ([]byte, error) {
 	if s.SinkPending != nil {
 		n, size = n+1, size+9+len(s.SinkPending)
 	}
+	version := uint32(FormatVersion)
+	chanSize := s.Channels.EncodedSize()
+	if chanSize > 0 {
+		n, size = n+1, size+9+int(chanSize)
+		version = FormatVersionChannelState
+	}
 	le := binary.LittleEndian
 	b := make([]byte, 0, size)
 	b = append(b, blobMagic...)
-	b = le.AppendUint32(b, FormatVersion)
+	b = le.AppendUint32(b, version)
 	b = le.AppendUint32(b, uint32(n))
 	if s.Operator != nil {
 		b = append(b, tagOperator)
@@ -67,6 +78,14 @@ func EncodeState(s *SubtaskState) ([]byte, error) {
 			b = append(b, sec.tag)
 			b = le.AppendUint64(b, uint64(len(sec.data)))
 			b = append(b, sec.data...)
+		}
+	}
+	if chanSize > 0 {
+		b = append(b, tagChannelState)
+		b = le.AppendUint64(b, uint64(chanSize))
+		var err error
+		if b, err = s.Channels.appendTo(b); err != nil {
+			return nil, err
 		}
 	}
 	if len(b)+4 != size {
@@ -98,8 +117,9 @@ func decodeState(data []byte) (*SubtaskState, error) {
 	if got, want := crc32c(body), le.Uint32(data[len(data)-4:]); got != want {
 		return nil, fmt.Errorf("checksum mismatch (crc32c %08x, stored %08x): corrupt or truncated", got, want)
 	}
-	if v := le.Uint32(body[4:]); v != FormatVersion {
-		return nil, fmt.Errorf("state blob version %d, this streamd reads version %d", v, FormatVersion)
+	v := le.Uint32(body[4:])
+	if v != FormatVersion && v != FormatVersionChannelState {
+		return nil, fmt.Errorf("state blob version %d, this streamd reads versions %d and %d", v, FormatVersion, FormatVersionChannelState)
 	}
 	n := le.Uint32(body[8:])
 	off := 12
@@ -132,6 +152,15 @@ func decodeState(data []byte) (*SubtaskState, error) {
 			s.SourcePosition = append([]byte{}, p...)
 		case tagSinkPending:
 			s.SinkPending = append([]byte{}, p...)
+		case tagChannelState:
+			if v < FormatVersionChannelState {
+				return nil, fmt.Errorf("channel state (section tag %d) in a version %d blob", tag, v)
+			}
+			c, err := decodeChannelState(p)
+			if err != nil {
+				return nil, fmt.Errorf("channel state: %w", err)
+			}
+			s.Channels = c
 		default:
 			return nil, fmt.Errorf("unknown section tag %d", tag)
 		}
@@ -143,9 +172,14 @@ func decodeState(data []byte) (*SubtaskState, error) {
 }
 
 // String encodes r for control.Ack.StateRef:
-// "NAME?size=SIZE&crc32c=HEX".
+// "NAME?size=SIZE&crc32c=HEX", with "&inflight=N" appended when r.InFlight
+// is not 0.
 func (r BlobRef) String() string {
-	return url.PathEscape(r.Name) + "?size=" + strconv.FormatInt(r.Size, 10) + "&crc32c=" + fmt.Sprintf("%08x", r.CRC32C)
+	s := url.PathEscape(r.Name) + "?size=" + strconv.FormatInt(r.Size, 10) + "&crc32c=" + fmt.Sprintf("%08x", r.CRC32C)
+	if r.InFlight != 0 {
+		s += "&inflight=" + strconv.FormatInt(r.InFlight, 10)
+	}
+	return s
 }
 
 // ParseBlobRef parses the String form of a BlobRef.
@@ -160,8 +194,31 @@ func ParseBlobRef(s string) (BlobRef, error) {
 	if err1 != nil || err2 != nil || size < 0 {
 		return BlobRef{}, fmt.Errorf("checkpoint: state ref %q: want NAME?size=N&crc32c=HEX", s)
 	}
+	var inflight int64
+	if q.Has("inflight") {
+		if inflight, err = strconv.ParseInt(q.Get("inflight"), 10, 64); err != nil || inflight < 0 || inflight > size {
+			return BlobRef{}, fmt.Errorf("checkpoint: state ref %q: inflight must be a byte count of at most size", s)
+		}
+	}
 	if err := checkBlobName(u.Path); err != nil {
 		return BlobRef{}, fmt.Errorf("checkpoint: state ref %q: %w", s, err)
 	}
-	return BlobRef{Name: u.Path, Size: size, CRC32C: uint32(crc)}, nil
+	return BlobRef{Name: u.Path, Size: size, CRC32C: uint32(crc), InFlight: inflight}, nil
+}
+
+// WriteSubtaskState encodes st (EncodeState), writes it to store as the blob
+// of subtask sub of checkpoint id and returns its ref with InFlight set to
+// the channel-state bytes: put ref.String() into control.Ack.StateRef and
+// ref.Size into control.Ack.Size.
+func WriteSubtaskState(ctx context.Context, store Store, kind control.CheckpointKind, id int64, sub control.SubtaskID, st *SubtaskState) (BlobRef, error) {
+	data, err := EncodeState(st)
+	if err != nil {
+		return BlobRef{}, err
+	}
+	ref, err := store.WriteState(ctx, kind, id, sub, data)
+	if err != nil {
+		return BlobRef{}, err
+	}
+	ref.InFlight = st.Channels.EncodedSize()
+	return ref, nil
 }

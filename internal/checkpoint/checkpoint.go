@@ -20,8 +20,15 @@ import (
 	"github.com/streamd/streamd/host"
 )
 
-// FormatVersion is the version of the metadata file and of state blobs.
+// FormatVersion is the version of the metadata file and of state blobs of
+// an aligned checkpoint (no channel state).
 const FormatVersion = 1
+
+// FormatVersionChannelState is the version of the metadata file and of the
+// state blobs of a checkpoint with channel state (unaligned checkpoints that
+// stored in-flight elements): version 1 plus the channel-state section and
+// SubtaskMeta.InFlightBytes. Readers read both versions.
+const FormatVersionChannelState = 2
 
 var (
 	// ErrNoCheckpoint is wrapped when a place holds no completed checkpoint.
@@ -43,6 +50,10 @@ type SubtaskState struct {
 	// SinkPending is a two-phase-commit sink's pending-commit data, opaque
 	// here (the sink defines it). Nil: none.
 	SinkPending []byte
+	// Channels is the subtask's channel state in an unaligned checkpoint:
+	// its input channels' and output buffers' in-flight elements. Nil or
+	// empty: none (an aligned checkpoint's blob).
+	Channels *ChannelState
 }
 
 // Metadata describes one completed checkpoint or savepoint.
@@ -79,6 +90,9 @@ type SubtaskMeta struct {
 	Ref      string `json:"ref,omitempty"`      // blob name within the checkpoint; "" = no state
 	Size     int64  `json:"size,omitempty"`
 	CRC32C   uint32 `json:"crc32c,omitempty"`
+	// InFlightBytes is the size of the channel-state section of the blob
+	// (ChannelState.EncodedSize); only in format version 2.
+	InFlightBytes int64 `json:"inflight_bytes,omitempty"`
 }
 
 // BlobRef names a stored state blob. Put String() into control.Ack.StateRef
@@ -87,6 +101,9 @@ type BlobRef struct {
 	Name   string
 	Size   int64
 	CRC32C uint32
+	// InFlight is the blob's channel-state bytes (WriteSubtaskState sets
+	// it); 0 for an aligned checkpoint's blob.
+	InFlight int64
 }
 
 // OperatorSnapshot is one operator's loaded state, the input of Reassign.
@@ -114,6 +131,12 @@ type SubtaskRestore struct {
 	// SinkPending is the pending-commit data a two-phase-commit sink
 	// commits first (commits are idempotent).
 	SinkPending [][]byte
+	// InFlight is what the subtask replays first, before it reads any new
+	// element from its inputs: per input channel (ChannelData.Operator and
+	// Subtask name the upstream subtask of the restored graph, Input the
+	// input index), the elements in order. Sorted by (Input, Operator,
+	// Subtask); nil for an aligned checkpoint. See ReassignChannels.
+	InFlight []ChannelData
 }
 
 // Restore is a loaded checkpoint, redistributed for a job graph.

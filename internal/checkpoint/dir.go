@@ -222,7 +222,7 @@ func (d *Dir) Commit(ctx context.Context, md *Metadata) error {
 		return err
 	}
 	if md.Version == 0 {
-		md.Version = FormatVersion
+		md.Version = md.neededVersion()
 	}
 	data, err := encodeMetadata(md)
 	if err != nil {

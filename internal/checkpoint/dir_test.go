@@ -248,7 +248,7 @@ func TestDiscard(t *testing.T) {
 	// A committed checkpoint's blobs cannot be discarded.
 	md := writeCheckpoint(t, d, control.KindCheckpoint, 4, states(1))
 	s := md.Operators[0].Subtasks[0]
-	wantErr(t, d.Discard(ctx, control.KindCheckpoint, 4, BlobRef{s.Ref, s.Size, s.CRC32C}.String()), nil, "committed")
+	wantErr(t, d.Discard(ctx, control.KindCheckpoint, 4, BlobRef{Name: s.Ref, Size: s.Size, CRC32C: s.CRC32C}.String()), nil, "committed")
 }
 
 func TestCommitChecksBlobs(t *testing.T) {

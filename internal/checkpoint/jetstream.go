@@ -180,7 +180,7 @@ func (s *JetStream) WriteState(ctx context.Context, kind control.CheckpointKind,
 // is there with its size; then, for a checkpoint, it applies retention.
 func (s *JetStream) Commit(ctx context.Context, md *Metadata) error {
 	if md.Version == 0 {
-		md.Version = FormatVersion
+		md.Version = md.neededVersion()
 	}
 	data, err := encodeMetadata(md)
 	if err != nil {

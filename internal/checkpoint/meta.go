@@ -77,7 +77,7 @@ func encodeMetadata(md *Metadata) ([]byte, error) {
 		return nil, fmt.Errorf("checkpoint: encode metadata of checkpoint %d: %w", md.ID, err)
 	}
 	body = append(body, '\n')
-	hdr := fmt.Sprintf("%s%d size=%d crc32c=%08x\n", metaHeaderPrefix, FormatVersion, len(body), crc32c(body))
+	hdr := fmt.Sprintf("%s%d size=%d crc32c=%08x\n", metaHeaderPrefix, md.Version, len(body), crc32c(body))
 	return append([]byte(hdr), body...), nil
 }
 
@@ -96,8 +96,8 @@ func decodeMetadata(data []byte) (*Metadata, error) {
 	if n, err := fmt.Sscanf(string(line), metaHeaderPrefix+"%d size=%d crc32c=%x", &version, &size, &sum); n != 3 || err != nil {
 		return nil, fmt.Errorf("not a streamd checkpoint metadata file (header %q)", truncate(string(line), 60))
 	}
-	if version != FormatVersion {
-		return nil, fmt.Errorf("format version %d, this streamd reads version %d", version, FormatVersion)
+	if version != FormatVersion && version != FormatVersionChannelState {
+		return nil, fmt.Errorf("format version %d, this streamd reads versions %d and %d", version, FormatVersion, FormatVersionChannelState)
 	}
 	switch {
 	case len(body) < size:
@@ -114,7 +114,7 @@ func decodeMetadata(data []byte) (*Metadata, error) {
 	if err := dec.Decode(md); err != nil {
 		return nil, fmt.Errorf("bad JSON: %w", err)
 	}
-	if md.Version != FormatVersion {
+	if md.Version != version {
 		return nil, fmt.Errorf("format version %d in the JSON, header says %d", md.Version, version)
 	}
 	if err := md.validate(); err != nil {
@@ -132,8 +132,8 @@ func truncate(s string, n int) string {
 
 // validate checks the invariants of md.
 func (md *Metadata) validate() error {
-	if md.Version != FormatVersion {
-		return fmt.Errorf("checkpoint: metadata version %d, want %d", md.Version, FormatVersion)
+	if md.Version != FormatVersion && md.Version != FormatVersionChannelState {
+		return fmt.Errorf("checkpoint: metadata version %d, want %d or %d", md.Version, FormatVersion, FormatVersionChannelState)
 	}
 	if md.ID < 1 {
 		return fmt.Errorf("checkpoint: metadata: id %d, want >= 1", md.ID)
@@ -171,9 +171,24 @@ func (md *Metadata) validate() error {
 			if s.Size < 0 || (s.Ref == "" && s.Size != 0) {
 				return fmt.Errorf("checkpoint: metadata of %d: operator %q subtask %d: size %d with ref %q", md.ID, op.UID, i, s.Size, s.Ref)
 			}
+			if s.InFlightBytes < 0 || s.InFlightBytes > s.Size {
+				return fmt.Errorf("checkpoint: metadata of %d: operator %q subtask %d: inflight_bytes %d with size %d", md.ID, op.UID, i, s.InFlightBytes, s.Size)
+			}
+			if s.InFlightBytes > 0 && md.Version < FormatVersionChannelState {
+				return fmt.Errorf("checkpoint: metadata of %d: operator %q subtask %d: inflight_bytes in a version %d checkpoint (channel state needs version %d)", md.ID, op.UID, i, md.Version, FormatVersionChannelState)
+			}
 		}
 	}
 	return nil
+}
+
+// neededVersion is the format version md needs: 2 when a subtask has
+// channel state, else 1.
+func (md *Metadata) neededVersion() int {
+	if md.InFlightBytes() > 0 {
+		return FormatVersionChannelState
+	}
+	return FormatVersion
 }
 
 // checkBlobName refuses names that are not a plain file name.
@@ -208,6 +223,25 @@ func (md *Metadata) FinishedStates() map[string]control.FinishedState {
 		out[op.UID] = op.Finished
 	}
 	return out
+}
+
+// InFlightBytes is the sum of the subtasks' channel-state bytes (0 for an
+// aligned checkpoint).
+func (md *Metadata) InFlightBytes() int64 {
+	var n int64
+	for i := range md.Operators {
+		n += md.Operators[i].InFlightBytes()
+	}
+	return n
+}
+
+// InFlightBytes is the sum of the operator's channel-state bytes.
+func (o *OperatorMeta) InFlightBytes() int64 {
+	var n int64
+	for _, s := range o.Subtasks {
+		n += s.InFlightBytes
+	}
+	return n
 }
 
 // StateSize is the sum of the state blob sizes.
@@ -305,7 +339,10 @@ func NewMetadata(g *control.JobGraph, a control.PersistMetadata, now time.Time) 
 		if err != nil {
 			return nil, fmt.Errorf("checkpoint: metadata of checkpoint %d, subtask %v: %w", a.ID, ack.Subtask, err)
 		}
-		s.Ref, s.Size, s.CRC32C = ref.Name, ref.Size, ref.CRC32C
+		s.Ref, s.Size, s.CRC32C, s.InFlightBytes = ref.Name, ref.Size, ref.CRC32C, ref.InFlight
+		if ref.InFlight > 0 {
+			md.Version = FormatVersionChannelState
+		}
 	}
 	for i := range md.Operators {
 		op := &md.Operators[i]
