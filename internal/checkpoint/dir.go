@@ -647,12 +647,21 @@ func ReadState(md *Metadata, sub SubtaskMeta) (*SubtaskState, error) {
 	if err != nil {
 		return nil, fmt.Errorf("checkpoint: state of subtask %d: %w", sub.Index, err)
 	}
-	if err := checkBlob(p, int64(len(data)), crc32c(data), sub); err != nil {
+	return decodeBlob(p, data, sub)
+}
+
+// decodeBlob checks the blob read from path against its metadata entry (size,
+// checksum, in-flight bytes) and decodes it.
+func decodeBlob(path string, data []byte, sub SubtaskMeta) (*SubtaskState, error) {
+	if err := checkBlob(path, int64(len(data)), crc32c(data), sub); err != nil {
 		return nil, err
 	}
 	s, err := decodeState(data)
 	if err != nil {
-		return nil, fmt.Errorf("%w: %s: %s", ErrCorrupt, p, err)
+		return nil, fmt.Errorf("%w: %s: %s", ErrCorrupt, path, err)
+	}
+	if n := s.Channels.EncodedSize(); n != sub.InFlightBytes {
+		return nil, fmt.Errorf("%w: %s: %d bytes of channel state, the metadata says %d", ErrCorrupt, path, n, sub.InFlightBytes)
 	}
 	return s, nil
 }

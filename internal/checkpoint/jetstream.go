@@ -438,14 +438,7 @@ func readStateJS(ctx context.Context, js jetstream.JetStream, obs jetstream.Obje
 	if err != nil {
 		return nil, fmt.Errorf("checkpoint: state of subtask %d: %s: %w", sub.Index, p, err)
 	}
-	if err := checkBlob(p, int64(len(data)), crc32c(data), sub); err != nil {
-		return nil, err
-	}
-	st, err := decodeState(data)
-	if err != nil {
-		return nil, fmt.Errorf("%w: %s: %s", ErrCorrupt, p, err)
-	}
-	return st, nil
+	return decodeBlob(p, data, sub)
 }
 
 // Delete removes a completed checkpoint of this store.

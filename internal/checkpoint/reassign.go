@@ -231,7 +231,9 @@ func LoadRestore(ctx context.Context, path string, g *control.JobGraph) (*Restor
 // LoadRestoreFrom prepares the restore of job graph g from checkpoint md:
 // it checks the finished states against g (control.CheckRestore), refuses
 // state of an operator g does not have, loads every blob through r and
-// redistributes each operator's state to its parallelism in g (Reassign).
+// redistributes each operator's state to its parallelism in g (Reassign)
+// and the channel state of unaligned checkpoints to the receiving subtasks
+// (ReassignChannels, into SubtaskRestore.InFlight).
 func LoadRestoreFrom(ctx context.Context, r StateReader, md *Metadata, g *control.JobGraph) (*Restore, error) {
 	where := fmt.Sprintf("%s %d (%s)", md.Kind, md.ID, md.Location)
 	finished := md.FinishedStates()
@@ -247,6 +249,7 @@ func LoadRestoreFrom(ctx context.Context, r StateReader, md *Metadata, g *contro
 		}
 	}
 	res := &Restore{Metadata: md, Finished: map[string]control.FinishedState{}, Subtasks: map[control.SubtaskID]*SubtaskRestore{}}
+	states := map[string][]*SubtaskState{}
 	for _, v := range g.Vertices {
 		om := md.Operator(v.UID)
 		if om == nil {
@@ -261,6 +264,7 @@ func LoadRestoreFrom(ctx context.Context, r StateReader, md *Metadata, g *contro
 			}
 			snap.Subtasks[s.Index] = st
 		}
+		states[v.UID] = snap.Subtasks
 		rs, err := Reassign(snap, v.Parallelism, v.MaxParallelism)
 		if err != nil {
 			return nil, fmt.Errorf("%w (restoring from %s)", err, where)
@@ -270,6 +274,18 @@ func LoadRestoreFrom(ctx context.Context, r StateReader, md *Metadata, g *contro
 				res.Subtasks[control.SubtaskID{Operator: v.UID, Index: i}] = sr
 			}
 		}
+	}
+	inflight, err := ReassignChannels(g, md, states)
+	if err != nil {
+		return nil, fmt.Errorf("%w (restoring from %s)", err, where)
+	}
+	for id, chans := range inflight {
+		sr := res.Subtasks[id]
+		if sr == nil {
+			sr = &SubtaskRestore{}
+			res.Subtasks[id] = sr
+		}
+		sr.InFlight = chans
 	}
 	return res, nil
 }
