@@ -18,7 +18,8 @@ func (c *cli) inspectCommand() *cobra.Command {
 		Use:   "inspect PATH",
 		Short: "Print the metadata of a checkpoint or savepoint",
 		Long: `Print the metadata of a checkpoint or savepoint: its id, kind, time and job, and
-per operator the uid, parallelism, finished state and state size.
+per operator the uid, parallelism, finished state, state size and in-flight
+bytes (the channel state of an unaligned checkpoint; 0 for an aligned one).
 
 PATH is a checkpoint directory (chk-ID), a savepoint directory, a _metadata file,
 or a checkpoint root directory, which stands for the completed checkpoint or
@@ -66,10 +67,10 @@ func printInspect(w io.Writer, md *checkpoint.Metadata) {
 	fmt.Fprintf(w, "path:   %s\n", md.Location)
 	fmt.Fprintf(w, "state:  %s\n\n", humanBytes(md.StateSize()))
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "OPERATOR\tPARALLELISM\tMAX\tFINISHED\tSTATE")
+	fmt.Fprintln(tw, "OPERATOR\tPARALLELISM\tMAX\tFINISHED\tSTATE\tIN-FLIGHT")
 	for i := range md.Operators {
 		op := &md.Operators[i]
-		fmt.Fprintf(tw, "%s\t%d\t%d\t%s\t%s\n", op.UID, op.Parallelism, op.MaxParallelism, op.FinishedString(), humanBytes(op.StateSize()))
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%s\t%s\t%s\n", op.UID, op.Parallelism, op.MaxParallelism, op.FinishedString(), humanBytes(op.StateSize()), humanBytes(op.InFlightBytes()))
 	}
 	tw.Flush()
 }
@@ -83,6 +84,7 @@ type inspectJSON struct {
 	Path       string             `json:"path"`
 	Version    int                `json:"format_version"`
 	StateBytes int64              `json:"state_bytes"`
+	InFlight   int64              `json:"inflight_bytes"`
 	Operators  []inspectOperatorJ `json:"operators"`
 }
 
@@ -94,11 +96,12 @@ type inspectOperatorJ struct {
 	FinishedSubtasks  int    `json:"finished_subtasks"`
 	StateBytes        int64  `json:"state_bytes"`
 	SubtasksWithState int    `json:"subtasks_with_state"`
+	InFlight          int64  `json:"inflight_bytes"` // channel state bytes, 0 for an aligned checkpoint
 }
 
 func printInspectJSON(w io.Writer, md *checkpoint.Metadata) error {
 	out := inspectJSON{ID: md.ID, Kind: string(md.Kind), Time: md.Time.UTC(), Job: md.Job, Path: md.Location,
-		Version: md.Version, StateBytes: md.StateSize(), Operators: []inspectOperatorJ{}}
+		Version: md.Version, StateBytes: md.StateSize(), InFlight: md.InFlightBytes(), Operators: []inspectOperatorJ{}}
 	for i := range md.Operators {
 		op := &md.Operators[i]
 		n := 0
@@ -109,7 +112,7 @@ func printInspectJSON(w io.Writer, md *checkpoint.Metadata) error {
 		}
 		out.Operators = append(out.Operators, inspectOperatorJ{UID: op.UID, Parallelism: op.Parallelism,
 			MaxParallelism: op.MaxParallelism, Finished: finishedWord(op), FinishedSubtasks: op.FinishedSubtasks(),
-			StateBytes: op.StateSize(), SubtasksWithState: n})
+			StateBytes: op.StateSize(), SubtasksWithState: n, InFlight: op.InFlightBytes()})
 	}
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/streamd/streamd/abi"
 	"github.com/streamd/streamd/control"
 	"github.com/streamd/streamd/internal/checkpoint"
 )
@@ -16,6 +17,13 @@ import (
 // writeTestCheckpoint writes a real checkpoint of src(2, fully finished) ->
 // count(3, subtask 1 finished) -> sink(2) into a new root directory.
 func writeTestCheckpoint(t *testing.T, id int64) (root string, md *checkpoint.Metadata) {
+	t.Helper()
+	return writeTestCheckpointWith(t, id, nil)
+}
+
+// writeTestCheckpointWith is writeTestCheckpoint with channel state ch in
+// subtask 0 of count (nil: an aligned checkpoint).
+func writeTestCheckpointWith(t *testing.T, id int64, ch *checkpoint.ChannelState) (root string, md *checkpoint.Metadata) {
 	t.Helper()
 	root = t.TempDir()
 	d, err := checkpoint.OpenDir(root)
@@ -32,12 +40,8 @@ func writeTestCheckpoint(t *testing.T, id int64) (root string, md *checkpoint.Me
 	}
 	ctx := context.Background()
 	ack := func(op string, i int, s *checkpoint.SubtaskState) control.AckedState {
-		b, err := checkpoint.EncodeState(s)
-		if err != nil {
-			t.Fatal(err)
-		}
 		sub := control.SubtaskID{Operator: op, Index: i}
-		ref, err := d.WriteState(ctx, control.KindCheckpoint, id, sub, b)
+		ref, err := checkpoint.WriteSubtaskState(ctx, d, control.KindCheckpoint, id, sub, s)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -45,7 +49,7 @@ func writeTestCheckpoint(t *testing.T, id int64) (root string, md *checkpoint.Me
 	}
 	a := control.PersistMetadata{ID: id, Kind: control.KindCheckpoint,
 		Acks: []control.AckedState{
-			ack("count", 0, &checkpoint.SubtaskState{SinkPending: make([]byte, 2000)}),
+			ack("count", 0, &checkpoint.SubtaskState{SinkPending: make([]byte, 2000), Channels: ch}),
 			ack("count", 2, &checkpoint.SubtaskState{SinkPending: []byte("x")}),
 			ack("sink", 0, &checkpoint.SubtaskState{SinkPending: []byte("txn")}),
 			ack("sink", 1, &checkpoint.SubtaskState{SinkPending: []byte("txn")}),
@@ -75,10 +79,10 @@ func TestInspect(t *testing.T) {
 			`checkpoint 12 of job "wordcount"`,
 			"time:   2025-03-01T12:00:00Z",
 			"path:   " + md.Location,
-			"OPERATOR  PARALLELISM  MAX  FINISHED            STATE",
-			"src       2            128  fully               0 B",
-			"count     3            128  partially (1 of 3)  2.0 KiB",
-			"sink      2            128  running             ",
+			"OPERATOR  PARALLELISM  MAX  FINISHED            STATE    IN-FLIGHT",
+			"src       2            128  fully               0 B      0 B",
+			"count     3            128  partially (1 of 3)  2.0 KiB  0 B",
+			"sink      2            128  running             56 B     0 B",
 		} {
 			if !strings.Contains(out, want) {
 				t.Errorf("inspect %s: output lacks %q:\n%s", path, want, out)
@@ -102,6 +106,34 @@ func TestInspect(t *testing.T) {
 	}
 	if s := j.Operators[0]; s.Finished != "fully-finished" || s.StateBytes != 0 || s.FinishedSubtasks != 2 {
 		t.Errorf("--json src: %+v", s)
+	}
+	if j.InFlight != 0 || !strings.Contains(out, `"inflight_bytes": 0`) {
+		t.Errorf("--json of an aligned checkpoint: inflight_bytes %d, want 0:\n%s", j.InFlight, out)
+	}
+}
+
+// An unaligned checkpoint: in-flight bytes per operator, format version 2.
+func TestInspectInFlight(t *testing.T) {
+	ch := &checkpoint.ChannelState{Inputs: []checkpoint.ChannelData{{Operator: "src", Subtask: 1, Elements: []checkpoint.Element{
+		checkpoint.RecordElement(abi.Record{Key: []byte("k"), Value: make([]byte, 3000), Timestamp: 1}), checkpoint.WatermarkElement(1)}}}}
+	root, md := writeTestCheckpointWith(t, 12, ch)
+	code, _, out, stderr := invoke(t, "inspect", root)
+	if code != 0 {
+		t.Fatalf("inspect: exit %d: %s", code, stderr)
+	}
+	if want := "count     3            128  partially (1 of 3)  5.0 KiB  3.0 KiB"; !strings.Contains(out, want) {
+		t.Errorf("output lacks %q:\n%s", want, out)
+	}
+	code, _, out, stderr = invoke(t, "inspect", "--json", root)
+	if code != 0 {
+		t.Fatalf("inspect --json: exit %d: %s", code, stderr)
+	}
+	var j inspectJSON
+	if err := json.Unmarshal([]byte(out), &j); err != nil {
+		t.Fatalf("--json output is not JSON: %v\n%s", err, out)
+	}
+	if j.Version != 2 || j.InFlight != ch.EncodedSize() || j.Operators[1].InFlight != ch.EncodedSize() || j.Operators[2].InFlight != 0 || md.InFlightBytes() != ch.EncodedSize() {
+		t.Fatalf("--json: version %d, inflight_bytes %d, count %d, sink %d; want 2, %d, %d, 0", j.Version, j.InFlight, j.Operators[1].InFlight, j.Operators[2].InFlight, ch.EncodedSize(), ch.EncodedSize())
 	}
 }
 
