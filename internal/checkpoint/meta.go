@@ -227,37 +227,32 @@ func (md *Metadata) FinishedStates() map[string]control.FinishedState {
 
 // InFlightBytes is the sum of the subtasks' channel-state bytes (0 for an
 // aligned checkpoint).
-func (md *Metadata) InFlightBytes() int64 {
-	var n int64
-	for i := range md.Operators {
-		n += md.Operators[i].InFlightBytes()
-	}
-	return n
-}
+func (md *Metadata) InFlightBytes() int64 { return md.sum(subtaskInFlight) }
 
 // InFlightBytes is the sum of the operator's channel-state bytes.
-func (o *OperatorMeta) InFlightBytes() int64 {
-	var n int64
-	for _, s := range o.Subtasks {
-		n += s.InFlightBytes
-	}
-	return n
-}
+func (o *OperatorMeta) InFlightBytes() int64 { return o.sum(subtaskInFlight) }
 
 // StateSize is the sum of the state blob sizes.
-func (md *Metadata) StateSize() int64 {
+func (md *Metadata) StateSize() int64 { return md.sum(subtaskSize) }
+
+// StateSize is the sum of the operator's state blob sizes.
+func (o *OperatorMeta) StateSize() int64 { return o.sum(subtaskSize) }
+
+func subtaskSize(s *SubtaskMeta) int64     { return s.Size }
+func subtaskInFlight(s *SubtaskMeta) int64 { return s.InFlightBytes }
+
+func (md *Metadata) sum(f func(*SubtaskMeta) int64) int64 {
 	var n int64
 	for i := range md.Operators {
-		n += md.Operators[i].StateSize()
+		n += md.Operators[i].sum(f)
 	}
 	return n
 }
 
-// StateSize is the sum of the operator's state blob sizes.
-func (o *OperatorMeta) StateSize() int64 {
+func (o *OperatorMeta) sum(f func(*SubtaskMeta) int64) int64 {
 	var n int64
-	for _, s := range o.Subtasks {
-		n += s.Size
+	for i := range o.Subtasks {
+		n += f(&o.Subtasks[i])
 	}
 	return n
 }
