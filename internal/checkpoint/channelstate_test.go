@@ -184,10 +184,35 @@ func TestChannelStateEncodeChecks(t *testing.T) {
 	}
 }
 
-// A checkpoint with channel state: blobs through a Dir, metadata version 2
-// with inflight_bytes, read back, and an aligned one stays version 1.
+// A checkpoint with channel state: blobs through a Dir and a JetStream
+// store, metadata version 2 with inflight_bytes, read back, and an aligned
+// one stays version 1.
 func TestChannelStateCheckpoint(t *testing.T) {
-	d := openDir(t)
+	t.Run("dir", func(t *testing.T) { testChannelStateCheckpoint(t, openDir(t)) })
+	t.Run("jetstream", func(t *testing.T) {
+		s, err := OpenJetStream(context.Background(), jetStream(t), "", "job")
+		if err != nil {
+			t.Fatal(err)
+		}
+		testChannelStateCheckpoint(t, s)
+	})
+}
+
+// metadataBytes returns the stored _metadata of md (directory layout only;
+// nil for another store).
+func metadataBytes(t *testing.T, d Store, md *Metadata) []byte {
+	t.Helper()
+	if _, ok := d.(*Dir); !ok {
+		return nil
+	}
+	raw, err := os.ReadFile(filepath.Join(md.Location, MetadataFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return raw
+}
+
+func testChannelStateCheckpoint(t *testing.T, d Store) {
 	ctx := context.Background()
 	g, err := control.NewJobGraph("job", []*control.Vertex{
 		{UID: "src", Parallelism: 1, Kind: control.KindSource},
@@ -223,21 +248,17 @@ func TestChannelStateCheckpoint(t *testing.T) {
 	}
 	ch := &ChannelState{Inputs: []ChannelData{{Operator: "src", Subtask: 0, Input: 0, Elements: []Element{rec("k", "v", 1), WatermarkElement(1)}}}}
 	md := write(1, ch)
-	raw, err := os.ReadFile(filepath.Join(md.Location, MetadataFile))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !bytes.HasPrefix(raw, []byte("streamd-checkpoint v2 ")) || !bytes.Contains(raw, []byte(`"inflight_bytes": `)) {
+	if raw := metadataBytes(t, d, md); raw != nil && (!bytes.HasPrefix(raw, []byte("streamd-checkpoint v2 ")) || !bytes.Contains(raw, []byte(`"inflight_bytes": `))) {
 		t.Fatalf("metadata with channel state:\n%s", raw)
 	}
-	back, err := Resolve(md.Location)
+	back, err := d.Latest(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if back.Version != FormatVersionChannelState || back.InFlightBytes() != ch.EncodedSize() || back.Operator("src").InFlightBytes() != 0 {
 		t.Fatalf("metadata read back: version %d, in flight %d (want %d)", back.Version, back.InFlightBytes(), ch.EncodedSize())
 	}
-	res, err := LoadRestore(ctx, md.Location, g)
+	res, err := LoadRestoreFrom(ctx, d, back, g)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -254,14 +275,13 @@ func TestChannelStateCheckpoint(t *testing.T) {
 
 	// Aligned: version 1, no inflight_bytes, nothing in flight on restore.
 	md = write(2, nil)
-	raw, err = os.ReadFile(filepath.Join(md.Location, MetadataFile))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !bytes.HasPrefix(raw, []byte("streamd-checkpoint v1 ")) || bytes.Contains(raw, []byte("inflight")) {
+	if raw := metadataBytes(t, d, md); raw != nil && (!bytes.HasPrefix(raw, []byte("streamd-checkpoint v1 ")) || bytes.Contains(raw, []byte("inflight"))) {
 		t.Fatalf("aligned metadata:\n%s", raw)
 	}
-	res, err = LoadRestore(ctx, md.Location, g)
+	if back, err = d.Latest(ctx); err != nil || back.Version != FormatVersion {
+		t.Fatalf("aligned checkpoint read back: %+v, %v", back, err)
+	}
+	res, err = LoadRestoreFrom(ctx, d, back, g)
 	if err != nil {
 		t.Fatal(err)
 	}
