@@ -7,6 +7,12 @@ import (
 	"github.com/streamd/streamd/abi"
 )
 
+// Channel state is a section of the subtask's state blob rather than a blob
+// of its own: it is written and acknowledged with the rest of the subtask's
+// snapshot (one write, one ref, one checksum check on read), a blob without
+// it is the version 1 blob unchanged, and the metadata only needs its length
+// (SubtaskMeta.InFlightBytes) to report and check it.
+
 // ChannelState is the channel state of one subtask in an unaligned
 // checkpoint: the elements the barrier overtook, per channel, in channel
 // order. Inputs are the subtask's input channels whose barrier had not
