@@ -1,6 +1,7 @@
 package control
 
 import (
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -17,7 +18,10 @@ import (
 // Commands (besides graph):
 //
 //	protocol [checkpointing=BOOL] [interval=N] [final-immediately=BOOL] [tolerable=N] [union=UID,...]
+//	         [deployed-finished=UID,...]
 //	                                 a coordinator (DefaultConfig) and the machines of the graph
+//	                                 (deployed-finished: those operators' subtasks are restored as
+//	                                 finished)
 //	open all|ID...                   Opened: the subtasks report running
 //	records ID                       source ID emits a batch of records on its outputs
 //	watermark ID ts=N                source ID emits a watermark
@@ -25,8 +29,10 @@ import (
 //	tick [N]                         coordinator ticks
 //	stop [drain] | savepoint | cancel
 //	deliver ID [from=UID/I] [n=N]    deliver up to N (default 1) messages queued for subtask ID:
-//	                                 its commands first, then its channels in order (a blocked
-//	                                 channel is skipped); from= picks the channel from that sender
+//	                                 its commands first, then the end-of-data acknowledgements
+//	                                 from its receivers, then its channels in order (a blocked
+//	                                 channel is skipped); from= picks the acknowledgement from
+//	                                 that receiver or the channel from that sender
 //	deliver coordinator [n=N]        deliver reports to the coordinator
 //	stabilize                        deliver everything until nothing is queued
 //	queues                           what is queued, per receiver
@@ -54,7 +60,23 @@ type protoSubtask struct {
 	blocked []bool
 	cmds    []SubtaskEvent
 	outs    [][]*protoChannel // per output edge, the receivers' channels
+	acks    []protoMsg        // end-of-data acknowledgements from receivers (upstream-bound)
 	calls   []string
+}
+
+// outIndex is the output channel index of ch among s's outputs (edges in
+// order, receivers in order), as SubtaskConfig.Outputs counts them.
+func (s *protoSubtask) outIndex(ch *protoChannel) int {
+	i := 0
+	for _, row := range s.outs {
+		for _, c := range row {
+			if c == ch {
+				return i
+			}
+			i++
+		}
+	}
+	return -1
 }
 
 type protocol struct {
@@ -69,17 +91,17 @@ type protocol struct {
 	recSeq int
 }
 
-func newProtocol(t *testing.T, g *JobGraph, cfg Config, ckpt bool) (*protocol, error) {
+func newProtocol(t *testing.T, g *JobGraph, cfg Config, ckpt bool, deployedFinished map[string]bool) (*protocol, error) {
 	c, err := NewCoordinator(g, cfg)
 	if err != nil {
 		return nil, err
 	}
 	p := &protocol{t: t, g: g, c: c, subs: map[SubtaskID]*protoSubtask{}, ckpt: ckpt}
+	chanInputs := map[SubtaskID][]int{}
 	for _, v := range g.Vertices {
 		for i := 0; i < v.Parallelism; i++ {
 			id := SubtaskID{v.UID, i}
 			s := &protoSubtask{id: id}
-			var chanInputs []int
 			for _, e := range v.Inputs {
 				from := g.Vertex(e.From)
 				for k := 0; k < from.Parallelism; k++ {
@@ -87,14 +109,10 @@ func newProtocol(t *testing.T, g *JobGraph, cfg Config, ckpt bool) (*protocol, e
 						continue
 					}
 					s.chans = append(s.chans, &protoChannel{from: SubtaskID{e.From, k}})
-					chanInputs = append(chanInputs, e.Input)
+					chanInputs[id] = append(chanInputs[id], e.Input)
 				}
 			}
 			s.blocked = make([]bool, len(s.chans))
-			s.m, err = NewSubtaskMachine(SubtaskConfig{ID: id, Channels: chanInputs, Inputs: len(v.Inputs), Checkpointing: ckpt})
-			if err != nil {
-				return nil, err
-			}
 			p.subs[id] = s
 			p.order = append(p.order, id)
 		}
@@ -113,6 +131,18 @@ func newProtocol(t *testing.T, g *JobGraph, cfg Config, ckpt bool) (*protocol, e
 				}
 			}
 			s.outs = append(s.outs, row)
+		}
+	}
+	for _, id := range p.order {
+		s := p.subs[id]
+		n := 0
+		for _, row := range s.outs {
+			n += len(row)
+		}
+		s.m, err = NewSubtaskMachine(SubtaskConfig{ID: id, Channels: chanInputs[id], Inputs: len(g.Vertex(id.Operator).Inputs),
+			Checkpointing: ckpt, Outputs: n, DeployedFinished: deployedFinished[id.Operator]})
+		if err != nil {
+			return nil, err
 		}
 	}
 	return p, nil
@@ -186,6 +216,10 @@ func (p *protocol) perform(s *protoSubtask, a SubtaskAction) {
 			p.broadcast(s, func(ch int) SubtaskEvent { return ChannelWatermark{ch, MaxWatermark} }, "watermark MAX")
 		}
 		p.broadcast(s, func(ch int) SubtaskEvent { return ChannelEndOfData{ch, x.Drain} }, fmt.Sprintf("end-of-data drain=%t", x.Drain))
+	case AckEndOfData:
+		ch := s.chans[x.Channel]
+		from := p.subs[ch.from]
+		from.acks = append(from.acks, protoMsg{from: s.id.String(), ev: OutputAcked{from.outIndex(ch)}, text: "ack-end-of-data"})
 	case NotifyOperator:
 		s.calls = append(s.calls, fmt.Sprintf("notify_checkpoint_complete(%d)", x.ID))
 	case CloseSubtask:
@@ -254,6 +288,13 @@ func (p *protocol) deliverOne(s *protoSubtask, from string) (string, bool) {
 		s.cmds = s.cmds[1:]
 		return p.stepSubtask(s, ev, "cmd "+ev.String()), true
 	}
+	for i, msg := range s.acks {
+		if from != "" && msg.from != from {
+			continue
+		}
+		s.acks = slices.Delete(s.acks, i, i+1)
+		return p.stepSubtask(s, msg.ev, fmt.Sprintf("%s from %s (%s)", msg.text, msg.from, msg.ev)), true
+	}
 	for i, ch := range s.chans {
 		if len(ch.q) == 0 || s.blocked[i] || (from != "" && ch.from.String() != from) {
 			continue
@@ -301,7 +342,11 @@ func (r *scenario) protocolCmd(cmd string, args []string) ([]string, bool) {
 		cfg.IntervalTicks = int64(r.num(kv(args, "interval", "10")))
 		cfg.FinalCheckpointImmediately = kv(args, "final-immediately", "true") == "true"
 		cfg.TolerableFailures = r.num(kv(args, "tolerable", "3"))
-		p, err := newProtocol(r.t, r.g, cfg, kv(args, "checkpointing", "true") == "true")
+		df := map[string]bool{}
+		for _, u := range splitList(kv(args, "deployed-finished", "")) {
+			df[u] = true
+		}
+		p, err := newProtocol(r.t, r.g, cfg, kv(args, "checkpointing", "true") == "true", df)
 		if err != nil {
 			return fail("%v", err)
 		}
@@ -401,6 +446,9 @@ func (r *scenario) protocolCmd(cmd string, args []string) ([]string, bool) {
 			for _, c := range s.cmds {
 				out = append(out, fmt.Sprintf("%v: cmd %s", id, c))
 			}
+			for _, m := range s.acks {
+				out = append(out, fmt.Sprintf("%v: %s from %s (%s)", id, m.text, m.from, m.ev))
+			}
 			for i, ch := range s.chans {
 				for _, m := range ch.q {
 					b := ""
@@ -432,3 +480,36 @@ func phaseWord(ph SubtaskPhase) string {
 }
 
 func TestProtocolScripts(t *testing.T) { runScripts(t, "testdata/protocol/*.txt") }
+
+// An acknowledgement that does not fit the handshake fails the subtask:
+// before its end of data, on no such output, or twice.
+func TestSubtaskAckErrors(t *testing.T) {
+	m, err := NewSubtaskMachine(SubtaskConfig{ID: SubtaskID{"src", 0}, Outputs: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Step(Opened{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Step(OutputAcked{0}); !errors.Is(err, ErrChannelProtocol) {
+		t.Fatalf("ack before end of data: %v", err)
+	}
+	if err := m.Step(SourceEnded{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Step(OutputAcked{2}); !errors.Is(err, ErrChannelProtocol) {
+		t.Fatalf("ack on output 2 of 2: %v", err)
+	}
+	if err := m.Step(OutputAcked{1}); err != nil || m.Done() || m.AwaitingAcks() != 1 {
+		t.Fatalf("first ack: err %v, done %t, awaiting %d", err, m.Done(), m.AwaitingAcks())
+	}
+	if err := m.Step(OutputAcked{1}); !errors.Is(err, ErrChannelProtocol) {
+		t.Fatalf("second ack on output 1: %v", err)
+	}
+	if err := m.Step(OutputAcked{0}); err != nil || !m.Done() {
+		t.Fatalf("last ack: err %v, done %t", err, m.Done())
+	}
+	if _, err := NewSubtaskMachine(SubtaskConfig{ID: SubtaskID{"src", 0}, Outputs: -1}); err == nil {
+		t.Fatal("negative outputs accepted")
+	}
+}

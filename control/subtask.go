@@ -37,7 +37,20 @@ import (
 //     checkpoint it snapshotted after that point is complete (a stopped
 //     source: exactly the stop's savepoint), then closes and sends
 //     EndOfPartition; an operator also waits for EndOfPartition on every
-//     channel. Without checkpointing nothing waits.
+//     channel. Without checkpointing nothing waits for a checkpoint.
+//   - Finishing handshake (FLIP-147). After its EndOfData a subtask also
+//     waits, before it closes, for an acknowledgement on every output
+//     channel (OutputAcked): the receiver sends it (AckEndOfData) once it
+//     has processed every record sent before EndOfData on that channel,
+//     i.e. when it takes EndOfData off the channel. The wait runs alongside
+//     the final-checkpoint wait: the subtask is at end of data, answers
+//     triggers and barriers and takes snapshots as before. A
+//     deployed-finished receiver acknowledges at once (it has nothing to
+//     process). A receiver closes only after EndOfPartition on all its
+//     channels, which its senders send only after its acknowledgement, so
+//     a receiver cannot have finished while a sender waits for it; a
+//     channel whose receiver does not take part (an older peer over NATS)
+//     is acknowledged by the runtime itself as soon as EndOfData is sent.
 //   - Watermarks. The subtask's watermark is the minimum over the channels
 //     that have not ended; each advance is passed to the operator. After the
 //     subtask sent EndOfData no watermark reaches the operator again: with
@@ -74,6 +87,10 @@ type SubtaskConfig struct {
 	// InputEnded: a restored source subtask whose input was exhausted
 	// before the checkpoint: it ends its data as soon as it is open.
 	InputEnded bool
+	// Outputs is the number of output channels (over all output edges, in
+	// the runtime's order); 0 for a sink. After its EndOfData the subtask
+	// waits for OutputAcked on each before it closes.
+	Outputs int
 }
 
 // SubtaskEvent is an input to SubtaskMachine.Step.
@@ -127,6 +144,10 @@ type ChannelEndOfData struct {
 // the channel has ended.
 type ChannelEndOfPartition struct{ Channel int }
 
+// OutputAcked: the receiver of output channel Channel acknowledged the
+// EndOfData sent on it: it has processed every record before it.
+type OutputAcked struct{ Channel int }
+
 // CheckpointComplete: the coordinator says checkpoint ID is complete.
 type CheckpointComplete struct{ ID int64 }
 
@@ -142,6 +163,7 @@ func (ChannelCancel) isSubtaskEvent()         {}
 func (ChannelWatermark) isSubtaskEvent()      {}
 func (ChannelEndOfData) isSubtaskEvent()      {}
 func (ChannelEndOfPartition) isSubtaskEvent() {}
+func (OutputAcked) isSubtaskEvent()           {}
 func (CheckpointComplete) isSubtaskEvent()    {}
 func (CheckpointAborted) isSubtaskEvent()     {}
 
@@ -162,6 +184,7 @@ func (e ChannelEndOfData) String() string {
 func (e ChannelEndOfPartition) String() string {
 	return fmt.Sprintf("end-of-partition ch=%d", e.Channel)
 }
+func (e OutputAcked) String() string        { return fmt.Sprintf("ack out=%d", e.Channel) }
 func (e CheckpointComplete) String() string { return fmt.Sprintf("complete cp=%d", e.ID) }
 func (e CheckpointAborted) String() string  { return fmt.Sprintf("aborted cp=%d", e.ID) }
 
@@ -233,6 +256,10 @@ type EmitEndOfData struct {
 	Drain        bool
 }
 
+// AckEndOfData: acknowledge to the sender of input Channel the EndOfData
+// it sent there: every record before it has been processed.
+type AckEndOfData struct{ Channel int }
+
 // NotifyOperator: call notify_checkpoint_complete(ID).
 type NotifyOperator struct{ ID int64 }
 
@@ -252,6 +279,7 @@ func (AdvanceWatermark) isSubtaskAction() {}
 func (EndInput) isSubtaskAction()         {}
 func (FinishOperator) isSubtaskAction()   {}
 func (EmitEndOfData) isSubtaskAction()    {}
+func (AckEndOfData) isSubtaskAction()     {}
 func (NotifyOperator) isSubtaskAction()   {}
 func (CloseSubtask) isSubtaskAction()     {}
 
@@ -291,6 +319,7 @@ func (a EmitEndOfData) String() string {
 	}
 	return s
 }
+func (a AckEndOfData) String() string   { return fmt.Sprintf("ack-end-of-data ch=%d", a.Channel) }
 func (a NotifyOperator) String() string { return fmt.Sprintf("notify cp=%d", a.ID) }
 func (CloseSubtask) String() string     { return "close" }
 
@@ -306,7 +335,7 @@ type SubtaskPhase uint8
 const (
 	PhaseCreated   SubtaskPhase = iota // not open yet
 	PhaseRunning                       // processing input
-	PhaseEndOfData                     // sent EndOfData, waiting for its final checkpoint (and EndOfPartition)
+	PhaseEndOfData                     // sent EndOfData, waiting for its final checkpoint, the acknowledgements of its outputs (and EndOfPartition)
 	PhaseClosed                        // closed and sent EndOfPartition
 )
 
@@ -336,6 +365,8 @@ type SubtaskMachine struct {
 	finalAck int64 // the first checkpoint snapshotted after end of data
 	final    bool  // the final checkpoint is complete
 	finalID  int64
+	acked    []bool // per output channel: the receiver acknowledged EndOfData
+	unacked  int    // output channels not acknowledged yet
 
 	ready []SubtaskAction
 }
@@ -355,6 +386,10 @@ func NewSubtaskMachine(cfg SubtaskConfig) (*SubtaskMachine, error) {
 	m := &SubtaskMachine{cfg: cfg, wm: MinWatermark, open: n,
 		chanWM: make([]int64, n), chanEOD: make([]bool, n), ended: make([]bool, n), arrived: make([]bool, n),
 		noDrain: make([]bool, cfg.Inputs), eod: make([]int, cfg.Inputs), chans: make([]int, cfg.Inputs)}
+	if cfg.Outputs < 0 {
+		return nil, fmt.Errorf("control: subtask %v: %d output channels", cfg.ID, cfg.Outputs)
+	}
+	m.acked, m.unacked = make([]bool, cfg.Outputs), cfg.Outputs
 	for c, in := range cfg.Channels {
 		if in < 0 || in >= cfg.Inputs {
 			return nil, fmt.Errorf("control: subtask %v: channel %d belongs to input %d of %d", cfg.ID, c, in, cfg.Inputs)
@@ -372,6 +407,10 @@ func NewSubtaskMachine(cfg SubtaskConfig) (*SubtaskMachine, error) {
 
 // Phase returns where the subtask is.
 func (m *SubtaskMachine) Phase() SubtaskPhase { return m.phase }
+
+// AwaitingAcks is the number of output channels whose receiver has not
+// acknowledged EndOfData yet (all of them before the subtask sent it).
+func (m *SubtaskMachine) AwaitingAcks() int { return m.unacked }
 
 // Reading reports whether a source should read its input: it is open and has
 // not ended its data.
@@ -458,6 +497,8 @@ func (m *SubtaskMachine) Step(ev SubtaskEvent) error {
 		err = m.channelEndOfData(e.Channel, e.Drain)
 	case ChannelEndOfPartition:
 		err = m.channelEndOfPartition(e.Channel)
+	case OutputAcked:
+		err = m.outputAcked(e.Channel)
 	case CheckpointComplete:
 		m.complete(e.ID)
 	default:
@@ -652,6 +693,8 @@ func (m *SubtaskMachine) channelEndOfData(ch int, drain bool) error {
 		return m.protocol(ch, "second end-of-data")
 	}
 	m.chanEOD[ch] = true
+	// Aligned: every record before EndOfData on ch has been processed.
+	m.emit(AckEndOfData{ch})
 	if m.cfg.DeployedFinished {
 		return nil // it sent its EndOfData when deployed
 	}
@@ -696,6 +739,21 @@ func (m *SubtaskMachine) channelEndOfPartition(ch int) error {
 	return nil
 }
 
+func (m *SubtaskMachine) outputAcked(out int) error {
+	if out < 0 || out >= len(m.acked) {
+		return fmt.Errorf("control: subtask %v: acknowledgement on output %d of %d: %w", m.cfg.ID, out, len(m.acked), ErrChannelProtocol)
+	}
+	if m.phase != PhaseEndOfData {
+		return fmt.Errorf("control: subtask %v: acknowledgement on output %d before it sent end-of-data: %w", m.cfg.ID, out, ErrChannelProtocol)
+	}
+	if m.acked[out] {
+		return fmt.Errorf("control: subtask %v: second acknowledgement on output %d: %w", m.cfg.ID, out, ErrChannelProtocol)
+	}
+	m.acked[out] = true
+	m.unacked--
+	return nil
+}
+
 // complete: checkpoint id is complete. The operator hears of it; if the
 // subtask snapshotted a checkpoint <= id after its end of data (a stopped
 // source: exactly its savepoint), that was its final checkpoint.
@@ -709,7 +767,7 @@ func (m *SubtaskMachine) complete(id int64) {
 }
 
 func (m *SubtaskMachine) maybeClose() {
-	if m.phase != PhaseEndOfData || m.open > 0 || (m.cfg.Checkpointing && !m.final) {
+	if m.phase != PhaseEndOfData || m.open > 0 || m.unacked > 0 || (m.cfg.Checkpointing && !m.final) {
 		return
 	}
 	m.phase = PhaseClosed
