@@ -133,6 +133,7 @@ type harness struct {
 	down *dataplane.InputGate
 	errc chan error
 	ctx  context.Context
+	task *task
 }
 
 func newHarness(t *testing.T, inputs []int, o NativeOperator) *harness {
@@ -158,6 +159,7 @@ func newHarness(t *testing.T, inputs []int, o NativeOperator) *harness {
 	if err := tk.newMachine(); err != nil {
 		t.Fatal(err)
 	}
+	h.task = tk
 	go func() { h.errc <- tk.run(ctx) }()
 	return h
 }
