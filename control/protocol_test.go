@@ -1,6 +1,7 @@
 package control
 
 import (
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -17,16 +18,22 @@ import (
 // Commands (besides graph):
 //
 //	protocol [checkpointing=BOOL] [interval=N] [final-immediately=BOOL] [tolerable=N] [union=UID,...]
+//	         [deployed-finished=UID,...] [alignment=aligned|unaligned] [aligned-timeout=BOOL]
 //	                                 a coordinator (DefaultConfig) and the machines of the graph
+//	                                 (deployed-finished: those operators' subtasks are restored as
+//	                                 finished)
 //	open all|ID...                   Opened: the subtasks report running
 //	records ID                       source ID emits a batch of records on its outputs
+//	alignment-timeout ID cp=N        the alignment timer of checkpoint N fires at subtask ID
 //	watermark ID ts=N                source ID emits a watermark
 //	source-ended ID...               the sources' input is exhausted
 //	tick [N]                         coordinator ticks
 //	stop [drain] | savepoint | cancel
 //	deliver ID [from=UID/I] [n=N]    deliver up to N (default 1) messages queued for subtask ID:
-//	                                 its commands first, then its channels in order (a blocked
-//	                                 channel is skipped); from= picks the channel from that sender
+//	                                 its commands first, then the end-of-data acknowledgements
+//	                                 from its receivers, then its channels in order (a blocked
+//	                                 channel is skipped); from= picks the acknowledgement from
+//	                                 that receiver or the channel from that sender
 //	deliver coordinator [n=N]        deliver reports to the coordinator
 //	stabilize                        deliver everything until nothing is queued
 //	queues                           what is queued, per receiver
@@ -54,7 +61,28 @@ type protoSubtask struct {
 	blocked []bool
 	cmds    []SubtaskEvent
 	outs    [][]*protoChannel // per output edge, the receivers' channels
+	acks    []protoMsg        // end-of-data acknowledgements from receivers (upstream-bound)
 	calls   []string
+	// capturing: per input channel, the checkpoint whose channel state its
+	// records go to (0: none); captured, the records so captured.
+	capturing  []int64
+	captured   []string
+	pendingAck TakeSnapshot
+}
+
+// outIndex is the output channel index of ch among s's outputs (edges in
+// order, receivers in order), as SubtaskConfig.Outputs counts them.
+func (s *protoSubtask) outIndex(ch *protoChannel) int {
+	i := 0
+	for _, row := range s.outs {
+		for _, c := range row {
+			if c == ch {
+				return i
+			}
+			i++
+		}
+	}
+	return -1
 }
 
 type protocol struct {
@@ -69,17 +97,17 @@ type protocol struct {
 	recSeq int
 }
 
-func newProtocol(t *testing.T, g *JobGraph, cfg Config, ckpt bool) (*protocol, error) {
+func newProtocol(t *testing.T, g *JobGraph, cfg Config, ckpt bool, deployedFinished map[string]bool, mode AlignmentMode, timeout bool) (*protocol, error) {
 	c, err := NewCoordinator(g, cfg)
 	if err != nil {
 		return nil, err
 	}
 	p := &protocol{t: t, g: g, c: c, subs: map[SubtaskID]*protoSubtask{}, ckpt: ckpt}
+	chanInputs := map[SubtaskID][]int{}
 	for _, v := range g.Vertices {
 		for i := 0; i < v.Parallelism; i++ {
 			id := SubtaskID{v.UID, i}
 			s := &protoSubtask{id: id}
-			var chanInputs []int
 			for _, e := range v.Inputs {
 				from := g.Vertex(e.From)
 				for k := 0; k < from.Parallelism; k++ {
@@ -87,14 +115,11 @@ func newProtocol(t *testing.T, g *JobGraph, cfg Config, ckpt bool) (*protocol, e
 						continue
 					}
 					s.chans = append(s.chans, &protoChannel{from: SubtaskID{e.From, k}})
-					chanInputs = append(chanInputs, e.Input)
+					chanInputs[id] = append(chanInputs[id], e.Input)
 				}
 			}
 			s.blocked = make([]bool, len(s.chans))
-			s.m, err = NewSubtaskMachine(SubtaskConfig{ID: id, Channels: chanInputs, Inputs: len(v.Inputs), Checkpointing: ckpt})
-			if err != nil {
-				return nil, err
-			}
+			s.capturing = make([]int64, len(s.chans))
 			p.subs[id] = s
 			p.order = append(p.order, id)
 		}
@@ -115,7 +140,34 @@ func newProtocol(t *testing.T, g *JobGraph, cfg Config, ckpt bool) (*protocol, e
 			s.outs = append(s.outs, row)
 		}
 	}
+	for _, id := range p.order {
+		s := p.subs[id]
+		n := 0
+		for _, row := range s.outs {
+			n += len(row)
+		}
+		s.m, err = NewSubtaskMachine(SubtaskConfig{ID: id, Channels: chanInputs[id], Inputs: len(g.Vertex(id.Operator).Inputs),
+			Checkpointing: ckpt, Outputs: n, DeployedFinished: deployedFinished[id.Operator], Alignment: mode})
+		if err != nil {
+			return nil, err
+		}
+		if timeout {
+			s.m.cfg.AlignedTimeout = 1 // the script fires the timer
+		}
+	}
 	return p, nil
+}
+
+// overtake puts barrier b at the head of every output channel of s, ahead
+// of what is queued there (an unaligned barrier).
+func (p *protocol) overtake(s *protoSubtask, b Barrier) {
+	for _, row := range s.outs {
+		for _, ch := range row {
+			rs := p.receiver(ch)
+			idx := slices.Index(rs.chans, ch)
+			ch.q = slices.Insert(ch.q, 0, protoMsg{from: s.id.String(), ev: ChannelBarrier{idx, b}, text: "barrier " + b.String() + " (overtaking)"})
+		}
+	}
 }
 
 // broadcast puts ev on every output channel of s.
@@ -167,9 +219,43 @@ func (p *protocol) perform(s *protoSubtask, a SubtaskAction) {
 	case UnblockChannels:
 		clear(s.blocked)
 	case ForwardBarrier:
+		if x.Overtake {
+			p.overtake(s, x.B)
+			break
+		}
 		p.broadcast(s, func(ch int) SubtaskEvent { return ChannelBarrier{ch, x.B} }, "barrier "+x.B.String())
+	case CaptureOutputs:
+		n := 0
+		for _, row := range s.outs {
+			for _, ch := range row {
+				for _, m := range ch.q {
+					if m.ev == nil {
+						n++
+					}
+				}
+			}
+		}
+		s.calls = append(s.calls, fmt.Sprintf("capture_outputs(%d: %d batches)", x.ID, n))
+	case StartCapture:
+		s.capturing[x.Channel] = x.ID
+	case StopCapture:
+		s.capturing[x.Channel] = 0
+	case FinishSnapshot:
+		s.calls = append(s.calls, fmt.Sprintf("channel_state(%d: %s)", x.ID, strings.Join(s.captured, " ")))
+		s.captured = nil
+		p.inbox = append(p.inbox, Ack{CheckpointID: x.ID, Subtask: s.id, StateRef: fmt.Sprintf("cp%d-%v", x.ID, s.id),
+			Size: 10, AfterEndOfData: s.pendingAck.AfterEndOfData, DeployedFinished: s.pendingAck.DeployedFinished, UnionState: p.union[s.id.Operator]})
+	case AbortSnapshot:
+		clear(s.capturing)
+		s.captured = nil
+		s.calls = append(s.calls, fmt.Sprintf("drop_snapshot(%d)", x.ID))
+	case ArmAlignmentTimer:
 	case TakeSnapshot:
 		s.calls = append(s.calls, fmt.Sprintf("snapshot_state(%d)", x.B.ID))
+		if x.Unaligned {
+			s.pendingAck = x // the Ack waits for FinishSnapshot
+			break
+		}
 		p.inbox = append(p.inbox, Ack{CheckpointID: x.B.ID, Subtask: s.id, StateRef: fmt.Sprintf("cp%d-%v", x.B.ID, s.id),
 			Size: 10, AfterEndOfData: x.AfterEndOfData, DeployedFinished: x.DeployedFinished, UnionState: p.union[s.id.Operator]})
 	case ForwardCancel:
@@ -186,6 +272,10 @@ func (p *protocol) perform(s *protoSubtask, a SubtaskAction) {
 			p.broadcast(s, func(ch int) SubtaskEvent { return ChannelWatermark{ch, MaxWatermark} }, "watermark MAX")
 		}
 		p.broadcast(s, func(ch int) SubtaskEvent { return ChannelEndOfData{ch, x.Drain} }, fmt.Sprintf("end-of-data drain=%t", x.Drain))
+	case AckEndOfData:
+		ch := s.chans[x.Channel]
+		from := p.subs[ch.from]
+		from.acks = append(from.acks, protoMsg{from: s.id.String(), ev: OutputAcked{from.outIndex(ch)}, text: "ack-end-of-data"})
 	case NotifyOperator:
 		s.calls = append(s.calls, fmt.Sprintf("notify_checkpoint_complete(%d)", x.ID))
 	case CloseSubtask:
@@ -254,6 +344,13 @@ func (p *protocol) deliverOne(s *protoSubtask, from string) (string, bool) {
 		s.cmds = s.cmds[1:]
 		return p.stepSubtask(s, ev, "cmd "+ev.String()), true
 	}
+	for i, msg := range s.acks {
+		if from != "" && msg.from != from {
+			continue
+		}
+		s.acks = slices.Delete(s.acks, i, i+1)
+		return p.stepSubtask(s, msg.ev, fmt.Sprintf("%s from %s (%s)", msg.text, msg.from, msg.ev)), true
+	}
 	for i, ch := range s.chans {
 		if len(ch.q) == 0 || s.blocked[i] || (from != "" && ch.from.String() != from) {
 			continue
@@ -265,6 +362,10 @@ func (p *protocol) deliverOne(s *protoSubtask, from string) (string, bool) {
 				return fmt.Sprintf("%v: %s from %s -> error: %v", s.id, msg.text, msg.from, err), true
 			}
 			s.calls = append(s.calls, "process_batch")
+			if id := s.capturing[i]; id != 0 {
+				s.captured = append(s.captured, fmt.Sprintf("ch%d:%s", i, strings.TrimPrefix(msg.text, "records ")))
+				return fmt.Sprintf("%v: %s from %s (captured for cp=%d)", s.id, msg.text, msg.from, id), true
+			}
 			return fmt.Sprintf("%v: %s from %s", s.id, msg.text, msg.from), true
 		}
 		return p.stepSubtask(s, msg.ev, msg.text+" from "+msg.from), true
@@ -301,7 +402,19 @@ func (r *scenario) protocolCmd(cmd string, args []string) ([]string, bool) {
 		cfg.IntervalTicks = int64(r.num(kv(args, "interval", "10")))
 		cfg.FinalCheckpointImmediately = kv(args, "final-immediately", "true") == "true"
 		cfg.TolerableFailures = r.num(kv(args, "tolerable", "3"))
-		p, err := newProtocol(r.t, r.g, cfg, kv(args, "checkpointing", "true") == "true")
+		df := map[string]bool{}
+		for _, u := range splitList(kv(args, "deployed-finished", "")) {
+			df[u] = true
+		}
+		mode := AlignAligned
+		switch a := kv(args, "alignment", "aligned"); a {
+		case "aligned":
+		case "unaligned":
+			mode = AlignUnaligned
+		default:
+			return fail("alignment=%s: want aligned or unaligned", a)
+		}
+		p, err := newProtocol(r.t, r.g, cfg, kv(args, "checkpointing", "true") == "true", df, mode, kv(args, "aligned-timeout", "false") == "true")
 		if err != nil {
 			return fail("%v", err)
 		}
@@ -315,7 +428,7 @@ func (r *scenario) protocolCmd(cmd string, args []string) ([]string, bool) {
 	p := r.p
 	if p == nil {
 		switch cmd {
-		case "open", "records", "watermark", "source-ended", "deliver", "stabilize", "queues", "calls":
+		case "open", "records", "watermark", "source-ended", "deliver", "stabilize", "queues", "calls", "alignment-timeout":
 			return fail("no protocol: use the protocol command first")
 		}
 		return nil, false
@@ -338,6 +451,11 @@ func (r *scenario) protocolCmd(cmd string, args []string) ([]string, bool) {
 		ts := int64(r.num(kv(args, "ts", "0")))
 		for _, id := range r.ids(pos) {
 			p.broadcast(p.subs[id], func(ch int) SubtaskEvent { return ChannelWatermark{ch, ts} }, fmt.Sprintf("watermark %d", ts))
+		}
+	case "alignment-timeout":
+		ev := AlignmentTimedOut{ID: int64(r.num(kv(args, "cp", "0")))}
+		for _, id := range r.ids(pos) {
+			out = append(out, p.stepSubtask(p.subs[id], ev, ev.String()))
 		}
 	case "source-ended":
 		for _, id := range r.ids(pos) {
@@ -401,6 +519,9 @@ func (r *scenario) protocolCmd(cmd string, args []string) ([]string, bool) {
 			for _, c := range s.cmds {
 				out = append(out, fmt.Sprintf("%v: cmd %s", id, c))
 			}
+			for _, m := range s.acks {
+				out = append(out, fmt.Sprintf("%v: %s from %s (%s)", id, m.text, m.from, m.ev))
+			}
 			for i, ch := range s.chans {
 				for _, m := range ch.q {
 					b := ""
@@ -432,3 +553,74 @@ func phaseWord(ph SubtaskPhase) string {
 }
 
 func TestProtocolScripts(t *testing.T) { runScripts(t, "testdata/protocol/*.txt") }
+
+// An acknowledgement that does not fit the handshake fails the subtask:
+// before its end of data, on no such output, or twice.
+func TestSubtaskAckErrors(t *testing.T) {
+	m, err := NewSubtaskMachine(SubtaskConfig{ID: SubtaskID{"src", 0}, Outputs: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Step(Opened{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Step(OutputAcked{0}); !errors.Is(err, ErrChannelProtocol) {
+		t.Fatalf("ack before end of data: %v", err)
+	}
+	if err := m.Step(SourceEnded{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Step(OutputAcked{2}); !errors.Is(err, ErrChannelProtocol) {
+		t.Fatalf("ack on output 2 of 2: %v", err)
+	}
+	if err := m.Step(OutputAcked{1}); err != nil || m.Done() || m.AwaitingAcks() != 1 {
+		t.Fatalf("first ack: err %v, done %t, awaiting %d", err, m.Done(), m.AwaitingAcks())
+	}
+	if err := m.Step(OutputAcked{1}); !errors.Is(err, ErrChannelProtocol) {
+		t.Fatalf("second ack on output 1: %v", err)
+	}
+	if err := m.Step(OutputAcked{0}); err != nil || !m.Done() {
+		t.Fatalf("last ack: err %v, done %t", err, m.Done())
+	}
+	if _, err := NewSubtaskMachine(SubtaskConfig{ID: SubtaskID{"src", 0}, Outputs: -1}); err == nil {
+		t.Fatal("negative outputs accepted")
+	}
+}
+
+// An unaligned checkpoint that ends unfinished at a subtask (a newer
+// barrier, a cancel, an abort) drops its snapshot and captures.
+func TestUnalignedAbort(t *testing.T) {
+	cp := func(id int64) Barrier { return Barrier{ID: id, Kind: KindCheckpoint} }
+	for _, c := range []struct {
+		name string
+		ev   SubtaskEvent
+		want string
+	}{
+		{"newer barrier", ChannelBarrier{1, cp(2)}, "abort-snapshot cp=1, align-aborted cp=1, align-start cp=2 checkpoint, capture-outputs cp=2, forward-barrier cp=2 checkpoint overtake, snapshot cp=2 checkpoint unaligned, capture-start ch=0 cp=2"},
+		{"cancel", ChannelCancel{1, 1}, "abort-snapshot cp=1, align-aborted cp=1, forward-cancel cp=1"},
+		{"aborted", CheckpointAborted{1}, "abort-snapshot cp=1, align-aborted cp=1"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			m, err := NewSubtaskMachine(SubtaskConfig{ID: SubtaskID{"op", 0}, Channels: []int{0, 0}, Inputs: 1, Checkpointing: true, Alignment: AlignUnaligned})
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, ev := range []SubtaskEvent{Opened{}, ChannelBarrier{0, cp(1)}} {
+				if err := m.Step(ev); err != nil {
+					t.Fatal(err)
+				}
+			}
+			m.Advance()
+			if err := m.Step(c.ev); err != nil {
+				t.Fatal(err)
+			}
+			var got []string
+			for _, a := range m.Ready() {
+				got = append(got, a.String())
+			}
+			if s := strings.Join(got, ", "); s != c.want {
+				t.Fatalf("got  %s\nwant %s", s, c.want)
+			}
+		})
+	}
+}

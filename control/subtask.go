@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"time"
 )
 
 // This file is the subtask half of the checkpoint and finishing protocol
@@ -26,6 +27,21 @@ import (
 //     of cancelled ones are dropped. A Trigger (the coordinator starts the
 //     checkpoint here because every predecessor has finished) begins an
 //     alignment over the channels that have not ended.
+//   - Unaligned checkpoints (SubtaskConfig.Alignment, machine level only:
+//     the runtime does not carry them out yet). On the first barrier of a
+//     checkpoint on any channel the subtask captures its output buffers,
+//     sends the barrier ahead of them (overtaking), snapshots its state and
+//     starts capturing every channel whose barrier has not arrived (and
+//     that has not ended or delivered EndOfData) as channel state; a
+//     channel's capture stops when its barrier arrives, or when it delivers
+//     EndOfData or EndOfPartition (no record can follow). Nothing is
+//     blocked. The snapshot is acknowledged (FinishSnapshot) once every
+//     capture has stopped; a newer barrier, a cancel or an abort drops it
+//     (AbortSnapshot). With an aligned timeout a checkpoint starts aligned
+//     and, when the timer armed at the start of its alignment fires before
+//     it aligned, switches to unaligned: the blocked channels (their barrier
+//     is in) are unblocked, the others captured. Savepoints are always
+//     aligned; ended channels count as aligned in both modes.
 //   - Sources take barriers between records and while they wait for input:
 //     a Trigger forwards the barrier and takes the snapshot at once.
 //   - End of data. On EndOfData from every channel of an input, end_input
@@ -37,7 +53,20 @@ import (
 //     checkpoint it snapshotted after that point is complete (a stopped
 //     source: exactly the stop's savepoint), then closes and sends
 //     EndOfPartition; an operator also waits for EndOfPartition on every
-//     channel. Without checkpointing nothing waits.
+//     channel. Without checkpointing nothing waits for a checkpoint.
+//   - Finishing handshake (FLIP-147). After its EndOfData a subtask also
+//     waits, before it closes, for an acknowledgement on every output
+//     channel (OutputAcked): the receiver sends it (AckEndOfData) once it
+//     has processed every record sent before EndOfData on that channel,
+//     i.e. when it takes EndOfData off the channel. The wait runs alongside
+//     the final-checkpoint wait: the subtask is at end of data, answers
+//     triggers and barriers and takes snapshots as before. A
+//     deployed-finished receiver acknowledges at once (it has nothing to
+//     process). A receiver closes only after EndOfPartition on all its
+//     channels, which its senders send only after its acknowledgement, so
+//     a receiver cannot have finished while a sender waits for it; a
+//     channel whose receiver does not take part (an older peer over NATS)
+//     is acknowledged by the runtime itself as soon as EndOfData is sent.
 //   - Watermarks. The subtask's watermark is the minimum over the channels
 //     that have not ended; each advance is passed to the operator. After the
 //     subtask sent EndOfData no watermark reaches the operator again: with
@@ -74,6 +103,32 @@ type SubtaskConfig struct {
 	// InputEnded: a restored source subtask whose input was exhausted
 	// before the checkpoint: it ends its data as soon as it is open.
 	InputEnded bool
+	// Alignment is how checkpoint barriers are aligned (default aligned);
+	// savepoints are always aligned.
+	Alignment AlignmentMode
+	// AlignedTimeout: with AlignAligned, a checkpoint whose alignment has
+	// not completed when the timer armed at its start fires switches to
+	// unaligned (the runtime reads the duration; > 0 arms the timer).
+	AlignedTimeout time.Duration
+	// Outputs is the number of output channels (over all output edges, in
+	// the runtime's order); 0 for a sink. After its EndOfData the subtask
+	// waits for OutputAcked on each before it closes.
+	Outputs int
+}
+
+// AlignmentMode says how a subtask aligns checkpoint barriers.
+type AlignmentMode uint8
+
+const (
+	AlignAligned   AlignmentMode = iota // block channels until every barrier is in
+	AlignUnaligned                      // snapshot on the first barrier, capture in-flight records
+)
+
+func (a AlignmentMode) String() string {
+	if a == AlignUnaligned {
+		return "unaligned"
+	}
+	return "aligned"
 }
 
 // SubtaskEvent is an input to SubtaskMachine.Step.
@@ -127,6 +182,14 @@ type ChannelEndOfData struct {
 // the channel has ended.
 type ChannelEndOfPartition struct{ Channel int }
 
+// OutputAcked: the receiver of output channel Channel acknowledged the
+// EndOfData sent on it: it has processed every record before it.
+type OutputAcked struct{ Channel int }
+
+// AlignmentTimedOut: the timer armed by ArmAlignmentTimer for checkpoint ID
+// fired.
+type AlignmentTimedOut struct{ ID int64 }
+
 // CheckpointComplete: the coordinator says checkpoint ID is complete.
 type CheckpointComplete struct{ ID int64 }
 
@@ -142,6 +205,8 @@ func (ChannelCancel) isSubtaskEvent()         {}
 func (ChannelWatermark) isSubtaskEvent()      {}
 func (ChannelEndOfData) isSubtaskEvent()      {}
 func (ChannelEndOfPartition) isSubtaskEvent() {}
+func (OutputAcked) isSubtaskEvent()           {}
+func (AlignmentTimedOut) isSubtaskEvent()     {}
 func (CheckpointComplete) isSubtaskEvent()    {}
 func (CheckpointAborted) isSubtaskEvent()     {}
 
@@ -162,6 +227,8 @@ func (e ChannelEndOfData) String() string {
 func (e ChannelEndOfPartition) String() string {
 	return fmt.Sprintf("end-of-partition ch=%d", e.Channel)
 }
+func (e OutputAcked) String() string        { return fmt.Sprintf("ack out=%d", e.Channel) }
+func (e AlignmentTimedOut) String() string  { return fmt.Sprintf("alignment-timeout cp=%d", e.ID) }
 func (e CheckpointComplete) String() string { return fmt.Sprintf("complete cp=%d", e.ID) }
 func (e CheckpointAborted) String() string  { return fmt.Sprintf("aborted cp=%d", e.ID) }
 
@@ -200,17 +267,56 @@ type AlignmentEnded struct {
 	Aligned bool
 }
 
-// ForwardBarrier: send B on every output, behind the records emitted so far.
-type ForwardBarrier struct{ B Barrier }
+// ForwardBarrier: send B on every output, behind the records emitted so far;
+// with Overtake (unaligned) ahead of them: CaptureOutputs came first.
+type ForwardBarrier struct {
+	B        Barrier
+	Overtake bool
+}
 
 // TakeSnapshot: snapshot the operator's state (a source: its position) for
 // B, write it and report the Ack (or a Decline). AfterEndOfData and
 // DeployedFinished go into the Ack.
+//
+// With Unaligned the state is snapshotted now but the Ack waits for
+// FinishSnapshot (the channel state captured meanwhile goes with it), or is
+// dropped by AbortSnapshot.
 type TakeSnapshot struct {
 	B                Barrier
 	AfterEndOfData   bool
 	DeployedFinished bool
+	Unaligned        bool
 }
+
+// CaptureOutputs: the records in the output buffers, which the barrier of
+// checkpoint ID is about to overtake, are channel state of ID (per output
+// channel).
+type CaptureOutputs struct{ ID int64 }
+
+// StartCapture: from now on the records arriving on input Channel are also
+// channel state of checkpoint ID (they are processed as usual).
+type StartCapture struct {
+	Channel int
+	ID      int64
+}
+
+// StopCapture: the channel state of input Channel for checkpoint ID is
+// complete.
+type StopCapture struct {
+	Channel int
+	ID      int64
+}
+
+// FinishSnapshot: every capture of unaligned checkpoint ID has stopped:
+// write its channel state with the snapshot and report the Ack.
+type FinishSnapshot struct{ ID int64 }
+
+// AbortSnapshot: unaligned checkpoint ID ends here unfinished: stop its
+// captures and drop its snapshot and channel state.
+type AbortSnapshot struct{ ID int64 }
+
+// ArmAlignmentTimer: fire AlignmentTimedOut{ID} after the aligned timeout.
+type ArmAlignmentTimer struct{ ID int64 }
 
 // ForwardCancel: send CancelCheckpoint(ID) on every output.
 type ForwardCancel struct{ ID int64 }
@@ -233,6 +339,10 @@ type EmitEndOfData struct {
 	Drain        bool
 }
 
+// AckEndOfData: acknowledge to the sender of input Channel the EndOfData
+// it sent there: every record before it has been processed.
+type AckEndOfData struct{ Channel int }
+
 // NotifyOperator: call notify_checkpoint_complete(ID).
 type NotifyOperator struct{ ID int64 }
 
@@ -240,20 +350,27 @@ type NotifyOperator struct{ ID int64 }
 // EndOfPartition on every output. The subtask is done afterwards.
 type CloseSubtask struct{}
 
-func (Report) isSubtaskAction()           {}
-func (BlockChannel) isSubtaskAction()     {}
-func (UnblockChannels) isSubtaskAction()  {}
-func (AlignmentStarted) isSubtaskAction() {}
-func (AlignmentEnded) isSubtaskAction()   {}
-func (ForwardBarrier) isSubtaskAction()   {}
-func (TakeSnapshot) isSubtaskAction()     {}
-func (ForwardCancel) isSubtaskAction()    {}
-func (AdvanceWatermark) isSubtaskAction() {}
-func (EndInput) isSubtaskAction()         {}
-func (FinishOperator) isSubtaskAction()   {}
-func (EmitEndOfData) isSubtaskAction()    {}
-func (NotifyOperator) isSubtaskAction()   {}
-func (CloseSubtask) isSubtaskAction()     {}
+func (Report) isSubtaskAction()            {}
+func (BlockChannel) isSubtaskAction()      {}
+func (UnblockChannels) isSubtaskAction()   {}
+func (AlignmentStarted) isSubtaskAction()  {}
+func (AlignmentEnded) isSubtaskAction()    {}
+func (ForwardBarrier) isSubtaskAction()    {}
+func (TakeSnapshot) isSubtaskAction()      {}
+func (ForwardCancel) isSubtaskAction()     {}
+func (AdvanceWatermark) isSubtaskAction()  {}
+func (EndInput) isSubtaskAction()          {}
+func (FinishOperator) isSubtaskAction()    {}
+func (EmitEndOfData) isSubtaskAction()     {}
+func (AckEndOfData) isSubtaskAction()      {}
+func (CaptureOutputs) isSubtaskAction()    {}
+func (StartCapture) isSubtaskAction()      {}
+func (StopCapture) isSubtaskAction()       {}
+func (FinishSnapshot) isSubtaskAction()    {}
+func (AbortSnapshot) isSubtaskAction()     {}
+func (ArmAlignmentTimer) isSubtaskAction() {}
+func (NotifyOperator) isSubtaskAction()    {}
+func (CloseSubtask) isSubtaskAction()      {}
 
 func (a Report) String() string       { return "report " + a.Event.String() }
 func (a BlockChannel) String() string { return fmt.Sprintf("block ch=%d", a.Channel) }
@@ -267,12 +384,28 @@ func (a AlignmentEnded) String() string {
 	}
 	return fmt.Sprintf("align-aborted cp=%d", a.ID)
 }
-func (a ForwardBarrier) String() string { return "forward-barrier " + a.B.String() }
+func (a ForwardBarrier) String() string {
+	if a.Overtake {
+		return "forward-barrier " + a.B.String() + " overtake"
+	}
+	return "forward-barrier " + a.B.String()
+}
+func (a CaptureOutputs) String() string { return fmt.Sprintf("capture-outputs cp=%d", a.ID) }
+func (a StartCapture) String() string {
+	return fmt.Sprintf("capture-start ch=%d cp=%d", a.Channel, a.ID)
+}
+func (a StopCapture) String() string    { return fmt.Sprintf("capture-stop ch=%d cp=%d", a.Channel, a.ID) }
+func (a FinishSnapshot) String() string { return fmt.Sprintf("finish-snapshot cp=%d", a.ID) }
+func (a AbortSnapshot) String() string  { return fmt.Sprintf("abort-snapshot cp=%d", a.ID) }
+func (a ArmAlignmentTimer) String() string {
+	return fmt.Sprintf("arm-alignment-timer cp=%d", a.ID)
+}
 func (a TakeSnapshot) String() string {
 	var b strings.Builder
 	b.WriteString("snapshot " + a.B.String())
 	writeFlag(&b, a.AfterEndOfData, "after-eod")
 	writeFlag(&b, a.DeployedFinished, "deployed-finished")
+	writeFlag(&b, a.Unaligned, "unaligned")
 	return b.String()
 }
 func (a ForwardCancel) String() string { return fmt.Sprintf("forward-cancel cp=%d", a.ID) }
@@ -291,6 +424,7 @@ func (a EmitEndOfData) String() string {
 	}
 	return s
 }
+func (a AckEndOfData) String() string   { return fmt.Sprintf("ack-end-of-data ch=%d", a.Channel) }
 func (a NotifyOperator) String() string { return fmt.Sprintf("notify cp=%d", a.ID) }
 func (CloseSubtask) String() string     { return "close" }
 
@@ -306,7 +440,7 @@ type SubtaskPhase uint8
 const (
 	PhaseCreated   SubtaskPhase = iota // not open yet
 	PhaseRunning                       // processing input
-	PhaseEndOfData                     // sent EndOfData, waiting for its final checkpoint (and EndOfPartition)
+	PhaseEndOfData                     // sent EndOfData, waiting for its final checkpoint, the acknowledgements of its outputs (and EndOfPartition)
 	PhaseClosed                        // closed and sent EndOfPartition
 )
 
@@ -330,12 +464,19 @@ type SubtaskMachine struct {
 	aligning   bool
 	barrier    Barrier // the latest barrier seen or triggered
 	lastCancel int64
+	// Unaligned: the checkpoint in progress (m.barrier, while aligning) is
+	// unaligned; capturing, per channel, whether its records are captured.
+	unaligned  bool
+	capturing  []bool
+	nCapturing int
 
 	// Finishing.
 	stopID   int64 // a stopped source: the savepoint to wait for
 	finalAck int64 // the first checkpoint snapshotted after end of data
 	final    bool  // the final checkpoint is complete
 	finalID  int64
+	acked    []bool // per output channel: the receiver acknowledged EndOfData
+	unacked  int    // output channels not acknowledged yet
 
 	ready []SubtaskAction
 }
@@ -353,8 +494,12 @@ func NewSubtaskMachine(cfg SubtaskConfig) (*SubtaskMachine, error) {
 		return nil, fmt.Errorf("control: subtask %v: %d channels but no input", cfg.ID, n)
 	}
 	m := &SubtaskMachine{cfg: cfg, wm: MinWatermark, open: n,
-		chanWM: make([]int64, n), chanEOD: make([]bool, n), ended: make([]bool, n), arrived: make([]bool, n),
+		chanWM: make([]int64, n), chanEOD: make([]bool, n), ended: make([]bool, n), arrived: make([]bool, n), capturing: make([]bool, n),
 		noDrain: make([]bool, cfg.Inputs), eod: make([]int, cfg.Inputs), chans: make([]int, cfg.Inputs)}
+	if cfg.Outputs < 0 {
+		return nil, fmt.Errorf("control: subtask %v: %d output channels", cfg.ID, cfg.Outputs)
+	}
+	m.acked, m.unacked = make([]bool, cfg.Outputs), cfg.Outputs
 	for c, in := range cfg.Channels {
 		if in < 0 || in >= cfg.Inputs {
 			return nil, fmt.Errorf("control: subtask %v: channel %d belongs to input %d of %d", cfg.ID, c, in, cfg.Inputs)
@@ -372,6 +517,10 @@ func NewSubtaskMachine(cfg SubtaskConfig) (*SubtaskMachine, error) {
 
 // Phase returns where the subtask is.
 func (m *SubtaskMachine) Phase() SubtaskPhase { return m.phase }
+
+// AwaitingAcks is the number of output channels whose receiver has not
+// acknowledged EndOfData yet (all of them before the subtask sent it).
+func (m *SubtaskMachine) AwaitingAcks() int { return m.unacked }
 
 // Reading reports whether a source should read its input: it is open and has
 // not ended its data.
@@ -458,6 +607,12 @@ func (m *SubtaskMachine) Step(ev SubtaskEvent) error {
 		err = m.channelEndOfData(e.Channel, e.Drain)
 	case ChannelEndOfPartition:
 		err = m.channelEndOfPartition(e.Channel)
+	case OutputAcked:
+		err = m.outputAcked(e.Channel)
+	case AlignmentTimedOut:
+		if m.aligning && !m.unaligned && m.barrier.ID == e.ID {
+			m.goUnaligned(-1)
+		}
 	case CheckpointComplete:
 		m.complete(e.ID)
 	default:
@@ -538,15 +693,72 @@ func (m *SubtaskMachine) stopSource(e StopSource) error {
 }
 
 func (m *SubtaskMachine) snapshot(b Barrier) {
-	m.emit(ForwardBarrier{b})
+	m.emit(ForwardBarrier{B: b})
+	m.takeSnapshot(b, false)
+}
+
+func (m *SubtaskMachine) takeSnapshot(b Barrier, unaligned bool) {
 	if !m.cfg.Checkpointing {
 		return
 	}
 	after := m.phase == PhaseEndOfData
-	m.emit(TakeSnapshot{B: b, AfterEndOfData: after, DeployedFinished: m.cfg.DeployedFinished})
+	m.emit(TakeSnapshot{B: b, AfterEndOfData: after, DeployedFinished: m.cfg.DeployedFinished, Unaligned: unaligned})
 	if after && m.finalAck == 0 {
 		m.finalAck = b.ID
 	}
+}
+
+// unalignedFor reports whether checkpoint b starts unaligned here.
+func (m *SubtaskMachine) unalignedFor(b Barrier) bool {
+	return m.cfg.Checkpointing && m.cfg.Alignment == AlignUnaligned && b.Kind == KindCheckpoint
+}
+
+// goUnaligned takes the checkpoint in progress (m.barrier) unaligned: at
+// its first barrier (on channel first), at a trigger (first < 0), or when
+// its alignment timed out (first < 0; the channels whose barrier is in are
+// blocked).
+func (m *SubtaskMachine) goUnaligned(first int) {
+	if slices.Contains(m.arrived, true) {
+		m.emit(UnblockChannels{})
+	}
+	if first >= 0 {
+		m.arrived[first] = true
+	}
+	m.unaligned = true
+	b := m.barrier
+	m.emit(CaptureOutputs{b.ID})
+	m.emit(ForwardBarrier{B: b, Overtake: true})
+	m.takeSnapshot(b, true)
+	for c, a := range m.arrived {
+		if !a && !m.ended[c] && !m.chanEOD[c] {
+			m.capturing[c] = true
+			m.nCapturing++
+			m.emit(StartCapture{Channel: c, ID: b.ID})
+		}
+	}
+	m.maybeCaptured()
+}
+
+// stopCapture ends the capture of channel ch, if it runs.
+func (m *SubtaskMachine) stopCapture(ch int) {
+	if m.capturing[ch] {
+		m.capturing[ch] = false
+		m.nCapturing--
+		m.emit(StopCapture{Channel: ch, ID: m.barrier.ID})
+	}
+}
+
+// maybeCaptured finishes the unaligned checkpoint in progress once no
+// capture runs.
+func (m *SubtaskMachine) maybeCaptured() {
+	if !m.aligning || !m.unaligned || m.nCapturing > 0 {
+		return
+	}
+	id := m.barrier.ID
+	m.aligning, m.unaligned = false, false
+	clear(m.arrived)
+	m.emit(AlignmentEnded{ID: id, Aligned: true})
+	m.emit(FinishSnapshot{id})
 }
 
 func (m *SubtaskMachine) trigger(b Barrier) {
@@ -555,6 +767,14 @@ func (m *SubtaskMachine) trigger(b Barrier) {
 			return // a repeat
 		}
 		m.barrier = b
+		if m.unalignedFor(b) {
+			// No input to capture: only the output buffers.
+			m.emit(CaptureOutputs{b.ID})
+			m.emit(ForwardBarrier{B: b, Overtake: true})
+			m.takeSnapshot(b, true)
+			m.emit(FinishSnapshot{b.ID})
+			return
+		}
 		m.snapshot(b)
 		return
 	}
@@ -564,6 +784,10 @@ func (m *SubtaskMachine) trigger(b Barrier) {
 		return
 	}
 	m.beginAlignment(b)
+	if m.unalignedFor(b) {
+		m.goUnaligned(-1)
+		return
+	}
 	m.maybeAligned()
 }
 
@@ -573,12 +797,23 @@ func (m *SubtaskMachine) beginAlignment(b Barrier) {
 	}
 	m.aligning, m.barrier = true, b
 	m.emit(AlignmentStarted{b})
+	if m.cfg.AlignedTimeout > 0 && b.Kind == KindCheckpoint && !m.unalignedFor(b) && m.cfg.Checkpointing {
+		m.emit(ArmAlignmentTimer{b.ID})
+	}
 }
 
 func (m *SubtaskMachine) endAlignment(aligned bool) {
+	wasUnaligned := m.unaligned
+	if wasUnaligned {
+		// Only an abort ends an unaligned checkpoint here (maybeCaptured
+		// finishes it): its captures end with the snapshot.
+		m.emit(AbortSnapshot{m.barrier.ID})
+		clear(m.capturing)
+		m.nCapturing, m.unaligned = 0, false
+	}
 	m.emit(AlignmentEnded{ID: m.barrier.ID, Aligned: aligned})
 	m.aligning = false
-	blocked := slices.Contains(m.arrived, true)
+	blocked := !wasUnaligned && slices.Contains(m.arrived, true)
 	clear(m.arrived)
 	if blocked {
 		m.emit(UnblockChannels{})
@@ -592,11 +827,20 @@ func (m *SubtaskMachine) channelBarrier(ch int, b Barrier) {
 		return // a late barrier of an aborted, cancelled or completed checkpoint
 	default:
 		m.beginAlignment(b)
+		if m.unalignedFor(b) {
+			m.goUnaligned(ch)
+			return
+		}
 	}
 	if m.arrived[ch] {
 		return
 	}
 	m.arrived[ch] = true
+	if m.unaligned {
+		m.stopCapture(ch)
+		m.maybeCaptured()
+		return
+	}
 	m.emit(BlockChannel{ch})
 	m.maybeAligned()
 }
@@ -652,6 +896,12 @@ func (m *SubtaskMachine) channelEndOfData(ch int, drain bool) error {
 		return m.protocol(ch, "second end-of-data")
 	}
 	m.chanEOD[ch] = true
+	// Every record before EndOfData on ch has been processed; unaligned, a
+	// capture of ch is complete too (no record can follow), so no channel
+	// state being written holds any of them once it is acknowledged.
+	m.stopCapture(ch)
+	m.emit(AckEndOfData{ch})
+	m.maybeCaptured()
 	if m.cfg.DeployedFinished {
 		return nil // it sent its EndOfData when deployed
 	}
@@ -690,9 +940,28 @@ func (m *SubtaskMachine) channelEndOfPartition(ch int) error {
 	// An ended channel no longer holds back the watermark, and counts as
 	// aligned for a pending barrier.
 	m.advanceWatermark()
-	if m.aligning {
+	switch {
+	case m.unaligned:
+		m.stopCapture(ch)
+		m.maybeCaptured()
+	case m.aligning:
 		m.maybeAligned()
 	}
+	return nil
+}
+
+func (m *SubtaskMachine) outputAcked(out int) error {
+	if out < 0 || out >= len(m.acked) {
+		return fmt.Errorf("control: subtask %v: acknowledgement on output %d of %d: %w", m.cfg.ID, out, len(m.acked), ErrChannelProtocol)
+	}
+	if m.phase != PhaseEndOfData {
+		return fmt.Errorf("control: subtask %v: acknowledgement on output %d before it sent end-of-data: %w", m.cfg.ID, out, ErrChannelProtocol)
+	}
+	if m.acked[out] {
+		return fmt.Errorf("control: subtask %v: second acknowledgement on output %d: %w", m.cfg.ID, out, ErrChannelProtocol)
+	}
+	m.acked[out] = true
+	m.unacked--
 	return nil
 }
 
@@ -709,7 +978,7 @@ func (m *SubtaskMachine) complete(id int64) {
 }
 
 func (m *SubtaskMachine) maybeClose() {
-	if m.phase != PhaseEndOfData || m.open > 0 || (m.cfg.Checkpointing && !m.final) {
+	if m.phase != PhaseEndOfData || m.open > 0 || m.unacked > 0 || (m.cfg.Checkpointing && !m.final) {
 		return
 	}
 	m.phase = PhaseClosed

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 )
 
 // Errors of the data plane.
@@ -39,6 +40,48 @@ type Input interface {
 	Name() string
 }
 
+// The finishing handshake (FLIP-147) is the one signal that flows from the
+// receiver back to the sender: once the receiver has processed every record
+// the sender sent before EndOfData, it acknowledges that EndOfData, and the
+// sender closes only after the acknowledgement of each of its channels.
+
+// EndOfDataAcker is an Input that can acknowledge to its sender the
+// EndOfData it delivered.
+type EndOfDataAcker interface {
+	// AckEndOfData tells the sender that every record before EndOfData has
+	// been processed. Call it once, after EndOfData was received.
+	AckEndOfData() error
+}
+
+// AckNotifier is an Output whose receiver acknowledges EndOfData.
+type AckNotifier interface {
+	// NotifyEndOfDataAck arranges for f to be called once, on any
+	// goroutine, when the receiver has acknowledged the EndOfData sent on
+	// the channel (at once if it already has). It reports false when the
+	// receiver does not take part in the handshake (an older peer): f is
+	// never called and the sender must not wait. Call it after sending
+	// EndOfData.
+	NotifyEndOfDataAck(f func()) bool
+}
+
+// NotifyEndOfDataAck is o's NotifyEndOfDataAck, false for an Output that
+// is no AckNotifier.
+func NotifyEndOfDataAck(o Output, f func()) bool {
+	if n, ok := o.(AckNotifier); ok {
+		return n.NotifyEndOfDataAck(f)
+	}
+	return false
+}
+
+// AckEndOfData is in's AckEndOfData; nothing for an Input that is no
+// EndOfDataAcker.
+func AckEndOfData(in Input) error {
+	if a, ok := in.(EndOfDataAcker); ok {
+		return a.AckEndOfData()
+	}
+	return nil
+}
+
 // Channel is one point-to-point channel between two subtasks. The in-process
 // implementation is LocalChannel; a NATS implementation plugs in here.
 type Channel interface {
@@ -59,6 +102,10 @@ type LocalChannel struct {
 	notify chan<- struct{}
 	out    localOutput
 	in     localInput
+
+	ackMu sync.Mutex
+	acked bool   // the receiver acknowledged EndOfData
+	onAck func() // the sender's NotifyEndOfDataAck
 }
 
 // NewLocalChannel returns a channel holding at most capacity messages
@@ -107,6 +154,20 @@ func (o *localOutput) Send(ctx context.Context, ev Event) error {
 	return nil
 }
 
+// NotifyEndOfDataAck implements AckNotifier.
+func (o *localOutput) NotifyEndOfDataAck(f func()) bool {
+	c := o.c
+	c.ackMu.Lock()
+	if !c.acked {
+		c.onAck = f
+		c.ackMu.Unlock()
+		return true
+	}
+	c.ackMu.Unlock()
+	f()
+	return true
+}
+
 // put queues m, blocking while the channel is full.
 func (c *LocalChannel) put(ctx context.Context, m message) error {
 	select {
@@ -147,6 +208,24 @@ func (in *localInput) TryRecv() (Event, bool, error) {
 	default:
 		return Event{}, false, nil
 	}
+}
+
+// AckEndOfData implements EndOfDataAcker.
+func (in *localInput) AckEndOfData() error {
+	c := in.c
+	c.ackMu.Lock()
+	if c.acked {
+		c.ackMu.Unlock()
+		return fmt.Errorf("dataplane: %s: end-of-data acknowledged twice", c.name)
+	}
+	c.acked = true
+	f := c.onAck
+	c.onAck = nil
+	c.ackMu.Unlock()
+	if f != nil {
+		f()
+	}
+	return nil
 }
 
 func (in *localInput) check(m message) error {

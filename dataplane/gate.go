@@ -54,6 +54,9 @@ func (g *InputGate) NumChannels() int { return len(g.chans) }
 // Input returns the logical input channel ch belongs to.
 func (g *InputGate) Input(ch int) int { return g.chans[ch].input }
 
+// In returns the receiving side of channel ch.
+func (g *InputGate) In(ch int) Input { return g.chans[ch].in }
+
 // Name returns the name of channel ch.
 func (g *InputGate) Name(ch int) string { return g.chans[ch].in.Name() }
 

@@ -114,6 +114,9 @@ func (w *RecordWriter) Err() error { return w.err }
 // NumOutputs is the number of receivers.
 func (w *RecordWriter) NumOutputs() int { return len(w.outs) }
 
+// Output returns the output to receiver i.
+func (w *RecordWriter) Output(i int) Output { return w.outs[i] }
+
 // Emit copies r into the batch of its receiver(s).
 func (w *RecordWriter) Emit(ctx context.Context, r abi.Record) error {
 	return w.EmitBatch(ctx, []abi.Record{r})

@@ -45,6 +45,13 @@ type Receiver struct {
 	// is the sequence number of its first part. nil: none.
 	part    []byte
 	partSeq uint64
+	// ackSeq is the sequence number of the EndOfData whose sender asked for
+	// an acknowledgement (0: none asked); acked, it was sent.
+	ackSeq uint64
+	acked  bool
+	// ackSent is ackSeq once the acknowledgement was published: a credit
+	// request after it (the sender still waits: it was lost) repeats it.
+	ackSent atomic.Uint64
 
 	stats struct {
 		messages, bytes, maxQueued, grants, parts, maxPartial atomic.Uint64
@@ -105,7 +112,10 @@ func (r *Receiver) ID() ChannelID { return r.id }
 func (r *Receiver) publishCredit(granted uint64) error {
 	r.stats.grants.Add(1)
 	var b [creditLen]byte // TryRecv and onData both grant: no shared buffer
-	if err := r.t.nc.Publish(r.creditSubj, appendCredit(b[:0], granted, uint32(r.window))); err != nil {
+	// The header tells the sender this receiver acknowledges EndOfData; an
+	// older sender reads the payload only.
+	m := &nats.Msg{Subject: r.creditSubj, Data: appendCredit(b[:0], granted, uint32(r.window)), Header: nats.Header{HeaderAcks: {"1"}}}
+	if err := r.t.nc.PublishMsg(m); err != nil {
 		return fmt.Errorf("natsch: %s: grant credit: %w", r.name, err)
 	}
 	return nil
@@ -143,6 +153,9 @@ func (r *Receiver) onData(m *nats.Msg) {
 		if !r.closed.Load() {
 			// A failure shows in the sender's next request or in TryRecv.
 			_ = r.publishCredit(granted)
+			if seq := r.ackSent.Load(); seq != 0 {
+				_ = r.publishAck(seq)
+			}
 		}
 		return
 	}
@@ -269,6 +282,9 @@ func (r *Receiver) take(m *nats.Msg) (ev dataplane.Event, ok bool, err error) {
 	if h := r.t.opts.RecvHeader; h != nil {
 		h(ev, m.Header)
 	}
+	if ev.Kind == dataplane.KindEndOfData && m.Header.Get(HeaderAckRequest) == "1" {
+		r.ackSeq = seq
+	}
 	if ev.Kind == dataplane.KindEndOfPartition {
 		r.count(m, false)
 		r.ended = true
@@ -368,6 +384,29 @@ func (r *Receiver) count(m *nats.Msg, regrant bool) error {
 	return r.publishCredit(g)
 }
 
+// AckEndOfData implements dataplane.EndOfDataAcker: it acknowledges the
+// EndOfData received to a sender that asked for it (an older sender did
+// not, and does not wait: nothing is sent).
+func (r *Receiver) AckEndOfData() error {
+	if r.acked {
+		return fmt.Errorf("natsch: %s: end-of-data acknowledged twice", r.name)
+	}
+	r.acked = true
+	if r.ackSeq == 0 {
+		return nil
+	}
+	r.ackSent.Store(r.ackSeq)
+	return r.publishAck(r.ackSeq)
+}
+
+func (r *Receiver) publishAck(seq uint64) error {
+	var b [creditAckLen]byte
+	if err := r.t.nc.Publish(r.creditSubj, appendCreditAck(b[:0], seq)); err != nil {
+		return fmt.Errorf("natsch: %s: acknowledge end-of-data: %w", r.name, err)
+	}
+	return nil
+}
+
 // ReceiverStats are counters of a Receiver.
 type ReceiverStats struct {
 	Messages, Bytes uint64 // data messages and payload bytes delivered
@@ -405,4 +444,7 @@ func (r *Receiver) Close() error {
 	return nil
 }
 
-var _ dataplane.Input = (*Receiver)(nil)
+var (
+	_ dataplane.Input          = (*Receiver)(nil)
+	_ dataplane.EndOfDataAcker = (*Receiver)(nil)
+)

@@ -35,6 +35,16 @@ type Sender struct {
 	window  uint64 // the receiver's window; 0 until the first grant
 	err     error  // a failure reported asynchronously
 	wake    chan struct{}
+	// The finishing handshake: peerAcks, the receiver's grants said it
+	// acknowledges EndOfData; eodSeq, the EndOfData message's sequence
+	// number (0: not sent); acked, its acknowledgement arrived; onAck, the
+	// callback of NotifyEndOfDataAck.
+	peerAcks bool
+	eodSeq   uint64
+	acked    bool
+	onAck    func()
+	ackRetry *time.Timer // while waiting: a credit request every CreditRetry, answered with the acknowledgement again
+	ackStop  bool        // closed: no more retries
 
 	// Owned by the sending goroutine.
 	seq    uint64
@@ -80,6 +90,10 @@ func (s *Sender) Name() string { return s.name }
 func (s *Sender) ID() ChannelID { return s.id }
 
 func (s *Sender) onCredit(m *nats.Msg) {
+	if len(m.Data) != creditLen {
+		s.takeAck(m)
+		return
+	}
 	granted, window, err := decodeCredit(m.Data)
 	if err != nil {
 		s.fail(fmt.Errorf("natsch: %s: %w", s.name, err))
@@ -89,9 +103,76 @@ func (s *Sender) onCredit(m *nats.Msg) {
 	if granted > s.granted {
 		s.granted = granted
 	}
+	if m.Header.Get(HeaderAcks) == "1" {
+		s.peerAcks = true
+	}
 	s.window = uint64(window)
 	s.mu.Unlock()
 	s.signal()
+}
+
+// takeAck takes the receiver's acknowledgement of EndOfData.
+func (s *Sender) takeAck(m *nats.Msg) {
+	seq, err := decodeCreditAck(m.Data)
+	if err != nil {
+		s.fail(fmt.Errorf("natsch: %s: %w", s.name, err))
+		return
+	}
+	s.mu.Lock()
+	if s.acked && seq == s.eodSeq {
+		s.mu.Unlock()
+		return // repeated for a credit request
+	}
+	if s.eodSeq == 0 || seq != s.eodSeq {
+		eod := s.eodSeq
+		s.mu.Unlock()
+		s.fail(fmt.Errorf("natsch: %s: %w: end-of-data acknowledgement of message %d, but end-of-data was message %d (0: not sent)", s.name, ErrWire, seq, eod))
+		return
+	}
+	s.acked = true
+	f := s.onAck
+	s.onAck = nil
+	if s.ackRetry != nil {
+		s.ackRetry.Stop()
+	}
+	s.mu.Unlock()
+	if f != nil {
+		f()
+	}
+}
+
+// NotifyEndOfDataAck implements dataplane.AckNotifier: false when the
+// receiver's grants did not say it acknowledges (an older receiver), or
+// EndOfData has not been sent.
+func (s *Sender) NotifyEndOfDataAck(f func()) bool {
+	s.mu.Lock()
+	if !s.peerAcks || s.eodSeq == 0 {
+		s.mu.Unlock()
+		return false
+	}
+	if !s.acked {
+		s.onAck = f
+		// An acknowledgement lost on the way is asked for again, like a
+		// lost grant: the receiver answers a credit request with both.
+		eod := s.eodSeq
+		var retry func()
+		retry = func() {
+			s.mu.Lock()
+			defer s.mu.Unlock()
+			if s.acked || s.ackStop {
+				return
+			}
+			var b [creditRequestLen]byte
+			_ = s.t.nc.Publish(s.dataSubj, appendCreditRequest(b[:0], eod))
+			s.ackRetry = time.AfterFunc(s.t.opts.CreditRetry, retry)
+		}
+		s.ackRetry = time.AfterFunc(s.t.opts.CreditRetry, retry)
+		s.mu.Unlock()
+		return true
+	}
+	s.mu.Unlock()
+	f()
+	return true
 }
 
 func (s *Sender) signal() {
@@ -139,6 +220,11 @@ func (s *Sender) Send(ctx context.Context, ev dataplane.Event) error {
 	}
 	if err := s.publish(ctx, ev, s.buf); err != nil {
 		return err
+	}
+	if ev.Kind == dataplane.KindEndOfData {
+		s.mu.Lock()
+		s.eodSeq = s.seq
+		s.mu.Unlock()
 	}
 	if ev.Kind == dataplane.KindEndOfPartition {
 		s.ended = true
@@ -257,10 +343,14 @@ func (s *Sender) publish(ctx context.Context, ev dataplane.Event, data []byte) e
 	if err != nil {
 		return err
 	}
-	if h, tr := s.t.opts.SendHeader, barrierTrace(ev); h != nil || tr != nil {
+	eod := ev.Kind == dataplane.KindEndOfData
+	if h, tr := s.t.opts.SendHeader, barrierTrace(ev); h != nil || tr != nil || eod {
 		m := &nats.Msg{Subject: s.dataSubj, Data: data, Header: nats.Header{}}
 		for k, v := range tr {
 			m.Header[k] = []string{v}
+		}
+		if eod {
+			m.Header.Set(HeaderAckRequest, "1")
 		}
 		if h != nil {
 			h(ctx, ev, m.Header)
@@ -381,6 +471,12 @@ func (s *Sender) Close() error {
 	if s.timer != nil {
 		s.timer.Stop()
 	}
+	s.mu.Lock()
+	s.ackStop = true
+	if s.ackRetry != nil {
+		s.ackRetry.Stop()
+	}
+	s.mu.Unlock()
 	s.t.unregister(s.sub)
 	if err := s.sub.Unsubscribe(); err != nil && !errors.Is(err, nats.ErrConnectionClosed) && !errors.Is(err, nats.ErrBadSubscription) {
 		return fmt.Errorf("natsch: %s: %w", s.name, err)
@@ -388,7 +484,10 @@ func (s *Sender) Close() error {
 	return nil
 }
 
-var _ dataplane.Output = (*Sender)(nil)
+var (
+	_ dataplane.Output      = (*Sender)(nil)
+	_ dataplane.AckNotifier = (*Sender)(nil)
+)
 
 // barrierTrace is the trace context of a barrier event (nil for anything
 // else): it travels as the message's headers (traceparent, tracestate).

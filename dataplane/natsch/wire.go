@@ -58,6 +58,21 @@ const recordFrameOverhead = 4 + 16
 // creditLen is the size of a credit message: u8 version, u64 granted, u32 window.
 const creditLen = 1 + 8 + 4
 
+// The finishing handshake (docs/subjects.md "End-of-data acknowledgements").
+const (
+	// creditAckKind is the kind byte of an acknowledgement on the credit
+	// subject: u8 version, u8 kind, u64 the sequence number of the
+	// EndOfData message acknowledged. Its size is never creditLen, so a
+	// grant (which has no kind byte) is told apart by its size.
+	creditAckKind byte = 1
+	creditAckLen       = 1 + 1 + 8
+	// HeaderAcks on a credit grant: the receiver acknowledges EndOfData.
+	HeaderAcks = "Streamd-Acks"
+	// HeaderAckRequest on an EndOfData message: the sender waits for its
+	// acknowledgement.
+	HeaderAckRequest = "Streamd-Ack-Request"
+)
+
 // creditRequestLen is the size of a credit request: header (seq 0), u64 last sequence sent.
 const creditRequestLen = HeaderLen + 8
 
@@ -306,6 +321,22 @@ func appendCredit(dst []byte, granted uint64, window uint32) []byte {
 	dst = append(dst, WireVersion)
 	dst = binary.LittleEndian.AppendUint64(dst, granted)
 	return binary.LittleEndian.AppendUint32(dst, window)
+}
+
+// appendCreditAck encodes the acknowledgement of the EndOfData message of
+// sequence number seq.
+func appendCreditAck(dst []byte, seq uint64) []byte {
+	dst = append(dst, WireVersion, creditAckKind)
+	return binary.LittleEndian.AppendUint64(dst, seq)
+}
+
+// decodeCreditAck decodes an acknowledgement (a credit-subject message that
+// is no grant).
+func decodeCreditAck(data []byte) (seq uint64, err error) {
+	if len(data) != creditAckLen || data[0] != WireVersion || data[1] != creditAckKind {
+		return 0, fmt.Errorf("%w: credit-subject message of %d bytes (version %d): neither a %d-byte grant nor a %d-byte end-of-data acknowledgement of version %d", ErrWire, len(data), first(data), creditLen, creditAckLen, WireVersion)
+	}
+	return binary.LittleEndian.Uint64(data[2:]), nil
 }
 
 func decodeCredit(data []byte) (granted uint64, window uint32, err error) {

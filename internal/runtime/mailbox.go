@@ -15,6 +15,7 @@ const (
 	cmdNotify                     // checkpoint id is complete
 	cmdAbort                      // checkpoint id was aborted
 	cmdStop                       // stop-with-savepoint: end the input now (sources)
+	cmdAck                        // the receiver of output channel id acknowledged EndOfData (not from the driver)
 )
 
 type command struct {
@@ -25,7 +26,8 @@ type command struct {
 	trace   map[string]string // cmdNotify: the checkpoint's trace context (nil: tracing off)
 }
 
-// mailbox carries commands from the driver to one subtask. The driver never
+// mailbox carries commands from the driver to one subtask (and the
+// end-of-data acknowledgements of its receivers). The driver never
 // blocks on it; the subtask polls it (one atomic load) between batches and
 // is woken through notify when it waits: for an operator the input gate's
 // wake-up channel (the mailbox is one more channel of the gate, cmdInput),

@@ -210,6 +210,11 @@ func (o timedOutput) Send(ctx context.Context, ev dataplane.Event) error {
 	return err
 }
 
+// NotifyEndOfDataAck passes the finishing handshake through to the output.
+func (o timedOutput) NotifyEndOfDataAck(f func()) bool {
+	return dataplane.NotifyEndOfDataAck(o.Output, f)
+}
+
 // initMetrics makes the subtask's metric handle (nil with metrics off).
 func (t *task) initMetrics() {
 	if t.om == nil {

@@ -133,6 +133,7 @@ type harness struct {
 	down *dataplane.InputGate
 	errc chan error
 	ctx  context.Context
+	task *task
 }
 
 func newHarness(t *testing.T, inputs []int, o NativeOperator) *harness {
@@ -158,6 +159,7 @@ func newHarness(t *testing.T, inputs []int, o NativeOperator) *harness {
 	if err := tk.newMachine(); err != nil {
 		t.Fatal(err)
 	}
+	h.task = tk
 	go func() { h.errc <- tk.run(ctx) }()
 	return h
 }
@@ -178,16 +180,23 @@ func batchOf(values ...string) dataplane.Event {
 	return dataplane.RecordsEvent(b)
 }
 
-// expect reads the next downstream events, rendering records as their values.
+// expect reads the next downstream events, rendering records as their
+// values. Like a downstream subtask, it acknowledges EndOfData when it
+// takes it (the finishing handshake).
 func (h *harness) expect(want ...string) {
 	h.t.Helper()
 	ctx, cancel := context.WithTimeout(h.ctx, 2*time.Second)
 	defer cancel()
 	var got []string
 	for len(got) < len(want) {
-		_, ev, err := h.down.Next(ctx)
+		ch, ev, err := h.down.Next(ctx)
 		if err != nil {
 			h.t.Fatalf("after %v: %v (want %v)", got, err, want)
+		}
+		if ev.Kind == dataplane.KindEndOfData {
+			if err := dataplane.AckEndOfData(h.down.In(ch)); err != nil {
+				h.t.Fatal(err)
+			}
 		}
 		if ev.Kind == dataplane.KindRecords {
 			var vs []string

@@ -185,6 +185,9 @@ func (t *task) newMachine() error {
 	for c := 0; c < t.nData; c++ {
 		cfg.Channels = append(cfg.Channels, t.gate.Input(c))
 	}
+	for _, w := range t.writers {
+		cfg.Outputs += w.NumOutputs()
+	}
 	m, err := control.NewSubtaskMachine(cfg)
 	if err != nil {
 		return err
@@ -269,6 +272,10 @@ func (t *task) perform(a control.SubtaskAction) error {
 		return t.call(string(abi.PhaseFinish), err)
 	case control.EmitEndOfData:
 		return t.endData(x)
+	case control.AckEndOfData:
+		if err := dataplane.AckEndOfData(t.gate.In(x.Channel)); err != nil {
+			return t.fail(phaseInput, err)
+		}
 	case control.NotifyOperator:
 		if t.cp == nil {
 			return nil // sources hear of completed checkpoints through the machine only
@@ -300,11 +307,30 @@ func (t *task) endData(x control.EmitEndOfData) error {
 	if err := t.broadcast(dataplane.EndOfDataEvent(x.Drain)); err != nil {
 		return t.fail(phaseOutput, err)
 	}
+	t.watchAcks()
 	t.startFinalWait()
 	if !t.deployedFinished {
 		t.setState(StateEndOfData)
 	}
 	return nil
+}
+
+// watchAcks arranges for the acknowledgement of the EndOfData just sent on
+// each output channel to reach the machine (OutputAcked through the
+// mailbox). A channel whose receiver does not acknowledge (an older NATS
+// peer) counts as acknowledged at once: the subtask then closes as it did
+// before the handshake, after its final checkpoint.
+func (t *task) watchAcks() {
+	k := 0
+	for _, w := range t.writers {
+		for i := 0; i < w.NumOutputs(); i++ {
+			ack := command{kind: cmdAck, id: int64(k)}
+			if !dataplane.NotifyEndOfDataAck(w.Output(i), func() { t.mb.send(ack) }) {
+				t.mb.send(ack)
+			}
+			k++
+		}
+	}
 }
 
 // snapshot takes this subtask's part of checkpoint x.B after its barrier went
@@ -392,6 +418,8 @@ func (t *task) command(c command) control.SubtaskEvent {
 		return control.CheckpointAborted{ID: c.id}
 	case cmdStop:
 		return control.StopSource{SavepointID: c.id, Drain: c.drain}
+	case cmdAck:
+		return control.OutputAcked{Channel: int(c.id)}
 	}
 	return nil
 }
