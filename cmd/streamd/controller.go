@@ -67,23 +67,9 @@ func (c *cli) clusterFlags(cmd *cobra.Command, controller bool) []flagKey {
 		{"controller-replicas", keyControllerReplicas}}
 }
 
-// runController runs a controller until ctx ends. A controller that was
-// deposed (it lost its lease) stops acting at once; a new one then stands by
-// in its place.
+// runController runs a controller until ctx ends (cluster.RunController).
 func (c *cli) runController(ctx context.Context, nc *nats.Conn, opts cluster.ControllerOptions) error {
-	for {
-		ctl, err := cluster.StartController(nc, opts)
-		if err != nil {
-			return err
-		}
-		select {
-		case <-ctx.Done():
-			ctl.Close()
-			return nil
-		case <-ctl.Done():
-			c.log.Warn("controller deposed; standing by again", "err", ctl.Err())
-		}
-	}
+	return cluster.RunController(ctx, nc, opts)
 }
 
 func (c *cli) controllerOptions() (cluster.ControllerOptions, error) {

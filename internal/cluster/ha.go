@@ -316,6 +316,28 @@ func (c *Controller) depose(err error) {
 	go c.shutdown(false)
 }
 
+// RunController runs a controller on nc until ctx ends. A controller that
+// was deposed (it lost its lease, or could not renew it in time) stops
+// acting at once; a new one then stands by in its place, so the process
+// keeps a controller that can lead again.
+func RunController(ctx context.Context, nc *nats.Conn, opts ControllerOptions) error {
+	for {
+		ctl, err := StartController(nc, opts)
+		if err != nil {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			ctl.Close()
+			return nil
+		case <-ctl.Done():
+			if opts.Logger != nil {
+				opts.Logger.Warn("controller deposed; standing by again", "err", ctl.Err())
+			}
+		}
+	}
+}
+
 // Done is closed when the controller has stopped: Close, or deposed (Err
 // says why; start a new controller to stand by again).
 func (c *Controller) Done() <-chan struct{} { return c.ended }

@@ -32,7 +32,6 @@ const (
 type testCluster struct {
 	t      *testing.T
 	srv    *natsutil.Server
-	ctl    *cluster.Controller
 	client *cluster.Client
 	engine *host.Engine
 	hosts  map[string]*cluster.Host
@@ -90,12 +89,20 @@ func startControllerHB(t *testing.T, srv *natsutil.Server, nc *nats.Conn, hb tim
 	t.Helper()
 	tc := &testCluster{t: t, srv: srv, hosts: map[string]*cluster.Host{}, hb: hb}
 	var err error
-	tc.ctl, err = cluster.StartController(nc, cluster.ControllerOptions{
-		Logger: logger(t), HeartbeatInterval: hb, LostAfter: lostAfter})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(tc.ctl.Close)
+	// As streamd controller does: a controller deposed under load (a
+	// renewal too late) stands by again and can lead again.
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		done <- cluster.RunController(ctx, nc, cluster.ControllerOptions{
+			Logger: logger(t), HeartbeatInterval: hb, LostAfter: lostAfter})
+	}()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("controller: %v", err)
+		}
+	})
 	tc.engine, err = host.NewEngine(context.Background())
 	if err != nil {
 		t.Fatal(err)
