@@ -1,6 +1,7 @@
 package cluster_test
 
 import (
+	"bufio"
 	"bytes"
 	"encoding/json"
 	"fmt"
@@ -196,5 +197,111 @@ func TestBinaryCredentials(t *testing.T) {
 	_, errs, code = streamd(t, []string{"STREAMD_NATS_PASSWORD=wrong"}, "--config-file", filepath.Join(dir, "cfg.yaml"), "list")
 	if code != 1 || !strings.Contains(errs, "refused the credentials") {
 		t.Fatalf("environment over file: exit %d: %s", code, errs)
+	}
+}
+
+// foreverJob writes a job file whose generator never ends.
+func foreverJob(t *testing.T) string {
+	t.Helper()
+	dir := filepath.Dir(uppercaseJob(t))
+	job := `name: forever
+operators:
+  - uid: gen
+    source: {type: generator, rate: 200}
+  - uid: upper
+    wasm: uppercase.wasm
+    inputs: [gen]
+  - uid: out
+    sink: {type: discard}
+    inputs: [upper]
+`
+	path := filepath.Join(dir, "forever.yaml")
+	if err := os.WriteFile(path, []byte(job), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+// startStreamd starts the binary and returns it with its stderr as lines.
+func startStreamd(t *testing.T, env []string, stdout *bytes.Buffer, args ...string) (*exec.Cmd, <-chan string) {
+	t.Helper()
+	cmd := exec.Command(streamdBin(t), args...)
+	cmd.Env = append(os.Environ(), env...)
+	cmd.Stdout = stdout
+	pr, err := cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	lines := make(chan string, 100)
+	go func() {
+		defer close(lines)
+		sc := bufio.NewScanner(pr)
+		for sc.Scan() {
+			lines <- sc.Text()
+		}
+	}()
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	return cmd, lines
+}
+
+// waitLine returns the first line of lines that contains want (and all lines read).
+func waitLine(t *testing.T, lines <-chan string, want string, seen *[]string) string {
+	t.Helper()
+	timeout := time.After(30 * time.Second)
+	for {
+		select {
+		case l, ok := <-lines:
+			if !ok {
+				t.Fatalf("stderr ended without a line containing %q:\n%s", want, strings.Join(*seen, "\n"))
+			}
+			*seen = append(*seen, l)
+			if strings.Contains(l, want) {
+				return l
+			}
+		case <-timeout:
+			t.Fatalf("no line containing %q after 30s:\n%s", want, strings.Join(*seen, "\n"))
+		}
+	}
+}
+
+// TestBinaryDeployWaitDetaches: deploy --wait --json says the id at once
+// on stderr and the job's progress; Ctrl-C detaches, and the job goes on.
+func TestBinaryDeployWaitDetaches(t *testing.T) {
+	url := startServer(t, nil)
+	env := []string{"STREAMD_NATS_URL=" + url}
+	var stdout bytes.Buffer
+	cmd, lines := startStreamd(t, env, &stdout, "deploy", "--wait", "--json", foreverJob(t))
+	var seen []string
+	first := waitLine(t, lines, "deployed", &seen)
+	id := strings.Fields(strings.TrimPrefix(first, "job "))[0]
+	if !strings.HasPrefix(id, "forever-") {
+		t.Fatalf("first line %q names no job id", first)
+	}
+	waitLine(t, lines, "job "+id+": running", &seen)
+	if err := cmd.Process.Signal(os.Interrupt); err != nil {
+		t.Fatal(err)
+	}
+	detach := waitLine(t, lines, "keeps running", &seen)
+	for range lines {
+	}
+	if err := cmd.Wait(); err != nil {
+		t.Fatalf("deploy --wait after Ctrl-C: %v, want exit 0\n%s", err, strings.Join(seen, "\n"))
+	}
+	if !strings.Contains(detach, id) || !strings.Contains(detach, "streamd cancel "+id) {
+		t.Errorf("detach line %q lacks the id or how to cancel", detach)
+	}
+	if stdout.Len() != 0 {
+		t.Errorf("stdout after detaching: %q, want nothing", stdout.String())
+	}
+	out, errs, code := streamd(t, env, "status", "--json", id)
+	var st cluster.JobStatus
+	if code != 0 || json.Unmarshal([]byte(out), &st) != nil || st.State != cluster.JobRunning {
+		t.Fatalf("status after detaching: exit %d: %s %s", code, out, errs)
+	}
+	if _, errs, code := streamd(t, env, "cancel", id); code != 0 {
+		t.Fatalf("cancel: exit %d: %s", code, errs)
 	}
 }
