@@ -164,6 +164,16 @@ func TestBinaryServerDeployStatus(t *testing.T) {
 	if lines := strings.Count(readFile(t, filepath.Join(outDir, "part-"+st.ID+"-0")), "\n"); lines != 20 {
 		t.Errorf("filter output: %d lines, want 20", lines)
 	}
+	// deploy --json says id, as status and list do, and job_id (deprecated) alike.
+	out, errs, code = streamd(t, env, "deploy", "--json", path)
+	var dep map[string]string
+	if code != 0 || json.Unmarshal([]byte(out), &dep) != nil || !strings.HasPrefix(dep["id"], "uppercase-") || dep["job_id"] != dep["id"] {
+		t.Fatalf("deploy --json: exit %d: %s %s", code, out, errs)
+	}
+	out, _, _ = streamd(t, env, "list", "--json")
+	if !strings.Contains(out, `"id": "`+dep["id"]+`"`) {
+		t.Errorf("list --json lacks \"id\": %q:\n%s", dep["id"], out)
+	}
 	_, errs, code = streamd(t, env, "deploy", wasm)
 	if code != 2 || !strings.Contains(errs, "--source is required") {
 		t.Errorf("deploy of a module without --source: exit %d: %s", code, errs)
