@@ -315,3 +315,60 @@ func TestBinaryDeployWaitDetaches(t *testing.T) {
 		t.Fatalf("cancel: exit %d: %s", code, errs)
 	}
 }
+
+// TestBinarySavepointDir: savepoint and stop name the savepoint directory
+// --savepoint-dir; savepoint's old --dir still works.
+func TestBinarySavepointDir(t *testing.T) {
+	url := startServer(t, nil)
+	env := []string{"STREAMD_NATS_URL=" + url}
+	path := foreverJob(t)
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b = []byte(strings.Replace(string(b), "operators:", "checkpoint: {interval: 1s, dir: checkpoints/}\noperators:", 1))
+	if err := os.WriteFile(path, b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out, errs, code := streamd(t, env, "deploy", path)
+	if code != 0 {
+		t.Fatalf("deploy: exit %d: %s", code, errs)
+	}
+	id := strings.TrimSpace(out)
+	waitRunning(t, env, id)
+	base := t.TempDir()
+	for _, c := range [][]string{
+		{"savepoint", "--savepoint-dir", filepath.Join(base, "a"), id},
+		{"savepoint", "--dir", filepath.Join(base, "b"), id},
+		{"stop", "--savepoint-dir", filepath.Join(base, "c"), id},
+	} {
+		out, errs, code := streamd(t, env, c...)
+		sp := strings.TrimSpace(out)
+		if code != 0 || filepath.Dir(sp) != c[2] {
+			t.Fatalf("streamd %s: exit %d: %q, want a savepoint in %s\n%s", strings.Join(c, " "), code, sp, c[2], errs)
+		}
+		if _, err := os.Stat(filepath.Join(sp, "_metadata")); err != nil {
+			t.Fatalf("streamd %s: %v", strings.Join(c, " "), err)
+		}
+	}
+}
+
+// waitRunning waits until `streamd status` says the job runs.
+func waitRunning(t *testing.T, env []string, id string) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		out, errs, code := streamd(t, env, "status", "--json", id)
+		var st cluster.JobStatus
+		if code != 0 || json.Unmarshal([]byte(out), &st) != nil {
+			t.Fatalf("status: exit %d: %s %s", code, out, errs)
+		}
+		if st.State == cluster.JobRunning {
+			return
+		}
+		if cluster.TerminalJobState(st.State) || time.Now().After(deadline) {
+			t.Fatalf("job %s: %s (%s), want running", id, st.State, st.Reason)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
