@@ -166,8 +166,8 @@ func (c *cli) waitJob(ctx context.Context, cl *cluster.Client, id string) (*clus
 			if len(st.Hosts) > 0 {
 				line += " on " + strings.Join(st.Hosts, ",")
 			}
-			if st.Reason != "" {
-				line += ": " + st.Reason
+			if st.Reason != "" && !cluster.TerminalJobState(st.State) {
+				line += ": " + st.Reason // the end's reason is said once, by the error or the JSON
 			}
 			fmt.Fprintln(c.stderr, line)
 		}

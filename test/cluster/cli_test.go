@@ -372,3 +372,42 @@ func waitRunning(t *testing.T, env []string, id string) {
 		time.Sleep(50 * time.Millisecond)
 	}
 }
+
+// TestBinaryFailedJobMessage: deploy --wait of a failing job says why once,
+// with the streamd: prefix once.
+func TestBinaryFailedJobMessage(t *testing.T) {
+	url := startServer(t, nil)
+	env := []string{"STREAMD_NATS_URL=" + url}
+	dir := t.TempDir()
+	job := fmt.Sprintf(`name: failing
+operators:
+  - uid: gen
+    source: {type: generator, count: 10, value: panic}
+  - uid: boom
+    wasm: %s
+    inputs: [{from: gen, partition: hash}]
+  - uid: out
+    sink: {type: discard}
+    inputs: [boom]
+`, testwasm.Path(t, "internal/conformance/guests/go/conformance.wasm"))
+	path := filepath.Join(dir, "job.yaml")
+	if err := os.WriteFile(path, []byte(job), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	_, errs, code := streamd(t, env, "deploy", "--wait", path)
+	if code != 1 {
+		t.Fatalf("deploy --wait of a failing job: exit %d, want 1:\n%s", code, errs)
+	}
+	for what, n := range map[string]int{"streamd: ": 1, "conformance panic": 1, `operator "boom"`: 1} {
+		if got := strings.Count(errs, what); got != n {
+			t.Errorf("%q %d times, want %d:\n%s", what, got, n, errs)
+		}
+	}
+	if !strings.Contains(errs, "streamd: job failing-") || !strings.Contains(errs, " failed: ") {
+		t.Errorf("no \"streamd: job ... failed: \" line:\n%s", errs)
+	}
+	out, _, _ := streamd(t, env, "list", "--json")
+	if strings.Contains(out, "streamd: ") {
+		t.Errorf("a reason in list --json repeats the streamd: prefix:\n%s", out)
+	}
+}
