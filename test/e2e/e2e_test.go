@@ -531,3 +531,28 @@ func must(t *testing.T, err error) {
 		t.Fatal(err)
 	}
 }
+
+// TestValidateModule: validate MODULE.wasm loads the module with the host
+// and prints what it exports and imports; a broken module gets the host's error.
+func TestValidateModule(t *testing.T) {
+	mod := testwasm.Path(t, "examples/wasm/uppercase/uppercase.wasm")
+	dir := t.TempDir()
+	r := run(t, dir, "", "validate", mod)
+	if r.code != 0 {
+		t.Fatalf("validate %s: exit %d\n%s", mod, r.code, r.stderr)
+	}
+	for _, want := range []string{"abi v1", "exports:", "streamd_process", "imports streamd_v1: emit"} {
+		if !strings.Contains(r.stdout, want) {
+			t.Errorf("validate output lacks %q:\n%s", want, r.stdout)
+		}
+	}
+	b, err := os.ReadFile(mod)
+	must(t, err)
+	broken := filepath.Join(dir, "broken.wasm")
+	must(t, os.WriteFile(broken, b[:len(b)/2], 0o644))
+	r = run(t, dir, "", "validate", broken)
+	if r.code != 1 || !strings.Contains(r.stderr, "streamd: ") || !strings.Contains(r.stderr, "broken.wasm") ||
+		!strings.Contains(r.stderr, "truncated") || strings.Contains(r.stderr, "YAML") {
+		t.Errorf("validate of a truncated module: exit %d\n%s", r.code, r.stderr)
+	}
+}
