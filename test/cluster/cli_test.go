@@ -378,22 +378,7 @@ func waitRunning(t *testing.T, env []string, id string) {
 func TestBinaryFailedJobMessage(t *testing.T) {
 	url := startServer(t, nil)
 	env := []string{"STREAMD_NATS_URL=" + url}
-	dir := t.TempDir()
-	job := fmt.Sprintf(`name: failing
-operators:
-  - uid: gen
-    source: {type: generator, count: 10, value: panic}
-  - uid: boom
-    wasm: %s
-    inputs: [{from: gen, partition: hash}]
-  - uid: out
-    sink: {type: discard}
-    inputs: [boom]
-`, testwasm.Path(t, "internal/conformance/guests/go/conformance.wasm"))
-	path := filepath.Join(dir, "job.yaml")
-	if err := os.WriteFile(path, []byte(job), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	path := testwasm.FailingJob(t, t.TempDir())
 	_, errs, code := streamd(t, env, "deploy", "--wait", path)
 	if code != 1 {
 		t.Fatalf("deploy --wait of a failing job: exit %d, want 1:\n%s", code, errs)

@@ -220,23 +220,10 @@ operators:
 // succeeded, and "resume with" only when the savepoint can be resumed
 // (not after --drain, which ended the input).
 func TestStopMessages(t *testing.T) {
-	mod := testwasm.Path(t, "examples/wasm/uppercase/uppercase.wasm")
 	for _, drain := range []bool{false, true} {
 		t.Run(fmt.Sprintf("drain=%t", drain), func(t *testing.T) {
 			dir := t.TempDir()
-			job := fmt.Sprintf(`name: forever
-checkpoint: {interval: 50ms, dir: chk}
-operators:
-  - uid: gen
-    source: {type: generator, rate: 2000}
-  - uid: upper
-    wasm: %s
-    inputs: [gen]
-  - uid: out
-    sink: {type: file, path: out/}
-    inputs: [upper]
-`, mod)
-			must(t, os.WriteFile(filepath.Join(dir, "job.yaml"), []byte(job), 0o644))
+			foreverJob(t, dir, "checkpoint: {interval: 50ms, dir: chk}\n")
 			args := []string{"run", "--progress", "off", "job.yaml"}
 			if drain {
 				args = append(args, "--drain")

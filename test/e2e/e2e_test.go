@@ -418,21 +418,8 @@ func TestInvalidJobFiles(t *testing.T) {
 // TestFailingGuest runs a job whose operator panics: exit 1 and an error
 // that names the operator and keeps the guest's message.
 func TestFailingGuest(t *testing.T) {
-	mod := testwasm.Path(t, "internal/conformance/guests/go/conformance.wasm")
 	dir := t.TempDir()
-	// The conformance operator panics on the value "panic" (internal/conformance).
-	job := fmt.Sprintf(`name: failing
-operators:
-  - uid: gen
-    source: {type: generator, count: 10, value: panic}
-  - uid: boom
-    wasm: %s
-    inputs: [{from: gen, partition: hash}]
-  - uid: out
-    sink: {type: discard}
-    inputs: [boom]
-`, mod)
-	must(t, os.WriteFile(filepath.Join(dir, "job.yaml"), []byte(job), 0o644))
+	testwasm.FailingJob(t, dir) // operator "boom" panics (internal/conformance)
 	r := run(t, dir, "", "run", "--progress", "off", "job.yaml")
 	if r.code != 1 {
 		t.Fatalf("exit %d, want 1\nstderr:\n%s", r.code, r.stderr)
@@ -447,12 +434,12 @@ operators:
 	}
 }
 
-// TestInterrupt sends SIGINT to an unbounded job: it stops cleanly with exit 130.
-func TestInterrupt(t *testing.T) {
-	mod := testwasm.Path(t, "examples/wasm/uppercase/uppercase.wasm")
-	dir := t.TempDir()
+// foreverJob writes dir/job.yaml: an unbounded generator through uppercase
+// into out/, with the job-level sections extra.
+func foreverJob(t *testing.T, dir, extra string) {
+	t.Helper()
 	job := fmt.Sprintf(`name: forever
-operators:
+%soperators:
   - uid: gen
     source: {type: generator, rate: 2000}
   - uid: upper
@@ -461,8 +448,14 @@ operators:
   - uid: out
     sink: {type: file, path: out/}
     inputs: [upper]
-`, mod)
+`, extra, testwasm.Path(t, "examples/wasm/uppercase/uppercase.wasm"))
 	must(t, os.WriteFile(filepath.Join(dir, "job.yaml"), []byte(job), 0o644))
+}
+
+// TestInterrupt sends SIGINT to an unbounded job: it stops cleanly with exit 130.
+func TestInterrupt(t *testing.T) {
+	dir := t.TempDir()
+	foreverJob(t, dir, "")
 	cmd := exec.Command(streamd(t), "run", "--progress", "off", "job.yaml")
 	cmd.Dir = dir
 	cmd.Env = append(os.Environ(), "STREAMD_WASM_CACHE_DIR="+cacheDir(t))
