@@ -12,6 +12,8 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
+	"sort"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -214,6 +216,31 @@ type Module struct {
 
 // Name is the path or name the module was loaded under.
 func (m *Module) Name() string { return m.name }
+
+// Exports are the names of the functions the module exports, sorted.
+func (m *Module) Exports() []string {
+	var names []string
+	for name := range m.compiled.ExportedFunctions() {
+		names = append(names, name)
+	}
+	sort.Strings(names)
+	return names
+}
+
+// Imports are the functions the module imports, as "module.name", sorted,
+// each once (without the yield import the loop guard adds).
+func (m *Module) Imports() []string {
+	var names []string
+	for _, imp := range m.compiled.ImportedFunctions() {
+		mod, fn, _ := imp.Import()
+		if mod == guardModule && fn == guardYield && m.eng.cfg.guard {
+			continue
+		}
+		names = append(names, mod+"."+fn)
+	}
+	sort.Strings(names)
+	return slices.Compact(names) // a module may import one function twice
+}
 
 // Close releases the compiled code once no other Module of the same bytes uses
 // it (instances made from it keep working until closed). Closing twice does

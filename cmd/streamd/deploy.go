@@ -54,21 +54,29 @@ It is resolved and checked against the job here before the job is submitted.
 				}
 				if !wait {
 					if asJSON {
-						return c.printJSON(map[string]string{"job_id": id})
+						return c.printJSON(deployResult{ID: id, JobID: id})
 					}
 					fmt.Fprintln(c.stdout, id)
 					return nil
 				}
+				// The id at once: on stderr with --json, so stdout stays one document.
+				if asJSON {
+					fmt.Fprintf(c.stderr, "job %s deployed; waiting for it to end (Ctrl-C detaches)\n", id)
+				} else {
+					fmt.Fprintln(c.stdout, id)
+				}
 				st, err := c.waitJob(cmd.Context(), cl, id)
 				if err != nil {
+					if cmd.Context().Err() != nil {
+						fmt.Fprintf(c.stderr, "detached: job %s keeps running; cancel it with: streamd cancel %s\n", id, id)
+						return nil
+					}
 					return err
 				}
 				if asJSON {
 					if err := c.printJSON(st); err != nil {
 						return err
 					}
-				} else {
-					fmt.Fprintln(c.stdout, id)
 				}
 				if st.State != cluster.JobFinished {
 					return fmt.Errorf("job %s %s: %s", id, st.State, st.Reason)
@@ -83,7 +91,7 @@ It is resolved and checked against the job here before the job is submitted.
 	fl.IntVarP(&f.parallelism, "parallelism", "p", 0, "job: replace the default parallelism; module: the operator's parallelism")
 	fl.StringArrayVar(&f.config, "config", nil, "module only: operator config entry KEY=VALUE (repeatable)")
 	fl.BoolVar(&f.allowClock, "allow-clock", false, "module only: give the guest the real wall clock")
-	fl.BoolVar(&asJSON, "json", false, `print {"job_id": ...} (with --wait: the final status)`)
+	fl.BoolVar(&asJSON, "json", false, `print {"id": ...} (with --wait: the final status; the id goes to stderr at once)`)
 	fl.BoolVar(&wait, "wait", false, "wait until the job ends; exit 0 only if it finished")
 	fl.StringVar(&f.from, "from", "", "job: start from a checkpoint or savepoint (a jetstream:// location, or a directory the hosts see)")
 	c.clientFlags(cmd)
@@ -132,17 +140,47 @@ func (c *cli) loadForDeploy(cmd *cobra.Command, target string, f runFlags) (*job
 	return job, "", err
 }
 
-// waitJob polls the job's status until it ends (no request timeout applies).
+// deployResult is what deploy --json prints. JobID repeats ID under the key
+// deploy printed before it matched status and list; it is deprecated.
+type deployResult struct {
+	ID    string `json:"id"`
+	JobID string `json:"job_id"`
+}
+
+// waitJob polls the job's status until it ends (no request timeout applies),
+// and logs on stderr each change of state or attempt, and the records counts
+// every logEvery while they change.
 func (c *cli) waitJob(ctx context.Context, cl *cluster.Client, id string) (*cluster.JobStatus, error) {
+	var last *cluster.JobStatus
+	var lastCounts string
+	nextCounts := time.Now().Add(logEvery)
 	for {
-		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+		rctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 		st, err := cl.Status(rctx, id)
 		cancel()
 		if err != nil {
 			return nil, err
 		}
+		if last == nil || st.State != last.State || st.Attempt != last.Attempt {
+			line := fmt.Sprintf("job %s: %s, attempt %d", id, st.State, st.Attempt)
+			if len(st.Hosts) > 0 {
+				line += " on " + strings.Join(st.Hosts, ",")
+			}
+			if st.Reason != "" && !cluster.TerminalJobState(st.State) {
+				line += ": " + st.Reason // the end's reason is said once, by the error or the JSON
+			}
+			fmt.Fprintln(c.stderr, line)
+		}
+		last = st
 		if cluster.TerminalJobState(st.State) {
 			return st, nil
+		}
+		if counts := recordCounts(st); time.Now().After(nextCounts) {
+			if counts != lastCounts && counts != "" {
+				fmt.Fprintf(c.stderr, "job %s: %s\n", id, counts)
+				lastCounts = counts
+			}
+			nextCounts = time.Now().Add(logEvery)
 		}
 		select {
 		case <-ctx.Done():
@@ -150,4 +188,13 @@ func (c *cli) waitJob(ctx context.Context, cl *cluster.Client, id string) (*clus
 		case <-time.After(200 * time.Millisecond):
 		}
 	}
+}
+
+// recordCounts is "uid in=N out=M" for each operator of st.
+func recordCounts(st *cluster.JobStatus) string {
+	var parts []string
+	for _, op := range st.Operators {
+		parts = append(parts, fmt.Sprintf("%s in=%d out=%d", op.UID, op.RecordsIn, op.RecordsOut))
+	}
+	return strings.Join(parts, ", ")
 }

@@ -355,6 +355,9 @@ func (c *cli) savepointCommand() *cobra.Command {
 		Short: "Take a savepoint of a running job",
 		Args:  exactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if cmd.Flags().Changed("dir") {
+				fmt.Fprintln(c.stderr, "streamd: --dir is deprecated; use --savepoint-dir")
+			}
 			return c.withClient(cmd.Context(), func(ctx context.Context, cl *cluster.Client) error {
 				path, err := cl.Savepoint(ctx, args[0], absIfSet(dir))
 				if err != nil {
@@ -365,7 +368,12 @@ func (c *cli) savepointCommand() *cobra.Command {
 		},
 	}
 	cmd.Flags().BoolVar(&asJSON, "json", false, `print {"path": ...}`)
-	cmd.Flags().StringVar(&dir, "dir", "", "directory of the savepoint, on the host (default: the job's checkpoint directory)")
+	savepointDirFlag(cmd, &dir)
+	// --dir was the flag's name before it matched stop's; it still works.
+	cmd.Flags().StringVar(&dir, "dir", "", "")
+	if err := cmd.Flags().MarkHidden("dir"); err != nil {
+		panic(err) // a programming error: the flag does not exist
+	}
 	c.clientFlags(cmd)
 	return cmd
 }
@@ -388,10 +396,15 @@ func (c *cli) stopCommand() *cobra.Command {
 		},
 	}
 	cmd.Flags().BoolVar(&asJSON, "json", false, `print {"path": ...}`)
-	cmd.Flags().StringVar(&dir, "savepoint-dir", "", "directory of the savepoint, on the host (default: the job's checkpoint directory)")
+	savepointDirFlag(cmd, &dir)
 	cmd.Flags().BoolVar(&drain, "drain", false, "end the input and finish the operators (event-time timers fire) before the savepoint")
 	c.clientFlags(cmd)
 	return cmd
+}
+
+// savepointDirFlag adds --savepoint-dir, the flag of savepoint and stop.
+func savepointDirFlag(cmd *cobra.Command, dir *string) {
+	cmd.Flags().StringVar(dir, "savepoint-dir", "", "directory of the savepoint, on the host (default: the job's checkpoint directory)")
 }
 
 func absIfSet(dir string) string {

@@ -300,6 +300,9 @@ func (c *cli) execute(ctx context.Context, args []string) int {
 	if err == nil {
 		return exitOK
 	}
+	if errors.Is(err, errStopped) {
+		return exitCanceled
+	}
 	if errors.Is(err, context.Canceled) || ctx.Err() != nil {
 		fmt.Fprintln(c.stderr, "streamd: canceled")
 		return exitCanceled

@@ -50,7 +50,8 @@ at the end. Exit status: 0 when the job finished, 1 when it failed or is invalid
 A job file with a checkpoint section checkpoints (docs/checkpoints.md): a failed
 subtask restarts the job from the latest completed checkpoint, the file sink's
 output is exactly-once, and Ctrl-C (SIGINT or SIGTERM) stops the job with a
-savepoint and prints its path; resume with --from PATH. --from also takes a
+savepoint and prints its path; resume with --from PATH (not after --drain: the
+input ended). --from also takes a
 checkpoint directory (its newest completed checkpoint or savepoint, by id), at any parallelism.`,
 		Example: `  streamd run examples/wasm/wordcount/wordcount.yaml
   streamd run --parallelism 4 job.yaml
@@ -238,9 +239,14 @@ func (c *cli) run(ctx context.Context, cmd *cobra.Command, target string, f runF
 	stats, err := runtime.Run(runCtx, g, opts)
 	if stats.Savepoint != "" {
 		prog.finish(stats, "stopped")
-		fmt.Fprintf(c.stderr, "stopped with savepoint %s\nresume with: streamd run %s --from %s\n", stats.Savepoint, target, stats.Savepoint)
+		if f.drain {
+			// The input ended and every operator finished: nothing is left to resume.
+			fmt.Fprintf(c.stderr, "drained and stopped with savepoint %s\n", stats.Savepoint)
+		} else {
+			fmt.Fprintf(c.stderr, "stopped with savepoint %s\nresume with: streamd run %s --from %s\n", stats.Savepoint, target, stats.Savepoint)
+		}
 		if err == nil && stopped != nil && ctx.Err() != nil {
-			return ctx.Err()
+			return errStopped
 		}
 		return err
 	}
@@ -263,6 +269,10 @@ func (c *cli) run(ctx context.Context, cmd *cobra.Command, target string, f runF
 		return err
 	}
 }
+
+// errStopped is returned when Ctrl-C stopped the job with a savepoint: the
+// exit status is exitCanceled, and the savepoint was already reported.
+var errStopped = errors.New("stopped with a savepoint")
 
 // stopOnSignal stops the job with a savepoint when ctx is canceled (Ctrl-C,
 // SIGTERM); a second signal kills the process (main restores the default

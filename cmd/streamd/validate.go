@@ -19,15 +19,25 @@ import (
 func (c *cli) validateCommand() *cobra.Command {
 	var parallelism int
 	cmd := &cobra.Command{
-		Use:   "validate JOB.yaml",
-		Short: "Check a job file and its modules without running anything, and print the job graph",
+		Use:   "validate JOB.yaml | MODULE.wasm",
+		Short: "Check a job file and its modules (or one module) without running anything, and print the job graph",
 		Long: `Check a job file and its modules without running anything, and print the job graph.
 
 Every problem in the file is reported, one per line, with the operator, line and
 field. Each wasm module is also compiled and checked for the exports and ABI
-version streamd needs. Exit status 0 when the job is valid, 1 when it is not.`,
+version streamd needs. Given a .wasm module, validate checks that module the same
+way and prints its ABI version, the functions it exports and those it imports.
+Exit status 0 when the job or module is valid, 1 when it is not.`,
+		Example: `  streamd validate examples/wasm/wordcount/wordcount.yaml
+  streamd validate upper.wasm`,
 		Args: exactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if isModule(args[0]) {
+				if cmd.Flags().Changed("parallelism") {
+					return usagef("--parallelism applies only to a job file")
+				}
+				return c.validateModule(cmd.Context(), args[0])
+			}
 			lo, err := c.loadOptions(parallelism)
 			if err != nil {
 				return err
@@ -47,13 +57,52 @@ version streamd needs. Exit status 0 when the job is valid, 1 when it is not.`,
 	return cmd
 }
 
-// checkModules compiles every wasm module of job and checks its exports.
-func (c *cli) checkModules(ctx context.Context, job *jobfile.Job) error {
-	opts, err := c.engineOptions()
+// validateModule loads one module with the host, which checks its exports,
+// imports and ABI version, and prints what it exports and imports.
+func (c *cli) validateModule(ctx context.Context, path string) error {
+	eng, err := c.newEngine(ctx)
 	if err != nil {
 		return err
 	}
-	eng, err := host.NewEngine(ctx, opts...)
+	defer eng.Close(context.WithoutCancel(ctx))
+	m, err := eng.LoadFile(ctx, path)
+	if err != nil {
+		return err
+	}
+	defer m.Close(ctx)
+	w := c.stdout
+	fmt.Fprintf(w, "module %s: valid, abi v%d\n", path, abi.Version)
+	fmt.Fprintf(w, "exports: %s\n", strings.Join(m.Exports(), " "))
+	var mods []string
+	byModule := map[string][]string{}
+	for _, imp := range m.Imports() {
+		mod, fn, _ := strings.Cut(imp, ".")
+		if byModule[mod] == nil {
+			mods = append(mods, mod)
+		}
+		byModule[mod] = append(byModule[mod], fn)
+	}
+	if len(mods) == 0 {
+		fmt.Fprintln(w, "imports: none")
+	}
+	for _, mod := range mods {
+		fmt.Fprintf(w, "imports %s: %s\n", mod, strings.Join(byModule[mod], " "))
+	}
+	return nil
+}
+
+// newEngine is a host engine with the wasm.* settings.
+func (c *cli) newEngine(ctx context.Context) (*host.Engine, error) {
+	opts, err := c.engineOptions()
+	if err != nil {
+		return nil, err
+	}
+	return host.NewEngine(ctx, opts...)
+}
+
+// checkModules compiles every wasm module of job and checks its exports.
+func (c *cli) checkModules(ctx context.Context, job *jobfile.Job) error {
+	eng, err := c.newEngine(ctx)
 	if err != nil {
 		return err
 	}

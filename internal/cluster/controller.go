@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sort"
+	"strings"
 	"sync"
 	"time"
 
@@ -1319,7 +1320,8 @@ func (c *Controller) hostEvent(ev HostEvent) {
 	case SubtaskFailed, SubtaskCanceled:
 		f := failure{reason: "canceled on host " + ev.HostID, kind: failTask, host: ev.HostID, skip: true}
 		if ev.Error != "" {
-			f.reason = fmt.Sprintf("on host %s: %s", ev.HostID, ev.Error)
+			// A subtask's error starts with "streamd: " (host.Error), said once by the CLI.
+			f.reason = fmt.Sprintf("on host %s: %s", ev.HostID, strings.TrimPrefix(ev.Error, "streamd: "))
 		}
 		if len(ev.Subtasks) > 0 {
 			f.subtask = &control.SubtaskID{Operator: ev.Subtasks[0].Operator, Index: ev.Subtasks[0].Subtask}

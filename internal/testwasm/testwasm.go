@@ -129,3 +129,25 @@ func withLock(root string, f func() error) error {
 	defer syscall.Flock(int(lf.Fd()), syscall.LOCK_UN)
 	return f()
 }
+
+// FailingJob writes dir/job.yaml, a job whose conformance operator "boom"
+// panics on its first record ("conformance panic"), and returns its path.
+func FailingJob(t testing.TB, dir string) string {
+	t.Helper()
+	job := fmt.Sprintf(`name: failing
+operators:
+  - uid: gen
+    source: {type: generator, count: 10, value: panic}
+  - uid: boom
+    wasm: %s
+    inputs: [{from: gen, partition: hash}]
+  - uid: out
+    sink: {type: discard}
+    inputs: [boom]
+`, Path(t, "internal/conformance/guests/go/conformance.wasm"))
+	path := filepath.Join(dir, "job.yaml")
+	if err := os.WriteFile(path, []byte(job), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}

@@ -1,6 +1,7 @@
 package cluster_test
 
 import (
+	"bufio"
 	"bytes"
 	"encoding/json"
 	"fmt"
@@ -163,6 +164,16 @@ func TestBinaryServerDeployStatus(t *testing.T) {
 	if lines := strings.Count(readFile(t, filepath.Join(outDir, "part-"+st.ID+"-0")), "\n"); lines != 20 {
 		t.Errorf("filter output: %d lines, want 20", lines)
 	}
+	// deploy --json says id, as status and list do, and job_id (deprecated) alike.
+	out, errs, code = streamd(t, env, "deploy", "--json", path)
+	var dep map[string]string
+	if code != 0 || json.Unmarshal([]byte(out), &dep) != nil || !strings.HasPrefix(dep["id"], "uppercase-") || dep["job_id"] != dep["id"] {
+		t.Fatalf("deploy --json: exit %d: %s %s", code, out, errs)
+	}
+	out, _, _ = streamd(t, env, "list", "--json")
+	if !strings.Contains(out, `"id": "`+dep["id"]+`"`) {
+		t.Errorf("list --json lacks \"id\": %q:\n%s", dep["id"], out)
+	}
 	_, errs, code = streamd(t, env, "deploy", wasm)
 	if code != 2 || !strings.Contains(errs, "--source is required") {
 		t.Errorf("deploy of a module without --source: exit %d: %s", code, errs)
@@ -196,5 +207,192 @@ func TestBinaryCredentials(t *testing.T) {
 	_, errs, code = streamd(t, []string{"STREAMD_NATS_PASSWORD=wrong"}, "--config-file", filepath.Join(dir, "cfg.yaml"), "list")
 	if code != 1 || !strings.Contains(errs, "refused the credentials") {
 		t.Fatalf("environment over file: exit %d: %s", code, errs)
+	}
+}
+
+// foreverJob writes a job file whose generator never ends.
+func foreverJob(t *testing.T) string {
+	t.Helper()
+	dir := filepath.Dir(uppercaseJob(t))
+	job := `name: forever
+operators:
+  - uid: gen
+    source: {type: generator, rate: 200}
+  - uid: upper
+    wasm: uppercase.wasm
+    inputs: [gen]
+  - uid: out
+    sink: {type: discard}
+    inputs: [upper]
+`
+	path := filepath.Join(dir, "forever.yaml")
+	if err := os.WriteFile(path, []byte(job), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+// startStreamd starts the binary and returns it with its stderr as lines.
+func startStreamd(t *testing.T, env []string, stdout *bytes.Buffer, args ...string) (*exec.Cmd, <-chan string) {
+	t.Helper()
+	cmd := exec.Command(streamdBin(t), args...)
+	cmd.Env = append(os.Environ(), env...)
+	cmd.Stdout = stdout
+	pr, err := cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	lines := make(chan string, 100)
+	go func() {
+		defer close(lines)
+		sc := bufio.NewScanner(pr)
+		for sc.Scan() {
+			lines <- sc.Text()
+		}
+	}()
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	return cmd, lines
+}
+
+// waitLine returns the first line of lines that contains want (and all lines read).
+func waitLine(t *testing.T, lines <-chan string, want string, seen *[]string) string {
+	t.Helper()
+	timeout := time.After(30 * time.Second)
+	for {
+		select {
+		case l, ok := <-lines:
+			if !ok {
+				t.Fatalf("stderr ended without a line containing %q:\n%s", want, strings.Join(*seen, "\n"))
+			}
+			*seen = append(*seen, l)
+			if strings.Contains(l, want) {
+				return l
+			}
+		case <-timeout:
+			t.Fatalf("no line containing %q after 30s:\n%s", want, strings.Join(*seen, "\n"))
+		}
+	}
+}
+
+// TestBinaryDeployWaitDetaches: deploy --wait --json says the id at once
+// on stderr and the job's progress; Ctrl-C detaches, and the job goes on.
+func TestBinaryDeployWaitDetaches(t *testing.T) {
+	url := startServer(t, nil)
+	env := []string{"STREAMD_NATS_URL=" + url}
+	var stdout bytes.Buffer
+	cmd, lines := startStreamd(t, env, &stdout, "deploy", "--wait", "--json", foreverJob(t))
+	var seen []string
+	first := waitLine(t, lines, "deployed", &seen)
+	id := strings.Fields(strings.TrimPrefix(first, "job "))[0]
+	if !strings.HasPrefix(id, "forever-") {
+		t.Fatalf("first line %q names no job id", first)
+	}
+	waitLine(t, lines, "job "+id+": running", &seen)
+	if err := cmd.Process.Signal(os.Interrupt); err != nil {
+		t.Fatal(err)
+	}
+	detach := waitLine(t, lines, "keeps running", &seen)
+	for range lines {
+	}
+	if err := cmd.Wait(); err != nil {
+		t.Fatalf("deploy --wait after Ctrl-C: %v, want exit 0\n%s", err, strings.Join(seen, "\n"))
+	}
+	if !strings.Contains(detach, id) || !strings.Contains(detach, "streamd cancel "+id) {
+		t.Errorf("detach line %q lacks the id or how to cancel", detach)
+	}
+	if stdout.Len() != 0 {
+		t.Errorf("stdout after detaching: %q, want nothing", stdout.String())
+	}
+	out, errs, code := streamd(t, env, "status", "--json", id)
+	var st cluster.JobStatus
+	if code != 0 || json.Unmarshal([]byte(out), &st) != nil || st.State != cluster.JobRunning {
+		t.Fatalf("status after detaching: exit %d: %s %s", code, out, errs)
+	}
+	if _, errs, code := streamd(t, env, "cancel", id); code != 0 {
+		t.Fatalf("cancel: exit %d: %s", code, errs)
+	}
+}
+
+// TestBinarySavepointDir: savepoint and stop name the savepoint directory
+// --savepoint-dir; savepoint's old --dir still works.
+func TestBinarySavepointDir(t *testing.T) {
+	url := startServer(t, nil)
+	env := []string{"STREAMD_NATS_URL=" + url}
+	path := foreverJob(t)
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b = []byte(strings.Replace(string(b), "operators:", "checkpoint: {interval: 1s, dir: checkpoints/}\noperators:", 1))
+	if err := os.WriteFile(path, b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out, errs, code := streamd(t, env, "deploy", path)
+	if code != 0 {
+		t.Fatalf("deploy: exit %d: %s", code, errs)
+	}
+	id := strings.TrimSpace(out)
+	waitRunning(t, env, id)
+	base := t.TempDir()
+	for _, c := range [][]string{
+		{"savepoint", "--savepoint-dir", filepath.Join(base, "a"), id},
+		{"savepoint", "--dir", filepath.Join(base, "b"), id},
+		{"stop", "--savepoint-dir", filepath.Join(base, "c"), id},
+	} {
+		out, errs, code := streamd(t, env, c...)
+		sp := strings.TrimSpace(out)
+		if code != 0 || filepath.Dir(sp) != c[2] {
+			t.Fatalf("streamd %s: exit %d: %q, want a savepoint in %s\n%s", strings.Join(c, " "), code, sp, c[2], errs)
+		}
+		if _, err := os.Stat(filepath.Join(sp, "_metadata")); err != nil {
+			t.Fatalf("streamd %s: %v", strings.Join(c, " "), err)
+		}
+	}
+}
+
+// waitRunning waits until `streamd status` says the job runs.
+func waitRunning(t *testing.T, env []string, id string) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		out, errs, code := streamd(t, env, "status", "--json", id)
+		var st cluster.JobStatus
+		if code != 0 || json.Unmarshal([]byte(out), &st) != nil {
+			t.Fatalf("status: exit %d: %s %s", code, out, errs)
+		}
+		if st.State == cluster.JobRunning {
+			return
+		}
+		if cluster.TerminalJobState(st.State) || time.Now().After(deadline) {
+			t.Fatalf("job %s: %s (%s), want running", id, st.State, st.Reason)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// TestBinaryFailedJobMessage: deploy --wait of a failing job says why once,
+// with the streamd: prefix once.
+func TestBinaryFailedJobMessage(t *testing.T) {
+	url := startServer(t, nil)
+	env := []string{"STREAMD_NATS_URL=" + url}
+	path := testwasm.FailingJob(t, t.TempDir())
+	_, errs, code := streamd(t, env, "deploy", "--wait", path)
+	if code != 1 {
+		t.Fatalf("deploy --wait of a failing job: exit %d, want 1:\n%s", code, errs)
+	}
+	for what, n := range map[string]int{"streamd: ": 1, "conformance panic": 1, `operator "boom"`: 1} {
+		if got := strings.Count(errs, what); got != n {
+			t.Errorf("%q %d times, want %d:\n%s", what, got, n, errs)
+		}
+	}
+	if !strings.Contains(errs, "streamd: job failing-") || !strings.Contains(errs, " failed: ") {
+		t.Errorf("no \"streamd: job ... failed: \" line:\n%s", errs)
+	}
+	out, _, _ := streamd(t, env, "list", "--json")
+	if strings.Contains(out, "streamd: ") {
+		t.Errorf("a reason in list --json repeats the streamd: prefix:\n%s", out)
 	}
 }

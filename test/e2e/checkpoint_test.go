@@ -214,3 +214,34 @@ operators:
 		exactlyOnce(t, committedLines(t, filepath.Join(dir, "out")), append([]string(nil), want...))
 	}
 }
+
+// TestStopMessages: Ctrl-C on a checkpointed job stops it with a savepoint
+// and says so once: no "streamd: canceled" after a savepoint that
+// succeeded, and "resume with" only when the savepoint can be resumed
+// (not after --drain, which ended the input).
+func TestStopMessages(t *testing.T) {
+	for _, drain := range []bool{false, true} {
+		t.Run(fmt.Sprintf("drain=%t", drain), func(t *testing.T) {
+			dir := t.TempDir()
+			foreverJob(t, dir, "checkpoint: {interval: 50ms, dir: chk}\n")
+			args := []string{"run", "--progress", "off", "job.yaml"}
+			if drain {
+				args = append(args, "--drain")
+			}
+			cmd, errb := start(t, dir, args...)
+			waitFor(t, "a completed checkpoint", errb, func() bool { return completedCheckpoints(filepath.Join(dir, "chk")) >= 1 })
+			must(t, cmd.Process.Signal(syscall.SIGINT))
+			cmd.Wait()
+			stderr := errb.String()
+			if cmd.ProcessState.ExitCode() != 130 || !savepointRE.MatchString(stderr) {
+				t.Fatalf("exit %d, want 130 and a savepoint\nstderr:\n%s", cmd.ProcessState.ExitCode(), stderr)
+			}
+			if strings.Contains(stderr, "streamd: canceled") {
+				t.Errorf("a stop with a savepoint says canceled:\n%s", stderr)
+			}
+			if got := strings.Contains(stderr, "resume with"); got == drain {
+				t.Errorf("drain=%t: says \"resume with\": %t\n%s", drain, got, stderr)
+			}
+		})
+	}
+}

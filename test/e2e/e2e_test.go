@@ -418,21 +418,8 @@ func TestInvalidJobFiles(t *testing.T) {
 // TestFailingGuest runs a job whose operator panics: exit 1 and an error
 // that names the operator and keeps the guest's message.
 func TestFailingGuest(t *testing.T) {
-	mod := testwasm.Path(t, "internal/conformance/guests/go/conformance.wasm")
 	dir := t.TempDir()
-	// The conformance operator panics on the value "panic" (internal/conformance).
-	job := fmt.Sprintf(`name: failing
-operators:
-  - uid: gen
-    source: {type: generator, count: 10, value: panic}
-  - uid: boom
-    wasm: %s
-    inputs: [{from: gen, partition: hash}]
-  - uid: out
-    sink: {type: discard}
-    inputs: [boom]
-`, mod)
-	must(t, os.WriteFile(filepath.Join(dir, "job.yaml"), []byte(job), 0o644))
+	testwasm.FailingJob(t, dir) // operator "boom" panics (internal/conformance)
 	r := run(t, dir, "", "run", "--progress", "off", "job.yaml")
 	if r.code != 1 {
 		t.Fatalf("exit %d, want 1\nstderr:\n%s", r.code, r.stderr)
@@ -447,12 +434,12 @@ operators:
 	}
 }
 
-// TestInterrupt sends SIGINT to an unbounded job: it stops cleanly with exit 130.
-func TestInterrupt(t *testing.T) {
-	mod := testwasm.Path(t, "examples/wasm/uppercase/uppercase.wasm")
-	dir := t.TempDir()
+// foreverJob writes dir/job.yaml: an unbounded generator through uppercase
+// into out/, with the job-level sections extra.
+func foreverJob(t *testing.T, dir, extra string) {
+	t.Helper()
 	job := fmt.Sprintf(`name: forever
-operators:
+%soperators:
   - uid: gen
     source: {type: generator, rate: 2000}
   - uid: upper
@@ -461,8 +448,14 @@ operators:
   - uid: out
     sink: {type: file, path: out/}
     inputs: [upper]
-`, mod)
+`, extra, testwasm.Path(t, "examples/wasm/uppercase/uppercase.wasm"))
 	must(t, os.WriteFile(filepath.Join(dir, "job.yaml"), []byte(job), 0o644))
+}
+
+// TestInterrupt sends SIGINT to an unbounded job: it stops cleanly with exit 130.
+func TestInterrupt(t *testing.T) {
+	dir := t.TempDir()
+	foreverJob(t, dir, "")
 	cmd := exec.Command(streamd(t), "run", "--progress", "off", "job.yaml")
 	cmd.Dir = dir
 	cmd.Env = append(os.Environ(), "STREAMD_WASM_CACHE_DIR="+cacheDir(t))
@@ -529,5 +522,30 @@ func must(t *testing.T, err error) {
 	t.Helper()
 	if err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestValidateModule: validate MODULE.wasm loads the module with the host
+// and prints what it exports and imports; a broken module gets the host's error.
+func TestValidateModule(t *testing.T) {
+	mod := testwasm.Path(t, "examples/wasm/uppercase/uppercase.wasm")
+	dir := t.TempDir()
+	r := run(t, dir, "", "validate", mod)
+	if r.code != 0 {
+		t.Fatalf("validate %s: exit %d\n%s", mod, r.code, r.stderr)
+	}
+	for _, want := range []string{"abi v1", "exports:", "streamd_process", "imports streamd_v1: emit"} {
+		if !strings.Contains(r.stdout, want) {
+			t.Errorf("validate output lacks %q:\n%s", want, r.stdout)
+		}
+	}
+	b, err := os.ReadFile(mod)
+	must(t, err)
+	broken := filepath.Join(dir, "broken.wasm")
+	must(t, os.WriteFile(broken, b[:len(b)/2], 0o644))
+	r = run(t, dir, "", "validate", broken)
+	if r.code != 1 || !strings.Contains(r.stderr, "streamd: ") || !strings.Contains(r.stderr, "broken.wasm") ||
+		!strings.Contains(r.stderr, "truncated") || strings.Contains(r.stderr, "YAML") {
+		t.Errorf("validate of a truncated module: exit %d\n%s", r.code, r.stderr)
 	}
 }
