@@ -41,7 +41,8 @@ It is resolved and checked against the job here before the job is submitted.
   streamd deploy job.yaml --from jetstream://STREAMD_CHECKPOINTS/job-1a2b3c4d/savepoint-7-job-1a2b3c4d
   streamd deploy upper.wasm --source file:in.txt --sink file:out/
   id=$(streamd deploy job.yaml) && streamd status --json "$id"`,
-		Args: exactArgs(1),
+		Args:              exactArgs(1),
+		ValidArgsFunction: completeJobFile,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			job, file, err := c.loadForDeploy(cmd, args[0], f)
 			if err != nil {
@@ -94,6 +95,7 @@ It is resolved and checked against the job here before the job is submitted.
 	fl.BoolVar(&asJSON, "json", false, `print {"id": ...} (with --wait: the final status; the id goes to stderr at once)`)
 	fl.BoolVar(&wait, "wait", false, "wait until the job ends; exit 0 only if it finished")
 	fl.StringVar(&f.from, "from", "", "job: start from a checkpoint or savepoint (a jetstream:// location, or a directory the hosts see)")
+	dirFlags(cmd, "from")
 	c.clientFlags(cmd)
 	return cmd
 }

@@ -31,7 +31,8 @@ refused with an error naming the file (exit status 1). See docs/checkpoint-forma
 		Example: `  streamd inspect checkpoints/
   streamd inspect checkpoints/chk-12 --json
   streamd inspect --nats nats://127.0.0.1:4222 jetstream://STREAMD_CHECKPOINTS/wordcount-1a2b3c4d`,
-		Args: exactArgs(1),
+		Args:              exactArgs(1),
+		ValidArgsFunction: completeDir,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			md, reader, closeStore, err := c.resolveCheckpoint(cmd.Context(), args[0], "streamd inspect")
 			if err != nil {

@@ -238,9 +238,10 @@ func orDash(s string) string {
 func (c *cli) statusCommand() *cobra.Command {
 	var asJSON bool
 	cmd := &cobra.Command{
-		Use:   "status JOB",
-		Short: "Show a job's state, attempts, its subtasks with their hosts and states, and its last checkpoints",
-		Args:  exactArgs(1),
+		Use:               "status JOB",
+		ValidArgsFunction: c.completeJobID,
+		Short:             "Show a job's state, attempts, its subtasks with their hosts and states, and its last checkpoints",
+		Args:              exactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return c.withClient(cmd.Context(), func(ctx context.Context, cl *cluster.Client) error {
 				st, err := cl.Status(ctx, args[0])
@@ -325,9 +326,10 @@ func byteSize(n int64) string {
 func (c *cli) cancelCommand() *cobra.Command {
 	var asJSON bool
 	cmd := &cobra.Command{
-		Use:   "cancel JOB",
-		Short: "Cancel a job: its subtasks stop at once, without a savepoint",
-		Args:  exactArgs(1),
+		Use:               "cancel JOB",
+		ValidArgsFunction: c.completeJobID,
+		Short:             "Cancel a job: its subtasks stop at once, without a savepoint",
+		Args:              exactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return c.withClient(cmd.Context(), func(ctx context.Context, cl *cluster.Client) error {
 				st, err := cl.Cancel(ctx, args[0])
@@ -351,9 +353,10 @@ func (c *cli) savepointCommand() *cobra.Command {
 	var asJSON bool
 	var dir string
 	cmd := &cobra.Command{
-		Use:   "savepoint JOB",
-		Short: "Take a savepoint of a running job",
-		Args:  exactArgs(1),
+		Use:               "savepoint JOB",
+		ValidArgsFunction: c.completeJobID,
+		Short:             "Take a savepoint of a running job",
+		Args:              exactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if cmd.Flags().Changed("dir") {
 				fmt.Fprintln(c.stderr, "streamd: --dir is deprecated; use --savepoint-dir")
@@ -374,6 +377,7 @@ func (c *cli) savepointCommand() *cobra.Command {
 	if err := cmd.Flags().MarkHidden("dir"); err != nil {
 		panic(err) // a programming error: the flag does not exist
 	}
+	dirFlags(cmd, "dir")
 	c.clientFlags(cmd)
 	return cmd
 }
@@ -382,9 +386,10 @@ func (c *cli) stopCommand() *cobra.Command {
 	var asJSON, drain bool
 	var dir string
 	cmd := &cobra.Command{
-		Use:   "stop JOB",
-		Short: "Stop a job with a savepoint (--drain: finish its input first)",
-		Args:  exactArgs(1),
+		Use:               "stop JOB",
+		ValidArgsFunction: c.completeJobID,
+		Short:             "Stop a job with a savepoint (--drain: finish its input first)",
+		Args:              exactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return c.withClient(cmd.Context(), func(ctx context.Context, cl *cluster.Client) error {
 				path, err := cl.Stop(ctx, args[0], absIfSet(dir), drain)
@@ -405,6 +410,7 @@ func (c *cli) stopCommand() *cobra.Command {
 // savepointDirFlag adds --savepoint-dir, the flag of savepoint and stop.
 func savepointDirFlag(cmd *cobra.Command, dir *string) {
 	cmd.Flags().StringVar(dir, "savepoint-dir", "", "directory of the savepoint, on the host (default: the job's checkpoint directory)")
+	dirFlags(cmd, "savepoint-dir")
 }
 
 func absIfSet(dir string) string {

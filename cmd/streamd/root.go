@@ -75,6 +75,12 @@ named by --config-file), then defaults. See docs/cli.md.`,
 					return usagef("--parallelism must be at least 1, got %d", n)
 				}
 			}
+			if cmd.Name() == cobra.ShellCompRequestCmd || cmd.Name() == cobra.ShellCompNoDescRequestCmd {
+				// Its flags are not parsed yet (--config-file): job-id
+				// completion loads the configuration (completionJobs), and
+				// a bad one spoils no file completion.
+				return nil
+			}
 			return c.loadConfig()
 		},
 	}
@@ -101,6 +107,17 @@ named by --config-file), then defaults. See docs/cli.md.`,
 
 	root.AddCommand(c.runCommand(), c.validateCommand(), c.versionCommand(), c.inspectCommand())
 	root.AddCommand(c.clusterCommands()...)
+	// The commands that complete no argument take none (list, hosts, server, ...).
+	for _, cmd := range root.Commands() {
+		if cmd.ValidArgsFunction == nil {
+			cmd.ValidArgsFunction = cobra.NoFileCompletions
+		}
+	}
+	if err := root.RegisterFlagCompletionFunc("config-file", func(*cobra.Command, []string, string) ([]cobra.Completion, cobra.ShellCompDirective) {
+		return []cobra.Completion{"yaml", "yml"}, cobra.ShellCompDirectiveFilterFileExt
+	}); err != nil {
+		panic(err) // a programming error: the flag does not exist
+	}
 	return root
 }
 

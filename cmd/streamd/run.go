@@ -59,7 +59,8 @@ checkpoint directory (its newest completed checkpoint or savepoint, by id), at a
   streamd run job.yaml --from checkpoints/savepoint-7-1a2b3c --parallelism 3
   streamd run upper.wasm < in.txt > out.txt
   streamd run filter.wasm --source file:in.txt --sink file:out/ --config min_length=3`,
-		Args: exactArgs(1),
+		Args:              exactArgs(1),
+		ValidArgsFunction: completeJobFile,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return c.run(cmd.Context(), cmd, args[0], f)
 		},
@@ -78,6 +79,7 @@ checkpoint directory (its newest completed checkpoint or savepoint, by id), at a
 	c.bind(fl, keyProgress, "progress")
 	c.bind(fl, keyBatchSize, "batch-size")
 	c.bind(fl, keyChannelCapacity, "channel-capacity")
+	dirFlags(cmd, "from")
 	return cmd
 }
 

@@ -30,7 +30,8 @@ way and prints its ABI version, the functions it exports and those it imports.
 Exit status 0 when the job or module is valid, 1 when it is not.`,
 		Example: `  streamd validate examples/wasm/wordcount/wordcount.yaml
   streamd validate upper.wasm`,
-		Args: exactArgs(1),
+		Args:              exactArgs(1),
+		ValidArgsFunction: completeJobFile,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if isModule(args[0]) {
 				if cmd.Flags().Changed("parallelism") {
