@@ -107,5 +107,5 @@ func (c *cli) completionJobs(cmd *cobra.Command, args []string) ([]cluster.JobSt
 	}
 	ctx, cancel := context.WithTimeout(ctx, completionTimeout)
 	defer cancel()
-	return cl.List(ctx)
+	return cl.List(ctx, false)
 }

@@ -62,9 +62,10 @@ func (c *cli) clusterFlags(cmd *cobra.Command, controller bool) []flagKey {
 	fl.String("controller-id", "", "name of this controller in the leader lease ("+keyControllerID+"; default: hostname and a random suffix)")
 	fl.String("controller-bucket", cluster.DefaultControllerBucket, "JetStream key-value bucket of the job table and the lease ("+keyControllerBucket+")")
 	fl.Int("controller-replicas", 0, "replicas of that bucket when it is created; 0 = the NATS cluster's size, at most 5 ("+keyControllerReplicas+")")
+	fl.Duration("job-retention", cluster.DefaultJobRetention, "how long finished, failed and canceled jobs stay in `streamd list` ("+keyJobRetention+")")
 	return []flagKey{{"heartbeat-interval", keyHeartbeatInterval}, {"lost-after", keyLostAfter}, {"max-failovers", keyMaxFailovers},
 		{"checkpoint-storage", keyCheckpointStorage}, {"controller-id", keyControllerID}, {"controller-bucket", keyControllerBucket},
-		{"controller-replicas", keyControllerReplicas}}
+		{"controller-replicas", keyControllerReplicas}, {"job-retention", keyJobRetention}}
 }
 
 // runController runs a controller until ctx ends (cluster.RunController).
@@ -91,12 +92,16 @@ func (c *cli) controllerOptions() (cluster.ControllerOptions, error) {
 	default:
 		return cluster.ControllerOptions{}, usagef("%s: %q: want dir or jetstream", keyCheckpointStorage, storage)
 	}
+	retention, err := c.positiveDuration(keyJobRetention)
+	if err != nil {
+		return cluster.ControllerOptions{}, err
+	}
 	replicas, err := castInt(c.v.Get(keyControllerReplicas))
 	if err != nil || replicas < 0 || replicas > 5 {
 		return cluster.ControllerOptions{}, usagef("%s: want 0 (follow the NATS cluster) to 5, got %v", keyControllerReplicas, c.v.Get(keyControllerReplicas))
 	}
 	return cluster.ControllerOptions{Logger: c.log, HeartbeatInterval: hb, LostAfter: lost, MaxFailovers: fo, CheckpointStorage: storage,
-		ID: c.v.GetString(keyControllerID), Bucket: c.v.GetString(keyControllerBucket), Replicas: replicas}, nil
+		ID: c.v.GetString(keyControllerID), Bucket: c.v.GetString(keyControllerBucket), Replicas: replicas, JobRetention: retention}, nil
 }
 
 func (c *cli) positiveDuration(key string) (time.Duration, error) {

@@ -39,6 +39,7 @@ const (
 	keyControllerID       = "controller.id"
 	keyControllerBucket   = "controller.bucket"
 	keyControllerReplicas = "controller.replicas"
+	keyJobRetention       = "controller.job_retention"
 
 	keyHostID   = "host.id"
 	keySlots    = "host.slots"
@@ -52,14 +53,14 @@ const defaultNATSURL = "nats://127.0.0.1:4222"
 
 var clusterKeys = []string{keyNATSURL, keyNATSUser, keyNATSPassword, keyNATSToken, keyNATSNKey, keyNATSCreds,
 	keyNATSTLSCA, keyNATSTLSCert, keyNATSTLSKey, keyHeartbeatInterval, keyLostAfter, keyMaxFailovers,
-	keyRequestTimeout, keyCheckpointStorage, keyControllerID, keyControllerBucket, keyControllerReplicas, keyHostID, keySlots, keyDataDir, keyNATSPort, keyNATSHost}
+	keyRequestTimeout, keyCheckpointStorage, keyControllerID, keyControllerBucket, keyControllerReplicas, keyJobRetention, keyHostID, keySlots, keyDataDir, keyNATSPort, keyNATSHost}
 
 func init() { knownKeys = append(knownKeys, clusterKeys...) }
 
 // clusterCommands are the commands of the control plane.
 func (c *cli) clusterCommands() []*cobra.Command {
 	return []*cobra.Command{c.serverCommand(), c.controllerCommand(), c.hostCommand(), c.deployCommand(),
-		c.listCommand(), c.statusCommand(), c.cancelCommand(), c.savepointCommand(), c.stopCommand(), c.hostsCommand()}
+		c.listCommand(), c.statusCommand(), c.cancelCommand(), c.deleteCommand(), c.savepointCommand(), c.stopCommand(), c.hostsCommand()}
 }
 
 // flagKey is a flag and the configuration key it sets.
@@ -194,14 +195,14 @@ func (c *cli) printJSON(v any) error {
 }
 
 func (c *cli) listCommand() *cobra.Command {
-	var asJSON bool
+	var asJSON, all bool
 	cmd := &cobra.Command{
 		Use:   "list",
-		Short: "List the jobs the controller knows, newest first",
+		Short: "List the jobs the controller knows, newest first (those finished, failed or canceled longer ago than controller.job_retention only with --all)",
 		Args:  exactArgs(0),
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return c.withClient(cmd.Context(), func(ctx context.Context, cl *cluster.Client) error {
-				jobs, err := cl.List(ctx)
+				jobs, err := cl.List(ctx, all)
 				if err != nil {
 					return err
 				}
@@ -224,6 +225,7 @@ func (c *cli) listCommand() *cobra.Command {
 		},
 	}
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON (a list of job statuses)")
+	cmd.Flags().BoolVar(&all, "all", false, "list the jobs that ended longer ago than the job retention too")
 	c.clientFlags(cmd)
 	return cmd
 }
@@ -321,6 +323,37 @@ func byteSize(n int64) string {
 		return fmt.Sprintf("%.1f KiB", float64(n)/(1<<10))
 	}
 	return fmt.Sprintf("%d B", n)
+}
+
+func (c *cli) deleteCommand() *cobra.Command {
+	var asJSON, checkpoints bool
+	cmd := &cobra.Command{
+		Use:               "delete JOB",
+		ValidArgsFunction: c.completeJobID,
+		Short:             "Remove the record of an ended job (finished, failed, canceled or stopped); with --checkpoints its checkpoints too",
+		Args:              exactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return c.withClient(cmd.Context(), func(ctx context.Context, cl *cluster.Client) error {
+				st, err := cl.Delete(ctx, args[0], checkpoints)
+				if err != nil {
+					return err
+				}
+				if asJSON {
+					return c.printJSON(st)
+				}
+				what := ""
+				if checkpoints {
+					what = " and its checkpoints"
+				}
+				fmt.Fprintf(c.stdout, "job %s (%s) deleted%s\n", st.ID, st.State, what)
+				return nil
+			})
+		},
+	}
+	cmd.Flags().BoolVar(&checkpoints, "checkpoints", false, "also remove the job's checkpoints and the savepoints beside them (its directory DIR/JOB, or its prefix in the JetStream object store)")
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print the deleted job's last status as JSON")
+	c.clientFlags(cmd)
+	return cmd
 }
 
 func (c *cli) cancelCommand() *cobra.Command {

@@ -35,6 +35,7 @@ const (
 	SubjectSavepoint = "streamd.v1.ctl.savepoint"
 	SubjectStop      = "streamd.v1.ctl.stop"
 	SubjectHosts     = "streamd.v1.ctl.hosts"
+	SubjectDelete    = "streamd.v1.ctl.delete"
 )
 
 // Host subjects.
@@ -148,8 +149,12 @@ type DeployReply struct {
 	JobID string `json:"job_id,omitempty"`
 }
 
-// ListRequest (streamd.v1.ctl.list) asks for every job.
-type ListRequest struct{}
+// ListRequest (streamd.v1.ctl.list) asks for the jobs: those finished,
+// failed or canceled longer ago than the controller's job retention only
+// with All.
+type ListRequest struct {
+	All bool `json:"all,omitempty"`
+}
 
 // ListReply lists jobs, newest first.
 type ListReply struct {
@@ -166,6 +171,14 @@ type JobRequest struct {
 type JobReply struct {
 	Reply
 	Job *JobStatus `json:"job,omitempty"`
+}
+
+// DeleteRequest (streamd.v1.ctl.delete) removes the record of an ended job
+// and, with Checkpoints, its checkpoint directory (or its prefix in the
+// JetStream object store). The reply is a JobReply with the job as it was.
+type DeleteRequest struct {
+	JobID       string `json:"job_id"`
+	Checkpoints bool   `json:"checkpoints,omitempty"`
 }
 
 // SavepointRequest (streamd.v1.ctl.savepoint) takes a savepoint into Dir (a

@@ -177,11 +177,22 @@ func (c *Client) DeployFrom(ctx context.Context, job *jobfile.Job, jobFile, from
 	return r.JobID, nil
 }
 
-// List returns every job, newest first.
-func (c *Client) List(ctx context.Context) ([]JobStatus, error) {
+// List returns the jobs, newest first: with all, also those that ended
+// longer ago than the controller's job retention.
+func (c *Client) List(ctx context.Context, all bool) ([]JobStatus, error) {
 	var r ListReply
-	err := c.read(ctx, SubjectList, ListRequest{}, &r, func() Reply { return r.Reply })
+	err := c.read(ctx, SubjectList, ListRequest{All: all}, &r, func() Reply { return r.Reply })
 	return r.Jobs, err
+}
+
+// Delete removes the record of an ended job (with checkpoints: its
+// checkpoints too) and returns the job as it was.
+func (c *Client) Delete(ctx context.Context, jobID string, checkpoints bool) (*JobStatus, error) {
+	var r JobReply
+	if err := c.call(ctx, SubjectDelete, DeleteRequest{JobID: jobID, Checkpoints: checkpoints}, &r, func() Reply { return r.Reply }); err != nil {
+		return nil, err
+	}
+	return r.Job, nil
 }
 
 // Status returns one job's status.

@@ -55,6 +55,10 @@ type ControllerOptions struct {
 	// Replicas of the bucket when it is created: 0 (default) follows the
 	// NATS cluster (its servers, at most 5; 1 without a cluster).
 	Replicas int
+	// JobRetention is how long a finished, failed or canceled job stays in
+	// the list (ListRequest without All); default DefaultJobRetention. The
+	// record stays until `streamd delete`.
+	JobRetention time.Duration
 }
 
 // Defaults of ControllerOptions.
@@ -64,6 +68,7 @@ const (
 	DefaultMaxFailovers      = 10
 	DefaultRequestTimeout    = 10 * time.Second
 	DefaultUnreportedAfter   = 3
+	DefaultJobRetention      = 24 * time.Hour
 )
 
 // Controller keeps the job table and the host registry, schedules jobs onto
@@ -169,6 +174,7 @@ type ctlJob struct {
 	savepoint        string    // of a stopped job
 	from             string    // the checkpoint or savepoint the job was deployed from (deploy --from)
 	canceling        bool      // a cancel request waits for the hosts; the placement holds its slots until then
+	deleting         bool      // a delete request removes its checkpoints
 	preparing        bool      // the controller side of a job spread over hosts is being set up (newDistJob, outside the mutex)
 	attempts         []AttemptStatus
 	placed           map[int]control.Placement // the placement of each attempt (slot counts of the slots they hold)
@@ -225,6 +231,9 @@ func StartController(nc *nats.Conn, opts ControllerOptions) (*Controller, error)
 	if opts.UnreportedAfter <= 0 {
 		opts.UnreportedAfter = DefaultUnreportedAfter
 	}
+	if opts.JobRetention <= 0 {
+		opts.JobRetention = DefaultJobRetention
+	}
 	if opts.Bucket == "" {
 		opts.Bucket = DefaultControllerBucket
 	}
@@ -272,6 +281,7 @@ func (c *Controller) subscribe() error {
 		SubjectList:       c.handleList,
 		SubjectStatus:     c.handleStatus,
 		SubjectCancel:     c.handleCancel,
+		SubjectDelete:     c.handleDelete,
 		SubjectSavepoint:  c.handleSavepoint,
 		SubjectStop:       c.handleStop,
 		SubjectHosts:      c.handleHosts,
@@ -876,14 +886,90 @@ func newJobID(name string) string {
 }
 
 func (c *Controller) handleList(msg *nats.Msg) {
+	var req ListRequest
+	if len(msg.Data) > 0 {
+		if err := json.Unmarshal(msg.Data, &req); err != nil {
+			respond(msg, ListReply{Reply: errReply(fmt.Errorf("cluster: bad request: %w", err))})
+			return
+		}
+	}
+	now := time.Now()
 	c.mu.Lock()
 	var out ListReply
 	out.Jobs = []JobStatus{}
 	for i := len(c.order) - 1; i >= 0; i-- {
-		out.Jobs = append(out.Jobs, c.statusLocked(c.jobs[c.order[i]]))
+		j := c.jobs[c.order[i]]
+		if !req.All && c.retiredLocked(j, now) {
+			continue
+		}
+		out.Jobs = append(out.Jobs, c.statusLocked(j))
 	}
 	c.mu.Unlock()
 	respond(msg, out)
+}
+
+// retiredLocked reports whether j finished, failed or was canceled longer
+// ago than the job retention: the list leaves it out (not ListRequest.All).
+// Stopped jobs stay: their record says where their savepoint is.
+func (c *Controller) retiredLocked(j *ctlJob, now time.Time) bool {
+	switch j.state {
+	case JobFinished, JobFailed, JobCanceled:
+		return j.ended != nil && now.Sub(*j.ended) > c.opts.JobRetention
+	}
+	return false
+}
+
+// handleDelete removes the record of an ended job: from the table and from
+// the bucket (a new leader does not bring it back), after its checkpoints
+// when the request says so. A job that has not ended is refused.
+func (c *Controller) handleDelete(msg *nats.Msg) {
+	var req DeleteRequest
+	if err := json.Unmarshal(msg.Data, &req); err != nil {
+		respond(msg, JobReply{Reply: errReply(fmt.Errorf("cluster: bad request: %w", err))})
+		return
+	}
+	c.catchUp(req.JobID)
+	c.mu.Lock()
+	j := c.jobs[req.JobID]
+	switch {
+	case j == nil:
+		c.mu.Unlock()
+		respond(msg, JobReply{Reply: errReply(fmt.Errorf("cluster: no job %q (streamd list --all shows the jobs)", req.JobID))})
+		return
+	case !TerminalJobState(j.state) || j.canceling:
+		c.mu.Unlock()
+		respond(msg, JobReply{Reply: Reply{Error: fmt.Sprintf("cluster: job %s is %s: cancel it first (streamd cancel %s)", j.id, j.state, j.id)}})
+		return
+	case j.deleting:
+		c.mu.Unlock()
+		respond(msg, JobReply{Reply: Reply{Error: fmt.Sprintf("cluster: job %s is being deleted", j.id)}})
+		return
+	}
+	j.deleting = true
+	st := c.statusLocked(j)
+	cs := j.spec.Checkpoint
+	c.mu.Unlock()
+	if req.Checkpoints && cs != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), c.opts.RequestTimeout)
+		err := DeleteStore(ctx, c.nc, cs, j.id)
+		cancel()
+		if err != nil {
+			c.mu.Lock()
+			j.deleting = false
+			c.mu.Unlock()
+			respond(msg, JobReply{Reply: errReply(err)})
+			return
+		}
+	}
+	c.mu.Lock()
+	ver := c.forgetLocked(j)
+	c.mu.Unlock()
+	if err := c.saved(j.id, ver); err != nil {
+		respond(msg, JobReply{Reply: Reply{Error: err.Error(), Retry: true}})
+		return
+	}
+	c.log.Info("job deleted", "job", j.id, "checkpoints", req.Checkpoints && cs != nil)
+	respond(msg, JobReply{Job: &st})
 }
 
 func (c *Controller) lookup(msg *nats.Msg) (*ctlJob, JobRequest, error) {

@@ -31,6 +31,7 @@ import (
 	"errors"
 	"fmt"
 	"regexp"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -394,9 +395,28 @@ func (c *Controller) saveLocked(j *ctlJob) uint64 {
 	return j.ver
 }
 
+// forgetLocked removes the ended job j from the table and queues the
+// deletion of its record from the bucket (after any write of it queued
+// before); it returns the version saved waits for.
+func (c *Controller) forgetLocked(j *ctlJob) uint64 {
+	delete(c.jobs, j.id)
+	c.order = slices.DeleteFunc(c.order, func(id string) bool { return id == j.id })
+	if c.term == 0 || c.closed {
+		return 0
+	}
+	j.ver++
+	c.queue[j.id] = queuedRecord{rec: jobRecord{ID: j.id, Term: c.term}, ver: j.ver, deleted: true}
+	select {
+	case c.saveWake <- struct{}{}:
+	default:
+	}
+	return j.ver
+}
+
 type queuedRecord struct {
-	rec jobRecord
-	ver uint64
+	rec     jobRecord
+	ver     uint64
+	deleted bool // the job was deleted: its key is purged
 }
 
 // saved waits until version ver of job id's record is in the bucket; an
@@ -446,7 +466,11 @@ func (c *Controller) persistLoop() {
 				break
 			}
 			for _, q := range batch {
-				if err := c.writeRecord(q.rec); err != nil {
+				write := c.writeRecord
+				if q.deleted {
+					write = c.purgeRecord
+				}
+				if err := write(q.rec); err != nil {
 					c.depose(err)
 					return
 				}
@@ -467,17 +491,35 @@ func (c *Controller) writeRecord(rec jobRecord) error {
 	if err != nil {
 		return fmt.Errorf("cluster: encode the record of job %s: %w", rec.ID, err)
 	}
+	return c.changeRecord(rec, "saved", func(ctx context.Context, key string, last uint64) (uint64, error) {
+		if last == 0 {
+			return c.kv.Create(ctx, key, data)
+		}
+		return c.kv.Update(ctx, key, data, last)
+	})
+}
+
+// purgeRecord removes the record of rec.ID from the bucket (its key and
+// history), if it is still the revision this controller last saw.
+func (c *Controller) purgeRecord(rec jobRecord) error {
+	if c.rev(jobKey(rec.ID)) == 0 {
+		return nil // never written
+	}
+	return c.changeRecord(rec, "deleted", func(ctx context.Context, key string, last uint64) (uint64, error) {
+		return 0, c.kv.Purge(ctx, key, jetstream.LastRevision(last))
+	})
+}
+
+// changeRecord applies op to the key of rec with the revision last seen of
+// it and keeps the revision op returns (0: none, the key is gone), retrying
+// transient errors while the controller leads.
+func (c *Controller) changeRecord(rec jobRecord, done string, op func(ctx context.Context, key string, last uint64) (uint64, error)) error {
 	key := jobKey(rec.ID)
 	delay := 50 * time.Millisecond
 	for {
 		ctx, cancel := c.kvCtx()
-		var rev uint64
 		last := c.rev(key)
-		if last == 0 {
-			rev, err = c.kv.Create(ctx, key, data)
-		} else {
-			rev, err = c.kv.Update(ctx, key, data, last)
-		}
+		rev, err := op(ctx, key, last)
 		cancel()
 		switch {
 		case err == nil:
@@ -485,7 +527,7 @@ func (c *Controller) writeRecord(rec jobRecord) error {
 			return nil
 		case errors.Is(err, jetstream.ErrKeyExists), errors.Is(err, jetstream.ErrKeyRevisionMismatch):
 			// Written by a leader of an earlier term that had not stopped
-			// yet: this leader's record replaces it (and that leader's next
+			// yet: this leader's change replaces it (and that leader's next
 			// write fails). Of this or a later term: another leader acts.
 			if newer, ok := c.olderWrite(key, rec.Term); ok {
 				c.setRev(key, newer)
@@ -493,10 +535,10 @@ func (c *Controller) writeRecord(rec jobRecord) error {
 			}
 			return fmt.Errorf("cluster: controller %s: job %s was written by another controller (revision %d is not the latest): %w", c.id, rec.ID, last, err)
 		}
-		c.log.Warn("job record not saved; trying again", "job", rec.ID, "err", err)
+		c.log.Warn("job record not "+done+"; trying again", "job", rec.ID, "err", err)
 		select {
 		case <-c.done:
-			return fmt.Errorf("cluster: job %s not saved: %w", rec.ID, err)
+			return fmt.Errorf("cluster: job %s not %s: %w", rec.ID, done, err)
 		case <-time.After(delay):
 		}
 		delay = min(2*delay, time.Second)

@@ -2,8 +2,10 @@ package cluster
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
+	"os"
 	"path/filepath"
 	"strings"
 
@@ -44,6 +46,54 @@ func OpenStore(ctx context.Context, nc *nats.Conn, cs *jobfile.CheckpointSetting
 	// Each deployed job has a directory of its own, so deployments of one
 	// job file never share (or prune) each other's checkpoints.
 	return checkpoint.OpenDir(filepath.Join(cs.Dir, jobID), opts...)
+}
+
+// DeleteStore removes every checkpoint and savepoint of a deployed job in
+// its store (see OpenStore): the directory cs.Dir/jobID, or the objects
+// under the prefix jobID in the object store cs.Bucket. A store that does
+// not exist is no error.
+func DeleteStore(ctx context.Context, nc *nats.Conn, cs *jobfile.CheckpointSettings, jobID string) error {
+	if cs.Storage != jobfile.StorageJetStream {
+		dir := filepath.Join(cs.Dir, jobID)
+		if err := os.RemoveAll(dir); err != nil {
+			return fmt.Errorf("cluster: job %s: delete its checkpoints: %w", jobID, err)
+		}
+		return nil
+	}
+	if nc == nil {
+		return fmt.Errorf("cluster: job %s: checkpoint storage jetstream needs a NATS connection", jobID)
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return fmt.Errorf("cluster: job %s: jetstream: %w", jobID, err)
+	}
+	bucket := cs.Bucket
+	if bucket == "" {
+		bucket = checkpoint.DefaultBucket
+	}
+	obs, err := js.ObjectStore(ctx, bucket)
+	if errors.Is(err, jetstream.ErrBucketNotFound) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("cluster: job %s: object store bucket %s: %w", jobID, bucket, err)
+	}
+	infos, err := obs.List(ctx)
+	if errors.Is(err, jetstream.ErrNoObjectsFound) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("cluster: job %s: list object store bucket %s: %w", jobID, bucket, err)
+	}
+	for _, in := range infos {
+		if in.Deleted || !strings.HasPrefix(in.Name, jobID+"/") {
+			continue
+		}
+		if err := obs.Delete(ctx, in.Name); err != nil && !errors.Is(err, jetstream.ErrObjectNotFound) {
+			return fmt.Errorf("cluster: job %s: delete %s from object store bucket %s: %w", jobID, in.Name, bucket, err)
+		}
+	}
+	return nil
 }
 
 // ResolveIn finds the completed checkpoint or savepoint at location: a

@@ -396,3 +396,62 @@ func TestBinaryFailedJobMessage(t *testing.T) {
 		t.Errorf("a reason in list --json repeats the streamd: prefix:\n%s", out)
 	}
 }
+
+// TestBinaryDeleteJob: a finished job leaves `streamd list` after
+// --job-retention (list --all and status still show it); `streamd delete
+// --checkpoints` removes its record and its checkpoint directory.
+func TestBinaryDeleteJob(t *testing.T) {
+	url := startServer(t, nil, "--job-retention", "300ms")
+	env := []string{"STREAMD_NATS_URL=" + url}
+	path := uppercaseJob(t)
+	f, err := os.OpenFile(path, os.O_APPEND|os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.WriteString("checkpoint: {interval: 1h, dir: ckpts}\n"); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	out, errs, code := streamd(t, env, "deploy", "--wait", "--json", path)
+	var st cluster.JobStatus
+	if code != 0 || json.Unmarshal([]byte(out), &st) != nil || st.State != cluster.JobFinished {
+		t.Fatalf("deploy --wait: exit %d: %s %s", code, out, errs)
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		out, errs, code = streamd(t, env, "list")
+		if code != 0 {
+			t.Fatalf("list: exit %d: %s", code, errs)
+		}
+		if !strings.Contains(out, st.ID) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("finished job still listed 20s after it ended (retention 300ms):\n%s", out)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if out, _, _ = streamd(t, env, "list", "--all"); !strings.Contains(out, st.ID) {
+		t.Fatalf("list --all lacks %s:\n%s", st.ID, out)
+	}
+	if _, errs, code = streamd(t, env, "status", st.ID); code != 0 {
+		t.Fatalf("status of the hidden job: exit %d: %s", code, errs)
+	}
+	ck := filepath.Join(filepath.Dir(path), "ckpts", st.ID)
+	if err := os.MkdirAll(ck, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	out, errs, code = streamd(t, env, "delete", "--checkpoints", st.ID)
+	if code != 0 || !strings.Contains(out, "deleted") {
+		t.Fatalf("delete --checkpoints: exit %d: %s %s", code, out, errs)
+	}
+	if _, err := os.Stat(ck); !os.IsNotExist(err) {
+		t.Errorf("checkpoint directory %s after delete --checkpoints: %v, want gone", ck, err)
+	}
+	if out, _, _ = streamd(t, env, "list", "--all"); strings.Contains(out, st.ID) {
+		t.Errorf("list --all after delete still shows %s:\n%s", st.ID, out)
+	}
+	if _, errs, code = streamd(t, env, "delete", st.ID); code != 1 || !strings.Contains(errs, "no job") {
+		t.Errorf("delete of a deleted job: exit %d: %s", code, errs)
+	}
+}

@@ -240,7 +240,7 @@ func TestDeployRunsOnAHostAndFinishes(t *testing.T) {
 	if st.Operators[1].UID != "upper" || st.Operators[1].RecordsIn != 4 || st.Operators[1].RecordsOut != 4 {
 		t.Errorf("upper stats: %+v, want 4 in and out", st.Operators[1])
 	}
-	jobs, err := tc.client.List(context.Background())
+	jobs, err := tc.client.List(context.Background(), false)
 	if err != nil || len(jobs) != 1 || jobs[0].ID != id {
 		t.Fatalf("list: %v %v", jobs, err)
 	}

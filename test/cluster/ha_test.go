@@ -139,7 +139,7 @@ func startPoller(t *testing.T, client *cluster.Client, id string) *poller {
 			default:
 			}
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-			jobs, lerr := client.List(ctx)
+			jobs, lerr := client.List(ctx, false)
 			st, serr := client.Status(ctx, id)
 			cancel()
 			p.mu.Lock()
@@ -279,7 +279,7 @@ func TestLoneControllerRestartAdoptsJob(t *testing.T) {
 	next, term, _ := hc.waitLeader(old, 0)
 	t.Logf("controller started again; leads in term %d after %s", term, time.Since(restarted).Round(time.Millisecond))
 
-	jobs, err := hc.client.List(context.Background())
+	jobs, err := hc.client.List(context.Background(), false)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -118,7 +118,7 @@ func TestKillServerAdoptsJob(t *testing.T) {
 	killed := time.Now()
 	s.start()
 	tc.client = newClient()
-	jobs, err := tc.client.List(context.Background())
+	jobs, err := tc.client.List(context.Background(), false)
 	if err != nil {
 		t.Fatal(err)
 	}
