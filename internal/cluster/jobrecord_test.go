@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
+
 	"github.com/streamd/streamd/internal/jobfile"
 	"github.com/streamd/streamd/internal/natstest"
 )
@@ -150,5 +152,41 @@ func TestJobRecords(t *testing.T) {
 	}
 	if _, err := cl.Status(ctx, ended); err == nil || !strings.Contains(err.Error(), "no job") {
 		t.Fatalf("status of the deleted job from the new leader: %v, want no job", err)
+	}
+}
+
+// TestDeleteStoreJetStream: DeleteStore of a job with checkpoint storage
+// jetstream removes the objects under its prefix only.
+func TestDeleteStoreJetStream(t *testing.T) {
+	srv := natstest.Server(t)
+	nc := natstest.Connect(t, srv.URL())
+	js := natstest.JetStream(t, srv)
+	ctx := context.Background()
+	cs := &jobfile.CheckpointSettings{Storage: jobfile.StorageJetStream, Bucket: "CK"}
+	if err := DeleteStore(ctx, nc, cs, "job-a"); err != nil {
+		t.Fatalf("delete without a bucket: %v", err)
+	}
+	obs, err := js.CreateObjectStore(ctx, jetstream.ObjectStoreConfig{Bucket: "CK"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"job-a/chk-1/_metadata", "job-a/savepoint-2-job-a/_metadata", "job-ab/chk-1/_metadata", "job-b/chk-1/_metadata"} {
+		if _, err := obs.PutString(ctx, name, "x"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := DeleteStore(ctx, nc, cs, "job-a"); err != nil {
+		t.Fatal(err)
+	}
+	infos, err := obs.List(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var left []string
+	for _, in := range infos {
+		left = append(left, in.Name)
+	}
+	if strings.Join(left, ",") != "job-ab/chk-1/_metadata,job-b/chk-1/_metadata" {
+		t.Fatalf("objects left: %v, want those of job-ab and job-b", left)
 	}
 }
