@@ -47,6 +47,9 @@ type protoMsg struct {
 	from string // the sending subtask, for channel messages
 	ev   SubtaskEvent
 	text string // for the trace: what was sent
+	// overtaking: an unaligned barrier, which the receiver takes ahead of
+	// what is queued before it, as the runtime's input gate does.
+	overtaking bool
 }
 
 type protoChannel struct {
@@ -67,6 +70,8 @@ type protoSubtask struct {
 	// records go to (0: none); captured, the records so captured.
 	capturing  []int64
 	captured   []string
+	overtaken  []string // the records a barrier being taken overtook
+	want       []int64 // per input channel: the barrier a capture waits for
 	pendingAck TakeSnapshot
 }
 
@@ -120,6 +125,7 @@ func newProtocol(t *testing.T, g *JobGraph, cfg Config, ckpt bool, deployedFinis
 			}
 			s.blocked = make([]bool, len(s.chans))
 			s.capturing = make([]int64, len(s.chans))
+			s.want = make([]int64, len(s.chans))
 			p.subs[id] = s
 			p.order = append(p.order, id)
 		}
@@ -158,16 +164,51 @@ func newProtocol(t *testing.T, g *JobGraph, cfg Config, ckpt bool, deployedFinis
 	return p, nil
 }
 
-// overtake puts barrier b at the head of every output channel of s, ahead
-// of what is queued there (an unaligned barrier).
+// overtake puts the unaligned barrier b on every output channel of s, which
+// its receiver takes ahead of what is queued (takeOvertaking).
 func (p *protocol) overtake(s *protoSubtask, b Barrier) {
 	for _, row := range s.outs {
 		for _, ch := range row {
 			rs := p.receiver(ch)
 			idx := slices.Index(rs.chans, ch)
-			ch.q = slices.Insert(ch.q, 0, protoMsg{from: s.id.String(), ev: ChannelBarrier{idx, b}, text: "barrier " + b.String() + " (overtaking)"})
+			ch.q = append(ch.q, protoMsg{from: s.id.String(), ev: ChannelBarrier{Channel: idx, B: b}, text: "barrier " + b.String(), overtaking: true})
 		}
 	}
+}
+
+// takeOvertaking takes, as the runtime's gate does, the first overtaking
+// barrier (or one a capture waits for) out of a channel of s, unless
+// end-of-data comes first there; the records it overtook are its
+// ChannelBarrier's copies (CaptureOvertaken).
+func (p *protocol) takeOvertaking(s *protoSubtask, from string) (string, bool) {
+	for i, ch := range s.chans {
+		if from != "" && ch.from.String() != from {
+			continue
+		}
+	scan:
+		for k, msg := range ch.q {
+			switch e := msg.ev.(type) {
+			case ChannelEndOfData, ChannelEndOfPartition:
+				break scan
+			case ChannelBarrier:
+				if !msg.overtaking && (s.want[i] == 0 || e.B.ID != s.want[i]) {
+					continue
+				}
+				s.overtaken = s.overtaken[:0]
+				for _, q := range ch.q[:k] {
+					if q.ev == nil {
+						s.overtaken = append(s.overtaken, strings.TrimPrefix(q.text, "records "))
+					}
+				}
+				ch.q = slices.Delete(ch.q, k, k+1)
+				e.Overtook = true
+				line := p.stepSubtask(s, e, fmt.Sprintf("%s from %s (overtook %d)", msg.text, msg.from, k))
+				s.overtaken = s.overtaken[:0]
+				return line, true
+			}
+		}
+	}
+	return "", false
 }
 
 // broadcast puts ev on every output channel of s.
@@ -223,21 +264,17 @@ func (p *protocol) perform(s *protoSubtask, a SubtaskAction) {
 			p.overtake(s, x.B)
 			break
 		}
-		p.broadcast(s, func(ch int) SubtaskEvent { return ChannelBarrier{ch, x.B} }, "barrier "+x.B.String())
+		p.broadcast(s, func(ch int) SubtaskEvent { return ChannelBarrier{Channel: ch, B: x.B} }, "barrier "+x.B.String())
 	case CaptureOutputs:
-		n := 0
-		for _, row := range s.outs {
-			for _, ch := range row {
-				for _, m := range ch.q {
-					if m.ev == nil {
-						n++
-					}
-				}
-			}
-		}
-		s.calls = append(s.calls, fmt.Sprintf("capture_outputs(%d: %d batches)", x.ID, n))
+		// The runtime sends its output buffers ahead of the barrier: the
+		// receivers capture them with what the barrier overtook.
 	case StartCapture:
 		s.capturing[x.Channel] = x.ID
+		s.want[x.Channel] = x.ID
+	case CaptureOvertaken:
+		for _, r := range s.overtaken {
+			s.captured = append(s.captured, fmt.Sprintf("ch%d:%s", x.Channel, r))
+		}
 	case StopCapture:
 		s.capturing[x.Channel] = 0
 	case FinishSnapshot:
@@ -350,6 +387,9 @@ func (p *protocol) deliverOne(s *protoSubtask, from string) (string, bool) {
 		}
 		s.acks = slices.Delete(s.acks, i, i+1)
 		return p.stepSubtask(s, msg.ev, fmt.Sprintf("%s from %s (%s)", msg.text, msg.from, msg.ev)), true
+	}
+	if line, ok := p.takeOvertaking(s, from); ok {
+		return line, true
 	}
 	for i, ch := range s.chans {
 		if len(ch.q) == 0 || s.blocked[i] || (from != "" && ch.from.String() != from) {
@@ -596,7 +636,7 @@ func TestUnalignedAbort(t *testing.T) {
 		ev   SubtaskEvent
 		want string
 	}{
-		{"newer barrier", ChannelBarrier{1, cp(2)}, "abort-snapshot cp=1, align-aborted cp=1, align-start cp=2 checkpoint, capture-outputs cp=2, forward-barrier cp=2 checkpoint overtake, snapshot cp=2 checkpoint unaligned, capture-start ch=0 cp=2"},
+		{"newer barrier", ChannelBarrier{Channel: 1, B: cp(2)}, "abort-snapshot cp=1, align-aborted cp=1, align-start cp=2 checkpoint, capture-outputs cp=2, forward-barrier cp=2 checkpoint unaligned overtake, snapshot cp=2 checkpoint unaligned, capture-start ch=0 cp=2"},
 		{"cancel", ChannelCancel{1, 1}, "abort-snapshot cp=1, align-aborted cp=1, forward-cancel cp=1"},
 		{"aborted", CheckpointAborted{1}, "abort-snapshot cp=1, align-aborted cp=1"},
 	} {
@@ -605,7 +645,7 @@ func TestUnalignedAbort(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			for _, ev := range []SubtaskEvent{Opened{}, ChannelBarrier{0, cp(1)}} {
+			for _, ev := range []SubtaskEvent{Opened{}, ChannelBarrier{Channel: 0, B: cp(1)}} {
 				if err := m.Step(ev); err != nil {
 					t.Fatal(err)
 				}

@@ -82,7 +82,11 @@ type Barrier struct {
 	ID    int64
 	Kind  CheckpointKind
 	Sync  bool // the stop-with-savepoint savepoint
-	Trace map[string]string
+	// Unaligned: the barrier was sent by a subtask that took the checkpoint
+	// unaligned (ForwardBarrier.Overtake); a receiver takes it unaligned
+	// too, whatever its own mode (an aligned timeout that fired upstream).
+	Unaligned bool
+	Trace     map[string]string
 }
 
 // SubtaskConfig describes one subtask to NewSubtaskMachine.
@@ -154,10 +158,16 @@ type StopSource struct {
 // Trigger: the coordinator starts checkpoint B at this subtask.
 type Trigger struct{ B Barrier }
 
-// ChannelBarrier: the barrier B arrived on input channel Channel.
+// ChannelBarrier: the barrier B arrived on input channel Channel. With
+// Overtook the runtime took it out of the channel ahead of the records and
+// watermarks queued before it (an unaligned barrier, or one a capture waits
+// for), and holds copies of them: they are the channel's state if the
+// barrier belongs to the unaligned checkpoint in progress (CaptureOvertaken),
+// and are processed afterwards either way.
 type ChannelBarrier struct {
-	Channel int
-	B       Barrier
+	Channel  int
+	B        Barrier
+	Overtook bool
 }
 
 // ChannelCancel: CancelCheckpoint(ID) arrived on input channel Channel.
@@ -216,7 +226,12 @@ func (e StopSource) String() string {
 	return fmt.Sprintf("stop sp=%d drain=%t", e.SavepointID, e.Drain)
 }
 func (e Trigger) String() string        { return "trigger " + e.B.String() }
-func (e ChannelBarrier) String() string { return fmt.Sprintf("barrier ch=%d %s", e.Channel, e.B) }
+func (e ChannelBarrier) String() string {
+	if e.Overtook {
+		return fmt.Sprintf("barrier ch=%d %s overtook", e.Channel, e.B)
+	}
+	return fmt.Sprintf("barrier ch=%d %s", e.Channel, e.B)
+}
 func (e ChannelCancel) String() string  { return fmt.Sprintf("cancel ch=%d cp=%d", e.Channel, e.ID) }
 func (e ChannelWatermark) String() string {
 	return fmt.Sprintf("watermark ch=%d ts=%d", e.Channel, e.TS)
@@ -236,6 +251,9 @@ func (b Barrier) String() string {
 	s := fmt.Sprintf("cp=%d %s", b.ID, b.Kind)
 	if b.Sync {
 		s += " sync"
+	}
+	if b.Unaligned {
+		s += " unaligned"
 	}
 	return s
 }
@@ -296,6 +314,14 @@ type CaptureOutputs struct{ ID int64 }
 // StartCapture: from now on the records arriving on input Channel are also
 // channel state of checkpoint ID (they are processed as usual).
 type StartCapture struct {
+	Channel int
+	ID      int64
+}
+
+// CaptureOvertaken: the records and watermarks the barrier of checkpoint ID
+// overtook on input Channel (ChannelBarrier.Overtook) are channel state of
+// ID, after what a capture of Channel took so far.
+type CaptureOvertaken struct {
 	Channel int
 	ID      int64
 }
@@ -366,6 +392,7 @@ func (AckEndOfData) isSubtaskAction()      {}
 func (CaptureOutputs) isSubtaskAction()    {}
 func (StartCapture) isSubtaskAction()      {}
 func (StopCapture) isSubtaskAction()       {}
+func (CaptureOvertaken) isSubtaskAction()  {}
 func (FinishSnapshot) isSubtaskAction()    {}
 func (AbortSnapshot) isSubtaskAction()     {}
 func (ArmAlignmentTimer) isSubtaskAction() {}
@@ -395,6 +422,9 @@ func (a StartCapture) String() string {
 	return fmt.Sprintf("capture-start ch=%d cp=%d", a.Channel, a.ID)
 }
 func (a StopCapture) String() string    { return fmt.Sprintf("capture-stop ch=%d cp=%d", a.Channel, a.ID) }
+func (a CaptureOvertaken) String() string {
+	return fmt.Sprintf("capture-overtaken ch=%d cp=%d", a.Channel, a.ID)
+}
 func (a FinishSnapshot) String() string { return fmt.Sprintf("finish-snapshot cp=%d", a.ID) }
 func (a AbortSnapshot) String() string  { return fmt.Sprintf("abort-snapshot cp=%d", a.ID) }
 func (a ArmAlignmentTimer) String() string {
@@ -405,7 +435,7 @@ func (a TakeSnapshot) String() string {
 	b.WriteString("snapshot " + a.B.String())
 	writeFlag(&b, a.AfterEndOfData, "after-eod")
 	writeFlag(&b, a.DeployedFinished, "deployed-finished")
-	writeFlag(&b, a.Unaligned, "unaligned")
+	writeFlag(&b, a.Unaligned && !a.B.Unaligned, "unaligned")
 	return b.String()
 }
 func (a ForwardCancel) String() string { return fmt.Sprintf("forward-cancel cp=%d", a.ID) }
@@ -591,7 +621,7 @@ func (m *SubtaskMachine) Step(ev SubtaskEvent) error {
 	case Trigger:
 		m.trigger(e.B)
 	case ChannelBarrier:
-		m.channelBarrier(e.Channel, e.B)
+		m.channelBarrier(e.Channel, e.B, e.Overtook)
 	case ChannelCancel:
 		m.cancel(e.ID, true)
 	case CheckpointAborted:
@@ -611,7 +641,7 @@ func (m *SubtaskMachine) Step(ev SubtaskEvent) error {
 		err = m.outputAcked(e.Channel)
 	case AlignmentTimedOut:
 		if m.aligning && !m.unaligned && m.barrier.ID == e.ID {
-			m.goUnaligned(-1)
+			m.goUnaligned(-1, false)
 		}
 	case CheckpointComplete:
 		m.complete(e.ID)
@@ -710,14 +740,15 @@ func (m *SubtaskMachine) takeSnapshot(b Barrier, unaligned bool) {
 
 // unalignedFor reports whether checkpoint b starts unaligned here.
 func (m *SubtaskMachine) unalignedFor(b Barrier) bool {
-	return m.cfg.Checkpointing && m.cfg.Alignment == AlignUnaligned && b.Kind == KindCheckpoint
+	return m.cfg.Checkpointing && (m.cfg.Alignment == AlignUnaligned || b.Unaligned) && b.Kind == KindCheckpoint
 }
 
 // goUnaligned takes the checkpoint in progress (m.barrier) unaligned: at
 // its first barrier (on channel first), at a trigger (first < 0), or when
 // its alignment timed out (first < 0; the channels whose barrier is in are
-// blocked).
-func (m *SubtaskMachine) goUnaligned(first int) {
+// blocked), or when an unaligned barrier of it came (first, with
+// overtook if it overtook records there).
+func (m *SubtaskMachine) goUnaligned(first int, overtook bool) {
 	if slices.Contains(m.arrived, true) {
 		m.emit(UnblockChannels{})
 	}
@@ -726,9 +757,13 @@ func (m *SubtaskMachine) goUnaligned(first int) {
 	}
 	m.unaligned = true
 	b := m.barrier
+	b.Unaligned = true
 	m.emit(CaptureOutputs{b.ID})
 	m.emit(ForwardBarrier{B: b, Overtake: true})
 	m.takeSnapshot(b, true)
+	if overtook && m.cfg.Checkpointing {
+		m.emit(CaptureOvertaken{Channel: first, ID: b.ID})
+	}
 	for c, a := range m.arrived {
 		if !a && !m.ended[c] && !m.chanEOD[c] {
 			m.capturing[c] = true
@@ -769,6 +804,7 @@ func (m *SubtaskMachine) trigger(b Barrier) {
 		m.barrier = b
 		if m.unalignedFor(b) {
 			// No input to capture: only the output buffers.
+			b.Unaligned = true
 			m.emit(CaptureOutputs{b.ID})
 			m.emit(ForwardBarrier{B: b, Overtake: true})
 			m.takeSnapshot(b, true)
@@ -785,7 +821,7 @@ func (m *SubtaskMachine) trigger(b Barrier) {
 	}
 	m.beginAlignment(b)
 	if m.unalignedFor(b) {
-		m.goUnaligned(-1)
+		m.goUnaligned(-1, false)
 		return
 	}
 	m.maybeAligned()
@@ -820,15 +856,21 @@ func (m *SubtaskMachine) endAlignment(aligned bool) {
 	}
 }
 
-func (m *SubtaskMachine) channelBarrier(ch int, b Barrier) {
+func (m *SubtaskMachine) channelBarrier(ch int, b Barrier, overtook bool) {
 	switch {
 	case m.aligning && b.ID == m.barrier.ID:
+		if !m.unaligned && m.unalignedFor(b) && !m.arrived[ch] {
+			// Aligned so far here, but the sender took it unaligned (its
+			// aligned timeout fired): so does this subtask.
+			m.goUnaligned(ch, overtook)
+			return
+		}
 	case b.ID <= m.barrier.ID, b.ID <= m.lastCancel:
 		return // a late barrier of an aborted, cancelled or completed checkpoint
 	default:
 		m.beginAlignment(b)
 		if m.unalignedFor(b) {
-			m.goUnaligned(ch)
+			m.goUnaligned(ch, overtook)
 			return
 		}
 	}
@@ -837,6 +879,9 @@ func (m *SubtaskMachine) channelBarrier(ch int, b Barrier) {
 	}
 	m.arrived[ch] = true
 	if m.unaligned {
+		if overtook && m.capturing[ch] {
+			m.emit(CaptureOvertaken{Channel: ch, ID: m.barrier.ID})
+		}
 		m.stopCapture(ch)
 		m.maybeCaptured()
 		return

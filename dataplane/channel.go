@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 )
 
 // Errors of the data plane.
@@ -82,6 +83,53 @@ func AckEndOfData(in Input) error {
 	return nil
 }
 
+// Unaligned checkpoints let a barrier overtake the records queued before
+// it (DESIGN.md "Unaligned checkpoints"). The barrier still travels in
+// order, behind those records; what changes is who may look ahead:
+//
+//   - the sender does not wait for room in the channel for the records of
+//     its output buffers and the barrier behind them (Overtaker.SendNow), so
+//     a back-pressured channel never delays the barrier;
+//   - the receiver takes the barrier out of the middle of the queue as soon
+//     as it is queued (Overtakable), together with copies of the records
+//     and watermarks before it, which become the channel's state in the
+//     checkpoint and are still processed afterwards as usual.
+
+// Overtaker is an Output that can send without waiting for room.
+type Overtaker interface {
+	// SendNow is Send without back-pressure: the event is queued even when
+	// the channel is full. The channel may exceed its capacity by what is
+	// sent this way (one batch per output and a barrier per checkpoint).
+	SendNow(ctx context.Context, ev Event) error
+}
+
+// SendNow is o's SendNow, or Send for an Output that is no Overtaker.
+func SendNow(ctx context.Context, o Output, ev Event) error {
+	if n, ok := o.(Overtaker); ok {
+		return n.SendNow(ctx, ev)
+	}
+	return o.Send(ctx, ev)
+}
+
+// Overtakable is an Input whose receiver can take a barrier ahead of the
+// events queued before it.
+type Overtakable interface {
+	// WantBarrier asks the channel to flag checkpoint id's barrier as an
+	// overtaking one once it is queued (it may be queued already): the
+	// receiver's unaligned checkpoint waits for it.
+	WantBarrier(id int64)
+	// Overtaking reports whether an overtaking barrier (one sent unaligned,
+	// or the wanted one) may be queued. Any goroutine may call it.
+	Overtaking() bool
+	// TakeBarrier removes the first overtaking barrier from the queue and
+	// returns it, after calling visit with each records and watermark event
+	// queued before it, in order (visit must copy what it keeps: the
+	// batches stay queued and are delivered by TryRecv later). It takes
+	// nothing, and clears the flag, when end-of-data or end-of-partition
+	// comes first: the barrier is then delivered in order.
+	TakeBarrier(visit func(Event)) (Barrier, bool, error)
+}
+
 // Channel is one point-to-point channel between two subtasks. The in-process
 // implementation is LocalChannel; a NATS implementation plugs in here.
 type Channel interface {
@@ -91,17 +139,28 @@ type Channel interface {
 
 // message is what travels on a LocalChannel.
 type message struct {
-	seq uint64
-	ev  Event
+	seq   uint64
+	ev    Event
+	taken bool // a barrier the receiver took ahead (TakeBarrier)
 }
 
-// LocalChannel is a bounded in-process channel.
+// LocalChannel is a bounded in-process channel: a queue under a mutex, so
+// the receiver can look into it for an overtaking barrier.
 type LocalChannel struct {
 	name   string
-	ch     chan message
+	cap    int
 	notify chan<- struct{}
 	out    localOutput
 	in     localInput
+
+	mu    sync.Mutex
+	q     []message // q[head:] is queued
+	head  int
+	n     int           // queued messages that count against cap
+	room  chan struct{} // poked when a message is taken
+	want  int64         // the barrier the receiver waits for (WantBarrier)
+	prio  atomic.Bool   // an overtaking barrier may be queued
+	ended bool
 
 	ackMu sync.Mutex
 	acked bool   // the receiver acknowledged EndOfData
@@ -114,7 +173,7 @@ func NewLocalChannel(name string, capacity int) *LocalChannel {
 	if capacity < 1 {
 		capacity = 1
 	}
-	c := &LocalChannel{name: name, ch: make(chan message, capacity)}
+	c := &LocalChannel{name: name, cap: capacity, q: make([]message, 0, capacity), room: make(chan struct{}, 1)}
 	c.out.c = c
 	c.in.c = c
 	return c
@@ -127,10 +186,14 @@ func (c *LocalChannel) Output() Output { return &c.out }
 func (c *LocalChannel) Input() Input { return &c.in }
 
 // Len is the number of queued messages.
-func (c *LocalChannel) Len() int { return len(c.ch) }
+func (c *LocalChannel) Len() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.n
+}
 
 // Cap is the channel's capacity in messages.
-func (c *LocalChannel) Cap() int { return cap(c.ch) }
+func (c *LocalChannel) Cap() int { return c.cap }
 
 type localOutput struct {
 	c     *LocalChannel
@@ -140,14 +203,19 @@ type localOutput struct {
 
 func (o *localOutput) Name() string { return o.c.name }
 
-func (o *localOutput) Send(ctx context.Context, ev Event) error {
+func (o *localOutput) Send(ctx context.Context, ev Event) error { return o.send(ctx, ev, true) }
+
+// SendNow implements Overtaker.
+func (o *localOutput) SendNow(ctx context.Context, ev Event) error { return o.send(ctx, ev, false) }
+
+func (o *localOutput) send(ctx context.Context, ev Event, wait bool) error {
 	if o.ended {
 		return fmt.Errorf("%w: %s: send %s after end-of-partition", ErrChannelEnded, o.c.name, ev)
 	}
-	o.seq++
-	if err := o.c.put(ctx, message{seq: o.seq, ev: ev}); err != nil {
+	if err := o.c.put(ctx, message{seq: o.seq + 1, ev: ev}, wait); err != nil {
 		return err
 	}
+	o.seq++
 	if ev.Kind == KindEndOfPartition {
 		o.ended = true
 	}
@@ -168,17 +236,24 @@ func (o *localOutput) NotifyEndOfDataAck(f func()) bool {
 	return true
 }
 
-// put queues m, blocking while the channel is full.
-func (c *LocalChannel) put(ctx context.Context, m message) error {
-	select {
-	case c.ch <- m:
-	default:
+// put queues m, with wait blocking while the channel is full.
+func (c *LocalChannel) put(ctx context.Context, m message, wait bool) error {
+	c.mu.Lock()
+	for wait && c.n >= c.cap {
+		c.mu.Unlock()
 		select {
-		case c.ch <- m:
+		case <-c.room:
 		case <-ctx.Done():
 			return fmt.Errorf("dataplane: %s: send %s: %w", c.name, m.ev, context.Cause(ctx))
 		}
+		c.mu.Lock()
 	}
+	c.q = append(c.q, m)
+	c.n++
+	if m.ev.Kind == KindBarrier && (m.ev.Barrier.Unaligned || m.ev.Barrier.ID == c.want && c.want != 0) {
+		c.prio.Store(true)
+	}
+	c.mu.Unlock()
 	if c.notify != nil {
 		select {
 		case c.notify <- struct{}{}:
@@ -199,15 +274,91 @@ func (in *localInput) Name() string { return in.c.name }
 func (in *localInput) SetNotify(n chan<- struct{}) { in.c.notify = n }
 
 func (in *localInput) TryRecv() (Event, bool, error) {
-	select {
-	case m := <-in.c.ch:
+	c := in.c
+	for {
+		c.mu.Lock()
+		if c.head == len(c.q) {
+			c.mu.Unlock()
+			return Event{}, false, nil
+		}
+		m := c.q[c.head]
+		c.q[c.head] = message{}
+		if c.head++; c.head == len(c.q) {
+			c.q, c.head = c.q[:0], 0
+		} else if c.head >= 64 && c.head*2 >= len(c.q) {
+			k := copy(c.q, c.q[c.head:])
+			clear(c.q[k:])
+			c.q, c.head = c.q[:k], 0
+		}
+		if !m.taken {
+			c.n--
+		}
+		c.mu.Unlock()
+		if !m.taken {
+			select {
+			case c.room <- struct{}{}:
+			default:
+			}
+		}
 		if err := in.check(m); err != nil {
 			return Event{}, false, err
 		}
-		return m.ev, true, nil
-	default:
-		return Event{}, false, nil
+		if !m.taken {
+			return m.ev, true, nil
+		}
 	}
+}
+
+// WantBarrier implements Overtakable.
+func (in *localInput) WantBarrier(id int64) {
+	c := in.c
+	c.mu.Lock()
+	c.want = id
+	for _, m := range c.q[c.head:] {
+		if m.ev.Kind == KindBarrier && m.ev.Barrier.ID == id && !m.taken {
+			c.prio.Store(true)
+		}
+	}
+	c.mu.Unlock()
+}
+
+// Overtaking implements Overtakable.
+func (in *localInput) Overtaking() bool { return in.c.prio.Load() }
+
+// TakeBarrier implements Overtakable.
+func (in *localInput) TakeBarrier(visit func(Event)) (Barrier, bool, error) {
+	c := in.c
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.prio.Store(false)
+	q := c.q[c.head:]
+	for i := range q {
+		m := &q[i]
+		if m.taken {
+			continue
+		}
+		switch m.ev.Kind {
+		case KindEndOfData, KindEndOfPartition:
+			return Barrier{}, false, nil
+		case KindBarrier:
+			if !m.ev.Barrier.Unaligned && (c.want == 0 || m.ev.Barrier.ID != c.want) {
+				continue
+			}
+			for _, p := range q[:i] {
+				if !p.taken && (p.ev.Kind == KindRecords || p.ev.Kind == KindWatermark) {
+					visit(p.ev)
+				}
+			}
+			m.taken = true
+			c.n--
+			select {
+			case c.room <- struct{}{}:
+			default:
+			}
+			return m.ev.Barrier, true, nil
+		}
+	}
+	return Barrier{}, false, nil
 }
 
 // AckEndOfData implements EndOfDataAcker.

@@ -134,7 +134,7 @@ func TestSequenceGapAndDuplicate(t *testing.T) {
 	ctx := context.Background()
 	c := NewLocalChannel("a[0]->b[0]", 8)
 	for _, seq := range []uint64{1, 2, 4} { // 3 is lost
-		if err := c.put(ctx, message{seq: seq, ev: WatermarkEvent(int64(seq))}); err != nil {
+		if err := c.put(ctx, message{seq: seq, ev: WatermarkEvent(int64(seq))}, true); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -151,7 +151,7 @@ func TestSequenceGapAndDuplicate(t *testing.T) {
 
 	c = NewLocalChannel("dup", 8)
 	for _, seq := range []uint64{1, 2, 2} {
-		_ = c.put(ctx, message{seq: seq, ev: WatermarkEvent(1)})
+		_ = c.put(ctx, message{seq: seq, ev: WatermarkEvent(1)}, true)
 	}
 	in = c.Input()
 	in.TryRecv()
@@ -175,7 +175,7 @@ func TestSequenceGapAndDuplicate(t *testing.T) {
 		t.Fatalf("got %d events, want 3", len(evs))
 	}
 	// A message after EndOfPartition is refused by the receiver too.
-	_ = c.put(ctx, message{seq: 4, ev: WatermarkEvent(3)})
+	_ = c.put(ctx, message{seq: 4, ev: WatermarkEvent(3)}, true)
 	if _, _, err := c.Input().TryRecv(); !errors.Is(err, ErrChannelEnded) {
 		t.Fatalf("receive after end-of-partition: %v", err)
 	}

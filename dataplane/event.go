@@ -75,6 +75,10 @@ type Barrier struct {
 	ID     int64
 	Kind   BarrierKind
 	IsSync bool // a synchronous savepoint (stop-with-savepoint): the job stops after it
+	// Unaligned: the barrier of an unaligned checkpoint, which may overtake
+	// the records queued before it (Overtakable); over NATS the header
+	// Streamd-Unaligned: 1.
+	Unaligned bool
 	// Trace is the checkpoint's trace context (W3C traceparent, tracestate),
 	// nil when tracing is off: subtasks start their alignment and snapshot
 	// spans under it. Over NATS it travels in the message headers.
@@ -143,6 +147,9 @@ func (e Event) String() string {
 		}
 		return fmt.Sprintf("watermark(%d)", e.Watermark.TS)
 	case KindBarrier:
+		if e.Barrier.Unaligned {
+			return fmt.Sprintf("barrier(%d, %s, sync=%v, unaligned)", e.Barrier.ID, e.Barrier.Kind, e.Barrier.IsSync)
+		}
 		return fmt.Sprintf("barrier(%d, %s, sync=%v)", e.Barrier.ID, e.Barrier.Kind, e.Barrier.IsSync)
 	case KindEndOfData:
 		return fmt.Sprintf("end-of-data(drain=%v)", e.EndOfData.Drain)

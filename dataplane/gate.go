@@ -159,3 +159,41 @@ func (g *InputGate) allBlocked() bool {
 	}
 	return true
 }
+
+// Overtaking reports whether a channel that has not ended may hold an
+// overtaking barrier (Overtakable.Overtaking).
+func (g *InputGate) Overtaking() bool {
+	for i := range g.chans {
+		if o, ok := g.chans[i].in.(Overtakable); ok && !g.chans[i].ended && o.Overtaking() {
+			return true
+		}
+	}
+	return false
+}
+
+// TakeOvertaking takes an overtaking barrier out of the first channel, in
+// channel order, that holds one (blocked or not), calling visit with the
+// records and watermarks queued before it on that channel
+// (Overtakable.TakeBarrier). ok is false when none was taken.
+func (g *InputGate) TakeOvertaking(visit func(ch int, ev Event)) (ch int, b Barrier, ok bool, err error) {
+	for c := range g.chans {
+		o, isO := g.chans[c].in.(Overtakable)
+		if !isO || g.chans[c].ended || !o.Overtaking() {
+			continue
+		}
+		b, ok, err := o.TakeBarrier(func(ev Event) { visit(c, ev) })
+		if err != nil || ok {
+			return c, b, ok, err
+		}
+	}
+	return 0, Barrier{}, false, nil
+}
+
+// WantBarrier asks channel ch to flag checkpoint id's barrier as overtaking
+// once it is queued (Overtakable.WantBarrier); nothing for a channel that
+// cannot.
+func (g *InputGate) WantBarrier(ch int, id int64) {
+	if o, ok := g.chans[ch].in.(Overtakable); ok {
+		o.WantBarrier(id)
+	}
+}

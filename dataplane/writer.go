@@ -233,6 +233,34 @@ func (w *RecordWriter) Broadcast(ctx context.Context, ev Event) error {
 	return nil
 }
 
+// BroadcastNow is Broadcast without back-pressure (Overtaker.SendNow): the
+// pending records and then ev go out on every output even when its channel
+// is full. It sends the barrier of an unaligned checkpoint, which overtakes
+// everything queued and must not wait for the receivers to make room.
+func (w *RecordWriter) BroadcastNow(ctx context.Context, ev Event) error {
+	if w.err != nil {
+		return w.err
+	}
+	if ev.Kind == KindRecords {
+		return fmt.Errorf("dataplane: record writer: broadcast of a records event")
+	}
+	for t, o := range w.outs {
+		if b := w.pending[t]; b != nil && len(b.Records) > 0 {
+			w.pending[t] = nil
+			if err := SendNow(ctx, o, RecordsEvent(b)); err != nil {
+				b.Release()
+				w.err = err
+				return err
+			}
+		}
+		if err := SendNow(ctx, o, ev); err != nil {
+			w.err = err
+			return err
+		}
+	}
+	return nil
+}
+
 // Discard releases the pending batches without sending them (on failure).
 func (w *RecordWriter) Discard() {
 	for t, b := range w.pending {

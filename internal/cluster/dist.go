@@ -188,6 +188,7 @@ func (e *LocalExecutor) startDistributed(ctx context.Context, r ExecRequest) (Ex
 			return nil, fmt.Errorf("cluster: job %s: %w", r.JobID, err)
 		}
 		opts.Checkpoint = &runtime.CheckpointOptions{Store: store}
+		opts.Checkpoint.SetMode(cs)
 		if r.RestoreFrom != "" {
 			rs, err := loadRestoreRetry(ctx, r.Conn, r.RestoreFrom, r.Graph, r.Logger)
 			if err != nil {

@@ -62,6 +62,34 @@ type CheckpointSettings struct {
 	// Bucket is the object store bucket of StorageJetStream; "" = the
 	// default, STREAMD_CHECKPOINTS.
 	Bucket string
+	// Mode is ModeAligned or ModeUnaligned (checkpoint.mode); "" means
+	// aligned (a spec written before modes existed).
+	Mode string `json:",omitempty"`
+	// AlignedTimeout (checkpoint.aligned_timeout), with mode aligned: a
+	// subtask whose alignment has not completed after this long takes the
+	// checkpoint unaligned; 0: never.
+	AlignedTimeout time.Duration `json:",omitempty"`
+}
+
+// Checkpoint modes (checkpoint.mode).
+const (
+	ModeAligned   = "aligned"
+	ModeUnaligned = "unaligned"
+)
+
+// Unaligned reports whether checkpoints start unaligned.
+func (c *CheckpointSettings) Unaligned() bool { return c.Mode == ModeUnaligned }
+
+// ModeString is the mode as status shows it: "aligned", "unaligned" or
+// "aligned, unaligned after 2s".
+func (c *CheckpointSettings) ModeString() string {
+	switch {
+	case c.Unaligned():
+		return ModeUnaligned
+	case c.AlignedTimeout > 0:
+		return fmt.Sprintf("aligned, unaligned after %v", c.AlignedTimeout)
+	}
+	return ModeAligned
 }
 
 // DefaultTolerableFailures is the default of checkpoint.tolerable_failures.
@@ -201,6 +229,11 @@ type Options struct {
 	// none (the configuration's runtime.max_record_bytes) instead of
 	// abi.DefaultMaxRecordBytes.
 	MaxRecordBytes int
+	// CheckpointMode and AlignedTimeout, when set, are checkpoint.mode and
+	// checkpoint.aligned_timeout of a checkpoint section that sets neither
+	// (the configuration's keys of the same names).
+	CheckpointMode string
+	AlignedTimeout time.Duration
 }
 
 // Load reads, validates and returns the job graph of the job file at path.
@@ -843,7 +876,7 @@ func (p *parser) sink(op, prefix string, n *yaml.Node) *SinkSpec {
 	return s
 }
 
-var checkpointFields = []string{"interval", "dir", "retain", "timeout", "min_pause", "tolerable_failures", "max_concurrent", "final_immediately", "storage", "bucket"}
+var checkpointFields = []string{"interval", "dir", "retain", "timeout", "min_pause", "tolerable_failures", "max_concurrent", "final_immediately", "storage", "bucket", "mode", "aligned_timeout"}
 
 func (p *parser) checkpoint(n *yaml.Node) *CheckpointSettings {
 	const prefix = "checkpoint."
@@ -874,7 +907,33 @@ func (p *parser) checkpoint(n *yaml.Node) *CheckpointSettings {
 		c.FinalImmediately = p.bool("", prefix+"final_immediately", x)
 	}
 	p.checkpointStorage(c, f)
+	p.checkpointMode(c, f)
 	return c
+}
+
+// checkpointMode reads checkpoint.mode and checkpoint.aligned_timeout; a
+// section that sets neither takes the configuration's (Options).
+func (p *parser) checkpointMode(c *CheckpointSettings, f map[string]*yaml.Node) {
+	const prefix = "checkpoint."
+	c.Mode = ModeAligned
+	mode, timeout := f["mode"], f["aligned_timeout"]
+	if mode == nil && timeout == nil {
+		if m := p.opts.CheckpointMode; m != "" {
+			c.Mode = m
+		}
+		c.AlignedTimeout = p.opts.AlignedTimeout
+		return
+	}
+	if mode != nil {
+		c.Mode = p.str("", prefix+"mode", mode)
+		if c.Mode != ModeAligned && c.Mode != ModeUnaligned {
+			p.add("", mode.Line, prefix+"mode", "%q: want aligned or unaligned", c.Mode)
+		}
+	}
+	p.durationAtLeast(f, prefix, "aligned_timeout", 0, "must not be negative", &c.AlignedTimeout)
+	if timeout != nil && c.Mode == ModeUnaligned && c.AlignedTimeout > 0 {
+		p.add("", timeout.Line, prefix+"aligned_timeout", "only with mode: aligned (it switches a late alignment to unaligned; with mode: unaligned every checkpoint is unaligned from its first barrier)")
+	}
 }
 
 // intAtLeast sets *dst from field key of f, if present, and reports a value

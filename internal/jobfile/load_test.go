@@ -95,7 +95,7 @@ func TestLoadWordcount(t *testing.T) {
 		t.Errorf("sink spec %+v", sink)
 	}
 	want := &CheckpointSettings{Interval: 5 * time.Second, Dir: filepath.Join(dir, "checkpoints"), Retain: 1, Timeout: 10 * time.Minute,
-		TolerableFailures: DefaultTolerableFailures, MaxConcurrent: 1, FinalImmediately: true}
+		TolerableFailures: DefaultTolerableFailures, MaxConcurrent: 1, FinalImmediately: true, Mode: ModeAligned}
 	if !reflect.DeepEqual(job.Checkpoint, want) {
 		t.Errorf("checkpoint %+v, want %+v", job.Checkpoint, want)
 	}
@@ -535,7 +535,7 @@ func TestCheckpointSettings(t *testing.T) {
 	}{
 		{"defaults", "checkpoint: {interval: 1s}\n", func(dir string) *CheckpointSettings {
 			return &CheckpointSettings{Interval: time.Second, Dir: filepath.Join(dir, "checkpoints"), Retain: 1, Timeout: 10 * time.Minute,
-				TolerableFailures: 3, MaxConcurrent: 1, FinalImmediately: true}
+				TolerableFailures: 3, MaxConcurrent: 1, FinalImmediately: true, Mode: ModeAligned}
 		}, nil},
 		{"all fields", `checkpoint:
   interval: 250ms
@@ -548,11 +548,26 @@ func TestCheckpointSettings(t *testing.T) {
   final_immediately: false
 `, func(dir string) *CheckpointSettings {
 			return &CheckpointSettings{Interval: 250 * time.Millisecond, Dir: filepath.Join(dir, "chk"), Retain: 2, Timeout: 30 * time.Second,
-				MinPause: 100 * time.Millisecond, TolerableFailures: 0, MaxConcurrent: 2, FinalImmediately: false}
+				MinPause: 100 * time.Millisecond, TolerableFailures: 0, MaxConcurrent: 2, FinalImmediately: false, Mode: ModeAligned}
 		}, nil},
+		{"unaligned", "checkpoint: {interval: 1s, mode: unaligned}\n", func(dir string) *CheckpointSettings {
+			return &CheckpointSettings{Interval: time.Second, Dir: filepath.Join(dir, "checkpoints"), Retain: 1, Timeout: 10 * time.Minute,
+				TolerableFailures: 3, MaxConcurrent: 1, FinalImmediately: true, Mode: ModeUnaligned}
+		}, nil},
+		{"aligned timeout", "checkpoint: {interval: 1s, aligned_timeout: 200ms}\n", func(dir string) *CheckpointSettings {
+			return &CheckpointSettings{Interval: time.Second, Dir: filepath.Join(dir, "checkpoints"), Retain: 1, Timeout: 10 * time.Minute,
+				TolerableFailures: 3, MaxConcurrent: 1, FinalImmediately: true, Mode: ModeAligned, AlignedTimeout: 200 * time.Millisecond}
+		}, nil},
+		{"bad mode", "checkpoint: {interval: 1s, mode: sometimes, aligned_timeout: -1s}\n", nil, []string{
+			`line 1: checkpoint.mode: "sometimes": want aligned or unaligned`,
+			`line 1: checkpoint.aligned_timeout: must not be negative, got -1s`,
+		}},
+		{"timeout with unaligned", "checkpoint: {interval: 1s, mode: unaligned, aligned_timeout: 1s}\n", nil, []string{
+			`line 1: checkpoint.aligned_timeout: only with mode: aligned`,
+		}},
 		{"unlimited failures", "checkpoint: {interval: 1s, tolerable_failures: -1}\n", func(dir string) *CheckpointSettings {
 			return &CheckpointSettings{Interval: time.Second, Dir: filepath.Join(dir, "checkpoints"), Retain: 1, Timeout: 10 * time.Minute,
-				TolerableFailures: -1, MaxConcurrent: 1, FinalImmediately: true}
+				TolerableFailures: -1, MaxConcurrent: 1, FinalImmediately: true, Mode: ModeAligned}
 		}, nil},
 		{"bad values", "checkpoint: {interval: 1s, tolerable_failures: -2, max_concurrent: 0, final_immediately: sometimes, min_pause: -1s, timeout: 0}\n", nil, []string{
 			`line 1: checkpoint.tolerable_failures: must be at least 0 (or -1: unlimited), got -2`,

@@ -91,9 +91,26 @@ func TestExactlyOnceUnderFailure(t *testing.T) {
 	mod := testwasm.Path(t, "internal/testguests/failonce/failonce.wasm")
 	eng := cachedEngine(t)
 	const n, keys = 4000, 13
-	for _, mode := range []string{"map", "count"} {
-		for _, p := range []int{1, 4} {
-			t.Run(fmt.Sprintf("%s/p%d", mode, p), func(t *testing.T) {
+	for _, c := range []struct {
+		mode    string
+		p       int
+		align   control.AlignmentMode
+		timeout time.Duration
+	}{
+		{"map", 1, control.AlignAligned, 0}, {"map", 4, control.AlignAligned, 0},
+		{"count", 1, control.AlignAligned, 0}, {"count", 4, control.AlignAligned, 0},
+		{"map", 4, control.AlignUnaligned, 0}, {"count", 4, control.AlignUnaligned, 0},
+		{"count", 4, control.AlignAligned, time.Microsecond},
+	} {
+		mode, p := c.mode, c.p
+		name := fmt.Sprintf("%s/p%d", mode, p)
+		if c.align == control.AlignUnaligned {
+			name += "/unaligned"
+		} else if c.timeout > 0 {
+			name += "/aligned_timeout"
+		}
+		{
+			t.Run(name, func(t *testing.T) {
 				dir := t.TempDir()
 				out := filepath.Join(dir, "out")
 				part := control.Rebalance
@@ -107,10 +124,12 @@ func TestExactlyOnceUnderFailure(t *testing.T) {
 					sink("out", p, &jobfile.SinkSpec{Type: "file", Path: out}, in("op", control.Forward)),
 				)
 				var before int
+				var inflight int64
 				stats, err := Run(context.Background(), g, Options{
 					Engine: eng, BatchSize: 64,
 					Checkpoint: &CheckpointOptions{Store: openStore(t, filepath.Join(dir, "chk")), Interval: 30 * time.Millisecond, Tick: 10 * time.Millisecond,
-						OnComplete: func(*checkpoint.Metadata) { before++ }},
+						Mode: c.align, AlignedTimeout: c.timeout,
+						OnComplete: func(md *checkpoint.Metadata) { before++; inflight += md.InFlightBytes() }},
 					Restart: jobfile.RestartSettings{Strategy: jobfile.RestartFixedDelay, Attempts: 2},
 				})
 				if err != nil {
@@ -132,7 +151,7 @@ func TestExactlyOnceUnderFailure(t *testing.T) {
 					}
 				}
 				checkExactlyOnce(t, committed(t, out), want)
-				t.Logf("%d checkpoints, elapsed %v", stats.Checkpoints, stats.Elapsed)
+				t.Logf("%d checkpoints (%d bytes in flight), elapsed %v", stats.Checkpoints, inflight, stats.Elapsed)
 			})
 		}
 	}

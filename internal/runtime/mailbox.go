@@ -11,11 +11,12 @@ import (
 type cmdKind uint8
 
 const (
-	cmdTrigger cmdKind = iota + 1 // start checkpoint barrier.ID here (source, or non-source with finished predecessors)
-	cmdNotify                     // checkpoint id is complete
-	cmdAbort                      // checkpoint id was aborted
-	cmdStop                       // stop-with-savepoint: end the input now (sources)
-	cmdAck                        // the receiver of output channel id acknowledged EndOfData (not from the driver)
+	cmdTrigger      cmdKind = iota + 1 // start checkpoint barrier.ID here (source, or non-source with finished predecessors)
+	cmdNotify                          // checkpoint id is complete
+	cmdAbort                           // checkpoint id was aborted
+	cmdStop                            // stop-with-savepoint: end the input now (sources)
+	cmdAck                             // the receiver of output channel id acknowledged EndOfData (not from the driver)
+	cmdAlignTimeout                    // the aligned timeout of checkpoint id fired (the subtask's own timer)
 )
 
 type command struct {

@@ -75,10 +75,17 @@ type Options struct {
 
 // CheckpointOptions configure checkpointing.
 type CheckpointOptions struct {
-	Store    checkpoint.Store
-	Interval time.Duration // between periodic checkpoints; 0: none (final checkpoints and savepoints still happen)
-	Timeout  time.Duration // a checkpoint not complete after this is aborted; 0: never
-	MinPause time.Duration // between the end of one checkpoint and the next trigger
+	Store checkpoint.Store
+	// Mode is checkpoint.mode: aligned (the default) or unaligned barriers;
+	// savepoints are always aligned.
+	Mode control.AlignmentMode
+	// AlignedTimeout is checkpoint.aligned_timeout: with aligned barriers, a
+	// subtask whose alignment has not completed after this long takes the
+	// checkpoint unaligned; 0: never.
+	AlignedTimeout time.Duration
+	Interval       time.Duration // between periodic checkpoints; 0: none (final checkpoints and savepoints still happen)
+	Timeout        time.Duration // a checkpoint not complete after this is aborted; 0: never
+	MinPause       time.Duration // between the end of one checkpoint and the next trigger
 	// MaxConcurrent pending checkpoints; default 1.
 	MaxConcurrent int
 	// TolerableFailures: consecutive failed checkpoints tolerated before the
@@ -108,8 +115,19 @@ type CheckpointOptions struct {
 // max_concurrent, final_immediately), with store as the checkpoint store.
 func NewCheckpointOptions(cs *jobfile.CheckpointSettings, store checkpoint.Store) *CheckpointOptions {
 	tf := cs.TolerableFailures
-	return &CheckpointOptions{Store: store, Interval: cs.Interval, Timeout: cs.Timeout, MinPause: cs.MinPause,
+	co := &CheckpointOptions{Store: store, Interval: cs.Interval, Timeout: cs.Timeout, MinPause: cs.MinPause,
 		MaxConcurrent: cs.MaxConcurrent, TolerableFailures: &tf, DelayFinalCheckpoint: !cs.FinalImmediately}
+	co.SetMode(cs)
+	return co
+}
+
+// SetMode sets Mode and AlignedTimeout from the job file's checkpoint
+// section (a host running its part of a deployed job gets only these).
+func (co *CheckpointOptions) SetMode(cs *jobfile.CheckpointSettings) {
+	co.Mode, co.AlignedTimeout = control.AlignAligned, cs.AlignedTimeout
+	if cs.Unaligned() {
+		co.Mode, co.AlignedTimeout = control.AlignUnaligned, 0
+	}
 }
 
 // StopRequest asks to stop the job with a savepoint; with Drain the
@@ -345,9 +363,10 @@ func (j *job) build() error {
 			if len(v.Inputs) > 0 {
 				var gcs []dataplane.GateChannel
 				for _, e := range v.Inputs {
-					for _, row := range edgeChans[edgeKey{v.UID, e.Input}] {
+					for from, row := range edgeChans[edgeKey{v.UID, e.Input}] {
 						if in := row.in[s]; in != nil {
 							gcs = append(gcs, dataplane.GateChannel{In: in, Input: e.Input})
+							t.origins = append(t.origins, chanOrigin{op: e.From, sub: from, input: e.Input})
 						}
 					}
 				}
@@ -400,7 +419,7 @@ func (j *job) bindSpec(t *task, modules map[string]*host.Module) error {
 		rs = j.restore.Subtasks[t.id]
 	}
 	if rs != nil {
-		t.srcPos, t.srcFinished = rs.SourcePosition, rs.SourceFinished
+		t.srcPos, t.srcFinished, t.inflight = rs.SourcePosition, rs.SourceFinished, rs.InFlight
 	}
 	switch spec := v.Spec.(type) {
 	case *jobfile.SourceSpec:

@@ -62,6 +62,11 @@ type task struct {
 	align alignObs
 	// cmdTrace is the trace context of the command being applied.
 	cmdTrace map[string]string
+	// Unaligned checkpoints (unaligned.go).
+	origins   []chanOrigin // per data channel: its sending end
+	overtakes bool         // the job's barriers may overtake (mode unaligned or an aligned timeout)
+	ua        unalignedState
+	inflight  []checkpoint.ChannelData // restored channel state, replayed first
 
 	// Observability (observe.go).
 	state      atomic.Int32 // index into stateWords, read by Stats
@@ -163,6 +168,7 @@ func (t *task) run(ctx context.Context) (err error) {
 	log.Debug("subtask started")
 	defer func() {
 		t.mb.close()
+		t.stopTimers()
 		if err != nil {
 			for _, w := range t.writers {
 				w.Discard()
@@ -182,6 +188,10 @@ func (t *task) run(ctx context.Context) (err error) {
 func (t *task) newMachine() error {
 	cfg := control.SubtaskConfig{ID: t.id, Inputs: len(t.v.Inputs), Checkpointing: t.ckpt,
 		DeployedFinished: t.deployedFinished, InputEnded: t.srcFinished}
+	if co := t.j.opts.Checkpoint; co != nil {
+		cfg.Alignment, cfg.AlignedTimeout = co.Mode, co.AlignedTimeout
+		t.overtakes = t.gate != nil && (co.Mode == control.AlignUnaligned || co.AlignedTimeout > 0)
+	}
 	for c := 0; c < t.nData; c++ {
 		cfg.Channels = append(cfg.Channels, t.gate.Input(c))
 	}
@@ -219,7 +229,7 @@ func toDataplaneBarrier(b control.Barrier) dataplane.Barrier {
 	if b.Kind == control.KindSavepoint {
 		kind = dataplane.Savepoint
 	}
-	return dataplane.Barrier{ID: b.ID, Kind: kind, IsSync: b.Sync, Trace: b.Trace}
+	return dataplane.Barrier{ID: b.ID, Kind: kind, IsSync: b.Sync, Unaligned: b.Unaligned, Trace: b.Trace}
 }
 
 func fromDataplaneBarrier(b dataplane.Barrier) control.Barrier {
@@ -227,7 +237,7 @@ func fromDataplaneBarrier(b dataplane.Barrier) control.Barrier {
 	if b.Kind == dataplane.Savepoint {
 		kind = control.KindSavepoint
 	}
-	return control.Barrier{ID: b.ID, Kind: kind, Sync: b.IsSync, Trace: b.Trace}
+	return control.Barrier{ID: b.ID, Kind: kind, Sync: b.IsSync, Unaligned: b.Unaligned, Trace: b.Trace}
 }
 
 // perform carries out one action of the protocol machine.
@@ -244,11 +254,36 @@ func (t *task) perform(a control.SubtaskAction) error {
 	case control.AlignmentEnded:
 		t.endAlignment(x.Aligned)
 	case control.ForwardBarrier:
-		if err := t.broadcast(dataplane.BarrierEvent(toDataplaneBarrier(x.B))); err != nil {
+		ev := dataplane.BarrierEvent(toDataplaneBarrier(x.B))
+		var err error
+		if x.Overtake {
+			err = t.broadcastNow(ev)
+		} else {
+			err = t.broadcast(ev)
+		}
+		if err != nil {
 			return t.fail(phaseOutput, err)
 		}
 	case control.TakeSnapshot:
+		if x.Unaligned {
+			return t.startUnaligned(x)
+		}
 		return t.snapshot(x)
+	case control.CaptureOutputs:
+		// Nothing to keep: ForwardBarrier sends the output buffers ahead of
+		// the barrier, and the receivers capture them with what it overtook.
+	case control.StartCapture:
+		t.startCapture(x.Channel, x.ID)
+	case control.StopCapture:
+		t.stopCapture(x.Channel)
+	case control.CaptureOvertaken:
+		t.captureOvertaken(x.Channel, x.ID)
+	case control.FinishSnapshot:
+		return t.finishUnaligned(x.ID)
+	case control.AbortSnapshot:
+		t.abortUnaligned(x.ID)
+	case control.ArmAlignmentTimer:
+		t.armAlignmentTimer(x.ID)
 	case control.ForwardCancel:
 		if err := t.broadcast(dataplane.CancelCheckpointEvent(x.ID)); err != nil {
 			return t.fail(phaseOutput, err)
@@ -336,41 +371,56 @@ func (t *task) watchAcks() {
 // snapshot takes this subtask's part of checkpoint x.B after its barrier went
 // downstream: the operator's state (or the source position), written to the
 // store, then the acknowledgement.
-func (t *task) snapshot(x control.TakeSnapshot) (err error) {
+func (t *task) snapshot(x control.TakeSnapshot) error {
+	sctx, span := t.startCheckpointSpan(telemetry.SpanTaskSnapshot, x.B.ID, x.B.Trace)
+	st, err := t.takeState(sctx, x.B.ID)
+	if err != nil {
+		telemetry.EndSpan(span, err)
+		return err
+	}
+	t.writeSnapshot(x, st, span)
+	return nil
+}
+
+// takeState snapshots the operator's state (a source: its position) for
+// checkpoint id; nil for a deployed-finished subtask, which has none.
+func (t *task) takeState(ctx context.Context, id int64) (*checkpoint.SubtaskState, error) {
+	switch {
+	case t.deployedFinished:
+		return nil, nil
+	case t.newSource != nil:
+		return &checkpoint.SubtaskState{SourcePosition: t.srcAt}, nil
+	}
+	st, err := t.cp.snapshot(ctx, id)
+	if err != nil {
+		return nil, t.fail(string(abi.PhaseSnapshot), err)
+	}
+	return st, nil
+}
+
+// writeSnapshot writes st (nil: no state) as this subtask's part of
+// checkpoint x.B and reports the Ack, or a Decline when the write fails; it
+// ends span (nil: tracing off) with the state and in-flight bytes.
+func (t *task) writeSnapshot(x control.TakeSnapshot, st *checkpoint.SubtaskState, span trace.Span) {
 	b := x.B
-	sctx, span := t.startCheckpointSpan(telemetry.SpanTaskSnapshot, b.ID, b.Trace)
-	var stateBytes int64
+	var err error
+	var ref checkpoint.BlobRef
 	defer func() {
 		if span != nil {
-			span.SetAttributes(telemetry.StateBytes(stateBytes))
+			span.SetAttributes(telemetry.StateBytes(ref.Size))
+			if x.Unaligned {
+				span.SetAttributes(telemetry.InFlightBytes(ref.InFlight), telemetry.AttrAlignment.String("unaligned"))
+			}
 			telemetry.EndSpan(span, err)
 		}
 	}()
 	ack := control.Ack{CheckpointID: b.ID, Subtask: t.id, AfterEndOfData: x.AfterEndOfData, DeployedFinished: x.DeployedFinished}
-	var st *checkpoint.SubtaskState
-	switch {
-	case t.deployedFinished:
-	case t.newSource != nil:
-		st = &checkpoint.SubtaskState{SourcePosition: t.srcAt}
-	default:
-		var err error
-		if st, err = t.cp.snapshot(sctx, b.ID); err != nil {
-			return t.fail(string(abi.PhaseSnapshot), err)
-		}
-	}
 	if st != nil {
-		data, err := checkpoint.EncodeState(st)
-		var ref checkpoint.BlobRef
-		if err == nil {
-			ref, err = t.j.store.WriteState(t.ctx, b.Kind, b.ID, t.id, data)
-		}
-		if err != nil {
-			telemetry.RecordError(span, err)
+		if ref, err = checkpoint.WriteSubtaskState(t.ctx, t.j.store, b.Kind, b.ID, t.id, st); err != nil {
 			t.report(control.Decline{CheckpointID: b.ID, Subtask: t.id, Kind: control.DeclineFailure, Reason: err.Error()})
-			return nil
+			return
 		}
 		ack.StateRef, ack.Size = ref.String(), ref.Size
-		stateBytes = ref.Size
 		if st.Operator != nil {
 			for _, l := range st.Operator.Lists {
 				if l != nil && l.Mode == abi.ListUnion {
@@ -380,7 +430,6 @@ func (t *task) snapshot(x control.TakeSnapshot) (err error) {
 		}
 	}
 	t.report(ack)
-	return nil
 }
 
 // closeSubtask closes a subtask whose data ended and whose final checkpoint
@@ -420,6 +469,8 @@ func (t *task) command(c command) control.SubtaskEvent {
 		return control.StopSource{SavepointID: c.id, Drain: c.drain}
 	case cmdAck:
 		return control.OutputAcked{Channel: int(c.id)}
+	case cmdAlignTimeout:
+		return control.AlignmentTimedOut{ID: c.id}
 	}
 	return nil
 }
@@ -714,7 +765,17 @@ func (t *task) runOperator(ctx context.Context) (err error) {
 	if err := t.step(control.Opened{}); err != nil {
 		return err
 	}
+	if err := t.replayInFlight(ctx); err != nil {
+		return err
+	}
 	for !t.m.Done() {
+		if t.overtakes && g.Overtaking() {
+			if took, err := t.takeOvertaking(); err != nil {
+				return err
+			} else if took {
+				continue
+			}
+		}
 		ch, ev, ok, err := g.TryNext()
 		if err == nil && !ok {
 			// Nothing ready: send what is pending before waiting, so a slow
@@ -740,11 +801,17 @@ func (t *task) runOperator(ctx context.Context) (err error) {
 				ev.Batch.Release()
 				return t.fail(phaseInput, fmt.Errorf("%s: %w", g.Name(ch), err))
 			}
+			if t.capturing(ch) {
+				t.capture(ch, ev)
+			}
 			if err := t.process(ctx, ch, ev.Batch); err != nil {
 				return err
 			}
 			continue
 		case dataplane.KindWatermark:
+			if t.capturing(ch) {
+				t.capture(ch, ev)
+			}
 			pev = control.ChannelWatermark{Channel: ch, TS: ev.Watermark.TS}
 		case dataplane.KindBarrier:
 			pev = control.ChannelBarrier{Channel: ch, B: fromDataplaneBarrier(ev.Barrier)}

@@ -20,7 +20,9 @@ const (
 	AttrAttempt        = attribute.Key("streamd.attempt")
 	AttrCheckpointID   = attribute.Key("streamd.checkpoint_id")
 	AttrStateBytes     = attribute.Key("streamd.state_bytes")
-	AttrRecords        = attribute.Key("streamd.records") // records processed so far
+	AttrInFlightBytes  = attribute.Key("streamd.inflight_bytes") // channel state of an unaligned checkpoint
+	AttrAlignment      = attribute.Key("streamd.alignment")      // aligned | unaligned
+	AttrRecords        = attribute.Key("streamd.records")        // records processed so far
 	AttrHost           = attribute.Key("streamd.host")
 	AttrInput          = attribute.Key("streamd.input")
 	AttrPhase          = attribute.Key("streamd.phase")      // ABI phase of a guest error
@@ -81,6 +83,7 @@ func Subtask(i int) attribute.KeyValue             { return AttrSubtask.Int(i) }
 func Attempt(n int) attribute.KeyValue             { return AttrAttempt.Int(n) }
 func CheckpointID(id int64) attribute.KeyValue     { return AttrCheckpointID.Int64(id) }
 func StateBytes(n int64) attribute.KeyValue        { return AttrStateBytes.Int64(n) }
+func InFlightBytes(n int64) attribute.KeyValue     { return AttrInFlightBytes.Int64(n) }
 func Records(n int64) attribute.KeyValue           { return AttrRecords.Int64(n) }
 func Host(id string) attribute.KeyValue            { return AttrHost.String(id) }
 func Savepoint(pathOrID string) attribute.KeyValue { return AttrSavepoint.String(pathOrID) }
