@@ -71,7 +71,7 @@ type protoSubtask struct {
 	capturing  []int64
 	captured   []string
 	overtaken  []string // the records a barrier being taken overtook
-	want       []int64 // per input channel: the barrier a capture waits for
+	want       []int64  // per input channel: the barrier a capture waits for
 	pendingAck TakeSnapshot
 }
 

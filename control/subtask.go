@@ -79,9 +79,9 @@ import (
 // Barrier is a checkpoint barrier as the subtask machine sees it. Trace is
 // carried through untouched (the checkpoint's trace context).
 type Barrier struct {
-	ID    int64
-	Kind  CheckpointKind
-	Sync  bool // the stop-with-savepoint savepoint
+	ID   int64
+	Kind CheckpointKind
+	Sync bool // the stop-with-savepoint savepoint
 	// Unaligned: the barrier was sent by a subtask that took the checkpoint
 	// unaligned (ForwardBarrier.Overtake); a receiver takes it unaligned
 	// too, whatever its own mode (an aligned timeout that fired upstream).
@@ -225,14 +225,14 @@ func (SourceEnded) String() string { return "source-ended" }
 func (e StopSource) String() string {
 	return fmt.Sprintf("stop sp=%d drain=%t", e.SavepointID, e.Drain)
 }
-func (e Trigger) String() string        { return "trigger " + e.B.String() }
+func (e Trigger) String() string { return "trigger " + e.B.String() }
 func (e ChannelBarrier) String() string {
 	if e.Overtook {
 		return fmt.Sprintf("barrier ch=%d %s overtook", e.Channel, e.B)
 	}
 	return fmt.Sprintf("barrier ch=%d %s", e.Channel, e.B)
 }
-func (e ChannelCancel) String() string  { return fmt.Sprintf("cancel ch=%d cp=%d", e.Channel, e.ID) }
+func (e ChannelCancel) String() string { return fmt.Sprintf("cancel ch=%d cp=%d", e.Channel, e.ID) }
 func (e ChannelWatermark) String() string {
 	return fmt.Sprintf("watermark ch=%d ts=%d", e.Channel, e.TS)
 }
@@ -421,7 +421,7 @@ func (a CaptureOutputs) String() string { return fmt.Sprintf("capture-outputs cp
 func (a StartCapture) String() string {
 	return fmt.Sprintf("capture-start ch=%d cp=%d", a.Channel, a.ID)
 }
-func (a StopCapture) String() string    { return fmt.Sprintf("capture-stop ch=%d cp=%d", a.Channel, a.ID) }
+func (a StopCapture) String() string { return fmt.Sprintf("capture-stop ch=%d cp=%d", a.Channel, a.ID) }
 func (a CaptureOvertaken) String() string {
 	return fmt.Sprintf("capture-overtaken ch=%d cp=%d", a.Channel, a.ID)
 }
