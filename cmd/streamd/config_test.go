@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -148,6 +149,49 @@ func TestRestartConfiguration(t *testing.T) {
 	t.Setenv("STREAMD_RESTART_MULTIPLIER", "0.5")
 	if code, _, errb := restartLine("validate", "job.yaml"); code != exitUsage || !strings.Contains(errb, "multiplier") {
 		t.Fatalf("bad multiplier: exit %d, %s", code, errb)
+	}
+}
+
+// TestCheckpointModeConfiguration: checkpoint.mode and aligned_timeout of
+// the configuration apply to job files that set neither; a job file's own
+// win; bad values are usage errors naming the key.
+func TestCheckpointModeConfiguration(t *testing.T) {
+	dir := t.TempDir()
+	t.Chdir(dir)
+	job := "name: j\ncheckpoint: {interval: 1s%s}\noperators:\n  - {uid: gen, source: {type: generator, count: 10}}\n  - {uid: out, sink: {type: discard}, inputs: [gen]}\n"
+	must(t, os.WriteFile(filepath.Join(dir, "job.yaml"), []byte(fmt.Sprintf(job, "")), 0o644))
+	must(t, os.WriteFile(filepath.Join(dir, "own.yaml"), []byte(fmt.Sprintf(job, ", mode: aligned, aligned_timeout: 3s")), 0o644))
+	line := func(file string) (int, string, string) {
+		t.Helper()
+		code, _, out, errb := invoke(t, "validate", file)
+		for _, l := range strings.Split(out, "\n") {
+			if strings.HasPrefix(l, "checkpoint: ") {
+				return code, l, errb
+			}
+		}
+		return code, "", errb
+	}
+	if code, l, errb := line("job.yaml"); code != 0 || !strings.HasSuffix(l, ", aligned)") {
+		t.Fatalf("default: exit %d, %q %s", code, l, errb)
+	}
+	t.Setenv("STREAMD_CHECKPOINT_MODE", "unaligned")
+	if code, l, errb := line("job.yaml"); code != 0 || !strings.HasSuffix(l, ", unaligned)") {
+		t.Fatalf("configured unaligned: exit %d, %q %s", code, l, errb)
+	}
+	if code, l, errb := line("own.yaml"); code != 0 || !strings.HasSuffix(l, ", aligned, unaligned after 3s)") {
+		t.Fatalf("the job file's own: exit %d, %q %s", code, l, errb)
+	}
+	t.Setenv("STREAMD_CHECKPOINT_ALIGNED_TIMEOUT", "2s")
+	if code, _, errb := line("job.yaml"); code != exitUsage || !strings.Contains(errb, "checkpoint.aligned_timeout: only with checkpoint.mode: aligned") {
+		t.Fatalf("timeout with unaligned: exit %d, %s", code, errb)
+	}
+	t.Setenv("STREAMD_CHECKPOINT_MODE", "aligned")
+	if code, l, errb := line("job.yaml"); code != 0 || !strings.HasSuffix(l, ", aligned, unaligned after 2s)") {
+		t.Fatalf("configured timeout: exit %d, %q %s", code, l, errb)
+	}
+	t.Setenv("STREAMD_CHECKPOINT_MODE", "sideways")
+	if code, _, errb := line("job.yaml"); code != exitUsage || !strings.Contains(errb, `checkpoint.mode: "sideways": want aligned or unaligned`) {
+		t.Fatalf("bad mode: exit %d, %s", code, errb)
 	}
 }
 

@@ -290,13 +290,16 @@ func (c *cli) printStatus(st *cluster.JobStatus) {
 			fmt.Fprintf(w, "operator %s: %d checkpoint(s) declined: it has union list state and was partially finished\n", op.UID, op.UnionDeclines)
 		}
 	}
+	if st.CheckpointMode != "" {
+		fmt.Fprintf(w, "checkpoints: %s\n", st.CheckpointMode)
+	}
 	if n := len(st.Checkpoints); n > 0 {
 		tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-		fmt.Fprintln(tw, "  CHECKPOINT\tKIND\tCOMPLETED\tDURATION\tSIZE")
+		fmt.Fprintln(tw, "  CHECKPOINT\tKIND\tCOMPLETED\tDURATION\tSIZE\tIN-FLIGHT")
 		for i := n - 1; i >= 0 && i >= n-5; i-- { // the last five, newest first
 			cp := st.Checkpoints[i]
-			fmt.Fprintf(tw, "  %d\t%s\t%s\t%s\t%s\n", cp.ID, cp.Kind, cp.Time.Local().Format("15:04:05.000"),
-				cp.Duration.Round(time.Millisecond), byteSize(cp.Size))
+			fmt.Fprintf(tw, "  %d\t%s\t%s\t%s\t%s\t%s\n", cp.ID, cp.Kind, cp.Time.Local().Format("15:04:05.000"),
+				cp.Duration.Round(time.Millisecond), byteSize(cp.Size), byteSize(cp.InFlight))
 		}
 		tw.Flush()
 	}

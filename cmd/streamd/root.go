@@ -48,6 +48,8 @@ const (
 	keyBatchSize       = "runtime.batch_size"
 	keyChannelCapacity = "runtime.channel_capacity"
 	keyMaxRecordBytes  = "runtime.max_record_bytes"
+	keyCheckpointMode  = "checkpoint.mode"
+	keyAlignedTimeout  = "checkpoint.aligned_timeout"
 	keyProgress        = "progress"
 )
 
@@ -141,7 +143,7 @@ func (c *cli) loadConfig() error {
 	v.SetEnvKeyReplacer(strings.NewReplacer(".", "_"))
 	v.AutomaticEnv()
 	// AutomaticEnv only answers keys viper knows; make sure every key is known.
-	for _, k := range append([]string{keyWasmCacheDir, keyMaxRecordBytes}, restartKeys...) {
+	for _, k := range append([]string{keyWasmCacheDir, keyMaxRecordBytes, keyCheckpointMode, keyAlignedTimeout}, restartKeys...) {
 		_ = v.BindEnv(k)
 	}
 
@@ -182,7 +184,7 @@ func (c *cli) loadConfig() error {
 }
 
 // knownKeys are the keys a configuration file may set.
-var knownKeys = []string{keyLogLevel, keyLogFormat, keyWasmCacheDir, keyWasmMemoryLimit, keyWasmDeadline, keyBatchSize, keyChannelCapacity, keyMaxRecordBytes, keyProgress}
+var knownKeys = []string{keyLogLevel, keyLogFormat, keyWasmCacheDir, keyWasmMemoryLimit, keyWasmDeadline, keyBatchSize, keyChannelCapacity, keyMaxRecordBytes, keyProgress, keyCheckpointMode, keyAlignedTimeout}
 
 // checkKnownKeys rejects typos in the configuration file.
 func (c *cli) checkKnownKeys() error {
@@ -258,7 +260,39 @@ func (c *cli) loadOptions(parallelism int) (jobfile.Options, error) {
 	if err != nil {
 		return jobfile.Options{}, err
 	}
-	return jobfile.Options{Parallelism: parallelism, Restart: restart, MaxRecordBytes: mrb}, nil
+	o := jobfile.Options{Parallelism: parallelism, Restart: restart, MaxRecordBytes: mrb}
+	if o.CheckpointMode, o.AlignedTimeout, err = c.checkpointMode(); err != nil {
+		return jobfile.Options{}, err
+	}
+	return o, nil
+}
+
+// checkpointMode is checkpoint.mode and checkpoint.aligned_timeout, the
+// mode of job files whose checkpoint section sets neither ("" and 0 when
+// the configuration does not say).
+func (c *cli) checkpointMode() (string, time.Duration, error) {
+	var mode string
+	var timeout time.Duration
+	if c.v.IsSet(keyCheckpointMode) {
+		mode = c.v.GetString(keyCheckpointMode)
+		if mode != jobfile.ModeAligned && mode != jobfile.ModeUnaligned {
+			return "", 0, usagef("%s: %q: want aligned or unaligned", keyCheckpointMode, mode)
+		}
+	}
+	if c.v.IsSet(keyAlignedTimeout) {
+		d, err := c.duration(keyAlignedTimeout)
+		if err != nil {
+			return "", 0, err
+		}
+		if d < 0 {
+			return "", 0, usagef("%s: must not be negative, got %v", keyAlignedTimeout, d)
+		}
+		if d > 0 && mode == jobfile.ModeUnaligned {
+			return "", 0, usagef("%s: only with %s: aligned (with unaligned every checkpoint is unaligned from its first barrier)", keyAlignedTimeout, keyCheckpointMode)
+		}
+		timeout = d
+	}
+	return mode, timeout, nil
 }
 
 func (c *cli) positiveInt(key string) (int, error) {

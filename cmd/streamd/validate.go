@@ -149,7 +149,7 @@ func printGraph(w io.Writer, job *jobfile.Job) {
 	}
 	tw.Flush()
 	if cp := job.Checkpoint; cp != nil {
-		fmt.Fprintf(w, "checkpoint: every %v into %s (retain %d, timeout %v)\n", cp.Interval, cp.Dir, cp.Retain, cp.Timeout)
+		fmt.Fprintf(w, "checkpoint: every %v into %s (retain %d, timeout %v, %s)\n", cp.Interval, cp.Dir, cp.Retain, cp.Timeout, cp.ModeString())
 	} else {
 		fmt.Fprintln(w, "checkpoint: none")
 	}

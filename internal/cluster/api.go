@@ -230,6 +230,10 @@ type JobStatus struct {
 	Ended     *time.Time `json:"ended,omitempty"`
 	Elapsed   string     `json:"elapsed,omitempty"`   // of the current attempt's run, as the host measured it
 	Savepoint string     `json:"savepoint,omitempty"` // where a stopped job's savepoint is
+	// CheckpointMode is how checkpoints align: "aligned", "unaligned" or
+	// "aligned, unaligned after D" (checkpoint.aligned_timeout); "" without
+	// checkpointing.
+	CheckpointMode string `json:"checkpoint_mode,omitempty"`
 	// Leader is the controller that answered, leading in Term.
 	Leader string `json:"leader,omitempty"`
 	Term   uint64 `json:"term,omitempty"`

@@ -1494,6 +1494,9 @@ func (c *Controller) statusLocked(j *ctlJob) JobStatus {
 	if j.dist != nil && j.dist.d != nil {
 		st.Checkpoints = j.dist.d.Recent() // the controller drives its checkpoints
 	}
+	if cs := j.spec.Checkpoint; cs != nil {
+		st.CheckpointMode = cs.ModeString()
+	}
 	if j.placement != nil {
 		st.Hosts = j.placement.Hosts()
 	} else if n := len(j.attempts); n > 0 && j.attempts[n-1].Attempt == j.attempt {

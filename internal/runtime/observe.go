@@ -245,7 +245,10 @@ type CheckpointStats struct {
 	Time     time.Time     `json:"time"`        // when it completed
 	Duration time.Duration `json:"duration_ns"` // trigger to durable metadata
 	Size     int64         `json:"size_bytes"`  // state bytes
-	Location string        `json:"location,omitempty"`
+	// InFlight is the channel state of an unaligned checkpoint (part of
+	// Size); 0 for an aligned one.
+	InFlight int64  `json:"inflight_bytes,omitempty"`
+	Location string `json:"location,omitempty"`
 }
 
 // RecentCheckpoints is how many completed checkpoints Stats keeps.
@@ -383,12 +386,12 @@ func (d *Driver) checkpointPersisted(x control.PersistMetadata, md *checkpoint.M
 		m = telemetry.GlobalMetrics()
 	}
 	m.Checkpoint(o.ctx(), d.g.Name, dur, x.Size)
-	c.span.SetAttributes(telemetry.StateBytes(x.Size), telemetry.Savepoint(md.Location))
+	c.span.SetAttributes(telemetry.StateBytes(x.Size), telemetry.InFlightBytes(md.InFlightBytes()), telemetry.Savepoint(md.Location))
 	c.span.End()
 	c.done = true
 	d.mu.Lock()
 	o.history = append(o.history, CheckpointStats{ID: x.ID, Kind: string(x.Kind), Time: time.Now(),
-		Duration: dur, Size: x.Size, Location: md.Location})
+		Duration: dur, Size: x.Size, InFlight: md.InFlightBytes(), Location: md.Location})
 	if n := len(o.history); n > RecentCheckpoints {
 		o.history = append(o.history[:0], o.history[n-RecentCheckpoints:]...)
 	}
