@@ -27,14 +27,18 @@ import (
 //     of cancelled ones are dropped. A Trigger (the coordinator starts the
 //     checkpoint here because every predecessor has finished) begins an
 //     alignment over the channels that have not ended.
-//   - Unaligned checkpoints (SubtaskConfig.Alignment, machine level only:
-//     the runtime does not carry them out yet). On the first barrier of a
+//   - Unaligned checkpoints (SubtaskConfig.Alignment; the runtime's IO is
+//     in internal/runtime/unaligned.go). On the first barrier of a
 //     checkpoint on any channel the subtask captures its output buffers,
 //     sends the barrier ahead of them (overtaking), snapshots its state and
 //     starts capturing every channel whose barrier has not arrived (and
 //     that has not ended or delivered EndOfData) as channel state; a
 //     channel's capture stops when its barrier arrives, or when it delivers
-//     EndOfData or EndOfPartition (no record can follow). Nothing is
+//     EndOfData or EndOfPartition (no record can follow). A barrier the
+//     runtime took out of a channel ahead of the records queued before it
+//     (ChannelBarrier.Overtook) adds those to the channel's state
+//     (CaptureOvertaken). A barrier sent unaligned (Barrier.Unaligned)
+//     makes the receiver take the checkpoint unaligned too. Nothing is
 //     blocked. The snapshot is acknowledged (FinishSnapshot) once every
 //     capture has stopped; a newer barrier, a cancel or an abort drops it
 //     (AbortSnapshot). With an aligned timeout a checkpoint starts aligned
