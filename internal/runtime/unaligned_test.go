@@ -83,12 +83,12 @@ func seqOf(v []byte) (prefix string, n int64, via string, err error) {
 type slowStage struct {
 	noop
 	perKey bool
-	log   *seqLog
-	sub   int
-	delay time.Duration
-	last  map[string]int64 // "<prefix>/<s>" -> last n
-	out   []abi.Record
-	buf   []byte
+	log    *seqLog
+	sub    int
+	delay  time.Duration
+	last   map[string]int64 // "<prefix>/<s>" -> last n
+	out    []abi.Record
+	buf    []byte
 }
 
 func newSlowStage(log *seqLog, delay time.Duration, perKey bool) NativeFactory {
