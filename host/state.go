@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"cmp"
 	"fmt"
+	"maps"
 	"slices"
 
 	"github.com/streamd/streamd/abi"
@@ -12,6 +13,14 @@ import (
 // Snapshot is the state of one subtask at a checkpoint: keyed state and timers
 // by key group (only non-empty groups), and the operator list state the guest
 // wrote in snapshot_state. A Snapshot never aliases instance memory.
+//
+// The keyed state of a Snapshot taken by Instance.SnapshotState is a
+// copy-on-write cut: its maps are the instance's own at the time of the
+// snapshot, which the instance never writes again (it copies a key group's
+// maps before its first write after the cut, and never overwrites a value
+// in place once a cut may hold it). So the cut takes no copy of the state,
+// and the Snapshot may be read, encoded and written on another goroutine
+// while the instance goes on processing. Nobody may write a Snapshot's maps.
 type Snapshot struct {
 	KeyGroups map[int]*KeyGroupState
 	Lists     map[string]*ListState
@@ -39,9 +48,34 @@ type ListState struct {
 type keyedState struct {
 	maxP   int
 	rng    abi.KeyGroupRange
-	groups []map[string]map[string][]byte // [kg-rng.Start]: name -> key -> value
+	groups []group // [kg-rng.Start]
 	timers map[timerID]struct{}
 	heap   []timerID // min-heap by (ts, key); may hold deleted timers (lazy deletion)
+}
+
+// group is the keyed state of one key group.
+type group struct {
+	m map[string]map[string][]byte // name -> key -> value
+	// frozen: m (and its maps) belong to a snapshot cut; copy them before
+	// the next write.
+	frozen bool
+	// shared: values may be held by a cut: store new values in new memory
+	// instead of overwriting old ones.
+	shared bool
+}
+
+// writable returns the maps of key group kg for a write, copying them
+// first if a snapshot cut holds them.
+func (s *keyedState) writable(kg int) *group {
+	g := &s.groups[kg-s.rng.Start]
+	if g.frozen {
+		m := make(map[string]map[string][]byte, len(g.m))
+		for name, vals := range g.m {
+			m[name] = maps.Clone(vals)
+		}
+		g.m, g.frozen, g.shared = m, false, true
+	}
+	return g
 }
 
 type timerID struct {
@@ -60,13 +94,13 @@ func newKeyedState(maxP int, rng abi.KeyGroupRange) keyedState {
 	return keyedState{
 		maxP:   maxP,
 		rng:    rng,
-		groups: make([]map[string]map[string][]byte, rng.End-rng.Start+1),
+		groups: make([]group, rng.End-rng.Start+1),
 		timers: make(map[timerID]struct{}),
 	}
 }
 
 func (s *keyedState) get(kg int, name, key []byte) ([]byte, bool) {
-	g := s.groups[kg-s.rng.Start]
+	g := s.groups[kg-s.rng.Start].m
 	if g == nil {
 		return nil, false
 	}
@@ -79,19 +113,20 @@ func (s *keyedState) get(kg int, name, key []byte) ([]byte, bool) {
 }
 
 // put stores a copy of val; it reuses the old value's memory when it fits
-// (snapshots deep-copy, so nothing else aliases it).
+// and no snapshot cut may hold it.
 func (s *keyedState) put(kg int, name, key, val []byte) {
-	g := s.groups[kg-s.rng.Start]
+	gr := s.writable(kg)
+	g := gr.m
 	if g == nil {
 		g = make(map[string]map[string][]byte)
-		s.groups[kg-s.rng.Start] = g
+		gr.m = g
 	}
 	m := g[string(name)]
 	if m == nil {
 		m = make(map[string][]byte)
 		g[string(name)] = m
 	}
-	if old, ok := m[string(key)]; ok && len(old) == len(val) {
+	if old, ok := m[string(key)]; ok && len(old) == len(val) && !gr.shared {
 		copy(old, val)
 		return
 	}
@@ -101,14 +136,13 @@ func (s *keyedState) put(kg int, name, key, val []byte) {
 }
 
 func (s *keyedState) del(kg int, name, key []byte) {
-	g := s.groups[kg-s.rng.Start]
-	if g == nil {
+	if g := s.groups[kg-s.rng.Start].m; g == nil || g[string(name)] == nil {
+		return
+	} else if _, ok := g[string(name)][string(key)]; !ok {
 		return
 	}
+	g := s.writable(kg).m
 	m := g[string(name)]
-	if m == nil {
-		return
-	}
 	delete(m, string(key))
 	if len(m) == 0 {
 		delete(g, string(name))
@@ -206,7 +240,8 @@ func (s *keyedState) pop() timerID {
 	return top
 }
 
-// snapshot deep-copies the keyed state and timers into key groups.
+// snapshot cuts the keyed state (copy-on-write: the groups' maps go into the
+// snapshot as they are and are frozen) and copies the timers, by key group.
 func (s *keyedState) snapshot() map[int]*KeyGroupState {
 	out := make(map[int]*KeyGroupState)
 	group := func(kg int) *KeyGroupState {
@@ -217,21 +252,13 @@ func (s *keyedState) snapshot() map[int]*KeyGroupState {
 		}
 		return g
 	}
-	for idx, g := range s.groups {
-		if len(g) == 0 {
+	for idx := range s.groups {
+		g := &s.groups[idx]
+		if len(g.m) == 0 {
 			continue
 		}
-		kgs := group(s.rng.Start + idx)
-		for name, m := range g {
-			cp := make(map[string][]byte, len(m))
-			for k, v := range m {
-				cp[k] = bytes.Clone(v)
-				if cp[k] == nil {
-					cp[k] = []byte{}
-				}
-			}
-			kgs.Entries[name] = cp
-		}
+		out[s.rng.Start+idx] = &KeyGroupState{Entries: g.m}
+		g.frozen = true
 	}
 	for id := range s.timers {
 		g := group(abi.KeyGroup([]byte(id.key), s.maxP))

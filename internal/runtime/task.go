@@ -62,6 +62,9 @@ type task struct {
 	align alignObs
 	// cmdTrace is the trace context of the command being applied.
 	cmdTrace map[string]string
+	// bg counts the snapshot writes running in the background; the subtask
+	// waits for them before it returns.
+	bg sync.WaitGroup
 	// Unaligned checkpoints (unaligned.go).
 	origins   []chanOrigin // per data channel: its sending end
 	overtakes bool         // the job's barriers may overtake (mode unaligned or an aligned timeout)
@@ -169,6 +172,7 @@ func (t *task) run(ctx context.Context) (err error) {
 	defer func() {
 		t.mb.close()
 		t.stopTimers()
+		t.bg.Wait()
 		if err != nil {
 			for _, w := range t.writers {
 				w.Discard()
@@ -400,8 +404,24 @@ func (t *task) takeState(ctx context.Context, id int64) (*checkpoint.SubtaskStat
 
 // writeSnapshot writes st (nil: no state) as this subtask's part of
 // checkpoint x.B and reports the Ack, or a Decline when the write fails; it
-// ends span (nil: tracing off) with the state and in-flight bytes.
+// ends span (nil: tracing off) with the state and in-flight bytes. A wasm
+// operator's state (a copy-on-write cut, see host.Snapshot) and channel
+// state are encoded and written in the background, while the subtask goes
+// on processing: the barrier has gone on already, and the checkpoint
+// completes only once the Ack is in, i.e. when the write is durable.
 func (t *task) writeSnapshot(x control.TakeSnapshot, st *checkpoint.SubtaskState, span trace.Span) {
+	if st != nil && (st.Operator != nil || !st.Channels.Empty()) {
+		t.bg.Add(1)
+		go func() {
+			defer t.bg.Done()
+			t.writeSnapshotNow(x, st, span)
+		}()
+		return
+	}
+	t.writeSnapshotNow(x, st, span)
+}
+
+func (t *task) writeSnapshotNow(x control.TakeSnapshot, st *checkpoint.SubtaskState, span trace.Span) {
 	b := x.B
 	var err error
 	var ref checkpoint.BlobRef
