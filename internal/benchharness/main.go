@@ -240,6 +240,15 @@ var values = []value{
 	{"end of input to job finished, pipeline depth 1, interval 1h", "BenchmarkFinalCheckpointDepth1", "ms/finish", "< 1000 ms"},
 	{"end of input to job finished, pipeline depth 4, interval 1h", "BenchmarkFinalCheckpointDepth4", "ms/finish", "< 1000 ms"},
 	{"end of input to job finished, pipeline depth 8, interval 1h", "BenchmarkFinalCheckpointDepth8", "ms/finish", "< 1000 ms"},
+	{"back-pressured pipeline (slow stage a tenth of the source's rate, one skewed subtask of 4): aligned checkpoint, trigger to complete", "BenchmarkUnalignedBackpressure", "aligned-ms/checkpoint", "report"},
+	{"back-pressured pipeline: unaligned checkpoint, trigger to complete (mean)", "BenchmarkUnalignedBackpressure", "unaligned-ms/checkpoint", "< 1000 ms"},
+	{"back-pressured pipeline: slowest unaligned checkpoint of the run", "BenchmarkUnalignedBackpressure", "unaligned-max-ms", "< 1000 ms"},
+	{"back-pressured pipeline: unaligned checkpoint duration as % of aligned, alternating in one benchmark", "BenchmarkUnalignedBackpressure", "unaligned-%-of-aligned", "<= 20"},
+	{"back-pressured pipeline: in-flight bytes per unaligned checkpoint", "BenchmarkUnalignedBackpressure", "unaligned-inflight-B/checkpoint", "report"},
+	{"unaligned checkpoints every 500 ms as % of aligned, no back-pressure, alternating in one benchmark", "BenchmarkUnalignedVsAligned", "unaligned-%-of-aligned", ">= 90"},
+	{"end of input to job finished, unaligned, pipeline depth 1, interval 1h", "BenchmarkFinalCheckpointUnalignedDepth1", "ms/finish", "< 1000 ms"},
+	{"end of input to job finished, unaligned, pipeline depth 4, interval 1h", "BenchmarkFinalCheckpointUnalignedDepth4", "ms/finish", "< 1000 ms"},
+	{"end of input to job finished, unaligned, pipeline depth 8, interval 1h", "BenchmarkFinalCheckpointUnalignedDepth8", "ms/finish", "< 1000 ms"},
 }
 
 // others formats the metrics that have no column of their own.

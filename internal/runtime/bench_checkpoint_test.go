@@ -23,7 +23,7 @@ import (
 //	go test -run '^$' -bench 'Checkpoint|Failover|FinalCheckpoint' -benchtime 3000000x ./internal/runtime/
 
 func benchCheckpointThroughput(b *testing.B, interval time.Duration) {
-	run := checkpointRunner(b, interval)
+	run := checkpointRunner(b, interval, control.AlignAligned)
 	run(10000)
 	b.ResetTimer()
 	stats := run(b.N)
@@ -33,8 +33,9 @@ func benchCheckpointThroughput(b *testing.B, interval time.Duration) {
 
 // checkpointRunner returns a function that runs generator -> keyed wasm
 // counter (hash) -> discard at parallelism 2 with n records, checkpointing
-// every interval (0: no checkpointing), and checks they all arrived.
-func checkpointRunner(b *testing.B, interval time.Duration) func(n int) Stats {
+// every interval (0: no checkpointing) with barriers aligned as mode says,
+// and checks they all arrived.
+func checkpointRunner(b *testing.B, interval time.Duration, mode control.AlignmentMode) func(n int) Stats {
 	mod := testwasm.Path(b, "internal/testguests/failonce/failonce.wasm")
 	eng := benchEngine(b)
 	return func(n int) Stats {
@@ -46,7 +47,7 @@ func checkpointRunner(b *testing.B, interval time.Duration) func(n int) Stats {
 		)
 		opts := Options{Engine: eng}
 		if interval > 0 {
-			opts.Checkpoint = &CheckpointOptions{Store: openStore(b, b.TempDir()), Interval: interval}
+			opts.Checkpoint = &CheckpointOptions{Store: openStore(b, b.TempDir()), Interval: interval, Mode: mode}
 		}
 		stats, err := Run(context.Background(), g, opts)
 		if err != nil {
@@ -66,7 +67,7 @@ func checkpointRunner(b *testing.B, interval time.Duration) func(n int) Stats {
 // none's (target >= 90).
 func BenchmarkCheckpointVsNone(b *testing.B) {
 	const n = 3_000_000
-	none, every := checkpointRunner(b, 0), checkpointRunner(b, time.Second)
+	none, every := checkpointRunner(b, 0, control.AlignAligned), checkpointRunner(b, time.Second, control.AlignAligned)
 	none(10000)
 	every(10000)
 	var checkpoints int
@@ -212,8 +213,9 @@ func (o *endStampOp) EndInput(context.Context, int, Emitter) error {
 // benchFinalCheckpoint: time from the sources' end of input (the first
 // operator's end_input) to the job finished, with a chain of depth native
 // operators before a file sink, parallelism 2 and a checkpoint interval of
-// one hour: the final checkpoint is triggered at once.
-func benchFinalCheckpoint(b *testing.B, depth int) {
+// one hour: the final checkpoint is triggered at once, with barriers aligned
+// as mode says.
+func benchFinalCheckpoint(b *testing.B, depth int, mode control.AlignmentMode) {
 	var total time.Duration
 	for i := 0; i < b.N; i++ {
 		es := &endStamp{}
@@ -235,7 +237,7 @@ func benchFinalCheckpoint(b *testing.B, depth int) {
 		vs = append(vs, sink("out", 2, &jobfile.SinkSpec{Type: "file", Path: filepath.Join(b.TempDir(), "out")}, in(prev, control.Forward)))
 		g := graph(b, vs...)
 		_, err := Run(context.Background(), g, Options{BatchSize: 100,
-			Checkpoint: &CheckpointOptions{Store: openStore(b, b.TempDir()), Interval: time.Hour}})
+			Checkpoint: &CheckpointOptions{Store: openStore(b, b.TempDir()), Interval: time.Hour, Mode: mode}})
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -244,6 +246,6 @@ func benchFinalCheckpoint(b *testing.B, depth int) {
 	b.ReportMetric(float64(total.Microseconds())/1000/float64(b.N), "ms/finish")
 }
 
-func BenchmarkFinalCheckpointDepth1(b *testing.B) { benchFinalCheckpoint(b, 1) }
-func BenchmarkFinalCheckpointDepth4(b *testing.B) { benchFinalCheckpoint(b, 4) }
-func BenchmarkFinalCheckpointDepth8(b *testing.B) { benchFinalCheckpoint(b, 8) }
+func BenchmarkFinalCheckpointDepth1(b *testing.B) { benchFinalCheckpoint(b, 1, control.AlignAligned) }
+func BenchmarkFinalCheckpointDepth4(b *testing.B) { benchFinalCheckpoint(b, 4, control.AlignAligned) }
+func BenchmarkFinalCheckpointDepth8(b *testing.B) { benchFinalCheckpoint(b, 8, control.AlignAligned) }
