@@ -651,7 +651,8 @@ func (r *Receiver) publishAck(seq uint64) error {
 type ReceiverStats struct {
 	Messages, Bytes uint64 // data messages and payload bytes delivered
 	// MaxQueued is the most payload bytes ever queued at the receiver
-	// (arrived, not yet taken by TryRecv): at most the window.
+	// (arrived, not yet taken by TryRecv): at most the window, but for
+	// what the sender's SendNow sent beyond the credit.
 	MaxQueued uint64
 	Grants    uint64 // credit messages published
 	Window    uint64

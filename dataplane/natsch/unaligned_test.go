@@ -39,6 +39,17 @@ func arrived(r *Receiver, seq uint64) func() bool {
 	}
 }
 
+// newChannel makes testID's channel on a server of maxPayload (0: the
+// default), one connection for both ends.
+func newChannel(t *testing.T, maxPayload int32, opts ...Option) *Channel {
+	t.Helper()
+	ch, err := transport(t, connect(t, startServer(t, maxPayload)), opts...).NewChannel(testID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ch
+}
+
 // takeBarrier calls r.TakeBarrier, returning the events visited, described.
 func takeBarrier(t *testing.T, r *Receiver) ([]string, dataplane.Barrier, bool) {
 	t.Helper()
@@ -82,11 +93,7 @@ func sameEvents(t *testing.T, what string, got, want []string) {
 // of them, and those sent after the barrier, with no sequence error. The
 // sender's next Send waits until the receiver has consumed.
 func TestUnalignedBarrierOvertakes(t *testing.T) {
-	nc := connect(t, startServer(t, 2048))
-	ch, err := transport(t, nc, Window(1<<10), CreditRetry(10*time.Millisecond)).NewChannel(testID)
-	if err != nil {
-		t.Fatal(err)
-	}
+	ch := newChannel(t, 2048, Window(1<<10), CreditRetry(10*time.Millisecond))
 	s, r := ch.S, ch.R
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -167,11 +174,7 @@ func TestUnalignedBarrierOvertakes(t *testing.T) {
 // TestWantBarrier: an ordinary (aligned) barrier is taken ahead once the
 // receiver wants it, whether it asked before the barrier arrived or after.
 func TestWantBarrier(t *testing.T) {
-	nc := connect(t, startServer(t, 0))
-	ch, err := transport(t, nc).NewChannel(testID)
-	if err != nil {
-		t.Fatal(err)
-	}
+	ch := newChannel(t, 0)
 	r := ch.R
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -226,11 +229,7 @@ func TestWantBarrier(t *testing.T) {
 // TestEndOfDataBeforeUnalignedBarrier: a barrier queued behind end-of-data
 // is not taken ahead; it is delivered in order, still unaligned.
 func TestEndOfDataBeforeUnalignedBarrier(t *testing.T) {
-	nc := connect(t, startServer(t, 0))
-	ch, err := transport(t, nc).NewChannel(testID)
-	if err != nil {
-		t.Fatal(err)
-	}
+	ch := newChannel(t, 0)
 	r := ch.R
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -264,6 +263,17 @@ func TestEndOfDataBeforeUnalignedBarrier(t *testing.T) {
 	}
 }
 
+// newReceiver makes testID's receiver and a connection to publish to it.
+func newReceiver(t *testing.T) (*nats.Conn, *Receiver) {
+	t.Helper()
+	nc := connect(t, startServer(t, 0))
+	r, err := transport(t, nc).NewReceiver(testID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return nc, r
+}
+
 // publishMsgs publishes raw data messages of testID from nc.
 func publishMsgs(t *testing.T, nc *nats.Conn, msgs ...*nats.Msg) {
 	t.Helper()
@@ -286,11 +296,7 @@ func unalignedBarrier(t *testing.T, seq uint64, id int64) *nats.Msg {
 // whose parts the receiver has begun to take (and the rest are queued) and
 // one whose parts are all queued; TryRecv's reassembly is left as it was.
 func TestTakeBarrierReassemblesParts(t *testing.T) {
-	nc := connect(t, startServer(t, 0))
-	r, err := transport(t, nc).NewReceiver(testID)
-	if err != nil {
-		t.Fatal(err)
-	}
+	nc, r := newReceiver(t)
 	big1, big2 := bigRecord(1, 3000), bigRecord(2, 1500)
 	f1, f2 := abi.AppendBatch(nil, []abi.Record{big1}), abi.AppendBatch(nil, []abi.Record{big2})
 	t1, t2 := uint64(len(f1)), uint64(len(f2))
@@ -341,11 +347,7 @@ func TestTakeBarrierReassemblesParts(t *testing.T) {
 // otherwise take the state of a channel that lost a record), and TryRecv
 // keeps failing.
 func TestTakeBarrierChecksSequence(t *testing.T) {
-	nc := connect(t, startServer(t, 0))
-	r, err := transport(t, nc).NewReceiver(testID)
-	if err != nil {
-		t.Fatal(err)
-	}
+	nc, r := newReceiver(t)
 	publishMsgs(t, nc,
 		&nats.Msg{Data: event(t, 1, dataplane.RecordsEvent(batchOf(rec(1, 10))))},
 		&nats.Msg{Data: event(t, 3, dataplane.RecordsEvent(batchOf(rec(3, 10))))},
