@@ -603,7 +603,8 @@ func (r *Receiver) overtake(ahead []queued, visit func(dataplane.Event)) (datapl
 			return ev.Barrier, nil
 		}
 	}
-	return dataplane.Barrier{}, fmt.Errorf("natsch: %s: no barrier to take", r.name) // not reached
+	// Cannot happen: ahead ends with the barrier to take.
+	return dataplane.Barrier{}, fmt.Errorf("natsch: %s: no barrier to take", r.name)
 }
 
 // count records m as consumed and, with regrant, grants credit again once a

@@ -78,8 +78,8 @@ const (
 
 // HeaderUnaligned on a barrier message: the barrier of an unaligned
 // checkpoint (dataplane.Barrier.Unaligned), which the receiver may take
-// ahead of the messages queued before it (docs/subjects.md "Unaligned
-// barriers"). An older receiver ignores it and delivers the barrier in
+// ahead of the messages queued before it (docs/subjects.md, "Unaligned
+// barriers" under "Data messages"). An older receiver ignores it and delivers the barrier in
 // order, which is still correct.
 const HeaderUnaligned = "Streamd-Unaligned"
 
