@@ -20,9 +20,16 @@
 // harmless, and a sender that waits for credit re-asks periodically (a credit
 // request on the data subject, which also says how many messages it has sent,
 // so a dropped last message is noticed too). With credits the bytes queued at
-// a receiver never exceed its window, and the receiving subscription's pending
-// limits are set well above that, so NATS never drops a message as a slow
-// consumer; should it happen anyway, the channel fails with the NATS error.
+// a receiver never exceed its window (but for what SendNow sends beyond it:
+// an unaligned checkpoint's output buffer and barrier), and the receiving
+// subscription's pending limits are set well above that, so NATS never drops
+// a message as a slow consumer; should it happen anyway, the channel fails
+// with the NATS error.
+//
+// Unaligned checkpoints: the sender marks an unaligned barrier with the header
+// Streamd-Unaligned (Sender.SendNow), and the receiving subtask takes such a
+// barrier, or the one it waits for, out of the queue ahead of the messages
+// before it (Receiver.TakeBarrier), with copies of their records.
 //
 // Lock order: Transport.mu is never held while taking a Sender's or
 // Receiver's mu, nor the other way round.

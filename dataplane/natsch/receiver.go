@@ -15,7 +15,9 @@ import (
 // Receiver is the receiving side of a NATS channel: a dataplane.Input. The
 // subscription's goroutine queues arriving messages under mu; the subtask's
 // goroutine takes them with TryRecv, checks their sequence numbers, decodes
-// them and re-grants credit.
+// them and re-grants credit. It is a dataplane.Overtakable too: the
+// receiving goroutine can take an overtaking barrier out of the middle of the
+// queue (TakeBarrier).
 type Receiver struct {
 	t          *Transport
 	id         ChannelID
@@ -26,7 +28,7 @@ type Receiver struct {
 	sub        *nats.Subscription
 
 	mu          sync.Mutex
-	queue       []*nats.Msg
+	queue       []queued // queue[head:] is queued
 	head        int
 	queuedBytes uint64 // payload bytes arrived and not yet taken by TryRecv
 	arrivedSeq  uint64 // highest sequence number arrived
@@ -34,6 +36,8 @@ type Receiver struct {
 	consumed    uint64 // payload bytes delivered by TryRecv
 	err         error  // a failure reported asynchronously
 	notify      chan<- struct{}
+	want        int64       // the barrier the receiver waits for (WantBarrier); 0: none
+	prio        atomic.Bool // an overtaking barrier may be queued (any goroutine reads it)
 
 	// Owned by the receiving goroutine.
 	seq    uint64 // last sequence number delivered
@@ -52,10 +56,28 @@ type Receiver struct {
 	// ackSent is ackSeq once the acknowledgement was published: a credit
 	// request after it (the sender still waits: it was lost) repeats it.
 	ackSent atomic.Uint64
+	// ahead is TakeBarrier's copy of the queue up to the barrier it takes.
+	ahead []queued
 
 	stats struct {
 		messages, bytes, maxQueued, grants, parts, maxPartial atomic.Uint64
 	}
+}
+
+// queued is a message in a receiver's queue, with what onData read of it.
+type queued struct {
+	m    *nats.Msg
+	seq  uint64
+	kind byte
+	// barrier: a barrier message with a body of the right size, of
+	// checkpoint id, unaligned when it has the header HeaderUnaligned (a
+	// malformed one is never taken ahead: TryRecv reports it in order).
+	barrier   bool
+	unaligned bool
+	id        int64
+	// taken: TakeBarrier took the barrier ahead; TryRecv checks its sequence
+	// number and counts its bytes, but does not deliver it again.
+	taken bool
 }
 
 // NewReceiver subscribes to id's data subject and grants the sender the
@@ -77,8 +99,11 @@ func (t *Transport) NewReceiver(id ChannelID, opts ...Option) (*Receiver, error)
 	}
 	r.sub = sub
 	// Messages wait here only until the callback queues them; credits bound
-	// the bytes in flight to the window (plus one oversized message).
-	pending := 2*o.Window + 2*t.maxMessage + 1<<20
+	// the bytes in flight to the window, plus one oversized message, plus
+	// what the sender's SendNow put beyond the credit: an output buffer
+	// (below dataplane.MaxBatchBytes, split into messages) and a barrier per
+	// unaligned checkpoint. Room for the window twice and two such buffers.
+	pending := 2*o.Window + 2*t.maxMessage + 2*dataplane.MaxBatchBytes + 1<<20
 	if err := sub.SetPendingLimits(-1, pending); err != nil {
 		sub.Unsubscribe()
 		return nil, fmt.Errorf("natsch: %s: pending limits: %w", r.name, err)
@@ -159,8 +184,16 @@ func (r *Receiver) onData(m *nats.Msg) {
 		}
 		return
 	}
+	e := queued{m: m, seq: seq, kind: kind}
+	if kind == wireBarrier && len(body) == barrierBodyLen {
+		e.barrier, e.id = true, int64(binary.LittleEndian.Uint64(body))
+		e.unaligned = m.Header.Get(HeaderUnaligned) == "1"
+	}
 	r.mu.Lock()
-	r.queue = append(r.queue, m)
+	r.queue = append(r.queue, e)
+	if r.overtakes(&e) {
+		r.prio.Store(true)
+	}
 	if seq > r.arrivedSeq {
 		r.arrivedSeq = seq
 	}
@@ -226,15 +259,15 @@ func (r *Receiver) TryRecv() (dataplane.Event, bool, error) {
 			r.mu.Unlock()
 			return dataplane.Event{}, false, nil
 		}
-		m := r.queue[r.head]
-		r.queue[r.head] = nil
+		e := r.queue[r.head]
+		r.queue[r.head] = queued{}
 		if r.head++; r.head == len(r.queue) {
 			r.queue, r.head = r.queue[:0], 0
 		}
-		r.queuedBytes -= uint64(len(m.Data))
+		r.queuedBytes -= uint64(len(e.m.Data))
 		r.mu.Unlock()
 
-		ev, ok, err := r.take(m)
+		ev, ok, err := r.take(e)
 		if err != nil {
 			r.failed = err
 			return dataplane.Event{}, false, err
@@ -246,15 +279,19 @@ func (r *Receiver) TryRecv() (dataplane.Event, bool, error) {
 }
 
 // take checks and decodes one message: an event (ok), or a record part that
-// does not end its record (not ok, no error).
-func (r *Receiver) take(m *nats.Msg) (ev dataplane.Event, ok bool, err error) {
+// does not end its record or a barrier taken ahead (not ok, no error).
+func (r *Receiver) take(e queued) (ev dataplane.Event, ok bool, err error) {
+	m := e.m
 	kind, seq, body, err := decodeHeader(m.Data)
 	if err == nil {
 		if kind == wireRecordPart {
 			return r.takePart(m, seq, body)
 		}
 		if r.part != nil {
-			return ev, false, r.brokenParts(fmt.Sprintf("a message of kind %d (seq %d)", kind, seq))
+			return ev, false, r.brokenParts(r.part, r.partSeq, fmt.Sprintf("a message of kind %d (seq %d)", kind, seq))
+		}
+		if e.taken {
+			return ev, false, r.skipTaken(m, seq)
 		}
 		ev, err = decodeBody(kind, body)
 	}
@@ -271,13 +308,8 @@ func (r *Receiver) take(m *nats.Msg) (ev dataplane.Event, ok bool, err error) {
 		return ev, false, err
 	}
 	r.seq = seq
-	if ev.Kind == dataplane.KindBarrier && len(m.Header) > 0 {
-		ev.Barrier.Trace = make(map[string]string, len(m.Header))
-		for k, v := range m.Header {
-			if len(v) > 0 {
-				ev.Barrier.Trace[k] = v[0]
-			}
-		}
+	if ev.Kind == dataplane.KindBarrier {
+		barrierHeaders(&ev.Barrier, m.Header)
 	}
 	if h := r.t.opts.RecvHeader; h != nil {
 		h(ev, m.Header)
@@ -313,37 +345,25 @@ func (r *Receiver) takePart(m *nats.Msg, seq uint64, body []byte) (ev dataplane.
 	if err := dataplane.CheckSeq(r.name, r.seq, seq); err != nil {
 		return ev, false, err
 	}
-	if r.part == nil {
-		if off != 0 {
-			return ev, false, fmt.Errorf("natsch: %s: %w: record part (seq %d) at offset %d of %d bytes, but no record is being reassembled (a first part has offset 0)", r.name, ErrWire, seq, off, total)
-		}
-		if limit := uint64(r.maxRecord) + recordFrameOverhead; total > limit || total < recordFrameOverhead {
-			if total > limit {
-				return ev, false, fmt.Errorf("natsch: %s: record parts (seq %d) announce a record of %d bytes: %w: over max_record_bytes %d", r.name, seq, total-recordFrameOverhead, abi.ErrRecordTooLarge, r.maxRecord)
-			}
-			return ev, false, fmt.Errorf("natsch: %s: %w: record parts (seq %d) announce %d bytes, less than one record's frame", r.name, ErrWire, seq, total)
-		}
-		r.part, r.partSeq = make([]byte, 0, total), seq
+	first := r.part == nil
+	buf, err := r.continuePart(r.part, r.partSeq, seq, total, off, len(data))
+	if err != nil {
+		return ev, false, err
+	}
+	if first {
+		r.partSeq = seq
 		r.stats.parts.Add(1)
 		if total > r.stats.maxPartial.Load() {
 			r.stats.maxPartial.Store(total)
 		}
-	} else if have := uint64(len(r.part)); total != uint64(cap(r.part)) || off != have {
-		return ev, false, r.brokenParts(fmt.Sprintf("a part (seq %d) at offset %d of %d bytes", seq, off, total))
-	}
-	if uint64(len(data)) > total-off {
-		return ev, false, fmt.Errorf("natsch: %s: %w: record part (seq %d) of %d bytes at offset %d runs past the announced %d bytes", r.name, ErrWire, seq, len(data), off, total)
 	}
 	r.seq = seq
-	r.part = append(r.part, data...)
+	r.part = append(buf, data...)
 	done := len(r.part) == cap(r.part)
 	if done {
-		b := dataplane.GetBatch()
-		recs, err := abi.DecodeBatch(r.part, b.Records[:0])
-		b.Records = recs
+		b, err := r.decodeParts(r.part, r.partSeq, seq)
 		if err != nil {
-			b.Release()
-			return ev, false, fmt.Errorf("natsch: %s: %w: the record of parts %d to %d: %w", r.name, ErrWire, r.partSeq, seq, err)
+			return ev, false, err
 		}
 		r.part = nil
 		ev = dataplane.RecordsEvent(b)
@@ -360,10 +380,231 @@ func (r *Receiver) takePart(m *nats.Msg, seq uint64, body []byte) (ev dataplane.
 	return ev, done, nil
 }
 
-// brokenParts is the error for a run of record parts that got is not the
-// next part of.
-func (r *Receiver) brokenParts(got string) error {
-	return fmt.Errorf("natsch: %s: %w: the record of parts from seq %d is broken off after %d of its %d bytes by %s", r.name, ErrWire, r.partSeq, len(r.part), cap(r.part), got)
+// continuePart checks that the record part seq (total, offset off, n bytes
+// of data) continues the record reassembled in cur, whose first part was
+// partSeq (cur nil: none, so the part must be a first part), and returns the
+// buffer to append its bytes to: cur, or for a first part a new one with
+// room for the total announced.
+func (r *Receiver) continuePart(cur []byte, partSeq, seq, total, off uint64, n int) ([]byte, error) {
+	if cur == nil {
+		if off != 0 {
+			return nil, fmt.Errorf("natsch: %s: %w: record part (seq %d) at offset %d of %d bytes, but no record is being reassembled (a first part has offset 0)", r.name, ErrWire, seq, off, total)
+		}
+		if limit := uint64(r.maxRecord) + recordFrameOverhead; total > limit || total < recordFrameOverhead {
+			if total > limit {
+				return nil, fmt.Errorf("natsch: %s: record parts (seq %d) announce a record of %d bytes: %w: over max_record_bytes %d", r.name, seq, total-recordFrameOverhead, abi.ErrRecordTooLarge, r.maxRecord)
+			}
+			return nil, fmt.Errorf("natsch: %s: %w: record parts (seq %d) announce %d bytes, less than one record's frame", r.name, ErrWire, seq, total)
+		}
+		cur = make([]byte, 0, total)
+	} else if have := uint64(len(cur)); total != uint64(cap(cur)) || off != have {
+		return nil, r.brokenParts(cur, partSeq, fmt.Sprintf("a part (seq %d) at offset %d of %d bytes", seq, off, total))
+	}
+	if uint64(n) > total-off {
+		return nil, fmt.Errorf("natsch: %s: %w: record part (seq %d) of %d bytes at offset %d runs past the announced %d bytes", r.name, ErrWire, seq, n, off, total)
+	}
+	return cur, nil
+}
+
+// decodeParts decodes the reassembled records body of parts partSeq to seq:
+// a batch whose record aliases buf.
+func (r *Receiver) decodeParts(buf []byte, partSeq, seq uint64) (*dataplane.Batch, error) {
+	b := dataplane.GetBatch()
+	recs, err := abi.DecodeBatch(buf, b.Records[:0])
+	b.Records = recs
+	if err != nil {
+		b.Release()
+		return nil, fmt.Errorf("natsch: %s: %w: the record of parts %d to %d: %w", r.name, ErrWire, partSeq, seq, err)
+	}
+	return b, nil
+}
+
+// brokenParts is the error for the run of record parts from partSeq,
+// reassembled so far in cur, that got is not the next part of.
+func (r *Receiver) brokenParts(cur []byte, partSeq uint64, got string) error {
+	return fmt.Errorf("natsch: %s: %w: the record of parts from seq %d is broken off after %d of its %d bytes by %s", r.name, ErrWire, partSeq, len(cur), cap(cur), got)
+}
+
+// barrierHeaders sets what a barrier message's headers say: Unaligned
+// (HeaderUnaligned), and the trace context (every other header; nil when
+// there is none).
+func barrierHeaders(b *dataplane.Barrier, h nats.Header) {
+	for k, v := range h {
+		if len(v) == 0 {
+			continue
+		}
+		if k == HeaderUnaligned {
+			b.Unaligned = v[0] == "1"
+			continue
+		}
+		if b.Trace == nil {
+			b.Trace = make(map[string]string, len(h))
+		}
+		b.Trace[k] = v[0]
+	}
+}
+
+// skipTaken is what TryRecv does with a barrier TakeBarrier took: it checks
+// its sequence number and counts it as consumed.
+func (r *Receiver) skipTaken(m *nats.Msg, seq uint64) error {
+	if r.ended {
+		return fmt.Errorf("%w: %s: received a barrier (seq %d) after end-of-partition", dataplane.ErrChannelEnded, r.name, seq)
+	}
+	if err := dataplane.CheckSeq(r.name, r.seq, seq); err != nil {
+		return err
+	}
+	r.seq = seq
+	return r.count(m, true)
+}
+
+// overtakes reports whether e is an overtaking barrier not taken yet: sent
+// unaligned, or the one WantBarrier asked for. Call with mu held.
+func (r *Receiver) overtakes(e *queued) bool {
+	return e.barrier && !e.taken && (e.unaligned || r.want != 0 && e.id == r.want)
+}
+
+// WantBarrier implements dataplane.Overtakable.
+func (r *Receiver) WantBarrier(id int64) {
+	r.mu.Lock()
+	r.want = id
+	for i := r.head; i < len(r.queue); i++ {
+		if e := &r.queue[i]; e.barrier && !e.taken && e.id == id {
+			r.prio.Store(true)
+		}
+	}
+	r.mu.Unlock()
+}
+
+// Overtaking implements dataplane.Overtakable; any goroutine may call it.
+func (r *Receiver) Overtaking() bool { return r.prio.Load() }
+
+// TakeBarrier implements dataplane.Overtakable, on the receiving goroutine
+// (that of TryRecv). It takes the first overtaking barrier queued, unless
+// end-of-data or end-of-partition comes before it, after calling visit with
+// each records and watermark event before it, in order: the batches queued,
+// and a record whose parts are all queued before the barrier, reassembled
+// (from the parts TryRecv has taken so far, r.part, and the parts queued,
+// leaving TryRecv's state as it was). The barrier's message stays queued,
+// marked taken: TryRecv checks its sequence number and counts it for credit
+// when it gets there, and delivers what follows it. The sequence numbers up
+// to the barrier are checked here already, so that no checkpoint takes the
+// state of a channel that lost a message; that, or a malformed message
+// before the barrier, fails the channel (as TryRecv would).
+func (r *Receiver) TakeBarrier(visit func(dataplane.Event)) (dataplane.Barrier, bool, error) {
+	if r.failed != nil {
+		return dataplane.Barrier{}, false, r.failed
+	}
+	r.mu.Lock()
+	r.prio.Store(false)
+	if r.err != nil {
+		r.failed = r.err
+		r.mu.Unlock()
+		return dataplane.Barrier{}, false, r.failed
+	}
+	at := -1
+	if !r.ended {
+		q := r.queue[r.head:]
+	scan:
+		for i := range q {
+			switch e := &q[i]; {
+			case e.taken:
+			case e.kind == wireEndOfData || e.kind == wireEndOfPartition:
+				break scan
+			case r.overtakes(e):
+				at = i
+				break scan
+			}
+		}
+		if at >= 0 {
+			// Only this goroutine removes messages, and onData only appends:
+			// the copy stays what is queued up to the barrier.
+			r.ahead = append(r.ahead[:0], q[:at+1]...)
+		}
+	}
+	r.mu.Unlock()
+	if at < 0 {
+		return dataplane.Barrier{}, false, nil
+	}
+	b, err := r.overtake(r.ahead, visit)
+	clear(r.ahead)
+	if err != nil {
+		r.failed = err
+		return dataplane.Barrier{}, false, err
+	}
+	r.mu.Lock()
+	r.queue[r.head+at].taken = true
+	r.mu.Unlock()
+	return b, true, nil
+}
+
+// overtake checks the messages of ahead, the queue up to an overtaking
+// barrier (its last), visits the records and watermarks among them and
+// returns the barrier.
+func (r *Receiver) overtake(ahead []queued, visit func(dataplane.Event)) (dataplane.Barrier, error) {
+	prev := r.seq
+	// The record being reassembled. Appending to r.part writes past its
+	// length only, the very bytes takePart appends there later from the
+	// same messages: TryRecv's state is untouched.
+	part, partSeq := r.part, r.partSeq
+	for i, e := range ahead {
+		kind, seq, body, err := decodeHeader(e.m.Data)
+		if err != nil {
+			return dataplane.Barrier{}, fmt.Errorf("natsch: %s: message after %d: %w", r.name, prev, err)
+		}
+		if err := dataplane.CheckSeq(r.name, prev, seq); err != nil {
+			return dataplane.Barrier{}, err
+		}
+		prev = seq
+		if kind == wireRecordPart {
+			total, off, data, err := decodePart(body)
+			if err != nil {
+				return dataplane.Barrier{}, fmt.Errorf("natsch: %s: message after %d: %w", r.name, seq-1, err)
+			}
+			if part == nil {
+				partSeq = seq
+			}
+			if part, err = r.continuePart(part, partSeq, seq, total, off, len(data)); err != nil {
+				return dataplane.Barrier{}, err
+			}
+			if part = append(part, data...); len(part) == cap(part) {
+				b, err := r.decodeParts(part, partSeq, seq)
+				if err != nil {
+					return dataplane.Barrier{}, err
+				}
+				visit(dataplane.RecordsEvent(b))
+				b.Release()
+				part = nil
+			}
+			continue
+		}
+		if part != nil {
+			return dataplane.Barrier{}, r.brokenParts(part, partSeq, fmt.Sprintf("a message of kind %d (seq %d)", kind, seq))
+		}
+		switch {
+		case e.taken: // a barrier taken before
+		case kind == wireRecords || kind == wireWatermark:
+			ev, err := decodeBody(kind, body)
+			if err != nil {
+				return dataplane.Barrier{}, fmt.Errorf("natsch: %s: message after %d: %w", r.name, seq-1, err)
+			}
+			visit(ev)
+			if ev.Kind == dataplane.KindRecords {
+				ev.Batch.Release()
+			}
+		case i == len(ahead)-1:
+			ev, err := decodeBody(kind, body)
+			if err != nil {
+				return dataplane.Barrier{}, fmt.Errorf("natsch: %s: message after %d: %w", r.name, seq-1, err)
+			}
+			barrierHeaders(&ev.Barrier, e.m.Header)
+			if h := r.t.opts.RecvHeader; h != nil {
+				h(ev, e.m.Header)
+			}
+			return ev.Barrier, nil
+		}
+	}
+	// Cannot happen: ahead ends with the barrier to take.
+	return dataplane.Barrier{}, fmt.Errorf("natsch: %s: no barrier to take", r.name)
 }
 
 // count records m as consumed and, with regrant, grants credit again once a
@@ -411,7 +652,8 @@ func (r *Receiver) publishAck(seq uint64) error {
 type ReceiverStats struct {
 	Messages, Bytes uint64 // data messages and payload bytes delivered
 	// MaxQueued is the most payload bytes ever queued at the receiver
-	// (arrived, not yet taken by TryRecv): at most the window.
+	// (arrived, not yet taken by TryRecv): at most the window, but for
+	// what the sender's SendNow sent beyond the credit.
 	MaxQueued uint64
 	Grants    uint64 // credit messages published
 	Window    uint64
@@ -446,5 +688,6 @@ func (r *Receiver) Close() error {
 
 var (
 	_ dataplane.Input          = (*Receiver)(nil)
+	_ dataplane.Overtakable    = (*Receiver)(nil)
 	_ dataplane.EndOfDataAcker = (*Receiver)(nil)
 )

@@ -200,12 +200,28 @@ func (s *Sender) fail(err error) {
 // process) share one batch and records reach the wrong receiver. After
 // EndOfPartition, Send flushes the connection and releases the credit
 // subscription.
-func (s *Sender) Send(ctx context.Context, ev dataplane.Event) error {
+func (s *Sender) Send(ctx context.Context, ev dataplane.Event) error { return s.send(ctx, ev, true) }
+
+// SendNow implements dataplane.Overtaker: Send without waiting for credit
+// (only for the receiver's first grant, which says it has subscribed). The
+// bytes count in the credit all the same, so the Sends after it wait until
+// the receiver's grants have caught up. A records event goes out split as in
+// Send. An unaligned barrier (Barrier.Unaligned) carries the header
+// Streamd-Unaligned: 1 (with Send too), for the receiver to take it ahead
+// (Receiver.TakeBarrier). The receiver's queue may exceed its window by what
+// is sent this way: the output buffer (a RecordWriter's pending batch, below
+// dataplane.MaxBatchBytes) and the barrier of each unaligned checkpoint.
+func (s *Sender) SendNow(ctx context.Context, ev dataplane.Event) error {
+	return s.send(ctx, ev, false)
+}
+
+// send is Send, and with !wait SendNow.
+func (s *Sender) send(ctx context.Context, ev dataplane.Event, wait bool) error {
 	if s.ended {
 		return fmt.Errorf("%w: %s: send %s after end-of-partition", dataplane.ErrChannelEnded, s.name, ev)
 	}
 	if ev.Kind == dataplane.KindRecords {
-		if err := s.sendRecords(ctx, ev); err != nil {
+		if err := s.sendRecords(ctx, ev, wait); err != nil {
 			return err
 		}
 		if ev.Batch != nil {
@@ -218,7 +234,7 @@ func (s *Sender) Send(ctx context.Context, ev dataplane.Event) error {
 	if err != nil {
 		return err
 	}
-	if err := s.publish(ctx, ev, s.buf); err != nil {
+	if err := s.publish(ctx, ev, s.buf, wait); err != nil {
 		return err
 	}
 	if ev.Kind == dataplane.KindEndOfData {
@@ -243,7 +259,7 @@ func (s *Sender) Send(ctx context.Context, ev dataplane.Event) error {
 // sendRecords publishes a batch as one message, or as several when its
 // frame exceeds the transport's message size: split between records, and a
 // record that does not fit in a message alone as record parts.
-func (s *Sender) sendRecords(ctx context.Context, ev dataplane.Event) error {
+func (s *Sender) sendRecords(ctx context.Context, ev dataplane.Event, wait bool) error {
 	var recs []abi.Record
 	if ev.Batch != nil {
 		recs = ev.Batch.Records
@@ -264,7 +280,7 @@ func (s *Sender) sendRecords(ctx context.Context, ev dataplane.Event) error {
 			n++
 		}
 		if size > limit { // n == 1
-			if err := s.sendParts(ctx, ev, recs[0]); err != nil {
+			if err := s.sendParts(ctx, ev, recs[0], wait); err != nil {
 				return err
 			}
 			recs = recs[1:]
@@ -277,7 +293,7 @@ func (s *Sender) sendRecords(ctx context.Context, ev dataplane.Event) error {
 		s.buf = appendHeader(s.buf[:0], wireRecords, s.seq+1)
 		s.buf = s.buf[:need]
 		abi.PutBatch(s.buf[HeaderLen:], recs[:n])
-		if err := s.publish(ctx, ev, s.buf); err != nil {
+		if err := s.publish(ctx, ev, s.buf, wait); err != nil {
 			return err
 		}
 		recs = recs[n:]
@@ -288,7 +304,7 @@ func (s *Sender) sendRecords(ctx context.Context, ev dataplane.Event) error {
 // sendParts publishes the batch frame of the one record r, which does not
 // fit in a message, as consecutive record parts of at most a message each,
 // copied straight from r (the whole frame is never built).
-func (s *Sender) sendParts(ctx context.Context, ev dataplane.Event, r abi.Record) error {
+func (s *Sender) sendParts(ctx context.Context, ev dataplane.Event, r abi.Record, wait bool) error {
 	var head [4 + 8 + 4]byte // count 1, timestamp, key length
 	binary.LittleEndian.PutUint32(head[0:], 1)
 	binary.LittleEndian.PutUint64(head[4:], uint64(r.Timestamp))
@@ -305,7 +321,7 @@ func (s *Sender) sendParts(ctx context.Context, ev dataplane.Event, r abi.Record
 		n := min(chunk, total-off)
 		s.buf = appendPartHeader(s.buf[:0], s.seq+1, total, off)
 		s.buf = appendSegments(s.buf, segs, off, n)
-		if err := s.publish(ctx, ev, s.buf); err != nil {
+		if err := s.publish(ctx, ev, s.buf, wait); err != nil {
 			return err
 		}
 		s.stats.parts.Add(1)
@@ -333,24 +349,29 @@ func appendSegments(dst []byte, segs [][]byte, off, n uint64) []byte {
 	return dst
 }
 
-// publish waits for credit for data (whose seq is s.seq+1) and publishes it.
-func (s *Sender) publish(ctx context.Context, ev dataplane.Event, data []byte) error {
+// publish waits for credit for data (whose seq is s.seq+1), with !wait
+// only for the first grant, and publishes it.
+func (s *Sender) publish(ctx context.Context, ev dataplane.Event, data []byte, wait bool) error {
 	if s.closed {
 		return fmt.Errorf("natsch: %s: send on a closed sender", s.name)
 	}
 	size := uint64(len(data))
-	consumed, err := s.waitCredit(ctx, size)
+	consumed, err := s.waitCredit(ctx, size, wait)
 	if err != nil {
 		return err
 	}
 	eod := ev.Kind == dataplane.KindEndOfData
-	if h, tr := s.t.opts.SendHeader, barrierTrace(ev); h != nil || tr != nil || eod {
+	unaligned := ev.Kind == dataplane.KindBarrier && ev.Barrier.Unaligned
+	if h, tr := s.t.opts.SendHeader, barrierTrace(ev); h != nil || tr != nil || eod || unaligned {
 		m := &nats.Msg{Subject: s.dataSubj, Data: data, Header: nats.Header{}}
 		for k, v := range tr {
 			m.Header[k] = []string{v}
 		}
 		if eod {
 			m.Header.Set(HeaderAckRequest, "1")
+		}
+		if unaligned {
+			m.Header.Set(HeaderUnaligned, "1")
 		}
 		if h != nil {
 			h(ctx, ev, m.Header)
@@ -379,9 +400,10 @@ func (s *Sender) publish(ctx context.Context, ev dataplane.Event, data []byte) e
 
 // waitCredit blocks until a message of size bytes may be sent: when it fits
 // in the credit (sent+size <= granted), or, for a message larger than the
-// whole window, when nothing is in flight. It returns the bytes the receiver
-// has consumed as far as the sender knows (granted - window).
-func (s *Sender) waitCredit(ctx context.Context, size uint64) (uint64, error) {
+// whole window, when nothing is in flight; with !wait (SendNow) as soon as
+// the first grant has come. It returns the bytes the receiver has consumed
+// as far as the sender knows (granted - window).
+func (s *Sender) waitCredit(ctx context.Context, size uint64, wait bool) (uint64, error) {
 	waited := false
 	for {
 		s.mu.Lock()
@@ -390,7 +412,7 @@ func (s *Sender) waitCredit(ctx context.Context, size uint64) (uint64, error) {
 		if err != nil {
 			return 0, err
 		}
-		if w > 0 && (s.sent+size <= g || size > w && s.sent+w <= g) {
+		if w > 0 && (!wait || s.sent+size <= g || size > w && s.sent+w <= g) {
 			return g - w, nil
 		}
 		if !waited {
@@ -431,7 +453,8 @@ type SenderStats struct {
 	Messages, Bytes uint64 // data messages and payload bytes published
 	// MaxInFlight is the most payload bytes ever sent but not known to be
 	// consumed (granted - window): never more than the window, unless a
-	// single message is larger than the window.
+	// single message is larger than the window or SendNow went beyond the
+	// credit.
 	MaxInFlight    uint64
 	CreditWaits    uint64 // sends that had to wait for credit
 	CreditRequests uint64
@@ -486,6 +509,7 @@ func (s *Sender) Close() error {
 
 var (
 	_ dataplane.Output      = (*Sender)(nil)
+	_ dataplane.Overtaker   = (*Sender)(nil)
 	_ dataplane.AckNotifier = (*Sender)(nil)
 )
 

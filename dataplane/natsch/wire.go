@@ -55,6 +55,9 @@ const partHeaderLen = 16
 // record's key and value bytes: the u32 count and the record header.
 const recordFrameOverhead = 4 + 16
 
+// barrierBodyLen is the size of a barrier message's body.
+const barrierBodyLen = 8 + 1 + 1
+
 // creditLen is the size of a credit message: u8 version, u64 granted, u32 window.
 const creditLen = 1 + 8 + 4
 
@@ -72,6 +75,13 @@ const (
 	// acknowledgement.
 	HeaderAckRequest = "Streamd-Ack-Request"
 )
+
+// HeaderUnaligned on a barrier message: the barrier of an unaligned
+// checkpoint (dataplane.Barrier.Unaligned), which the receiver may take
+// ahead of the messages queued before it (docs/subjects.md, "Unaligned
+// barriers" under "Data messages"). An older receiver ignores it and delivers the barrier in
+// order, which is still correct.
+const HeaderUnaligned = "Streamd-Unaligned"
 
 // creditRequestLen is the size of a credit request: header (seq 0), u64 last sequence sent.
 const creditRequestLen = HeaderLen + 8
@@ -250,7 +260,7 @@ func decodeBody(kind byte, body []byte) (ev dataplane.Event, err error) {
 		}
 		return dataplane.WatermarkEvent(int64(binary.LittleEndian.Uint64(body))), nil
 	case wireBarrier:
-		if err := fixed(10); err != nil {
+		if err := fixed(barrierBodyLen); err != nil {
 			return ev, err
 		}
 		bk := dataplane.BarrierKind(body[8])
