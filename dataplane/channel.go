@@ -355,6 +355,11 @@ func (in *localInput) TakeBarrier(visit func(Event)) (Barrier, bool, error) {
 			case c.room <- struct{}{}:
 			default:
 			}
+			for _, p := range q[i+1:] {
+				if p.ev.Kind == KindBarrier && !p.taken && (p.ev.Barrier.Unaligned || c.want != 0 && p.ev.Barrier.ID == c.want) {
+					c.prio.Store(true) // another one behind it
+				}
+			}
 			return m.ev.Barrier, true, nil
 		}
 	}
