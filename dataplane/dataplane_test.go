@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -354,4 +355,87 @@ func TestBatchReuseDoesNotAllocate(t *testing.T) {
 		t.Fatalf("record without key: %+v", b.Records[0])
 	}
 	b.Release()
+}
+
+// TestLocalChannelOvertaking: on a full channel SendNow still queues a batch
+// and an unaligned barrier; the receiver takes the barrier ahead with the
+// records before it, then receives every record in order with no sequence
+// error; a wanted ordinary barrier is taken too, end-of-data stops a take.
+func TestLocalChannelOvertaking(t *testing.T) {
+	ctx := context.Background()
+	c := NewLocalChannel("a[0]->b[0]", 2)
+	out, in := c.Output(), c.Input().(Overtakable)
+	rec := func(v string) Event {
+		b := GetBatch()
+		b.Append(abi.Record{Value: []byte(v)})
+		return RecordsEvent(b)
+	}
+	for _, v := range []string{"r1", "r2"} {
+		if err := out.Send(ctx, rec(v)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := SendNow(ctx, out, rec("r3")); err != nil { // full: goes anyway
+		t.Fatal(err)
+	}
+	if err := SendNow(ctx, out, BarrierEvent(Barrier{ID: 7, Unaligned: true})); err != nil {
+		t.Fatal(err)
+	}
+	if !in.Overtaking() {
+		t.Fatal("no overtaking barrier flagged")
+	}
+	var before []string
+	b, ok, err := in.TakeBarrier(func(ev Event) { before = append(before, string(ev.Batch.Records[0].Value)) })
+	if err != nil || !ok || b.ID != 7 || strings.Join(before, ",") != "r1,r2,r3" {
+		t.Fatalf("take: %v %v %+v, before %v; want barrier 7 after r1,r2,r3", err, ok, b, before)
+	}
+	if in.Overtaking() {
+		t.Fatal("still flagged after the take")
+	}
+	// An ordinary barrier, wanted after it was queued; end-of-data ahead of
+	// a second one stops that take.
+	in.WantBarrier(8)
+	go func() { // the channel is over capacity: Send waits for the receiver
+		_ = out.Send(ctx, rec("r4"))
+		_ = out.Send(ctx, BarrierEvent(Barrier{ID: 8}))
+		_ = out.Send(ctx, EndOfDataEvent(true))
+		_ = out.Send(ctx, BarrierEvent(Barrier{ID: 9, Unaligned: true}))
+	}()
+	var got []string
+	for len(got) < 6 {
+		if in.Overtaking() {
+			if b, ok, err := in.TakeBarrier(func(Event) {}); err != nil {
+				t.Fatal(err)
+			} else if ok {
+				got = append(got, fmt.Sprintf("took %d", b.ID))
+			}
+			continue
+		}
+		ev, ok, err := c.Input().TryRecv()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !ok {
+			continue
+		}
+		if ev.Kind == KindRecords {
+			got = append(got, string(ev.Batch.Records[0].Value))
+			ev.Batch.Release()
+		} else {
+			got = append(got, ev.String())
+		}
+	}
+	// The barrier may be taken before or after r4 is received (it is queued
+	// behind r4 by another goroutine); never in order.
+	recv := slices.DeleteFunc(slices.Clone(got), func(s string) bool { return s == "took 8" })
+	if s := strings.Join(recv, ","); s != "r1,r2,r3,r4,end-of-data(drain=true)" || !slices.Contains(got, "took 8") {
+		t.Fatalf("received %s, want r1..r4, end-of-data, and barrier 8 taken ahead", strings.Join(got, ","))
+	}
+	ev, ok, err := c.Input().TryRecv()
+	for !ok && err == nil {
+		ev, ok, err = c.Input().TryRecv()
+	}
+	if err != nil || ev.Kind != KindBarrier || ev.Barrier.ID != 9 {
+		t.Fatalf("after end-of-data: %v %v, want barrier 9 in order", ev, err)
+	}
 }
