@@ -234,6 +234,8 @@ var values = []value{
 	{"two hosts generator -> discard (100-byte records) as % of raw NATS pub/sub bytes/s (64 KiB messages), alternating", "BenchmarkTwoHostsVsRawNATS", "discard-%-of-raw", ">= 50"},
 	{"two hosts generator -> Rust wasm map -> discard as % of raw NATS pub/sub bytes/s, alternating", "BenchmarkTwoHostsVsRawNATS", "wasm-%-of-raw", ">= 50"},
 	{"checkpoint of 1M keys of 100-byte state, written to disk", "BenchmarkSnapshot1MKeys", "s/checkpoint", "<= 2 s"},
+	{"memory state, 1M keys x 100 B through a keyed wasm counter, checkpoint every 1 s as % of none, alternating", "BenchmarkState1MKeysCheckpointVsNone", "1s-%-of-none", ">= 80"},
+	{"memory state, 1M keys: longest synchronous snapshot pause of the keyed subtask", "BenchmarkState1MKeysCheckpointVsNone", "ms-max-sync-pause", "<= 10 ms"},
 	{"restore and redistribute 1M keys to 4 subtasks", "BenchmarkRestore1MKeys", "s/restore", "report"},
 	{"failure to processing again, 8 subtasks, modules cached", "BenchmarkFailoverRestart8", "ms/failover", "< 1000 ms"},
 	{"host process SIGKILLed to processing again (3 hosts, heartbeat 100 ms, lost after 4, p=4; ms/kill-to-new-attempt in the table)", "BenchmarkHostKillToProcessing", "ms/kill-to-processing", "report"},

@@ -173,6 +173,11 @@ type OperatorStats struct {
 	// UnionDeclines counts the checkpoints declined because the operator
 	// has union list state and was partially finished.
 	UnionDeclines int `json:",omitempty"`
+	// MaxSnapshotPause is the longest synchronous part of a snapshot of any
+	// of its subtasks so far (the operator's snapshot_state and the cut of
+	// its keyed state): the time the subtask processed nothing for a
+	// checkpoint. Encoding and writing run in the background.
+	MaxSnapshotPause time.Duration `json:",omitempty"`
 }
 
 // Stats is a snapshot of a run's counters.
@@ -196,6 +201,15 @@ type Stats struct {
 // opStats are the live counters of one operator, added to once per batch.
 type opStats struct {
 	in, out atomic.Int64
+	// pause is the longest synchronous part of a snapshot of any subtask,
+	// in nanoseconds: the time it processed nothing for a checkpoint.
+	pause atomic.Int64
+}
+
+// addPause records a synchronous snapshot pause of d.
+func (s *opStats) addPause(d time.Duration) {
+	for cur := s.pause.Load(); int64(d) > cur && !s.pause.CompareAndSwap(cur, int64(d)); cur = s.pause.Load() {
+	}
 }
 
 // job is one attempt of a Run: what every subtask of the attempt shares.

@@ -389,6 +389,8 @@ func (t *task) snapshot(x control.TakeSnapshot) error {
 // takeState snapshots the operator's state (a source: its position) for
 // checkpoint id; nil for a deployed-finished subtask, which has none.
 func (t *task) takeState(ctx context.Context, id int64) (*checkpoint.SubtaskState, error) {
+	start := time.Now()
+	defer func() { t.stats.addPause(time.Since(start)) }()
 	switch {
 	case t.deployedFinished:
 		return nil, nil

@@ -12,6 +12,9 @@
 // notify_checkpoint_complete of attempt 0 (with no periodic checkpoints,
 // the first notify is that of a stop's savepoint).
 //
+// With state_bytes N > 8 (count mode) each key's state is N bytes: the
+// count, little-endian, padded (state of a realistic size for benchmarks).
+//
 // It also keeps a split list state "seen" (records processed by the subtask
 // since the first attempt), restored on open, so list state survives
 // checkpoints too.
@@ -38,6 +41,7 @@ type failOnce struct {
 	seen    uint64 // records seen, restored from list state
 	n       int64  // records processed in this attempt
 	buf     []byte
+	state   []byte // state_bytes > 8: the value written per key
 }
 
 func (f *failOnce) Open(ctx *streamd.Context) error {
@@ -47,6 +51,11 @@ func (f *failOnce) Open(ctx *streamd.Context) error {
 	}
 	if f.failNtf, err = ctx.Config.Int("fail_notify", 0); err != nil {
 		return err
+	}
+	if n, err := ctx.Config.Int("state_bytes", 0); err != nil {
+		return err
+	} else if n > 8 {
+		f.state = make([]byte, n)
 	}
 	f.attempt = ctx.Attempt
 	switch m := ctx.Config.String("mode", "map"); m {
@@ -76,9 +85,19 @@ func (f *failOnce) ProcessElement(r streamd.Record, _ int) error {
 		streamd.EmitRecord(r)
 		return nil
 	}
-	c, _ := count.GetUint64(r.Key)
-	c++
-	count.PutUint64(r.Key, c)
+	var c uint64
+	if f.state != nil {
+		if v, ok := count.Get(r.Key); ok && len(v) >= 8 {
+			c = binary.LittleEndian.Uint64(v)
+		}
+		c++
+		binary.LittleEndian.PutUint64(f.state, c)
+		count.Put(r.Key, f.state)
+	} else {
+		c, _ = count.GetUint64(r.Key)
+		c++
+		count.PutUint64(r.Key, c)
+	}
 	f.buf = append(f.buf[:0], r.Key...)
 	f.buf = append(f.buf, '=')
 	f.buf = fmt.Appendf(f.buf, "%d", c)
