@@ -70,6 +70,14 @@ func TestSnapshotCutCopyOnWrite(t *testing.T) {
 	if got := encode(cut); !bytes.Equal(got, before) {
 		t.Fatal("the first cut changed after the second")
 	}
+	// Released cuts: writes go in place again, without copying.
+	s.cuts.Store(0)
+	g := &s.groups[abi.KeyGroup([]byte("k4"), maxP)]
+	old := g.m["count"]["k4"]
+	put("count", "k4", "u0004")
+	if g.frozen || g.shared || &g.m["count"]["k4"][0] != &old[0] {
+		t.Fatalf("after release: frozen %v shared %v, the value was not written in place", g.frozen, g.shared)
+	}
 	n := 0
 	for _, g := range cut2 {
 		n += len(g.Entries["count"]) + len(g.Entries["other"])

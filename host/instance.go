@@ -332,7 +332,9 @@ func (i *Instance) SnapshotState(ctx context.Context, checkpointID int64) (snap 
 	if err != nil {
 		return nil, err
 	}
-	return &Snapshot{KeyGroups: i.state.snapshot(), Lists: lists}, nil
+	snap = i.state.cut()
+	snap.Lists = lists
+	return snap, nil
 }
 
 // NotifyCheckpointComplete calls streamd_notify_checkpoint_complete.

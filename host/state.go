@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"sync"
+	"sync/atomic"
 
 	"github.com/streamd/streamd/abi"
 )
@@ -24,6 +26,18 @@ import (
 type Snapshot struct {
 	KeyGroups map[int]*KeyGroupState
 	Lists     map[string]*ListState
+
+	release func() // Release: the cut is no longer read
+}
+
+// Release says the snapshot's keyed state is no longer read (it has been
+// written, or dropped): the instance may write values in place again once
+// no cut holds them. Optional (without it the instance just allocates new
+// values); idempotent; any goroutine may call it.
+func (s *Snapshot) Release() {
+	if s != nil && s.release != nil {
+		s.release()
+	}
 }
 
 // KeyGroupState is the keyed state and timers of one key group.
@@ -51,6 +65,8 @@ type keyedState struct {
 	groups []group // [kg-rng.Start]
 	timers map[timerID]struct{}
 	heap   []timerID // min-heap by (ts, key); may hold deleted timers (lazy deletion)
+	// cuts is the number of snapshot cuts not released yet (Snapshot.Release).
+	cuts *atomic.Int32
 }
 
 // group is the keyed state of one key group.
@@ -68,6 +84,10 @@ type group struct {
 // first if a snapshot cut holds them.
 func (s *keyedState) writable(kg int) *group {
 	g := &s.groups[kg-s.rng.Start]
+	if g.frozen && s.cuts.Load() == 0 {
+		// Every cut was released: nobody reads these maps any more.
+		g.frozen, g.shared = false, false
+	}
 	if g.frozen {
 		m := make(map[string]map[string][]byte, len(g.m))
 		for name, vals := range g.m {
@@ -96,6 +116,7 @@ func newKeyedState(maxP int, rng abi.KeyGroupRange) keyedState {
 		rng:    rng,
 		groups: make([]group, rng.End-rng.Start+1),
 		timers: make(map[timerID]struct{}),
+		cuts:   new(atomic.Int32),
 	}
 }
 
@@ -125,6 +146,9 @@ func (s *keyedState) put(kg int, name, key, val []byte) {
 	if m == nil {
 		m = make(map[string][]byte)
 		g[string(name)] = m
+	}
+	if gr.shared && s.cuts.Load() == 0 {
+		gr.shared = false // no cut holds anything any more
 	}
 	if old, ok := m[string(key)]; ok && len(old) == len(val) && !gr.shared {
 		copy(old, val)
@@ -240,8 +264,18 @@ func (s *keyedState) pop() timerID {
 	return top
 }
 
+// cut is snapshot as a Snapshot (without list state) whose Release ends the
+// cut.
+func (s *keyedState) cut() *Snapshot {
+	kgs := s.snapshot()
+	var once sync.Once
+	cuts := s.cuts
+	return &Snapshot{KeyGroups: kgs, release: func() { once.Do(func() { cuts.Add(-1) }) }}
+}
+
 // snapshot cuts the keyed state (copy-on-write: the groups' maps go into the
 // snapshot as they are and are frozen) and copies the timers, by key group.
+// The cut counts until released (cut).
 func (s *keyedState) snapshot() map[int]*KeyGroupState {
 	out := make(map[int]*KeyGroupState)
 	group := func(kg int) *KeyGroupState {
@@ -260,6 +294,7 @@ func (s *keyedState) snapshot() map[int]*KeyGroupState {
 		out[s.rng.Start+idx] = &KeyGroupState{Entries: g.m}
 		g.frozen = true
 	}
+	s.cuts.Add(1)
 	for id := range s.timers {
 		g := group(abi.KeyGroup([]byte(id.key), s.maxP))
 		g.Timers = append(g.Timers, Timer{Key: []byte(id.key), TS: id.ts})

@@ -7,6 +7,7 @@ import (
 	"hash/crc32"
 	"net/url"
 	"strconv"
+	"sync"
 
 	"github.com/streamd/streamd/control"
 	"github.com/streamd/streamd/host"
@@ -38,7 +39,11 @@ func crc32c(b []byte) uint32 { return crc32.Checksum(b, castagnoli) }
 
 // EncodeState encodes s as a state blob: a versioned header, the sections and
 // a CRC32C.
-func EncodeState(s *SubtaskState) ([]byte, error) {
+func EncodeState(s *SubtaskState) ([]byte, error) { return appendState(nil, s) }
+
+// appendState is EncodeState appending to dst[:0] (reusing its memory when
+// it is large enough).
+func appendState(dst []byte, s *SubtaskState) ([]byte, error) {
 	n, size := 0, len(blobMagic)+8+4
 	snapSize := 0
 	if s.Operator != nil {
@@ -58,7 +63,10 @@ func EncodeState(s *SubtaskState) ([]byte, error) {
 		version = FormatVersionChannelState
 	}
 	le := binary.LittleEndian
-	b := make([]byte, 0, size)
+	b := dst[:0]
+	if cap(b) < size {
+		b = make([]byte, 0, size)
+	}
 	b = append(b, blobMagic...)
 	b = le.AppendUint32(b, version)
 	b = le.AppendUint32(b, uint32(n))
@@ -206,12 +214,31 @@ func ParseBlobRef(s string) (BlobRef, error) {
 	return BlobRef{Name: u.Path, Size: size, CRC32C: uint32(crc), InFlight: inflight}, nil
 }
 
+// blobBufs holds encoding buffers of WriteSubtaskState (*[]byte); a store's
+// WriteState does not keep the data it was given.
+var blobBufs sync.Pool
+
+// maxPooledBlob caps the buffers kept for reuse.
+const maxPooledBlob = 1 << 30
+
 // WriteSubtaskState encodes st (EncodeState), writes it to store as the blob
 // of subtask sub of checkpoint id and returns its ref with InFlight set to
 // the channel-state bytes: put ref.String() into control.Ack.StateRef and
 // ref.Size into control.Ack.Size.
 func WriteSubtaskState(ctx context.Context, store Store, kind control.CheckpointKind, id int64, sub control.SubtaskID, st *SubtaskState) (BlobRef, error) {
-	data, err := EncodeState(st)
+	// The encoding buffers are reused: a large state would otherwise
+	// allocate its size again at every checkpoint (and drive the GC).
+	buf, _ := blobBufs.Get().(*[]byte)
+	if buf == nil {
+		buf = new([]byte)
+	}
+	data, err := appendState(*buf, st)
+	defer func() {
+		if cap(data) <= maxPooledBlob {
+			*buf = data[:0]
+			blobBufs.Put(buf)
+		}
+	}()
 	if err != nil {
 		return BlobRef{}, err
 	}

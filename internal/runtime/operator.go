@@ -125,6 +125,7 @@ func (w *wasmOperator) snapshot(ctx context.Context, id int64) (*checkpoint.Subt
 		return nil, err
 	}
 	if len(snap.KeyGroups) == 0 && len(snap.Lists) == 0 {
+		snap.Release()
 		return nil, nil
 	}
 	return &checkpoint.SubtaskState{Operator: snap}, nil

@@ -424,6 +424,9 @@ func (t *task) writeSnapshot(x control.TakeSnapshot, st *checkpoint.SubtaskState
 }
 
 func (t *task) writeSnapshotNow(x control.TakeSnapshot, st *checkpoint.SubtaskState, span trace.Span) {
+	if st != nil {
+		defer st.Operator.Release() // written (or failed): the cut is no longer read
+	}
 	b := x.B
 	var err error
 	var ref checkpoint.BlobRef

@@ -127,6 +127,9 @@ func (u *unalignedState) dropCheckpoint() {
 	if u.span != nil {
 		telemetry.EndSpan(u.span, fmt.Errorf("unaligned checkpoint %d ended unfinished here", u.id))
 	}
+	if u.st != nil {
+		u.st.Operator.Release() // dropped unwritten; finishUnaligned hands it on first
+	}
 	u.id, u.st, u.span = 0, nil, nil
 	for i := range u.chans {
 		u.chans[i] = nil
@@ -210,7 +213,7 @@ func (t *task) finishUnaligned(id int64) error {
 		st.Channels = &cs
 	}
 	x, span := u.x, u.span
-	u.span = nil
+	u.span, u.st = nil, nil
 	u.dropCheckpoint()
 	t.writeSnapshot(x, st, span)
 	return nil
