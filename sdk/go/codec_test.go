@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"reflect"
+	"strings"
 	"testing"
 )
 
@@ -76,7 +77,7 @@ func TestOutFrame(t *testing.T) {
 
 func TestDecodeContext(t *testing.T) {
 	g := loadGolden(t)
-	valid, invalid := 0, 0
+	valid, invalid, versionErrs := 0, 0, 0
 	for i, gc := range g.Contexts {
 		c, err := decodeContext(gc.Frame)
 		if !gc.Valid {
@@ -85,6 +86,11 @@ func TestDecodeContext(t *testing.T) {
 				t.Errorf("context %d: decodeContext accepted a malformed frame of %d bytes", i, len(gc.Frame))
 			} else if !errors.Is(err, errFrame) {
 				t.Errorf("context %d: error %q does not say the frame is malformed", i, err)
+			} else if len(gc.Frame) > 0 && gc.Frame[0] == 2 {
+				versionErrs++
+				if !strings.Contains(err.Error(), "ABI version 2") {
+					t.Errorf("version 2 context: error %v", err)
+				}
 			}
 			continue
 		}
@@ -99,18 +105,9 @@ func TestDecodeContext(t *testing.T) {
 		if !reflect.DeepEqual(*c, want) {
 			t.Fatalf("context %d: decoded %+v, want %+v", i, *c, want)
 		}
-		if enc := appendContext(nil, want); !bytes.Equal(enc, gc.Frame) {
-			t.Fatalf("context %d: test encoder writes %x, the host %x", i, enc, gc.Frame)
-		}
 	}
-	if valid < 2 || invalid < 4 {
-		t.Fatalf("weak golden file: %d valid contexts, %d malformed", valid, invalid)
-	}
-
-	wrongVersion := appendContext(nil, Context{Job: "j", Parallelism: 1})
-	wrongVersion[0] = 2
-	if _, err := decodeContext(wrongVersion); err == nil || !bytes.Contains([]byte(err.Error()), []byte("ABI version 2")) {
-		t.Errorf("version 2 context: error %v", err)
+	if valid < 2 || invalid < 4 || versionErrs != 1 {
+		t.Fatalf("weak golden file: %d valid contexts, %d malformed, %d of another version", valid, invalid, versionErrs)
 	}
 }
 

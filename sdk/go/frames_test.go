@@ -2,10 +2,8 @@ package streamd
 
 import (
 	"bytes"
-	"encoding/binary"
 	"encoding/json"
 	"os"
-	"sort"
 	"testing"
 )
 
@@ -96,32 +94,15 @@ func sameRecords(a, b []Record) bool {
 	return true
 }
 
-// appendContext encodes an open-context frame as abi/ABI.md lays it out, the
-// config in sorted key order (checked against the golden frames by
-// TestDecodeContext).
-func appendContext(dst []byte, c Context) []byte {
-	le := binary.LittleEndian
-	dst = le.AppendUint32(dst, abiVersion)
-	for _, v := range []int{c.Subtask, c.Parallelism, c.MaxParallelism, c.Attempt, c.NumInputs} {
-		dst = le.AppendUint32(dst, uint32(v))
+// contextFrame returns the golden open-context frame of job and operator
+// (the SDK has no encoder of its own for them).
+func contextFrame(t testing.TB, job, operator string) []byte {
+	t.Helper()
+	for _, c := range loadGolden(t).Contexts {
+		if c.Valid && c.Context.Job == job && c.Context.Operator == operator {
+			return c.Frame
+		}
 	}
-	var flags uint32
-	if c.Restored {
-		flags = 1
-	}
-	dst = le.AppendUint32(dst, flags)
-	str := func(s string) { dst = le.AppendUint32(dst, uint32(len(s))); dst = append(dst, s...) }
-	str(c.Job)
-	str(c.Operator)
-	keys := make([]string, 0, len(c.Config))
-	for k := range c.Config {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	dst = le.AppendUint32(dst, uint32(len(keys)))
-	for _, k := range keys {
-		str(k)
-		str(c.Config[k])
-	}
-	return dst
+	t.Fatalf("testdata/frames.json has no open context of job %q, operator %q", job, operator)
+	return nil
 }

@@ -241,7 +241,7 @@ func TestEmitOutsideAllowedPhases(t *testing.T) {
 
 func TestNoOperatorRegistered(t *testing.T) {
 	h := install(t, nil)
-	if st := doOpen(appendContext(nil, Context{Parallelism: 1})); st != statusError {
+	if st := doOpen(contextFrame(t, "j", "")); st != statusError {
 		t.Fatalf("status %d", st)
 	}
 	if len(h.fails) != 1 || !strings.Contains(h.fails[0], "streamd.Register") {
@@ -285,9 +285,8 @@ func TestOpenContextAndListState(t *testing.T) {
 		},
 	})
 	h.lists["total"] = [][]byte{[]byte("one"), bytes.Repeat([]byte("2"), 500)} // larger than the scratch buffer
-	ctx := Context{Job: "j", Operator: "op", Subtask: 1, Parallelism: 2, MaxParallelism: 128,
-		NumInputs: 1, Restored: true, Config: Config{"k": "v"}}
-	if st := doOpen(appendContext(nil, ctx)); st != statusOK {
+	// Subtask 1 of 2, 128 key groups, one input, restored, config k: v.
+	if st := doOpen(contextFrame(t, "j", "op")); st != statusOK {
 		t.Fatalf("status %d, fails %q", st, h.fails)
 	}
 	if got.Job != "j" || got.Operator != "op" || got.Subtask != 1 || !got.Restored || got.Config.String("k", "") != "v" {

@@ -108,7 +108,8 @@ func makeGolden() golden {
 	for _, frame := range [][]byte{
 		full,
 		abi.AppendOpenContext(nil, abi.OpenContext{Job: "j", Parallelism: 1}),
-		abi.AppendOpenContext(nil, abi.OpenContext{Operator: "op", Subtask: 1, Parallelism: 2, MaxParallelism: 128, NumInputs: 3}),
+		abi.AppendOpenContext(nil, abi.OpenContext{Job: "j", Operator: "op", Subtask: 1, Parallelism: 2, MaxParallelism: 128,
+			NumInputs: 1, Restored: true, Config: map[string]string{"k": "v"}}),
 		nil, full[:10], full[:len(full)-1], append(bytes.Clone(full), 0), wrongVersion,
 	} {
 		g.Contexts = append(g.Contexts, contextCase(frame))
