@@ -1,7 +1,7 @@
 # Go guests built with the Go SDK (sdk/go): examples and the conformance operator.
 # Each .wasm depends on its package's sources, the SDK and the shared helpers it imports.
 
-GO_SDK_SRCS := $(filter-out %_test.go,$(wildcard sdk/go/*.go))
+GO_SDK_SRCS := $(filter-out %_test.go,$(wildcard sdk/go/*.go)) sdk/go/go.mod
 WINDOW_LINE_SRCS := $(filter-out %_test.go,$(wildcard examples/wasm/window-count/line/*.go))
 
 GO_GUESTS := \

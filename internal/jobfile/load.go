@@ -762,9 +762,11 @@ func orList(xs []string) string {
 	return strings.Join(xs[:len(xs)-1], ", ") + " or " + xs[len(xs)-1]
 }
 
+// watermarkLag reads a source's watermark_lag: a duration, or an integer
+// number of milliseconds like the timestamps it is subtracted from.
 func (p *parser) watermarkLag(op, prefix string, f map[string]*yaml.Node, s *SourceSpec) {
 	if c := f["watermark_lag"]; c != nil {
-		if d, ok := p.duration(op, prefix+"watermark_lag", c); ok {
+		if d, ok := p.durationOrMillis(op, prefix+"watermark_lag", c); ok {
 			if d < 0 {
 				p.add(op, c.Line, prefix+"watermark_lag", "must not be negative, got %v", d)
 			}
@@ -1213,12 +1215,36 @@ func (p *parser) duration(op, field string, n *yaml.Node) (time.Duration, bool) 
 	if n.Kind == yaml.ScalarNode && n.Tag == "!!int" && n.Value == "0" {
 		return 0, true
 	}
-	if n.Kind == yaml.ScalarNode && n.Tag == "!!str" {
-		if d, err := time.ParseDuration(n.Value); err == nil {
-			return d, true
-		}
+	if d, ok := goDuration(n); ok {
+		return d, true
 	}
 	p.add(op, n.Line, field, "want a duration like 500ms, 5s or 1m, got %s", describe(n))
+	return 0, false
+}
+
+func goDuration(n *yaml.Node) (time.Duration, bool) {
+	if n.Kind != yaml.ScalarNode || n.Tag != "!!str" {
+		return 0, false
+	}
+	d, err := time.ParseDuration(n.Value)
+	return d, err == nil
+}
+
+// durationOrMillis accepts what duration accepts and an integer, read as
+// milliseconds.
+func (p *parser) durationOrMillis(op, field string, n *yaml.Node) (time.Duration, bool) {
+	if n.Kind == yaml.ScalarNode && n.Tag == "!!int" {
+		var ms int64
+		if err := n.Decode(&ms); err == nil && ms >= math.MinInt64/int64(time.Millisecond) && ms <= math.MaxInt64/int64(time.Millisecond) {
+			return time.Duration(ms) * time.Millisecond, true
+		}
+		p.add(op, n.Line, field, "milliseconds out of range, got %s", describe(n))
+		return 0, false
+	}
+	if d, ok := goDuration(n); ok {
+		return d, true
+	}
+	p.add(op, n.Line, field, "want a duration like 500ms, 5s or 1m, or an integer number of milliseconds, got %s", describe(n))
 	return 0, false
 }
 

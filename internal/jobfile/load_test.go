@@ -2,6 +2,7 @@ package jobfile
 
 import (
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -311,7 +312,7 @@ operators:
 			`line 2: parallelism: want an integer, got "two"`,
 			`line 3: checkpoint.interval: want a duration like 500ms, 5s or 1m, got "5"`,
 			`line 3: checkpoint.retain: must be at least 1, got 0`,
-			`operator "g" (line 6): source.watermark_lag: want a duration like 500ms, 5s or 1m, got "soon"`,
+			`operator "g" (line 6): source.watermark_lag: want a duration like 500ms, 5s or 1m, or an integer number of milliseconds, got "soon"`,
 		}},
 		{"sink without input and source with input", `name: bad
 operators:
@@ -513,6 +514,43 @@ func TestNATSInvalid(t *testing.T) {
 				if !strings.Contains(err.Error(), w) {
 					t.Errorf("error lacks %q:\n%v", w, err)
 				}
+			}
+		})
+	}
+}
+
+// TestWatermarkLagUnits: watermark_lag takes a duration or, like start_ts
+// and ts_step, a plain integer of milliseconds.
+func TestWatermarkLagUnits(t *testing.T) {
+	const job = "name: lag\noperators:\n  - uid: in\n    source: {type: %s, watermark_lag: %s}\n  - uid: out\n    sink: {type: stdout}\n    inputs: [in]\n"
+	for _, tt := range []struct {
+		src, lag string
+		want     time.Duration
+		err      string
+	}{
+		{"generator, count: 1", "50", 50 * time.Millisecond, ""},
+		{"generator, count: 1", "0", 0, ""},
+		{"generator, count: 1", "250ms", 250 * time.Millisecond, ""},
+		{"generator, count: 1", "1m", time.Minute, ""},
+		{"nats, stream: S", "2000", 2 * time.Second, ""},
+		{"nats, stream: S", "-5", 0, `operator "in" (line 4): source.watermark_lag: must not be negative, got -5ms`},
+		{"generator, count: 1", "1.5", 0, `operator "in" (line 4): source.watermark_lag: want a duration like 500ms, 5s or 1m, or an integer number of milliseconds, got "1.5"`},
+		{"generator, count: 1", `"50"`, 0, `operator "in" (line 4): source.watermark_lag: want a duration like 500ms, 5s or 1m, or an integer number of milliseconds, got "50"`},
+		{"generator, count: 1", "99999999999999999", 0, `operator "in" (line 4): source.watermark_lag: milliseconds out of range, got "99999999999999999"`},
+	} {
+		t.Run(tt.src+"/"+tt.lag, func(t *testing.T) {
+			g, err := Load(fixture(t, fmt.Sprintf(job, tt.src, tt.lag)))
+			if tt.err != "" {
+				if err == nil || !strings.Contains(err.Error(), tt.err) {
+					t.Fatalf("error %v, want %q", err, tt.err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := g.Vertex("in").Spec.(*SourceSpec).WatermarkLag; got != tt.want {
+				t.Fatalf("watermark_lag %s = %v, want %v", tt.lag, got, tt.want)
 			}
 		})
 	}

@@ -8,13 +8,11 @@ import (
 	"errors"
 	"strings"
 	"testing"
-
-	"github.com/streamd/streamd/abi"
 )
 
 // fakeHost is an in-memory host for native tests of the SDK's dispatch.
 type fakeHost struct {
-	frames    [][]abi.Record // one entry per emit call
+	frames    [][]Record // one entry per emit call
 	state     map[string][]byte
 	lists     map[string][][]byte
 	listModes map[string]int32
@@ -30,14 +28,10 @@ func newFakeHost() *fakeHost {
 }
 
 func (h *fakeHost) Emit(frame []byte) {
-	recs, err := abi.DecodeBatch(frame, nil)
+	recs, err := decodeFrame(frame) // copies: the SDK reuses its buffer
 	if err != nil {
 		h.fails = append(h.fails, "host: bad emit frame: "+err.Error())
 		return
-	}
-	for i := range recs { // the SDK reuses its buffer: copy like the real host
-		recs[i].Key = bytes.Clone(recs[i].Key)
-		recs[i].Value = bytes.Clone(recs[i].Value)
 	}
 	h.frames = append(h.frames, recs)
 }
@@ -78,8 +72,8 @@ func (h *fakeHost) CurrentWatermark() int64          { return h.watermark }
 func (h *fakeHost) Log(level int32, msg string)      { h.logs = append(h.logs, msg) }
 func (h *fakeHost) Fail(msg string)                  { h.fails = append(h.fails, msg) }
 
-func (h *fakeHost) emitted() []abi.Record {
-	var all []abi.Record
+func (h *fakeHost) emitted() []Record {
+	var all []Record
 	for _, f := range h.frames {
 		all = append(all, f...)
 	}
@@ -95,14 +89,12 @@ func install(t *testing.T, o Operator) *fakeHost {
 	return h
 }
 
-func batch(recs ...abi.Record) []byte { return abi.AppendBatch(nil, recs) }
-
-func rec(key, value string, ts int64) abi.Record {
+func rec(key, value string, ts int64) Record {
 	var k []byte
 	if key != "" {
 		k = []byte(key)
 	}
-	return abi.Record{Key: k, Value: []byte(value), Timestamp: ts}
+	return Record{Key: k, Value: []byte(value), Timestamp: ts}
 }
 
 // funcOp adapts a ProcessElement function, with hooks for the other phases.
@@ -141,7 +133,7 @@ func TestProcessEmitsOneFramePerCall(t *testing.T) {
 	if len(h.frames) != 1 {
 		t.Fatalf("%d emit calls, want 1 per export call", len(h.frames))
 	}
-	want := []abi.Record{rec("a", "<x", 5), rec("", "second", NoTimestamp), rec("", "<y", NoTimestamp), rec("", "second", NoTimestamp)}
+	want := []Record{rec("a", "<x", 5), rec("", "second", NoTimestamp), rec("", "<y", NoTimestamp), rec("", "second", NoTimestamp)}
 	if got := h.emitted(); !sameRecords(got, want) {
 		t.Fatalf("emitted %v, want %v", got, want)
 	}
@@ -174,7 +166,7 @@ func TestEmitFlushesLargeOutput(t *testing.T) {
 		}
 	}
 	for i, f := range h.frames {
-		if size := abi.BatchSize(f); size > flushThreshold+abi.RecordSize(f[0]) {
+		if size := frameSize(f); size > flushThreshold+recordSize(f[0]) {
 			t.Fatalf("frame %d is %d bytes", i, size)
 		}
 	}
@@ -249,7 +241,7 @@ func TestEmitOutsideAllowedPhases(t *testing.T) {
 
 func TestNoOperatorRegistered(t *testing.T) {
 	h := install(t, nil)
-	if st := doOpen(abi.AppendOpenContext(nil, abi.OpenContext{Parallelism: 1})); st != statusError {
+	if st := doOpen(contextFrame(t, "j", "")); st != statusError {
 		t.Fatalf("status %d", st)
 	}
 	if len(h.fails) != 1 || !strings.Contains(h.fails[0], "streamd.Register") {
@@ -293,9 +285,8 @@ func TestOpenContextAndListState(t *testing.T) {
 		},
 	})
 	h.lists["total"] = [][]byte{[]byte("one"), bytes.Repeat([]byte("2"), 500)} // larger than the scratch buffer
-	ctx := abi.OpenContext{Job: "j", Operator: "op", Subtask: 1, Parallelism: 2, MaxParallelism: 128,
-		NumInputs: 1, Restored: true, Config: map[string]string{"k": "v"}}
-	if st := doOpen(abi.AppendOpenContext(nil, ctx)); st != statusOK {
+	// Subtask 1 of 2, 128 key groups, one input, restored, config k: v.
+	if st := doOpen(contextFrame(t, "j", "op")); st != statusOK {
 		t.Fatalf("status %d, fails %q", st, h.fails)
 	}
 	if got.Job != "j" || got.Operator != "op" || got.Subtask != 1 || !got.Restored || got.Config.String("k", "") != "v" {
@@ -358,7 +349,7 @@ func TestKeyedState(t *testing.T) {
 func TestStatelessHelpers(t *testing.T) {
 	h := install(t, Filter(func(r Record) bool { return len(r.Value) > 1 }))
 	doProcess(0, batch(rec("", "a", 1), rec("k", "bb", 2)))
-	if got := h.emitted(); !sameRecords(got, []abi.Record{rec("k", "bb", 2)}) {
+	if got := h.emitted(); !sameRecords(got, []Record{rec("k", "bb", 2)}) {
 		t.Fatalf("Filter emitted %v", got)
 	}
 	h = install(t, FlatMap(func(r Record, emit func(Record)) {
@@ -367,7 +358,7 @@ func TestStatelessHelpers(t *testing.T) {
 		}
 	}))
 	doProcess(0, batch(rec("k", "xy", 3)))
-	if got := h.emitted(); !sameRecords(got, []abi.Record{rec("k", "x", 3), rec("k", "y", 3)}) {
+	if got := h.emitted(); !sameRecords(got, []Record{rec("k", "x", 3), rec("k", "y", 3)}) {
 		t.Fatalf("FlatMap emitted %v", got)
 	}
 }
@@ -385,7 +376,7 @@ func TestProcessDoesNotAllocatePerRecord(t *testing.T) {
 	emits := 0
 	nativeHost = countingHost{fakeHost: newFakeHost(), emits: &emits}
 	perBatch := func(n int) float64 {
-		recs := make([]abi.Record, n)
+		recs := make([]Record, n)
 		for i := range recs {
 			recs[i] = rec("key", "some value", int64(i))
 		}

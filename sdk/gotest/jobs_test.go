@@ -1,6 +1,6 @@
 //go:build !wasip1
 
-package streamd_test
+package gotest
 
 import (
 	"context"

@@ -1,6 +1,6 @@
 //go:build !wasip1
 
-package streamd_test
+package gotest
 
 // These tests build real guests with the SDK (GOOS=wasip1, c-shared, through
 // the Makefile) and run them through the streamd host.

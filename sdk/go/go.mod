@@ -1,0 +1,3 @@
+module github.com/streamd/streamd/sdk/go
+
+go 1.24.0
