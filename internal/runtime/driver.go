@@ -704,10 +704,10 @@ func (d *Driver) Step(t Target, ev control.Event) (refused error) {
 	if len(d.queued) > 1 {
 		return nil // a step in progress takes it
 	}
-	d.observeEvent(ev)
 	first := true
 	for len(d.queued) > 0 {
 		ev := d.queued[0]
+		d.observeEvent(ev)
 		var err error
 		if d.lc != nil {
 			err = d.lc.Step(ev)
@@ -807,11 +807,13 @@ func (d *Driver) act(t Target, a control.Action) {
 			t.Command(id, Command{Kind: CommandStop, ID: x.SavepointID, Drain: x.Drain})
 		}
 	case control.PersistMetadata:
+		span := d.startPersist(x.ID)
 		md, err := checkpoint.NewMetadata(d.g, x, time.Now())
 		if err == nil {
 			md.JobID = d.co.JobID
 			err = d.store.Commit(ctx, md)
 		}
+		telemetry.EndSpan(span, err)
 		d.checkpointPersisted(x, md, err)
 		if err != nil {
 			d.log.Warn("checkpoint could not be persisted", "id", x.ID, "err", err)

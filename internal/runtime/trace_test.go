@@ -153,8 +153,15 @@ func TestTraceCheckpoint(t *testing.T) {
 			if got := attrInt(t, k, telemetry.AttrCheckpointID); got != id {
 				t.Fatalf("%s of checkpoint %d has checkpoint id %d", k.Name, id, got)
 			}
+			if k.Name == telemetry.SpanCheckpointPersist {
+				continue
+			}
 			who := subtaskOf(t, k)
 			switch k.Name {
+			case telemetry.SpanCheckpointSubtask:
+				if !k.StartTime.Equal(c.StartTime) || k.EndTime.After(c.EndTime) {
+					t.Fatalf("checkpoint %d: %s's part %v..%v, want from the trigger %v to its ack, before the end %v", id, who, k.StartTime, k.EndTime, c.StartTime, c.EndTime)
+				}
 			case telemetry.SpanTaskSnapshot:
 				snaps = append(snaps, who)
 				sum += attrInt(t, k, telemetry.AttrStateBytes)
@@ -238,6 +245,59 @@ func TestTraceCheckpoint(t *testing.T) {
 	if got[telemetry.MetricAlignmentTime] < 4*int64(stats.Checkpoints) || got[telemetry.MetricFinalCheckpointWait] != 6 ||
 		got[telemetry.MetricBatchLatency] == 0 || got[telemetry.MetricBackPressure] == 0 {
 		t.Errorf("metrics %v", got)
+	}
+}
+
+// TestTraceCheckpointCoverage: the spans under a completed checkpoint (each
+// subtask's part from the trigger to its acknowledgement, the metadata
+// persist) cover at least 95% of its duration, so "why was checkpoint N
+// slow" has an answer in the trace.
+func TestTraceCheckpointCoverage(t *testing.T) {
+	ss, _, stats := tracedRun(t, 1200)
+	checked := 0
+	for _, c := range ss.named(telemetry.SpanCheckpoint) {
+		if _, ok := attr(c, telemetry.AttrStateBytes); !ok {
+			continue // aborted
+		}
+		type iv struct{ from, to time.Time }
+		var ivs []iv
+		persist := false
+		for _, k := range ss.childrenOf(c) {
+			persist = persist || k.Name == telemetry.SpanCheckpointPersist
+			from, to := k.StartTime, k.EndTime
+			if from.Before(c.StartTime) {
+				from = c.StartTime
+			}
+			if to.After(c.EndTime) {
+				to = c.EndTime
+			}
+			if to.After(from) {
+				ivs = append(ivs, iv{from, to})
+			}
+		}
+		if !persist {
+			t.Fatalf("checkpoint %d: no %s span", attrInt(t, c, telemetry.AttrCheckpointID), telemetry.SpanCheckpointPersist)
+		}
+		slices.SortFunc(ivs, func(a, b iv) int { return a.from.Compare(b.from) })
+		var covered time.Duration
+		var end time.Time
+		for _, x := range ivs {
+			if x.from.After(end) {
+				covered += x.to.Sub(x.from)
+				end = x.to
+			} else if x.to.After(end) {
+				covered += x.to.Sub(end)
+				end = x.to
+			}
+		}
+		total := c.EndTime.Sub(c.StartTime)
+		if frac := float64(covered) / float64(total); frac < 0.95 {
+			t.Errorf("checkpoint %d: spans cover %v of %v (%.1f%%), want >= 95%%", attrInt(t, c, telemetry.AttrCheckpointID), covered, total, 100*frac)
+		}
+		checked++
+	}
+	if checked == 0 || checked != stats.Checkpoints {
+		t.Fatalf("checked %d checkpoints, %d completed", checked, stats.Checkpoints)
 	}
 }
 
