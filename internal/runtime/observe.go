@@ -92,7 +92,12 @@ func (t *task) startTask(ctx context.Context) context.Context {
 // endTask ends the task span (and a final-checkpoint wait still open).
 func (t *task) endTask(err error) {
 	if t.finalSpan != nil {
-		telemetry.EndSpan(t.finalSpan, err)
+		if t.ctx.Err() != nil {
+			t.finalSpan.AddEvent("canceled")
+			t.finalSpan.End()
+		} else {
+			telemetry.EndSpan(t.finalSpan, err)
+		}
 		t.finalSpan = nil
 	}
 	switch {
@@ -111,6 +116,13 @@ func (t *task) endTask(err error) {
 		return
 	}
 	t.span.SetAttributes(telemetry.Records(t.records))
+	if err != nil && t.ctx.Err() != nil {
+		// Ended by a failure elsewhere (or a cancel), not failed itself:
+		// status Unset, with the cause as an event.
+		t.span.AddEvent("canceled", trace.WithAttributes(attribute.String("streamd.cause", context.Cause(t.ctx).Error())))
+		t.span.End()
+		return
+	}
 	telemetry.EndSpan(t.span, err)
 }
 

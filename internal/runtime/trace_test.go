@@ -3,6 +3,7 @@ package runtime
 import (
 	"context"
 	"fmt"
+	"go.opentelemetry.io/otel/codes"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -429,5 +430,51 @@ func TestTraceStopAndRestore(t *testing.T) {
 	}
 	if restores[0].Status.Code != 0 || restores[0].EndTime.IsZero() {
 		t.Fatalf("restore span status %v", restores[0].Status)
+	}
+}
+
+// TestTraceFailoverCancelsOthers: on a failover, the task span of the
+// subtask that failed ends with status Error; those the failover ended
+// (healthy subtasks) end with status Unset and a "canceled" event.
+func TestTraceFailoverCancelsOthers(t *testing.T) {
+	mod := testwasm.Path(t, "internal/testguests/failonce/failonce.wasm")
+	dir := t.TempDir()
+	exp := tracetest.NewInMemoryExporter()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(exp))
+	gen := &jobfile.SourceSpec{Type: "generator", Count: 4000, Rate: 8000, KeyPattern: "key-{k}", ValuePattern: "value-{n}", Keys: 13, TSStep: 1}
+	g := graph(t,
+		src("gen", 2, gen),
+		op("count", 2, &jobfile.WasmSpec{Path: mod, Config: map[string]string{"mode": "count", "fail_at": "500"}}, in("gen", control.Hash)),
+		sink("out", 2, &jobfile.SinkSpec{Type: "file", Path: filepath.Join(dir, "out")}, in("count", control.Forward)),
+	)
+	stats, err := Run(context.Background(), g, Options{Engine: cachedEngine(t), BatchSize: 64, TracerProvider: tp,
+		Restart:    jobfile.RestartSettings{Strategy: jobfile.RestartFixedDelay, Attempts: 2},
+		Checkpoint: &CheckpointOptions{Store: openStore(t, filepath.Join(dir, "chk")), Interval: 30 * time.Millisecond, Tick: 5 * time.Millisecond}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if stats.Restarts != 1 {
+		t.Fatalf("%d restarts, want 1", stats.Restarts)
+	}
+	failed, canceled := 0, 0
+	for _, s := range spans(exp.GetSpans()).named(telemetry.SpanTask) {
+		if a, _ := attr(s, telemetry.AttrAttempt); a.AsInt64() != 0 {
+			continue
+		}
+		op, _ := attr(s, telemetry.AttrOperator)
+		switch s.Status.Code {
+		case codes.Error:
+			failed++
+			if op.AsString() != "count" {
+				t.Errorf("task span of %s ends with Error %q: only the failing count subtask should", op.AsString(), s.Status.Description)
+			}
+		case codes.Unset:
+			if slices.ContainsFunc(s.Events, func(e sdktrace.Event) bool { return e.Name == "canceled" }) {
+				canceled++
+			}
+		}
+	}
+	if failed == 0 || canceled < 4 {
+		t.Fatalf("attempt 0: %d task spans failed, %d canceled; want the failing subtask(s) and the healthy ones canceled", failed, canceled)
 	}
 }
