@@ -464,7 +464,12 @@ func (d *Driver) checkpointPersisted(x control.PersistMetadata, md *checkpoint.M
 		m = telemetry.GlobalMetrics()
 	}
 	m.Checkpoint(o.ctx(), d.g.Name, dur, x.Size)
-	c.span.SetAttributes(telemetry.StateBytes(x.Size), telemetry.InFlightBytes(md.InFlightBytes()), telemetry.Savepoint(md.Location))
+	c.span.SetAttributes(telemetry.StateBytes(x.Size), telemetry.InFlightBytes(md.InFlightBytes()))
+	if x.Kind == control.KindSavepoint {
+		c.span.SetAttributes(telemetry.Savepoint(md.Location))
+	} else {
+		c.span.SetAttributes(attribute.String("streamd.location", md.Location))
+	}
 	c.span.End()
 	c.done = true
 	d.mu.Lock()
