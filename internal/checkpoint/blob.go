@@ -41,6 +41,9 @@ func crc32c(b []byte) uint32 { return crc32.Checksum(b, castagnoli) }
 func EncodeState(s *SubtaskState) ([]byte, error) {
 	n, size := 0, len(blobMagic)+8+4
 	snapSize := 0
+	if err := s.Operator.Load(); err != nil { // a pebble cut: read it here, off the subtask's goroutine
+		return nil, fmt.Errorf("checkpoint: encode state: %w", err)
+	}
 	if s.Operator != nil {
 		snapSize = snapshotSize(s.Operator)
 		n, size = n+1, size+9+snapSize
