@@ -256,14 +256,7 @@ func pebbleEmpty(snap *pebble.Snapshot) (bool, error) {
 // KeyGroupState.Timers.
 func (s *pebbleState) readCut(snap *pebble.Snapshot) (map[int]*KeyGroupState, error) {
 	out := make(map[int]*KeyGroupState)
-	group := func(kg int) *KeyGroupState {
-		g := out[kg]
-		if g == nil {
-			g = &KeyGroupState{Entries: make(map[string]map[string][]byte)}
-			out[kg] = g
-		}
-		return g
-	}
+	group := func(kg int) *KeyGroupState { return groupIn(out, kg) }
 	it, err := snap.NewIter(&pebble.IterOptions{LowerBound: []byte{prefixState}, UpperBound: []byte{prefixState + 1}})
 	if err != nil {
 		return nil, fmt.Errorf("host: pebble state: read cut: %w", err)

@@ -283,14 +283,7 @@ func (s *keyedState) cut() (*Snapshot, error) { return &Snapshot{KeyGroups: s.sn
 
 func (s *keyedState) snapshot() map[int]*KeyGroupState {
 	out := make(map[int]*KeyGroupState)
-	group := func(kg int) *KeyGroupState {
-		g := out[kg]
-		if g == nil {
-			g = &KeyGroupState{Entries: make(map[string]map[string][]byte)}
-			out[kg] = g
-		}
-		return g
-	}
+	group := func(kg int) *KeyGroupState { return groupIn(out, kg) }
 	for idx := range s.groups {
 		g := &s.groups[idx]
 		if len(g.m) == 0 {
@@ -307,6 +300,16 @@ func (s *keyedState) snapshot() map[int]*KeyGroupState {
 		sortTimers(g.Timers)
 	}
 	return out
+}
+
+// groupIn returns key group kg of out, adding an empty one if missing.
+func groupIn(out map[int]*KeyGroupState, kg int) *KeyGroupState {
+	g := out[kg]
+	if g == nil {
+		g = &KeyGroupState{Entries: make(map[string]map[string][]byte)}
+		out[kg] = g
+	}
+	return g
 }
 
 func sortTimers(ts []Timer) {

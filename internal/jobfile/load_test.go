@@ -584,19 +584,8 @@ func TestCheckpointSettings(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			path := fixture(t, tt.section+ops)
 			job, err := LoadJob(path, Options{})
-			if tt.errs != nil {
-				if err == nil {
-					t.Fatalf("no error, want %q", tt.errs)
-				}
-				for _, e := range tt.errs {
-					if !strings.Contains(err.Error(), e) {
-						t.Errorf("error %q\nlacks %q", err, e)
-					}
-				}
+			if checkErrs(t, err, tt.errs) {
 				return
-			}
-			if err != nil {
-				t.Fatal(err)
 			}
 			if want := tt.want(filepath.Dir(path)); !reflect.DeepEqual(job.Checkpoint, want) {
 				t.Errorf("checkpoint %+v\nwant %+v", job.Checkpoint, want)
@@ -605,14 +594,10 @@ func TestCheckpointSettings(t *testing.T) {
 	}
 }
 
+// TestStateSettings: the state section, its defaults from Options and its
+// errors.
 func TestStateSettings(t *testing.T) {
-	const ops = `operators:
-  - uid: gen
-    source: {type: generator, count: 5}
-  - uid: out
-    sink: {type: discard}
-    inputs: [gen]
-`
+	const ops = "operators:\n  - {uid: gen, source: {type: generator, count: 5}}\n  - {uid: out, sink: {type: discard}, inputs: [gen]}\n"
 	for _, tt := range []struct {
 		name, section string
 		opts          Options
@@ -647,23 +632,33 @@ func TestStateSettings(t *testing.T) {
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			job, err := LoadJob(fixture(t, tt.section+ops), tt.opts)
-			if tt.errs != nil {
-				if err == nil {
-					t.Fatalf("no error, want %q", tt.errs)
-				}
-				for _, e := range tt.errs {
-					if !strings.Contains(err.Error(), e) {
-						t.Errorf("error %q\nlacks %q", err, e)
-					}
-				}
+			if checkErrs(t, err, tt.errs) {
 				return
-			}
-			if err != nil {
-				t.Fatal(err)
 			}
 			if job.State != tt.want {
 				t.Errorf("state %+v, want %+v", job.State, tt.want)
 			}
 		})
 	}
+}
+
+// checkErrs checks that err contains every one of errs (true: errs were
+// wanted), or that there is no error when errs is nil.
+func checkErrs(t *testing.T, err error, errs []string) bool {
+	t.Helper()
+	if errs == nil {
+		if err != nil {
+			t.Fatal(err)
+		}
+		return false
+	}
+	if err == nil {
+		t.Fatalf("no error, want %q", errs)
+	}
+	for _, e := range errs {
+		if !strings.Contains(err.Error(), e) {
+			t.Errorf("error %q\nlacks %q", err, e)
+		}
+	}
+	return true
 }
