@@ -187,6 +187,8 @@ func (c *cli) run(ctx context.Context, cmd *cobra.Command, target string, f runF
 		BatchSize:       batch,
 		ChannelCapacity: chanCap,
 		MaxRecordBytes:  job.MaxRecordBytes,
+		State:           job.State,
+		DataDir:         c.v.GetString(keyRunDataDir),
 		Stdout:          c.stdout,
 		Stdin:           c.stdin,
 		Restart:         job.Restart,

@@ -622,23 +622,81 @@ func TestCheckpointSettings(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			path := fixture(t, tt.section+ops)
 			job, err := LoadJob(path, Options{})
-			if tt.errs != nil {
-				if err == nil {
-					t.Fatalf("no error, want %q", tt.errs)
-				}
-				for _, e := range tt.errs {
-					if !strings.Contains(err.Error(), e) {
-						t.Errorf("error %q\nlacks %q", err, e)
-					}
-				}
+			if checkErrs(t, err, tt.errs) {
 				return
-			}
-			if err != nil {
-				t.Fatal(err)
 			}
 			if want := tt.want(filepath.Dir(path)); !reflect.DeepEqual(job.Checkpoint, want) {
 				t.Errorf("checkpoint %+v\nwant %+v", job.Checkpoint, want)
 			}
 		})
 	}
+}
+
+// TestStateSettings: the state section, its defaults from Options and its
+// errors.
+func TestStateSettings(t *testing.T) {
+	const ops = "operators:\n  - {uid: gen, source: {type: generator, count: 5}}\n  - {uid: out, sink: {type: discard}, inputs: [gen]}\n"
+	for _, tt := range []struct {
+		name, section string
+		opts          Options
+		want          StateSettings
+		errs          []string
+	}{
+		{"none", "", Options{}, StateSettings{Backend: StateMemory}, nil},
+		{"configured", "", Options{StateBackend: StatePebble}, StateSettings{Backend: StatePebble, CacheMiB: DefaultStateCacheMiB}, nil},
+		{"configured cache", "", Options{StateBackend: StatePebble, StateCacheMiB: 64}, StateSettings{Backend: StatePebble, CacheMiB: 64}, nil},
+		{"memory", "state: {backend: memory}\n", Options{StateBackend: StatePebble}, StateSettings{Backend: StateMemory}, nil},
+		{"pebble", "state: {backend: pebble}\n", Options{StateCacheMiB: 64}, StateSettings{Backend: StatePebble, CacheMiB: DefaultStateCacheMiB}, nil},
+		{"pebble cache", "state: {backend: pebble, cache_mib: 32}\n", Options{}, StateSettings{Backend: StatePebble, CacheMiB: 32}, nil},
+		{"bad backend", "state: {backend: rocksdb}\n", Options{}, StateSettings{}, []string{
+			`line 1: state.backend: "rocksdb": want memory or pebble`,
+		}},
+		{"no backend", "state: {cache_mib: 8}\n", Options{}, StateSettings{}, []string{
+			`line 1: state.backend: missing: memory or pebble`,
+		}},
+		{"cache with memory", "state: {backend: memory, cache_mib: 8}\n", Options{}, StateSettings{}, []string{
+			`line 1: state.cache_mib: only with backend: pebble`,
+		}},
+		{"bad cache", "state: {backend: pebble, cache_mib: 0}\n", Options{}, StateSettings{}, []string{
+			`line 1: state.cache_mib: must be between 1 and 1048576, got 0`,
+		}},
+		{"cache type", "state: {backend: pebble, cache_mib: lots, extra: 1}\n", Options{}, StateSettings{}, []string{
+			`line 1: state.cache_mib: want an integer, got "lots"`,
+			`line 1: state.extra: unknown field`,
+		}},
+		{"not a mapping", "state: pebble\n", Options{}, StateSettings{}, []string{
+			`line 1: state: want a mapping like {backend: pebble, cache_mib: 256}`,
+		}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			job, err := LoadJob(fixture(t, tt.section+ops), tt.opts)
+			if checkErrs(t, err, tt.errs) {
+				return
+			}
+			if job.State != tt.want {
+				t.Errorf("state %+v, want %+v", job.State, tt.want)
+			}
+		})
+	}
+}
+
+// checkErrs checks that err contains every one of errs (true: errs were
+// wanted), or that there is no error when errs is nil.
+func checkErrs(t *testing.T, err error, errs []string) bool {
+	t.Helper()
+	if errs == nil {
+		if err != nil {
+			t.Fatal(err)
+		}
+		return false
+	}
+	if err == nil {
+		t.Fatalf("no error, want %q", errs)
+	}
+	for _, e := range errs {
+		if !strings.Contains(err.Error(), e) {
+			t.Errorf("error %q\nlacks %q", err, e)
+		}
+	}
+	return true
 }

@@ -1,6 +1,7 @@
 package runtime
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -31,11 +32,14 @@ type runner struct {
 	start   time.Time
 	stats   []*opStats
 	modules map[string]*host.Module
-	stdout  sync.Mutex
-	nats    natsConns
-	obs     runObs // job, restore and failover spans (observe.go)
-	cur     *job   // the current attempt, nil between attempts; guarded by Driver.mu for Stats
-	last    *job   // the latest attempt that ended, for Stats; guarded by Driver.mu
+	// stateCache is the pebble block cache the run's subtasks share (nil:
+	// the memory backend); made by loadModules, released by closeModules.
+	stateCache *host.StateCache
+	stdout     sync.Mutex
+	nats       natsConns
+	obs        runObs // job, restore and failover spans (observe.go)
+	cur        *job   // the current attempt, nil between attempts; guarded by Driver.mu for Stats
+	last       *job   // the latest attempt that ended, for Stats; guarded by Driver.mu
 
 	// Of the job's loop (loop).
 	ctx          context.Context
@@ -146,6 +150,8 @@ func (r *runner) closeModules() {
 	for _, m := range r.modules {
 		_ = m.Close(context.Background())
 	}
+	r.stateCache.Release() // open pebble instances hold their own references
+	r.stateCache = nil
 }
 
 // startProgress calls Options.Progress every ProgressInterval until the
@@ -199,6 +205,12 @@ func (r *runner) snapshot() Stats {
 
 // loadModules loads each wasm module once, before anything runs.
 func (r *runner) loadModules(ctx context.Context) error {
+	if err := host.CheckBackend(r.opts.State.Backend); err != nil {
+		return fmt.Errorf("runtime: job %q: state: %w", r.g.Name, err)
+	}
+	if r.opts.State.Backend == host.BackendPebble && r.stateCache == nil {
+		r.stateCache = host.NewStateCache(int64(cmp.Or(r.opts.State.CacheMiB, host.DefaultStateCacheMiB)) << 20)
+	}
 	for _, v := range r.g.Vertices {
 		ws, ok := v.Spec.(*jobfile.WasmSpec)
 		if !ok || r.modules[ws.Path] != nil {
