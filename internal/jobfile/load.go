@@ -620,10 +620,10 @@ func (p *parser) operator(i int, n *yaml.Node, defaultPar, maxPar int) *operator
 }
 
 var (
-	sourceFields     = []string{"type", "path", "count", "rate", "key", "value", "keys", "value_size", "start_ts", "ts_step", "watermark_lag", "url", "stream", "subject", "bounded", "key_from"}
+	sourceFields     = []string{"type", "path", "count", "rate", "key", "value", "keys", "value_size", "start_ts", "ts_step", "watermark_lag", "url", "stream", "subject", "bounded", "key_from", "start"}
 	fileSourceOnly   = []string{"path"}
 	generatorFields  = []string{"count", "rate", "key", "value", "keys", "value_size", "start_ts", "ts_step", "watermark_lag"}
-	natsSourceFields = []string{"url", "stream", "subject", "bounded", "key_from", "watermark_lag"}
+	natsSourceFields = []string{"url", "stream", "subject", "bounded", "key_from", "watermark_lag", "start"}
 	sinkFields       = []string{"type", "path", "format", "url", "subject", "commit_subject"}
 	sinkTypeFields   = map[string][]string{"file": {"path", "format"}, "stdout": {"format"}, "discard": {}, "nats": {"url", "subject", "commit_subject"}}
 )
@@ -745,6 +745,17 @@ func (p *parser) source(op, prefix string, n *yaml.Node) *SourceSpec {
 			s.KeyFrom = p.str(op, prefix+"key_from", c)
 			if s.KeyFrom != "header" && s.KeyFrom != "subject" && s.KeyFrom != "" {
 				p.add(op, c.Line, prefix+"key_from", "unknown key source %q (want header or subject)", s.KeyFrom)
+			}
+		}
+		if c := f["start"]; c != nil {
+			if s.Start = p.str(op, prefix+"start", c); s.Start == "" && c.Tag != "!!null" {
+				p.add(op, c.Line, prefix+"start", "empty: want first, new, seq:N or time:RFC3339 (leave start out for first)")
+			} else if s.Start != "" {
+				if st, err := ParseNATSStart(s.Start); err != nil {
+					p.add(op, c.Line, prefix+"start", "%v", err)
+				} else {
+					s.Start = st.String()
+				}
 			}
 		}
 		p.watermarkLag(op, prefix, f, s)
