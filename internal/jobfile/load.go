@@ -802,22 +802,29 @@ func (p *parser) natsURL(op, field string, n *yaml.Node) string {
 // checkSubject checks a NATS subject: dot-separated non-empty tokens without
 // spaces; wildcards ('*' tokens, a last '>') only where a filter is allowed.
 func (p *parser) checkSubject(op, field string, line int, subj string, wildcards bool) {
+	if err := CheckSubject(subj, wildcards); err != nil {
+		p.add(op, line, field, "%v", err)
+	}
+}
+
+// CheckSubject checks a NATS subject: dot-separated non-empty tokens
+// without spaces; wildcards ('*' tokens, a last '>') only if wildcards
+// (a source's filter, not a sink's subject).
+func CheckSubject(subj string, wildcards bool) error {
 	toks := strings.Split(subj, ".")
 	for i, tok := range toks {
 		switch {
 		case tok == "" || strings.ContainsAny(tok, " \t\r\n"):
-			p.add(op, line, field, "%q is not a NATS subject (dot-separated tokens without spaces)", subj)
-			return
+			return fmt.Errorf("%q is not a NATS subject (dot-separated tokens without spaces)", subj)
 		case tok == "*" || (tok == ">" && i == len(toks)-1):
 			if !wildcards {
-				p.add(op, line, field, "%q has a wildcard; a sink publishes to one subject", subj)
-				return
+				return fmt.Errorf("%q has a wildcard; a sink publishes to one subject", subj)
 			}
 		case strings.ContainsAny(tok, "*>"):
-			p.add(op, line, field, "%q is not a NATS subject ('*' and '>' are whole tokens, '>' only last)", subj)
-			return
+			return fmt.Errorf("%q is not a NATS subject ('*' and '>' are whole tokens, '>' only last)", subj)
 		}
 	}
+	return nil
 }
 
 func (p *parser) sink(op, prefix string, n *yaml.Node) *SinkSpec {
@@ -887,6 +894,13 @@ func (p *parser) sink(op, prefix string, n *yaml.Node) *SinkSpec {
 	return s
 }
 
+// NewCheckpointSettings is a checkpoint section with interval, dir and
+// the defaults of every other field (mode aligned).
+func NewCheckpointSettings(interval time.Duration, dir string) *CheckpointSettings {
+	return &CheckpointSettings{Interval: interval, Dir: dir, Retain: 1, Timeout: 10 * time.Minute,
+		TolerableFailures: DefaultTolerableFailures, MaxConcurrent: 1, FinalImmediately: true, Mode: ModeAligned}
+}
+
 var checkpointFields = []string{"interval", "dir", "retain", "timeout", "min_pause", "tolerable_failures", "max_concurrent", "final_immediately", "storage", "bucket", "mode", "aligned_timeout"}
 
 func (p *parser) checkpoint(n *yaml.Node) *CheckpointSettings {
@@ -896,8 +910,7 @@ func (p *parser) checkpoint(n *yaml.Node) *CheckpointSettings {
 		return nil
 	}
 	f := p.fields("", prefix, n, checkpointFields)
-	c := &CheckpointSettings{Dir: filepath.Join(p.baseDir, "checkpoints"), Retain: 1, Timeout: 10 * time.Minute,
-		TolerableFailures: DefaultTolerableFailures, MaxConcurrent: 1, FinalImmediately: true}
+	c := NewCheckpointSettings(0, filepath.Join(p.baseDir, "checkpoints"))
 	if x := f["interval"]; x == nil {
 		p.add("", n.Line, prefix+"interval", "missing: how often to checkpoint, like 5s")
 	} else if d, ok := p.duration("", prefix+"interval", x); ok {
