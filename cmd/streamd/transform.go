@@ -19,7 +19,6 @@ type transformFlags struct {
 	input    string   // nats:SUBJECT or jetstream:STREAM[:FILTER]
 	outputs  []string // nats:SUBJECT
 	start    string
-	name     string
 	interval time.Duration
 }
 
@@ -90,6 +89,13 @@ func checkTransform(cmd *cobra.Command, f runFlags, t transformFlags) (transform
 		if err := jobfile.CheckSubject(subj, false); err != nil {
 			return in, nil, usagef("--output: %v", err)
 		}
+		read := in.subject
+		if in.stream != "" {
+			read = in.filter
+		}
+		if err := jobfile.CheckTransformOutput(read, subj); err != nil {
+			return in, nil, usagef("--output: %v", err)
+		}
 		outs = append(outs, subj)
 	}
 	if _, err := jobfile.ParseNATSStart(t.start); err != nil {
@@ -112,24 +118,42 @@ func (c *cli) transformJob(ctx context.Context, cl *cluster.Client, module strin
 			return nil, fmt.Errorf("--input jetstream:%s: %w", in.stream, err)
 		}
 		src.Stream, src.Subject = in.stream, in.filter
-		fmt.Fprintf(c.stderr, "input: stream %s%s\n", in.stream, filterNote(in.filter))
-	} else {
-		use, err := connector.InputStream(ctx, js, in.subject)
-		if err != nil {
-			return nil, err
-		}
-		src.Stream = use.Stream
-		fmt.Fprintf(c.stderr, "input %s: stream %s%s\n", in.subject, use.Stream, createdNote(use.Created, ""))
 	}
+	// Every stream is checked before one is created: a refused deploy
+	// leaves none behind.
 	var sinks []*jobfile.SinkSpec
-	for _, subj := range outs {
-		use, err := connector.OutputStream(ctx, js, subj, "")
-		if err != nil {
-			return nil, err
+	var notes []string
+	for _, check := range []bool{true, false} {
+		if in.stream == "" {
+			use, err := connector.InputStream(ctx, js, in.subject, check)
+			if err != nil {
+				return nil, err
+			}
+			src.Stream = use.Stream
+			if !check {
+				notes = append(notes, fmt.Sprintf("input %s: stream %s%s", in.subject, use.Stream, createdNote(use.Created, "")))
+			}
 		}
-		sinks = append(sinks, &jobfile.SinkSpec{Type: "nats", Subject: subj})
-		fmt.Fprintf(c.stderr, "output %s: stream %s%s\n", subj, use.Stream,
-			createdNote(use.Created, ", atomic publish, commit markers on "+connector.DefaultCommitSubject(subj)+".>"))
+		for _, subj := range outs {
+			use, err := connector.OutputStream(ctx, js, subj, "", check)
+			if err != nil {
+				return nil, err
+			}
+			if use.Stream == src.Stream && src.Subject == "" {
+				return nil, usagef("--output nats:%s goes to stream %s, which the input reads whole: the transform would read its own output", subj, use.Stream)
+			}
+			if !check {
+				sinks = append(sinks, &jobfile.SinkSpec{Type: "nats", Subject: subj})
+				notes = append(notes, fmt.Sprintf("output %s: stream %s%s", subj, use.Stream,
+					createdNote(use.Created, ", atomic publish, commit markers on "+connector.DefaultCommitSubject(subj)+".>")))
+			}
+		}
+	}
+	if in.stream != "" {
+		notes = append([]string{fmt.Sprintf("input: stream %s%s", in.stream, filterNote(in.filter))}, notes...)
+	}
+	for _, n := range notes {
+		fmt.Fprintln(c.stderr, n)
 	}
 	lo, err := c.loadOptions(0)
 	if err != nil {
@@ -149,7 +173,7 @@ func (c *cli) transformJob(ctx context.Context, cl *cluster.Client, module strin
 	if len(sinks) > 0 {
 		filter.Sink = ""
 	}
-	filter.Name, filter.Checkpoint, filter.Restart = t.name, ck, lo.Restart
+	filter.Checkpoint, filter.Restart = ck, lo.Restart
 	return jobfile.FilterJob(filter)
 }
 

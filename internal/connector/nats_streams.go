@@ -11,7 +11,7 @@ import (
 )
 
 // StreamUse tells which stream a transform reads or writes and whether it
-// was created for it.
+// was created for it (with check: would be).
 type StreamUse struct {
 	Stream  string
 	Created bool
@@ -43,8 +43,9 @@ func TransformStreamName(prefix, subject string) string {
 // (which may have wildcards), or creates one named
 // TransformStreamName(TransformInputPrefix, subject) for it when no stream
 // captures any of them. A stream that captures only some of them is an
-// error, since the source would miss the others.
-func InputStream(ctx context.Context, js jetstream.JetStream, subject string) (StreamUse, error) {
+// error, since the source would miss the others. With check nothing is
+// created.
+func InputStream(ctx context.Context, js jetstream.JetStream, subject string, check bool) (StreamUse, error) {
 	lister := js.StreamNames(ctx, jetstream.WithStreamListSubject(subject))
 	var names []string
 	for n := range lister.Name() {
@@ -71,6 +72,9 @@ func InputStream(ctx context.Context, js jetstream.JetStream, subject string) (S
 		return StreamUse{}, fmt.Errorf("connector: no stream captures all of %s, only part: %s; read one with jetstream:STREAM:FILTER", subject, strings.Join(partial, "; "))
 	}
 	name := TransformStreamName(TransformInputPrefix, subject)
+	if check {
+		return StreamUse{Stream: name, Created: true}, nil
+	}
 	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: name, Subjects: []string{subject}}); err != nil {
 		return StreamUse{}, fmt.Errorf("connector: create stream %s for %s: %w", name, subject, err)
 	}
@@ -81,8 +85,9 @@ func InputStream(ctx context.Context, js jetstream.JetStream, subject string) (S
 // checks that the sink can commit into it (allow_atomic, the commit subject
 // commitPrefix.> captured); with none it creates one named
 // TransformStreamName(TransformOutputPrefix, subject) that captures subject
-// and commitPrefix.> and allows atomic publish.
-func OutputStream(ctx context.Context, js jetstream.JetStream, subject, commitPrefix string) (StreamUse, error) {
+// and commitPrefix.> and allows atomic publish. With check nothing is
+// created.
+func OutputStream(ctx context.Context, js jetstream.JetStream, subject, commitPrefix string, check bool) (StreamUse, error) {
 	if commitPrefix == "" {
 		commitPrefix = DefaultCommitSubject(subject)
 	}
@@ -90,6 +95,9 @@ func OutputStream(ctx context.Context, js jetstream.JetStream, subject, commitPr
 	switch {
 	case errors.Is(err, jetstream.ErrStreamNotFound):
 		name = TransformStreamName(TransformOutputPrefix, subject)
+		if check {
+			return StreamUse{Stream: name, Created: true}, nil
+		}
 		cfg := jetstream.StreamConfig{Name: name, Subjects: []string{subject, commitPrefix + ".>"}, AllowAtomicPublish: true}
 		if _, err := js.CreateStream(ctx, cfg); err != nil {
 			return StreamUse{}, fmt.Errorf("connector: create stream %s for %s: %w", name, subject, err)

@@ -212,8 +212,10 @@ func FilterJob(f Filter) (*Job, error) {
 			return fail("--output", "nats:%s given twice", o.Subject)
 		}
 		seen[o.Subject] = true
-		if f.Input != nil && f.Input.Subject != "" && server.SubjectsCollide(f.Input.Subject, o.Subject) {
-			return fail("--output", "nats:%s is also read by the input %s: the transform would read its own output", o.Subject, f.Input.Subject)
+		if f.Input != nil {
+			if err := CheckTransformOutput(f.Input.Subject, o.Subject); err != nil {
+				return fail("--output", "%v", err)
+			}
 		}
 		uid := FilterSinkUID + "-" + notUIDChar.ReplaceAllString(o.Subject, "_")
 		if len(uid) > control.MaxUIDLength {
@@ -239,4 +241,14 @@ func FilterJob(f Filter) (*Job, error) {
 		}
 	}
 	return job, nil
+}
+
+// CheckTransformOutput refuses a transform's output subject that its input
+// filter (wildcards allowed; "" reads the whole stream and is not checked
+// here) also matches: the transform would read its own output.
+func CheckTransformOutput(input, output string) error {
+	if input != "" && server.SubjectsCollide(input, output) {
+		return fmt.Errorf("nats:%s is also read by the input %s: the transform would read its own output", output, input)
+	}
+	return nil
 }

@@ -73,6 +73,27 @@ func (oc *outputCounter) wait(t *testing.T, n int64) {
 	}
 }
 
+// natsCluster is a cluster whose hosts (2 slots each) connect the jobs'
+// nats sources and sinks to its NATS server; it returns the environment
+// that points the streamd binary there and a JetStream client.
+func natsCluster(t *testing.T, hosts ...string) (*testCluster, []string, jetstream.JetStream) {
+	t.Helper()
+	tc := newCluster(t)
+	co, err := natsutil.NewConnectOptions(natsutil.URLs(tc.srv.URL()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, h := range hosts {
+		tc.addHostWith(h, 2, &cluster.LocalExecutor{Engine: tc.engine, NATS: co})
+	}
+	tc.waitHosts(len(hosts))
+	js, err := jetstream.New(connect(t, tc.srv.URL()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tc, []string{"STREAMD_NATS_URL=" + tc.srv.URL()}, js
+}
+
 // TestTransformDeployExactlyOnce deploys the uppercase module as a
 // transform (streamd deploy MODULE.wasm --input nats:orders --output
 // nats:upper): deploy creates both streams and says so; what a nats.go
@@ -81,20 +102,7 @@ func (oc *outputCounter) wait(t *testing.T, n int64) {
 // store) and a stop with a savepoint followed by deploy --from, with records
 // published during each.
 func TestTransformDeployExactlyOnce(t *testing.T) {
-	tc := newCluster(t)
-	co, err := natsutil.NewConnectOptions(natsutil.URLs(tc.srv.URL()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, h := range []string{"h1", "h2"} {
-		tc.addHostWith(h, 2, &cluster.LocalExecutor{Engine: tc.engine, NATS: co})
-	}
-	tc.waitHosts(2)
-	env := []string{"STREAMD_NATS_URL=" + tc.srv.URL()}
-	js, err := jetstream.New(connect(t, tc.srv.URL()))
-	if err != nil {
-		t.Fatal(err)
-	}
+	tc, env, js := natsCluster(t, "h1", "h2")
 	upper := testwasm.Path(t, "examples/wasm/uppercase/uppercase.wasm")
 	args := []string{"deploy", upper, "--input", "nats:orders", "--output", "nats:upper", "--checkpoint-interval", "200ms"}
 	out, errs, code := streamd(t, env, args...)
@@ -154,4 +162,89 @@ func TestTransformDeployExactlyOnce(t *testing.T) {
 		t.Fatalf("stop of the second job: exit %d: %s", code, errs)
 	}
 	checkStream(t, js, "STREAMD_OUT_upper", 4*step)
+}
+
+// TestTransformDeployStreams: a transform reads a stream named with
+// jetstream:STREAM:FILTER from --start new, at parallelism 2; deploy refuses,
+// before any job exists, an output stream the exactly-once sink cannot
+// commit into, an input only partly captured, a transform reading its own
+// output, and flags of the wrong form.
+func TestTransformDeployStreams(t *testing.T) {
+	tc, env, js := natsCluster(t, "h1")
+	ctx := context.Background()
+	for _, sc := range []jetstream.StreamConfig{
+		{Name: "ORDERS", Subjects: []string{"orders.>"}},
+		{Name: "PLAIN", Subjects: []string{"plain"}},
+		{Name: "NOCOMMIT", Subjects: []string{"nocommit"}, AllowAtomicPublish: true},
+		{Name: "EU", Subjects: []string{"eu.orders"}},
+		{Name: "SELF", Subjects: []string{"self.>"}, AllowAtomicPublish: true},
+	} {
+		if _, err := js.CreateStream(ctx, sc); err != nil {
+			t.Fatal(err)
+		}
+	}
+	upper := testwasm.Path(t, "examples/wasm/uppercase/uppercase.wasm")
+	publishValues(t, js, "orders.us", 0, 10) // before the start: not read
+	out, errs, code := streamd(t, env, "deploy", upper, "--input", "jetstream:ORDERS:orders.eu", "--output", "nats:upper.eu",
+		"--start", "new", "-p", "2", "--name", "eu-upper", "--checkpoint-interval", "100ms")
+	if code != 0 {
+		t.Fatalf("deploy: exit %d\n%s\n%s", code, out, errs)
+	}
+	id := strings.TrimSpace(out)
+	if !strings.HasPrefix(id, "eu-upper-") || !strings.Contains(errs, "input: stream ORDERS (filter orders.eu)\n") {
+		t.Fatalf("deploy: id %q, stderr:\n%s", id, errs)
+	}
+	st := tc.waitJob(id, "running", func(st *cluster.JobStatus) bool {
+		return cluster.TerminalJobState(st.State) || (st.State == cluster.JobRunning && len(st.Checkpoints) > 0)
+	})
+	if st.State != cluster.JobRunning || st.Operators[0].Parallelism != 2 || st.Operators[2].UID != "sink-upper_eu" {
+		t.Fatalf("job %s (%s), operators %+v", st.State, st.Reason, st.Operators)
+	}
+	oc := countOutput(t, js, "STREAMD_OUT_upper_eu")
+	publishValues(t, js, "orders.us", 10, 20) // filtered out
+	publishValues(t, js, "orders.eu", 0, 100)
+	oc.wait(t, 100)
+	if _, errs, code := streamd(t, env, "stop", "--drain", id); code != 0 {
+		t.Fatalf("stop --drain: exit %d: %s", code, errs)
+	}
+	checkStream(t, js, "STREAMD_OUT_upper_eu", 100)
+
+	for _, tt := range []struct {
+		name string
+		args []string
+		code int
+		want string
+	}{
+		{"no atomic publish", []string{"--input", "nats:in.a", "--output", "nats:plain"}, 1,
+			"stream PLAIN does not allow atomic publish; the sink commits each checkpoint's records in atomic batches: set allow_atomic"},
+		{"no commit subject", []string{"--input", "nats:in.a", "--output", "nats:nocommit"}, 1,
+			"stream NOCOMMIT does not capture the commit subject nocommit.streamd-commit.>"},
+		{"partly captured", []string{"--input", "nats:eu.*"}, 1,
+			"no stream captures all of eu.*, only part: EU (subjects eu.orders); read one with jetstream:STREAM:FILTER"},
+		{"own output", []string{"--input", "nats:loop.>", "--output", "nats:loop.out"}, 2,
+			"--output: nats:loop.out is also read by the input loop.>: the transform would read its own output"},
+		{"no stream", []string{"--input", "jetstream:NOPE"}, 1, "--input jetstream:NOPE: nats: API error: code=404"},
+		{"own stream", []string{"--input", "jetstream:SELF", "--output", "nats:self.upper"}, 2,
+			"--output nats:self.upper goes to stream SELF, which the input reads whole: the transform would read its own output"},
+		{"output without input", []string{"--source", "generator:5", "--output", "nats:x"}, 2, "--output applies only to a transform"},
+		{"bad input", []string{"--input", "kafka:x"}, 2, `--input "kafka:x": want nats:SUBJECT or jetstream:STREAM[:FILTER]`},
+		{"bad output", []string{"--input", "nats:a", "--output", "nats:o.*"}, 2, `--output: "o.*" has a wildcard`},
+		{"bad start", []string{"--input", "nats:a", "--start", "seq:0"}, 2, `--start "seq:0": seq:N needs a stream sequence N of at least 1`},
+		{"two sources", []string{"--input", "nats:a", "--source", "generator:5"}, 2, "--input and --source are two sources"},
+		{"start and from", []string{"--input", "nats:a", "--start", "new", "--from", "jetstream://STREAMD_CHECKPOINTS/x"}, 2, "--start applies to a first start"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			out, errs, code := streamd(t, env, append([]string{"deploy", upper}, tt.args...)...)
+			if code != tt.code || !strings.Contains(errs, tt.want) {
+				t.Errorf("exit %d, want %d; stderr lacks %q:\n%s%s", code, tt.code, tt.want, out, errs)
+			}
+		})
+	}
+	jobs, err := tc.client.List(ctx, true)
+	if err != nil || len(jobs) != 1 {
+		t.Errorf("jobs after the refused deploys: %d (%v), want the first one only", len(jobs), err)
+	}
+	if _, err := js.Stream(ctx, "STREAMD_IN_in_a"); err == nil {
+		t.Errorf("a refused deploy left the input stream it created") // the check order: outputs are checked first
+	}
 }
