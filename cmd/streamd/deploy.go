@@ -31,6 +31,16 @@ With a .wasm module the job is built like run builds it: one operator between
 --source (file:PATH or generator:COUNT; a deployed job has no standard input) and
 --sink (file:DIR, discard, or stdout: the host's standard output).
 
+With --input the module runs as a transform, until it is stopped: it reads
+nats:SUBJECT (the JetStream stream that captures it, else a stream
+STREAMD_IN_<subject> created for it) or jetstream:STREAM[:FILTER], from --start
+(first, new, seq:N or time:RFC3339) at its first start, and writes each record
+exactly once to every --output nats:SUBJECT (the stream that captures it, which
+must allow atomic publish and capture SUBJECT.streamd-commit.>, else a stream
+STREAMD_OUT_<subject> created so). It checkpoints every --checkpoint-interval
+into the JetStream object store, so stop, savepoint, cancel, failover and
+deploy --from work as for a job file. deploy names the streams on stderr.
+
 --from PATH starts the job from a checkpoint or savepoint: a jetstream://BUCKET/...
 location (from streamd stop or status of a job with checkpoint.storage jetstream)
 or a directory as run --from takes it, which the hosts must see at the same path.
@@ -41,6 +51,8 @@ It is resolved and checked against the job here before the job is submitted.
   streamd deploy -p 4 job.yaml
   streamd deploy job.yaml --from jetstream://STREAMD_CHECKPOINTS/job-1a2b3c4d/savepoint-7-job-1a2b3c4d
   streamd deploy upper.wasm --source file:in.txt --sink file:out/
+  streamd deploy upper.wasm --input nats:orders --output nats:orders.upper -p 2
+  streamd deploy upper.wasm --input jetstream:ORDERS:orders.eu --output nats:eu.upper --start new
   id=$(streamd deploy job.yaml) && streamd status --json "$id"`,
 		Args:              exactArgs(1),
 		ValidArgsFunction: completeJobFile,
@@ -143,7 +155,7 @@ func (c *cli) loadForDeploy(cmd *cobra.Command, target string, f runFlags) (*job
 		return nil, "", usagef("--from applies to a job file or a transform (--input): a one-shot module has no checkpoints")
 	}
 	if f.source == "" || f.source == "stdin" {
-		return nil, "", usagef("deploy %s: --source (file:PATH or generator:COUNT) or --input (nats:SUBJECT, jetstream:STREAM[:FILTER]) is required: a deployed job has no standard input", target)
+		return nil, "", usagef("deploy %s: --source is required (file:PATH or generator:COUNT): a deployed job has no standard input; or run it as a transform with --input nats:SUBJECT", target)
 	}
 	filter, err := c.moduleFilter(target, f)
 	if err != nil {
