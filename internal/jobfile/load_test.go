@@ -424,6 +424,28 @@ func TestFilterJob(t *testing.T) {
 		t.Errorf("generator source %+v", s)
 	}
 
+	// A transform: a nats source, the module and a nats sink per output,
+	// all at the parallelism, checkpointed.
+	in1 := &SourceSpec{Type: "nats", Stream: "ORDERS", Subject: "orders.>", Start: "seq:7"}
+	out1 := &SinkSpec{Type: "nats", Subject: "a.b"}
+	ck := NewCheckpointSettings(time.Second, "")
+	job, err = FilterJob(Filter{Module: mod, Input: in1, Outputs: []*SinkSpec{out1, {Type: "nats", Subject: "c"}}, Parallelism: 3, Name: "tr", Checkpoint: ck})
+	if err != nil {
+		t.Fatal(err)
+	}
+	g = job.Graph
+	var uids []string
+	for _, v := range g.Vertices {
+		uids = append(uids, v.UID)
+		if v.Parallelism != 3 {
+			t.Errorf("transform vertex %s: parallelism %d, want 3", v.UID, v.Parallelism)
+		}
+	}
+	if g.Name != "tr" || strings.Join(uids, " ") != "source upper-case sink-a_b sink-c" || g.Vertex("source").Spec.(*SourceSpec).Start != "seq:7" ||
+		job.Checkpoint != ck || job.Restart.Strategy != RestartExponentialDelay {
+		t.Errorf("transform: name %q, vertices %v, checkpoint %+v, restart %+v", g.Name, uids, job.Checkpoint, job.Restart)
+	}
+
 	for _, tt := range []struct {
 		f    Filter
 		want string
@@ -436,6 +458,13 @@ func TestFilterJob(t *testing.T) {
 		{Filter{Module: mod, Sink: "s3:bucket"}, `--sink: unknown sink "s3:bucket"`},
 		{Filter{Module: mod, Sink: "file:" + in}, "a file sink writes into a directory"},
 		{Filter{Module: mod, Parallelism: -1}, "--parallelism: must be between 1 and 128"},
+		{Filter{Module: mod, Source: "nats:orders"}, `--source: "nats:orders": a module reads NATS as a transform: streamd deploy MODULE.wasm --input nats:SUBJECT`},
+		{Filter{Module: mod, Source: "generator:5", Sink: "nats:out"}, `--sink: "nats:out": a module writes to NATS as a transform`},
+		{Filter{Module: mod, Input: in1, Outputs: []*SinkSpec{out1, out1}}, "--output: nats:a.b given twice"},
+		{Filter{Module: mod, Input: in1, Outputs: []*SinkSpec{{Type: "nats", Subject: "orders.x"}}}, "--output: nats:orders.x is also read by the input orders.>"},
+		{Filter{Module: mod, Input: in1, Outputs: []*SinkSpec{{Type: "nats", Subject: "a.*"}}}, `--output: "a.*" has a wildcard`},
+		{Filter{Module: mod, Input: &SourceSpec{Type: "nats", Stream: "S", Start: "later"}}, `--start: "later": want first, new, seq:N or time:RFC3339`},
+		{Filter{Module: mod, Input: in1, Source: "generator:5"}, `--input: a transform reads its input; --source "generator:5" is a second source`},
 	} {
 		if _, err := FilterJob(tt.f); err == nil || !strings.Contains(err.Error(), tt.want) {
 			t.Errorf("%+v: err %v, want %q", tt.f, err, tt.want)
