@@ -28,6 +28,7 @@ type runFlags struct {
 	allowClock   bool
 	from         string
 	drain        bool
+	name         string // deploy: the job's name
 }
 
 func (c *cli) runCommand() *cobra.Command {

@@ -650,10 +650,10 @@ func (p *parser) operator(i int, n *yaml.Node, defaultPar, maxPar int) *operator
 }
 
 var (
-	sourceFields     = []string{"type", "path", "count", "rate", "key", "value", "keys", "value_size", "start_ts", "ts_step", "watermark_lag", "url", "stream", "subject", "bounded", "key_from"}
+	sourceFields     = []string{"type", "path", "count", "rate", "key", "value", "keys", "value_size", "start_ts", "ts_step", "watermark_lag", "url", "stream", "subject", "bounded", "key_from", "start"}
 	fileSourceOnly   = []string{"path"}
 	generatorFields  = []string{"count", "rate", "key", "value", "keys", "value_size", "start_ts", "ts_step", "watermark_lag"}
-	natsSourceFields = []string{"url", "stream", "subject", "bounded", "key_from", "watermark_lag"}
+	natsSourceFields = []string{"url", "stream", "subject", "bounded", "key_from", "watermark_lag", "start"}
 	sinkFields       = []string{"type", "path", "format", "url", "subject", "commit_subject"}
 	sinkTypeFields   = map[string][]string{"file": {"path", "format"}, "stdout": {"format"}, "discard": {}, "nats": {"url", "subject", "commit_subject"}}
 )
@@ -777,6 +777,17 @@ func (p *parser) source(op, prefix string, n *yaml.Node) *SourceSpec {
 				p.add(op, c.Line, prefix+"key_from", "unknown key source %q (want header or subject)", s.KeyFrom)
 			}
 		}
+		if c := f["start"]; c != nil {
+			if s.Start = p.str(op, prefix+"start", c); s.Start == "" && c.Tag != "!!null" {
+				p.add(op, c.Line, prefix+"start", "empty: want first, new, seq:N or time:RFC3339 (leave start out for first)")
+			} else if s.Start != "" {
+				if st, err := ParseNATSStart(s.Start); err != nil {
+					p.add(op, c.Line, prefix+"start", "%v", err)
+				} else {
+					s.Start = st.String()
+				}
+			}
+		}
 		p.watermarkLag(op, prefix, f, s)
 	default:
 		p.add(op, t.Line, prefix+"type", "unknown source type %q (want %s)", s.Type, orList(SourceTypes))
@@ -823,22 +834,29 @@ func (p *parser) natsURL(op, field string, n *yaml.Node) string {
 // checkSubject checks a NATS subject: dot-separated non-empty tokens without
 // spaces; wildcards ('*' tokens, a last '>') only where a filter is allowed.
 func (p *parser) checkSubject(op, field string, line int, subj string, wildcards bool) {
+	if err := CheckSubject(subj, wildcards); err != nil {
+		p.add(op, line, field, "%v", err)
+	}
+}
+
+// CheckSubject checks a NATS subject: dot-separated non-empty tokens
+// without spaces; wildcards ('*' tokens, a last '>') only if wildcards
+// (a source's filter, not a sink's subject).
+func CheckSubject(subj string, wildcards bool) error {
 	toks := strings.Split(subj, ".")
 	for i, tok := range toks {
 		switch {
 		case tok == "" || strings.ContainsAny(tok, " \t\r\n"):
-			p.add(op, line, field, "%q is not a NATS subject (dot-separated tokens without spaces)", subj)
-			return
+			return fmt.Errorf("%q is not a NATS subject (dot-separated tokens without spaces)", subj)
 		case tok == "*" || (tok == ">" && i == len(toks)-1):
 			if !wildcards {
-				p.add(op, line, field, "%q has a wildcard; a sink publishes to one subject", subj)
-				return
+				return fmt.Errorf("%q has a wildcard; a sink publishes to one subject", subj)
 			}
 		case strings.ContainsAny(tok, "*>"):
-			p.add(op, line, field, "%q is not a NATS subject ('*' and '>' are whole tokens, '>' only last)", subj)
-			return
+			return fmt.Errorf("%q is not a NATS subject ('*' and '>' are whole tokens, '>' only last)", subj)
 		}
 	}
+	return nil
 }
 
 func (p *parser) sink(op, prefix string, n *yaml.Node) *SinkSpec {
@@ -908,6 +926,13 @@ func (p *parser) sink(op, prefix string, n *yaml.Node) *SinkSpec {
 	return s
 }
 
+// NewCheckpointSettings is a checkpoint section with interval, dir and
+// the defaults of every other field (mode aligned).
+func NewCheckpointSettings(interval time.Duration, dir string) *CheckpointSettings {
+	return &CheckpointSettings{Interval: interval, Dir: dir, Retain: 1, Timeout: 10 * time.Minute,
+		TolerableFailures: DefaultTolerableFailures, MaxConcurrent: 1, FinalImmediately: true, Mode: ModeAligned}
+}
+
 var checkpointFields = []string{"interval", "dir", "retain", "timeout", "min_pause", "tolerable_failures", "max_concurrent", "final_immediately", "storage", "bucket", "mode", "aligned_timeout"}
 
 func (p *parser) checkpoint(n *yaml.Node) *CheckpointSettings {
@@ -917,8 +942,7 @@ func (p *parser) checkpoint(n *yaml.Node) *CheckpointSettings {
 		return nil
 	}
 	f := p.fields("", prefix, n, checkpointFields)
-	c := &CheckpointSettings{Dir: filepath.Join(p.baseDir, "checkpoints"), Retain: 1, Timeout: 10 * time.Minute,
-		TolerableFailures: DefaultTolerableFailures, MaxConcurrent: 1, FinalImmediately: true}
+	c := NewCheckpointSettings(0, filepath.Join(p.baseDir, "checkpoints"))
 	if x := f["interval"]; x == nil {
 		p.add("", n.Line, prefix+"interval", "missing: how often to checkpoint, like 5s")
 	} else if d, ok := p.duration("", prefix+"interval", x); ok {
