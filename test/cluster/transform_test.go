@@ -73,10 +73,10 @@ func (oc *outputCounter) wait(t *testing.T, n int64) {
 	}
 }
 
-// natsCluster is a cluster whose hosts (2 slots each) connect the jobs'
+// transformCluster is a cluster whose hosts (2 slots each) connect the jobs'
 // nats sources and sinks to its NATS server; it returns the environment
 // that points the streamd binary there and a JetStream client.
-func natsCluster(t *testing.T, hosts ...string) (*testCluster, []string, jetstream.JetStream) {
+func transformCluster(t *testing.T, hosts ...string) (*testCluster, []string, jetstream.JetStream) {
 	t.Helper()
 	tc := newCluster(t)
 	co, err := natsutil.NewConnectOptions(natsutil.URLs(tc.srv.URL()))
@@ -102,7 +102,7 @@ func natsCluster(t *testing.T, hosts ...string) (*testCluster, []string, jetstre
 // store) and a stop with a savepoint followed by deploy --from, with records
 // published during each.
 func TestTransformDeployExactlyOnce(t *testing.T) {
-	tc, env, js := natsCluster(t, "h1", "h2")
+	tc, env, js := transformCluster(t, "h1", "h2")
 	upper := testwasm.Path(t, "examples/wasm/uppercase/uppercase.wasm")
 	args := []string{"deploy", upper, "--input", "nats:orders", "--output", "nats:upper", "--checkpoint-interval", "200ms"}
 	out, errs, code := streamd(t, env, args...)
@@ -170,7 +170,7 @@ func TestTransformDeployExactlyOnce(t *testing.T) {
 // commit into, an input only partly captured, a transform reading its own
 // output, and flags of the wrong form.
 func TestTransformDeployStreams(t *testing.T) {
-	tc, env, js := natsCluster(t, "h1")
+	tc, env, js := transformCluster(t, "h1")
 	ctx := context.Background()
 	for _, sc := range []jetstream.StreamConfig{
 		{Name: "ORDERS", Subjects: []string{"orders.>"}},
