@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"io"
@@ -10,44 +9,28 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
+	"github.com/streamd/streamd/internal/testlog"
 	"github.com/streamd/streamd/internal/webapi"
 )
-
-// syncBuffer is a bytes.Buffer written by the CLI and read by the test.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
 
 var consoleURL = regexp.MustCompile(`url=(http://127\.0\.0\.1:\d+)/#/jobs/(\S+)`)
 
 // startRun runs `streamd run` on a job file in this process and returns the
 // API's base URL, the job's id, and the exit status once it ends.
-func startRun(t *testing.T, job string, args ...string) (base, id string, stderr *syncBuffer, exit <-chan int) {
+func startRun(t *testing.T, job string, args ...string) (base, id string, stderr *testlog.Buffer, exit <-chan int) {
 	t.Helper()
 	dir := t.TempDir()
 	t.Chdir(dir)
 	must(t, os.WriteFile(filepath.Join(dir, "job.yaml"), []byte(job), 0o644))
-	stderr = &syncBuffer{}
+	stderr = &testlog.Buffer{}
 	c := newCLI(strings.NewReader(""), io.Discard, stderr)
 	done := make(chan int, 1)
-	go func() { done <- c.execute(context.Background(), append([]string{"run", "--progress", "off", "job.yaml"}, args...)) }()
+	go func() {
+		done <- c.execute(context.Background(), append([]string{"run", "--progress", "off", "job.yaml"}, args...))
+	}()
 	deadline := time.Now().Add(20 * time.Second)
 	for {
 		if m := consoleURL.FindStringSubmatch(stderr.String()); m != nil {

@@ -74,10 +74,10 @@ func New(b Backend, opts Options) http.Handler {
 	mux.HandleFunc("GET /config", h.config)
 	mux.HandleFunc("GET /jobs", h.jobs)
 	mux.HandleFunc("GET /jobs/overview", h.jobs)
-	mux.HandleFunc("GET /jobs/{id}", h.job)
-	mux.HandleFunc("GET /jobs/{id}/plan", h.plan)
-	mux.HandleFunc("GET /jobs/{id}/checkpoints", h.checkpoints)
-	mux.HandleFunc("GET /jobs/{id}/exceptions", h.exceptions)
+	mux.HandleFunc("GET /jobs/{id}", h.view(func(st *cluster.JobStatus) any { return detail(st) }))
+	mux.HandleFunc("GET /jobs/{id}/plan", h.view(plan))
+	mux.HandleFunc("GET /jobs/{id}/checkpoints", h.view(checkpoints))
+	mux.HandleFunc("GET /jobs/{id}/exceptions", h.view(exceptions))
 	mux.HandleFunc("POST /jobs/{id}/stop", h.stop)
 	mux.HandleFunc("POST /jobs/{id}/savepoints", h.savepoint)
 	mux.HandleFunc("POST /jobs/{id}/cancel", h.cancel)
@@ -285,9 +285,12 @@ func detail(st *cluster.JobStatus) JobDetail {
 	return d
 }
 
-func (h *handler) job(w http.ResponseWriter, r *http.Request) {
-	if st := h.lookup(w, r); st != nil {
-		writeJSON(w, http.StatusOK, detail(st))
+// view answers GET of a job's resource: what of makes of its status.
+func (h *handler) view(of func(*cluster.JobStatus) any) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		if st := h.lookup(w, r); st != nil {
+			writeJSON(w, http.StatusOK, of(st))
+		}
 	}
 }
 
@@ -329,11 +332,7 @@ type PlanEdge struct {
 	Input        int    `json:"input"`
 }
 
-func (h *handler) plan(w http.ResponseWriter, r *http.Request) {
-	st := h.lookup(w, r)
-	if st == nil {
-		return
-	}
+func plan(st *cluster.JobStatus) any {
 	p := Plan{JobID: st.ID, Name: st.Name, Nodes: []PlanNode{}, Edges: []PlanEdge{}}
 	for _, op := range st.Operators {
 		n := PlanNode{ID: op.UID, Kind: op.Kind, Parallelism: op.Parallelism}
@@ -347,7 +346,7 @@ func (h *handler) plan(w http.ResponseWriter, r *http.Request) {
 		}
 		p.Nodes = append(p.Nodes, n)
 	}
-	writeJSON(w, http.StatusOK, PlanReply{Plan: p})
+	return PlanReply{Plan: p}
 }
 
 // CheckpointsReply is GET /jobs/{id}/checkpoints.
@@ -376,11 +375,7 @@ type CheckpointSummary struct {
 	ExternalPath  string `json:"external_path,omitempty"`
 }
 
-func (h *handler) checkpoints(w http.ResponseWriter, r *http.Request) {
-	st := h.lookup(w, r)
-	if st == nil {
-		return
-	}
+func checkpoints(st *cluster.JobStatus) any {
 	out := CheckpointsReply{Mode: st.CheckpointMode, History: []CheckpointSummary{}}
 	for i := len(st.Checkpoints) - 1; i >= 0; i-- {
 		c := st.Checkpoints[i]
@@ -392,7 +387,7 @@ func (h *handler) checkpoints(w http.ResponseWriter, r *http.Request) {
 	if len(out.History) > 0 {
 		out.Latest = &out.History[0]
 	}
-	writeJSON(w, http.StatusOK, out)
+	return out
 }
 
 // ExceptionsReply is GET /jobs/{id}/exceptions.
@@ -406,18 +401,13 @@ type ExceptionsReply struct {
 
 // ExceptionEntry is one attempt that failed (or ended with a reason).
 type ExceptionEntry struct {
-	Attempt   int        `json:"attempt"`
-	State     string     `json:"state"`
-	Hosts     []string   `json:"hosts,omitempty"`
-	Exception string     `json:"exception"` // the cause: the guest's message and wasm stack for a trap
-	Time      *time.Time `json:"timestamp,omitempty"`
+	Attempt   int      `json:"attempt"`
+	State     string   `json:"state"`
+	Hosts     []string `json:"hosts,omitempty"`
+	Exception string   `json:"exception"` // the cause: the guest's message and wasm stack for a trap
 }
 
-func (h *handler) exceptions(w http.ResponseWriter, r *http.Request) {
-	st := h.lookup(w, r)
-	if st == nil {
-		return
-	}
+func exceptions(st *cluster.JobStatus) any {
 	out := ExceptionsReply{Entries: []ExceptionEntry{}}
 	if st.State == cluster.JobFailed || st.State == cluster.JobRestarting {
 		out.RootException = st.Reason
@@ -429,7 +419,7 @@ func (h *handler) exceptions(w http.ResponseWriter, r *http.Request) {
 		}
 		out.Entries = append(out.Entries, ExceptionEntry{Attempt: a.Attempt, State: a.State, Hosts: a.Hosts, Exception: a.Reason})
 	}
-	writeJSON(w, http.StatusOK, out)
+	return out
 }
 
 // decode reads a JSON body into v; an empty body leaves v as it is.

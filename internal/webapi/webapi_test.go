@@ -37,10 +37,12 @@ type testCluster struct {
 func newCluster(t *testing.T, opts webapi.Options) *testCluster {
 	t.Helper()
 	srv := natstest.Server(t)
+	// Connected first: the connection closes after the controller stopped.
+	nc := natstest.Connect(t, srv.URL())
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() {
-		done <- cluster.RunController(ctx, natstest.Connect(t, srv.URL()), cluster.ControllerOptions{
+		done <- cluster.RunController(ctx, nc, cluster.ControllerOptions{
 			Logger: slog.New(slog.DiscardHandler), HeartbeatInterval: hb, LostAfter: 20})
 	}()
 	t.Cleanup(func() {
@@ -49,7 +51,7 @@ func newCluster(t *testing.T, opts webapi.Options) *testCluster {
 			t.Errorf("controller: %v", err)
 		}
 	})
-	eng, err := host.NewEngine(context.Background())
+	eng, err := host.NewEngine(context.Background(), host.WithLogger(slog.New(slog.DiscardHandler)))
 	if err != nil {
 		t.Fatal(err)
 	}
