@@ -54,6 +54,8 @@ func kindLabel(kind error) string {
 		return "instance discarded"
 	case ErrHostCall:
 		return "host import misused"
+	case ErrState:
+		return "state backend failed"
 	case nil:
 		return "error"
 	}

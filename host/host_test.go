@@ -370,13 +370,22 @@ func TestSnapshotBinary(t *testing.T) {
 	}
 }
 
+var backends = []string{host.BackendMemory, host.BackendPebble}
+
 func TestRestoreRejectsForeignKeyGroups(t *testing.T) {
 	e := newEngine(t)
 	m := load(t, e, testwasm.Path(t, watConformance))
-	snap := &host.Snapshot{KeyGroups: map[int]*host.KeyGroupState{100: {}}}
-	_, err := m.NewInstance(context.Background(), host.InstanceConfig{Job: "j", Operator: "o", Subtask: 0, Parallelism: 2, Restore: snap})
-	if err == nil || !strings.Contains(err.Error(), "key group 100 is outside") {
-		t.Errorf("got %v", err)
+	for _, backend := range backends {
+		dir := t.TempDir()
+		snap := &host.Snapshot{KeyGroups: map[int]*host.KeyGroupState{100: {}}}
+		_, err := m.NewInstance(context.Background(), host.InstanceConfig{Job: "j", Operator: "o", Subtask: 0, Parallelism: 2, Restore: snap,
+			State: host.StateConfig{Backend: backend, DataDir: dir}})
+		if err == nil || !strings.Contains(err.Error(), "key group 100 is outside") {
+			t.Errorf("%s: got %v", backend, err)
+		}
+		if left, _ := os.ReadDir(dir); len(left) != 0 {
+			t.Errorf("%s: the refused instance left %d files in its data directory", backend, len(left))
+		}
 	}
 }
 
@@ -395,11 +404,20 @@ func makeRecords(n, size int) []abi.Record {
 func TestStateWritesAroundCheckpoints(t *testing.T) {
 	e := newEngine(t)
 	m := load(t, e, fixture(t, "phasewrites"))
+	for _, backend := range backends {
+		t.Run(backend, func(t *testing.T) { testStateWritesAroundCheckpoints(t, m, backend) })
+	}
+}
+
+func testStateWritesAroundCheckpoints(t *testing.T, m *host.Module, backend string) {
 	ctx := context.Background()
-	i := instance(t, m, host.InstanceConfig{})
+	i := instance(t, m, host.InstanceConfig{State: host.StateConfig{Backend: backend, DataDir: t.TempDir()}})
 	kg := abi.KeyGroup([]byte("k"), abi.DefaultMaxParallelism)
 	snap, err := i.SnapshotState(ctx, 1)
 	if err != nil {
+		t.Fatal(err)
+	}
+	if err := snap.Load(); err != nil {
 		t.Fatal(err)
 	}
 	// The snapshot is taken after the guest's snapshot_state: its write is in it.

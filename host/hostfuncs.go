@@ -96,10 +96,16 @@ func (i *Instance) keyGroup(import_ string, key []byte) int {
 		i.misuse("%s: empty key (keyed state and timers need the record's key)", import_)
 	}
 	kg := abi.KeyGroup(key, i.maxP)
-	if !i.state.rng.Contains(kg) {
-		i.misuse("%s: key %q is in key group %d, outside this subtask's key groups %s", import_, key, kg, i.state.rng)
+	if !i.rng.Contains(kg) {
+		i.misuse("%s: key %q is in key group %d, outside this subtask's key groups %s", import_, key, kg, i.rng)
 	}
 	return kg
+}
+
+// stateFailed fails the calling guest with ErrState; it does not return.
+func (i *Instance) stateFailed(import_ string, err error) {
+	i.failure = &hostCallPanic{ErrState, fmt.Sprintf("%s: %v", import_, err)}
+	panic(i.failure)
 }
 
 func (i *Instance) requireStateWrite(import_ string) {
@@ -160,7 +166,10 @@ func hostStateGet(i *Instance, stack []uint64) {
 	}
 	name := i.read(uint32(stack[0]), uint32(stack[1]), abi.ImportStateGet, "name")
 	key := i.read(uint32(stack[2]), uint32(stack[3]), abi.ImportStateGet, "key")
-	v, ok := i.state.get(i.keyGroup(abi.ImportStateGet, key), name, key)
+	v, ok, err := i.state.get(i.keyGroup(abi.ImportStateGet, key), name, key)
+	if err != nil {
+		i.stateFailed(abi.ImportStateGet, err)
+	}
 	if !ok {
 		stack[0] = api.EncodeI32(abi.AbsentLength)
 		return
@@ -177,7 +186,9 @@ func hostStatePut(i *Instance, stack []uint64) {
 	name := i.read(uint32(stack[0]), uint32(stack[1]), abi.ImportStatePut, "name")
 	key := i.read(uint32(stack[2]), uint32(stack[3]), abi.ImportStatePut, "key")
 	val := i.read(uint32(stack[4]), uint32(stack[5]), abi.ImportStatePut, "value")
-	i.state.put(i.keyGroup(abi.ImportStatePut, key), name, key, val)
+	if err := i.state.put(i.keyGroup(abi.ImportStatePut, key), name, key, val); err != nil {
+		i.stateFailed(abi.ImportStatePut, err)
+	}
 }
 
 // state_delete(name_ptr, name_len, key_ptr, key_len)
@@ -185,7 +196,9 @@ func hostStateDelete(i *Instance, stack []uint64) {
 	i.requireStateWrite(abi.ImportStateDelete)
 	name := i.read(uint32(stack[0]), uint32(stack[1]), abi.ImportStateDelete, "name")
 	key := i.read(uint32(stack[2]), uint32(stack[3]), abi.ImportStateDelete, "key")
-	i.state.del(i.keyGroup(abi.ImportStateDelete, key), name, key)
+	if err := i.state.del(i.keyGroup(abi.ImportStateDelete, key), name, key); err != nil {
+		i.stateFailed(abi.ImportStateDelete, err)
+	}
 }
 
 // list_state_add(name_ptr, name_len, mode, val_ptr, val_len): snapshot_state only.
@@ -230,7 +243,9 @@ func hostTimerRegister(i *Instance, stack []uint64) {
 	i.requireStateWrite(abi.ImportTimerRegister)
 	key := i.read(uint32(stack[0]), uint32(stack[1]), abi.ImportTimerRegister, "key")
 	i.keyGroup(abi.ImportTimerRegister, key)
-	i.state.registerTimer(key, int64(stack[2]))
+	if err := i.state.registerTimer(key, int64(stack[2])); err != nil {
+		i.stateFailed(abi.ImportTimerRegister, err)
+	}
 }
 
 // timer_delete(key_ptr, key_len, ts i64)
@@ -238,7 +253,9 @@ func hostTimerDelete(i *Instance, stack []uint64) {
 	i.requireStateWrite(abi.ImportTimerDelete)
 	key := i.read(uint32(stack[0]), uint32(stack[1]), abi.ImportTimerDelete, "key")
 	i.keyGroup(abi.ImportTimerDelete, key)
-	i.state.deleteTimer(key, int64(stack[2]))
+	if err := i.state.deleteTimer(key, int64(stack[2])); err != nil {
+		i.stateFailed(abi.ImportTimerDelete, err)
+	}
 }
 
 // current_watermark() -> i64

@@ -38,6 +38,8 @@ type InstanceConfig struct {
 	// and value bytes) fails the call with an *Error of kind
 	// abi.ErrRecordTooLarge; 0 means abi.DefaultMaxRecordBytes.
 	MaxRecordBytes int
+	// State selects the keyed-state backend (the zero value: memory).
+	State StateConfig
 }
 
 // Emitter receives the records of one guest emit call. The slices (the record
@@ -78,7 +80,8 @@ type Instance struct {
 	byteArena []byte       // emitted frames are copied here; handed out, never reused
 	recArena  []abi.Record // decoded records; handed out, never reused
 
-	state         keyedState
+	state         stateBackend
+	rng           abi.KeyGroupRange // this subtask's key groups
 	restoredLists map[string]*ListState
 	pendingLists  map[string]*ListState
 	watermark     int64
@@ -116,10 +119,21 @@ func (m *Module) NewInstance(ctx context.Context, cfg InstanceConfig) (*Instance
 		stderr:    &lineWriter{logger: logger, level: slog.LevelWarn, stream: "stderr"},
 		phase:     abi.PhaseLoad,
 		watermark: abi.MinWatermark,
-		state:     newKeyedState(cfg.MaxParallelism, abi.RangeForSubtask(cfg.Subtask, cfg.MaxParallelism, cfg.Parallelism)),
+		rng:       abi.RangeForSubtask(cfg.Subtask, cfg.MaxParallelism, cfg.Parallelism),
 	}
+	state, err := newBackend(cfg, i.rng, pebbleOptions{logger: logger,
+		name: fmt.Sprintf("%s-%s-%d-a%d", cfg.Job, cfg.Operator, cfg.Subtask, cfg.Attempt)})
+	if err != nil {
+		return nil, fmt.Errorf("host: job %q operator %q subtask %d/%d: %w", cfg.Job, cfg.Operator, cfg.Subtask, cfg.Parallelism, err)
+	}
+	i.state = state
 	if cfg.Restore != nil {
-		if err := i.state.restore(cfg.Restore.KeyGroups); err != nil {
+		err := cfg.Restore.Load()
+		if err == nil {
+			err = i.state.restore(cfg.Restore.KeyGroups)
+		}
+		if err != nil {
+			i.state.close()
 			return nil, fmt.Errorf("host: job %q operator %q subtask %d/%d: %w", cfg.Job, cfg.Operator, cfg.Subtask, cfg.Parallelism, err)
 		}
 		i.restoredLists = cfg.Restore.Lists
@@ -139,6 +153,7 @@ func (m *Module) NewInstance(ctx context.Context, cfg InstanceConfig) (*Instance
 		if s := err.Error(); strings.Contains(s, "memory") && (strings.Contains(s, "limit") || strings.Contains(s, "exceed")) {
 			kind = ErrMemoryLimit
 		}
+		i.state.close()
 		return nil, i.newError(abi.PhaseLoad, kind, "instantiate: "+err.Error(), "", err)
 	}
 	i.mod = mod
@@ -157,6 +172,7 @@ func (m *Module) NewInstance(ctx context.Context, cfg InstanceConfig) (*Instance
 	e.instances.Store(mod, i)
 	if m.hasInit && i.fnInit != nil {
 		if err := i.invoke(ctx, abi.PhaseLoad, i.fnInit, 1); err != nil {
+			i.closeState()
 			return nil, err
 		}
 	}
@@ -251,12 +267,19 @@ func (i *Instance) advanceWatermark(ctx context.Context, ts int64, emit Emitter)
 	i.emit = emit
 	defer func() { i.emit = nil }()
 	// Timers registered while these fire (even at or below ts) wait for the next advance.
-	i.due = i.state.popDue(ts, i.due[:0])
+	var err error
+	if i.due, err = i.state.popDue(ts, i.due[:0]); err != nil {
+		return i.stateError(abi.PhaseTimer, err)
+	}
 	for _, t := range i.due {
-		if !i.state.hasTimer(t) {
+		if ok, err := i.state.hasTimer(t); err != nil {
+			return i.stateError(abi.PhaseTimer, err)
+		} else if !ok {
 			continue // deleted by an earlier on_timer
 		}
-		i.state.removeTimer(t)
+		if err := i.state.removeTimer(t); err != nil {
+			return i.stateError(abi.PhaseTimer, err)
+		}
 		if i.fnTimer == nil {
 			continue
 		}
@@ -315,7 +338,7 @@ func (i *Instance) Finish(ctx context.Context, emit Emitter) (err error) {
 func (i *Instance) SnapshotState(ctx context.Context, checkpointID int64) (snap *Snapshot, err error) {
 	if span := i.startSpan(ctx, telemetry.SpanGuestSnapshotState, checkpointID); span != nil {
 		defer func() {
-			if snap != nil {
+			if snap != nil && snap.deferred == nil { // a deferred cut is not read here
 				span.SetAttributes(telemetry.StateBytes(snap.Size()))
 			}
 			i.endSpan(span, err)
@@ -332,9 +355,17 @@ func (i *Instance) SnapshotState(ctx context.Context, checkpointID int64) (snap 
 	if err != nil {
 		return nil, err
 	}
-	snap = i.state.cut()
+	snap, err = i.state.cut()
+	if err != nil {
+		return nil, i.stateError(abi.PhaseSnapshot, err)
+	}
 	snap.Lists = lists
 	return snap, nil
+}
+
+// stateError discards the instance after its state backend failed.
+func (i *Instance) stateError(phase abi.Phase, err error) error {
+	return i.discard(i.newError(phase, ErrState, err.Error(), "", err))
 }
 
 // NotifyCheckpointComplete calls streamd_notify_checkpoint_complete.
@@ -363,8 +394,23 @@ func (i *Instance) Close(ctx context.Context) (err error) {
 		err = i.call(ctx, abi.PhaseClose, i.fnClose, 1)
 	}
 	i.release()
+	if cerr := i.closeState(); err == nil {
+		err = cerr
+	}
 	if i.dead == nil {
 		i.dead = i.newError(abi.PhaseClose, ErrInstanceDiscarded, "instance closed", "", nil)
+	}
+	return err
+}
+
+// closeState releases the state backend (a pebble instance's files).
+func (i *Instance) closeState() error {
+	if i.state == nil {
+		return nil
+	}
+	err := i.state.close()
+	if err != nil {
+		i.logger.Warn("closing the keyed state failed", "error", err)
 	}
 	return err
 }

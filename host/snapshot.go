@@ -34,8 +34,12 @@ var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 // ErrSnapshotFormat is wrapped by every UnmarshalBinary error.
 var ErrSnapshotFormat = errors.New("host: malformed snapshot")
 
-// MarshalBinary encodes s in the versioned, checksummed format above.
+// MarshalBinary encodes s in the versioned, checksummed format above. It
+// loads s first (Load).
 func (s *Snapshot) MarshalBinary() ([]byte, error) {
+	if err := s.Load(); err != nil {
+		return nil, err
+	}
 	le := binary.LittleEndian
 	b := []byte(snapshotMagic)
 	b = le.AppendUint32(b, snapshotVersion)
@@ -206,8 +210,10 @@ func (d *snapDecoder) bytes() []byte {
 	return p
 }
 
-// Clone returns a deep copy of s.
+// Clone returns a deep copy of s. It loads s first (Load); a Snapshot that
+// fails to load clones to its list state alone.
 func (s *Snapshot) Clone() *Snapshot {
+	_ = s.Load()
 	out := &Snapshot{KeyGroups: make(map[int]*KeyGroupState, len(s.KeyGroups)), Lists: make(map[string]*ListState, len(s.Lists))}
 	for kg, g := range s.KeyGroups {
 		if g == nil {

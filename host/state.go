@@ -3,7 +3,7 @@ package host
 import (
 	"bytes"
 	"cmp"
-	"fmt"
+	"errors"
 	"maps"
 	"slices"
 	"sync"
@@ -23,21 +23,60 @@ import (
 // in place once a cut may hold it). So the cut takes no copy of the state,
 // and the Snapshot may be read, encoded and written on another goroutine
 // while the instance goes on processing. Nobody may write a Snapshot's maps.
+//
+// The keyed state of a Snapshot taken from a pebble instance is a pebble
+// snapshot (a cut, too), read into KeyGroups by Load: call Load before
+// reading KeyGroups of a Snapshot from Instance.SnapshotState (MarshalBinary
+// and Clone do). Load may run on another goroutine while the instance goes
+// on processing.
 type Snapshot struct {
 	KeyGroups map[int]*KeyGroupState
 	Lists     map[string]*ListState
 
-	release func() // Release: the cut is no longer read
+	release  func()       // Release: the cut is no longer read
+	deferred *deferredCut // keyed state still in the backend's cut; nil once loaded
 }
 
 // Release says the snapshot's keyed state is no longer read (it has been
-// written, or dropped): the instance may write values in place again once
-// no cut holds them. Optional (without it the instance just allocates new
-// values); idempotent; any goroutine may call it.
+// written, or dropped): the memory backend may then write values in place
+// again once no cut holds them. Optional (without it the instance just
+// allocates new values); idempotent; any goroutine may call it.
 func (s *Snapshot) Release() {
-	if s != nil && s.release != nil {
+	if s == nil {
+		return
+	}
+	if s.release != nil {
 		s.release()
 	}
+	if s.deferred != nil {
+		s.deferred.abandon(errReleased) // never loaded: free the backend's cut
+	}
+}
+
+// errReleased is what loading a Snapshot released unloaded gives.
+var errReleased = errors.New("host: the snapshot was released before its state was read")
+
+// Load reads the keyed state of a backend's cut into KeyGroups (a no-op for
+// a Snapshot of the memory backend, or one loaded before), and releases the
+// cut. It fails when the instance closed before the cut was read, or the
+// backend could not read it. One goroutine at a time may call Load.
+func (s *Snapshot) Load() error {
+	if s == nil || s.deferred == nil {
+		return nil
+	}
+	groups, err := s.deferred.load()
+	if err != nil {
+		return err
+	}
+	s.KeyGroups, s.deferred = groups, nil
+	return nil
+}
+
+// Empty reports whether s has no keyed state, timers or list state. A
+// Snapshot not loaded yet is not empty (a backend defers only non-empty
+// state).
+func (s *Snapshot) Empty() bool {
+	return s.deferred == nil && len(s.KeyGroups) == 0 && len(s.Lists) == 0
 }
 
 // KeyGroupState is the keyed state and timers of one key group.
@@ -120,22 +159,22 @@ func newKeyedState(maxP int, rng abi.KeyGroupRange) keyedState {
 	}
 }
 
-func (s *keyedState) get(kg int, name, key []byte) ([]byte, bool) {
+func (s *keyedState) get(kg int, name, key []byte) ([]byte, bool, error) {
 	g := s.groups[kg-s.rng.Start].m
 	if g == nil {
-		return nil, false
+		return nil, false, nil
 	}
 	m := g[string(name)]
 	if m == nil {
-		return nil, false
+		return nil, false, nil
 	}
 	v, ok := m[string(key)]
-	return v, ok
+	return v, ok, nil
 }
 
 // put stores a copy of val; it reuses the old value's memory when it fits
 // and no snapshot cut may hold it.
-func (s *keyedState) put(kg int, name, key, val []byte) {
+func (s *keyedState) put(kg int, name, key, val []byte) error {
 	gr := s.writable(kg)
 	g := gr.m
 	if g == nil {
@@ -152,18 +191,19 @@ func (s *keyedState) put(kg int, name, key, val []byte) {
 	}
 	if old, ok := m[string(key)]; ok && len(old) == len(val) && !gr.shared {
 		copy(old, val)
-		return
+		return nil
 	}
 	v := make([]byte, len(val))
 	copy(v, val)
 	m[string(key)] = v
+	return nil
 }
 
-func (s *keyedState) del(kg int, name, key []byte) {
+func (s *keyedState) del(kg int, name, key []byte) error {
 	if g := s.groups[kg-s.rng.Start].m; g == nil || g[string(name)] == nil {
-		return
+		return nil
 	} else if _, ok := g[string(name)][string(key)]; !ok {
-		return
+		return nil
 	}
 	g := s.writable(kg).m
 	m := g[string(name)]
@@ -171,18 +211,20 @@ func (s *keyedState) del(kg int, name, key []byte) {
 	if len(m) == 0 {
 		delete(g, string(name))
 	}
+	return nil
 }
 
-func (s *keyedState) registerTimer(key []byte, ts int64) {
+func (s *keyedState) registerTimer(key []byte, ts int64) error {
 	id := timerID{string(key), ts}
 	if _, ok := s.timers[id]; ok {
-		return
+		return nil
 	}
 	s.timers[id] = struct{}{}
 	s.push(id)
+	return nil
 }
 
-func (s *keyedState) deleteTimer(key []byte, ts int64) {
+func (s *keyedState) deleteTimer(key []byte, ts int64) error {
 	delete(s.timers, timerID{string(key), ts})
 	// Rebuild the heap when deleted timers dominate it.
 	if len(s.heap) > 64 && len(s.heap) > 2*len(s.timers) {
@@ -200,18 +242,22 @@ func (s *keyedState) deleteTimer(key []byte, ts int64) {
 			return 0
 		}) // a sorted slice is a valid heap
 	}
+	return nil
 }
 
-func (s *keyedState) hasTimer(id timerID) bool {
+func (s *keyedState) hasTimer(id timerID) (bool, error) {
 	_, ok := s.timers[id]
-	return ok
+	return ok, nil
 }
 
-func (s *keyedState) removeTimer(id timerID) { delete(s.timers, id) }
+func (s *keyedState) removeTimer(id timerID) error {
+	delete(s.timers, id)
+	return nil
+}
 
 // popDue moves every heap entry with ts <= w to dst in (ts, key) order. The
 // caller checks hasTimer before firing each (it may have been deleted).
-func (s *keyedState) popDue(w int64, dst []timerID) []timerID {
+func (s *keyedState) popDue(w int64, dst []timerID) ([]timerID, error) {
 	for len(s.heap) > 0 && s.heap[0].ts <= w {
 		id := s.pop()
 		if _, ok := s.timers[id]; !ok {
@@ -222,7 +268,7 @@ func (s *keyedState) popDue(w int64, dst []timerID) []timerID {
 		}
 		dst = append(dst, id)
 	}
-	return dst
+	return dst, nil
 }
 
 func (s *keyedState) push(id timerID) {
@@ -264,28 +310,19 @@ func (s *keyedState) pop() timerID {
 	return top
 }
 
-// cut is snapshot as a Snapshot (without list state) whose Release ends the
-// cut.
-func (s *keyedState) cut() *Snapshot {
+// cut cuts the keyed state (copy-on-write: the groups' maps go into the
+// snapshot as they are and are frozen) and copies the timers, by key group.
+// The cut counts until the Snapshot is released.
+func (s *keyedState) cut() (*Snapshot, error) {
 	kgs := s.snapshot()
 	var once sync.Once
 	cuts := s.cuts
-	return &Snapshot{KeyGroups: kgs, release: func() { once.Do(func() { cuts.Add(-1) }) }}
+	return &Snapshot{KeyGroups: kgs, release: func() { once.Do(func() { cuts.Add(-1) }) }}, nil
 }
 
-// snapshot cuts the keyed state (copy-on-write: the groups' maps go into the
-// snapshot as they are and are frozen) and copies the timers, by key group.
-// The cut counts until released (cut).
 func (s *keyedState) snapshot() map[int]*KeyGroupState {
 	out := make(map[int]*KeyGroupState)
-	group := func(kg int) *KeyGroupState {
-		g := out[kg]
-		if g == nil {
-			g = &KeyGroupState{Entries: make(map[string]map[string][]byte)}
-			out[kg] = g
-		}
-		return g
-	}
+	group := func(kg int) *KeyGroupState { return groupIn(out, kg) }
 	for idx := range s.groups {
 		g := &s.groups[idx]
 		if len(g.m) == 0 {
@@ -305,6 +342,16 @@ func (s *keyedState) snapshot() map[int]*KeyGroupState {
 	return out
 }
 
+// groupIn returns key group kg of out, adding an empty one if missing.
+func groupIn(out map[int]*KeyGroupState, kg int) *KeyGroupState {
+	g := out[kg]
+	if g == nil {
+		g = &KeyGroupState{Entries: make(map[string]map[string][]byte)}
+		out[kg] = g
+	}
+	return g
+}
+
 func sortTimers(ts []Timer) {
 	slices.SortFunc(ts, func(a, b Timer) int {
 		if c := cmp.Compare(a.TS, b.TS); c != 0 {
@@ -316,27 +363,7 @@ func sortTimers(ts []Timer) {
 
 // restore loads groups (deep copy); every group must lie in this subtask's range.
 func (s *keyedState) restore(groups map[int]*KeyGroupState) error {
-	for kg, g := range groups {
-		if !s.rng.Contains(kg) {
-			return fmt.Errorf("host: restored key group %d is outside this subtask's key groups %s", kg, s.rng)
-		}
-		if g == nil {
-			continue
-		}
-		for name, m := range g.Entries {
-			for k, v := range m {
-				if got := abi.KeyGroup([]byte(k), s.maxP); got != kg {
-					return fmt.Errorf("host: restored state %q key %q is in key group %d, stored under %d (max parallelism changed?)", name, k, got, kg)
-				}
-				s.put(kg, []byte(name), []byte(k), v)
-			}
-		}
-		for _, t := range g.Timers {
-			if got := abi.KeyGroup(t.Key, s.maxP); got != kg {
-				return fmt.Errorf("host: restored timer key %q is in key group %d, stored under %d", t.Key, got, kg)
-			}
-			s.registerTimer(t.Key, t.TS)
-		}
-	}
-	return nil
+	return checkRestored(groups, s.rng, s.maxP, s.put, s.registerTimer)
 }
+
+func (s *keyedState) close() error { return nil }

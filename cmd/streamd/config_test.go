@@ -195,6 +195,50 @@ func TestCheckpointModeConfiguration(t *testing.T) {
 	}
 }
 
+// TestStateConfiguration: state.backend and state.cache_mib of the
+// configuration apply to job files without a state section; a job file's
+// own wins; bad values are usage errors naming the key.
+func TestStateConfiguration(t *testing.T) {
+	dir := t.TempDir()
+	t.Chdir(dir)
+	job := "name: j\n%soperators:\n  - {uid: gen, source: {type: generator, count: 10}}\n  - {uid: out, sink: {type: discard}, inputs: [gen]}\n"
+	must(t, os.WriteFile(filepath.Join(dir, "job.yaml"), []byte(fmt.Sprintf(job, "")), 0o644))
+	must(t, os.WriteFile(filepath.Join(dir, "own.yaml"), []byte(fmt.Sprintf(job, "state: {backend: memory}\n")), 0o644))
+	line := func(file string) (int, string, string) {
+		t.Helper()
+		code, _, out, errb := invoke(t, "validate", file)
+		for _, l := range strings.Split(out, "\n") {
+			if strings.HasPrefix(l, "state: ") {
+				return code, l, errb
+			}
+		}
+		return code, "", errb
+	}
+	if code, l, errb := line("job.yaml"); code != 0 || l != "" {
+		t.Fatalf("default (memory): exit %d, %q %s", code, l, errb)
+	}
+	t.Setenv("STREAMD_STATE_BACKEND", "pebble")
+	if code, l, errb := line("job.yaml"); code != 0 || l != "state: pebble (block cache 256 MiB)" {
+		t.Fatalf("configured pebble: exit %d, %q %s", code, l, errb)
+	}
+	t.Setenv("STREAMD_STATE_CACHE_MIB", "64")
+	if code, l, errb := line("job.yaml"); code != 0 || l != "state: pebble (block cache 64 MiB)" {
+		t.Fatalf("configured cache: exit %d, %q %s", code, l, errb)
+	}
+	if code, l, errb := line("own.yaml"); code != 0 || l != "" {
+		t.Fatalf("the job file's own: exit %d, %q %s", code, l, errb)
+	}
+	t.Setenv("STREAMD_STATE_CACHE_MIB", "0")
+	if code, _, errb := line("job.yaml"); code != exitUsage || !strings.Contains(errb, "state.cache_mib: must be at least 1, got 0") {
+		t.Fatalf("bad cache: exit %d, %s", code, errb)
+	}
+	t.Setenv("STREAMD_STATE_CACHE_MIB", "64")
+	t.Setenv("STREAMD_STATE_BACKEND", "rocksdb")
+	if code, _, errb := line("job.yaml"); code != exitUsage || !strings.Contains(errb, `state.backend "rocksdb": want memory or pebble`) {
+		t.Fatalf("bad backend: exit %d, %s", code, errb)
+	}
+}
+
 // TestParallelismAtLeastOne: -p 0 (or negative) is a usage error, not
 // silently the job's default.
 func TestParallelismAtLeastOne(t *testing.T) {

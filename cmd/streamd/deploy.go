@@ -14,6 +14,7 @@ import (
 
 func (c *cli) deployCommand() *cobra.Command {
 	var f runFlags
+	var t transformFlags
 	var asJSON, wait bool
 	cmd := &cobra.Command{
 		Use:   "deploy JOB.yaml | MODULE.wasm",
@@ -30,6 +31,16 @@ With a .wasm module the job is built like run builds it: one operator between
 --source (file:PATH or generator:COUNT; a deployed job has no standard input) and
 --sink (file:DIR, discard, or stdout: the host's standard output).
 
+With --input the module runs as a transform, until it is stopped: it reads
+nats:SUBJECT (the JetStream stream that captures it, else a stream
+STREAMD_IN_<subject> created for it) or jetstream:STREAM[:FILTER], from --start
+(first, new, seq:N or time:RFC3339) at its first start, and writes each record
+exactly once to every --output nats:SUBJECT (the stream that captures it, which
+must allow atomic publish and capture SUBJECT.streamd-commit.>, else a stream
+STREAMD_OUT_<subject> created so). It checkpoints every --checkpoint-interval
+into the JetStream object store, so stop, savepoint, cancel, failover and
+deploy --from work as for a job file. deploy names the streams on stderr.
+
 --from PATH starts the job from a checkpoint or savepoint: a jetstream://BUCKET/...
 location (from streamd stop or status of a job with checkpoint.storage jetstream)
 or a directory as run --from takes it, which the hosts must see at the same path.
@@ -40,15 +51,31 @@ It is resolved and checked against the job here before the job is submitted.
   streamd deploy -p 4 job.yaml
   streamd deploy job.yaml --from jetstream://STREAMD_CHECKPOINTS/job-1a2b3c4d/savepoint-7-job-1a2b3c4d
   streamd deploy upper.wasm --source file:in.txt --sink file:out/
+  streamd deploy upper.wasm --input nats:orders --output nats:orders.upper -p 2
+  streamd deploy upper.wasm --input jetstream:ORDERS:orders.eu --output nats:eu.upper --start new
   id=$(streamd deploy job.yaml) && streamd status --json "$id"`,
 		Args:              exactArgs(1),
 		ValidArgsFunction: completeJobFile,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			job, file, err := c.loadForDeploy(cmd, args[0], f)
+			var job *jobfile.Job
+			var file string
+			var err error
+			transform := t.input != "" && isModule(args[0])
+			in, outs, err := checkTransform(cmd, f, t)
 			if err != nil {
 				return err
 			}
+			if !transform {
+				if job, file, err = c.loadForDeploy(cmd, args[0], f); err != nil {
+					return err
+				}
+			}
 			return c.withClient(cmd.Context(), func(ctx context.Context, cl *cluster.Client) error {
+				if transform {
+					if job, err = c.transformJob(ctx, cl, args[0], f, t, in, outs); err != nil {
+						return err
+					}
+				}
 				id, err := cl.DeployFrom(ctx, job, file, f.from)
 				if err != nil {
 					return err
@@ -94,7 +121,12 @@ It is resolved and checked against the job here before the job is submitted.
 	fl.BoolVar(&f.allowClock, "allow-clock", false, "module only: give the guest the real wall clock")
 	fl.BoolVar(&asJSON, "json", false, `print {"id": ...} (with --wait: the final status; the id goes to stderr at once)`)
 	fl.BoolVar(&wait, "wait", false, "wait until the job ends; exit 0 only if it finished")
-	fl.StringVar(&f.from, "from", "", "job: start from a checkpoint or savepoint (a jetstream:// location, or a directory the hosts see)")
+	fl.StringVar(&f.from, "from", "", "job or transform: start from a checkpoint or savepoint (a jetstream:// location, or a directory the hosts see)")
+	fl.StringVar(&t.input, "input", "", "module: run it as a transform reading nats:SUBJECT (a stream that captures it, else one created) or jetstream:STREAM[:FILTER]")
+	fl.StringArrayVar(&t.outputs, "output", nil, "transform: write exactly once to nats:SUBJECT (a stream that captures it, else one created; repeatable)")
+	fl.StringVar(&t.start, "start", "", "transform: where the input starts at the first start: first (default), new, seq:N or time:RFC3339")
+	fl.StringVar(&f.name, "name", "", "module: the job's name (default: the module's file name)")
+	fl.DurationVar(&t.interval, "checkpoint-interval", time.Second, "transform: time between checkpoints (output is published when one completes)")
 	dirFlags(cmd, "from")
 	c.clientFlags(cmd)
 	return cmd
@@ -104,7 +136,7 @@ It is resolved and checked against the job here before the job is submitted.
 // and the job file to upload ("" for a module).
 func (c *cli) loadForDeploy(cmd *cobra.Command, target string, f runFlags) (*jobfile.Job, string, error) {
 	if !isModule(target) {
-		for _, name := range []string{"source", "sink", "config", "allow-clock"} {
+		for _, name := range append([]string{"source", "sink", "config", "allow-clock", "input", "name"}, transformOnly...) {
 			if cmd.Flags().Changed(name) {
 				return nil, "", usagef("--%s applies only when deploying a .wasm module; %s is a job file (set it in the file)", name, target)
 			}
@@ -120,26 +152,35 @@ func (c *cli) loadForDeploy(cmd *cobra.Command, target string, f runFlags) (*job
 		return job, job.Path, nil
 	}
 	if f.from != "" {
-		return nil, "", usagef("--from applies only to a job file")
+		return nil, "", usagef("--from applies to a job file or a transform (--input): a one-shot module has no checkpoints")
 	}
 	if f.source == "" || f.source == "stdin" {
-		return nil, "", usagef("deploy %s: --source is required (file:PATH or generator:COUNT): a deployed job has no standard input", target)
+		return nil, "", usagef("deploy %s: --source is required (file:PATH or generator:COUNT): a deployed job has no standard input; or run it as a transform with --input nats:SUBJECT", target)
 	}
+	filter, err := c.moduleFilter(target, f)
+	if err != nil {
+		return nil, "", err
+	}
+	job, err := jobfile.FilterJob(filter)
+	return job, "", err
+}
+
+// moduleFilter is the filter job of a module that runFlags describe.
+func (c *cli) moduleFilter(module string, f runFlags) (jobfile.Filter, error) {
 	cfg := map[string]string{}
 	for _, kv := range f.config {
 		k, v, ok := strings.Cut(kv, "=")
 		if !ok || k == "" {
-			return nil, "", usagef("--config %q: want KEY=VALUE", kv)
+			return jobfile.Filter{}, usagef("--config %q: want KEY=VALUE", kv)
 		}
 		cfg[k] = v
 	}
 	mrb, err := c.maxRecordBytes()
 	if err != nil {
-		return nil, "", err
+		return jobfile.Filter{}, err
 	}
-	job, err := jobfile.FilterJob(jobfile.Filter{Module: target, Source: f.source, Sink: f.sink,
-		Parallelism: f.parallelism, Config: cfg, AllowClock: f.allowClock, MaxRecordBytes: mrb})
-	return job, "", err
+	return jobfile.Filter{Module: module, Source: f.source, Sink: f.sink, Name: f.name,
+		Parallelism: f.parallelism, Config: cfg, AllowClock: f.allowClock, MaxRecordBytes: mrb}, nil
 }
 
 // deployResult is what deploy --json prints. JobID repeats ID under the key

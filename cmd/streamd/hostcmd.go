@@ -61,7 +61,7 @@ func (c *cli) hostFlags(cmd *cobra.Command) []flagKey {
 	fl := cmd.Flags()
 	fl.Int("slots", goruntime.NumCPU(), "slots this host offers ("+keySlots+"; default: the number of CPUs)")
 	fl.String("host-id", "", "this host's id ("+keyHostID+"; default: the hostname and a random suffix)")
-	fl.String("data-dir", "", "directory for the artifact cache (and the NATS store of server) ("+keyDataDir+"; default: the user cache dir + /streamd)")
+	fl.String("data-dir", "", "directory for the artifact cache, the pebble state of subtasks (and the NATS store of server) ("+keyDataDir+"; default: the user cache dir + /streamd)")
 	fl.Int("batch-size", 1024, "records per batch on channels and into wasm ("+keyBatchSize+")")
 	fl.Int("channel-capacity", 16, "batches queued per channel ("+keyChannelCapacity+")")
 	return []flagKey{{"slots", keySlots}, {"host-id", keyHostID}, {"data-dir", keyDataDir},
@@ -116,7 +116,8 @@ func (c *cli) startHost(ctx context.Context, nc *nats.Conn, defaultID string) (*
 	}
 	h, err := cluster.StartHost(nc, cluster.HostOptions{
 		ID: id, Slots: slots, DataDir: filepath.Join(dir, "host"), HeartbeatInterval: hb, Logger: c.log,
-		Executor: &cluster.LocalExecutor{Engine: eng, Stdout: c.stdout, BatchSize: batch, ChannelCapacity: chanCap, MaxRecordBytes: mrb, NATS: natsOpts},
+		Executor: &cluster.LocalExecutor{Engine: eng, Stdout: c.stdout, BatchSize: batch, ChannelCapacity: chanCap, MaxRecordBytes: mrb, NATS: natsOpts,
+			DataDir: filepath.Join(dir, "state")},
 	})
 	if err != nil {
 		eng.Close(context.WithoutCancel(ctx))

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -51,6 +52,9 @@ const (
 	keyMaxRecordBytes  = "runtime.max_record_bytes"
 	keyCheckpointMode  = "checkpoint.mode"
 	keyAlignedTimeout  = "checkpoint.aligned_timeout"
+	keyStateBackend    = "state.backend"
+	keyStateCacheMiB   = "state.cache_mib"
+	keyRunDataDir      = "runtime.data_dir"
 	keyProgress        = "progress"
 )
 
@@ -144,7 +148,7 @@ func (c *cli) loadConfig() error {
 	v.SetEnvKeyReplacer(strings.NewReplacer(".", "_"))
 	v.AutomaticEnv()
 	// AutomaticEnv only answers keys viper knows; make sure every key is known.
-	for _, k := range append([]string{keyWasmCacheDir, keyMaxRecordBytes, keyCheckpointMode, keyAlignedTimeout}, restartKeys...) {
+	for _, k := range append([]string{keyWasmCacheDir, keyMaxRecordBytes, keyCheckpointMode, keyAlignedTimeout, keyStateBackend, keyStateCacheMiB, keyRunDataDir}, restartKeys...) {
 		_ = v.BindEnv(k)
 	}
 
@@ -185,7 +189,7 @@ func (c *cli) loadConfig() error {
 }
 
 // knownKeys are the keys a configuration file may set.
-var knownKeys = []string{keyLogLevel, keyLogFormat, keyWasmCacheDir, keyWasmMemoryLimit, keyWasmDeadline, keyBatchSize, keyChannelCapacity, keyMaxRecordBytes, keyProgress, keyCheckpointMode, keyAlignedTimeout}
+var knownKeys = []string{keyLogLevel, keyLogFormat, keyWasmCacheDir, keyWasmMemoryLimit, keyWasmDeadline, keyBatchSize, keyChannelCapacity, keyMaxRecordBytes, keyProgress, keyCheckpointMode, keyAlignedTimeout, keyStateBackend, keyStateCacheMiB, keyRunDataDir}
 
 // checkKnownKeys rejects typos in the configuration file.
 func (c *cli) checkKnownKeys() error {
@@ -265,7 +269,37 @@ func (c *cli) loadOptions(parallelism int) (jobfile.Options, error) {
 	if o.CheckpointMode, o.AlignedTimeout, err = c.checkpointMode(); err != nil {
 		return jobfile.Options{}, err
 	}
+	if o.StateBackend, o.StateCacheMiB, err = c.stateDefault(); err != nil {
+		return jobfile.Options{}, err
+	}
 	return o, nil
+}
+
+// stateDefault is state.backend and state.cache_mib, the state of job
+// files without a state section ("" and 0 when the configuration does not
+// say).
+func (c *cli) stateDefault() (string, int, error) {
+	backend, mib := "", 0
+	if c.v.IsSet(keyStateBackend) {
+		backend = c.v.GetString(keyStateBackend)
+	}
+	if c.v.IsSet(keyStateCacheMiB) {
+		raw := c.v.Get(keyStateCacheMiB)
+		n, err := castInt(raw)
+		if err != nil {
+			return "", 0, usagef("%s: want an integer number of MiB, got %v", keyStateCacheMiB, raw)
+		}
+		if n < 1 {
+			return "", 0, usagef("%s: must be at least 1, got %d", keyStateCacheMiB, n)
+		}
+		mib = n
+	}
+	if backend != "" || mib != 0 {
+		if err := jobfile.CheckState(cmp.Or(backend, jobfile.StateMemory), mib); err != nil {
+			return "", 0, usagef("%w", err)
+		}
+	}
+	return backend, mib, nil
 }
 
 // checkpointMode is checkpoint.mode and checkpoint.aligned_timeout, the

@@ -29,6 +29,7 @@ type runFlags struct {
 	allowClock   bool
 	from         string
 	drain        bool
+	name         string // deploy: the job's name
 }
 
 func (c *cli) runCommand() *cobra.Command {
@@ -189,6 +190,8 @@ func (c *cli) run(ctx context.Context, cmd *cobra.Command, target string, f runF
 		BatchSize:       batch,
 		ChannelCapacity: chanCap,
 		MaxRecordBytes:  job.MaxRecordBytes,
+		State:           job.State,
+		DataDir:         c.v.GetString(keyRunDataDir),
 		Stdout:          c.stdout,
 		Stdin:           c.stdin,
 		Restart:         job.Restart,

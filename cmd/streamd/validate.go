@@ -157,6 +157,9 @@ func printGraph(w io.Writer, job *jobfile.Job) {
 	if n := job.MaxRecordBytes; n != 0 && n != abi.DefaultMaxRecordBytes {
 		fmt.Fprintf(w, "max_record_bytes: %d\n", n)
 	}
+	if st := job.State; st.Backend == jobfile.StatePebble {
+		fmt.Fprintf(w, "state: %s (block cache %d MiB)\n", st.Backend, st.CacheMiB)
+	}
 }
 
 func describeSpec(spec any) string {

@@ -46,6 +46,9 @@ func EncodeState(s *SubtaskState) ([]byte, error) { return appendState(nil, s) }
 func appendState(dst []byte, s *SubtaskState) ([]byte, error) {
 	n, size := 0, len(blobMagic)+8+4
 	snapSize := 0
+	if err := s.Operator.Load(); err != nil { // a pebble cut: read it here, off the subtask's goroutine
+		return nil, fmt.Errorf("checkpoint: encode state: %w", err)
+	}
 	if s.Operator != nil {
 		snapSize = snapshotSize(s.Operator)
 		n, size = n+1, size+9+snapSize

@@ -119,6 +119,9 @@ func (c *Client) callTry(ctx context.Context, read bool, subject string, req, re
 	return reply().Err()
 }
 
+// Conn is the client's NATS connection.
+func (c *Client) Conn() *nats.Conn { return c.nc }
+
 // Deploy uploads the job's artifacts (modules, input files of file sources,
 // and the job file when jobFile is set) and submits the job; it returns the
 // job id.

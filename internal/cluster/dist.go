@@ -181,6 +181,7 @@ func (e *LocalExecutor) startDistributed(ctx context.Context, r ExecRequest) (Ex
 		Engine: e.Engine, Logger: r.Logger, Attempt: r.Attempt, BatchSize: e.BatchSize,
 		ChannelCapacity: e.ChannelCapacity, Stdout: e.Stdout, Stdin: eofReader{}, Progress: r.Progress, NATS: e.NATS,
 		MaxRecordBytes: cmp.Or(r.MaxRecordBytes, e.MaxRecordBytes),
+		State:          r.State, DataDir: e.DataDir,
 	}
 	if cs := r.Checkpoint; cs != nil {
 		store, err := openStoreRetry(ctx, r.Conn, cs, r.JobID, r.Logger)

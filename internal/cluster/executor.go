@@ -39,6 +39,8 @@ type ExecRequest struct {
 	// MaxRecordBytes is the job's max_record_bytes (JobSpec); 0: the
 	// executor's.
 	MaxRecordBytes int
+	// State is the job's keyed-state backend (JobSpec).
+	State jobfile.StateSettings
 	// Fence, if set, refuses a command of controller term `term` when the
 	// host knows a newer term (the host's fencing; raises the host's term
 	// otherwise).
@@ -76,6 +78,10 @@ type LocalExecutor struct {
 	// MaxRecordBytes is max_record_bytes of jobs whose spec carries none
 	// (the host's runtime.max_record_bytes); 0: abi.DefaultMaxRecordBytes.
 	MaxRecordBytes int
+	// DataDir is where pebble subtasks keep their files (runtime.Options
+	// DataDir): a directory per subtask attempt below it, removed when the
+	// subtask closes. "": the OS temp directory.
+	DataDir string
 	// NATS is how the jobs' nats sources and sinks connect when they name
 	// no url (runtime.Options.NATS): normally the host's own NATS settings.
 	NATS natsutil.ConnectOptions

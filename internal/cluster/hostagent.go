@@ -491,6 +491,7 @@ func (h *Host) runAssignment(ctx context.Context, r *hostRun, a Assignment, log 
 	req := ExecRequest{HostID: h.opts.ID, JobID: a.JobID, Attempt: a.Attempt, Graph: g,
 		Placement: control.Placement{Slots: a.Placement}, Local: a.Local, Logger: log,
 		Checkpoint: a.Job.Checkpoint, Conn: h.nc, RestoreFrom: a.Restore, MaxRecordBytes: a.Job.MaxRecordBytes,
+		State: a.Job.State,
 		Fence: func(term uint64) error { return h.fence(term, "command") },
 		Progress: func(s runtime.Stats) {
 			h.report(HostEvent{HostID: h.opts.ID, JobID: a.JobID, Attempt: a.Attempt, State: SubtaskRunning,

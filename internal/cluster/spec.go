@@ -22,6 +22,9 @@ type JobSpec struct {
 	// MaxRecordBytes is the job's max_record_bytes (jobfile.Job); 0 (a spec
 	// from an older client): the host's runtime.max_record_bytes.
 	MaxRecordBytes int `json:"max_record_bytes,omitempty"`
+	// State is the job's state section (jobfile.Job.State, resolved by the
+	// client); the zero value (a spec from an older client) is memory.
+	State jobfile.StateSettings `json:"state,omitzero"`
 }
 
 // VertexSpec is one operator. Exactly one of Source, Sink and Wasm is set.
@@ -76,7 +79,7 @@ type Resolver func(Artifact) (string, error)
 // the input file of every file source. jobFile, if not empty, is uploaded too.
 func NewJobSpec(job *jobfile.Job, jobFile string, upload Uploader) (JobSpec, error) {
 	g := job.Graph
-	s := JobSpec{Name: g.Name, Checkpoint: job.Checkpoint, Restart: job.Restart, MaxRecordBytes: job.MaxRecordBytes}
+	s := JobSpec{Name: g.Name, Checkpoint: job.Checkpoint, Restart: job.Restart, MaxRecordBytes: job.MaxRecordBytes, State: job.State}
 	if jobFile != "" {
 		a, err := upload(jobFile)
 		if err != nil {

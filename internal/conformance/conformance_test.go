@@ -58,26 +58,35 @@ func TestConformance(t *testing.T) {
 			for _, sc := range scenarios {
 				t.Run(sc.name, func(t *testing.T) { sc.run(t, h) })
 			}
+			// The scenarios that keep keyed state, again with the pebble backend.
+			p := *h
+			p.state = host.StateConfig{Backend: host.BackendPebble, DataDir: t.TempDir()}
+			for _, sc := range scenarios {
+				if sc.keyed {
+					t.Run(sc.name+"/pebble", func(t *testing.T) { sc.run(t, &p) })
+				}
+			}
 		})
 	}
 }
 
 var scenarios = []struct {
-	name string
-	run  func(*testing.T, *harness)
+	name  string
+	run   func(*testing.T, *harness)
+	keyed bool // uses keyed state or timers: run with each state backend
 }{
-	{"basic", testBasic},
-	{"delete", testDelete},
-	{"two_inputs", testTwoInputs},
-	{"timers_watermarks", testTimers},
-	{"snapshot_restore", testSnapshotRestore},
-	{"rescale_restore", testRescale},
-	{"final_checkpoint_and_logs", testFinalCheckpointAndLogs},
-	{"fail_in_open", testFailInOpen},
-	{"panic", testPanic},
-	{"oob", testOOB},
-	{"grow", testGrow},
-	{"spin", testSpin},
+	{"basic", testBasic, true},
+	{"delete", testDelete, true},
+	{"two_inputs", testTwoInputs, true},
+	{"timers_watermarks", testTimers, true},
+	{"snapshot_restore", testSnapshotRestore, true},
+	{"rescale_restore", testRescale, true},
+	{"final_checkpoint_and_logs", testFinalCheckpointAndLogs, true},
+	{"fail_in_open", testFailInOpen, false},
+	{"panic", testPanic, false},
+	{"oob", testOOB, false},
+	{"grow", testGrow, false},
+	{"spin", testSpin, false},
 }
 
 // harness holds engines for one guest module. All engines share a cache dir.
@@ -88,6 +97,7 @@ type harness struct {
 	plain *host.Module // 128 MiB memory limit, no deadline
 	small *host.Module // 64 MiB memory limit (grow)
 	timed *host.Module // 500 ms call deadline (spin)
+	state host.StateConfig
 }
 
 func newHarness(t *testing.T, guest, path string) *harness {
@@ -143,6 +153,7 @@ func (h *harness) start(t *testing.T, m *host.Module, cfg host.InstanceConfig) *
 	if cfg.NumInputs == 0 {
 		cfg.NumInputs = 1
 	}
+	cfg.State = h.state
 	inst, err := m.NewInstance(context.Background(), cfg)
 	if err != nil {
 		t.Fatalf("new instance: %v", err)
@@ -188,6 +199,9 @@ func (s *sub) snapshot(id int64) *host.Snapshot {
 	snap, err := s.inst.SnapshotState(context.Background(), id)
 	if err != nil {
 		s.t.Fatalf("snapshot_state %d: %v", id, err)
+	}
+	if err := snap.Load(); err != nil { // a pebble cut: read it now
+		s.t.Fatalf("snapshot_state %d: load: %v", id, err)
 	}
 	return snap
 }

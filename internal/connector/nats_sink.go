@@ -268,11 +268,8 @@ func newNATSSink(ctx context.Context, nc *nats.Conn, own bool, o NATSSinkOptions
 		return nil, fmt.Errorf("connector: %s: stream %s: %w", name, stream, err)
 	}
 	cfg := s.stream.CachedInfo().Config
-	if !cfg.AllowAtomicPublish {
-		return nil, fmt.Errorf("connector: %s: stream %s does not allow atomic publish; the sink commits each checkpoint's records in atomic batches: set allow_atomic (AllowAtomicPublish) in the stream's configuration", name, stream)
-	}
-	if ms, err := js.StreamNameBySubject(ctx, s.marker); err != nil || ms != stream {
-		return nil, fmt.Errorf("connector: %s: stream %s does not capture the commit subject %s.>; add it to the stream's subjects, or set commit_subject to a prefix the stream captures", name, stream, o.CommitSubject)
+	if err := checkSinkStream(ctx, js, &cfg, s.marker, o.CommitSubject); err != nil {
+		return nil, fmt.Errorf("connector: %s: %w", name, err)
 	}
 	if cfg.MaxMsgSize > 0 && int(cfg.MaxMsgSize) < s.maxMsg {
 		s.maxMsg = int(cfg.MaxMsgSize)
@@ -281,6 +278,19 @@ func newNATSSink(ctx context.Context, nc *nats.Conn, own bool, o NATSSinkOptions
 		return nil, err
 	}
 	return s, nil
+}
+
+// checkSinkStream checks that the stream of cfg, which captures a nats
+// sink's subject, allows atomic publish and captures marker, a commit-marker
+// subject under commitPrefix.
+func checkSinkStream(ctx context.Context, js jetstream.JetStream, cfg *jetstream.StreamConfig, marker, commitPrefix string) error {
+	if !cfg.AllowAtomicPublish {
+		return fmt.Errorf("stream %s does not allow atomic publish; the sink commits each checkpoint's records in atomic batches: set allow_atomic (AllowAtomicPublish) in the stream's configuration", cfg.Name)
+	}
+	if ms, err := js.StreamNameBySubject(ctx, marker); err != nil || ms != cfg.Name {
+		return fmt.Errorf("stream %s does not capture the commit subject %s.>; add it to the stream's subjects, or set commit_subject to a prefix the stream captures", cfg.Name, commitPrefix)
+	}
+	return nil
 }
 
 // Marker is the subtask's commit-marker subject.

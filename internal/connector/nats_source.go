@@ -14,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/streamd/streamd/abi"
+	"github.com/streamd/streamd/internal/jobfile"
 	"github.com/streamd/streamd/internal/natsutil"
 )
 
@@ -44,6 +45,9 @@ type NATSSourceOptions struct {
 	KeyFrom string // KeyFromHeader (default) or KeyFromSubject
 	// WatermarkLag: the watermark is the largest timestamp read minus this.
 	WatermarkLag time.Duration
+	// Start is where a source without a position starts (the zero value:
+	// the first message); a position resumes where it says instead.
+	Start jobfile.NATSStart
 }
 
 // NATSSource reads a JetStream stream with an ordered consumer (ephemeral,
@@ -55,7 +59,9 @@ type NATSSourceOptions struct {
 // With parallelism p every subtask reads the whole stream and subtask i keeps
 // the messages whose stream sequence is i modulo p (like FileSource with
 // lines). The position is the next stream sequence to read (and the bound of
-// a bounded source); resuming starts the consumer there.
+// a bounded source); resuming starts the consumer there. Without a position
+// the source starts at Start, resolved to a stream sequence when it opens
+// (each subtask resolves new and time: itself, when it opens).
 type NATSSource struct {
 	name                 string
 	nc                   *nats.Conn
@@ -156,6 +162,11 @@ func newNATSSource(ctx context.Context, nc *nats.Conn, own bool, o NATSSourceOpt
 	if o.Subject != "" {
 		filter = []string{o.Subject}
 	}
+	if !s.restored {
+		if s.next, err = startSeq(ctx, stream, o.Start, filter); err != nil {
+			return nil, fmt.Errorf("connector: %s: start %s: %w", name, o.Start, err)
+		}
+	}
 	s.bounded = o.Bounded
 	if o.Bounded {
 		if !s.restored {
@@ -204,10 +215,50 @@ func boundedName(b bool) string {
 	return "unbounded"
 }
 
+// startSeq is the stream sequence a source starting at st reads first. The
+// server resolves new and time: for a short-lived consumer, whose first
+// sequence to deliver its info tells.
+func startSeq(ctx context.Context, stream jetstream.Stream, st jobfile.NATSStart, filter []string) (uint64, error) {
+	cfg := jetstream.ConsumerConfig{FilterSubjects: filter, AckPolicy: jetstream.AckNonePolicy, InactiveThreshold: 10 * time.Second}
+	switch st.Kind {
+	case "", jobfile.StartFirst:
+		return 1, nil
+	case jobfile.StartSeq:
+		return st.Seq, nil
+	case jobfile.StartNew:
+		cfg.DeliverPolicy = jetstream.DeliverNewPolicy
+	case jobfile.StartTime:
+		cfg.DeliverPolicy = jetstream.DeliverByStartTimePolicy
+		t := st.Time
+		cfg.OptStartTime = &t
+	default:
+		return 0, fmt.Errorf("unknown start %q", st.Kind)
+	}
+	info, err := tempConsumer(ctx, stream, cfg)
+	if err != nil {
+		return 0, fmt.Errorf("find the start sequence: %w", err)
+	}
+	return info.Delivered.Stream + 1, nil
+}
+
+// tempConsumer creates a consumer with cfg, deletes it and returns its
+// info as created.
+func tempConsumer(ctx context.Context, stream jetstream.Stream, cfg jetstream.ConsumerConfig) (*jetstream.ConsumerInfo, error) {
+	c, err := stream.CreateConsumer(ctx, cfg)
+	if err != nil {
+		return nil, err
+	}
+	info := c.CachedInfo()
+	if err := stream.DeleteConsumer(ctx, info.Name); err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
+		return nil, fmt.Errorf("delete the consumer: %w", err)
+	}
+	return info, nil
+}
+
 // pendingFrom counts the messages matching filter from sequence seq on, with
 // a short-lived consumer.
 func pendingFrom(ctx context.Context, stream jetstream.Stream, seq uint64, filter []string) (uint64, error) {
-	c, err := stream.CreateConsumer(ctx, jetstream.ConsumerConfig{
+	info, err := tempConsumer(ctx, stream, jetstream.ConsumerConfig{
 		DeliverPolicy:     jetstream.DeliverByStartSequencePolicy,
 		OptStartSeq:       seq,
 		FilterSubjects:    filter,
@@ -216,10 +267,6 @@ func pendingFrom(ctx context.Context, stream jetstream.Stream, seq uint64, filte
 	})
 	if err != nil {
 		return 0, fmt.Errorf("count pending messages: %w", err)
-	}
-	info := c.CachedInfo()
-	if err := stream.DeleteConsumer(ctx, info.Name); err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
-		return 0, fmt.Errorf("delete counting consumer: %w", err)
 	}
 	return info.NumPending, nil
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/streamd/streamd/abi"
+	"github.com/streamd/streamd/internal/jobfile"
 	"github.com/streamd/streamd/internal/natstest"
 	"github.com/streamd/streamd/internal/natsutil"
 )
@@ -269,5 +270,68 @@ func TestNATSSourceErrors(t *testing.T) {
 	}
 	if _, err := NewNATSSource(ctx, NATSSourceOptions{Conn: co, Stream: "ORDERS", KeyFrom: "body"}, 0, 1, nil); err == nil || !strings.Contains(err.Error(), `key from "body"`) {
 		t.Errorf("bad key mode: %v", err)
+	}
+}
+
+// TestNATSSourceStart: a source without a position starts at first, new,
+// seq:N or time:T; one with a position resumes there whatever its start.
+func TestNATSSourceStart(t *testing.T) {
+	co, _, js := jsServer(t)
+	ctx := context.Background()
+	publishOrders(t, js, 0, 20)
+	stream, err := js.Stream(ctx, "ORDERS")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m10, err := stream.GetMsg(ctx, 11) // order-10
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m9, err := stream.GetMsg(ctx, 10); err != nil || !m9.Time.Before(m10.Time) {
+		t.Fatalf("orders 9 and 10 stored at %v and %v (%v): want the time to tell them apart", m9.Time, m10.Time, err)
+	}
+	cut := m10.Time
+	for _, tt := range []struct {
+		start jobfile.NATSStart
+		from  int // the first order read
+	}{
+		{jobfile.NATSStart{}, 0},
+		{jobfile.NATSStart{Kind: jobfile.StartFirst}, 0},
+		{jobfile.NATSStart{Kind: jobfile.StartSeq, Seq: 15}, 14},
+		{jobfile.NATSStart{Kind: jobfile.StartTime, Time: cut}, 10},
+		{jobfile.NATSStart{Kind: jobfile.StartNew}, 20},
+	} {
+		s, err := NewNATSSource(ctx, NATSSourceOptions{Conn: co, Stream: "ORDERS", Start: tt.start}, 0, 1, nil)
+		if err != nil {
+			t.Fatalf("start %s: %v", tt.start, err)
+		}
+		if tt.start.Kind == jobfile.StartNew {
+			publishOrders(t, js, 20, 6) // after the source opened
+		}
+		got, _ := readSome(t, s, 4, 5)
+		if want := orders(tt.from, tt.from+5); !slices.Equal(natsValues(got), want) {
+			t.Errorf("start %s: read %v, want %v", tt.start, natsValues(got), want)
+		}
+		pos := s.Position()
+		s.Close()
+		// Resuming ignores the start: it goes on after what was read.
+		r, err := NewNATSSource(ctx, NATSSourceOptions{Conn: co, Stream: "ORDERS", Start: jobfile.NATSStart{Kind: jobfile.StartNew}}, 0, 1, pos)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, _ = readSome(t, r, 4, 1)
+		r.Close()
+		if want := orders(tt.from+5, tt.from+6); !slices.Equal(natsValues(got), want) {
+			t.Errorf("start %s, resumed: read %v, want %v", tt.start, natsValues(got), want)
+		}
+	}
+	// A bounded source that starts new has nothing to read.
+	s, err := NewNATSSource(ctx, NATSSourceOptions{Conn: co, Stream: "ORDERS", Bounded: true, Start: jobfile.NATSStart{Kind: jobfile.StartNew}}, 0, 1, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if got, eof := readSome(t, s, 4, 100); !eof || len(got) != 0 {
+		t.Errorf("bounded, start new: eof %v, read %v; want nothing and the end", eof, natsValues(got))
 	}
 }

@@ -8,6 +8,8 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/nats-io/nats-server/v2/server"
+
 	"github.com/streamd/streamd/abi"
 	"github.com/streamd/streamd/control"
 )
@@ -23,9 +25,24 @@ type Filter struct {
 	AllowClock  bool
 	// MaxRecordBytes is the job's max_record_bytes; 0 means abi.DefaultMaxRecordBytes.
 	MaxRecordBytes int
+
+	// A transform (streamd deploy MODULE.wasm --input): Input, a nats
+	// source, replaces Source and Outputs, nats sinks, replace Sink; the
+	// source, the operator and the sinks all run with Parallelism.
+	Input   *SourceSpec
+	Outputs []*SinkSpec
+	// Name names the job; default the operator's uid.
+	Name string
+	// Checkpoint, when set, is the job's checkpoint section; the job then
+	// restarts as a job file with one does (Restart, else exponential-delay).
+	Checkpoint *CheckpointSettings
+	Restart    *RestartSettings
 }
 
-// Uids of the vertices of a filter job; the operator's uid is derived from the module's file name.
+// Uids of the vertices of a filter job; the operator's uid is derived from
+// the module's file name. The sink of a transform's output subject S is
+// FilterSinkUID-S (with every character but letters, digits, '-' and '_' as
+// '_'), so a savepoint restores each output whatever their order.
 const (
 	FilterSourceUID = "source"
 	FilterSinkUID   = "sink"
@@ -66,7 +83,32 @@ func FilterJob(f Filter) (*Job, error) {
 	src := &SourceSpec{Type: "file", Path: "-"}
 	srcPar := 1
 	kind, arg, _ := strings.Cut(f.Source, ":")
+	if f.Input != nil {
+		kind = "nats"
+	}
 	switch kind {
+	case "nats":
+		if f.Input == nil {
+			return fail("--source", "%q: a module reads NATS as a transform: streamd deploy MODULE.wasm --input nats:SUBJECT (or jetstream:STREAM[:FILTER])", f.Source)
+		}
+		if f.Source != "" {
+			return fail("--input", "a transform reads its input; --source %q is a second source", f.Source)
+		}
+		if f.Input.Type != "nats" || f.Input.Stream == "" || f.Input.Bounded {
+			return nil, fmt.Errorf("jobfile: a transform's input is an unbounded nats source with a stream, got %+v", f.Input)
+		}
+		if f.Input.Subject != "" {
+			if err := CheckSubject(f.Input.Subject, true); err != nil {
+				return fail("--input", "%v", err)
+			}
+		}
+		st, err := ParseNATSStart(f.Input.Start)
+		if err != nil {
+			return fail("--start", "%v", err)
+		}
+		c := *f.Input
+		c.Start = st.String()
+		src, srcPar = &c, par
 	case "", "stdin":
 		if arg != "" {
 			return fail("--source", "stdin takes no argument, got %q", f.Source)
@@ -97,7 +139,17 @@ func FilterJob(f Filter) (*Job, error) {
 	sink := &SinkSpec{Type: "stdout", Format: "value"}
 	sinkPar := 1
 	kind, arg, _ = strings.Cut(f.Sink, ":")
+	if len(f.Outputs) > 0 {
+		kind = "nats"
+	}
 	switch kind {
+	case "nats":
+		if len(f.Outputs) == 0 {
+			return fail("--sink", "%q: a module writes to NATS as a transform: streamd deploy MODULE.wasm --input ... --output nats:SUBJECT", f.Sink)
+		}
+		if f.Sink != "" {
+			return fail("--output", "--sink %q is a second kind of output; give nats outputs or one --sink", f.Sink)
+		}
 	case "", "stdout":
 		if arg != "" {
 			return fail("--sink", "stdout takes no argument, got %q", f.Sink)
@@ -143,12 +195,60 @@ func FilterJob(f Filter) (*Job, error) {
 		{UID: FilterSourceUID, Kind: control.KindSource, Parallelism: srcPar, Spec: src},
 		{UID: opUID, Kind: control.KindOperator, Parallelism: par, Spec: &WasmSpec{Path: module, Config: cfg, AllowClock: f.AllowClock},
 			Inputs: []control.Edge{edge(FilterSourceUID, srcPar, par)}},
-		{UID: FilterSinkUID, Kind: control.KindSink, Parallelism: sinkPar, Spec: sink,
-			Inputs: []control.Edge{edge(opUID, par, sinkPar)}},
 	}
-	g, err := control.NewJobGraph(opUID, vertices)
+	if len(f.Outputs) == 0 {
+		vertices = append(vertices, &control.Vertex{UID: FilterSinkUID, Kind: control.KindSink, Parallelism: sinkPar, Spec: sink,
+			Inputs: []control.Edge{edge(opUID, par, sinkPar)}})
+	}
+	seen := map[string]bool{}
+	for _, o := range f.Outputs {
+		if o.Type != "nats" {
+			return nil, fmt.Errorf("jobfile: a transform's output is a nats sink, got %+v", o)
+		}
+		if err := CheckSubject(o.Subject, false); err != nil {
+			return fail("--output", "%v", err)
+		}
+		if seen[o.Subject] {
+			return fail("--output", "nats:%s given twice", o.Subject)
+		}
+		seen[o.Subject] = true
+		if f.Input != nil {
+			if err := CheckTransformOutput(f.Input.Subject, o.Subject); err != nil {
+				return fail("--output", "%v", err)
+			}
+		}
+		uid := FilterSinkUID + "-" + notUIDChar.ReplaceAllString(o.Subject, "_")
+		if len(uid) > control.MaxUIDLength {
+			return fail("--output", "nats:%s: the subject is too long to name the sink (%s is over %d characters)", o.Subject, uid, control.MaxUIDLength)
+		}
+		c := *o
+		vertices = append(vertices, &control.Vertex{UID: uid, Kind: control.KindSink, Parallelism: par, Spec: &c,
+			Inputs: []control.Edge{{From: opUID, Partition: control.Forward}}})
+	}
+	name := f.Name
+	if name == "" {
+		name = opUID
+	}
+	g, err := control.NewJobGraph(name, vertices)
 	if err != nil {
 		return nil, fmt.Errorf("jobfile: %w", err)
 	}
-	return &Job{Graph: g, Restart: RestartSettings{Strategy: RestartNone}, MaxRecordBytes: maxRec}, nil
+	job := &Job{Graph: g, Restart: RestartSettings{Strategy: RestartNone}, MaxRecordBytes: maxRec, Checkpoint: f.Checkpoint}
+	if f.Checkpoint != nil {
+		job.Restart = DefaultRestart(RestartExponentialDelay)
+		if f.Restart != nil {
+			job.Restart = *f.Restart
+		}
+	}
+	return job, nil
+}
+
+// CheckTransformOutput refuses a transform's output subject that its input
+// filter (wildcards allowed; "" reads the whole stream and is not checked
+// here) also matches: the transform would read its own output.
+func CheckTransformOutput(input, output string) error {
+	if input != "" && server.SubjectsCollide(input, output) {
+		return fmt.Errorf("nats:%s is also read by the input %s: the transform would read its own output", output, input)
+	}
+	return nil
 }

@@ -2,6 +2,7 @@ package jobfile
 
 import (
 	"bytes"
+	"cmp"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -32,7 +33,30 @@ type Job struct {
 	// bytes) the job carries: the file's, else Options.MaxRecordBytes, else
 	// abi.DefaultMaxRecordBytes.
 	MaxRecordBytes int
+	// State is the state section: the keyed-state backend (the file's, else
+	// Options', else memory).
+	State StateSettings
 }
+
+// StateSettings is the job file's state section.
+type StateSettings struct {
+	// Backend is StateMemory or StatePebble (the names of host.BackendMemory
+	// and host.BackendPebble).
+	Backend string `json:"backend,omitempty"`
+	// CacheMiB bounds the pebble block cache (state.cache_mib), shared by
+	// the job's pebble subtasks on one host; 0 with memory.
+	CacheMiB int `json:"cache_mib,omitempty"`
+}
+
+// Keyed-state backends (state.backend).
+const (
+	StateMemory = "memory"
+	StatePebble = "pebble"
+	// DefaultStateCacheMiB is state.cache_mib of a pebble job that sets none.
+	DefaultStateCacheMiB = 256
+	// MaxStateCacheMiB is the largest state.cache_mib (1 TiB).
+	MaxStateCacheMiB = 1 << 20
+)
 
 // CheckpointSettings is the job file's checkpoint section.
 type CheckpointSettings struct {
@@ -234,6 +258,11 @@ type Options struct {
 	// (the configuration's keys of the same names).
 	CheckpointMode string
 	AlignedTimeout time.Duration
+	// StateBackend and StateCacheMiB, when set, are state.backend and
+	// state.cache_mib of a job file without a state section (the
+	// configuration's keys of the same names). Check them with CheckState.
+	StateBackend  string
+	StateCacheMiB int
 }
 
 // Load reads, validates and returns the job graph of the job file at path.
@@ -306,7 +335,7 @@ func (p *parser) add(op string, line int, field, format string, args ...any) {
 
 var yamlLineRE = regexp.MustCompile(`^yaml: line (\d+): (.*)$`)
 
-var jobFields = []string{"name", "parallelism", "max_parallelism", "max_record_bytes", "checkpoint", "restart", "operators"}
+var jobFields = []string{"name", "parallelism", "max_parallelism", "max_record_bytes", "checkpoint", "restart", "state", "operators"}
 
 // operator is one parsed operators[] entry.
 type operator struct {
@@ -408,6 +437,7 @@ func (p *parser) parse(data []byte) *Job {
 		job.Checkpoint = p.checkpoint(n)
 		job.Restart = DefaultRestart(RestartExponentialDelay)
 	}
+	job.State = p.state(f["state"])
 	if n := f["restart"]; n != nil {
 		p.restart(n, &job.Restart, f["checkpoint"] != nil)
 	} else if r := p.opts.Restart; r != nil {
@@ -620,10 +650,10 @@ func (p *parser) operator(i int, n *yaml.Node, defaultPar, maxPar int) *operator
 }
 
 var (
-	sourceFields     = []string{"type", "path", "count", "rate", "key", "value", "keys", "value_size", "start_ts", "ts_step", "watermark_lag", "url", "stream", "subject", "bounded", "key_from"}
+	sourceFields     = []string{"type", "path", "count", "rate", "key", "value", "keys", "value_size", "start_ts", "ts_step", "watermark_lag", "url", "stream", "subject", "bounded", "key_from", "start"}
 	fileSourceOnly   = []string{"path"}
 	generatorFields  = []string{"count", "rate", "key", "value", "keys", "value_size", "start_ts", "ts_step", "watermark_lag"}
-	natsSourceFields = []string{"url", "stream", "subject", "bounded", "key_from", "watermark_lag"}
+	natsSourceFields = []string{"url", "stream", "subject", "bounded", "key_from", "watermark_lag", "start"}
 	sinkFields       = []string{"type", "path", "format", "url", "subject", "commit_subject"}
 	sinkTypeFields   = map[string][]string{"file": {"path", "format"}, "stdout": {"format"}, "discard": {}, "nats": {"url", "subject", "commit_subject"}}
 )
@@ -747,6 +777,17 @@ func (p *parser) source(op, prefix string, n *yaml.Node) *SourceSpec {
 				p.add(op, c.Line, prefix+"key_from", "unknown key source %q (want header or subject)", s.KeyFrom)
 			}
 		}
+		if c := f["start"]; c != nil {
+			if s.Start = p.str(op, prefix+"start", c); s.Start == "" && c.Tag != "!!null" {
+				p.add(op, c.Line, prefix+"start", "empty: want first, new, seq:N or time:RFC3339 (leave start out for first)")
+			} else if s.Start != "" {
+				if st, err := ParseNATSStart(s.Start); err != nil {
+					p.add(op, c.Line, prefix+"start", "%v", err)
+				} else {
+					s.Start = st.String()
+				}
+			}
+		}
 		p.watermarkLag(op, prefix, f, s)
 	default:
 		p.add(op, t.Line, prefix+"type", "unknown source type %q (want %s)", s.Type, orList(SourceTypes))
@@ -793,22 +834,29 @@ func (p *parser) natsURL(op, field string, n *yaml.Node) string {
 // checkSubject checks a NATS subject: dot-separated non-empty tokens without
 // spaces; wildcards ('*' tokens, a last '>') only where a filter is allowed.
 func (p *parser) checkSubject(op, field string, line int, subj string, wildcards bool) {
+	if err := CheckSubject(subj, wildcards); err != nil {
+		p.add(op, line, field, "%v", err)
+	}
+}
+
+// CheckSubject checks a NATS subject: dot-separated non-empty tokens
+// without spaces; wildcards ('*' tokens, a last '>') only if wildcards
+// (a source's filter, not a sink's subject).
+func CheckSubject(subj string, wildcards bool) error {
 	toks := strings.Split(subj, ".")
 	for i, tok := range toks {
 		switch {
 		case tok == "" || strings.ContainsAny(tok, " \t\r\n"):
-			p.add(op, line, field, "%q is not a NATS subject (dot-separated tokens without spaces)", subj)
-			return
+			return fmt.Errorf("%q is not a NATS subject (dot-separated tokens without spaces)", subj)
 		case tok == "*" || (tok == ">" && i == len(toks)-1):
 			if !wildcards {
-				p.add(op, line, field, "%q has a wildcard; a sink publishes to one subject", subj)
-				return
+				return fmt.Errorf("%q has a wildcard; a sink publishes to one subject", subj)
 			}
 		case strings.ContainsAny(tok, "*>"):
-			p.add(op, line, field, "%q is not a NATS subject ('*' and '>' are whole tokens, '>' only last)", subj)
-			return
+			return fmt.Errorf("%q is not a NATS subject ('*' and '>' are whole tokens, '>' only last)", subj)
 		}
 	}
+	return nil
 }
 
 func (p *parser) sink(op, prefix string, n *yaml.Node) *SinkSpec {
@@ -878,6 +926,13 @@ func (p *parser) sink(op, prefix string, n *yaml.Node) *SinkSpec {
 	return s
 }
 
+// NewCheckpointSettings is a checkpoint section with interval, dir and
+// the defaults of every other field (mode aligned).
+func NewCheckpointSettings(interval time.Duration, dir string) *CheckpointSettings {
+	return &CheckpointSettings{Interval: interval, Dir: dir, Retain: 1, Timeout: 10 * time.Minute,
+		TolerableFailures: DefaultTolerableFailures, MaxConcurrent: 1, FinalImmediately: true, Mode: ModeAligned}
+}
+
 var checkpointFields = []string{"interval", "dir", "retain", "timeout", "min_pause", "tolerable_failures", "max_concurrent", "final_immediately", "storage", "bucket", "mode", "aligned_timeout"}
 
 func (p *parser) checkpoint(n *yaml.Node) *CheckpointSettings {
@@ -887,8 +942,7 @@ func (p *parser) checkpoint(n *yaml.Node) *CheckpointSettings {
 		return nil
 	}
 	f := p.fields("", prefix, n, checkpointFields)
-	c := &CheckpointSettings{Dir: filepath.Join(p.baseDir, "checkpoints"), Retain: 1, Timeout: 10 * time.Minute,
-		TolerableFailures: DefaultTolerableFailures, MaxConcurrent: 1, FinalImmediately: true}
+	c := NewCheckpointSettings(0, filepath.Join(p.baseDir, "checkpoints"))
 	if x := f["interval"]; x == nil {
 		p.add("", n.Line, prefix+"interval", "missing: how often to checkpoint, like 5s")
 	} else if d, ok := p.duration("", prefix+"interval", x); ok {
@@ -911,6 +965,58 @@ func (p *parser) checkpoint(n *yaml.Node) *CheckpointSettings {
 	p.checkpointStorage(c, f)
 	p.checkpointMode(c, f)
 	return c
+}
+
+var stateFields = []string{"backend", "cache_mib"}
+
+// CheckState checks a state backend and cache size (0: the default), as the
+// configuration gives them.
+func CheckState(backend string, cacheMiB int) error {
+	if backend != StateMemory && backend != StatePebble {
+		return fmt.Errorf("state.backend %q: want %s or %s", backend, StateMemory, StatePebble)
+	}
+	if cacheMiB < 0 || cacheMiB > MaxStateCacheMiB {
+		return fmt.Errorf("state.cache_mib must be between 1 and %d, got %d", MaxStateCacheMiB, cacheMiB)
+	}
+	return nil
+}
+
+// state reads the state section (n nil: none; then Options decide).
+func (p *parser) state(n *yaml.Node) StateSettings {
+	const prefix = "state."
+	s := StateSettings{Backend: StateMemory}
+	if n == nil {
+		if b := p.opts.StateBackend; b != "" {
+			s.Backend = b
+		}
+		if s.Backend == StatePebble {
+			s.CacheMiB = cmp.Or(p.opts.StateCacheMiB, DefaultStateCacheMiB)
+		}
+		return s
+	}
+	if n.Kind != yaml.MappingNode {
+		p.add("", n.Line, "state", "want a mapping like {backend: pebble, cache_mib: 256}")
+		return s
+	}
+	f := p.fields("", prefix, n, stateFields)
+	if x := f["backend"]; x == nil {
+		p.add("", n.Line, prefix+"backend", "missing: %s or %s", StateMemory, StatePebble)
+	} else if s.Backend = p.str("", prefix+"backend", x); s.Backend != StateMemory && s.Backend != StatePebble {
+		p.add("", x.Line, prefix+"backend", "%q: want %s or %s", s.Backend, StateMemory, StatePebble)
+	}
+	if x := f["cache_mib"]; x != nil {
+		if s.Backend != StatePebble {
+			p.add("", x.Line, prefix+"cache_mib", "only with backend: %s (the block cache of the LSM; the memory backend has none)", StatePebble)
+		} else if v, ok := p.int("", prefix+"cache_mib", x); ok {
+			if v < 1 || v > MaxStateCacheMiB {
+				p.add("", x.Line, prefix+"cache_mib", "must be between 1 and %d, got %d", MaxStateCacheMiB, v)
+			}
+			s.CacheMiB = v
+		}
+	} else if s.Backend == StatePebble {
+		s.CacheMiB = DefaultStateCacheMiB
+	}
+	return s
 }
 
 // checkpointMode reads checkpoint.mode and checkpoint.aligned_timeout; a

@@ -425,6 +425,28 @@ func TestFilterJob(t *testing.T) {
 		t.Errorf("generator source %+v", s)
 	}
 
+	// A transform: a nats source, the module and a nats sink per output,
+	// all at the parallelism, checkpointed.
+	in1 := &SourceSpec{Type: "nats", Stream: "ORDERS", Subject: "orders.>", Start: "seq:7"}
+	out1 := &SinkSpec{Type: "nats", Subject: "a.b"}
+	ck := NewCheckpointSettings(time.Second, "")
+	job, err = FilterJob(Filter{Module: mod, Input: in1, Outputs: []*SinkSpec{out1, {Type: "nats", Subject: "c"}}, Parallelism: 3, Name: "tr", Checkpoint: ck})
+	if err != nil {
+		t.Fatal(err)
+	}
+	g = job.Graph
+	var uids []string
+	for _, v := range g.Vertices {
+		uids = append(uids, v.UID)
+		if v.Parallelism != 3 {
+			t.Errorf("transform vertex %s: parallelism %d, want 3", v.UID, v.Parallelism)
+		}
+	}
+	if g.Name != "tr" || strings.Join(uids, " ") != "source upper-case sink-a_b sink-c" || g.Vertex("source").Spec.(*SourceSpec).Start != "seq:7" ||
+		job.Checkpoint != ck || job.Restart.Strategy != RestartExponentialDelay {
+		t.Errorf("transform: name %q, vertices %v, checkpoint %+v, restart %+v", g.Name, uids, job.Checkpoint, job.Restart)
+	}
+
 	for _, tt := range []struct {
 		f    Filter
 		want string
@@ -437,6 +459,13 @@ func TestFilterJob(t *testing.T) {
 		{Filter{Module: mod, Sink: "s3:bucket"}, `--sink: unknown sink "s3:bucket"`},
 		{Filter{Module: mod, Sink: "file:" + in}, "a file sink writes into a directory"},
 		{Filter{Module: mod, Parallelism: -1}, "--parallelism: must be between 1 and 128"},
+		{Filter{Module: mod, Source: "nats:orders"}, `--source: "nats:orders": a module reads NATS as a transform: streamd deploy MODULE.wasm --input nats:SUBJECT`},
+		{Filter{Module: mod, Source: "generator:5", Sink: "nats:out"}, `--sink: "nats:out": a module writes to NATS as a transform`},
+		{Filter{Module: mod, Input: in1, Outputs: []*SinkSpec{out1, out1}}, "--output: nats:a.b given twice"},
+		{Filter{Module: mod, Input: in1, Outputs: []*SinkSpec{{Type: "nats", Subject: "orders.x"}}}, "--output: nats:orders.x is also read by the input orders.>"},
+		{Filter{Module: mod, Input: in1, Outputs: []*SinkSpec{{Type: "nats", Subject: "a.*"}}}, `--output: "a.*" has a wildcard`},
+		{Filter{Module: mod, Input: &SourceSpec{Type: "nats", Stream: "S", Start: "later"}}, `--start: "later": want first, new, seq:N or time:RFC3339`},
+		{Filter{Module: mod, Input: in1, Source: "generator:5"}, `--input: a transform reads its input; --source "generator:5" is a second source`},
 	} {
 		if _, err := FilterJob(tt.f); err == nil || !strings.Contains(err.Error(), tt.want) {
 			t.Errorf("%+v: err %v, want %q", tt.f, err, tt.want)
@@ -468,7 +497,7 @@ operators:
 	if got := g.Vertex("in").Spec.(*SourceSpec); !reflect.DeepEqual(got, want) {
 		t.Errorf("source = %+v\nwant %+v", got, want)
 	}
-	if got := g.Vertex("in2").Spec.(*SourceSpec); got.URL != "" || got.Stream != "EVENTS" || got.Bounded || got.KeyFrom != "" || got.Subject != "" {
+	if got := g.Vertex("in2").Spec.(*SourceSpec); got.URL != "" || got.Stream != "EVENTS" || got.Bounded || got.KeyFrom != "" || got.Subject != "" || got.Start != "" {
 		t.Errorf("source with defaults = %+v", got)
 	}
 	if got := g.Vertex("out").Spec.(*SinkSpec); got.Type != "nats" || got.URL != "" || got.Subject != "results.upper" {
@@ -476,6 +505,32 @@ operators:
 	}
 	if got := g.Vertex("out2").Spec.(*SinkSpec); got.URL != "tls://nats.example:4443" || got.Subject != "results.copy" || got.CommitSubject != "commits.copy" {
 		t.Errorf("sink with url = %+v", got)
+	}
+}
+
+// TestNATSStart: the start positions a nats source takes, as the job file
+// spells them and as they are kept (canonical).
+func TestNATSStart(t *testing.T) {
+	for _, tt := range []struct{ in, want string }{
+		{"first", "first"}, {"new", "new"}, {`"seq:42"`, "seq:42"},
+		{`"time:2025-01-02T15:04:05+01:00"`, "time:2025-01-02T15:04:05+01:00"},
+		{`"time:2025-01-02T15:04:05.5Z"`, "time:2025-01-02T15:04:05.5Z"},
+	} {
+		path := fixture(t, "name: s\noperators:\n  - uid: in\n    source: {type: nats, stream: S, start: "+tt.in+"}\n  - uid: out\n    sink: {type: discard}\n    inputs: [in]\n")
+		g, err := Load(path)
+		if err != nil {
+			t.Fatalf("start %s: %v", tt.in, err)
+		}
+		if got := g.Vertex("in").Spec.(*SourceSpec).Start; got != tt.want {
+			t.Errorf("start %s: kept as %q, want %q", tt.in, got, tt.want)
+		}
+		st, err := ParseNATSStart(tt.want)
+		if err != nil || st.String() != tt.want {
+			t.Errorf("ParseNATSStart(%q) = %+v, %v; want it to read back as itself", tt.want, st, err)
+		}
+	}
+	if st, err := ParseNATSStart(""); err != nil || st.Kind != StartFirst {
+		t.Errorf(`ParseNATSStart("") = %+v, %v; want first`, st, err)
 	}
 }
 
@@ -496,6 +551,14 @@ func TestNATSInvalid(t *testing.T) {
 		{"file field", src + "    source: {type: nats, stream: S, path: x}\n", []string{`operator "in" (line 4): source.path: not a field of a nats source`}},
 		{"nats field on generator", src + "    source: {type: generator, count: 1, stream: S}\n", []string{`operator "in" (line 4): source.stream: not a field of a generator source`}},
 		{"lag", src + "    source: {type: nats, stream: S, watermark_lag: -1s}\n", []string{`operator "in" (line 4): source.watermark_lag: must not be negative, got -1s`}},
+		{"start unknown", src + "    source: {type: nats, stream: S, start: last}\n", []string{`operator "in" (line 4): source.start: "last": want first, new, seq:N or time:RFC3339`}},
+		{"start seq 0", src + "    source: {type: nats, stream: S, start: \"seq:0\"}\n", []string{`operator "in" (line 4): source.start: "seq:0": seq:N needs a stream sequence N of at least 1`}},
+		{"start seq word", src + "    source: {type: nats, stream: S, start: \"seq:ten\"}\n", []string{`source.start: "seq:ten": seq:N needs a stream sequence N of at least 1`}},
+		{"start bad time", src + "    source: {type: nats, stream: S, start: \"time:yesterday\"}\n", []string{`source.start: "time:yesterday": time:T needs an RFC 3339 time T like 2025-01-02T15:04:05Z`}},
+		{"start bare time", src + "    source: {type: nats, stream: S, start: 2025-01-02T15:04:05Z}\n", []string{`source.start: "2025-01-02T15:04:05Z": want first, new, seq:N or time:RFC3339`}},
+		{"start empty", src + "    source: {type: nats, stream: S, start: \"\"}\n", []string{`source.start: empty: want first, new, seq:N or time:RFC3339 (leave start out for first)`}},
+		{"start list", src + "    source: {type: nats, stream: S, start: [first]}\n", []string{`source.start: want a string`}},
+		{"start on generator", src + "    source: {type: generator, count: 1, start: first}\n", []string{`operator "in" (line 4): source.start: not a field of a generator source`}},
 		{"sink no subject", snk + "    sink: {type: nats}\n", []string{`operator "out" (line 7): sink.subject: missing: a nats sink publishes to subject`}},
 		{"sink wildcard", snk + "    sink: {type: nats, subject: \"out.*\"}\n", []string{`operator "out" (line 7): sink.subject: "out.*" has a wildcard; a sink publishes to one subject`}},
 		{"sink commit wildcard", snk + "    sink: {type: nats, subject: out, commit_subject: \"c.>\"}\n", []string{`operator "out" (line 7): sink.commit_subject: "c.>" has a wildcard; a sink publishes to one subject`}},
@@ -622,23 +685,81 @@ func TestCheckpointSettings(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			path := fixture(t, tt.section+ops)
 			job, err := LoadJob(path, Options{})
-			if tt.errs != nil {
-				if err == nil {
-					t.Fatalf("no error, want %q", tt.errs)
-				}
-				for _, e := range tt.errs {
-					if !strings.Contains(err.Error(), e) {
-						t.Errorf("error %q\nlacks %q", err, e)
-					}
-				}
+			if checkErrs(t, err, tt.errs) {
 				return
-			}
-			if err != nil {
-				t.Fatal(err)
 			}
 			if want := tt.want(filepath.Dir(path)); !reflect.DeepEqual(job.Checkpoint, want) {
 				t.Errorf("checkpoint %+v\nwant %+v", job.Checkpoint, want)
 			}
 		})
 	}
+}
+
+// TestStateSettings: the state section, its defaults from Options and its
+// errors.
+func TestStateSettings(t *testing.T) {
+	const ops = "operators:\n  - {uid: gen, source: {type: generator, count: 5}}\n  - {uid: out, sink: {type: discard}, inputs: [gen]}\n"
+	for _, tt := range []struct {
+		name, section string
+		opts          Options
+		want          StateSettings
+		errs          []string
+	}{
+		{"none", "", Options{}, StateSettings{Backend: StateMemory}, nil},
+		{"configured", "", Options{StateBackend: StatePebble}, StateSettings{Backend: StatePebble, CacheMiB: DefaultStateCacheMiB}, nil},
+		{"configured cache", "", Options{StateBackend: StatePebble, StateCacheMiB: 64}, StateSettings{Backend: StatePebble, CacheMiB: 64}, nil},
+		{"memory", "state: {backend: memory}\n", Options{StateBackend: StatePebble}, StateSettings{Backend: StateMemory}, nil},
+		{"pebble", "state: {backend: pebble}\n", Options{StateCacheMiB: 64}, StateSettings{Backend: StatePebble, CacheMiB: DefaultStateCacheMiB}, nil},
+		{"pebble cache", "state: {backend: pebble, cache_mib: 32}\n", Options{}, StateSettings{Backend: StatePebble, CacheMiB: 32}, nil},
+		{"bad backend", "state: {backend: rocksdb}\n", Options{}, StateSettings{}, []string{
+			`line 1: state.backend: "rocksdb": want memory or pebble`,
+		}},
+		{"no backend", "state: {cache_mib: 8}\n", Options{}, StateSettings{}, []string{
+			`line 1: state.backend: missing: memory or pebble`,
+		}},
+		{"cache with memory", "state: {backend: memory, cache_mib: 8}\n", Options{}, StateSettings{}, []string{
+			`line 1: state.cache_mib: only with backend: pebble`,
+		}},
+		{"bad cache", "state: {backend: pebble, cache_mib: 0}\n", Options{}, StateSettings{}, []string{
+			`line 1: state.cache_mib: must be between 1 and 1048576, got 0`,
+		}},
+		{"cache type", "state: {backend: pebble, cache_mib: lots, extra: 1}\n", Options{}, StateSettings{}, []string{
+			`line 1: state.cache_mib: want an integer, got "lots"`,
+			`line 1: state.extra: unknown field`,
+		}},
+		{"not a mapping", "state: pebble\n", Options{}, StateSettings{}, []string{
+			`line 1: state: want a mapping like {backend: pebble, cache_mib: 256}`,
+		}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			job, err := LoadJob(fixture(t, tt.section+ops), tt.opts)
+			if checkErrs(t, err, tt.errs) {
+				return
+			}
+			if job.State != tt.want {
+				t.Errorf("state %+v, want %+v", job.State, tt.want)
+			}
+		})
+	}
+}
+
+// checkErrs checks that err contains every one of errs (true: errs were
+// wanted), or that there is no error when errs is nil.
+func checkErrs(t *testing.T, err error, errs []string) bool {
+	t.Helper()
+	if errs == nil {
+		if err != nil {
+			t.Fatal(err)
+		}
+		return false
+	}
+	if err == nil {
+		t.Fatalf("no error, want %q", errs)
+	}
+	for _, e := range errs {
+		if !strings.Contains(err.Error(), e) {
+			t.Errorf("error %q\nlacks %q", err, e)
+		}
+	}
+	return true
 }

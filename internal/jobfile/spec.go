@@ -33,6 +33,10 @@ type SourceSpec struct {
 	Subject string // filter subject (wildcards allowed); "" = every message of the stream
 	Bounded bool   // read up to the stream's last message at the first start, then end
 	KeyFrom string // "header" (default: the Streamd-Key header) | "subject" (its last token)
+	// Start is where the source starts at its first start, as
+	// ParseNATSStart reads it ("" = first); a restore resumes from the
+	// checkpointed position.
+	Start string `json:",omitempty"`
 }
 
 // SinkSpec is a built-in sink (Vertex.Spec of a vertex of type sink).

@@ -361,7 +361,7 @@ func (eof) Read([]byte) (int, error) { return 0, io.EOF }
 // newJob makes attempt `attempt` of the run, restored from restore.
 func (r *runner) newJob(attempt int, restore *checkpoint.Restore) *job {
 	return &job{
-		g: r.g, opts: r.opts, log: r.log, stats: r.stats, modules: r.modules, stdout: &r.stdout, nats: &r.nats,
+		g: r.g, opts: r.opts, log: r.log, stats: r.stats, modules: r.modules, stateCache: r.stateCache, stdout: &r.stdout, nats: &r.nats,
 		start: r.start, attempt: attempt, restore: restore, store: r.store,
 		byID: map[control.SubtaskID]*task{}, done: make(chan struct{}),
 	}

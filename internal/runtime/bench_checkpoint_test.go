@@ -34,8 +34,9 @@ func benchCheckpointThroughput(b *testing.B, interval time.Duration) {
 // checkpointRunner returns a function that runs generator -> keyed wasm
 // counter (hash) -> discard at parallelism 2 with n records, checkpointing
 // every interval (0: no checkpointing) with barriers aligned as mode says,
-// and checks they all arrived.
-func checkpointRunner(b *testing.B, interval time.Duration, mode control.AlignmentMode) func(n int) Stats {
+// and checks they all arrived. tweak, if given, changes the options and the
+// generator of each run.
+func checkpointRunner(b *testing.B, interval time.Duration, mode control.AlignmentMode, tweak ...func(*Options, *jobfile.SourceSpec)) func(n int) Stats {
 	mod := testwasm.Path(b, "internal/testguests/failonce/failonce.wasm")
 	eng := benchEngine(b)
 	return func(n int) Stats {
@@ -48,6 +49,9 @@ func checkpointRunner(b *testing.B, interval time.Duration, mode control.Alignme
 		opts := Options{Engine: eng}
 		if interval > 0 {
 			opts.Checkpoint = &CheckpointOptions{Store: openStore(b, b.TempDir()), Interval: interval, Mode: mode}
+		}
+		for _, f := range tweak {
+			f(&opts, spec)
 		}
 		stats, err := Run(context.Background(), g, opts)
 		if err != nil {
@@ -103,6 +107,32 @@ func alternate(b *testing.B, n int, names []string, run func(i int)) {
 			b.ReportMetric(100*rate(spent[i])/rate(spent[0]), name+"-%-of-"+names[0])
 		}
 	}
+}
+
+// BenchmarkStateBackends alternates the keyed-counter pipeline with the
+// memory and the pebble backend (1M records over 100k keys per iteration,
+// a checkpoint every second) and reports pebble's throughput as a
+// percentage of memory's:
+//
+//	go test -run '^$' -bench StateBackends -benchtime 2x ./internal/runtime/
+func BenchmarkStateBackends(b *testing.B) {
+	const n, keys = 1_000_000, 100_000
+	backend := func(name string) func(*Options, *jobfile.SourceSpec) {
+		return func(o *Options, s *jobfile.SourceSpec) {
+			o.State, o.DataDir, s.Keys = jobfile.StateSettings{Backend: name, CacheMiB: 64}, b.TempDir(), keys
+		}
+	}
+	mem := checkpointRunner(b, time.Second, control.AlignAligned, backend(jobfile.StateMemory))
+	peb := checkpointRunner(b, time.Second, control.AlignAligned, backend(jobfile.StatePebble))
+	mem(10000)
+	peb(10000)
+	alternate(b, n, []string{"memory", "pebble"}, func(i int) {
+		if i == 0 {
+			mem(n)
+			return
+		}
+		peb(n)
+	})
 }
 
 func BenchmarkNoCheckpoint(b *testing.B)         { benchCheckpointThroughput(b, 0) }

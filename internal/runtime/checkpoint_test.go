@@ -96,11 +96,14 @@ func TestExactlyOnceUnderFailure(t *testing.T) {
 		p       int
 		align   control.AlignmentMode
 		timeout time.Duration
+		backend string // state.backend; "" memory
 	}{
-		{"map", 1, control.AlignAligned, 0}, {"map", 4, control.AlignAligned, 0},
-		{"count", 1, control.AlignAligned, 0}, {"count", 4, control.AlignAligned, 0},
-		{"map", 4, control.AlignUnaligned, 0}, {"count", 4, control.AlignUnaligned, 0},
-		{"count", 4, control.AlignAligned, time.Microsecond},
+		{"map", 1, control.AlignAligned, 0, ""}, {"map", 4, control.AlignAligned, 0, ""},
+		{"count", 1, control.AlignAligned, 0, ""}, {"count", 4, control.AlignAligned, 0, ""},
+		{"map", 4, control.AlignUnaligned, 0, ""}, {"count", 4, control.AlignUnaligned, 0, ""},
+		{"count", 4, control.AlignAligned, time.Microsecond, ""},
+		{"count", 1, control.AlignAligned, 0, jobfile.StatePebble}, {"count", 4, control.AlignAligned, 0, jobfile.StatePebble},
+		{"count", 4, control.AlignUnaligned, 0, jobfile.StatePebble},
 	} {
 		mode, p := c.mode, c.p
 		name := fmt.Sprintf("%s/p%d", mode, p)
@@ -108,6 +111,9 @@ func TestExactlyOnceUnderFailure(t *testing.T) {
 			name += "/unaligned"
 		} else if c.timeout > 0 {
 			name += "/aligned_timeout"
+		}
+		if c.backend != "" {
+			name += "/" + c.backend
 		}
 		{
 			t.Run(name, func(t *testing.T) {
@@ -125,8 +131,10 @@ func TestExactlyOnceUnderFailure(t *testing.T) {
 				)
 				var before int
 				var inflight int64
+				data := filepath.Join(dir, "data")
 				stats, err := Run(context.Background(), g, Options{
 					Engine: eng, BatchSize: 64,
+					State: jobfile.StateSettings{Backend: c.backend, CacheMiB: 8}, DataDir: data,
 					Checkpoint: &CheckpointOptions{Store: openStore(t, filepath.Join(dir, "chk")), Interval: 30 * time.Millisecond, Tick: 10 * time.Millisecond,
 						Mode: c.align, AlignedTimeout: c.timeout,
 						OnComplete: func(md *checkpoint.Metadata) { before++; inflight += md.InFlightBytes() }},
@@ -155,9 +163,30 @@ func TestExactlyOnceUnderFailure(t *testing.T) {
 					}
 				}
 				checkExactlyOnce(t, committed(t, out), want)
+				checkDataDirEmpty(t, data, c.backend == jobfile.StatePebble)
 				t.Logf("%d checkpoints (%d bytes in flight), elapsed %v", stats.Checkpoints, inflight, stats.Elapsed)
 			})
 		}
+	}
+}
+
+// checkDataDirEmpty: every pebble subtask removed its directory below dir,
+// which exists after a pebble run (the subtasks made it) and not after a
+// memory run.
+func checkDataDirEmpty(t testing.TB, dir string, pebble bool) {
+	t.Helper()
+	ents, err := os.ReadDir(dir)
+	if os.IsNotExist(err) && !pebble {
+		return
+	}
+	if err != nil {
+		t.Fatalf("data directory after a pebble run: %v", err)
+	}
+	if !pebble {
+		t.Fatalf("a memory run made the data directory %s", dir)
+	}
+	for _, e := range ents {
+		t.Errorf("%s left behind in the data directory", e.Name())
 	}
 }
 

@@ -1,6 +1,7 @@
 package runtime
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -31,11 +32,14 @@ type runner struct {
 	start   time.Time
 	stats   []*opStats
 	modules map[string]*host.Module
-	stdout  sync.Mutex
-	nats    natsConns
-	obs     runObs // job, restore and failover spans (observe.go)
-	cur     *job   // the current attempt, nil between attempts; guarded by Driver.mu for Stats
-	last    *job   // the latest attempt that ended, for Stats; guarded by Driver.mu
+	// stateCache is the pebble block cache the run's subtasks share (nil:
+	// the memory backend); made by loadModules, released by closeModules.
+	stateCache *host.StateCache
+	stdout     sync.Mutex
+	nats       natsConns
+	obs        runObs // job, restore and failover spans (observe.go)
+	cur        *job   // the current attempt, nil between attempts; guarded by Driver.mu for Stats
+	last       *job   // the latest attempt that ended, for Stats; guarded by Driver.mu
 
 	// Of the job's loop (loop).
 	ctx          context.Context
@@ -147,6 +151,8 @@ func (r *runner) closeModules() {
 	for _, m := range r.modules {
 		_ = m.Close(context.Background())
 	}
+	r.stateCache.Release() // open pebble instances hold their own references
+	r.stateCache = nil
 }
 
 // startProgress calls Options.Progress every ProgressInterval until the
@@ -201,6 +207,12 @@ func (r *runner) snapshot() Stats {
 
 // loadModules loads each wasm module once, before anything runs.
 func (r *runner) loadModules(ctx context.Context) error {
+	if err := host.CheckBackend(r.opts.State.Backend); err != nil {
+		return fmt.Errorf("runtime: job %q: state: %w", r.g.Name, err)
+	}
+	if r.opts.State.Backend == host.BackendPebble && r.stateCache == nil {
+		r.stateCache = host.NewStateCache(int64(cmp.Or(r.opts.State.CacheMiB, host.DefaultStateCacheMiB)) << 20)
+	}
 	for _, v := range r.g.Vertices {
 		ws, ok := v.Spec.(*jobfile.WasmSpec)
 		if !ok || r.modules[ws.Path] != nil {
@@ -707,10 +719,10 @@ func (d *Driver) Step(t Target, ev control.Event) (refused error) {
 	if len(d.queued) > 1 {
 		return nil // a step in progress takes it
 	}
-	d.observeEvent(ev)
 	first := true
 	for len(d.queued) > 0 {
 		ev := d.queued[0]
+		d.observeEvent(ev)
 		var err error
 		if d.lc != nil {
 			err = d.lc.Step(ev)
@@ -810,11 +822,13 @@ func (d *Driver) act(t Target, a control.Action) {
 			t.Command(id, Command{Kind: CommandStop, ID: x.SavepointID, Drain: x.Drain})
 		}
 	case control.PersistMetadata:
+		span := d.startPersist(x.ID)
 		md, err := checkpoint.NewMetadata(d.g, x, time.Now())
 		if err == nil {
 			md.JobID = d.co.JobID
 			err = d.store.Commit(ctx, md)
 		}
+		telemetry.EndSpan(span, err)
 		d.checkpointPersisted(x, md, err)
 		if err != nil {
 			d.log.Warn("checkpoint could not be persisted", "id", x.ID, "err", err)

@@ -92,11 +92,15 @@ func (j *job) natsSource(t *task, spec *jobfile.SourceSpec) func(pos []byte) (co
 		if err != nil {
 			return nil, fmt.Errorf("nats source: %w", err)
 		}
+		start, err := jobfile.ParseNATSStart(spec.Start)
+		if err != nil {
+			return nil, fmt.Errorf("nats source: start %w", err)
+		}
 		ctx, cancel := context.WithTimeout(context.Background(), natsSetupTimeout)
 		defer cancel()
 		src, err := connector.NewNATSSourceConn(ctx, nc, connector.NATSSourceOptions{
 			Stream: spec.Stream, Subject: spec.Subject, Bounded: spec.Bounded,
-			KeyFrom: spec.KeyFrom, WatermarkLag: spec.WatermarkLag,
+			KeyFrom: spec.KeyFrom, WatermarkLag: spec.WatermarkLag, Start: start,
 		}, t.sub, t.v.Parallelism, pos)
 		if err != nil {
 			return nil, err

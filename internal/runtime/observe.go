@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
+	"strings"
 	"time"
 
 	"go.opentelemetry.io/otel"
@@ -90,7 +92,12 @@ func (t *task) startTask(ctx context.Context) context.Context {
 // endTask ends the task span (and a final-checkpoint wait still open).
 func (t *task) endTask(err error) {
 	if t.finalSpan != nil {
-		telemetry.EndSpan(t.finalSpan, err)
+		if t.ctx.Err() != nil {
+			t.finalSpan.AddEvent("canceled")
+			t.finalSpan.End()
+		} else {
+			telemetry.EndSpan(t.finalSpan, err)
+		}
 		t.finalSpan = nil
 	}
 	switch {
@@ -109,6 +116,13 @@ func (t *task) endTask(err error) {
 		return
 	}
 	t.span.SetAttributes(telemetry.Records(t.records))
+	if err != nil && t.ctx.Err() != nil {
+		// Ended by a failure elsewhere (or a cancel), not failed itself:
+		// status Unset, with the cause as an event.
+		t.span.AddEvent("canceled", trace.WithAttributes(attribute.String("streamd.cause", context.Cause(t.ctx).Error())))
+		t.span.End()
+		return
+	}
 	telemetry.EndSpan(t.span, err)
 }
 
@@ -258,9 +272,12 @@ const RecentCheckpoints = 10
 // its span, whose context goes with the barriers and notifications.
 type ckptTrace struct {
 	start time.Time
+	ctx   context.Context // carries span
 	span  trace.Span
 	trace map[string]string // telemetry.InjectMap of the span; nil when tracing is off
 	done  bool              // persisted: the span ended, the trace is kept for the notifications
+	// pending are the subtasks whose acknowledgement has not come yet.
+	pending map[control.SubtaskID]bool
 }
 
 // driverObs is the observability state of a Driver: checkpoint spans and
@@ -315,13 +332,69 @@ func (d *Driver) Recent() []CheckpointStats {
 	return append([]CheckpointStats(nil), d.obs.history...)
 }
 
-// observeEvent starts the stop-with-savepoint span when the coordinator takes a stop.
+// observeEvent starts the stop-with-savepoint span when the coordinator
+// takes a stop, and records each subtask's part of a pending checkpoint as
+// a span from the trigger to its acknowledgement (or decline): the
+// subtask's start delay (the barrier's way to it), alignment, synchronous
+// snapshot and upload together, with its own spans as the detail.
 func (d *Driver) observeEvent(ev control.Event) {
-	if x, ok := ev.(control.StopWithSavepoint); ok && d.obs.stopSpan == nil {
-		o := &d.obs
-		o.stopCtx, o.stopSpan = o.tr().Start(o.ctx(), telemetry.SpanStopWithSavepoint,
-			o.rootOpts(telemetry.Job(d.g.Name), attribute.Bool("streamd.drain", x.Drain))...)
+	o := &d.obs
+	switch x := ev.(type) {
+	case control.StopWithSavepoint:
+		if o.stopSpan == nil {
+			o.stopCtx, o.stopSpan = o.tr().Start(o.ctx(), telemetry.SpanStopWithSavepoint,
+				o.rootOpts(telemetry.Job(d.g.Name), attribute.Bool("streamd.drain", x.Drain))...)
+		}
+	case control.Ack:
+		d.subtaskAnswered(x.CheckpointID, x.Subtask, func(span trace.Span) {
+			span.SetAttributes(telemetry.StateBytes(x.Size), attribute.Bool("streamd.after_end_of_data", x.AfterEndOfData))
+			if ref, err := checkpoint.ParseBlobRef(x.StateRef); err == nil && ref.InFlight > 0 {
+				span.SetAttributes(telemetry.InFlightBytes(ref.InFlight))
+			}
+		})
+	case control.Decline:
+		d.subtaskAnswered(x.CheckpointID, x.Subtask, func(span trace.Span) {
+			span.SetStatus(codes.Error, "declined: "+x.Reason)
+		})
 	}
+}
+
+// subtaskAnswered ends the pending part of subtask sub in checkpoint id.
+func (d *Driver) subtaskAnswered(id int64, sub control.SubtaskID, set func(trace.Span)) {
+	c := d.obs.ckpts[id]
+	if c == nil || c.done || !c.pending[sub] || !c.span.IsRecording() {
+		return
+	}
+	delete(c.pending, sub)
+	attempt := 0
+	if d.lc != nil {
+		attempt = d.lc.Attempt()
+	}
+	attrs := append(telemetry.SubtaskAttrs(d.g.Name, sub.Operator, sub.Index, attempt), telemetry.CheckpointID(id))
+	_, span := d.obs.tr().Start(c.ctx, telemetry.SpanCheckpointSubtask, trace.WithTimestamp(c.start), trace.WithAttributes(attrs...))
+	set(span)
+	span.End()
+}
+
+// startPersist starts the span of writing checkpoint id's metadata (nil
+// when it is not traced).
+func (d *Driver) startPersist(id int64) trace.Span {
+	c := d.obs.ckpts[id]
+	if c == nil || !c.span.IsRecording() {
+		return nil
+	}
+	_, span := d.obs.tr().Start(c.ctx, telemetry.SpanCheckpointPersist, trace.WithAttributes(telemetry.CheckpointID(id)))
+	return span
+}
+
+// pendingList names the subtasks checkpoint c still waits for.
+func (c *ckptTrace) pendingList() string {
+	var names []string
+	for id := range c.pending {
+		names = append(names, id.String())
+	}
+	slices.Sort(names)
+	return strings.Join(names, ",")
 }
 
 // endStop ends the stop-with-savepoint span: the job stopped with savepoint
@@ -354,14 +427,19 @@ func (d *Driver) startCheckpoint(x control.TriggerCheckpoint) map[string]string 
 		telemetry.AttrCheckpointKind.String(string(x.Kind)), attribute.Int("streamd.tasks", len(x.Tasks))}
 	var ctx context.Context
 	var span trace.Span
+	now := time.Now()
 	if x.Kind == control.KindSavepoint && o.stopSpan != nil {
-		ctx, span = o.tr().Start(o.stopCtx, telemetry.SpanCheckpoint, trace.WithAttributes(attrs...))
+		ctx, span = o.tr().Start(o.stopCtx, telemetry.SpanCheckpoint, trace.WithAttributes(attrs...), trace.WithTimestamp(now))
 	} else {
-		ctx, span = o.tr().Start(o.ctx(), telemetry.SpanCheckpoint, o.rootOpts(attrs...)...)
+		ctx, span = o.tr().Start(o.ctx(), telemetry.SpanCheckpoint, append(o.rootOpts(attrs...), trace.WithTimestamp(now))...)
 	}
-	c := &ckptTrace{start: time.Now(), span: span}
+	c := &ckptTrace{start: now, ctx: ctx, span: span}
 	if span.IsRecording() {
 		c.trace = telemetry.InjectMap(ctx)
+		c.pending = make(map[control.SubtaskID]bool, len(x.Wait))
+		for _, id := range x.Wait {
+			c.pending[id] = true
+		}
 	}
 	o.ckpts[x.ID] = c
 	return c.trace
@@ -386,7 +464,12 @@ func (d *Driver) checkpointPersisted(x control.PersistMetadata, md *checkpoint.M
 		m = telemetry.GlobalMetrics()
 	}
 	m.Checkpoint(o.ctx(), d.g.Name, dur, x.Size)
-	c.span.SetAttributes(telemetry.StateBytes(x.Size), telemetry.InFlightBytes(md.InFlightBytes()), telemetry.Savepoint(md.Location))
+	c.span.SetAttributes(telemetry.StateBytes(x.Size), telemetry.InFlightBytes(md.InFlightBytes()))
+	if x.Kind == control.KindSavepoint {
+		c.span.SetAttributes(telemetry.Savepoint(md.Location))
+	} else {
+		c.span.SetAttributes(attribute.String("streamd.location", md.Location))
+	}
 	c.span.End()
 	c.done = true
 	d.mu.Lock()
@@ -417,6 +500,9 @@ func (d *Driver) checkpointAborted(id int64, reason string) {
 	}
 	delete(d.obs.ckpts, id)
 	if !c.done {
+		if len(c.pending) > 0 {
+			c.span.SetAttributes(attribute.String("streamd.pending", c.pendingList()), attribute.Int("streamd.pending_count", len(c.pending)))
+		}
 		c.span.SetStatus(codes.Error, "aborted: "+reason)
 		c.span.End()
 	}

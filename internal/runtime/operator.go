@@ -124,7 +124,7 @@ func (w *wasmOperator) snapshot(ctx context.Context, id int64) (*checkpoint.Subt
 	if err != nil {
 		return nil, err
 	}
-	if len(snap.KeyGroups) == 0 && len(snap.Lists) == 0 {
+	if snap.Empty() {
 		snap.Release()
 		return nil, nil
 	}

@@ -39,9 +39,18 @@ type Options struct {
 	// with an error wrapping abi.ErrRecordTooLarge that names the operator,
 	// the subtask and the size.
 	MaxRecordBytes int
-	Stdout         io.Writer   // for the stdout sink; default os.Stdout
-	Stdin          io.Reader   // for a file source with Path "-" (stdin); default os.Stdin
-	Progress       func(Stats) // called about once per second and once at the end, may be nil
+	// State is the job's state section (jobfile.Job.State): the keyed-state
+	// backend of its wasm operators; the zero value is memory. A pebble job
+	// shares one block cache of State.CacheMiB among its subtasks in this
+	// process.
+	State jobfile.StateSettings
+	// DataDir is where pebble subtasks keep their files: each subtask
+	// attempt makes a directory of its own below it and removes it when it
+	// closes. "": the OS temp directory.
+	DataDir  string
+	Stdout   io.Writer   // for the stdout sink; default os.Stdout
+	Stdin    io.Reader   // for a file source with Path "-" (stdin); default os.Stdin
+	Progress func(Stats) // called about once per second and once at the end, may be nil
 
 	// TracerProvider makes the job's spans (nil: the global provider, a
 	// no-op unless telemetry is set up). Records are never traced.
@@ -248,15 +257,17 @@ type job struct {
 	tasks   []*task
 	byID    map[control.SubtaskID]*task
 	modules map[string]*host.Module
-	stdout  *sync.Mutex // serializes the stdout sinks
-	nats    *natsConns  // the Run's NATS connections (nats sources and sinks)
-	start   time.Time
-	attempt int
-	restore *checkpoint.Restore
-	store   checkpoint.Store
-	events  chan control.Event // subtask -> driver
-	remote  *Remote            // nil: every subtask runs here (Run); else StartAttempt's
-	remotes []io.Closer        // the remote channel ends, closed when the attempt ends
+	// stateCache is the pebble block cache of the run (nil: memory backend).
+	stateCache *host.StateCache
+	stdout     *sync.Mutex // serializes the stdout sinks
+	nats       *natsConns  // the Run's NATS connections (nats sources and sinks)
+	start      time.Time
+	attempt    int
+	restore    *checkpoint.Restore
+	store      checkpoint.Store
+	events     chan control.Event // subtask -> driver
+	remote     *Remote            // nil: every subtask runs here (Run); else StartAttempt's
+	remotes    []io.Closer        // the remote channel ends, closed when the attempt ends
 
 	cancel  context.CancelCauseFunc
 	done    chan struct{} // closed when every subtask returned
@@ -508,6 +519,7 @@ func (j *job) bindSpec(t *task, modules map[string]*host.Module) error {
 			Config: spec.Config, AllowClock: spec.AllowClock,
 			LendEmits:      true, // the record writers copy every emitted record into their batches
 			MaxRecordBytes: j.opts.MaxRecordBytes,
+			State:          host.StateConfig{Backend: j.opts.State.Backend, DataDir: j.opts.DataDir, Cache: j.stateCache},
 		}}
 		if rs != nil {
 			wo.cfg.Restore = rs.Snapshot

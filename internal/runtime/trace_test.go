@@ -3,6 +3,7 @@ package runtime
 import (
 	"context"
 	"fmt"
+	"go.opentelemetry.io/otel/codes"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -153,8 +154,15 @@ func TestTraceCheckpoint(t *testing.T) {
 			if got := attrInt(t, k, telemetry.AttrCheckpointID); got != id {
 				t.Fatalf("%s of checkpoint %d has checkpoint id %d", k.Name, id, got)
 			}
+			if k.Name == telemetry.SpanCheckpointPersist {
+				continue
+			}
 			who := subtaskOf(t, k)
 			switch k.Name {
+			case telemetry.SpanCheckpointSubtask:
+				if !k.StartTime.Equal(c.StartTime) || k.EndTime.After(c.EndTime) {
+					t.Fatalf("checkpoint %d: %s's part %v..%v, want from the trigger %v to its ack, before the end %v", id, who, k.StartTime, k.EndTime, c.StartTime, c.EndTime)
+				}
 			case telemetry.SpanTaskSnapshot:
 				snaps = append(snaps, who)
 				sum += attrInt(t, k, telemetry.AttrStateBytes)
@@ -238,6 +246,59 @@ func TestTraceCheckpoint(t *testing.T) {
 	if got[telemetry.MetricAlignmentTime] < 4*int64(stats.Checkpoints) || got[telemetry.MetricFinalCheckpointWait] != 6 ||
 		got[telemetry.MetricBatchLatency] == 0 || got[telemetry.MetricBackPressure] == 0 {
 		t.Errorf("metrics %v", got)
+	}
+}
+
+// TestTraceCheckpointCoverage: the spans under a completed checkpoint (each
+// subtask's part from the trigger to its acknowledgement, the metadata
+// persist) cover at least 95% of its duration, so "why was checkpoint N
+// slow" has an answer in the trace.
+func TestTraceCheckpointCoverage(t *testing.T) {
+	ss, _, stats := tracedRun(t, 1200)
+	checked := 0
+	for _, c := range ss.named(telemetry.SpanCheckpoint) {
+		if _, ok := attr(c, telemetry.AttrStateBytes); !ok {
+			continue // aborted
+		}
+		type iv struct{ from, to time.Time }
+		var ivs []iv
+		persist := false
+		for _, k := range ss.childrenOf(c) {
+			persist = persist || k.Name == telemetry.SpanCheckpointPersist
+			from, to := k.StartTime, k.EndTime
+			if from.Before(c.StartTime) {
+				from = c.StartTime
+			}
+			if to.After(c.EndTime) {
+				to = c.EndTime
+			}
+			if to.After(from) {
+				ivs = append(ivs, iv{from, to})
+			}
+		}
+		if !persist {
+			t.Fatalf("checkpoint %d: no %s span", attrInt(t, c, telemetry.AttrCheckpointID), telemetry.SpanCheckpointPersist)
+		}
+		slices.SortFunc(ivs, func(a, b iv) int { return a.from.Compare(b.from) })
+		var covered time.Duration
+		var end time.Time
+		for _, x := range ivs {
+			if x.from.After(end) {
+				covered += x.to.Sub(x.from)
+				end = x.to
+			} else if x.to.After(end) {
+				covered += x.to.Sub(end)
+				end = x.to
+			}
+		}
+		total := c.EndTime.Sub(c.StartTime)
+		if frac := float64(covered) / float64(total); frac < 0.95 {
+			t.Errorf("checkpoint %d: spans cover %v of %v (%.1f%%), want >= 95%%", attrInt(t, c, telemetry.AttrCheckpointID), covered, total, 100*frac)
+		}
+		checked++
+	}
+	if checked == 0 || checked != stats.Checkpoints {
+		t.Fatalf("checked %d checkpoints, %d completed", checked, stats.Checkpoints)
 	}
 }
 
@@ -369,5 +430,51 @@ func TestTraceStopAndRestore(t *testing.T) {
 	}
 	if restores[0].Status.Code != 0 || restores[0].EndTime.IsZero() {
 		t.Fatalf("restore span status %v", restores[0].Status)
+	}
+}
+
+// TestTraceFailoverCancelsOthers: on a failover, the task span of the
+// subtask that failed ends with status Error; those the failover ended
+// (healthy subtasks) end with status Unset and a "canceled" event.
+func TestTraceFailoverCancelsOthers(t *testing.T) {
+	mod := testwasm.Path(t, "internal/testguests/failonce/failonce.wasm")
+	dir := t.TempDir()
+	exp := tracetest.NewInMemoryExporter()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(exp))
+	gen := &jobfile.SourceSpec{Type: "generator", Count: 4000, Rate: 8000, KeyPattern: "key-{k}", ValuePattern: "value-{n}", Keys: 13, TSStep: 1}
+	g := graph(t,
+		src("gen", 2, gen),
+		op("count", 2, &jobfile.WasmSpec{Path: mod, Config: map[string]string{"mode": "count", "fail_at": "500"}}, in("gen", control.Hash)),
+		sink("out", 2, &jobfile.SinkSpec{Type: "file", Path: filepath.Join(dir, "out")}, in("count", control.Forward)),
+	)
+	stats, err := Run(context.Background(), g, Options{Engine: cachedEngine(t), BatchSize: 64, TracerProvider: tp,
+		Restart:    jobfile.RestartSettings{Strategy: jobfile.RestartFixedDelay, Attempts: 2},
+		Checkpoint: &CheckpointOptions{Store: openStore(t, filepath.Join(dir, "chk")), Interval: 30 * time.Millisecond, Tick: 5 * time.Millisecond}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if stats.Restarts != 1 {
+		t.Fatalf("%d restarts, want 1", stats.Restarts)
+	}
+	failed, canceled := 0, 0
+	for _, s := range spans(exp.GetSpans()).named(telemetry.SpanTask) {
+		if a, _ := attr(s, telemetry.AttrAttempt); a.AsInt64() != 0 {
+			continue
+		}
+		op, _ := attr(s, telemetry.AttrOperator)
+		switch s.Status.Code {
+		case codes.Error:
+			failed++
+			if op.AsString() != "count" {
+				t.Errorf("task span of %s ends with Error %q: only the failing count subtask should", op.AsString(), s.Status.Description)
+			}
+		case codes.Unset:
+			if slices.ContainsFunc(s.Events, func(e sdktrace.Event) bool { return e.Name == "canceled" }) {
+				canceled++
+			}
+		}
+	}
+	if failed == 0 || canceled < 4 {
+		t.Fatalf("attempt 0: %d task spans failed, %d canceled; want the failing subtask(s) and the healthy ones canceled", failed, canceled)
 	}
 }

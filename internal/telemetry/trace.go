@@ -46,6 +46,8 @@ const (
 	// extracted from the barrier's NATS headers or the control message:
 	// the host makes guest.* spans only under a recording (local) span.
 	SpanCheckpoint         = "checkpoint"
+	SpanCheckpointSubtask  = "checkpoint.subtask" // one subtask's part: trigger to its acknowledgement
+	SpanCheckpointPersist  = "checkpoint.persist" // writing the metadata (the commit point)
 	SpanBarrierAlignment   = "task.barrier_alignment"
 	SpanTaskSnapshot       = "task.snapshot"
 	SpanTaskNotifyComplete = "task.notify_checkpoint_complete"

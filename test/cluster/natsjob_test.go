@@ -63,6 +63,24 @@ func checkOutStream(t *testing.T, js jetstream.JetStream, n int) {
 // each once, besides the nats sink's commit markers.
 func checkStream(t *testing.T, js jetstream.JetStream, name string, n int) {
 	t.Helper()
+	got := streamValues(t, js, name)
+	slices.Sort(got)
+	want := make([]string, n)
+	for i := range want {
+		want[i] = fmt.Sprintf("VALUE-%d", i)
+	}
+	slices.Sort(want)
+	if slices.Equal(got, want) {
+		return
+	}
+	lost, twice := lostAndTwice(got, want)
+	t.Fatalf("output stream: %d messages, want %d: %d records lost, %d more than once", len(got), n, lost, twice)
+}
+
+// streamValues returns the payloads of stream name in stream order,
+// without the nats sink's commit markers.
+func streamValues(t *testing.T, js jetstream.JetStream, name string) []string {
+	t.Helper()
 	ctx := context.Background()
 	out, err := js.Stream(ctx, name)
 	if err != nil {
@@ -83,17 +101,7 @@ func checkStream(t *testing.T, js jetstream.JetStream, name string, n int) {
 		}
 		got = append(got, string(m.Data))
 	}
-	slices.Sort(got)
-	want := make([]string, n)
-	for i := range want {
-		want[i] = fmt.Sprintf("VALUE-%d", i)
-	}
-	slices.Sort(want)
-	if slices.Equal(got, want) {
-		return
-	}
-	lost, twice := lostAndTwice(got, want)
-	t.Fatalf("output stream: %d messages, want %d: %d records lost, %d more than once", len(got), n, lost, twice)
+	return got
 }
 
 // lostAndTwice counts the lines of want missing from got, and those in got

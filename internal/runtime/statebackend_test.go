@@ -1,0 +1,90 @@
+package runtime
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/streamd/streamd/control"
+	"github.com/streamd/streamd/internal/checkpoint"
+	"github.com/streamd/streamd/internal/jobfile"
+	"github.com/streamd/streamd/internal/testwasm"
+)
+
+// TestSavepointAcrossStateBackends: a keyed counter (failonce, mode count)
+// runs with one state backend, fails once (restarting from its latest
+// checkpoint), and stops with a savepoint mid-run; the savepoint restores
+// into the other backend (or the same one) at another parallelism and the
+// job runs to the end. The file sink holds every count of every key exactly
+// once: the savepoint is canonical, whatever backend wrote or reads it.
+func TestSavepointAcrossStateBackends(t *testing.T) {
+	mod := testwasm.Path(t, "internal/testguests/failonce/failonce.wasm")
+	eng := cachedEngine(t)
+	const n, keys = 6000, 13
+	for _, c := range []struct {
+		from, to string
+		p1, p2   int
+	}{
+		{jobfile.StateMemory, jobfile.StatePebble, 2, 3},
+		{jobfile.StatePebble, jobfile.StateMemory, 3, 2},
+		{jobfile.StatePebble, jobfile.StatePebble, 2, 1},
+	} {
+		t.Run(fmt.Sprintf("%s-p%d-to-%s-p%d", c.from, c.p1, c.to, c.p2), func(t *testing.T) {
+			dir := t.TempDir()
+			out, data := filepath.Join(dir, "out"), filepath.Join(dir, "data")
+			job := func(p int, failAt int) *control.JobGraph {
+				gen := &jobfile.SourceSpec{Type: "generator", Count: n, Rate: 8000, KeyPattern: "key-{k}", ValuePattern: "value-{n}", Keys: keys, TSStep: 1}
+				return graph(t,
+					src("src", 2, gen),
+					op("op", p, &jobfile.WasmSpec{Path: mod, Config: map[string]string{"fail_at": fmt.Sprint(failAt), "mode": "count"}}, in("src", control.Hash)),
+					sink("out", 1, &jobfile.SinkSpec{Type: "file", Path: out}, in("op", control.Rebalance)),
+				)
+			}
+			stop := make(chan StopRequest, 1)
+			var cps atomic.Int32
+			stats, err := Run(context.Background(), job(c.p1, 300), Options{Engine: eng, BatchSize: 64, Stop: stop,
+				State: jobfile.StateSettings{Backend: c.from, CacheMiB: 8}, DataDir: data,
+				Restart: jobfile.RestartSettings{Strategy: jobfile.RestartFixedDelay, Attempts: 2},
+				Checkpoint: &CheckpointOptions{Store: openStore(t, filepath.Join(dir, "chk")), Interval: 30 * time.Millisecond, Tick: 5 * time.Millisecond,
+					OnComplete: func(*checkpoint.Metadata) {
+						if cps.Add(1) == 8 {
+							stop <- StopRequest{}
+						}
+					}}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if stats.Restarts != 1 {
+				t.Fatalf("restarts %d, want 1", stats.Restarts)
+			}
+			if stats.Savepoint == "" || stats.Operators[0].RecordsOut >= n {
+				t.Fatalf("not stopped mid-run: savepoint %q, %d of %d records read", stats.Savepoint, stats.Operators[0].RecordsOut, n)
+			}
+			checkDataDirEmpty(t, data, c.from == jobfile.StatePebble)
+			os.RemoveAll(data)
+			g := job(c.p2, 0)
+			rs, err := checkpoint.LoadRestore(context.Background(), stats.Savepoint, g)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := Run(context.Background(), g, Options{Engine: eng, BatchSize: 64, Restore: rs,
+				State: jobfile.StateSettings{Backend: c.to, CacheMiB: 8}, DataDir: data,
+				Checkpoint: &CheckpointOptions{Store: openStore(t, filepath.Join(dir, "chk2")), Interval: 30 * time.Millisecond, Tick: 5 * time.Millisecond}}); err != nil {
+				t.Fatal(err)
+			}
+			checkDataDirEmpty(t, data, c.to == jobfile.StatePebble)
+			var want []string
+			per := map[int]int{}
+			for i := 0; i < n; i++ {
+				per[i%keys]++
+				want = append(want, fmt.Sprintf("key-%d=%d", i%keys, per[i%keys]))
+			}
+			checkExactlyOnce(t, committed(t, out), want)
+			t.Logf("stopped after %d of %d records with savepoint %s", stats.Operators[0].RecordsOut, n, filepath.Base(stats.Savepoint))
+		})
+	}
+}
