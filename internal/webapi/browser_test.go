@@ -5,6 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"net/http"
+	"net/url"
 	"os"
 	"os/exec"
 	"strings"
@@ -36,7 +37,7 @@ func chromium(t *testing.T) string {
 // completed checkpoint; its stop-with-savepoint button stops the job.
 func TestConsoleInBrowser(t *testing.T) {
 	bin := chromium(t)
-	tc := newCluster(t, webapi.Options{})
+	tc := newCluster(t, webapi.Options{TracingUIURL: "http://127.0.0.1:16686", Service: "streamd-test"})
 	id := tc.deploy(foreverJob(t, "forever"))
 
 	opts := append(chromedp.DefaultExecAllocatorOptions[:],
@@ -109,6 +110,18 @@ func TestConsoleInBrowser(t *testing.T) {
 	}
 	if upperSubtasks != 2 || edges != 2 {
 		t.Errorf("graph: upper has %d subtasks (want 2), %d of the 2 edges with their partitioning", upperSubtasks, edges)
+	}
+	// With tracing.ui_url, links to the job's and each checkpoint's traces in Jaeger.
+	links, err := chromedp.Run(ctx, chromedp.Evaluate[[]string](`[document.querySelector('#job-trace').href,
+		document.querySelector('#checkpoints tbody tr[data-kind="checkpoint"] a').href]`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	jobTags := `tags=` + url.QueryEscape(`{"streamd.job":"`+id+`"}`)
+	cpTags := url.QueryEscape(`{"streamd.job":"forever","streamd.checkpoint_id":"`)
+	if len(links) != 2 || !strings.HasPrefix(links[0], "http://127.0.0.1:16686/search?service=streamd-test&") ||
+		!strings.HasSuffix(links[0], jobTags) || !strings.Contains(links[1], cpTags) {
+		t.Errorf("trace links %q: want Jaeger searches by %s and %s...", links, jobTags, cpTags)
 	}
 	rate, err := chromedp.Run(ctx, chromedp.Text(`#vertices tr[data-id="out"] .rate-in`))
 	if err != nil {
