@@ -1,5 +1,5 @@
 # streamd build. `make demo` runs the wordcount demo; `make test` runs the tests.
-# Both install what a fresh Debian machine lacks (Rust's wasm32 target, wabt) first.
+# Both install what a fresh Debian machine lacks (Rust's wasm32 target, wabt, chromium) first.
 
 SHELL := /bin/bash
 GO ?= go
@@ -11,12 +11,19 @@ BIN := bin/streamd
 all: build wasm
 
 # --- toolchain -------------------------------------------------------------
-# Debian's rustc/cargo with the wasm32 std, and wabt for the WAT fixtures.
+# Debian's rustc/cargo with the wasm32 std, wabt for the WAT fixtures, and
+# chromium for the web console's browser test.
 deps:
 	@if [ ! -x /usr/bin/cargo ] || [ ! -d /usr/lib/rustlib/wasm32-unknown-unknown ] || ! command -v wat2wasm >/dev/null; then \
 		echo "installing rustc cargo libstd-rust-dev-wasm32 wabt from Debian"; \
 		sudo=; [ "$$(id -u)" = 0 ] || sudo=sudo; \
 		$$sudo apt-get update -qq && $$sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq rustc cargo libstd-rust-dev-wasm32 wabt >/dev/null; \
+	fi
+	@# The web console's browser test (internal/webapi) drives Debian's chromium, headless.
+	@if ! command -v chromium >/dev/null; then \
+		echo "installing chromium from Debian (for the web console's browser test)"; \
+		sudo=; [ "$$(id -u)" = 0 ] || sudo=sudo; \
+		$$sudo apt-get update -qq && $$sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \
 	fi
 
 build:

@@ -45,7 +45,7 @@ by and take over, adopting the running jobs, when the lease is not renewed for
 			return c.runController(cmd.Context(), nc, opts)
 		},
 	}
-	c.natsFlags(cmd, c.clusterFlags(cmd, true)...)
+	c.natsFlags(cmd, append(c.clusterFlags(cmd, true), httpFlag(cmd, keyControllerHTTP, ""))...)
 	return cmd
 }
 
@@ -68,8 +68,14 @@ func (c *cli) clusterFlags(cmd *cobra.Command, controller bool) []flagKey {
 		{"controller-replicas", keyControllerReplicas}, {"job-retention", keyJobRetention}}
 }
 
-// runController runs a controller until ctx ends (cluster.RunController).
+// runController runs a controller until ctx ends (cluster.RunController),
+// and its REST API and console when controller.http is set.
 func (c *cli) runController(ctx context.Context, nc *nats.Conn, opts cluster.ControllerOptions) error {
+	stopAPI, err := c.startControllerAPI(nc)
+	if err != nil {
+		return err
+	}
+	defer stopAPI()
 	return cluster.RunController(ctx, nc, opts)
 }
 

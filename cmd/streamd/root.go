@@ -29,6 +29,7 @@ type cli struct {
 	v              *viper.Viper
 	log            *slog.Logger
 	configFile     string // --config-file
+	service        string // the tracing service name of this process (startTelemetry)
 }
 
 // usageError marks errors of the command line or configuration (exit status 2).

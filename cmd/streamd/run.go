@@ -19,6 +19,7 @@ import (
 	"github.com/streamd/streamd/internal/checkpoint"
 	"github.com/streamd/streamd/internal/jobfile"
 	"github.com/streamd/streamd/internal/runtime"
+	"github.com/streamd/streamd/internal/webapi"
 )
 
 type runFlags struct {
@@ -80,6 +81,7 @@ checkpoint directory (its newest completed checkpoint or savepoint, by id), at a
 	c.bind(fl, keyProgress, "progress")
 	c.bind(fl, keyBatchSize, "batch-size")
 	c.bind(fl, keyChannelCapacity, "channel-capacity")
+	c.bind(fl, keyRunHTTP, httpFlag(cmd, keyRunHTTP, defaultHTTP).flag)
 	dirFlags(cmd, "from")
 	return cmd
 }
@@ -222,6 +224,7 @@ func (c *cli) run(ctx context.Context, cmd *cobra.Command, target string, f runF
 	// With checkpointing, Ctrl-C stops the job with a savepoint: the job runs
 	// on a context that the signal does not cancel.
 	runCtx := ctx
+	api := webapi.LocalJob{Graph: g}
 	var stopped <-chan struct{}
 	if cs := job.Checkpoint; cs != nil {
 		store, closeStore, err := c.openRunStore(ctx, cs, g.Name, log)
@@ -232,16 +235,29 @@ func (c *cli) run(ctx context.Context, cmd *cobra.Command, target string, f runF
 		opts.Checkpoint = runtime.NewCheckpointOptions(cs, store)
 		stop := make(chan runtime.StopRequest, 1)
 		opts.Stop = stop
+		sp := make(chan runtime.SavepointRequest)
+		opts.Savepoint = sp
+		api.Stop, api.Savepoint, api.CheckpointMode = stop, sp, cs.ModeString()
 		runCtx = context.WithoutCancel(ctx)
 		done := make(chan struct{})
 		defer close(done)
 		stopped = ctx.Done()
 		go c.stopOnSignal(ctx, done, stop, f.drain)
 	}
+	// The REST API's cancel cancels runCtx only.
+	runCtx, api.Cancel = context.WithCancel(runCtx)
+	defer api.Cancel()
+	local := webapi.NewLocal(api)
+	stopAPI, err := c.startAPI(keyRunHTTP, "run", local, startLevel, "#/jobs/"+local.ID())
+	if err != nil {
+		return err
+	}
+	defer stopAPI()
 	prog := newProgress(mode, c.stderr, log)
-	opts.Progress = prog.update
+	opts.Progress = func(s runtime.Stats) { prog.update(s); local.Update(s) }
 	start := time.Now()
 	stats, err := runtime.Run(runCtx, g, opts)
+	endLocal(local, stats, err, runCtx.Err() != nil)
 	if stats.Savepoint != "" {
 		prog.finish(stats, "stopped")
 		if f.drain {
@@ -269,6 +285,9 @@ func (c *cli) run(ctx context.Context, cmd *cobra.Command, target string, f runF
 	case ctx.Err() != nil && errors.Is(err, ctx.Err()):
 		prog.finish(stats, "canceled")
 		return ctx.Err()
+	case runCtx.Err() != nil && errors.Is(err, context.Canceled):
+		prog.finish(stats, "canceled")
+		return fmt.Errorf("the job was canceled through the REST API: %w", context.Canceled)
 	default:
 		prog.finish(stats, "failed")
 		return err

@@ -30,7 +30,8 @@ requires them from every client.`,
 	fl.Int("nats-port", 4222, "client port of the embedded NATS server ("+keyNATSPort+")")
 	fl.String("nats-host", "127.0.0.1", "listen address of the embedded NATS server ("+keyNATSHost+")")
 	flags := append([]flagKey{{"nats-port", keyNATSPort}, {"nats-host", keyNATSHost}}, c.hostFlags(cmd)...)
-	c.natsFlags(cmd, append(flags, c.clusterFlags(cmd, true)...)...)
+	flags = append(append(flags, c.clusterFlags(cmd, true)...), httpFlag(cmd, keyControllerHTTP, defaultHTTP))
+	c.natsFlags(cmd, flags...)
 	return cmd
 }
 

@@ -28,11 +28,15 @@ func (c *cli) startTelemetry(ctx context.Context, service string) (func(), error
 		return nil, err
 	}
 	t.Install()
+	c.service = cfg.ServiceName
 	if cfg.Enabled {
 		c.log.Debug("tracing on", "service", cfg.ServiceName, "protocol", cfg.Protocol, "endpoint", cfg.Endpoint)
 	}
 	if addr := t.MetricsAddr(); addr != "" {
 		c.log.Info("metrics served", "url", "http://"+addr+"/metrics")
+		if cfg.Pprof {
+			c.log.Info("profiles served", "url", "http://"+addr+"/debug/pprof/")
+		}
 	}
 	return func() {
 		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), telemetryShutdownTimeout)

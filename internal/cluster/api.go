@@ -255,6 +255,26 @@ type OperatorStatus struct {
 	// has union list state and was partially finished (FLIP-147).
 	UnionDeclines int             `json:"union_declines,omitempty"`
 	Subtasks      []SubtaskStatus `json:"subtasks"`
+	// Kind is source, operator or sink; Inputs are its input edges, in
+	// input order (the job graph, for the REST API's plan).
+	Kind   string       `json:"kind,omitempty"`
+	Inputs []EdgeStatus `json:"inputs,omitempty"`
+}
+
+// EdgeStatus is one input edge of an operator.
+type EdgeStatus struct {
+	From         string `json:"from"`         // the upstream operator's uid
+	Partitioning string `json:"partitioning"` // forward, rebalance, hash or broadcast
+	Input        int    `json:"input"`        // the input index at the receiver
+}
+
+// EdgeStatuses are the edges of a vertex's inputs.
+func EdgeStatuses(inputs []control.Edge) []EdgeStatus {
+	var out []EdgeStatus
+	for _, e := range inputs {
+		out = append(out, EdgeStatus{From: e.From, Partitioning: string(e.Partition), Input: e.Input})
+	}
+	return out
 }
 
 // SubtaskStatus is one subtask: where it runs and its state.

@@ -146,6 +146,10 @@ func TestExactlyOnceUnderFailure(t *testing.T) {
 				if stats.Restarts != 1 {
 					t.Fatalf("restarts %d, want 1", stats.Restarts)
 				}
+				// The failed attempt and its cause (the REST API's exceptions).
+				if f := stats.Failures; len(f) != 1 || f[0].Attempt != 0 || !strings.Contains(f[0].Error, `operator "op"`) || f[0].Time.IsZero() {
+					t.Errorf("failures %+v: want attempt 0 with the failure of op", f)
+				}
 				var want []string
 				if mode == "map" {
 					for i := 0; i < n; i++ {

@@ -51,6 +51,7 @@ type runner struct {
 	stopFailed   chan<- error          // the stop request's Failed
 	jl           *JobLoop              // the job's loop
 	canceled     bool                  // ctx ended: the job was canceled
+	failures     []AttemptFailure      // failed attempts, for Stats; guarded by Driver.mu
 
 	Driver // the checkpoint coordinator's driver (coord nil without checkpointing)
 }
@@ -191,6 +192,7 @@ func (r *runner) snapshot() Stats {
 		s.LastCheckpoint = r.lastMD.Location
 	}
 	s.Recent = append([]CheckpointStats(nil), r.Driver.obs.history...)
+	s.Failures = append([]AttemptFailure(nil), r.failures...)
 	cur := r.cur
 	if cur == nil {
 		cur = r.last
@@ -570,6 +572,7 @@ func (r *runner) startAttempt(a control.StartAttempt) {
 	if !first {
 		r.mu.Lock()
 		r.restarts++
+		r.failures = appendFailure(r.failures, a.Attempt-1, r.lastErr)
 		r.mu.Unlock()
 		if m := r.opts.Metrics; m != nil {
 			m.Restart(ctx, r.g.Name)

@@ -205,6 +205,33 @@ type Stats struct {
 	// Recent are the latest completed checkpoints (at most
 	// RecentCheckpoints), oldest first, with duration and size.
 	Recent []CheckpointStats `json:",omitempty"`
+	// Failures are the latest failed attempts that were restarted (at
+	// most RecentFailures), oldest first, with their cause.
+	Failures []AttemptFailure `json:",omitempty"`
+}
+
+// AttemptFailure is one failed attempt of a run and why it failed.
+type AttemptFailure struct {
+	Attempt int
+	Time    time.Time
+	Error   string
+}
+
+// RecentFailures is how many failed attempts Stats keeps.
+const RecentFailures = 10
+
+// appendFailure records that attempt failed with err, keeping the latest
+// RecentFailures.
+func appendFailure(fs []AttemptFailure, attempt int, err error) []AttemptFailure {
+	msg := "unknown cause"
+	if err != nil {
+		msg = err.Error()
+	}
+	fs = append(fs, AttemptFailure{Attempt: attempt, Time: time.Now(), Error: msg})
+	if n := len(fs); n > RecentFailures {
+		fs = append(fs[:0], fs[n-RecentFailures:]...)
+	}
+	return fs
 }
 
 // opStats are the live counters of one operator, added to once per batch.

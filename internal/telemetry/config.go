@@ -3,6 +3,7 @@ package telemetry
 import (
 	"errors"
 	"fmt"
+	neturl "net/url"
 	"os"
 	"strconv"
 	"strings"
@@ -55,6 +56,12 @@ type Config struct {
 	// PrometheusAddr is where /metrics is served, e.g. 127.0.0.1:9464
 	// (metrics.listen). Empty: no metrics (the instruments are no-ops).
 	PrometheusAddr string
+	// Pprof serves Go's net/http/pprof profiles under /debug/pprof/ on the
+	// metrics listener (metrics.pprof; needs metrics.listen).
+	Pprof bool
+	// UIURL is the trace UI (Jaeger) the web console links to
+	// (tracing.ui_url), e.g. http://127.0.0.1:16686; "": no links.
+	UIURL string
 }
 
 // Configuration keys (viper), flags and STREAMD_ environment variables.
@@ -66,16 +73,18 @@ const (
 	KeyTracingSampleRatio = "tracing.sample_ratio"
 	KeyTracingService     = "tracing.service_name"
 	KeyMetricsListen      = "metrics.listen"
+	KeyMetricsPprof       = "metrics.pprof"
+	KeyTracingUIURL       = "tracing.ui_url"
 )
 
 // Keys lists every configuration key of this package (for a configuration
 // file's known-key check).
 var Keys = []string{KeyTracingEnabled, KeyTracingProtocol, KeyTracingEndpoint, KeyTracingInsecure,
-	KeyTracingSampleRatio, KeyTracingService, KeyMetricsListen}
+	KeyTracingSampleRatio, KeyTracingService, KeyMetricsListen, KeyMetricsPprof, KeyTracingUIURL}
 
 // AddFlags defines --tracing, --tracing-protocol, --tracing-endpoint,
-// --tracing-insecure, --tracing-sample-ratio, --tracing-service-name and
-// --metrics-listen on fs and binds them and the STREAMD_TRACING_ENABLED ...
+// --tracing-insecure, --tracing-sample-ratio, --tracing-service-name,
+// --tracing-ui-url, --metrics-listen and --pprof on fs and binds them and the STREAMD_TRACING_ENABLED ...
 // STREAMD_METRICS_LISTEN variables to the keys above in v.
 func AddFlags(fs *pflag.FlagSet, v *viper.Viper) error {
 	fs.Bool("tracing", false, "export OpenTelemetry traces over OTLP ("+KeyTracingEnabled+")")
@@ -84,11 +93,14 @@ func AddFlags(fs *pflag.FlagSet, v *viper.Viper) error {
 	fs.Bool("tracing-insecure", false, "send traces without TLS ("+KeyTracingInsecure+")")
 	fs.Float64("tracing-sample-ratio", -1, "share of new traces sampled, 0 to 1 ("+KeyTracingSampleRatio+"; default -1: OTEL_TRACES_SAMPLER, else 1)")
 	fs.String("tracing-service-name", "", "service name, starting with streamd ("+KeyTracingService+")")
+	fs.String("tracing-ui-url", "", "Jaeger UI the web console links traces to, e.g. http://127.0.0.1:16686 ("+KeyTracingUIURL+")")
 	fs.String("metrics-listen", "", "serve Prometheus /metrics on this address, e.g. 127.0.0.1:9464 ("+KeyMetricsListen+")")
+	fs.Bool("pprof", false, "serve Go's net/http/pprof profiles at /debug/pprof/ on the metrics listener ("+KeyMetricsPprof+"; needs "+KeyMetricsListen+")")
 	for key, flag := range map[string]string{
 		KeyTracingEnabled: "tracing", KeyTracingProtocol: "tracing-protocol", KeyTracingEndpoint: "tracing-endpoint",
 		KeyTracingInsecure: "tracing-insecure", KeyTracingSampleRatio: "tracing-sample-ratio",
 		KeyTracingService: "tracing-service-name", KeyMetricsListen: "metrics-listen",
+		KeyTracingUIURL: "tracing-ui-url", KeyMetricsPprof: "pprof",
 	} {
 		if err := v.BindPFlag(key, fs.Lookup(flag)); err != nil {
 			return fmt.Errorf("telemetry: bind flag --%s: %w", flag, err)
@@ -117,6 +129,8 @@ func FromViper(v *viper.Viper) (Config, error) {
 		Insecure:       v.GetBool(KeyTracingInsecure),
 		ServiceName:    v.GetString(KeyTracingService),
 		PrometheusAddr: v.GetString(KeyMetricsListen),
+		Pprof:          v.GetBool(KeyMetricsPprof),
+		UIURL:          v.GetString(KeyTracingUIURL),
 	}
 	if raw := v.Get(KeyTracingSampleRatio); raw != nil && fmt.Sprint(raw) != "" {
 		r, err := strconv.ParseFloat(strings.TrimSpace(fmt.Sprint(raw)), 64)
@@ -151,6 +165,15 @@ func (c *Config) Validate() error {
 	}
 	if c.ServiceName == "" {
 		c.ServiceName = DefaultServiceName
+	}
+	if c.Pprof && c.PrometheusAddr == "" {
+		return fmt.Errorf("telemetry: %s: profiles are served on the metrics listener: set %s too (e.g. --metrics-listen 127.0.0.1:9464)", KeyMetricsPprof, KeyMetricsListen)
+	}
+	if u := c.UIURL; u != "" {
+		pu, err := neturl.Parse(u)
+		if err != nil || (pu.Scheme != "http" && pu.Scheme != "https") || pu.Host == "" {
+			return fmt.Errorf("telemetry: %s: %q: want an http:// or https:// URL of the Jaeger UI", KeyTracingUIURL, u)
+		}
 	}
 	if !strings.HasPrefix(c.ServiceName, DefaultServiceName) {
 		return fmt.Errorf("telemetry: %s: %q must start with %q", KeyTracingService, c.ServiceName, DefaultServiceName)

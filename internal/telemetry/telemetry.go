@@ -15,6 +15,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"net/http/pprof"
 	neturl "net/url"
 	"sync/atomic"
 	"time"
@@ -169,6 +170,13 @@ func (t *Telemetry) startMetrics(res *resource.Resource) error {
 	}
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
+	if t.cfg.Pprof {
+		mux.HandleFunc("/debug/pprof/", pprof.Index) // and the named profiles: heap, goroutine, block, ...
+		mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+		mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+		mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+		mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+	}
 	t.ln = ln
 	t.srv = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 	t.served = make(chan error, 1)

@@ -66,3 +66,24 @@ func (c *Capture) Matching(key, value string) []Record {
 	}
 	return out
 }
+
+// Buffer collects what a process writes (a CLI's standard error, a text
+// log handler's output) and is safe to read while it is written.
+type Buffer struct {
+	mu sync.Mutex
+	b  []byte
+}
+
+func (b *Buffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.b = append(b.b, p...)
+	return len(p), nil
+}
+
+// String returns what was written so far.
+func (b *Buffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return string(b.b)
+}

@@ -1,0 +1,545 @@
+// Package webapi is streamd's REST/JSON API and web console (docs/rest.md):
+// an http.Handler over a Backend, which is a controller (a cluster.Client on
+// the controller's NATS connection, so the API sees exactly what `streamd
+// status` sees) or the single job of `streamd run` (Local). The console's
+// HTML, JavaScript and CSS are embedded in the binary; it polls the API.
+//
+// The API follows the shape of Flink's REST API: /jobs, /jobs/{id},
+// /jobs/{id}/plan, /jobs/{id}/checkpoints, /jobs/{id}/exceptions, and
+// POST /jobs/{id}/stop, /jobs/{id}/savepoints, /jobs/{id}/cancel (PATCH
+// /jobs/{id} cancels too). Its field names are streamd's (snake_case, the
+// words of `streamd status --json`). Errors are {"errors": [message]} with
+// 400 (bad body), 404 (no such job), 405, 409 (the job is in the wrong
+// state) or 500.
+package webapi
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/streamd/streamd/internal/cluster"
+)
+
+// Backend is what the API serves. *cluster.Client is one; Local is the
+// other. An error may be an *Error to choose its HTTP status; any other
+// error of a job request is classified by the job's state (see Handler).
+type Backend interface {
+	List(ctx context.Context, all bool) ([]cluster.JobStatus, error)
+	Status(ctx context.Context, jobID string) (*cluster.JobStatus, error)
+	Cancel(ctx context.Context, jobID string) (*cluster.JobStatus, error)
+	Savepoint(ctx context.Context, jobID, dir string) (string, error)
+	Stop(ctx context.Context, jobID, dir string, drain bool) (string, error)
+}
+
+// Error is an API error with its HTTP status.
+type Error struct {
+	Status int
+	Msg    string
+}
+
+func (e *Error) Error() string { return e.Msg }
+
+func errorf(status int, format string, args ...any) *Error {
+	return &Error{Status: status, Msg: fmt.Sprintf(format, args...)}
+}
+
+// Options configure the handler.
+type Options struct {
+	// Mode is "controller" or "run" (shown by GET /config and the console).
+	Mode string
+	// TracingUIURL is tracing.ui_url, the Jaeger UI the console links
+	// traces to; "" for no links.
+	TracingUIURL string
+	// Service is the tracing service name of the process whose spans the
+	// links search (e.g. streamd-controller).
+	Service string
+	// Version is streamd's version (GET /config).
+	Version string
+}
+
+// maxBody bounds a request body.
+const maxBody = 1 << 20
+
+// New returns the API and console handler over b.
+func New(b Backend, opts Options) http.Handler {
+	h := &handler{b: b, opts: opts}
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /config", h.config)
+	mux.HandleFunc("GET /jobs", h.jobs)
+	mux.HandleFunc("GET /jobs/overview", h.jobs)
+	mux.HandleFunc("GET /jobs/{id}", h.view(func(st *cluster.JobStatus) any { return detail(st) }))
+	mux.HandleFunc("GET /jobs/{id}/plan", h.view(plan))
+	mux.HandleFunc("GET /jobs/{id}/checkpoints", h.view(checkpoints))
+	mux.HandleFunc("GET /jobs/{id}/exceptions", h.view(exceptions))
+	mux.HandleFunc("POST /jobs/{id}/stop", h.stop)
+	mux.HandleFunc("POST /jobs/{id}/savepoints", h.savepoint)
+	mux.HandleFunc("POST /jobs/{id}/cancel", h.cancel)
+	mux.HandleFunc("PATCH /jobs/{id}", h.cancel)
+	mux.Handle("GET /", consoleHandler())
+	return &errorMux{mux}
+}
+
+// errorMux answers the mux's own 404 and 405 with JSON errors.
+type errorMux struct{ mux *http.ServeMux }
+
+func (m *errorMux) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if _, pattern := m.mux.Handler(r); pattern == "" {
+		// The mux found nothing: let it set Allow on a 405, then answer JSON.
+		rec := &statusRecorder{header: http.Header{}}
+		m.mux.ServeHTTP(rec, r)
+		allow := rec.header.Get("Allow")
+		if allow != "" {
+			w.Header().Set("Allow", allow)
+		}
+		if rec.status == http.StatusMethodNotAllowed {
+			writeError(w, errorf(http.StatusMethodNotAllowed, "%s %s: method not allowed (allowed: %s)", r.Method, r.URL.Path, allow))
+			return
+		}
+		writeError(w, errorf(http.StatusNotFound, "%s %s: no such resource (see docs/rest.md)", r.Method, r.URL.Path))
+		return
+	}
+	m.mux.ServeHTTP(w, r)
+}
+
+// statusRecorder keeps the status and headers of the mux's own error reply.
+type statusRecorder struct {
+	header http.Header
+	status int
+}
+
+func (s *statusRecorder) Header() http.Header         { return s.header }
+func (s *statusRecorder) Write(b []byte) (int, error) { return len(b), nil }
+func (s *statusRecorder) WriteHeader(code int)        { s.status = code }
+
+type handler struct {
+	b    Backend
+	opts Options
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Cache-Control", "no-store")
+	w.WriteHeader(status)
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	_ = enc.Encode(v)
+}
+
+// ErrorBody is every error reply, as in Flink: {"errors": ["..."]}.
+type ErrorBody struct {
+	Errors []string `json:"errors"`
+}
+
+func writeError(w http.ResponseWriter, err error) {
+	status := http.StatusInternalServerError
+	var e *Error
+	if errors.As(err, &e) {
+		status = e.Status
+	}
+	writeJSON(w, status, ErrorBody{Errors: []string{err.Error()}})
+}
+
+// Config is GET /config.
+type Config struct {
+	Mode         string `json:"mode"`
+	Version      string `json:"version,omitempty"`
+	TracingUIURL string `json:"tracing_ui_url,omitempty"`
+	Service      string `json:"service,omitempty"`
+	RefreshMS    int    `json:"refresh_interval_ms"`
+}
+
+func (h *handler) config(w http.ResponseWriter, _ *http.Request) {
+	writeJSON(w, http.StatusOK, Config{Mode: h.opts.Mode, Version: h.opts.Version,
+		TracingUIURL: strings.TrimRight(h.opts.TracingUIURL, "/"), Service: h.opts.Service, RefreshMS: 1000})
+}
+
+// JobsReply is GET /jobs.
+type JobsReply struct {
+	Jobs []JobOverview `json:"jobs"`
+}
+
+// JobOverview is one job in GET /jobs.
+type JobOverview struct {
+	ID        string     `json:"id"`
+	Name      string     `json:"name"`
+	State     string     `json:"state"`
+	Attempt   int        `json:"attempt"`
+	StartTime time.Time  `json:"start_time"`
+	EndTime   *time.Time `json:"end_time,omitempty"`
+	// DurationMS is from start to end, or to now for a job not ended.
+	DurationMS int64          `json:"duration_ms"`
+	Tasks      map[string]int `json:"tasks"` // subtasks by state
+	Hosts      []string       `json:"hosts,omitempty"`
+}
+
+func overview(st *cluster.JobStatus, now time.Time) JobOverview {
+	o := JobOverview{ID: st.ID, Name: st.Name, State: st.State, Attempt: st.Attempt, StartTime: st.Created,
+		EndTime: st.Ended, Tasks: map[string]int{}, Hosts: st.Hosts}
+	end := now
+	if st.Ended != nil {
+		end = *st.Ended
+	}
+	o.DurationMS = end.Sub(st.Created).Milliseconds()
+	for _, op := range st.Operators {
+		for _, s := range op.Subtasks {
+			o.Tasks[s.State]++
+		}
+	}
+	return o
+}
+
+func (h *handler) jobs(w http.ResponseWriter, r *http.Request) {
+	all := r.URL.Query().Get("all")
+	jobs, err := h.b.List(r.Context(), all == "true" || all == "1")
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	out := JobsReply{Jobs: []JobOverview{}}
+	now := time.Now()
+	for i := range jobs {
+		out.Jobs = append(out.Jobs, overview(&jobs[i], now))
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+// lookup returns the job the path names, or answers 404 (or the backend's
+// error) itself and returns nil.
+func (h *handler) lookup(w http.ResponseWriter, r *http.Request) *cluster.JobStatus {
+	id := r.PathValue("id")
+	st, err := h.b.Status(r.Context(), id)
+	if err == nil && st != nil {
+		return st
+	}
+	var e *Error
+	if err != nil && !errors.As(err, &e) {
+		// A controller's error is text: the job is unknown when the
+		// list of every job does not have it either.
+		if jobs, lerr := h.b.List(r.Context(), true); lerr == nil &&
+			!slices.ContainsFunc(jobs, func(j cluster.JobStatus) bool { return j.ID == id }) {
+			err = &Error{Status: http.StatusNotFound, Msg: err.Error()}
+		}
+	}
+	if err == nil {
+		err = errorf(http.StatusNotFound, "no job %q", id)
+	}
+	writeError(w, err)
+	return nil
+}
+
+// JobDetail is GET /jobs/{id}.
+type JobDetail struct {
+	JobOverview
+	Reason         string   `json:"reason,omitempty"`
+	Savepoint      string   `json:"savepoint,omitempty"`
+	CheckpointMode string   `json:"checkpoint_mode,omitempty"`
+	Vertices       []Vertex `json:"vertices"`
+	Now            int64    `json:"now"` // the server's time, Unix ms: rates are per its clock
+}
+
+// Vertex is one operator of a job.
+type Vertex struct {
+	ID            string         `json:"id"`
+	Kind          string         `json:"kind,omitempty"`
+	Parallelism   int            `json:"parallelism"`
+	State         string         `json:"state"` // the state most of its subtasks are in
+	RecordsIn     int64          `json:"records_in"`
+	RecordsOut    int64          `json:"records_out"`
+	UnionDeclines int            `json:"union_declines,omitempty"`
+	Tasks         map[string]int `json:"tasks"` // subtasks by state
+	Subtasks      []Subtask      `json:"subtasks"`
+}
+
+// Subtask is one subtask of a vertex.
+type Subtask struct {
+	Subtask int    `json:"subtask"`
+	Host    string `json:"host,omitempty"`
+	State   string `json:"state"`
+}
+
+func detail(st *cluster.JobStatus) JobDetail {
+	now := time.Now()
+	d := JobDetail{JobOverview: overview(st, now), Reason: st.Reason, Savepoint: st.Savepoint,
+		CheckpointMode: st.CheckpointMode, Vertices: []Vertex{}, Now: now.UnixMilli()}
+	for _, op := range st.Operators {
+		v := Vertex{ID: op.UID, Kind: op.Kind, Parallelism: op.Parallelism, RecordsIn: op.RecordsIn, RecordsOut: op.RecordsOut,
+			UnionDeclines: op.UnionDeclines, Tasks: map[string]int{}, Subtasks: []Subtask{}}
+		for _, s := range op.Subtasks {
+			v.Subtasks = append(v.Subtasks, Subtask{Subtask: s.Index, Host: s.Host, State: s.State})
+			v.Tasks[s.State]++
+		}
+		for state, n := range v.Tasks {
+			if n > v.Tasks[v.State] || n == v.Tasks[v.State] && state < v.State {
+				v.State = state
+			}
+		}
+		d.Vertices = append(d.Vertices, v)
+	}
+	return d
+}
+
+// view answers GET of a job's resource: what of makes of its status.
+func (h *handler) view(of func(*cluster.JobStatus) any) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		if st := h.lookup(w, r); st != nil {
+			writeJSON(w, http.StatusOK, of(st))
+		}
+	}
+}
+
+// PlanReply is GET /jobs/{id}/plan, as Flink's: {"plan": {...}}.
+type PlanReply struct {
+	Plan Plan `json:"plan"`
+}
+
+// Plan is a job's graph.
+type Plan struct {
+	JobID string     `json:"jid"`
+	Name  string     `json:"name"`
+	Nodes []PlanNode `json:"nodes"`
+	Edges []PlanEdge `json:"edges"`
+}
+
+// PlanNode is one operator of the plan.
+type PlanNode struct {
+	ID          string      `json:"id"`
+	Kind        string      `json:"kind,omitempty"`
+	Parallelism int         `json:"parallelism"`
+	Inputs      []PlanInput `json:"inputs,omitempty"`
+}
+
+// PlanInput is one input of a node, as Flink names it.
+type PlanInput struct {
+	Num          int    `json:"num"`           // input index
+	ID           string `json:"id"`            // upstream node
+	ShipStrategy string `json:"ship_strategy"` // forward, rebalance, hash or broadcast
+	// Exchange is pointwise (forward) or all_to_all.
+	Exchange string `json:"exchange"`
+}
+
+// PlanEdge is one edge, from upstream to downstream.
+type PlanEdge struct {
+	From         string `json:"from"`
+	To           string `json:"to"`
+	Partitioning string `json:"partitioning"`
+	Input        int    `json:"input"`
+}
+
+func plan(st *cluster.JobStatus) any {
+	p := Plan{JobID: st.ID, Name: st.Name, Nodes: []PlanNode{}, Edges: []PlanEdge{}}
+	for _, op := range st.Operators {
+		n := PlanNode{ID: op.UID, Kind: op.Kind, Parallelism: op.Parallelism}
+		for _, e := range op.Inputs {
+			ex := "all_to_all"
+			if e.Partitioning == "forward" {
+				ex = "pointwise"
+			}
+			n.Inputs = append(n.Inputs, PlanInput{Num: e.Input, ID: e.From, ShipStrategy: e.Partitioning, Exchange: ex})
+			p.Edges = append(p.Edges, PlanEdge{From: e.From, To: op.UID, Partitioning: e.Partitioning, Input: e.Input})
+		}
+		p.Nodes = append(p.Nodes, n)
+	}
+	return PlanReply{Plan: p}
+}
+
+// CheckpointsReply is GET /jobs/{id}/checkpoints.
+type CheckpointsReply struct {
+	// Mode is aligned, unaligned or "aligned, unaligned after D"; "" when
+	// the job does not checkpoint.
+	Mode   string             `json:"mode,omitempty"`
+	Latest *CheckpointSummary `json:"latest,omitempty"` // the latest completed
+	// History are the latest completed checkpoints and savepoints (at most
+	// ten), newest first.
+	History []CheckpointSummary `json:"history"`
+}
+
+// CheckpointSummary is one completed checkpoint or savepoint.
+type CheckpointSummary struct {
+	ID          int64     `json:"id"`
+	Kind        string    `json:"kind"` // checkpoint or savepoint
+	Status      string    `json:"status"`
+	IsSavepoint bool      `json:"is_savepoint"`
+	CompletedAt time.Time `json:"completed_at"`
+	DurationMS  float64   `json:"duration_ms"` // trigger to durable metadata
+	StateSize   int64     `json:"state_size"`  // bytes
+	// InFlightBytes is the channel state of an unaligned checkpoint.
+	InFlightBytes int64  `json:"inflight_bytes"`
+	Unaligned     bool   `json:"unaligned"`
+	ExternalPath  string `json:"external_path,omitempty"`
+}
+
+func checkpoints(st *cluster.JobStatus) any {
+	out := CheckpointsReply{Mode: st.CheckpointMode, History: []CheckpointSummary{}}
+	for i := len(st.Checkpoints) - 1; i >= 0; i-- {
+		c := st.Checkpoints[i]
+		s := CheckpointSummary{ID: c.ID, Kind: c.Kind, Status: "completed", IsSavepoint: c.Kind == "savepoint",
+			CompletedAt: c.Time, DurationMS: float64(c.Duration.Microseconds()) / 1000, StateSize: c.Size,
+			InFlightBytes: c.InFlight, Unaligned: c.InFlight > 0, ExternalPath: c.Location}
+		out.History = append(out.History, s)
+	}
+	if len(out.History) > 0 {
+		out.Latest = &out.History[0]
+	}
+	return out
+}
+
+// ExceptionsReply is GET /jobs/{id}/exceptions.
+type ExceptionsReply struct {
+	// RootException is why the job failed (or, while it restarts, what it
+	// waits for); "" for a job that has not failed.
+	RootException string `json:"root_exception,omitempty"`
+	// Entries are the attempts that ended with a reason, newest first.
+	Entries []ExceptionEntry `json:"entries"`
+}
+
+// ExceptionEntry is one attempt that failed (or ended with a reason).
+type ExceptionEntry struct {
+	Attempt   int      `json:"attempt"`
+	State     string   `json:"state"`
+	Hosts     []string `json:"hosts,omitempty"`
+	Exception string   `json:"exception"` // the cause: the guest's message and wasm stack for a trap
+}
+
+func exceptions(st *cluster.JobStatus) any {
+	out := ExceptionsReply{Entries: []ExceptionEntry{}}
+	if st.State == cluster.JobFailed || st.State == cluster.JobRestarting {
+		out.RootException = st.Reason
+	}
+	for i := len(st.Attempts) - 1; i >= 0; i-- {
+		a := st.Attempts[i]
+		if a.Reason == "" {
+			continue
+		}
+		out.Entries = append(out.Entries, ExceptionEntry{Attempt: a.Attempt, State: a.State, Hosts: a.Hosts, Exception: a.Reason})
+	}
+	return out
+}
+
+// decode reads a JSON body into v; an empty body leaves v as it is.
+func decode(r *http.Request, v any) error {
+	dec := json.NewDecoder(io.LimitReader(r.Body, maxBody))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil && !errors.Is(err, io.EOF) {
+		return errorf(http.StatusBadRequest, "%s %s: bad request body: %v", r.Method, r.URL.Path, err)
+	}
+	if dec.More() {
+		return errorf(http.StatusBadRequest, "%s %s: bad request body: more than one JSON value", r.Method, r.URL.Path)
+	}
+	return nil
+}
+
+// StopRequest is the body of POST /jobs/{id}/stop (Flink's names).
+type StopRequest struct {
+	Drain           bool   `json:"drain"`
+	TargetDirectory string `json:"targetDirectory"`
+}
+
+// SavepointRequest is the body of POST /jobs/{id}/savepoints.
+type SavepointRequest struct {
+	TargetDirectory string `json:"targetDirectory"`
+}
+
+// SavepointReply answers a stop or a savepoint: where the savepoint is.
+type SavepointReply struct {
+	Status   string `json:"status"` // completed
+	Location string `json:"location"`
+	State    string `json:"state,omitempty"` // the job's state afterwards
+}
+
+// running: a stop or savepoint needs a job running (or finishing).
+func running(st *cluster.JobStatus) bool {
+	return st.State == cluster.JobRunning || st.State == cluster.JobFinishing
+}
+
+// refused classifies the error of an action on job id: an *Error as it
+// is; else 409 when the job is (now) in a state the action does not
+// apply to, 500 otherwise.
+func (h *handler) refused(ctx context.Context, id string, err error, applies func(*cluster.JobStatus) bool) error {
+	var e *Error
+	if errors.As(err, &e) {
+		return err
+	}
+	if st, serr := h.b.Status(ctx, id); serr == nil && st != nil && !applies(st) {
+		return &Error{Status: http.StatusConflict, Msg: err.Error()}
+	}
+	return err
+}
+
+func (h *handler) stop(w http.ResponseWriter, r *http.Request) {
+	var req StopRequest
+	if err := decode(r, &req); err != nil {
+		writeError(w, err)
+		return
+	}
+	h.savepointAction(w, r, "stop", func(ctx context.Context, id string) (string, error) {
+		return h.b.Stop(ctx, id, req.TargetDirectory, req.Drain)
+	})
+}
+
+func (h *handler) savepoint(w http.ResponseWriter, r *http.Request) {
+	var req SavepointRequest
+	if err := decode(r, &req); err != nil {
+		writeError(w, err)
+		return
+	}
+	h.savepointAction(w, r, "savepoint", func(ctx context.Context, id string) (string, error) {
+		return h.b.Savepoint(ctx, id, req.TargetDirectory)
+	})
+}
+
+// savepointAction runs a stop or savepoint of a running job.
+func (h *handler) savepointAction(w http.ResponseWriter, r *http.Request, verb string, act func(context.Context, string) (string, error)) {
+	st := h.lookup(w, r)
+	if st == nil {
+		return
+	}
+	if !running(st) {
+		writeError(w, errorf(http.StatusConflict, "%s job %s: the job is %s, not running", verb, st.ID, st.State))
+		return
+	}
+	path, err := act(r.Context(), st.ID)
+	if err != nil {
+		writeError(w, h.refused(r.Context(), st.ID, err, running))
+		return
+	}
+	out := SavepointReply{Status: "completed", Location: path}
+	if now, err := h.b.Status(r.Context(), st.ID); err == nil && now != nil {
+		out.State = now.State
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+func (h *handler) cancel(w http.ResponseWriter, r *http.Request) {
+	if r.Method == http.MethodPatch {
+		// Flink: PATCH /jobs/{id}?mode=cancel; cancel is the only mode.
+		if m := r.URL.Query().Get("mode"); m != "" && m != "cancel" {
+			writeError(w, errorf(http.StatusBadRequest, "PATCH %s: mode %q: want cancel", r.URL.Path, m))
+			return
+		}
+	}
+	st := h.lookup(w, r)
+	if st == nil {
+		return
+	}
+	live := func(st *cluster.JobStatus) bool { return !cluster.TerminalJobState(st.State) }
+	if !live(st) {
+		writeError(w, errorf(http.StatusConflict, "cancel job %s: the job is already %s", st.ID, st.State))
+		return
+	}
+	after, err := h.b.Cancel(r.Context(), st.ID)
+	if err != nil {
+		writeError(w, h.refused(r.Context(), st.ID, err, live))
+		return
+	}
+	if after == nil {
+		after = st
+	}
+	writeJSON(w, http.StatusOK, detail(after))
+}

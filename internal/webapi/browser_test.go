@@ -1,0 +1,173 @@
+package webapi_test
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"net/http"
+	"net/url"
+	"os"
+	"os/exec"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/chromedp/chromedp"
+
+	"github.com/streamd/streamd/internal/cluster"
+	"github.com/streamd/streamd/internal/webapi"
+)
+
+var screenshot = flag.String("screenshot", "", "write the console's screenshot of a running job to this PNG file (docs/console.png)")
+
+// chromium finds Debian's chromium (make deps installs it).
+func chromium(t *testing.T) string {
+	for _, name := range []string{"chromium", "chromium-browser", "google-chrome"} {
+		if p, err := exec.LookPath(name); err == nil {
+			return p
+		}
+	}
+	t.Skip("no chromium binary on PATH (make deps installs Debian's chromium): the console's browser test does not run")
+	return ""
+}
+
+// The console in a real browser, headless and on loopback only: the page of
+// a running job shows its graph with each subtask's state, live rates and a
+// completed checkpoint; its stop-with-savepoint button stops the job.
+func TestConsoleInBrowser(t *testing.T) {
+	bin := chromium(t)
+	tc := newCluster(t, webapi.Options{TracingUIURL: "http://127.0.0.1:16686", Service: "streamd-test"})
+	id := tc.deploy(foreverJob(t, "forever"))
+
+	opts := append(chromedp.DefaultExecAllocatorOptions[:],
+		chromedp.ExecPath(bin),
+		chromedp.Flag("headless", true),
+		chromedp.NoSandbox, // tests run as root
+		chromedp.DisableGPU,
+		chromedp.WindowSize(1280, 1100),
+		// Loopback only: anything else goes to a proxy that is not there
+		// (loopback addresses bypass proxies).
+		chromedp.ProxyServer("http://127.0.0.1:9"),
+		chromedp.UserDataDir(t.TempDir()),
+	)
+	actx, cancelAlloc := chromedp.NewExecAllocator(context.Background(), opts...)
+	defer cancelAlloc()
+	ctx, cancelCtx := chromedp.NewContext(actx)
+	defer cancelCtx()
+	ctx, cancel := context.WithTimeout(ctx, 90*time.Second)
+	defer cancel()
+
+	// Start the browser before anything listens to it.
+	if err := chromedp.Do(ctx, chromedp.Navigate("about:blank")); err != nil {
+		t.Fatalf("start %s: %v", bin, err)
+	}
+	// Every error and uncaught exception of the page fails the test.
+	var mu sync.Mutex
+	var jsErrors []string
+	go func() {
+		for m, err := range chromedp.Console(ctx) {
+			if err != nil {
+				return
+			}
+			if m.Type == chromedp.ConsoleError || m.Type == chromedp.ConsoleException {
+				mu.Lock()
+				jsErrors = append(jsErrors, fmt.Sprintf("%s at %s:%d: %s", m.Type, m.URL, m.Line, m.Text))
+				mu.Unlock()
+			}
+		}
+	}()
+
+	// The job list links to the job.
+	if err := chromedp.Do(ctx,
+		chromedp.Navigate(tc.url+"/"),
+		chromedp.WaitVisible(`#jobs tr[data-job="`+id+`"] a`),
+		chromedp.Click(`#jobs tr[data-job="`+id+`"] a`),
+		chromedp.WaitVisible(`#job-page[data-id="`+id+`"]`),
+	); err != nil {
+		t.Fatalf("job list: %v", err)
+	}
+
+	// The graph: three operators, upper with two running subtasks, the
+	// edges with their partitioning; a completed checkpoint; rates.
+	if err := chromedp.Do(ctx,
+		chromedp.WaitVisible(`svg .node[data-id="gen"]`),
+		chromedp.WaitVisible(`svg .node[data-id="out"]`),
+		voidPoll(`document.querySelectorAll('svg .node[data-id="upper"] rect.subtask[data-state="running"]').length == 2`),
+		chromedp.WaitVisible(`#checkpoints tbody tr[data-kind="checkpoint"]`),
+		// Records per second, from two polls a second apart.
+		voidPoll(`/^[0-9.]+ (k|M)?\/s$/.test(document.querySelector('#vertices tr[data-id="out"] .rate-in').textContent)`),
+	); err != nil {
+		t.Fatalf("job page: %v", err)
+	}
+	upperSubtasks, err := chromedp.Run(ctx, chromedp.Evaluate[int](`document.querySelectorAll('svg .node[data-id="upper"] rect.subtask').length`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	edges, err := chromedp.Run(ctx, chromedp.Evaluate[int](`document.querySelectorAll('svg .edge[data-partitioning="rebalance"][data-from="gen"][data-to="upper"], svg .edge[data-partitioning="hash"][data-from="upper"][data-to="out"]').length`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if upperSubtasks != 2 || edges != 2 {
+		t.Errorf("graph: upper has %d subtasks (want 2), %d of the 2 edges with their partitioning", upperSubtasks, edges)
+	}
+	// With tracing.ui_url, links to the job's and each checkpoint's traces in Jaeger.
+	links, err := chromedp.Run(ctx, chromedp.Evaluate[[]string](`[document.querySelector('#job-trace').href,
+		document.querySelector('#checkpoints tbody tr[data-kind="checkpoint"] a').href]`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	jobTags := `tags=` + url.QueryEscape(`{"streamd.job":"`+id+`"}`)
+	cpTags := url.QueryEscape(`{"streamd.job":"forever","streamd.checkpoint_id":"`)
+	if len(links) != 2 || !strings.HasPrefix(links[0], "http://127.0.0.1:16686/search?service=streamd-test&") ||
+		!strings.HasSuffix(links[0], jobTags) || !strings.Contains(links[1], cpTags) {
+		t.Errorf("trace links %q: want Jaeger searches by %s and %s...", links, jobTags, cpTags)
+	}
+	rate, err := chromedp.Run(ctx, chromedp.Text(`#vertices tr[data-id="out"] .rate-in`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("sink's input rate on the page: %s", rate)
+	if *screenshot != "" {
+		png, err := chromedp.Run(ctx, chromedp.FullScreenshot(100))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(*screenshot, png, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	// Stop with a savepoint from the page.
+	if err := chromedp.Do(ctx,
+		chromedp.Click(`#btn-stop`, chromedp.NodeEnabled),
+		chromedp.WaitVisible(`#job-state [data-state="stopped"]`),
+		chromedp.WaitVisible(`#message.ok`),
+		chromedp.WaitVisible(`#checkpoints tbody tr[data-kind="savepoint"]`),
+		voidPoll(`document.querySelector('#btn-stop').disabled && document.querySelector('#btn-cancel').disabled`),
+	); err != nil {
+		t.Fatalf("stop from the page: %v", err)
+	}
+	msg, err := chromedp.Run(ctx, chromedp.Text(`#message`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var job webapi.JobDetail
+	call(t, http.MethodGet, tc.url+"/jobs/"+id, "", &job)
+	if job.State != cluster.JobStopped || job.Savepoint == "" || !strings.Contains(msg, job.Savepoint) {
+		t.Errorf("after the click: job %s, savepoint %q; the page says %q", job.State, job.Savepoint, msg)
+	}
+	if _, err := os.Stat(job.Savepoint + "/_metadata"); err != nil {
+		t.Errorf("savepoint: %v", err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(jsErrors) > 0 {
+		t.Errorf("errors in the page: %s", strings.Join(jsErrors, "\n"))
+	}
+}
+
+// voidPoll waits until the expression is true in the page.
+func voidPoll(expr string) chromedp.Action[chromedp.Void] {
+	return chromedp.Poll[chromedp.Void](expr)
+}

@@ -1,0 +1,365 @@
+// streamd console: polls the REST API (docs/rest.md) every second and draws
+// the job list or one job's page. Plain JavaScript, no dependencies.
+"use strict";
+
+const state = { config: { refresh_interval_ms: 1000 }, timer: null, prev: null, route: "", busy: false };
+
+function el(tag, attrs, ...children) {
+  const e = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs || {})) {
+    if (k === "class") e.className = v;
+    else if (k.startsWith("on")) e.addEventListener(k.slice(2), v);
+    else if (v !== undefined && v !== null && v !== false) e.setAttribute(k, v === true ? "" : v);
+  }
+  for (const c of children.flat()) {
+    if (c === null || c === undefined) continue;
+    e.append(c instanceof Node ? c : document.createTextNode(String(c)));
+  }
+  return e;
+}
+
+const SVG = "http://www.w3.org/2000/svg";
+function svg(tag, attrs, ...children) {
+  const e = document.createElementNS(SVG, tag);
+  for (const [k, v] of Object.entries(attrs || {})) if (v !== undefined) e.setAttribute(k, v);
+  for (const c of children.flat()) {
+    if (c === null || c === undefined) continue;
+    e.append(c instanceof Node ? c : document.createTextNode(String(c)));
+  }
+  return e;
+}
+
+async function api(method, path, body) {
+  const opts = { method, headers: {} };
+  if (body !== undefined) {
+    opts.headers["Content-Type"] = "application/json";
+    opts.body = JSON.stringify(body);
+  }
+  const resp = await fetch(path, opts);
+  let data = null;
+  try { data = await resp.json(); } catch (e) { /* not JSON */ }
+  if (!resp.ok) {
+    const msg = data && data.errors ? data.errors.join("; ") : resp.status + " " + resp.statusText;
+    throw new Error(msg);
+  }
+  return data;
+}
+
+function stateBadge(s) { return el("span", { class: "state " + s, "data-state": s }, s); }
+
+function fmtBytes(n) {
+  if (!n) return "0 B";
+  const u = ["B", "KiB", "MiB", "GiB", "TiB"];
+  let i = 0;
+  while (n >= 1024 && i < u.length - 1) { n /= 1024; i++; }
+  return (i ? n.toFixed(1) : n) + " " + u[i];
+}
+
+function fmtMS(ms) {
+  if (ms < 1000) return ms.toFixed(ms < 10 ? 2 : 0) + " ms";
+  const s = ms / 1000;
+  if (s < 120) return s.toFixed(1) + " s";
+  const m = Math.floor(s / 60);
+  if (m < 120) return m + " min " + Math.round(s % 60) + " s";
+  return Math.floor(m / 60) + " h " + (m % 60) + " min";
+}
+
+function fmtRate(r) {
+  if (r === undefined || r === null || !isFinite(r)) return "–";
+  if (r >= 1e6) return (r / 1e6).toFixed(2) + " M/s";
+  if (r >= 1e4) return (r / 1e3).toFixed(1) + " k/s";
+  return r.toFixed(r < 10 ? 1 : 0) + " /s";
+}
+
+function fmtTime(t) { return t ? new Date(t).toLocaleTimeString() : ""; }
+
+// traceURL links to a Jaeger UI search (tracing.ui_url) for spans with
+// these tags; null when no UI is configured.
+function traceURL(tags) {
+  const c = state.config;
+  if (!c.tracing_ui_url) return null;
+  const q = new URLSearchParams();
+  if (c.service) q.set("service", c.service);
+  q.set("tags", JSON.stringify(tags));
+  return c.tracing_ui_url + "/search?" + q.toString();
+}
+
+function setMain(...nodes) {
+  const m = document.getElementById("main");
+  m.replaceChildren(...nodes);
+}
+
+function setUpdated(ok, text) {
+  const u = document.getElementById("updated");
+  u.textContent = ok ? "updated " + new Date().toLocaleTimeString() : text;
+}
+
+// --- job list ---------------------------------------------------------------
+
+async function renderList() {
+  const data = await api("GET", "/jobs");
+  const rows = data.jobs.map(j => el("tr", { "data-job": j.id },
+    el("td", {}, el("a", { href: "#/jobs/" + encodeURIComponent(j.id) }, j.name)),
+    el("td", { class: "muted" }, j.id),
+    el("td", {}, stateBadge(j.state)),
+    el("td", {}, fmtTime(j.start_time)),
+    el("td", { class: "num" }, fmtMS(j.duration_ms)),
+    el("td", {}, Object.entries(j.tasks).map(([s, n]) => el("span", {}, stateBadge(s), " " + n + " "))),
+    el("td", {}, (j.hosts || []).join(", "))));
+  setMain(el("h1", {}, "Jobs"),
+    el("section", {}, rows.length ? el("table", { id: "jobs" },
+      el("thead", {}, el("tr", {}, ["Name", "Id", "State", "Started", "Duration", "Subtasks", "Hosts"].map(h => el("th", {}, h)))),
+      el("tbody", {}, rows)) : el("p", { class: "muted" }, "No jobs. Deploy one with: streamd deploy JOB.yaml")));
+}
+
+// --- job page ---------------------------------------------------------------
+
+// rates are records per second of each vertex since the previous poll.
+function rates(job) {
+  const out = {};
+  const p = state.prev;
+  if (p && p.id === job.id && job.now > p.now) {
+    const dt = (job.now - p.now) / 1000;
+    for (const v of job.vertices) {
+      const q = p.vertices[v.id];
+      if (q) out[v.id] = { in: (v.records_in - q.in) / dt, out: (v.records_out - q.out) / dt };
+    }
+  }
+  if (!p || p.id !== job.id || job.now - p.now >= 900) {
+    const vs = {};
+    for (const v of job.vertices) vs[v.id] = { in: v.records_in, out: v.records_out };
+    state.prev = { id: job.id, now: job.now, vertices: vs, rates: out };
+    return out;
+  }
+  return p.rates; // a poll sooner than a second: keep the last rates
+}
+
+// layout places each node in the column of its longest path from a source.
+function layout(nodes) {
+  const byId = Object.fromEntries(nodes.map(n => [n.id, n]));
+  const level = {};
+  const lv = (id, seen) => {
+    if (level[id] !== undefined) return level[id];
+    if (seen.has(id)) return 0;
+    seen.add(id);
+    const n = byId[id];
+    let l = 0;
+    for (const i of (n && n.inputs) || []) l = Math.max(l, lv(i.id, seen) + 1);
+    return (level[id] = l);
+  };
+  nodes.forEach(n => lv(n.id, new Set()));
+  const cols = [];
+  for (const n of nodes) (cols[level[n.id]] = cols[level[n.id]] || []).push(n.id);
+  return { level, cols };
+}
+
+function drawGraph(plan, job, rate) {
+  const W = 210, GAP = 90, ROWGAP = 30, SQ = 12;
+  const vert = Object.fromEntries(job.vertices.map(v => [v.id, v]));
+  const { cols } = layout(plan.nodes);
+  const height = id => {
+    const p = (vert[id] || {}).parallelism || 1;
+    return 84 + Math.ceil(p / 14) * (SQ + 2);
+  };
+  const pos = {};
+  let maxH = 0;
+  cols.forEach((ids, c) => {
+    let y = 10;
+    for (const id of ids) {
+      pos[id] = { x: 10 + c * (W + GAP), y, h: height(id) };
+      y += pos[id].h + ROWGAP;
+    }
+    maxH = Math.max(maxH, y);
+  });
+  const width = 20 + cols.length * (W + GAP) - GAP;
+  const root = svg("svg", { width, height: maxH, viewBox: `0 0 ${width} ${maxH}`, role: "img", "aria-label": "job graph" },
+    svg("defs", {}, svg("marker", { id: "arrow", viewBox: "0 0 10 10", refX: 10, refY: 5, markerWidth: 7, markerHeight: 7, orient: "auto-start-reverse" },
+      svg("path", { d: "M 0 0 L 10 5 L 0 10 z", fill: "#8a94a6" }))));
+  for (const e of plan.edges) {
+    const a = pos[e.from], b = pos[e.to];
+    if (!a || !b) continue;
+    const x1 = a.x + W, y1 = a.y + a.h / 2, x2 = b.x, y2 = b.y + b.h / 2, mx = (x1 + x2) / 2;
+    root.append(svg("g", { class: "edge", "data-from": e.from, "data-to": e.to, "data-partitioning": e.partitioning },
+      svg("path", { d: `M ${x1} ${y1} C ${mx} ${y1}, ${mx} ${y2}, ${x2} ${y2}`, "marker-end": "url(#arrow)" }),
+      svg("text", { x: mx, y: (y1 + y2) / 2 - 6, "text-anchor": "middle" }, e.partitioning)));
+  }
+  for (const n of plan.nodes) {
+    const p = pos[n.id], v = vert[n.id] || { subtasks: [], records_in: 0, records_out: 0 };
+    const r = rate[n.id] || {};
+    const g = svg("g", { class: "node", "data-id": n.id, "data-state": v.state, transform: `translate(${p.x},${p.y})` },
+      svg("rect", { class: "box", width: W, height: p.h }),
+      svg("text", { class: "title", x: 10, y: 19 }, n.id),
+      svg("text", { class: "meta", x: 10, y: 36 }, `${n.kind || "operator"} · parallelism ${n.parallelism}`),
+      svg("text", { class: "rates", x: 10, y: 54 }, `in ${fmtRate(r.in)}  out ${fmtRate(r.out)}`),
+      svg("text", { class: "meta", x: 10, y: 70 }, `${v.records_in} in · ${v.records_out} out`));
+    v.subtasks.forEach((s, i) => {
+      g.append(svg("rect", { class: "subtask " + s.state, "data-subtask": s.subtask, "data-state": s.state,
+        x: 10 + (i % 14) * (SQ + 2), y: 78 + Math.floor(i / 14) * (SQ + 2), width: SQ, height: SQ },
+        svg("title", {}, `subtask ${s.subtask}: ${s.state}${s.host ? " on " + s.host : ""}`)));
+    });
+    root.append(g);
+  }
+  return root;
+}
+
+function vertexTable(job, rate) {
+  return el("table", { id: "vertices" },
+    el("thead", {}, el("tr", {}, ["Operator", "Kind", "Parallelism", "State", "Records in", "Records out", "In /s", "Out /s", "Subtasks"]
+      .map((h, i) => el("th", { class: i >= 4 && i < 8 ? "num" : "" }, h)))),
+    el("tbody", {}, job.vertices.map(v => el("tr", { "data-id": v.id },
+      el("td", {}, v.id), el("td", {}, v.kind || ""), el("td", { class: "num" }, v.parallelism),
+      el("td", {}, stateBadge(v.state)),
+      el("td", { class: "num" }, v.records_in), el("td", { class: "num" }, v.records_out),
+      el("td", { class: "num rate-in" }, fmtRate((rate[v.id] || {}).in)),
+      el("td", { class: "num rate-out" }, fmtRate((rate[v.id] || {}).out)),
+      el("td", {}, v.subtasks.map(s => el("span", { title: s.host ? "on " + s.host : "" }, "#" + s.subtask + " ", stateBadge(s.state), " ")))))));
+}
+
+function checkpointTable(job, cps) {
+  if (!job.checkpoint_mode) return el("p", { class: "muted" }, "The job does not checkpoint (no checkpoint section).");
+  if (!cps.history.length) return el("p", { class: "muted", id: "no-checkpoints" }, "No checkpoint completed yet.");
+  const link = c => {
+    const u = traceURL({ "streamd.job": job.name, "streamd.checkpoint_id": String(c.id) });
+    return u ? el("a", { href: u, target: "_blank", rel: "noopener" }, "trace") : "";
+  };
+  return el("table", { id: "checkpoints" },
+    el("thead", {}, el("tr", {}, ["Id", "Kind", "Status", "Completed", "Duration", "Size", "In-flight", "Location", ""]
+      .map((h, i) => el("th", { class: i >= 4 && i <= 6 ? "num" : "" }, h)))),
+    el("tbody", {}, cps.history.map(c => el("tr", { "data-id": c.id, "data-kind": c.kind },
+      el("td", {}, c.id), el("td", {}, c.kind + (c.unaligned ? " (unaligned)" : "")), el("td", {}, c.status),
+      el("td", {}, fmtTime(c.completed_at)), el("td", { class: "num" }, fmtMS(c.duration_ms)),
+      el("td", { class: "num" }, fmtBytes(c.state_size)), el("td", { class: "num" }, fmtBytes(c.inflight_bytes)),
+      el("td", { class: "muted" }, c.external_path || ""), el("td", {}, link(c))))));
+}
+
+function exceptionList(ex) {
+  if (!ex.root_exception && !ex.entries.length) return el("p", { class: "muted", id: "no-exceptions" }, "No failures.");
+  return el("div", { id: "exceptions" },
+    ex.root_exception ? [el("h3", {}, "Root cause"), el("pre", { class: "exception" }, ex.root_exception)] : null,
+    ex.entries.map(e => el("div", { class: "entry" },
+      el("div", {}, "Attempt " + e.attempt + " ", stateBadge(e.state), e.hosts ? " on " + e.hosts.join(", ") : ""),
+      el("pre", { class: "exception" }, e.exception))));
+}
+
+function message(text, kind) {
+  const m = document.getElementById("message");
+  if (!m) return;
+  m.textContent = text;
+  m.className = kind || "";
+}
+
+async function act(what, fn) {
+  state.busy = true;
+  document.querySelectorAll(".actions button").forEach(b => b.disabled = true);
+  message(what + "…", "");
+  try {
+    const r = await fn();
+    message(what + ": " + (r.location ? "savepoint " + r.location : "done") + (r.state ? " (job " + r.state + ")" : ""), "ok");
+  } catch (e) {
+    message(what + " failed: " + e.message, "error");
+  } finally {
+    state.busy = false;
+    tick();
+  }
+}
+
+function actions(job) {
+  const id = encodeURIComponent(job.id);
+  const live = ["running", "finishing"].includes(job.state);
+  const ended = ["finished", "failed", "canceled", "stopped"].includes(job.state);
+  const cp = !!job.checkpoint_mode;
+  const drain = el("input", { type: "checkbox", id: "drain" });
+  const cancel = el("button", { id: "btn-cancel", class: "danger", disabled: ended || state.busy });
+  cancel.textContent = "Cancel";
+  cancel.addEventListener("click", () => {
+    if (cancel.dataset.confirm !== "1") { // a second click confirms
+      cancel.dataset.confirm = "1";
+      cancel.textContent = "Click again to cancel the job";
+      return;
+    }
+    act("Cancel", () => api("POST", `/jobs/${id}/cancel`));
+  });
+  return el("div", { class: "actions" },
+    el("button", { id: "btn-stop", disabled: !live || !cp || state.busy,
+      onclick: () => act("Stop with savepoint", () => api("POST", `/jobs/${id}/stop`, { drain: drain.checked })) }, "Stop with savepoint"),
+    el("label", {}, drain, " drain"),
+    el("button", { id: "btn-savepoint", disabled: !live || !cp || state.busy,
+      onclick: () => act("Savepoint", () => api("POST", `/jobs/${id}/savepoints`, {})) }, "Savepoint"),
+    cancel,
+    el("span", { id: "message" }));
+}
+
+// renderJob draws the page once and then updates its parts in place, so
+// that the buttons and the message stay while the data refreshes.
+async function renderJob(id) {
+  const p = encodeURIComponent(id);
+  const [job, plan, cps, ex] = await Promise.all([api("GET", `/jobs/${p}`), api("GET", `/jobs/${p}/plan`),
+    api("GET", `/jobs/${p}/checkpoints`), api("GET", `/jobs/${p}/exceptions`)]);
+  const rate = rates(job);
+  let page = document.getElementById("job-page");
+  if (!page || page.dataset.id !== id) {
+    const trace = traceURL({ "streamd.job": state.config.mode === "run" ? job.name : job.id });
+    page = el("div", { id: "job-page", "data-id": id },
+      el("h1", {}, el("a", { href: "#/" }, "Jobs"), " / ", job.name, " ", el("span", { id: "job-state" })),
+      el("section", {}, el("div", { id: "actions" }), el("dl", { class: "kv", id: "summary" }),
+        trace ? el("p", {}, el("a", { href: trace, target: "_blank", rel: "noopener", id: "job-trace" }, "Traces of this job in Jaeger")) : null),
+      el("h2", {}, "Graph"), el("section", { id: "graph" }),
+      el("h2", {}, "Operators"), el("section", { id: "vertex-table" }),
+      el("h2", {}, "Checkpoints"), el("section", { id: "checkpoint-section" }),
+      el("h2", {}, "Failures"), el("section", { id: "exception-section" }));
+    setMain(page);
+  }
+  const st = document.getElementById("job-state");
+  if (st.dataset.state !== job.state) {
+    st.dataset.state = job.state;
+    st.replaceChildren(stateBadge(job.state));
+  }
+  const acts = document.getElementById("actions");
+  const key = job.state + "|" + state.busy;
+  if (acts.dataset.key !== key) { // redraw the buttons only when they change
+    const msg = document.getElementById("message");
+    const keep = msg ? [msg.textContent, msg.className] : null;
+    acts.dataset.key = key;
+    acts.replaceChildren(actions(job));
+    if (keep) message(keep[0], keep[1]);
+  }
+  const kv = [["Id", job.id], ["State", job.state], ["Attempt", job.attempt], ["Started", new Date(job.start_time).toLocaleString()],
+    ["Duration", fmtMS(job.duration_ms)], ["Hosts", (job.hosts || []).join(", ")],
+    ["Checkpoints", job.checkpoint_mode || "off"], ["Savepoint", job.savepoint], ["Reason", job.reason]];
+  document.getElementById("summary").replaceChildren(...kv.filter(([, v]) => v !== undefined && v !== "")
+    .flatMap(([k, v]) => [el("dt", {}, k), el("dd", { "data-key": k.toLowerCase() }, v)]));
+  document.getElementById("graph").replaceChildren(drawGraph(plan.plan, job, rate));
+  document.getElementById("vertex-table").replaceChildren(vertexTable(job, rate));
+  document.getElementById("checkpoint-section").replaceChildren(checkpointTable(job, cps));
+  document.getElementById("exception-section").replaceChildren(exceptionList(ex));
+}
+
+// --- routing and polling -------------------------------------------------------
+
+async function tick() {
+  clearTimeout(state.timer);
+  const route = location.hash.replace(/^#/, "") || "/";
+  try {
+    const m = route.match(/^\/jobs\/([^/]+)$/);
+    if (m) await renderJob(decodeURIComponent(m[1]));
+    else await renderList();
+    setUpdated(true);
+  } catch (e) {
+    setUpdated(false, "not updated: " + e.message);
+    if (!document.getElementById("job-page") && !document.getElementById("jobs")) {
+      setMain(el("p", { class: "error" }, e.message), el("p", {}, el("a", { href: "#/" }, "Back to the jobs")));
+    }
+  }
+  state.timer = setTimeout(tick, state.config.refresh_interval_ms || 1000);
+}
+
+async function start() {
+  try {
+    state.config = await api("GET", "/config");
+    document.getElementById("mode").textContent = state.config.mode === "run" ? "streamd run" : "controller";
+  } catch (e) { /* keep the defaults */ }
+  window.addEventListener("hashchange", () => { state.prev = null; tick(); });
+  tick();
+}
+
+start();
