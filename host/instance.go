@@ -21,6 +21,7 @@ import (
 // InstanceConfig describes the subtask an instance runs.
 type InstanceConfig struct {
 	Job, Operator  string
+	JobID          string // a deployed job's id, for spans ("": Job)
 	Subtask        int
 	Parallelism    int
 	MaxParallelism int // 0 -> abi.DefaultMaxParallelism

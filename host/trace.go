@@ -26,7 +26,7 @@ func (i *Instance) startSpan(ctx context.Context, name string, checkpointID int6
 		return nil
 	}
 	attrs := make([]attribute.KeyValue, 0, 6)
-	attrs = append(attrs, telemetry.SubtaskAttrs(i.cfg.Job, i.cfg.Operator, i.cfg.Subtask, i.cfg.Attempt)...)
+	attrs = append(attrs, telemetry.SubtaskAttrs(i.cfg.JobID, i.cfg.Job, i.cfg.Operator, i.cfg.Subtask, i.cfg.Attempt)...)
 	attrs = append(attrs, telemetry.Records(i.records))
 	if checkpointID >= 0 {
 		attrs = append(attrs, telemetry.CheckpointID(checkpointID))

@@ -40,7 +40,7 @@ type distObs struct {
 // trace linked to the attempt.
 func (dj *distJob) startAttemptSpan(restore string) {
 	o := &dj.obs
-	attrs := []attribute.KeyValue{telemetry.Job(dj.id), telemetry.Attempt(dj.attempt),
+	attrs := []attribute.KeyValue{telemetry.Job(dj.id), telemetry.AttrJobID.String(dj.id), telemetry.AttrJobName.String(dj.g.Name), telemetry.Attempt(dj.attempt),
 		attribute.StringSlice("streamd.hosts", dj.placement.Hosts())}
 	opts := []trace.SpanStartOption{trace.WithNewRoot(), trace.WithAttributes(attrs...)}
 	if o.failCtx != nil {
@@ -56,7 +56,7 @@ func (dj *distJob) startAttemptSpan(restore string) {
 		dj.d.Observe(o.attemptCtx, nil, nil) // checkpoint traces link to the attempt
 	}
 	if restore != "" {
-		rattrs := []attribute.KeyValue{telemetry.Job(dj.id), telemetry.Attempt(dj.attempt), telemetry.Savepoint(restore)}
+		rattrs := []attribute.KeyValue{telemetry.Job(dj.id), telemetry.AttrJobID.String(dj.id), telemetry.AttrJobName.String(dj.g.Name), telemetry.Attempt(dj.attempt), telemetry.Savepoint(restore)}
 		if dj.d != nil {
 			if md := dj.d.Latest(); md != nil && md.Location == restore {
 				rattrs = append(rattrs, telemetry.CheckpointID(md.ID), telemetry.AttrCheckpointKind.String(string(md.Kind)))
@@ -96,7 +96,7 @@ func (dj *distJob) failoverSpans(reason string) {
 		parent = context.Background()
 	}
 	var span trace.Span
-	o.failCtx, span = telemetry.StartRoot(parent, telemetry.SpanFailover, telemetry.Job(dj.id), telemetry.Attempt(dj.attempt+1))
+	o.failCtx, span = telemetry.StartRoot(parent, telemetry.SpanFailover, telemetry.Job(dj.id), telemetry.AttrJobID.String(dj.id), telemetry.AttrJobName.String(dj.g.Name), telemetry.Attempt(dj.attempt+1))
 	telemetry.RecordError(span, err)
 	o.pending = append(o.pending, span)
 }

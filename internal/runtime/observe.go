@@ -84,7 +84,7 @@ func (t *task) startTask(ctx context.Context) context.Context {
 		t.setState(StateDeployedFinished)
 	}
 	t.tracer = tracerOf(&t.j.opts)
-	t.attrs = telemetry.SubtaskAttrs(t.info.Job, t.v.UID, t.sub, t.info.Attempt)
+	t.attrs = telemetry.SubtaskAttrs(t.info.JobID, t.info.Job, t.v.UID, t.sub, t.info.Attempt)
 	ctx, t.span = t.tracer.Start(ctx, telemetry.SpanTask, trace.WithAttributes(t.attrs...))
 	return ctx
 }
@@ -343,7 +343,7 @@ func (d *Driver) observeEvent(ev control.Event) {
 	case control.StopWithSavepoint:
 		if o.stopSpan == nil {
 			o.stopCtx, o.stopSpan = o.tr().Start(o.ctx(), telemetry.SpanStopWithSavepoint,
-				o.rootOpts(telemetry.Job(d.g.Name), attribute.Bool("streamd.drain", x.Drain))...)
+				o.rootOpts(append(telemetry.JobAttrs(d.jobID(), d.g.Name), attribute.Bool("streamd.drain", x.Drain))...)...)
 		}
 	case control.Ack:
 		d.subtaskAnswered(x.CheckpointID, x.Subtask, func(span trace.Span) {
@@ -370,7 +370,7 @@ func (d *Driver) subtaskAnswered(id int64, sub control.SubtaskID, set func(trace
 	if d.lc != nil {
 		attempt = d.lc.Attempt()
 	}
-	attrs := append(telemetry.SubtaskAttrs(d.g.Name, sub.Operator, sub.Index, attempt), telemetry.CheckpointID(id))
+	attrs := append(telemetry.SubtaskAttrs(d.jobID(), d.g.Name, sub.Operator, sub.Index, attempt), telemetry.CheckpointID(id))
 	_, span := d.obs.tr().Start(c.ctx, telemetry.SpanCheckpointSubtask, trace.WithTimestamp(c.start), trace.WithAttributes(attrs...))
 	set(span)
 	span.End()
@@ -383,7 +383,7 @@ func (d *Driver) startPersist(id int64) trace.Span {
 	if c == nil || !c.span.IsRecording() {
 		return nil
 	}
-	_, span := d.obs.tr().Start(c.ctx, telemetry.SpanCheckpointPersist, trace.WithAttributes(telemetry.CheckpointID(id)))
+	_, span := d.obs.tr().Start(c.ctx, telemetry.SpanCheckpointPersist, trace.WithAttributes(append(telemetry.JobAttrs(d.jobID(), d.g.Name), telemetry.CheckpointID(id))...))
 	return span
 }
 
@@ -423,7 +423,7 @@ func (d *Driver) startCheckpoint(x control.TriggerCheckpoint) map[string]string 
 	if c := o.ckpts[x.ID]; c != nil {
 		return c.trace
 	}
-	attrs := []attribute.KeyValue{telemetry.Job(d.g.Name), telemetry.CheckpointID(x.ID),
+	attrs := []attribute.KeyValue{telemetry.Job(d.g.Name), telemetry.AttrJobID.String(d.jobID()), telemetry.AttrJobName.String(d.g.Name), telemetry.CheckpointID(x.ID),
 		telemetry.AttrCheckpointKind.String(string(x.Kind)), attribute.Int("streamd.tasks", len(x.Tasks))}
 	var ctx context.Context
 	var span trace.Span
@@ -529,7 +529,7 @@ type runObs struct {
 // startJob starts the job span, a child of ctx's span if any (a controller's).
 func (r *runner) startJob(ctx context.Context) context.Context {
 	r.obs.tracer = tracerOf(&r.opts)
-	ctx, r.obs.jobSpan = r.obs.tracer.Start(ctx, telemetry.SpanJob, trace.WithAttributes(telemetry.Job(r.g.Name)))
+	ctx, r.obs.jobSpan = r.obs.tracer.Start(ctx, telemetry.SpanJob, trace.WithAttributes(telemetry.JobAttrs(r.opts.JobID, r.g.Name)...))
 	r.obs.jobCtx = ctx
 	return ctx
 }
@@ -555,7 +555,7 @@ func (r *runner) endJob(err error) {
 // runs again (restore, failover): a child of parent when parent carries a
 // span, else a new trace linked to the job span.
 func (r *runner) startPending(parent context.Context, name string, attrs ...attribute.KeyValue) context.Context {
-	attrs = append(attrs, telemetry.Job(r.g.Name))
+	attrs = append(attrs, telemetry.JobAttrs(r.opts.JobID, r.g.Name)...)
 	var span trace.Span
 	var ctx context.Context
 	if parent != nil {
@@ -611,4 +611,13 @@ func subtaskStates(s *Stats, g *control.JobGraph, j *job) {
 		}
 		s.Operators[i].Subtasks = states
 	}
+}
+
+// jobID is the job's id for spans: a deployed job's (CheckpointOptions.JobID),
+// else its name.
+func (d *Driver) jobID() string {
+	if d.co != nil && d.co.JobID != "" {
+		return d.co.JobID
+	}
+	return d.g.Name
 }

@@ -17,6 +17,7 @@ type Emitter func(recs []abi.Record)
 // SubtaskInfo describes the subtask a NativeOperator runs as.
 type SubtaskInfo struct {
 	Job, Operator  string
+	JobID          string // a deployed job's id (Options.JobID); streamd run: the job's name
 	Subtask        int
 	Parallelism    int
 	MaxParallelism int

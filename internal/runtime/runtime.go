@@ -1,6 +1,7 @@
 package runtime
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"io"
@@ -29,8 +30,11 @@ type Options struct {
 	// Logger gets the runtime's log lines as given: the caller names the
 	// job in it (streamd run and the hosts do), the runtime adds no job
 	// attribute of its own (it would repeat job=...). nil: no logs.
-	Logger          *slog.Logger
-	Attempt         int // attempt number of the first run (later attempts count up)
+	Logger  *slog.Logger
+	Attempt int // attempt number of the first run (later attempts count up)
+	// JobID is a deployed job's id, for spans (streamd.job.id); "": the
+	// job's name (streamd run).
+	JobID           string
 	BatchSize       int // records per batch on channels and into wasm; default 1024
 	ChannelCapacity int // bounded queue length in batches per channel; default 16
 	// MaxRecordBytes is the job's max_record_bytes (jobfile.Job.MaxRecordBytes;
@@ -404,7 +408,7 @@ func (j *job) build() error {
 				id:    id,
 				stats: j.stats[vi],
 				info: SubtaskInfo{
-					Job: g.Name, Operator: v.UID, Subtask: s, Parallelism: v.Parallelism,
+					Job: g.Name, JobID: cmp.Or(j.opts.JobID, g.Name), Operator: v.UID, Subtask: s, Parallelism: v.Parallelism,
 					MaxParallelism: maxParallelism(v), Attempt: j.attempt, NumInputs: len(v.Inputs),
 				},
 				ckpt:             j.opts.Checkpoint != nil,
@@ -514,7 +518,7 @@ func (j *job) bindSpec(t *task, modules map[string]*host.Module) error {
 		t.op = so
 	case *jobfile.WasmSpec:
 		wo := &wasmOperator{mod: modules[spec.Path], cfg: host.InstanceConfig{
-			Job: t.info.Job, Operator: v.UID, Subtask: t.sub, Parallelism: v.Parallelism,
+			Job: t.info.Job, JobID: t.info.JobID, Operator: v.UID, Subtask: t.sub, Parallelism: v.Parallelism,
 			MaxParallelism: t.info.MaxParallelism, Attempt: t.info.Attempt, NumInputs: len(v.Inputs),
 			Config: spec.Config, AllowClock: spec.AllowClock,
 			LendEmits:      true, // the record writers copy every emitted record into their batches

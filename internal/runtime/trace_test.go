@@ -478,3 +478,20 @@ func TestTraceFailoverCancelsOthers(t *testing.T) {
 		t.Fatalf("attempt 0: %d task spans failed, %d canceled; want the failing subtask(s) and the healthy ones canceled", failed, canceled)
 	}
 }
+
+// TestTraceJobAttributes: every span of a run names the job by id and name
+// (streamd run: the id is the name; a deployed job's id comes in
+// Options.JobID).
+func TestTraceJobAttributes(t *testing.T) {
+	ss, _, _ := tracedRun(t, 600)
+	if len(ss) == 0 {
+		t.Fatal("no spans")
+	}
+	for _, s := range ss {
+		id, ok1 := attr(s, telemetry.AttrJobID)
+		name, ok2 := attr(s, telemetry.AttrJobName)
+		if !ok1 || !ok2 || id.AsString() != "test" || name.AsString() != "test" {
+			t.Fatalf("span %s: streamd.job.id %q, streamd.job.name %q; want both \"test\"", s.Name, id.AsString(), name.AsString())
+		}
+	}
+}

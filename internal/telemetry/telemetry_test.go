@@ -304,7 +304,7 @@ func TestSpanHelpers(t *testing.T) {
 	}
 	telemetry.EndSpan(span, io.EOF) // nil span: no-op
 	ctx, job := tp.Tracer("t").Start(context.Background(), "job")
-	cctx, child := telemetry.StartChild(ctx, telemetry.SpanTaskOpen, telemetry.SubtaskAttrs("j", "op", 2, 1)...)
+	cctx, child := telemetry.StartChild(ctx, telemetry.SpanTaskOpen, telemetry.SubtaskAttrs("j-1", "j", "op", 2, 1)...)
 	if child == nil || !trace.SpanContextFromContext(cctx).Equal(child.SpanContext()) {
 		t.Fatal("StartChild under a recording parent made no span")
 	}

@@ -15,6 +15,8 @@ const ScopeName = "github.com/streamd/streamd"
 // Attribute keys. Records are never an attribute one by one: Records is a count.
 const (
 	AttrJob            = attribute.Key("streamd.job")
+	AttrJobID          = attribute.Key("streamd.job.id")   // a deployed job's id; streamd run: the job's name
+	AttrJobName        = attribute.Key("streamd.job.name") // the job file's name
 	AttrOperator       = attribute.Key("streamd.operator") // the operator uid
 	AttrSubtask        = attribute.Key("streamd.subtask")
 	AttrAttempt        = attribute.Key("streamd.attempt")
@@ -91,8 +93,18 @@ func Host(id string) attribute.KeyValue            { return AttrHost.String(id) 
 func Savepoint(pathOrID string) attribute.KeyValue { return AttrSavepoint.String(pathOrID) }
 
 // SubtaskAttrs are the attributes naming one subtask attempt.
-func SubtaskAttrs(job, operator string, subtask, attempt int) []attribute.KeyValue {
-	return []attribute.KeyValue{Job(job), Operator(operator), Subtask(subtask), Attempt(attempt)}
+func SubtaskAttrs(jobID, job, operator string, subtask, attempt int) []attribute.KeyValue {
+	return append(JobAttrs(jobID, job), Operator(operator), Subtask(subtask), Attempt(attempt))
+}
+
+// JobAttrs name a job on a span: streamd.job (the name, as before),
+// streamd.job.id (id, or the name when the job has no id: streamd run) and
+// streamd.job.name.
+func JobAttrs(id, name string) []attribute.KeyValue {
+	if id == "" {
+		id = name
+	}
+	return []attribute.KeyValue{Job(name), AttrJobID.String(id), AttrJobName.String(name)}
 }
 
 // Tracer is streamd's tracer from the global provider (a no-op until Setup
