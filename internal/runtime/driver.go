@@ -828,7 +828,7 @@ func (d *Driver) act(t Target, a control.Action) {
 			md.JobID = d.co.JobID
 			err = d.store.Commit(ctx, md)
 		}
-		telemetry.EndSpan(span, err)
+		d.endPersist(x.ID, span, err)
 		d.checkpointPersisted(x, md, err)
 		if err != nil {
 			d.log.Warn("checkpoint could not be persisted", "id", x.ID, "err", err)

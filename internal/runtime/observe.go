@@ -278,6 +278,8 @@ type ckptTrace struct {
 	done  bool              // persisted: the span ended, the trace is kept for the notifications
 	// pending are the subtasks whose acknowledgement has not come yet.
 	pending map[control.SubtaskID]bool
+	// persisted is when the metadata was written: the checkpoint's end.
+	persisted time.Time
 }
 
 // driverObs is the observability state of a Driver: checkpoint spans and
@@ -352,6 +354,16 @@ func (d *Driver) observeEvent(ev control.Event) {
 				span.SetAttributes(telemetry.InFlightBytes(ref.InFlight))
 			}
 		})
+	case control.TaskFinished:
+		// A subtask that finishes counts as acknowledged in the checkpoints
+		// pending (FLIP-147): its part ends here.
+		for id, c := range o.ckpts {
+			if c.pending[x.Subtask] {
+				d.subtaskAnswered(id, x.Subtask, func(span trace.Span) {
+					span.SetAttributes(attribute.Bool("streamd.finished", true))
+				})
+			}
+		}
 	case control.Decline:
 		d.subtaskAnswered(x.CheckpointID, x.Subtask, func(span trace.Span) {
 			span.SetStatus(codes.Error, "declined: "+x.Reason)
@@ -385,6 +397,22 @@ func (d *Driver) startPersist(id int64) trace.Span {
 	}
 	_, span := d.obs.tr().Start(c.ctx, telemetry.SpanCheckpointPersist, trace.WithAttributes(append(telemetry.JobAttrs(d.jobID(), d.g.Name), telemetry.CheckpointID(id))...))
 	return span
+}
+
+// endPersist ends the persist span and records its end as the
+// checkpoint's (the bookkeeping after it is not part of the checkpoint).
+func (d *Driver) endPersist(id int64, span trace.Span, err error) {
+	if span == nil {
+		return
+	}
+	now := time.Now()
+	if err != nil {
+		telemetry.RecordError(span, err)
+	}
+	span.End(trace.WithTimestamp(now))
+	if c := d.obs.ckpts[id]; c != nil {
+		c.persisted = now
+	}
 }
 
 // pendingList names the subtasks checkpoint c still waits for.
@@ -470,7 +498,11 @@ func (d *Driver) checkpointPersisted(x control.PersistMetadata, md *checkpoint.M
 	} else {
 		c.span.SetAttributes(attribute.String("streamd.location", md.Location))
 	}
-	c.span.End()
+	if c.persisted.IsZero() {
+		c.span.End()
+	} else {
+		c.span.End(trace.WithTimestamp(c.persisted))
+	}
 	c.done = true
 	d.mu.Lock()
 	o.history = append(o.history, CheckpointStats{ID: x.ID, Kind: string(x.Kind), Time: time.Now(),
