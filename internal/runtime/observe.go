@@ -224,6 +224,13 @@ func (o timedOutput) Send(ctx context.Context, ev dataplane.Event) error {
 	return err
 }
 
+// SendNow passes an unaligned checkpoint's sends, which must not wait for
+// room, through to the output (dataplane.Overtaker): without it they would
+// fall back to Send and wait behind the back-pressure they overtake.
+func (o timedOutput) SendNow(ctx context.Context, ev dataplane.Event) error {
+	return dataplane.SendNow(ctx, o.Output, ev)
+}
+
 // NotifyEndOfDataAck passes the finishing handshake through to the output.
 func (o timedOutput) NotifyEndOfDataAck(f func()) bool {
 	return dataplane.NotifyEndOfDataAck(o.Output, f)
