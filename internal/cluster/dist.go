@@ -178,7 +178,7 @@ func (e *LocalExecutor) startDistributed(ctx context.Context, r ExecRequest) (Ex
 		local[control.SubtaskID{Operator: s.Operator, Index: s.Subtask}] = true
 	}
 	opts := runtime.Options{
-		Engine: e.Engine, Logger: r.Logger, Attempt: r.Attempt, BatchSize: e.BatchSize, JobID: r.JobID,
+		Engine: e.Engine, Logger: r.Logger, Attempt: r.Attempt, BatchSize: e.BatchSize, JobID: r.JobID, Host: r.HostID,
 		ChannelCapacity: e.ChannelCapacity, Stdout: e.Stdout, Stdin: eofReader{}, Progress: r.Progress, NATS: e.NATS,
 		MaxRecordBytes: cmp.Or(r.MaxRecordBytes, e.MaxRecordBytes),
 		State:          r.State, DataDir: e.DataDir,

@@ -575,9 +575,9 @@ func (r *runner) startAttempt(a control.StartAttempt) {
 		r.failures = appendFailure(r.failures, a.Attempt-1, r.lastErr)
 		r.mu.Unlock()
 		if m := r.opts.Metrics; m != nil {
-			m.Restart(ctx, r.g.Name)
+			m.Restart(ctx, r.opts.JobID, r.g.Name)
 		} else {
-			telemetry.GlobalMetrics().Restart(ctx, r.g.Name)
+			telemetry.GlobalMetrics().Restart(ctx, r.opts.JobID, r.g.Name)
 		}
 		r.endPending(r.lastErr)
 		if r.coord != nil {

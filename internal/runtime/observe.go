@@ -224,6 +224,13 @@ func (o timedOutput) Send(ctx context.Context, ev dataplane.Event) error {
 	return err
 }
 
+// SendNow passes an unaligned checkpoint's sends, which must not wait for
+// room, through to the output (dataplane.Overtaker): without it they would
+// fall back to Send and wait behind the back-pressure they overtake.
+func (o timedOutput) SendNow(ctx context.Context, ev dataplane.Event) error {
+	return dataplane.SendNow(ctx, o.Output, ev)
+}
+
 // NotifyEndOfDataAck passes the finishing handshake through to the output.
 func (o timedOutput) NotifyEndOfDataAck(f func()) bool {
 	return dataplane.NotifyEndOfDataAck(o.Output, f)
@@ -236,7 +243,8 @@ func (t *task) initMetrics() {
 		if m == nil {
 			m = telemetry.GlobalMetrics()
 		}
-		t.om = m.Operator(t.info.Job, t.v.UID, t.sub)
+		t.om = m.Operator(telemetry.SubtaskLabels{JobID: t.info.JobID, Job: t.info.Job, Attempt: t.info.Attempt,
+			Host: t.j.opts.Host, Operator: t.v.UID, Subtask: t.sub})
 	}
 }
 
@@ -304,6 +312,14 @@ func (d *Driver) Observe(ctx context.Context, tp trace.TracerProvider, m *teleme
 	d.obs.metrics, d.obs.parent = m, ctx
 }
 
+// meter is the driver's metrics (the global ones when none were given).
+func (o *driverObs) meter() *telemetry.Metrics {
+	if o.metrics == nil {
+		return telemetry.GlobalMetrics()
+	}
+	return o.metrics
+}
+
 func (o *driverObs) tr() trace.Tracer {
 	if o.tracer == nil {
 		return otel.GetTracerProvider().Tracer(telemetry.ScopeName)
@@ -365,6 +381,7 @@ func (d *Driver) observeEvent(ev control.Event) {
 			}
 		}
 	case control.Decline:
+		o.meter().CheckpointDeclined(o.ctx(), d.jobID(), d.g.Name)
 		d.subtaskAnswered(x.CheckpointID, x.Subtask, func(span trace.Span) {
 			span.SetStatus(codes.Error, "declined: "+x.Reason)
 		})
@@ -491,7 +508,7 @@ func (d *Driver) checkpointPersisted(x control.PersistMetadata, md *checkpoint.M
 	if m == nil {
 		m = telemetry.GlobalMetrics()
 	}
-	m.Checkpoint(o.ctx(), d.g.Name, dur, x.Size)
+	m.Checkpoint(o.ctx(), d.jobID(), d.g.Name, x.ID, dur, x.Size)
 	c.span.SetAttributes(telemetry.StateBytes(x.Size), telemetry.InFlightBytes(md.InFlightBytes()))
 	if x.Kind == control.KindSavepoint {
 		c.span.SetAttributes(telemetry.Savepoint(md.Location))
@@ -532,6 +549,7 @@ func (d *Driver) checkpointAborted(id int64, reason string) {
 	}
 	delete(d.obs.ckpts, id)
 	if !c.done {
+		d.obs.meter().CheckpointFailed(d.obs.ctx(), d.jobID(), d.g.Name, reason)
 		if len(c.pending) > 0 {
 			c.span.SetAttributes(attribute.String("streamd.pending", c.pendingList()), attribute.Int("streamd.pending_count", len(c.pending)))
 		}
