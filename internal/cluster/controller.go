@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"go.opentelemetry.io/otel/metric"
 	"log/slog"
 	"sort"
 	"strings"
@@ -24,6 +25,9 @@ import (
 // ControllerOptions configures a controller.
 type ControllerOptions struct {
 	Logger *slog.Logger
+	// MeterProvider gets the controller's gauges (hosts, slots, jobs); nil:
+	// the global provider (a no-op unless metrics are on).
+	MeterProvider metric.MeterProvider
 	// HeartbeatInterval is the interval the controller expects when a host
 	// does not say its own; default 1s.
 	HeartbeatInterval time.Duration
@@ -75,9 +79,10 @@ const (
 // host slots and fails jobs over when a host is lost. Start it with
 // StartController; stop it with Close.
 type Controller struct {
-	nc   *nats.Conn
-	opts ControllerOptions
-	log  *slog.Logger
+	nc      *nats.Conn
+	opts    ControllerOptions
+	log     *slog.Logger
+	metrics metric.Registration // the gauges' callback; nil: none
 
 	mu    sync.Mutex // guards everything below
 	jobs  map[string]*ctlJob
@@ -263,6 +268,11 @@ func StartController(nc *nats.Conn, opts ControllerOptions) (*Controller, error)
 		jobs: map[string]*ctlJob{}, hosts: map[string]*ctlHost{}, done: make(chan struct{}), ended: make(chan struct{}),
 		queue: map[string]queuedRecord{}, durable: map[string]uint64{}, revs: map[string]uint64{}, taking: map[string]bool{}, awaiting: map[string]bool{},
 		savedCh: make(chan struct{}), saveWake: make(chan struct{}, 1), firstTry: make(chan struct{})}
+	reg, err := c.registerMetrics(opts.MeterProvider)
+	if err != nil {
+		return nil, err
+	}
+	c.metrics = reg
 	c.lwg.Add(2)
 	go c.persistLoop()
 	go c.leaseLoop()
@@ -356,6 +366,9 @@ func (c *Controller) shutdown(release bool) {
 		c.resign(true)
 	}
 	c.wg.Wait()
+	if c.metrics != nil {
+		_ = c.metrics.Unregister()
+	}
 	close(c.ended)
 }
 
