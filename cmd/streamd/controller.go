@@ -107,7 +107,8 @@ func (c *cli) controllerOptions() (cluster.ControllerOptions, error) {
 		return cluster.ControllerOptions{}, usagef("%s: want 0 (follow the NATS cluster) to 5, got %v", keyControllerReplicas, c.v.Get(keyControllerReplicas))
 	}
 	return cluster.ControllerOptions{Logger: c.log, HeartbeatInterval: hb, LostAfter: lost, MaxFailovers: fo, CheckpointStorage: storage,
-		ID: c.v.GetString(keyControllerID), Bucket: c.v.GetString(keyControllerBucket), Replicas: replicas, JobRetention: retention}, nil
+		ID: c.v.GetString(keyControllerID), Bucket: c.v.GetString(keyControllerBucket), Replicas: replicas, JobRetention: retention,
+		Version: buildVersion()}, nil
 }
 
 func (c *cli) positiveDuration(key string) (time.Duration, error) {

@@ -25,12 +25,18 @@ func (c *cli) versionCommand() *cobra.Command {
 	}
 }
 
+// buildVersion is the version set at build time, else the module's
+// version, else "dev".
+func buildVersion() string {
+	if bi, ok := debug.ReadBuildInfo(); ok && version == "dev" && bi.Main.Version != "" && bi.Main.Version != "(devel)" {
+		return bi.Main.Version
+	}
+	return version
+}
+
 func versionString() string {
-	v, commit, wazero := version, "", "unknown"
+	v, commit, wazero := buildVersion(), "", "unknown"
 	if bi, ok := debug.ReadBuildInfo(); ok {
-		if v == "dev" && bi.Main.Version != "" && bi.Main.Version != "(devel)" {
-			v = bi.Main.Version
-		}
 		for _, s := range bi.Settings {
 			if s.Key == "vcs.revision" && len(s.Value) >= 12 {
 				commit = s.Value[:12]

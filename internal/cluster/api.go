@@ -127,6 +127,9 @@ func (r Reply) Err() error {
 	return remoteError(r.Error)
 }
 
+// base is the reply itself (promoted to every reply that embeds it).
+func (r Reply) base() Reply { return r }
+
 type remoteError string
 
 func (e remoteError) Error() string { return string(e) }

@@ -16,6 +16,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/nats-io/nats.go/micro"
 
 	"github.com/streamd/streamd/control"
 	"github.com/streamd/streamd/internal/jobfile"
@@ -63,6 +64,10 @@ type ControllerOptions struct {
 	// the list (ListRequest without All); default DefaultJobRetention. The
 	// record stays until `streamd delete`.
 	JobRetention time.Duration
+	// Version is the build's version: the control API's micro service
+	// version (service.go) when it is a semantic version (a leading "v"
+	// dropped), else 0.0.0-dev; its "build" metadata as given.
+	Version string
 }
 
 // Defaults of ControllerOptions.
@@ -90,6 +95,7 @@ type Controller struct {
 	hosts map[string]*ctlHost
 
 	subs   []*nats.Subscription
+	svc    micro.Service  // the control API (service.go), while leading
 	wg     sync.WaitGroup // effects and the ticker
 	done   chan struct{}
 	closed bool
@@ -284,17 +290,10 @@ func StartController(nc *nats.Conn, opts ControllerOptions) (*Controller, error)
 	return c, nil
 }
 
-// subscribe subscribes the leader to the control API and the host subjects.
-func (c *Controller) subscribe() error {
+// subscribe subscribes the leader of term to the host subjects and starts
+// the control API service (service.go).
+func (c *Controller) subscribe(term uint64) error {
 	handlers := map[string]nats.MsgHandler{
-		SubjectDeploy:     c.handleDeploy,
-		SubjectList:       c.handleList,
-		SubjectStatus:     c.handleStatus,
-		SubjectCancel:     c.handleCancel,
-		SubjectDelete:     c.handleDelete,
-		SubjectSavepoint:  c.handleSavepoint,
-		SubjectStop:       c.handleStop,
-		SubjectHosts:      c.handleHosts,
 		SubjectHeartbeat:  c.handleHeartbeat,
 		SubjectHostEvents: c.handleHostEvent,
 		SubjectLeader:     c.handleLeader,
@@ -307,14 +306,17 @@ func (c *Controller) subscribe() error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	for _, s := range subjects {
-		// Requests that wait on hosts (cancel, savepoint, stop) must not hold
-		// up the others: each subscription has its own goroutine in nats.go.
 		sub, err := c.nc.Subscribe(s, handlers[s])
 		if err != nil {
 			return fmt.Errorf("cluster: controller: subscribe %s: %w", s, err)
 		}
 		c.subs = append(c.subs, sub)
 	}
+	svc, err := c.startService(term)
+	if err != nil {
+		return err
+	}
+	c.svc = svc
 	if err := c.nc.Flush(); err != nil {
 		return fmt.Errorf("cluster: controller: %w", err)
 	}
@@ -323,9 +325,12 @@ func (c *Controller) subscribe() error {
 
 func (c *Controller) unsubscribe() {
 	c.mu.Lock()
-	subs := c.subs
-	c.subs = nil
+	subs, svc := c.subs, c.svc
+	c.subs, c.svc = nil, nil
 	c.mu.Unlock()
+	if svc != nil {
+		_ = svc.Stop()
+	}
 	for _, s := range subs {
 		_ = s.Unsubscribe()
 	}
@@ -811,10 +816,10 @@ func (c *Controller) endLocked(j *ctlJob, now time.Time, state, reason string) {
 
 // ---- control API handlers ----
 
-func (c *Controller) handleDeploy(msg *nats.Msg) {
+func (c *Controller) handleDeploy(msg micro.Request) {
 	var req DeployRequest
-	if err := json.Unmarshal(msg.Data, &req); err != nil {
-		respond(msg, DeployReply{Reply: Reply{Error: "cluster: deploy: bad request: " + err.Error()}})
+	if err := json.Unmarshal(msg.Data(), &req); err != nil {
+		reply(msg, DeployReply{Reply: Reply{Error: "cluster: deploy: bad request: " + err.Error()}})
 		return
 	}
 	if cs := req.Job.Checkpoint; cs != nil && cs.Storage == "" && c.opts.CheckpointStorage != "" {
@@ -824,16 +829,16 @@ func (c *Controller) handleDeploy(msg *nats.Msg) {
 	}
 	// Validate the graph (artifacts are not resolved here).
 	if _, err := req.Job.Graph(func(a Artifact) (string, error) { return "/" + a.Name, nil }); err != nil {
-		respond(msg, DeployReply{Reply: Reply{Error: err.Error()}})
+		reply(msg, DeployReply{Reply: Reply{Error: err.Error()}})
 		return
 	}
 	now := time.Now()
 	if req.From != "" && req.Job.Checkpoint == nil {
-		respond(msg, DeployReply{Reply: Reply{Error: "cluster: deploy --from: the job has no checkpoint section"}})
+		reply(msg, DeployReply{Reply: Reply{Error: "cluster: deploy --from: the job has no checkpoint section"}})
 		return
 	}
 	if err := req.Job.Restart.Control(time.Millisecond).Validate(); err != nil {
-		respond(msg, DeployReply{Reply: Reply{Error: "cluster: deploy: " + err.Error()}})
+		reply(msg, DeployReply{Reply: Reply{Error: "cluster: deploy: " + err.Error()}})
 		return
 	}
 	j := &ctlJob{id: newJobID(req.Job.Name), requestID: req.RequestID, spec: req.Job, state: JobCreated, slots: req.Job.slotsNeeded(),
@@ -845,10 +850,10 @@ func (c *Controller) handleDeploy(msg *nats.Msg) {
 		oldVer := old.ver
 		c.mu.Unlock()
 		if err := c.saved(old.id, oldVer); err != nil {
-			respond(msg, DeployReply{Reply: Reply{Error: fmt.Sprintf("cluster: deploy: job %s not saved: %v", old.id, err), Retry: true}})
+			reply(msg, DeployReply{Reply: Reply{Error: fmt.Sprintf("cluster: deploy: job %s not saved: %v", old.id, err), Retry: true}})
 			return
 		}
-		respond(msg, DeployReply{JobID: old.id})
+		reply(msg, DeployReply{JobID: old.id})
 		return
 	}
 	for c.jobs[j.id] != nil {
@@ -864,10 +869,10 @@ func (c *Controller) handleDeploy(msg *nats.Msg) {
 	c.run(effects)
 	// The job is in the bucket before its id is given out.
 	if err := c.saved(j.id, ver); err != nil {
-		respond(msg, DeployReply{Reply: Reply{Error: fmt.Sprintf("cluster: deploy: job %s not saved: %v", j.id, err), Retry: true}})
+		reply(msg, DeployReply{Reply: Reply{Error: fmt.Sprintf("cluster: deploy: job %s not saved: %v", j.id, err), Retry: true}})
 		return
 	}
-	respond(msg, DeployReply{JobID: j.id})
+	reply(msg, DeployReply{JobID: j.id})
 }
 
 // deployedLocked is the job that deploy request id made, if any.
@@ -898,11 +903,11 @@ func newJobID(name string) string {
 	return string(safe) + "-" + hex.EncodeToString(b[:])
 }
 
-func (c *Controller) handleList(msg *nats.Msg) {
+func (c *Controller) handleList(msg micro.Request) {
 	var req ListRequest
-	if len(msg.Data) > 0 {
-		if err := json.Unmarshal(msg.Data, &req); err != nil {
-			respond(msg, ListReply{Reply: errReply(fmt.Errorf("cluster: bad request: %w", err))})
+	if len(msg.Data()) > 0 {
+		if err := json.Unmarshal(msg.Data(), &req); err != nil {
+			reply(msg, ListReply{Reply: errReply(fmt.Errorf("cluster: bad request: %w", err))})
 			return
 		}
 	}
@@ -918,7 +923,7 @@ func (c *Controller) handleList(msg *nats.Msg) {
 		out.Jobs = append(out.Jobs, c.statusLocked(j))
 	}
 	c.mu.Unlock()
-	respond(msg, out)
+	reply(msg, out)
 }
 
 // retiredLocked reports whether j finished, failed or was canceled longer
@@ -935,10 +940,10 @@ func (c *Controller) retiredLocked(j *ctlJob, now time.Time) bool {
 // handleDelete removes the record of an ended job: from the table and from
 // the bucket (a new leader does not bring it back), after its checkpoints
 // when the request says so. A job that has not ended is refused.
-func (c *Controller) handleDelete(msg *nats.Msg) {
+func (c *Controller) handleDelete(msg micro.Request) {
 	var req DeleteRequest
-	if err := json.Unmarshal(msg.Data, &req); err != nil {
-		respond(msg, JobReply{Reply: errReply(fmt.Errorf("cluster: bad request: %w", err))})
+	if err := json.Unmarshal(msg.Data(), &req); err != nil {
+		reply(msg, JobReply{Reply: errReply(fmt.Errorf("cluster: bad request: %w", err))})
 		return
 	}
 	c.catchUp(req.JobID)
@@ -947,15 +952,15 @@ func (c *Controller) handleDelete(msg *nats.Msg) {
 	switch {
 	case j == nil:
 		c.mu.Unlock()
-		respond(msg, JobReply{Reply: errReply(fmt.Errorf("cluster: no job %q (streamd list --all shows the jobs)", req.JobID))})
+		reply(msg, JobReply{Reply: errReply(fmt.Errorf("cluster: no job %q (streamd list --all shows the jobs)", req.JobID))})
 		return
 	case !TerminalJobState(j.state) || j.canceling:
 		c.mu.Unlock()
-		respond(msg, JobReply{Reply: Reply{Error: fmt.Sprintf("cluster: job %s is %s: cancel it first (streamd cancel %s)", j.id, j.state, j.id)}})
+		reply(msg, JobReply{Reply: Reply{Error: fmt.Sprintf("cluster: job %s is %s: cancel it first (streamd cancel %s)", j.id, j.state, j.id)}})
 		return
 	case j.deleting:
 		c.mu.Unlock()
-		respond(msg, JobReply{Reply: Reply{Error: fmt.Sprintf("cluster: job %s is being deleted", j.id)}})
+		reply(msg, JobReply{Reply: Reply{Error: fmt.Sprintf("cluster: job %s is being deleted", j.id)}})
 		return
 	}
 	j.deleting = true
@@ -970,7 +975,7 @@ func (c *Controller) handleDelete(msg *nats.Msg) {
 			c.mu.Lock()
 			j.deleting = false
 			c.mu.Unlock()
-			respond(msg, JobReply{Reply: errReply(err)})
+			reply(msg, JobReply{Reply: errReply(err)})
 			return
 		}
 	}
@@ -978,16 +983,16 @@ func (c *Controller) handleDelete(msg *nats.Msg) {
 	ver := c.forgetLocked(j)
 	c.mu.Unlock()
 	if err := c.saved(j.id, ver); err != nil {
-		respond(msg, JobReply{Reply: Reply{Error: err.Error(), Retry: true}})
+		reply(msg, JobReply{Reply: Reply{Error: err.Error(), Retry: true}})
 		return
 	}
 	c.log.Info("job deleted", "job", j.id, "checkpoints", req.Checkpoints && cs != nil)
-	respond(msg, JobReply{Job: &st})
+	reply(msg, JobReply{Job: &st})
 }
 
-func (c *Controller) lookup(msg *nats.Msg) (*ctlJob, JobRequest, error) {
+func (c *Controller) lookup(msg micro.Request) (*ctlJob, JobRequest, error) {
 	var req JobRequest
-	if err := json.Unmarshal(msg.Data, &req); err != nil {
+	if err := json.Unmarshal(msg.Data(), &req); err != nil {
 		return nil, req, fmt.Errorf("cluster: bad request: %w", err)
 	}
 	j := c.jobs[req.JobID]
@@ -998,14 +1003,14 @@ func (c *Controller) lookup(msg *nats.Msg) (*ctlJob, JobRequest, error) {
 }
 
 // catchUpRequest is catchUp of the job a JobRequest names.
-func (c *Controller) catchUpRequest(msg *nats.Msg) {
+func (c *Controller) catchUpRequest(msg micro.Request) {
 	var req JobRequest
-	if json.Unmarshal(msg.Data, &req) == nil {
+	if json.Unmarshal(msg.Data(), &req) == nil {
 		c.catchUp(req.JobID)
 	}
 }
 
-func (c *Controller) handleStatus(msg *nats.Msg) {
+func (c *Controller) handleStatus(msg micro.Request) {
 	c.catchUpRequest(msg)
 	c.mu.Lock()
 	j, _, err := c.lookup(msg)
@@ -1017,16 +1022,16 @@ func (c *Controller) handleStatus(msg *nats.Msg) {
 		out.Job = &st
 	}
 	c.mu.Unlock()
-	respond(msg, out)
+	reply(msg, out)
 }
 
-func (c *Controller) handleCancel(msg *nats.Msg) {
+func (c *Controller) handleCancel(msg micro.Request) {
 	c.catchUpRequest(msg)
 	c.mu.Lock()
 	j, _, err := c.lookup(msg)
 	if err != nil {
 		c.mu.Unlock()
-		respond(msg, JobReply{Reply: errReply(err)})
+		reply(msg, JobReply{Reply: errReply(err)})
 		return
 	}
 	if TerminalJobState(j.state) || j.canceling {
@@ -1036,7 +1041,7 @@ func (c *Controller) handleCancel(msg *nats.Msg) {
 		if j.canceling {
 			what = "being canceled"
 		}
-		respond(msg, JobReply{Reply: Reply{Error: fmt.Sprintf("cluster: job %s is %s", j.id, what)}, Job: &st})
+		reply(msg, JobReply{Reply: Reply{Error: fmt.Sprintf("cluster: job %s is %s", j.id, what)}, Job: &st})
 		return
 	}
 	var effects []effect
@@ -1058,28 +1063,28 @@ func (c *Controller) handleCancel(msg *nats.Msg) {
 	st := c.statusLocked(j)
 	effects = c.scheduleLocked(time.Now()) // freed slots
 	c.mu.Unlock()
-	respond(msg, JobReply{Job: &st})
+	reply(msg, JobReply{Job: &st})
 	c.run(effects)
 }
 
-func (c *Controller) handleSavepoint(msg *nats.Msg) {
+func (c *Controller) handleSavepoint(msg micro.Request) {
 	var req SavepointRequest
-	if err := json.Unmarshal(msg.Data, &req); err != nil {
-		respond(msg, SavepointReply{Reply: Reply{Error: "cluster: savepoint: bad request: " + err.Error()}})
+	if err := json.Unmarshal(msg.Data(), &req); err != nil {
+		reply(msg, SavepointReply{Reply: Reply{Error: "cluster: savepoint: bad request: " + err.Error()}})
 		return
 	}
 	path, err := c.forwardSavepoint(req.JobID, HostRequest{Dir: req.Dir}, HostVerbSavepoint)
-	respond(msg, SavepointReply{Reply: errReply(err), Path: path})
+	reply(msg, SavepointReply{Reply: errReply(err), Path: path})
 }
 
-func (c *Controller) handleStop(msg *nats.Msg) {
+func (c *Controller) handleStop(msg micro.Request) {
 	var req StopRequest
-	if err := json.Unmarshal(msg.Data, &req); err != nil {
-		respond(msg, SavepointReply{Reply: Reply{Error: "cluster: stop: bad request: " + err.Error()}})
+	if err := json.Unmarshal(msg.Data(), &req); err != nil {
+		reply(msg, SavepointReply{Reply: Reply{Error: "cluster: stop: bad request: " + err.Error()}})
 		return
 	}
 	path, err := c.forwardSavepoint(req.JobID, HostRequest{Dir: req.SavepointDir, Drain: req.Drain}, HostVerbStop)
-	respond(msg, SavepointReply{Reply: errReply(err), Path: path})
+	reply(msg, SavepointReply{Reply: errReply(err), Path: path})
 }
 
 // forwardSavepoint takes a savepoint of a running job, or stops it with
@@ -1102,7 +1107,7 @@ func (c *Controller) forwardSavepoint(jobID string, hr HostRequest, verb string)
 	return c.distSavepoint(jobID, verb, hr.Dir, hr.Drain)
 }
 
-func (c *Controller) handleHosts(msg *nats.Msg) {
+func (c *Controller) handleHosts(msg micro.Request) {
 	c.mu.Lock()
 	out := HostsReply{Hosts: []HostStatus{}}
 	free := map[string]int{}
@@ -1118,7 +1123,7 @@ func (c *Controller) handleHosts(msg *nats.Msg) {
 		out.Hosts = append(out.Hosts, HostStatus{ID: id, Slots: h.slots, Free: free[id], State: st, LastSeen: h.lastSeen})
 	}
 	c.mu.Unlock()
-	respond(msg, out)
+	reply(msg, out)
 }
 
 // ---- host messages ----

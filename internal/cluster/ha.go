@@ -646,7 +646,7 @@ func (c *Controller) lead(term uint64) error {
 		}
 	}
 	c.mu.Unlock()
-	if err := c.subscribe(); err != nil {
+	if err := c.subscribe(term); err != nil {
 		wcancel()
 		return err
 	}

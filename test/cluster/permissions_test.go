@@ -23,7 +23,8 @@ import (
 // permissions of docs/nats-permissions.conf: the controller, two hosts and a
 // client each connect with their role's credentials, a job spread over both
 // hosts with checkpoints in the JetStream object store runs to its end, and
-// the client credential can neither register a host nor report for one.
+// the client credential can find the control API's micro service, but can
+// neither register a host nor report for one.
 func TestRolePermissions(t *testing.T) {
 	_, file, _, _ := runtime.Caller(0)
 	conf := filepath.Join(filepath.Dir(file), "..", "..", "docs", "nats-permissions.conf")
@@ -84,6 +85,17 @@ func TestRolePermissions(t *testing.T) {
 		t.Fatalf("job %s on %v with %d checkpoints: %s", st.State, st.Hosts, len(st.Checkpoints), st.Reason)
 	}
 	sameLines(t, outputLines(t, filepath.Join(filepath.Dir(path), "out")), runLocally(t, path))
+	// The client finds the control API as a micro service (nats micro info).
+	msg, err := client.Request("$SRV.INFO."+cluster.ServiceName, nil, 10*time.Second)
+	if err != nil {
+		t.Fatalf("micro info as the client: %v", err)
+	}
+	var info struct {
+		Endpoints []struct{ Subject string } `json:"endpoints"`
+	}
+	if err := json.Unmarshal(msg.Data, &info); err != nil || len(info.Endpoints) == 0 || !strings.HasPrefix(info.Endpoints[0].Subject, "streamd.v1.ctl.") {
+		t.Fatalf("micro info as the client: %v: %s", err, msg.Data)
+	}
 	select {
 	case v := <-violations:
 		t.Fatalf("a role lacks a permission it needs: %s", v)

@@ -1,0 +1,135 @@
+package cluster
+
+import (
+	"encoding/json"
+	"fmt"
+	"regexp"
+	"strconv"
+	"strings"
+
+	"github.com/nats-io/nats.go/micro"
+)
+
+// The control API is a NATS micro service (github.com/nats-io/nats.go/micro):
+// `nats micro ls`, `nats micro info streamd-controller` and `nats micro stats
+// streamd-controller` show the leading controller, its endpoints (one per
+// control subject, on the subjects of docs/subjects.md) and their request
+// and error counts. Only the leader runs the service, as only the leader
+// answered the control subjects before; a standby is not listed.
+const (
+	// ServiceName is the micro service name of the control API.
+	ServiceName = "streamd-controller"
+	// ServiceQueueGroup is the queue group of its endpoints.
+	ServiceQueueGroup = "streamd-controller"
+	// serviceDevVersion is the service version of a build without a
+	// semantic version (micro requires one).
+	serviceDevVersion = "0.0.0-dev"
+)
+
+// controlEndpoint is one endpoint of the service: its micro name, subject,
+// handler and what it does (the endpoint's "description" metadata).
+type controlEndpoint struct {
+	name, subject string
+	handle        func(micro.Request)
+	what          string
+}
+
+func (c *Controller) controlEndpoints() []controlEndpoint {
+	return []controlEndpoint{
+		{"deploy", SubjectDeploy, c.handleDeploy, "submit a job"},
+		{"list", SubjectList, c.handleList, "list the jobs"},
+		{"status", SubjectStatus, c.handleStatus, "a job's status"},
+		{"cancel", SubjectCancel, c.handleCancel, "cancel a job"},
+		{"delete", SubjectDelete, c.handleDelete, "delete an ended job's record"},
+		{"savepoint", SubjectSavepoint, c.handleSavepoint, "take a savepoint of a running job"},
+		{"stop", SubjectStop, c.handleStop, "stop a job with a savepoint"},
+		{"hosts", SubjectHosts, c.handleHosts, "list the hosts and their slots"},
+	}
+}
+
+// startService adds the control API service of the leader of term on the
+// controller's connection, an endpoint per control subject. Each endpoint
+// has its own subscription, so its own goroutine: requests that wait on
+// hosts (cancel, savepoint, stop) do not hold up the others.
+func (c *Controller) startService(term uint64) (micro.Service, error) {
+	svc, err := micro.AddService(c.nc, micro.Config{
+		Name:        ServiceName,
+		Version:     serviceVersion(c.opts.Version),
+		Description: "streamd controller: the control API (docs/subjects.md)",
+		QueueGroup:  ServiceQueueGroup,
+		Metadata: map[string]string{
+			"controller": c.id,
+			"term":       strconv.FormatUint(term, 10),
+			"bucket":     c.opts.Bucket,
+			"build":      c.opts.Version,
+		},
+		// Async errors of the service's subscriptions (a slow consumer, a
+		// subscription the NATS permissions refuse).
+		ErrorHandler: func(_ micro.Service, err *micro.NATSError) {
+			c.log.Warn("control API service", "subject", err.Subject, "err", err.Description)
+		},
+	})
+	if err != nil {
+		return nil, fmt.Errorf("cluster: controller: add micro service %s: %w", ServiceName, err)
+	}
+	for _, e := range c.controlEndpoints() {
+		err := svc.AddEndpoint(e.name, micro.HandlerFunc(e.handle), micro.WithEndpointSubject(e.subject),
+			micro.WithEndpointMetadata(map[string]string{"description": e.what}))
+		if err != nil {
+			_ = svc.Stop()
+			return nil, fmt.Errorf("cluster: controller: endpoint %s (%s): %w", e.name, e.subject, err)
+		}
+	}
+	return svc, nil
+}
+
+// semVerRE is micro's check of a service version (semver.org's expression).
+var semVerRE = regexp.MustCompile(`^(0|[1-9]\d*)\.(0|[1-9]\d*)\.(0|[1-9]\d*)(?:-((?:0|[1-9]\d*|\d*[a-zA-Z-][0-9a-zA-Z-]*)(?:\.(?:0|[1-9]\d*|\d*[a-zA-Z-][0-9a-zA-Z-]*))*))?(?:\+([0-9a-zA-Z-]+(?:\.[0-9a-zA-Z-]+)*))?$`)
+
+// serviceVersion is build version v as micro wants it: a semantic version
+// without the leading "v", else serviceDevVersion (the "build" metadata
+// keeps v as it is).
+func serviceVersion(v string) string {
+	v = strings.TrimPrefix(v, "v")
+	if semVerRE.MatchString(v) {
+		return v
+	}
+	return serviceDevVersion
+}
+
+// reply answers a control request with v as JSON (nothing if it has no
+// reply subject). The body is what respond would send; a reply with an
+// error also carries micro's error headers (Nats-Service-Error and
+// Nats-Service-Error-Code: 503 when the client should retry, else 500), so
+// the endpoint's stats count it. Clients read only the body.
+func reply(req micro.Request, v any) {
+	if req.Reply() == "" {
+		return
+	}
+	data, err := json.Marshal(v)
+	if err != nil {
+		r := Reply{Error: "cluster: encode reply: " + err.Error()}
+		data, _ = json.Marshal(r)
+		v = r
+	}
+	r, ok := v.(interface{ base() Reply })
+	if !ok || r.base().Error == "" {
+		_ = req.Respond(data)
+		return
+	}
+	code := "500"
+	if r.base().Retry {
+		code = "503"
+	}
+	_ = req.Error(code, headerValue(r.base().Error), data)
+}
+
+// headerValue is s on one line (a header value ends at a line break).
+func headerValue(s string) string {
+	return strings.Map(func(r rune) rune {
+		if r == '\r' || r == '\n' {
+			return ' '
+		}
+		return r
+	}, s)
+}

@@ -1,0 +1,150 @@
+package cluster
+
+import (
+	"context"
+	"encoding/json"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/micro"
+
+	"github.com/streamd/streamd/internal/natstest"
+)
+
+// srvRequest asks subject (a $SRV subject) and decodes the JSON answer into v.
+func srvRequest(t *testing.T, nc *nats.Conn, subject string, v any) {
+	t.Helper()
+	msg, err := nc.Request(subject, nil, 5*time.Second)
+	if err != nil {
+		t.Fatalf("%s: %v", subject, err)
+	}
+	if err := json.Unmarshal(msg.Data, v); err != nil {
+		t.Fatalf("%s: %v: %s", subject, err, msg.Data)
+	}
+}
+
+// TestControlAPIIsAMicroService: the leader's control API is the micro
+// service streamd-controller: $SRV.PING finds it with its version and
+// metadata, $SRV.INFO lists one endpoint per control subject, on the
+// subjects of docs/subjects.md, and $SRV.STATS counts the requests the
+// cluster client made and the errors among them, whose body is as before.
+// When the leader closes, the standby that takes over runs the service.
+func TestControlAPIIsAMicroService(t *testing.T) {
+	srv := natstest.Server(t)
+	nc := natstest.Connect(t, srv.URL())
+	const hb = 50 * time.Millisecond
+	a, err := StartController(natstest.Connect(t, srv.URL()), ControllerOptions{ID: "ctl-a", HeartbeatInterval: hb, Version: "v1.2.3"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(a.Close)
+
+	var ping micro.Ping
+	srvRequest(t, nc, "$SRV.PING", &ping)
+	if ping.Name != ServiceName || ping.Version != "1.2.3" || ping.Metadata["controller"] != "ctl-a" || ping.Metadata["term"] != "1" ||
+		ping.Metadata["build"] != "v1.2.3" || ping.Type != micro.PingResponseType {
+		t.Fatalf("ping: %+v", ping)
+	}
+
+	var info micro.Info
+	srvRequest(t, nc, "$SRV.INFO."+ServiceName, &info)
+	if info.ID != ping.ID || info.Description == "" {
+		t.Fatalf("info: %+v, want the id %s and a description", info, ping.ID)
+	}
+	want := map[string]string{"deploy": SubjectDeploy, "list": SubjectList, "status": SubjectStatus, "cancel": SubjectCancel,
+		"delete": SubjectDelete, "savepoint": SubjectSavepoint, "stop": SubjectStop, "hosts": SubjectHosts}
+	if len(info.Endpoints) != len(want) {
+		t.Fatalf("info: %d endpoints %+v, want %d", len(info.Endpoints), info.Endpoints, len(want))
+	}
+	for _, e := range info.Endpoints {
+		if want[e.Name] != e.Subject || e.QueueGroup != ServiceQueueGroup || e.Metadata["description"] == "" {
+			t.Errorf("endpoint %+v: want subject %q, queue group %s and a description", e, want[e.Name], ServiceQueueGroup)
+		}
+	}
+
+	// Requests through the cluster client: a deploy (no host: the job
+	// waits for slots), the job's status, and the status of no job.
+	client, err := NewClient(natstest.Connect(t, srv.URL()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	var dr DeployReply
+	if err := client.call(ctx, SubjectDeploy, DeployRequest{Job: testSpec(1)}, &dr, func() Reply { return dr.Reply }); err != nil {
+		t.Fatal(err)
+	}
+	st, err := client.Status(ctx, dr.JobID)
+	if err != nil || st.ID != dr.JobID {
+		t.Fatalf("status: %+v, %v", st, err)
+	}
+	if _, err := client.Status(ctx, "no-such-job"); err == nil || !strings.Contains(err.Error(), `no job "no-such-job"`) {
+		t.Fatalf("status of no job: %v, want its error", err)
+	}
+	// The error reply's body is the one it always was; micro's headers
+	// come with it.
+	data, _ := json.Marshal(JobRequest{JobID: "no-such-job"})
+	msg, err := nc.Request(SubjectStatus, data, 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := json.Marshal(JobReply{Reply: Reply{Error: `cluster: no job "no-such-job" (streamd list shows the jobs)`}})
+	if string(msg.Data) != string(body) || msg.Header.Get(micro.ErrorCodeHeader) != "500" || !strings.Contains(msg.Header.Get(micro.ErrorHeader), "no-such-job") {
+		t.Fatalf("error reply: %s, headers %v; want body %s and micro's error headers", msg.Data, msg.Header, body)
+	}
+
+	// micro counts a request once its handler returned, which may be just
+	// after the reply arrived: ask until the last one is counted.
+	var counts map[string]*micro.EndpointStats
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		var stats micro.Stats
+		srvRequest(t, nc, "$SRV.STATS."+ServiceName, &stats)
+		counts = map[string]*micro.EndpointStats{}
+		for _, e := range stats.Endpoints {
+			counts[e.Name] = e
+		}
+		if s, d := counts["status"], counts["deploy"]; s != nil && s.NumRequests >= 3 && d != nil && d.NumRequests >= 1 || time.Now().After(deadline) {
+			break
+		}
+	}
+	if s := counts["status"]; s == nil || s.Subject != SubjectStatus || s.NumRequests != 3 || s.NumErrors != 2 || !strings.Contains(s.LastError, "no-such-job") {
+		t.Fatalf("status endpoint stats: %+v, want 3 requests, 2 errors", s)
+	}
+	if s := counts["deploy"]; s == nil || s.NumRequests != 1 || s.NumErrors != 0 {
+		t.Fatalf("deploy endpoint stats: %+v, want 1 request, no error", s)
+	}
+	if s := counts["list"]; s == nil || s.NumRequests != 0 {
+		t.Fatalf("list endpoint stats: %+v, want no request", s)
+	}
+
+	// A standby runs no service; once the leader closes it takes over and
+	// runs it in term 2.
+	b, err := StartController(natstest.Connect(t, srv.URL()), ControllerOptions{ID: "ctl-b", HeartbeatInterval: hb})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(b.Close)
+	a.Close()
+	deadline := time.Now().Add(10 * time.Second)
+	for ping.Metadata["controller"] != "ctl-b" {
+		if time.Now().After(deadline) {
+			t.Fatalf("no ping answer of ctl-b after the takeover; last %+v", ping)
+		}
+		// No responders until b leads: ask again.
+		if msg, err := nc.Request("$SRV.PING."+ServiceName, nil, time.Second); err == nil {
+			ping = micro.Ping{}
+			if err := json.Unmarshal(msg.Data, &ping); err != nil {
+				t.Fatalf("ping: %v: %s", err, msg.Data)
+			}
+		} else {
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	if ping.Metadata["term"] != "2" || ping.Version != serviceDevVersion {
+		t.Fatalf("ping after the takeover: %+v, want term 2, version %s", ping, serviceDevVersion)
+	}
+	if st, err := client.Status(ctx, dr.JobID); err != nil || st.ID != dr.JobID {
+		t.Fatalf("status from the new leader: %+v, %v", st, err)
+	}
+}
