@@ -289,7 +289,7 @@ func (e *LocalExecutor) startDistributed(ctx context.Context, r ExecRequest) (Ex
 		events.stop()
 		return nil, err
 	}
-	return &distExecution{att: att, sub: sub, events: events}, nil
+	return e.logged(r, &distExecution{att: att, sub: sub, events: events}), nil
 }
 
 // ---- controller side ----
