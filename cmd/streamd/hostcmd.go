@@ -121,7 +121,7 @@ func (c *cli) startHost(ctx context.Context, nc *nats.Conn, defaultID string) (*
 	h, err := cluster.StartHost(nc, cluster.HostOptions{
 		ID: id, Slots: slots, DataDir: filepath.Join(dir, "host"), HeartbeatInterval: hb, Logger: c.log,
 		Executor: &cluster.LocalExecutor{Engine: eng, Stdout: c.stdout, BatchSize: batch, ChannelCapacity: chanCap, MaxRecordBytes: mrb, NATS: natsOpts,
-			DataDir: filepath.Join(dir, "state"), Logs: cluster.NewLogPublisher(nc, logCfg)},
+			DataDir: filepath.Join(dir, "state"), Logs: cluster.NewLogPublisher(nc, logCfg, c.log)},
 	})
 	if err != nil {
 		eng.Close(context.WithoutCancel(ctx))

@@ -114,6 +114,7 @@ func EnsureLogStream(ctx context.Context, nc *nats.Conn, cfg LogStreamConfig) er
 type LogPublisher struct {
 	nc      *nats.Conn
 	cfg     LogStreamConfig
+	log     *slog.Logger
 	queue   chan *nats.Msg
 	dropped atomic.Int64
 	stop    chan struct{}
@@ -122,9 +123,14 @@ type LogPublisher struct {
 }
 
 // NewLogPublisher starts publishing log records on nc; it creates
-// LogStream (with cfg) if missing, retried in the background.
-func NewLogPublisher(nc *nats.Conn, cfg LogStreamConfig) *LogPublisher {
-	p := &LogPublisher{nc: nc, cfg: cfg, queue: make(chan *nats.Msg, logQueue),
+// LogStream (with cfg) if missing, retried in the background. log (nil:
+// none) gets a warning when the stream cannot be made and, at most once a
+// minute, how many lines were dropped.
+func NewLogPublisher(nc *nats.Conn, cfg LogStreamConfig, log *slog.Logger) *LogPublisher {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	p := &LogPublisher{nc: nc, cfg: cfg, log: log, queue: make(chan *nats.Msg, logQueue),
 		stop: make(chan struct{}), done: make(chan struct{})}
 	go p.run()
 	return p
@@ -132,21 +138,32 @@ func NewLogPublisher(nc *nats.Conn, cfg LogStreamConfig) *LogPublisher {
 
 func (p *LogPublisher) run() {
 	defer close(p.done)
-	ensured := false
+	ensured, warned := false, false
 	retry := time.NewTimer(0)
 	defer retry.Stop()
+	report := time.NewTicker(time.Minute)
+	defer report.Stop()
+	var reported int64
 	for {
 		select {
 		case <-p.stop:
 			return
 		case <-retry.C:
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			err := EnsureLogStream(ctx, p.nc, p.cfg)
+			cancel()
+			ensured = err == nil
 			if !ensured {
-				ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-				ensured = EnsureLogStream(ctx, p.nc, p.cfg) == nil
-				cancel()
-				if !ensured {
-					retry.Reset(time.Second)
+				if !warned {
+					p.log.Warn("job log stream not available (retrying)", "stream", LogStream, "err", err)
+					warned = true
 				}
+				retry.Reset(time.Second)
+			}
+		case <-report.C:
+			if n := p.dropped.Load(); n != reported {
+				p.log.Warn("job log lines dropped", "stream", LogStream, "dropped", n-reported, "total", n)
+				reported = n
 			}
 		case m := <-p.queue:
 			if err := p.nc.PublishMsg(m); err != nil {

@@ -62,7 +62,7 @@ func TestRolePermissions(t *testing.T) {
 		return nc
 	}
 	tc := startController(t, srv, as("controller"))
-	logs := cluster.NewLogPublisher(as("host"), cluster.LogStreamConfig{})
+	logs := cluster.NewLogPublisher(as("host"), cluster.LogStreamConfig{}, logger(t))
 	t.Cleanup(logs.Close)
 	for _, id := range []string{"h1", "h2"} {
 		h, err := cluster.StartHost(as("host"), cluster.HostOptions{ID: id, Slots: 1, DataDir: t.TempDir(),
