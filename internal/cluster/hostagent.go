@@ -202,13 +202,40 @@ func (h *Host) handleLeader(msg *nats.Msg) {
 
 func (h *Host) raiseTermLocked(term uint64, leader string) {
 	if term > h.term {
-		if h.term != 0 {
+		first := h.term == 0
+		if !first {
 			h.log.Info("new controller leader", "term", term, "leader", leader, "previous_term", h.term)
 		}
 		h.term = term
 		if leader != "" {
 			h.leader = leader
 		}
+		if !first {
+			h.reportRunningLocked()
+		}
+	}
+}
+
+// reportRunningLocked tells a new leader again which attempts run here: it
+// may have taken over a job whose running report reached only the leader
+// before it (whose record still says created), and the next progress report
+// may be a second away, or never come from an executor without progress.
+func (h *Host) reportRunningLocked() {
+	var evs []HostEvent
+	for ref, r := range h.runs {
+		r.mu.Lock()
+		started := r.exec != nil
+		r.mu.Unlock()
+		if started {
+			evs = append(evs, HostEvent{HostID: h.opts.ID, JobID: ref.JobID, Attempt: ref.Attempt, State: SubtaskRunning})
+		}
+	}
+	if len(evs) > 0 {
+		go func() {
+			for _, ev := range evs {
+				h.report(ev, false)
+			}
+		}()
 	}
 }
 

@@ -575,9 +575,9 @@ func (r *runner) startAttempt(a control.StartAttempt) {
 		r.failures = appendFailure(r.failures, a.Attempt-1, r.lastErr)
 		r.mu.Unlock()
 		if m := r.opts.Metrics; m != nil {
-			m.Restart(ctx, r.g.Name)
+			m.Restart(ctx, r.opts.JobID, r.g.Name)
 		} else {
-			telemetry.GlobalMetrics().Restart(ctx, r.g.Name)
+			telemetry.GlobalMetrics().Restart(ctx, r.opts.JobID, r.g.Name)
 		}
 		r.endPending(r.lastErr)
 		if r.coord != nil {
@@ -828,7 +828,7 @@ func (d *Driver) act(t Target, a control.Action) {
 			md.JobID = d.co.JobID
 			err = d.store.Commit(ctx, md)
 		}
-		telemetry.EndSpan(span, err)
+		d.endPersist(x.ID, span, err)
 		d.checkpointPersisted(x, md, err)
 		if err != nil {
 			d.log.Warn("checkpoint could not be persisted", "id", x.ID, "err", err)

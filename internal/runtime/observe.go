@@ -224,6 +224,13 @@ func (o timedOutput) Send(ctx context.Context, ev dataplane.Event) error {
 	return err
 }
 
+// SendNow passes an unaligned checkpoint's sends, which must not wait for
+// room, through to the output (dataplane.Overtaker): without it they would
+// fall back to Send and wait behind the back-pressure they overtake.
+func (o timedOutput) SendNow(ctx context.Context, ev dataplane.Event) error {
+	return dataplane.SendNow(ctx, o.Output, ev)
+}
+
 // NotifyEndOfDataAck passes the finishing handshake through to the output.
 func (o timedOutput) NotifyEndOfDataAck(f func()) bool {
 	return dataplane.NotifyEndOfDataAck(o.Output, f)
@@ -236,7 +243,8 @@ func (t *task) initMetrics() {
 		if m == nil {
 			m = telemetry.GlobalMetrics()
 		}
-		t.om = m.Operator(t.info.Job, t.v.UID, t.sub)
+		t.om = m.Operator(telemetry.SubtaskLabels{JobID: t.info.JobID, Job: t.info.Job, Attempt: t.info.Attempt,
+			Host: t.j.opts.Host, Operator: t.v.UID, Subtask: t.sub})
 	}
 }
 
@@ -278,6 +286,8 @@ type ckptTrace struct {
 	done  bool              // persisted: the span ended, the trace is kept for the notifications
 	// pending are the subtasks whose acknowledgement has not come yet.
 	pending map[control.SubtaskID]bool
+	// persisted is when the metadata was written: the checkpoint's end.
+	persisted time.Time
 }
 
 // driverObs is the observability state of a Driver: checkpoint spans and
@@ -300,6 +310,14 @@ func (d *Driver) Observe(ctx context.Context, tp trace.TracerProvider, m *teleme
 		d.obs.tracer = tp.Tracer(telemetry.ScopeName)
 	}
 	d.obs.metrics, d.obs.parent = m, ctx
+}
+
+// meter is the driver's metrics (the global ones when none were given).
+func (o *driverObs) meter() *telemetry.Metrics {
+	if o.metrics == nil {
+		return telemetry.GlobalMetrics()
+	}
+	return o.metrics
 }
 
 func (o *driverObs) tr() trace.Tracer {
@@ -352,7 +370,18 @@ func (d *Driver) observeEvent(ev control.Event) {
 				span.SetAttributes(telemetry.InFlightBytes(ref.InFlight))
 			}
 		})
+	case control.TaskFinished:
+		// A subtask that finishes counts as acknowledged in the checkpoints
+		// pending (FLIP-147): its part ends here.
+		for id, c := range o.ckpts {
+			if c.pending[x.Subtask] {
+				d.subtaskAnswered(id, x.Subtask, func(span trace.Span) {
+					span.SetAttributes(attribute.Bool("streamd.finished", true))
+				})
+			}
+		}
 	case control.Decline:
+		o.meter().CheckpointDeclined(o.ctx(), d.jobID(), d.g.Name)
 		d.subtaskAnswered(x.CheckpointID, x.Subtask, func(span trace.Span) {
 			span.SetStatus(codes.Error, "declined: "+x.Reason)
 		})
@@ -385,6 +414,22 @@ func (d *Driver) startPersist(id int64) trace.Span {
 	}
 	_, span := d.obs.tr().Start(c.ctx, telemetry.SpanCheckpointPersist, trace.WithAttributes(append(telemetry.JobAttrs(d.jobID(), d.g.Name), telemetry.CheckpointID(id))...))
 	return span
+}
+
+// endPersist ends the persist span and records its end as the
+// checkpoint's (the bookkeeping after it is not part of the checkpoint).
+func (d *Driver) endPersist(id int64, span trace.Span, err error) {
+	if span == nil {
+		return
+	}
+	now := time.Now()
+	if err != nil {
+		telemetry.RecordError(span, err)
+	}
+	span.End(trace.WithTimestamp(now))
+	if c := d.obs.ckpts[id]; c != nil {
+		c.persisted = now
+	}
 }
 
 // pendingList names the subtasks checkpoint c still waits for.
@@ -463,14 +508,18 @@ func (d *Driver) checkpointPersisted(x control.PersistMetadata, md *checkpoint.M
 	if m == nil {
 		m = telemetry.GlobalMetrics()
 	}
-	m.Checkpoint(o.ctx(), d.g.Name, dur, x.Size)
+	m.Checkpoint(o.ctx(), d.jobID(), d.g.Name, x.ID, dur, x.Size)
 	c.span.SetAttributes(telemetry.StateBytes(x.Size), telemetry.InFlightBytes(md.InFlightBytes()))
 	if x.Kind == control.KindSavepoint {
 		c.span.SetAttributes(telemetry.Savepoint(md.Location))
 	} else {
 		c.span.SetAttributes(attribute.String("streamd.location", md.Location))
 	}
-	c.span.End()
+	if c.persisted.IsZero() {
+		c.span.End()
+	} else {
+		c.span.End(trace.WithTimestamp(c.persisted))
+	}
 	c.done = true
 	d.mu.Lock()
 	o.history = append(o.history, CheckpointStats{ID: x.ID, Kind: string(x.Kind), Time: time.Now(),
@@ -500,6 +549,7 @@ func (d *Driver) checkpointAborted(id int64, reason string) {
 	}
 	delete(d.obs.ckpts, id)
 	if !c.done {
+		d.obs.meter().CheckpointFailed(d.obs.ctx(), d.jobID(), d.g.Name, reason)
 		if len(c.pending) > 0 {
 			c.span.SetAttributes(attribute.String("streamd.pending", c.pendingList()), attribute.Int("streamd.pending_count", len(c.pending)))
 		}

@@ -37,7 +37,10 @@ type Options struct {
 	Attempt  int // attempt number of the first run (later attempts count up)
 	// JobID is a deployed job's id, for spans (streamd.job.id); "": the
 	// job's name (streamd run).
-	JobID           string
+	JobID string
+	// Host is the id of the host running the subtasks (a metric label);
+	// "": none (streamd run).
+	Host            string
 	BatchSize       int // records per batch on channels and into wasm; default 1024
 	ChannelCapacity int // bounded queue length in batches per channel; default 16
 	// MaxRecordBytes is the job's max_record_bytes (jobfile.Job.MaxRecordBytes;

@@ -293,6 +293,7 @@ func (t *task) perform(a control.SubtaskAction) error {
 			return t.fail(phaseOutput, err)
 		}
 	case control.AdvanceWatermark:
+		t.om.Watermark(t.ctx, x.TS)
 		if err := t.call(string(abi.PhaseWatermark), t.op.AdvanceWatermark(t.ctx, x.TS, t.emit)); err != nil {
 			return err
 		}
@@ -808,7 +809,13 @@ func (t *task) runOperator(ctx context.Context) (err error) {
 			if err := t.flush(); err != nil {
 				return t.fail(phaseOutput, err)
 			}
-			ch, ev, err = g.Next(ctx)
+			if t.om != nil {
+				idle := time.Now()
+				ch, ev, err = g.Next(ctx)
+				t.om.Idle(ctx, time.Since(idle))
+			} else {
+				ch, ev, err = g.Next(ctx)
+			}
 		}
 		if err != nil {
 			return t.fail(phaseInput, err)
@@ -868,7 +875,9 @@ func (t *task) process(ctx context.Context, ch int, b *dataplane.Batch) error {
 	err := t.op.Process(ctx, t.gate.Input(ch), b.Records, t.emit)
 	if t.om != nil {
 		t.inBatch = false
-		t.om.Batch(ctx, n, t.batchOut, time.Since(start))
+		d := time.Since(start)
+		t.om.Batch(ctx, n, t.batchOut, d)
+		t.om.Busy(ctx, d)
 	}
 	b.Release()
 	return t.call(string(abi.PhaseProcess), err)

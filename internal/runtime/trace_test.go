@@ -293,7 +293,17 @@ func TestTraceCheckpointCoverage(t *testing.T) {
 		}
 		total := c.EndTime.Sub(c.StartTime)
 		if frac := float64(covered) / float64(total); frac < 0.95 {
-			t.Errorf("checkpoint %d: spans cover %v of %v (%.1f%%), want >= 95%%", attrInt(t, c, telemetry.AttrCheckpointID), covered, total, 100*frac)
+			var lines []string
+			for _, k := range ss.childrenOf(c) {
+				who := ""
+				if op, ok := attr(k, telemetry.AttrOperator); ok {
+					sub, _ := attr(k, telemetry.AttrSubtask)
+					who = fmt.Sprintf("%s[%d]", op.AsString(), sub.AsInt64())
+				}
+				lines = append(lines, fmt.Sprintf("  %s %s +%v..+%v", k.Name, who, k.StartTime.Sub(c.StartTime), k.EndTime.Sub(c.StartTime)))
+			}
+			slices.Sort(lines)
+			t.Errorf("checkpoint %d: spans cover %v of %v (%.1f%%), want >= 95%%; its children:\n%s", attrInt(t, c, telemetry.AttrCheckpointID), covered, total, 100*frac, strings.Join(lines, "\n"))
 		}
 		checked++
 	}

@@ -16,6 +16,7 @@ import (
 
 	"github.com/streamd/streamd/abi"
 	"github.com/streamd/streamd/control"
+	"github.com/streamd/streamd/dataplane"
 	"github.com/streamd/streamd/internal/checkpoint"
 	"github.com/streamd/streamd/internal/jobfile"
 	"github.com/streamd/streamd/internal/testwasm"
@@ -369,4 +370,24 @@ func TestUnalignedRefusesForwardRescale(t *testing.T) {
 func forwardInFlight(md *checkpoint.Metadata) bool {
 	om := md.Operator("check")
 	return om != nil && slices.ContainsFunc(om.Subtasks, func(s checkpoint.SubtaskMeta) bool { return s.InFlightBytes > 0 })
+}
+
+// TestTimedOutputOvertakes: with metrics on, outputs are wrapped to time
+// back-pressure; the wrapper still lets unaligned sends through without
+// waiting for room.
+func TestTimedOutputOvertakes(t *testing.T) {
+	c := dataplane.NewLocalChannel("a[0]->b[0]", 1)
+	o := timedOutput{Output: c.Output()}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := o.Send(ctx, dataplane.WatermarkEvent(1)); err != nil {
+		t.Fatal(err)
+	}
+	// The channel is full: a Send would wait; SendNow must not.
+	if err := dataplane.SendNow(ctx, o, dataplane.BarrierEvent(dataplane.Barrier{ID: 1, Unaligned: true})); err != nil {
+		t.Fatalf("SendNow through the metrics wrapper: %v", err)
+	}
+	if c.Len() != 2 {
+		t.Fatalf("%d queued, want 2 (past the capacity of 1)", c.Len())
+	}
 }

@@ -61,7 +61,7 @@ func TestCheckpointTraceAcrossHostsInJaeger(t *testing.T) {
 
 	// host b: alignment and snapshot under the barrier's context
 	tracerB := telB.TracerProvider().Tracer(telemetry.ScopeName)
-	attrs := append(telemetry.SubtaskAttrs("wc", "count", 1, 0), telemetry.CheckpointID(42))
+	attrs := append(telemetry.SubtaskAttrs("wc-1", "wc", "count", 1, 0), telemetry.CheckpointID(42))
 	bctx := telemetry.ExtractHeaders(ctx, barrierHeaders)
 	_, align := tracerB.Start(bctx, telemetry.SpanBarrierAlignment, trace.WithAttributes(attrs...))
 	time.Sleep(time.Millisecond)

@@ -21,7 +21,34 @@ const (
 	MetricAlignmentTime       = "streamd.checkpoint.alignment.time"
 	MetricRestarts            = "streamd.restarts"
 	MetricFinalCheckpointWait = "streamd.final_checkpoint.wait"
+	MetricWatermark           = "streamd.watermark"      // a subtask's current input watermark (ms)
+	MetricWatermarkLag        = "streamd.watermark.lag"  // wall clock minus that watermark when it advanced
+	MetricBusyTime            = "streamd.task.busy.time" // time in the operator's calls
+	MetricIdleTime            = "streamd.task.idle.time" // time waiting for input
+	MetricCheckpointsFailed   = "streamd.checkpoints.failed"
+	MetricCheckpointsDeclined = "streamd.checkpoints.declined"
+	MetricLastCheckpointID    = "streamd.checkpoint.last.id"
+	MetricLastCheckpointTime  = "streamd.checkpoint.last.time" // when it completed (unix seconds): its age is now minus this
+	MetricLastCheckpointDur   = "streamd.checkpoint.last.duration"
+	MetricLastCheckpointSize  = "streamd.checkpoint.last.size"
 )
+
+// SubtaskLabels name one operator subtask on its metrics.
+type SubtaskLabels struct {
+	JobID, Job string // the deployed job's id ("" -> Job), the job's name
+	Attempt    int
+	Host       string // "" when not on a host (streamd run): no label
+	Operator   string
+	Subtask    int
+}
+
+func (l SubtaskLabels) set() attribute.Set {
+	kv := append(JobAttrs(l.JobID, l.Job), Attempt(l.Attempt), Operator(l.Operator), Subtask(l.Subtask))
+	if l.Host != "" {
+		kv = append(kv, Host(l.Host))
+	}
+	return attribute.NewSet(kv...)
+}
 
 var (
 	latencyBuckets  = []float64{1e-5, 5e-5, 1e-4, 5e-4, 1e-3, 5e-3, 0.01, 0.05, 0.1, 0.5, 1, 5}
@@ -41,6 +68,16 @@ type Metrics struct {
 	AlignmentTime       metric.Float64Histogram // seconds of barrier alignment per subtask
 	Restarts            metric.Int64Counter     // job restarts (failovers)
 	FinalCheckpointWait metric.Float64Histogram // seconds a finished subtask waited for the final checkpoint
+	Watermark           metric.Int64Gauge       // a subtask's input watermark, ms
+	WatermarkLag        metric.Float64Gauge     // seconds between the wall clock and that watermark
+	BusyTime            metric.Float64Counter   // seconds in the operator's calls
+	IdleTime            metric.Float64Counter   // seconds waiting for input
+	CheckpointsFailed   metric.Int64Counter     // checkpoints aborted, by reason
+	CheckpointsDeclined metric.Int64Counter     // subtasks' declines
+	LastCheckpointID    metric.Int64Gauge
+	LastCheckpointTime  metric.Float64Gauge
+	LastCheckpointDur   metric.Float64Gauge
+	LastCheckpointSize  metric.Int64Gauge
 }
 
 // NewMetrics makes the instruments from mp's meter.
@@ -48,7 +85,7 @@ func NewMetrics(mp metric.MeterProvider) (*Metrics, error) {
 	m := mp.Meter(ScopeName)
 	var (
 		x    Metrics
-		errs [9]error
+		errs [19]error
 	)
 	x.RecordsIn, errs[0] = m.Int64Counter(MetricRecordsIn, metric.WithUnit("{record}"),
 		metric.WithDescription("Records received by an operator subtask."))
@@ -73,6 +110,25 @@ func NewMetrics(mp metric.MeterProvider) (*Metrics, error) {
 	x.FinalCheckpointWait, errs[8] = m.Float64Histogram(MetricFinalCheckpointWait, metric.WithUnit("s"),
 		metric.WithDescription("Time a finished subtask waited for the final checkpoint."),
 		metric.WithExplicitBucketBoundaries(durationBuckets...))
+	x.Watermark, errs[9] = m.Int64Gauge(MetricWatermark, metric.WithUnit("ms"),
+		metric.WithDescription("A subtask's current input watermark (the minimum over its channels), in event-time milliseconds."))
+	x.WatermarkLag, errs[10] = m.Float64Gauge(MetricWatermarkLag, metric.WithUnit("s"),
+		metric.WithDescription("Wall clock minus a subtask's input watermark when it last advanced (for event time in epoch milliseconds)."))
+	x.BusyTime, errs[11] = m.Float64Counter(MetricBusyTime, metric.WithUnit("s"),
+		metric.WithDescription("Time a subtask spent in its operator's calls (busy); per second: the busy fraction."))
+	x.IdleTime, errs[12] = m.Float64Counter(MetricIdleTime, metric.WithUnit("s"),
+		metric.WithDescription("Time a subtask waited for input (idle)."))
+	x.CheckpointsFailed, errs[13] = m.Int64Counter(MetricCheckpointsFailed, metric.WithUnit("{checkpoint}"),
+		metric.WithDescription("Checkpoints aborted, by reason."))
+	x.CheckpointsDeclined, errs[14] = m.Int64Counter(MetricCheckpointsDeclined, metric.WithUnit("{decline}"),
+		metric.WithDescription("Checkpoints declined by a subtask."))
+	x.LastCheckpointID, errs[15] = m.Int64Gauge(MetricLastCheckpointID, metric.WithDescription("Id of the latest completed checkpoint or savepoint."))
+	x.LastCheckpointTime, errs[16] = m.Float64Gauge(MetricLastCheckpointTime, metric.WithUnit("s"),
+		metric.WithDescription("When the latest checkpoint completed, in unix seconds (its age: now minus this)."))
+	x.LastCheckpointDur, errs[17] = m.Float64Gauge(MetricLastCheckpointDur, metric.WithUnit("s"),
+		metric.WithDescription("Trigger to completion of the latest checkpoint."))
+	x.LastCheckpointSize, errs[18] = m.Int64Gauge(MetricLastCheckpointSize, metric.WithUnit("By"),
+		metric.WithDescription("State size of the latest checkpoint."))
 	for _, err := range errs {
 		if err != nil {
 			return nil, fmt.Errorf("telemetry: instruments: %w", err)
@@ -83,31 +139,52 @@ func NewMetrics(mp metric.MeterProvider) (*Metrics, error) {
 
 // Operator returns the handle of one operator subtask, its attributes
 // computed once. Nil Metrics: a nil handle, whose methods do nothing.
-func (m *Metrics) Operator(job, operator string, subtask int) *OperatorMetrics {
+func (m *Metrics) Operator(l SubtaskLabels) *OperatorMetrics {
 	if m == nil {
 		return nil
 	}
-	opt := metric.WithAttributeSet(attribute.NewSet(Job(job), Operator(operator), Subtask(subtask)))
+	opt := metric.WithAttributeSet(l.set())
 	return &OperatorMetrics{m: m, add: []metric.AddOption{opt}, rec: []metric.RecordOption{opt}}
 }
 
-// Checkpoint records a completed checkpoint of job: its duration from
-// trigger to completion and its state size in bytes.
-func (m *Metrics) Checkpoint(ctx context.Context, job string, d time.Duration, bytes int64) {
+// Checkpoint records a completed checkpoint id of job (id, name): its
+// duration from trigger to completion and its state size in bytes, also as
+// the latest checkpoint's gauges.
+func (m *Metrics) Checkpoint(ctx context.Context, jobID, job string, id int64, d time.Duration, bytes int64) {
 	if m == nil {
 		return
 	}
-	opt := metric.WithAttributes(Job(job))
+	opt := metric.WithAttributes(JobAttrs(jobID, job)...)
 	m.CheckpointDuration.Record(ctx, d.Seconds(), opt)
 	m.CheckpointSize.Record(ctx, bytes, opt)
+	m.LastCheckpointID.Record(ctx, id, opt)
+	m.LastCheckpointTime.Record(ctx, float64(time.Now().UnixMilli())/1000, opt)
+	m.LastCheckpointDur.Record(ctx, d.Seconds(), opt)
+	m.LastCheckpointSize.Record(ctx, bytes, opt)
+}
+
+// CheckpointFailed counts an aborted checkpoint of job, by reason.
+func (m *Metrics) CheckpointFailed(ctx context.Context, jobID, job, reason string) {
+	if m == nil {
+		return
+	}
+	m.CheckpointsFailed.Add(ctx, 1, metric.WithAttributes(append(JobAttrs(jobID, job), attribute.String("streamd.reason", reason))...))
+}
+
+// CheckpointDeclined counts a subtask's decline of a checkpoint of job.
+func (m *Metrics) CheckpointDeclined(ctx context.Context, jobID, job string) {
+	if m == nil {
+		return
+	}
+	m.CheckpointsDeclined.Add(ctx, 1, metric.WithAttributes(JobAttrs(jobID, job)...))
 }
 
 // Restart counts one restart (failover) of job.
-func (m *Metrics) Restart(ctx context.Context, job string) {
+func (m *Metrics) Restart(ctx context.Context, jobID, job string) {
 	if m == nil {
 		return
 	}
-	m.Restarts.Add(ctx, 1, metric.WithAttributes(Job(job)))
+	m.Restarts.Add(ctx, 1, metric.WithAttributes(JobAttrs(jobID, job)...))
 }
 
 // OperatorMetrics records the metrics of one operator subtask. A nil
@@ -152,6 +229,31 @@ func (o *OperatorMetrics) Alignment(ctx context.Context, d time.Duration) {
 		return
 	}
 	o.m.AlignmentTime.Record(ctx, d.Seconds(), o.rec...)
+}
+
+// Watermark records the subtask's input watermark ts (event-time ms) and its
+// lag behind the wall clock.
+func (o *OperatorMetrics) Watermark(ctx context.Context, ts int64) {
+	if o == nil {
+		return
+	}
+	o.m.Watermark.Record(ctx, ts, o.rec...)
+	if lag := time.Since(time.UnixMilli(ts)); ts > 0 && lag > -24*time.Hour && lag < 10*365*24*time.Hour {
+		o.m.WatermarkLag.Record(ctx, lag.Seconds(), o.rec...)
+	}
+}
+
+// Busy adds d spent in the operator's calls; Idle d spent waiting for input.
+func (o *OperatorMetrics) Busy(ctx context.Context, d time.Duration) {
+	if o != nil {
+		o.m.BusyTime.Add(ctx, d.Seconds(), o.add...)
+	}
+}
+
+func (o *OperatorMetrics) Idle(ctx context.Context, d time.Duration) {
+	if o != nil {
+		o.m.IdleTime.Add(ctx, d.Seconds(), o.add...)
+	}
 }
 
 // FinalCheckpointWait records how long the finished subtask waited for the final checkpoint.

@@ -19,15 +19,20 @@ func TestPrometheusEndpoint(t *testing.T) {
 	}
 	defer tel.Shutdown(ctx)
 	m := tel.Metrics()
-	op := m.Operator("wc", "count", 1)
+	op := m.Operator(telemetry.SubtaskLabels{JobID: "wc-1", Job: "wc", Attempt: 2, Host: "h1", Operator: "count", Subtask: 1})
 	op.Batch(ctx, 1000, 990, 2*time.Millisecond)
 	op.Batch(ctx, 500, 0, time.Millisecond)
 	op.RecordsOut(ctx, 10)
 	op.BackPressure(ctx, 1500*time.Millisecond)
 	op.Alignment(ctx, 20*time.Millisecond)
 	op.FinalCheckpointWait(ctx, 300*time.Millisecond)
-	m.Checkpoint(ctx, "wc", 250*time.Millisecond, 4096)
-	m.Restart(ctx, "wc")
+	op.Watermark(ctx, time.Now().Add(-3*time.Second).UnixMilli())
+	op.Busy(ctx, 700*time.Millisecond)
+	op.Idle(ctx, 300*time.Millisecond)
+	m.Checkpoint(ctx, "wc-1", "wc", 7, 250*time.Millisecond, 4096)
+	m.CheckpointFailed(ctx, "wc-1", "wc", "timeout")
+	m.CheckpointDeclined(ctx, "wc-1", "wc")
+	m.Restart(ctx, "wc-1", "wc")
 
 	resp, err := http.Get("http://" + tel.MetricsAddr() + "/metrics")
 	if err != nil {
@@ -36,7 +41,8 @@ func TestPrometheusEndpoint(t *testing.T) {
 	body, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
 	text := string(body)
-	sel := `streamd_job="wc",streamd_operator="count",streamd_subtask="1"`
+	sel := `streamd_attempt="2",streamd_host="h1",streamd_job="wc",streamd_job_id="wc-1",streamd_job_name="wc",streamd_operator="count",streamd_subtask="1"`
+	job := `streamd_job="wc",streamd_job_id="wc-1",streamd_job_name="wc"`
 	for _, want := range []string{
 		`streamd_records_in_total{` + sel + `} 1500`,
 		`streamd_records_out_total{` + sel + `} 1000`,
@@ -44,9 +50,19 @@ func TestPrometheusEndpoint(t *testing.T) {
 		`streamd_backpressure_time_seconds_total{` + sel + `} 1.5`,
 		`streamd_checkpoint_alignment_time_seconds_count{` + sel + `} 1`,
 		`streamd_final_checkpoint_wait_seconds_sum{` + sel + `} 0.3`,
-		`streamd_checkpoint_duration_seconds_sum{streamd_job="wc"} 0.25`,
-		`streamd_checkpoint_size_bytes_sum{streamd_job="wc"} 4096`,
-		`streamd_restarts_total{streamd_job="wc"} 1`,
+		`streamd_checkpoint_duration_seconds_sum{` + job + `} 0.25`,
+		`streamd_checkpoint_size_bytes_sum{` + job + `} 4096`,
+		`streamd_restarts_total{` + job + `} 1`,
+		`streamd_checkpoint_last_id{` + job + `} 7`,
+		`streamd_checkpoint_last_duration_seconds{` + job + `} 0.25`,
+		`streamd_checkpoint_last_size_bytes{` + job + `} 4096`,
+		`streamd_checkpoint_last_time_seconds{` + job + `} 1.`,
+		`streamd_checkpoints_failed_total{` + job + `,streamd_reason="timeout"} 1`,
+		`streamd_checkpoints_declined_total{` + job + `} 1`,
+		`streamd_watermark_milliseconds{` + sel + `} 1`,
+		`streamd_watermark_lag_seconds{` + sel + `} 3`,
+		`streamd_task_busy_time_seconds_total{` + sel + `} 0.7`,
+		`streamd_task_idle_time_seconds_total{` + sel + `} 0.3`,
 		`target_info{`, `service_name="streamd-host-a"`,
 		`go_goroutines `,
 	} {
@@ -83,12 +99,12 @@ func TestMetricsOff(t *testing.T) {
 	if tel.Metrics() != nil || tel.MetricsAddr() != "" {
 		t.Fatal("metrics on without metrics.listen")
 	}
-	op := tel.Metrics().Operator("j", "o", 0) // nil handle
+	op := tel.Metrics().Operator(telemetry.SubtaskLabels{Job: "j", Operator: "o"}) // nil handle
 	ctx := context.Background()
 	allocs := testing.AllocsPerRun(100, func() {
 		op.Batch(ctx, 10, 10, time.Millisecond)
 		op.BackPressure(ctx, time.Millisecond)
-		tel.Metrics().Checkpoint(ctx, "j", time.Second, 1)
+		tel.Metrics().Checkpoint(ctx, "", "j", 1, time.Second, 1)
 	})
 	if allocs != 0 {
 		t.Errorf("metrics off: %v allocations", allocs)
@@ -103,10 +119,16 @@ func TestBatchDoesNotAllocate(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer tel.Shutdown(context.Background())
-	op := tel.Metrics().Operator("j", "o", 0)
+	op := tel.Metrics().Operator(telemetry.SubtaskLabels{Job: "j", Operator: "o"})
 	ctx := context.Background()
 	op.Batch(ctx, 1, 1, time.Millisecond)
-	if allocs := testing.AllocsPerRun(100, func() { op.Batch(ctx, 10, 10, time.Millisecond) }); allocs != 0 {
+	op.Busy(ctx, time.Millisecond)
+	op.Idle(ctx, time.Millisecond)
+	if allocs := testing.AllocsPerRun(100, func() {
+		op.Batch(ctx, 10, 10, time.Millisecond)
+		op.Busy(ctx, time.Millisecond)
+		op.Idle(ctx, time.Millisecond)
+	}); allocs != 0 {
 		t.Errorf("Batch: %v allocations", allocs)
 	}
 }
