@@ -186,9 +186,9 @@ func TestSandbox(t *testing.T) {
 	path := fixture(t, "sandbox")
 	for _, allowClock := range []bool{false, true} {
 		t.Run(fmt.Sprintf("allow_clock=%v", allowClock), func(t *testing.T) {
-			logs := testlog.New()
+			logs, guestLog := testlog.New(), testlog.New()
 			e := newEngine(t, host.WithLogger(slog.New(logs)), host.WithAllowClock(allowClock))
-			i := instance(t, load(t, e, path), host.InstanceConfig{Job: "sb", Operator: "probe", Subtask: 0, Parallelism: 1})
+			i := instance(t, load(t, e, path), host.InstanceConfig{Job: "sb", Operator: "probe", Subtask: 0, Parallelism: 1, GuestLog: guestLog})
 			var out []abi.Record
 			if err := i.Process(context.Background(), 0, []abi.Record{{Value: []byte("go")}}, func(r []abi.Record) { out = append(out, r...) }); err != nil {
 				t.Fatal(err)
@@ -225,6 +225,20 @@ func TestSandbox(t *testing.T) {
 			}
 			if !slices.Equal(got, want) {
 				t.Errorf("guest output lines %q, want %q", got, want)
+			}
+			// GuestLog gets the same lines, labelled with the subtask.
+			got = nil
+			for _, r := range guestLog.Records() {
+				if r.Attrs["stream"] == "" {
+					continue
+				}
+				if r.Attrs["operator"] != "probe" || r.Attrs["subtask"] != "0" {
+					t.Errorf("GuestLog line %q labelled %v", r.Msg, r.Attrs)
+				}
+				got = append(got, r.Attrs["stream"]+"|"+r.Msg+"|"+r.Level)
+			}
+			if !slices.Equal(got, want) {
+				t.Errorf("GuestLog lines %q, want %q", got, want)
 			}
 		})
 	}

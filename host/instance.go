@@ -41,6 +41,10 @@ type InstanceConfig struct {
 	MaxRecordBytes int
 	// State selects the keyed-state backend (the zero value: memory).
 	State StateConfig
+	// GuestLog, if set, also gets the guest's log calls and output lines
+	// (and the instance's own lines), with the operator and subtask
+	// attributes: a host publishes them (cluster.LogPublisher).
+	GuestLog slog.Handler
 }
 
 // Emitter receives the records of one guest emit call. The slices (the record
@@ -111,13 +115,18 @@ func (m *Module) NewInstance(ctx context.Context, cfg InstanceConfig) (*Instance
 		return nil, fmt.Errorf("host: operator %q: negative number of inputs", cfg.Operator)
 	}
 	logger := e.cfg.logger.With("job", cfg.Job, "operator", cfg.Operator, "subtask", cfg.Subtask)
+	guest := logger
+	if cfg.GuestLog != nil {
+		guest = slog.New(telemetry.TeeHandler(logger.Handler(),
+			cfg.GuestLog.WithAttrs([]slog.Attr{slog.String("operator", cfg.Operator), slog.Int("subtask", cfg.Subtask)})))
+	}
 	i := &Instance{
 		eng:       e,
 		cfg:       cfg,
 		maxP:      cfg.MaxParallelism,
-		logger:    logger,
-		stdout:    &lineWriter{logger: logger, level: slog.LevelInfo, stream: "stdout"},
-		stderr:    &lineWriter{logger: logger, level: slog.LevelWarn, stream: "stderr"},
+		logger:    guest,
+		stdout:    &lineWriter{logger: guest, level: slog.LevelInfo, stream: "stdout"},
+		stderr:    &lineWriter{logger: guest, level: slog.LevelWarn, stream: "stderr"},
 		phase:     abi.PhaseLoad,
 		watermark: abi.MinWatermark,
 		rng:       abi.RangeForSubtask(cfg.Subtask, cfg.MaxParallelism, cfg.Parallelism),

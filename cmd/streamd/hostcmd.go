@@ -110,6 +110,10 @@ func (c *cli) startHost(ctx context.Context, nc *nats.Conn, defaultID string) (*
 		return nil, nil, err
 	}
 	natsOpts.URLs = nc.Servers()
+	logCfg, err := c.logStreamConfig()
+	if err != nil {
+		return nil, nil, err
+	}
 	eng, err := host.NewEngine(ctx, engOpts...)
 	if err != nil {
 		return nil, nil, err
@@ -117,7 +121,7 @@ func (c *cli) startHost(ctx context.Context, nc *nats.Conn, defaultID string) (*
 	h, err := cluster.StartHost(nc, cluster.HostOptions{
 		ID: id, Slots: slots, DataDir: filepath.Join(dir, "host"), HeartbeatInterval: hb, Logger: c.log,
 		Executor: &cluster.LocalExecutor{Engine: eng, Stdout: c.stdout, BatchSize: batch, ChannelCapacity: chanCap, MaxRecordBytes: mrb, NATS: natsOpts,
-			DataDir: filepath.Join(dir, "state")},
+			DataDir: filepath.Join(dir, "state"), Logs: cluster.NewLogPublisher(nc, logCfg, c.log)},
 	})
 	if err != nil {
 		eng.Close(context.WithoutCancel(ctx))

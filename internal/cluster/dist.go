@@ -177,8 +177,10 @@ func (e *LocalExecutor) startDistributed(ctx context.Context, r ExecRequest) (Ex
 	for _, s := range r.Local {
 		local[control.SubtaskID{Operator: s.Operator, Index: s.Subtask}] = true
 	}
+	var guestLog slog.Handler
+	r.Logger, guestLog = e.jobLoggers(r)
 	opts := runtime.Options{
-		Engine: e.Engine, Logger: r.Logger, Attempt: r.Attempt, BatchSize: e.BatchSize, JobID: r.JobID, Host: r.HostID,
+		Engine: e.Engine, Logger: r.Logger, GuestLog: guestLog, Attempt: r.Attempt, BatchSize: e.BatchSize, JobID: r.JobID, Host: r.HostID,
 		ChannelCapacity: e.ChannelCapacity, Stdout: e.Stdout, Stdin: eofReader{}, Progress: r.Progress, NATS: e.NATS,
 		MaxRecordBytes: cmp.Or(r.MaxRecordBytes, e.MaxRecordBytes),
 		State:          r.State, DataDir: e.DataDir,
@@ -287,7 +289,7 @@ func (e *LocalExecutor) startDistributed(ctx context.Context, r ExecRequest) (Ex
 		events.stop()
 		return nil, err
 	}
-	return &distExecution{att: att, sub: sub, events: events}, nil
+	return e.logged(r, &distExecution{att: att, sub: sub, events: events}), nil
 }
 
 // ---- controller side ----

@@ -88,6 +88,9 @@ type LocalExecutor struct {
 	// ChannelOptions configure the NATS channels between hosts
 	// (natsch.NewTransport), e.g. the credit window; default none.
 	ChannelOptions []natsch.Option
+	// Logs, if set, publishes the jobs' log lines (guest and task) to the
+	// job log stream (LogPublisher); nil: they go to the host's log only.
+	Logs *LogPublisher
 
 	mu         sync.Mutex
 	transports map[*nats.Conn]*natsch.Transport

@@ -30,8 +30,11 @@ type Options struct {
 	// Logger gets the runtime's log lines as given: the caller names the
 	// job in it (streamd run and the hosts do), the runtime adds no job
 	// attribute of its own (it would repeat job=...). nil: no logs.
-	Logger  *slog.Logger
-	Attempt int // attempt number of the first run (later attempts count up)
+	Logger *slog.Logger
+	// GuestLog, if set, also gets the guest lines of the wasm subtasks
+	// (host.InstanceConfig.GuestLog).
+	GuestLog slog.Handler
+	Attempt  int // attempt number of the first run (later attempts count up)
 	// JobID is a deployed job's id, for spans (streamd.job.id); "": the
 	// job's name (streamd run).
 	JobID string
@@ -527,6 +530,7 @@ func (j *job) bindSpec(t *task, modules map[string]*host.Module) error {
 			LendEmits:      true, // the record writers copy every emitted record into their batches
 			MaxRecordBytes: j.opts.MaxRecordBytes,
 			State:          host.StateConfig{Backend: j.opts.State.Backend, DataDir: j.opts.DataDir, Cache: j.stateCache},
+			GuestLog:       j.opts.GuestLog,
 		}}
 		if rs != nil {
 			wo.cfg.Restore = rs.Snapshot

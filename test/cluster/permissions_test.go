@@ -13,6 +13,7 @@ import (
 
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/streamd/streamd/internal/cluster"
 	"github.com/streamd/streamd/internal/jobfile"
@@ -62,9 +63,11 @@ func TestRolePermissions(t *testing.T) {
 		return nc
 	}
 	tc := startController(t, srv, as("controller"))
+	logs := cluster.NewLogPublisher(as("host"), cluster.LogStreamConfig{}, logger(t))
+	t.Cleanup(logs.Close)
 	for _, id := range []string{"h1", "h2"} {
 		h, err := cluster.StartHost(as("host"), cluster.HostOptions{ID: id, Slots: 1, DataDir: t.TempDir(),
-			HeartbeatInterval: hbInterval, Executor: &cluster.LocalExecutor{Engine: tc.engine}, Logger: logger(t)})
+			HeartbeatInterval: hbInterval, Executor: &cluster.LocalExecutor{Engine: tc.engine, Logs: logs}, Logger: logger(t)})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -96,6 +99,8 @@ func TestRolePermissions(t *testing.T) {
 	if err := json.Unmarshal(msg.Data, &info); err != nil || len(info.Endpoints) == 0 || !strings.HasPrefix(info.Endpoints[0].Subject, "streamd.v1.ctl.") {
 		t.Fatalf("micro info as the client: %v: %s", err, msg.Data)
 	}
+	// The client reads the job's log lines the hosts published.
+	readLogLine(t, client, id)
 	select {
 	case v := <-violations:
 		t.Fatalf("a role lacks a permission it needs: %s", v)
@@ -181,4 +186,29 @@ func TestControllerRefusesOutOfRangeHeartbeats(t *testing.T) {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
+}
+
+// readLogLine reads the first log line of job id from the log stream as nc,
+// and fails the test without one within 10s.
+func readLogLine(t *testing.T, nc *nats.Conn, id string) cluster.LogRecord {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cons, err := js.OrderedConsumer(ctx, cluster.LogStream, jetstream.OrderedConsumerConfig{FilterSubjects: []string{cluster.LogsSubject(id, "*", -1)}})
+	if err != nil {
+		t.Fatalf("read the log stream: %v", err)
+	}
+	msg, err := cons.Next(jetstream.FetchMaxWait(10 * time.Second))
+	if err != nil {
+		t.Fatalf("no log line of job %s: %v", id, err)
+	}
+	var r cluster.LogRecord
+	if err := json.Unmarshal(msg.Data(), &r); err != nil || r.Job != id {
+		t.Fatalf("log line %s: %v", msg.Data(), err)
+	}
+	return r
 }
