@@ -39,6 +39,7 @@ var suites = []suite{
 	{"./test/cluster", "^(BenchmarkInProcess|BenchmarkTwoHostsNATS|BenchmarkRawNATSPubSub|BenchmarkTwoHostsVsRawNATS|BenchmarkTwoHostsGeneratorDiscard|BenchmarkTwoHostsWasmMap)$", ""},
 	{"./test/cluster", "^BenchmarkHostKillToProcessing$", "3x"},
 	{"./internal/checkpoint", "1MKeys", ""},
+	{"./internal/webapi", "^BenchmarkConsolePolledVsNone$", "3x"},
 }
 
 type result struct {
@@ -236,6 +237,7 @@ var values = []value{
 	{"checkpoint of 1M keys of 100-byte state, written to disk", "BenchmarkSnapshot1MKeys", "s/checkpoint", "<= 2 s"},
 	{"memory state, 1M keys x 100 B through a keyed wasm counter, checkpoint every 1 s as % of none, alternating", "BenchmarkState1MKeysCheckpointVsNone", "1s-%-of-none", ">= 80"},
 	{"memory state, 1M keys: longest synchronous snapshot pause of the keyed subtask", "BenchmarkState1MKeysCheckpointVsNone", "ms-max-sync-pause", "<= 10 ms"},
+	{"REST API and console polled every second (job list, job, plan, checkpoints) as % of no listener, alternating", "BenchmarkConsolePolledVsNone", "polled-%-of-none", ">= 95"},
 	{"restore and redistribute 1M keys to 4 subtasks", "BenchmarkRestore1MKeys", "s/restore", "report"},
 	{"failure to processing again, 8 subtasks, modules cached", "BenchmarkFailoverRestart8", "ms/failover", "< 1000 ms"},
 	{"host process SIGKILLed to processing again (3 hosts, heartbeat 100 ms, lost after 4, p=4; ms/kill-to-new-attempt in the table)", "BenchmarkHostKillToProcessing", "ms/kill-to-processing", "report"},
