@@ -191,10 +191,17 @@ func FilterJob(f Filter) (*Job, error) {
 		}
 		return control.Edge{From: from, Partition: control.Rebalance}
 	}
+	in := edge(FilterSourceUID, srcPar, par)
+	if f.Input != nil {
+		// A transform's module may keep keyed state: its subtasks get the
+		// records by key (the message's key; its value when it has none),
+		// as keyed state needs, at any parallelism.
+		in = control.Edge{From: FilterSourceUID, Partition: control.Hash}
+	}
 	vertices := []*control.Vertex{
 		{UID: FilterSourceUID, Kind: control.KindSource, Parallelism: srcPar, Spec: src},
 		{UID: opUID, Kind: control.KindOperator, Parallelism: par, Spec: &WasmSpec{Path: module, Config: cfg, AllowClock: f.AllowClock},
-			Inputs: []control.Edge{edge(FilterSourceUID, srcPar, par)}},
+			Inputs: []control.Edge{in}},
 	}
 	if len(f.Outputs) == 0 {
 		vertices = append(vertices, &control.Vertex{UID: FilterSinkUID, Kind: control.KindSink, Parallelism: sinkPar, Spec: sink,

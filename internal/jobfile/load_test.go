@@ -446,6 +446,9 @@ func TestFilterJob(t *testing.T) {
 		job.Checkpoint != ck || job.Restart.Strategy != RestartExponentialDelay {
 		t.Errorf("transform: name %q, vertices %v, checkpoint %+v, restart %+v", g.Name, uids, job.Checkpoint, job.Restart)
 	}
+	if in := g.Vertex("upper-case").Inputs; len(in) != 1 || in[0].Partition != control.Hash {
+		t.Errorf("transform: the module's input %+v, want hash-partitioned (keyed state at any parallelism)", in)
+	}
 
 	for _, tt := range []struct {
 		f    Filter
