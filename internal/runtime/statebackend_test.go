@@ -37,7 +37,7 @@ func TestSavepointAcrossStateBackends(t *testing.T) {
 			dir := t.TempDir()
 			out, data := filepath.Join(dir, "out"), filepath.Join(dir, "data")
 			job := func(p int, failAt int) *control.JobGraph {
-				gen := &jobfile.SourceSpec{Type: "generator", Count: n, Rate: 8000, KeyPattern: "key-{k}", ValuePattern: "value-{n}", Keys: keys, TSStep: 1}
+				gen := &jobfile.SourceSpec{Type: "generator", Count: n, Rate: 4000, KeyPattern: "key-{k}", ValuePattern: "value-{n}", Keys: keys, TSStep: 1}
 				return graph(t,
 					src("src", 2, gen),
 					op("op", p, &jobfile.WasmSpec{Path: mod, Config: map[string]string{"fail_at": fmt.Sprint(failAt), "mode": "count"}}, in("src", control.Hash)),
@@ -61,8 +61,10 @@ func TestSavepointAcrossStateBackends(t *testing.T) {
 			if stats.Restarts != 1 {
 				t.Fatalf("restarts %d, want 1", stats.Restarts)
 			}
-			if stats.Savepoint == "" || stats.Operators[0].RecordsOut >= n {
-				t.Fatalf("not stopped mid-run: savepoint %q, %d of %d records read", stats.Savepoint, stats.Operators[0].RecordsOut, n)
+			// (Records read count both attempts: the restored one reads again
+			// what came after the checkpoint it restored.)
+			if stats.Savepoint == "" {
+				t.Fatalf("not stopped with a savepoint: %d records read over both attempts", stats.Operators[0].RecordsOut)
 			}
 			checkDataDirEmpty(t, data, c.from == jobfile.StatePebble)
 			os.RemoveAll(data)

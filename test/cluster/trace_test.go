@@ -6,6 +6,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
@@ -285,7 +286,21 @@ func TestFailoverAndStopTraceAcrossHosts(t *testing.T) {
 		t.Fatalf("job %s: %s", st.State, st.Reason)
 	}
 
+	// The controller ends the last attempt's job span as the attempt ends,
+	// which the status may show first: wait for it.
 	ss := exp.GetSpans()
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); ss = exp.GetSpans() {
+		n := 0
+		for _, s := range ss {
+			if s.Name == telemetry.SpanJob {
+				n++
+			}
+		}
+		if n >= 2 {
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 	named := func(name string) []tracetest.SpanStub {
 		var out []tracetest.SpanStub
 		for _, s := range ss {
