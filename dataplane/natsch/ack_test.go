@@ -13,14 +13,20 @@ import (
 // recvUntil takes events from r until one of kind k.
 func recvUntil(t *testing.T, r *Receiver, k dataplane.Kind) {
 	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for time.Now().Before(deadline) {
+	wake := make(chan struct{}, 1) // the receiver pokes it when a message arrives
+	r.SetNotify(wake)
+	timeout := time.After(5 * time.Second)
+	for {
 		ev, ok, err := r.TryRecv()
 		if err != nil {
 			t.Fatal(err)
 		}
 		if !ok {
-			time.Sleep(time.Millisecond)
+			select {
+			case <-wake:
+			case <-timeout:
+				t.Fatalf("no %s within 5s", k)
+			}
 			continue
 		}
 		if ev.Kind == dataplane.KindRecords {
@@ -30,7 +36,6 @@ func recvUntil(t *testing.T, r *Receiver, k dataplane.Kind) {
 			return
 		}
 	}
-	t.Fatalf("no %s within 5s", k)
 }
 
 func waitAck(t *testing.T, acked <-chan struct{}) {

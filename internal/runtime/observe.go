@@ -468,8 +468,8 @@ func (d *Driver) startCheckpoint(x control.TriggerCheckpoint) map[string]string 
 	if c := o.ckpts[x.ID]; c != nil {
 		return c.trace
 	}
-	attrs := []attribute.KeyValue{telemetry.Job(d.g.Name), telemetry.AttrJobID.String(d.jobID()), telemetry.AttrJobName.String(d.g.Name), telemetry.CheckpointID(x.ID),
-		telemetry.AttrCheckpointKind.String(string(x.Kind)), attribute.Int("streamd.tasks", len(x.Tasks))}
+	attrs := append(telemetry.JobAttrs(d.jobID(), d.g.Name), telemetry.CheckpointID(x.ID),
+		telemetry.AttrCheckpointKind.String(string(x.Kind)), attribute.Int("streamd.tasks", len(x.Tasks)))
 	var ctx context.Context
 	var span trace.Span
 	now := time.Now()
