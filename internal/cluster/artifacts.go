@@ -32,8 +32,13 @@ type Artifacts struct {
 	// fetch is Fetch; tests replace it to inject failures.
 	fetch func(ctx context.Context, cacheDir string, art Artifact) (string, error)
 
-	mu  sync.Mutex // guards obs
+	mu  sync.Mutex // guards obs and uploads
 	obs jetstream.ObjectStore
+	// uploads serializes the uploads of one digest: two Puts of the same
+	// object (two deploys of one module at once) would each write its
+	// chunks and the second purge the first's, under a host that is
+	// reading them (its fetch then stalls until it times out).
+	uploads map[string]*sync.Mutex
 }
 
 // DefaultFetchTryTimeout is the default of Artifacts.TryTimeout.
@@ -112,6 +117,18 @@ func (a *Artifacts) Upload(ctx context.Context, path string) (Artifact, error) {
 		return Artifact{}, err
 	}
 	name := objectName(digest)
+	a.mu.Lock()
+	if a.uploads == nil {
+		a.uploads = map[string]*sync.Mutex{}
+	}
+	one := a.uploads[digest]
+	if one == nil {
+		one = &sync.Mutex{}
+		a.uploads[digest] = one
+	}
+	a.mu.Unlock()
+	one.Lock()
+	defer one.Unlock()
 	if info, err := obs.GetInfo(ctx, name); err == nil && info.Size == uint64(size) {
 		return art, nil
 	}
