@@ -142,6 +142,9 @@ func (m *Module) NewInstance(ctx context.Context, cfg InstanceConfig) (*Instance
 		if err == nil {
 			err = i.state.restore(cfg.Restore.KeyGroups)
 		}
+		if err == nil && len(cfg.Restore.Files) > 0 {
+			err = i.restoreFiles(ctx, cfg.Restore.Files)
+		}
 		if err != nil {
 			i.state.close()
 			return nil, fmt.Errorf("host: job %q operator %q subtask %d/%d: %w", cfg.Job, cfg.Operator, cfg.Subtask, cfg.Parallelism, err)
@@ -346,6 +349,30 @@ func (i *Instance) Finish(ctx context.Context, emit Emitter) (err error) {
 // SnapshotState calls streamd_snapshot_state and returns a deep copy of keyed
 // state (by key group), timers and the list state the guest added.
 func (i *Instance) SnapshotState(ctx context.Context, checkpointID int64) (snap *Snapshot, err error) {
+	return i.snapshotState(ctx, checkpointID, false)
+}
+
+// SnapshotCheckpoint is SnapshotState for a checkpoint (not a savepoint):
+// with the pebble backend and StateConfig.Incremental, the keyed state is
+// cut as files (Snapshot.Files) that an incremental checkpoint shares with
+// the checkpoints before and after it. Savepoints take SnapshotState: a
+// full, backend-independent snapshot.
+func (i *Instance) SnapshotCheckpoint(ctx context.Context, checkpointID int64) (*Snapshot, error) {
+	_, files := i.state.(fileCutter)
+	return i.snapshotState(ctx, checkpointID, files && i.cfg.State.Incremental)
+}
+
+// AdoptedFiles is the part of the restored state whose files the pebble
+// backend was opened on (nil if none): their store keys may be reused by
+// the next incremental checkpoint into the same store.
+func (i *Instance) AdoptedFiles() *FileState {
+	if p, ok := i.state.(*pebbleState); ok {
+		return p.adopted
+	}
+	return nil
+}
+
+func (i *Instance) snapshotState(ctx context.Context, checkpointID int64, files bool) (snap *Snapshot, err error) {
 	if span := i.startSpan(ctx, telemetry.SpanGuestSnapshotState, checkpointID); span != nil {
 		defer func() {
 			if snap != nil && snap.deferred == nil { // a deferred cut is not read here
@@ -365,12 +392,26 @@ func (i *Instance) SnapshotState(ctx context.Context, checkpointID int64) (snap 
 	if err != nil {
 		return nil, err
 	}
-	snap, err = i.state.cut()
+	if files {
+		snap, err = i.state.(fileCutter).fileCut()
+	} else {
+		snap, err = i.state.cut()
+	}
 	if err != nil {
 		return nil, i.stateError(abi.PhaseSnapshot, err)
 	}
 	snap.Lists = lists
 	return snap, nil
+}
+
+// restoreFiles restores keyed state kept as files (an incremental
+// checkpoint of the pebble backend) into whichever backend this instance
+// has.
+func (i *Instance) restoreFiles(ctx context.Context, parts []*FileState) error {
+	if fi, ok := i.state.(fileImporter); ok {
+		return fi.importFiles(ctx, parts)
+	}
+	return importParts(ctx, parts, i.cfg.State.DataDir, i.rng, i.maxP, i.state.put, i.state.registerTimer)
 }
 
 // stateError discards the instance after its state backend failed.

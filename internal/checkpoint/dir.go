@@ -369,6 +369,7 @@ func (d *Dir) cleanup(committed int64) {
 			d.remove(e.path, "retention")
 		}
 	}
+	d.gcShared(committed)
 }
 
 // remove deletes a checkpoint directory: first its _metadata, so that a
@@ -436,6 +437,7 @@ func (d *Dir) Delete(ctx context.Context, md *Metadata) error {
 	if err := os.RemoveAll(want); err != nil {
 		return fmt.Errorf("checkpoint: delete checkpoint %d: %w", md.ID, err)
 	}
+	d.gcShared(md.ID)
 	return nil
 }
 
@@ -647,7 +649,13 @@ func ReadState(md *Metadata, sub SubtaskMeta) (*SubtaskState, error) {
 	if err != nil {
 		return nil, fmt.Errorf("checkpoint: state of subtask %d: %w", sub.Index, err)
 	}
-	return decodeBlob(p, data, sub)
+	st, err := decodeBlob(p, data, sub)
+	if err != nil {
+		return nil, err
+	}
+	root, open := dirShared(md)
+	attachFetch(st, root, open)
+	return st, nil
 }
 
 // decodeBlob checks the blob read from path against its metadata entry (size,
@@ -662,6 +670,9 @@ func decodeBlob(path string, data []byte, sub SubtaskMeta) (*SubtaskState, error
 	}
 	if n := s.Channels.EncodedSize(); n != sub.InFlightBytes {
 		return nil, fmt.Errorf("%w: %s: %d bytes of channel state, the metadata says %d", ErrCorrupt, path, n, sub.InFlightBytes)
+	}
+	if got := sharedRefs(s); !slices.Equal(got, sub.Shared) {
+		return nil, fmt.Errorf("%w: %s: refers to %d shared files, the metadata lists %d others", ErrCorrupt, path, len(got), len(sub.Shared))
 	}
 	return s, nil
 }

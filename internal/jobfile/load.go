@@ -46,6 +46,11 @@ type StateSettings struct {
 	// CacheMiB bounds the pebble block cache (state.cache_mib), shared by
 	// the job's pebble subtasks on one host; 0 with memory.
 	CacheMiB int `json:"cache_mib,omitempty"`
+	// Incremental (state.incremental, default true with pebble): the
+	// pebble backend's checkpoints are incremental (they upload only the
+	// state files that are new since the last one); false: full, like
+	// savepoints. Always false with memory.
+	Incremental bool `json:"incremental,omitempty"`
 }
 
 // Keyed-state backends (state.backend).
@@ -967,7 +972,7 @@ func (p *parser) checkpoint(n *yaml.Node) *CheckpointSettings {
 	return c
 }
 
-var stateFields = []string{"backend", "cache_mib"}
+var stateFields = []string{"backend", "cache_mib", "incremental"}
 
 // CheckState checks a state backend and cache size (0: the default), as the
 // configuration gives them.
@@ -991,6 +996,7 @@ func (p *parser) state(n *yaml.Node) StateSettings {
 		}
 		if s.Backend == StatePebble {
 			s.CacheMiB = cmp.Or(p.opts.StateCacheMiB, DefaultStateCacheMiB)
+			s.Incremental = true
 		}
 		return s
 	}
@@ -1015,6 +1021,14 @@ func (p *parser) state(n *yaml.Node) StateSettings {
 		}
 	} else if s.Backend == StatePebble {
 		s.CacheMiB = DefaultStateCacheMiB
+	}
+	s.Incremental = s.Backend == StatePebble
+	if x := f["incremental"]; x != nil {
+		if s.Backend != StatePebble {
+			p.add("", x.Line, prefix+"incremental", "only with backend: %s (memory-backend checkpoints are copy-on-write cuts, always full)", StatePebble)
+		} else {
+			s.Incremental = p.bool("", prefix+"incremental", x)
+		}
 	}
 	return s
 }

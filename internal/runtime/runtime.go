@@ -529,11 +529,15 @@ func (j *job) bindSpec(t *task, modules map[string]*host.Module) error {
 			Config: spec.Config, AllowClock: spec.AllowClock,
 			LendEmits:      true, // the record writers copy every emitted record into their batches
 			MaxRecordBytes: j.opts.MaxRecordBytes,
-			State:          host.StateConfig{Backend: j.opts.State.Backend, DataDir: j.opts.DataDir, Cache: j.stateCache},
+			State:          host.StateConfig{Backend: j.opts.State.Backend, DataDir: j.opts.DataDir, Cache: j.stateCache, Incremental: j.opts.State.Incremental},
 			GuestLog:       j.opts.GuestLog,
 		}}
 		if rs != nil {
 			wo.cfg.Restore = rs.Snapshot
+			wo.restoredID = j.restore.Metadata.ID
+		}
+		if r, ok := j.store.(interface{ Root() string }); ok {
+			wo.root = r.Root()
 		}
 		t.op = wo
 	case NativeFactory:

@@ -233,7 +233,7 @@ func toDataplaneBarrier(b control.Barrier) dataplane.Barrier {
 	if b.Kind == control.KindSavepoint {
 		kind = dataplane.Savepoint
 	}
-	return dataplane.Barrier{ID: b.ID, Kind: kind, IsSync: b.Sync, Unaligned: b.Unaligned, Trace: b.Trace}
+	return dataplane.Barrier{ID: b.ID, Kind: kind, IsSync: b.Sync, Unaligned: b.Unaligned, Base: b.Base, Trace: b.Trace}
 }
 
 func fromDataplaneBarrier(b dataplane.Barrier) control.Barrier {
@@ -241,7 +241,7 @@ func fromDataplaneBarrier(b dataplane.Barrier) control.Barrier {
 	if b.Kind == dataplane.Savepoint {
 		kind = control.KindSavepoint
 	}
-	return control.Barrier{ID: b.ID, Kind: kind, Sync: b.IsSync, Unaligned: b.Unaligned, Trace: b.Trace}
+	return control.Barrier{ID: b.ID, Kind: kind, Sync: b.IsSync, Unaligned: b.Unaligned, Base: b.Base, Trace: b.Trace}
 }
 
 // perform carries out one action of the protocol machine.
@@ -378,7 +378,7 @@ func (t *task) watchAcks() {
 // store, then the acknowledgement.
 func (t *task) snapshot(x control.TakeSnapshot) error {
 	sctx, span := t.startCheckpointSpan(telemetry.SpanTaskSnapshot, x.B.ID, x.B.Trace)
-	st, err := t.takeState(sctx, x.B.ID)
+	st, err := t.takeState(sctx, x.B)
 	if err != nil {
 		telemetry.EndSpan(span, err)
 		return err
@@ -389,7 +389,7 @@ func (t *task) snapshot(x control.TakeSnapshot) error {
 
 // takeState snapshots the operator's state (a source: its position) for
 // checkpoint id; nil for a deployed-finished subtask, which has none.
-func (t *task) takeState(ctx context.Context, id int64) (*checkpoint.SubtaskState, error) {
+func (t *task) takeState(ctx context.Context, b control.Barrier) (*checkpoint.SubtaskState, error) {
 	start := time.Now()
 	defer func() { t.stats.addPause(time.Since(start)) }()
 	switch {
@@ -398,7 +398,7 @@ func (t *task) takeState(ctx context.Context, id int64) (*checkpoint.SubtaskStat
 	case t.newSource != nil:
 		return &checkpoint.SubtaskState{SourcePosition: t.srcAt}, nil
 	}
-	st, err := t.cp.snapshot(ctx, id)
+	st, err := t.cp.snapshot(ctx, b)
 	if err != nil {
 		return nil, t.fail(string(abi.PhaseSnapshot), err)
 	}
@@ -447,6 +447,11 @@ func (t *task) writeSnapshotNow(x control.TakeSnapshot, st *checkpoint.SubtaskSt
 			return
 		}
 		ack.StateRef, ack.Size = ref.String(), ref.Size
+		if w, ok := t.cp.(interface {
+			stateWritten(id int64, st *checkpoint.SubtaskState)
+		}); ok {
+			w.stateWritten(b.ID, st)
+		}
 		if st.Operator != nil {
 			for _, l := range st.Operator.Lists {
 				if l != nil && l.Mode == abi.ListUnion {
