@@ -49,10 +49,9 @@ type WasmSpec struct {
 	OnError    *jobfile.OnError  `json:"on_error,omitempty"`
 }
 
-// ownFiles makes the output of job id its own: every file sink (and file
-// dead-letter sink) puts the job
-// id into its file names and every nats sink into its writer name
-// (jobfile.SinkSpec.Job). Checkpoints are the job's own by OpenStore. The
+// ownFiles makes the output of job id its own: every file sink (dead-letter
+// sinks too) puts the job id into its file names and every nats sink into
+// its writer name (jobfile.SinkSpec.Job). Checkpoints are the job's own by OpenStore. The
 // sink specs are copied, not changed in place.
 func (s *JobSpec) ownFiles(id string) {
 	for i := range s.Vertices {
