@@ -12,10 +12,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
+
 	"github.com/streamd/streamd/control"
 	"github.com/streamd/streamd/host"
 	"github.com/streamd/streamd/internal/checkpoint"
 	"github.com/streamd/streamd/internal/jobfile"
+	"github.com/streamd/streamd/internal/natsutil"
 	"github.com/streamd/streamd/internal/testwasm"
 )
 
@@ -223,4 +226,65 @@ func TestDeadLetterRustReject(t *testing.T) {
 			t.Errorf("dead letter of %q: %+v, want the misused import", v, d)
 		}
 	}
+}
+
+// TestDeadLetterNATS: a nats dead-letter sink publishes each poison record
+// once, with the record's key in the Streamd-Key header, across a failover
+// (the operator fails in its third notify of attempt 0).
+func TestDeadLetterNATS(t *testing.T) {
+	mod := testwasm.Path(t, "internal/testguests/failonce/failonce.wasm")
+	srv, js := jetStreamServer(t)
+	ctx := context.Background()
+	dead, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "DEAD", Subjects: []string{"dead.>"}, AllowAtomicPublish: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	job, err := jobfile.ParseJob([]byte(fmt.Sprintf(`
+name: dlnats
+parallelism: 2
+checkpoint: {interval: 30ms, dir: chk}
+operators:
+  - uid: gen
+    source: {type: generator, count: 20000, rate: 40000, keys: 13}
+  - uid: count
+    wasm: %s
+    config: {mode: count, poison: "value-100,value-15000", fail_notify: 3}
+    on_error: dead_letter
+    dead_letter: {type: nats, subject: dead.count}
+    inputs: [{from: gen, partition: hash}]
+  - uid: out
+    sink: {type: file, path: out/}
+    inputs: [count]
+`, mod)), dir, jobfile.Options{Filename: "dlnats.yaml"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	stats, err := Run(ctx, job.Graph, Options{
+		Engine: cachedEngine(t), BatchSize: 128,
+		NATS:       natsutil.ConnectOptions{URLs: []string{srv.URL()}},
+		Checkpoint: &CheckpointOptions{Store: openStore(t, job.Checkpoint.Dir), Interval: job.Checkpoint.Interval, Tick: 10 * time.Millisecond},
+		Restart:    jobfile.RestartSettings{Strategy: jobfile.RestartFixedDelay, Attempts: 2},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if stats.Restarts != 1 {
+		t.Fatalf("restarts %d, want 1", stats.Restarts)
+	}
+	checkExactlyOnce(t, committed(t, filepath.Join(dir, "out")), countsWithout(20000, map[int]bool{100: true, 15000: true}))
+	var got []string
+	for _, v := range streamValues(t, dead, "dead.count", func(m *jetstream.RawStreamMsg) {
+		if k := m.Header.Get("Streamd-Key"); !strings.HasPrefix(k, "key-") {
+			t.Errorf("dead letter with key %q, want the record's", k)
+		}
+	}) {
+		var d DeadLetter
+		if err := json.Unmarshal([]byte(v), &d); err != nil || d.Operator != "count" || !strings.Contains(d.Error, "poison record "+d.Value) {
+			t.Errorf("dead letter %s (%v): want the poison record and its error", v, err)
+		}
+		got = append(got, d.Value)
+	}
+	sort.Strings(got)
+	checkExactlyOnce(t, got, []string{"value-100", "value-15000"})
 }
