@@ -41,6 +41,11 @@ type InstanceConfig struct {
 	MaxRecordBytes int
 	// State selects the keyed-state backend (the zero value: memory).
 	State StateConfig
+	// Isolate journals the keyed-state writes and timer changes of each
+	// process call, so that after a failure in it Replace can open a fresh
+	// instance on the state as it was before the call (isolate.go). For
+	// operators with on_error skip or dead_letter.
+	Isolate bool
 	// GuestLog, if set, also gets the guest's log calls and output lines
 	// (and the instance's own lines), with the operator and subtask
 	// attributes: a host publishes them (cluster.LogPublisher).
@@ -59,6 +64,7 @@ type Emitter func(recs []abi.Record)
 // ErrInstanceDiscarded without calling the guest.
 type Instance struct {
 	eng    *Engine
+	module *Module
 	mod    api.Module
 	mem    api.Memory
 	cfg    InstanceConfig
@@ -80,6 +86,9 @@ type Instance struct {
 	closed   bool   // Close was called
 	dead     *Error // the error that discarded the instance
 	failure  *hostCallPanic
+	// rejectMsg is the reason the guest gave (reject) in the current call.
+	rejectMsg string
+	undo      []undoEntry // the state changes of the current process call (Isolate)
 
 	emit      Emitter
 	byteArena []byte       // emitted frames are copied here; handed out, never reused
@@ -100,6 +109,13 @@ type Instance struct {
 // ABI.md says, restores cfg.Restore and calls _initialize if exported. It does
 // not call streamd_open.
 func (m *Module) NewInstance(ctx context.Context, cfg InstanceConfig) (*Instance, error) {
+	return m.newInstance(ctx, cfg, nil, nil)
+}
+
+// newInstance is NewInstance; with a non-nil state it takes over that
+// backend (Replace) and lists as the restored list state instead of
+// restoring cfg.Restore. It closes state if it fails.
+func (m *Module) newInstance(ctx context.Context, cfg InstanceConfig, state stateBackend, lists map[string]*ListState) (*Instance, error) {
 	e := m.eng
 	if cfg.MaxParallelism == 0 {
 		cfg.MaxParallelism = abi.DefaultMaxParallelism
@@ -122,6 +138,7 @@ func (m *Module) NewInstance(ctx context.Context, cfg InstanceConfig) (*Instance
 	}
 	i := &Instance{
 		eng:       e,
+		module:    m,
 		cfg:       cfg,
 		maxP:      cfg.MaxParallelism,
 		logger:    guest,
@@ -131,13 +148,19 @@ func (m *Module) NewInstance(ctx context.Context, cfg InstanceConfig) (*Instance
 		watermark: abi.MinWatermark,
 		rng:       abi.RangeForSubtask(cfg.Subtask, cfg.MaxParallelism, cfg.Parallelism),
 	}
-	state, err := newBackend(cfg, i.rng, pebbleOptions{logger: logger,
-		name: fmt.Sprintf("%s-%s-%d-a%d", cfg.Job, cfg.Operator, cfg.Subtask, cfg.Attempt)})
-	if err != nil {
-		return nil, fmt.Errorf("host: job %q operator %q subtask %d/%d: %w", cfg.Job, cfg.Operator, cfg.Subtask, cfg.Parallelism, err)
+	adopted := state != nil
+	if adopted {
+		i.state, i.restoredLists = state, lists
+	} else {
+		var err error
+		state, err = newBackend(cfg, i.rng, pebbleOptions{logger: logger,
+			name: fmt.Sprintf("%s-%s-%d-a%d", cfg.Job, cfg.Operator, cfg.Subtask, cfg.Attempt)})
+		if err != nil {
+			return nil, fmt.Errorf("host: job %q operator %q subtask %d/%d: %w", cfg.Job, cfg.Operator, cfg.Subtask, cfg.Parallelism, err)
+		}
+		i.state = state
 	}
-	i.state = state
-	if cfg.Restore != nil {
+	if cfg.Restore != nil && !adopted {
 		err := cfg.Restore.Load()
 		if err == nil {
 			err = i.state.restore(cfg.Restore.KeyGroups)
@@ -252,6 +275,7 @@ func (i *Instance) process(ctx context.Context, input int, recs []abi.Record, em
 	}
 	abi.PutBatch(buf, recs)
 	i.stack[0], i.stack[1], i.stack[2] = uint64(input), uint64(ptr), uint64(size)
+	i.undo = i.undo[:0]
 	i.emit = emit
 	err = i.call(ctx, abi.PhaseProcess, i.fnProcess, 3)
 	i.emit = nil
@@ -526,7 +550,13 @@ func (i *Instance) call(ctx context.Context, phase abi.Phase, fn api.Function, n
 	if err := i.invoke(ctx, phase, fn, max(nparams, 1)); err != nil {
 		return err
 	}
-	if st := abi.Status(int32(uint32(i.stack[0]))); st != abi.StatusOK {
+	if st := abi.Status(int32(uint32(i.stack[0]))); st == abi.StatusReject && phase == abi.PhaseProcess {
+		msg := i.rejectMsg
+		if msg == "" {
+			msg = "rejected by the guest (no reason given)"
+		}
+		return i.discard(i.newError(phase, ErrRejected, msg, "", nil))
+	} else if st != abi.StatusOK {
 		msg := fmt.Sprintf("status %d (%s)", int32(st), st)
 		if st == abi.StatusInvalidInput {
 			msg += ": the guest could not decode the frame the host passed"
@@ -540,6 +570,7 @@ func (i *Instance) call(ctx context.Context, phase abi.Phase, fn api.Function, n
 func (i *Instance) invoke(ctx context.Context, phase abi.Phase, fn api.Function, n int) error {
 	i.phase = phase
 	i.failure = nil
+	i.rejectMsg = ""
 	i.callStart = time.Time{}
 	if i.stderr.crash != "" { // only this goroutine writes it (WASI fd_write runs inside our calls)
 		i.stderr.crash = ""

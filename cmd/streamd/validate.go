@@ -220,6 +220,15 @@ func describeSpec(spec any) string {
 		if s.AllowClock {
 			d += " allow_clock"
 		}
+		if oe := s.OnError; oe != nil {
+			d += " on_error=" + oe.Mode
+			if oe.DeadLetter != nil {
+				d += " (" + describeSpec(oe.DeadLetter) + ")"
+			}
+			if oe.Max.Count > 0 {
+				d += " max_dead_letters=" + oe.Max.String()
+			}
+		}
 		return d
 	}
 	return fmt.Sprintf("%T", spec)

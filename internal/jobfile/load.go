@@ -469,6 +469,8 @@ func (p *parser) parse(data []byte) *Job {
 		}
 	}
 
+	p.checkDeadLetterPaths(ops)
+
 	// Duplicate uids are reported here, with both lines; control sees each uid once.
 	first := map[string]*operator{}
 	var vertices []*control.Vertex
@@ -518,7 +520,10 @@ func (p *parser) parse(data []byte) *Job {
 	return job
 }
 
-var operatorFields = []string{"uid", "parallelism", "max_parallelism", "source", "sink", "wasm", "config", "allow_clock", "inputs"}
+var operatorFields = []string{"uid", "parallelism", "max_parallelism", "source", "sink", "wasm", "config", "allow_clock", "on_error", "dead_letter", "max_dead_letters", "inputs"}
+
+// wasmOnlyFields are the fields only a wasm operator takes.
+var wasmOnlyFields = []string{"config", "allow_clock", "on_error", "dead_letter", "max_dead_letters"}
 
 func (p *parser) operator(i int, n *yaml.Node, defaultPar, maxPar int) *operator {
 	where := fmt.Sprintf("operators[%d]", i)
@@ -607,10 +612,11 @@ func (p *parser) operator(i int, n *yaml.Node, defaultPar, maxPar int) *operator
 		if c := f["allow_clock"]; c != nil {
 			ws.AllowClock = p.bool(label, prefix+"allow_clock", c)
 		}
+		ws.OnError = p.onError(label, prefix, f)
 		v.Spec = ws
 	}
 	if kind != "wasm" {
-		for _, k := range []string{"config", "allow_clock"} {
+		for _, k := range wasmOnlyFields {
 			if c := f[k]; c != nil && kind != "" {
 				p.add(label, c.Line, prefix+k, "only a wasm operator takes %s", k)
 			}
@@ -865,7 +871,11 @@ func CheckSubject(subj string, wildcards bool) error {
 }
 
 func (p *parser) sink(op, prefix string, n *yaml.Node) *SinkSpec {
-	prefix += "sink."
+	return p.sinkAt(op, prefix+"sink.", n)
+}
+
+// sinkAt parses the sink mapping n whose fields are named prefix+field.
+func (p *parser) sinkAt(op, prefix string, n *yaml.Node) *SinkSpec {
 	if n.Kind != yaml.MappingNode {
 		p.add(op, n.Line, strings.TrimSuffix(prefix, "."), "want a mapping like {type: file, path: out/}")
 		return nil

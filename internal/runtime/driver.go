@@ -185,7 +185,8 @@ func (r *runner) snapshot() Stats {
 	s := Stats{Elapsed: time.Since(r.start), Operators: make([]OperatorStats, len(r.g.Vertices))}
 	for i, v := range r.g.Vertices {
 		s.Operators[i] = OperatorStats{UID: v.UID, Parallelism: v.Parallelism,
-			RecordsIn: r.stats[i].in.Load(), RecordsOut: r.stats[i].out.Load(), MaxSnapshotPause: time.Duration(r.stats[i].pause.Load())}
+			RecordsIn: r.stats[i].in.Load(), RecordsOut: r.stats[i].out.Load(), MaxSnapshotPause: time.Duration(r.stats[i].pause.Load()),
+			DeadLetters: r.stats[i].dead.Load()}
 	}
 	r.mu.Lock()
 	s.Restarts, s.Checkpoints, s.Savepoint = r.restarts, r.count, r.savepath

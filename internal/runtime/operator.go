@@ -95,6 +95,7 @@ type wasmOperator struct {
 	mod  *host.Module
 	cfg  host.InstanceConfig
 	inst *host.Instance
+	dl   *deadLetters // on_error skip or dead_letter (deadletter.go); nil: fail
 	// root is the checkpoint store's root ("" without one): restored
 	// state files from there may be referred to by the next incremental
 	// checkpoint.
@@ -118,11 +119,68 @@ func (w *wasmOperator) Open(ctx context.Context, _ SubtaskInfo) error {
 		// Restored from a checkpoint of this store: its files are shared.
 		w.recordShared(w.restoredID, part)
 	}
-	return inst.Open(ctx)
+	if err := inst.Open(ctx); err != nil {
+		return err
+	}
+	if w.dl != nil {
+		return w.dl.openSink()
+	}
+	return nil
 }
 
 func (w *wasmOperator) Process(ctx context.Context, input int, recs []abi.Record, emit Emitter) error {
-	return w.inst.Process(ctx, input, recs, host.Emitter(emit))
+	if w.dl == nil {
+		return w.inst.Process(ctx, input, recs, host.Emitter(emit))
+	}
+	err := w.inst.Process(ctx, input, recs, w.dl.hold)
+	if err == nil {
+		w.dl.release(emit)
+		return nil
+	}
+	w.dl.drop()
+	if !isolatable(err) {
+		return err
+	}
+	if len(recs) == 1 {
+		if err := w.dl.failed(ctx, input, recs[0], err); err != nil {
+			return err
+		}
+		return w.replace(ctx)
+	}
+	// Replay the batch record by record from the state before it.
+	if err := w.replace(ctx); err != nil {
+		return err
+	}
+	for k := range recs {
+		err := w.inst.Process(ctx, input, recs[k:k+1], w.dl.hold)
+		if err == nil {
+			w.dl.release(emit)
+			continue
+		}
+		w.dl.drop()
+		if !isolatable(err) {
+			return err
+		}
+		if err := w.dl.failed(ctx, input, recs[k], err); err != nil {
+			return err
+		}
+		if err := w.replace(ctx); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// replace swaps the failed instance for a fresh one on the state before
+// the failed call.
+func (w *wasmOperator) replace(ctx context.Context) error {
+	n, err := w.inst.Replace(ctx)
+	_ = w.inst.Close(ctx) // discarded: releases what is left
+	if err != nil {
+		return err
+	}
+	w.inst = n
+	return nil
 }
 
 func (w *wasmOperator) AdvanceWatermark(ctx context.Context, ts int64, emit Emitter) error {
@@ -134,7 +192,13 @@ func (w *wasmOperator) EndInput(ctx context.Context, input int, emit Emitter) er
 }
 
 func (w *wasmOperator) Finish(ctx context.Context, emit Emitter) error {
-	return w.inst.Finish(ctx, host.Emitter(emit))
+	if err := w.inst.Finish(ctx, host.Emitter(emit)); err != nil {
+		return err
+	}
+	if w.dl != nil {
+		return w.dl.finish()
+	}
+	return nil
 }
 
 func (w *wasmOperator) snapshot(ctx context.Context, b control.Barrier) (*checkpoint.SubtaskState, error) {
@@ -148,14 +212,23 @@ func (w *wasmOperator) snapshot(ctx context.Context, b control.Barrier) (*checkp
 	if err != nil {
 		return nil, err
 	}
+	st := &checkpoint.SubtaskState{Operator: snap}
 	if snap.Empty() {
 		snap.Release()
+		st.Operator = nil
+	}
+	if w.dl != nil {
+		if st.SinkPending, err = w.dl.preCommit(b.ID); err != nil {
+			return nil, err
+		}
+	}
+	if st.Operator == nil && st.SinkPending == nil {
 		return nil, nil
 	}
-	if len(snap.Files) > 0 {
+	if st.Operator != nil && len(snap.Files) > 0 {
 		w.reuseShared(snap.Files[0], b)
 	}
-	return &checkpoint.SubtaskState{Operator: snap}, nil
+	return st, nil
 }
 
 // stateWritten is called once st, the state of checkpoint id, is durable.
@@ -203,14 +276,26 @@ func (w *wasmOperator) recordShared(id int64, part *host.FileState) {
 }
 
 func (w *wasmOperator) notify(ctx context.Context, id int64) error {
-	return w.inst.NotifyCheckpointComplete(ctx, id)
+	if err := w.inst.NotifyCheckpointComplete(ctx, id); err != nil {
+		return err
+	}
+	if w.dl != nil {
+		return w.dl.commit(id)
+	}
+	return nil
 }
 
 func (w *wasmOperator) Close(ctx context.Context) error {
-	if w.inst == nil {
-		return nil
+	var err error
+	if w.inst != nil {
+		err = w.inst.Close(ctx)
 	}
-	return w.inst.Close(ctx)
+	if w.dl != nil {
+		if cerr := w.dl.close(); err == nil {
+			err = cerr
+		}
+	}
+	return err
 }
 
 // sinkOperator runs a built-in sink with the operator lifecycle: the sink is

@@ -197,6 +197,9 @@ type OperatorStats struct {
 	// its keyed state): the time the subtask processed nothing for a
 	// checkpoint. Encoding and writing run in the background.
 	MaxSnapshotPause time.Duration `json:",omitempty"`
+	// DeadLetters counts the records its on_error skip or dead_letter took
+	// out of the stream (a failover may count a record again, as RecordsIn).
+	DeadLetters int64 `json:",omitempty"`
 }
 
 // Stats is a snapshot of a run's counters.
@@ -247,6 +250,7 @@ func appendFailure(fs []AttemptFailure, attempt int, err error) []AttemptFailure
 // opStats are the live counters of one operator, added to once per batch.
 type opStats struct {
 	in, out atomic.Int64
+	dead    atomic.Int64 // dead letters (on_error)
 	// pause is the longest synchronous part of a snapshot of any subtask,
 	// in nanoseconds: the time it processed nothing for a checkpoint.
 	pause atomic.Int64
@@ -513,7 +517,7 @@ func (j *job) bindSpec(t *task, modules map[string]*host.Module) error {
 		case "discard":
 			open = func() (connector.Sink, error) { return connector.DiscardSink{}, nil }
 		case "nats":
-			open = j.natsSink(t, spec)
+			open = j.natsSink(t, spec, v.UID)
 		default:
 			return fmt.Errorf("unknown sink type %q", spec.Type)
 		}
@@ -538,6 +542,14 @@ func (j *job) bindSpec(t *task, modules map[string]*host.Module) error {
 		}
 		if r, ok := j.store.(interface{ Root() string }); ok {
 			wo.root = r.Root()
+		}
+		if spec.OnError != nil {
+			wo.cfg.Isolate = true
+			var pending [][]byte
+			if rs != nil {
+				pending = rs.SinkPending
+			}
+			wo.dl = j.newDeadLetters(t, spec.OnError, pending)
 		}
 		t.op = wo
 	case NativeFactory:

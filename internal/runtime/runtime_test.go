@@ -95,9 +95,9 @@ func TestPipelinePartitionings(t *testing.T) {
 				}
 				fin := slices.Repeat([]string{StateFinished}, p)
 				wantStats := []OperatorStats{
-					{"gen", p, 0, count, fin, 0, 0},
-					{"upper", p, int64(count * copies), int64(count * copies), fin, 0, 0},
-					{"collect", p, int64(count * copies), 0, fin, 0, 0},
+					{"gen", p, 0, count, fin, 0, 0, 0},
+					{"upper", p, int64(count * copies), int64(count * copies), fin, 0, 0, 0},
+					{"collect", p, int64(count * copies), 0, fin, 0, 0, 0},
 				}
 				if !reflect.DeepEqual(stats.Operators, wantStats) {
 					t.Fatalf("stats %+v, want %+v", stats.Operators, wantStats)

@@ -775,6 +775,12 @@ func (t *task) runOperator(ctx context.Context) (err error) {
 				return t.fail(string(abi.PhaseOpen), err)
 			}
 		}
+		// A wasm operator's dead letters not committed before the failure.
+		if wo, ok := t.op.(*wasmOperator); ok && wo.dl != nil {
+			if err := wo.dl.commitRestored(); err != nil {
+				return t.fail(string(abi.PhaseOpen), err)
+			}
+		}
 		// A nats sink's final epochs are in its restored state: commit them.
 		if so, ok := t.op.(*sinkOperator); ok && len(so.pending) > 0 {
 			if spec, ok := t.v.Spec.(*jobfile.SinkSpec); ok && spec.Type == "nats" {

@@ -31,6 +31,9 @@ const (
 	MetricLastCheckpointTime  = "streamd.checkpoint.last.time" // when it completed (unix seconds): its age is now minus this
 	MetricLastCheckpointDur   = "streamd.checkpoint.last.duration"
 	MetricLastCheckpointSize  = "streamd.checkpoint.last.size"
+	// MetricDeadLetters counts the records an operator with on_error skip
+	// or dead_letter took out of the stream, by streamd.on_error.
+	MetricDeadLetters = "streamd.dead_letters"
 )
 
 // SubtaskLabels name one operator subtask on its metrics.
@@ -78,6 +81,7 @@ type Metrics struct {
 	LastCheckpointTime  metric.Float64Gauge
 	LastCheckpointDur   metric.Float64Gauge
 	LastCheckpointSize  metric.Int64Gauge
+	DeadLetters         metric.Int64Counter // records skipped or sent to a dead-letter sink
 }
 
 // NewMetrics makes the instruments from mp's meter.
@@ -85,7 +89,7 @@ func NewMetrics(mp metric.MeterProvider) (*Metrics, error) {
 	m := mp.Meter(ScopeName)
 	var (
 		x    Metrics
-		errs [19]error
+		errs [20]error
 	)
 	x.RecordsIn, errs[0] = m.Int64Counter(MetricRecordsIn, metric.WithUnit("{record}"),
 		metric.WithDescription("Records received by an operator subtask."))
@@ -129,6 +133,8 @@ func NewMetrics(mp metric.MeterProvider) (*Metrics, error) {
 		metric.WithDescription("Trigger to completion of the latest checkpoint."))
 	x.LastCheckpointSize, errs[18] = m.Int64Gauge(MetricLastCheckpointSize, metric.WithUnit("By"),
 		metric.WithDescription("State size of the latest checkpoint."))
+	x.DeadLetters, errs[19] = m.Int64Counter(MetricDeadLetters, metric.WithUnit("{record}"),
+		metric.WithDescription("Records that made an operator's guest fail or that it rejected, skipped or sent to its dead-letter sink."))
 	for _, err := range errs {
 		if err != nil {
 			return nil, fmt.Errorf("telemetry: instruments: %w", err)
@@ -205,6 +211,15 @@ func (o *OperatorMetrics) Batch(ctx context.Context, in, out int, d time.Duratio
 		o.m.RecordsOut.Add(ctx, int64(out), o.add...)
 	}
 	o.m.BatchLatency.Record(ctx, d.Seconds(), o.rec...)
+}
+
+// DeadLetter counts one record taken out of the stream by on_error mode
+// (skip or dead_letter).
+func (o *OperatorMetrics) DeadLetter(ctx context.Context, mode string) {
+	if o == nil {
+		return
+	}
+	o.m.DeadLetters.Add(ctx, 1, append([]metric.AddOption{metric.WithAttributes(attribute.String("streamd.on_error", mode))}, o.add...)...)
 }
 
 // RecordsOut counts records emitted outside a batch (timers, end of input, finish).
