@@ -158,7 +158,11 @@ func printGraph(w io.Writer, job *jobfile.Job) {
 		fmt.Fprintf(w, "max_record_bytes: %d\n", n)
 	}
 	if st := job.State; st.Backend == jobfile.StatePebble {
-		fmt.Fprintf(w, "state: %s (block cache %d MiB)\n", st.Backend, st.CacheMiB)
+		kind := "incremental"
+		if !st.Incremental {
+			kind = "full"
+		}
+		fmt.Fprintf(w, "state: %s (block cache %d MiB, %s checkpoints)\n", st.Backend, st.CacheMiB, kind)
 	}
 }
 

@@ -43,6 +43,8 @@ type Dir struct {
 
 	mu         sync.Mutex
 	savepointD map[int64]string // savepoint id -> directory being written
+
+	removeShared func(path string) error // os.Remove; tests crash in it
 }
 
 type dirConfig struct {
@@ -120,7 +122,7 @@ func OpenDir(root string, opts ...DirOption) (*Dir, error) {
 	if err := os.MkdirAll(root, 0o755); err != nil {
 		return nil, fmt.Errorf("checkpoint: create checkpoint directory: %w", err)
 	}
-	return &Dir{root: root, savepoints: c.savepoints, suffix: c.suffix, retain: c.retain, log: c.log, savepointD: map[int64]string{}}, nil
+	return &Dir{root: root, savepoints: c.savepoints, suffix: c.suffix, retain: c.retain, log: c.log, savepointD: map[int64]string{}, removeShared: os.Remove}, nil
 }
 
 // Root returns the checkpoint directory.
@@ -714,6 +716,16 @@ func Verify(md *Metadata) error {
 			if err := checkBlob(p, n, h.Sum32(), s); err != nil {
 				return err
 			}
+		}
+	}
+	for _, r := range md.SharedFiles() {
+		p := filepath.Join(filepath.Dir(md.Location), SharedDir, r.Name)
+		fi, err := os.Stat(p)
+		if err != nil {
+			return fmt.Errorf("%w: shared file of %s %d: %w", ErrCorrupt, md.Kind, md.ID, err)
+		}
+		if fi.Size() != r.Size {
+			return fmt.Errorf("%w: %s: %d bytes, the metadata says %d", ErrCorrupt, p, fi.Size(), r.Size)
 		}
 	}
 	return nil

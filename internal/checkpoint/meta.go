@@ -96,8 +96,8 @@ func decodeMetadata(data []byte) (*Metadata, error) {
 	if n, err := fmt.Sscanf(string(line), metaHeaderPrefix+"%d size=%d crc32c=%x", &version, &size, &sum); n != 3 || err != nil {
 		return nil, fmt.Errorf("not a streamd checkpoint metadata file (header %q)", truncate(string(line), 60))
 	}
-	if version != FormatVersion && version != FormatVersionChannelState {
-		return nil, fmt.Errorf("format version %d, this streamd reads versions %d and %d", version, FormatVersion, FormatVersionChannelState)
+	if version < FormatVersion || version > FormatVersionShared {
+		return nil, fmt.Errorf("format version %d, this streamd reads versions %d to %d", version, FormatVersion, FormatVersionShared)
 	}
 	switch {
 	case len(body) < size:

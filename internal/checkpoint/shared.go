@@ -402,7 +402,7 @@ func (d *Dir) gcShared(committed int64) {
 	live := liveShared(mds)
 	for _, e := range ents {
 		if collectable(e.Name(), live, committed) {
-			if err := os.Remove(filepath.Join(d.root, SharedDir, e.Name())); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			if err := d.removeShared(filepath.Join(d.root, SharedDir, e.Name())); err != nil && !errors.Is(err, fs.ErrNotExist) {
 				d.log.Warn("checkpoint: cannot remove shared file", "file", e.Name(), "err", err)
 			}
 		}
