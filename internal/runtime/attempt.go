@@ -251,7 +251,7 @@ func (a *Attempt) run(ctx context.Context) {
 			}
 		}()
 	}
-	go func() { wg.Wait(); close(j.done) }()
+	go func() { wg.Wait(); j.endMetrics(); close(j.done) }()
 	stopProgress := r.startProgress()
 	for done := false; !done; {
 		select {

@@ -630,7 +630,7 @@ func (r *runner) startAttempt(a control.StartAttempt) {
 			}
 		}()
 	}
-	go func() { wg.Wait(); cancel(nil); close(j.done) }()
+	go func() { wg.Wait(); j.endMetrics(); cancel(nil); close(j.done) }()
 	go r.forward(j)
 	if r.coord == nil {
 		r.endPending(nil) // nothing reports running without a coordinator

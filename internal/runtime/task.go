@@ -553,6 +553,9 @@ func (t *task) runSource(ctx context.Context) error {
 		}()
 		t.setState(StateRunning)
 		ready, _ = src.(connector.ReadySource)
+		if l, ok := src.(connector.LagSource); ok {
+			t.om.SourceLag(l.Lag)
+		}
 		buf = make([]abi.Record, t.j.opts.BatchSize)
 		rd = startSourceReader(ctx, src, t.j.opts.BatchSize)
 		t.reader = rd
@@ -632,6 +635,7 @@ func (t *task) sourceBatch(res readResult) error {
 	}
 	if res.wm > t.srcWM {
 		t.srcWM = res.wm
+		t.om.Watermark(t.ctx, res.wm) // a source's: the watermark it emits
 		if err := t.broadcast(dataplane.WatermarkEvent(res.wm)); err != nil {
 			return t.fail(phaseOutput, err)
 		}
@@ -809,13 +813,9 @@ func (t *task) runOperator(ctx context.Context) (err error) {
 			if err := t.flush(); err != nil {
 				return t.fail(phaseOutput, err)
 			}
-			if t.om != nil {
-				idle := time.Now()
-				ch, ev, err = g.Next(ctx)
-				t.om.Idle(ctx, time.Since(idle))
-			} else {
-				ch, ev, err = g.Next(ctx)
-			}
+			idle := time.Now()
+			ch, ev, err = g.Next(ctx)
+			t.om.Idle(ctx, time.Since(idle))
 		}
 		if err != nil {
 			return t.fail(phaseInput, err)
@@ -868,17 +868,13 @@ func (t *task) process(ctx context.Context, ch int, b *dataplane.Batch) error {
 	n := len(b.Records)
 	t.stats.in.Add(int64(n))
 	t.records += int64(n)
-	var start time.Time
-	if t.om != nil {
-		start, t.inBatch, t.batchOut = time.Now(), true, 0
-	}
+	start := time.Now()
+	t.inBatch, t.batchOut = true, 0
 	err := t.op.Process(ctx, t.gate.Input(ch), b.Records, t.emit)
-	if t.om != nil {
-		t.inBatch = false
-		d := time.Since(start)
-		t.om.Batch(ctx, n, t.batchOut, d)
-		t.om.Busy(ctx, d)
-	}
+	t.inBatch = false
+	d := time.Since(start)
+	t.om.Batch(ctx, n, t.batchOut, d)
+	t.om.Busy(ctx, d)
 	b.Release()
 	return t.call(string(abi.PhaseProcess), err)
 }

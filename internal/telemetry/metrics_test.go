@@ -132,3 +132,53 @@ func TestBatchDoesNotAllocate(t *testing.T) {
 		t.Errorf("Batch: %v allocations", allocs)
 	}
 }
+
+// TestEndedSeriesRemoved: a closed subtask's and an ended job's series are
+// scraped once more with their final values, then are gone; the series of
+// a subtask and a job that still run stay.
+func TestEndedSeriesRemoved(t *testing.T) {
+	ctx := context.Background()
+	tel, err := telemetry.New(ctx, telemetry.Config{PrometheusAddr: "127.0.0.1:0"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tel.Shutdown(ctx)
+	m := tel.Metrics()
+	ended := m.Operator(telemetry.SubtaskLabels{JobID: "a-1", Job: "a", Operator: "src"})
+	running := m.Operator(telemetry.SubtaskLabels{JobID: "b-1", Job: "b", Operator: "src"})
+	ended.Batch(ctx, 5, 5, time.Millisecond)
+	running.Batch(ctx, 7, 7, time.Millisecond)
+	m.Checkpoint(ctx, "a-1", "a", 3, time.Millisecond, 10)
+	m.Checkpoint(ctx, "b-1", "b", 4, time.Millisecond, 10)
+	scrape := func() string {
+		resp, err := http.Get("http://" + tel.MetricsAddr() + "/metrics")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return string(b)
+	}
+	ended.Batch(ctx, 1, 1, time.Millisecond) // after the last scrape: the final value is scraped once
+	ended.Close()
+	m.EndJob("a-1", "a")
+	first, second := scrape(), scrape()
+	for _, want := range []string{`streamd_records_in_total{streamd_attempt="0",streamd_job="a",streamd_job_id="a-1",streamd_job_name="a",streamd_operator="src",streamd_subtask="0"} 6`,
+		`streamd_checkpoint_last_id{streamd_job="a",streamd_job_id="a-1",streamd_job_name="a"} 3`} {
+		if !strings.Contains(first, want) {
+			t.Errorf("first scrape after the end lacks the final %q", want)
+		}
+	}
+	if strings.Contains(second, `streamd_job_id="a-1"`) {
+		t.Errorf("second scrape after the end still has job a-1's series:\n%s", grepStreamd(second))
+	}
+	for _, want := range []string{`streamd_records_in_total{streamd_attempt="0",streamd_job="b",streamd_job_id="b-1",streamd_job_name="b",streamd_operator="src",streamd_subtask="0"} 7`,
+		`streamd_checkpoint_last_id{streamd_job="b",streamd_job_id="b-1",streamd_job_name="b"} 4`} {
+		if !strings.Contains(second, want) {
+			t.Errorf("running job's series went: no %q in\n%s", want, grepStreamd(second))
+		}
+	}
+	if n := m.Subtasks(); n != 1 {
+		t.Errorf("%d subtasks exported, want 1", n)
+	}
+}
