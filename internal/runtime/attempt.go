@@ -222,6 +222,7 @@ func StartAttempt(ctx context.Context, g *control.JobGraph, opts Options, rem Re
 	}
 	j.remote = &rem
 	if err := j.build(); err != nil {
+		j.endMetrics()
 		j.closeRemote()
 		r.closeModules()
 		return nil, err

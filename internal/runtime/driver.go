@@ -611,6 +611,7 @@ func (r *runner) startAttempt(a control.StartAttempt) {
 	}
 	j := r.newJob(a.Attempt, restore)
 	if err := j.build(); err != nil {
+		j.endMetrics()
 		r.fatal(err)
 		return
 	}

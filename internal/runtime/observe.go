@@ -674,14 +674,19 @@ func (r *runner) checkRunning() {
 func subtaskStates(s *Stats, g *control.JobGraph, j *job) {
 	for i, v := range g.Vertices {
 		states := make([]string, v.Parallelism)
+		var live []telemetry.SubtaskLive
 		for k := range states {
 			if j == nil {
 				states[k] = StateDeploying
 			} else if t := j.byID[control.SubtaskID{Operator: v.UID, Index: k}]; t != nil {
 				states[k] = t.State()
+				if live == nil {
+					live = make([]telemetry.SubtaskLive, v.Parallelism)
+				}
+				live[k] = t.om.Live()
 			}
 		}
-		s.Operators[i].Subtasks = states
+		s.Operators[i].Subtasks, s.Operators[i].Live = states, live
 	}
 }
 

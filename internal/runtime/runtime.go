@@ -197,6 +197,10 @@ type OperatorStats struct {
 	// its keyed state): the time the subtask processed nothing for a
 	// checkpoint. Encoding and writing run in the background.
 	MaxSnapshotPause time.Duration `json:",omitempty"`
+	// Live has the counters of each subtask that runs in this process
+	// (watermark, back-pressured, busy and idle time, source lag), by
+	// index; the zero value for the others.
+	Live []telemetry.SubtaskLive `json:",omitempty"`
 }
 
 // Stats is a snapshot of a run's counters.
@@ -437,6 +441,7 @@ func (j *job) build() error {
 				t.srcWake = make(chan struct{}, 1)
 				t.mb.notify = t.srcWake
 			}
+			t.initMetrics() // before the attempt is seen: Stats read its counters
 			// Record writers: one per output edge.
 			for _, e := range g.Outputs(v.UID) {
 				to := g.Vertex(e.To)

@@ -275,17 +275,19 @@ func (o *OperatorMetrics) Close() {
 
 // SubtaskLive are a subtask's counters now.
 type SubtaskLive struct {
-	// Watermark is the input watermark in event-time ms; HasWatermark
-	// false before the first.
-	Watermark    int64
-	HasWatermark bool
+	// Watermark is the input watermark in event-time ms (a source's: the
+	// watermark it emits); HasWatermark false before the first.
+	Watermark    int64 `json:"wm,omitempty"`
+	HasWatermark bool  `json:"has_wm,omitempty"`
 	// BackPressure, Busy and Idle are the time so far blocked sending
 	// downstream, in the operator's calls and waiting for input.
-	BackPressure, Busy, Idle time.Duration
+	BackPressure time.Duration `json:"bp,omitempty"`
+	Busy         time.Duration `json:"busy,omitempty"`
+	Idle         time.Duration `json:"idle,omitempty"`
 	// SourceLag is what a source subtask has yet to read (a nats source:
 	// messages); HasSourceLag false for other subtasks and before it knows.
-	SourceLag    int64
-	HasSourceLag bool
+	SourceLag    int64 `json:"lag,omitempty"`
+	HasSourceLag bool  `json:"has_lag,omitempty"`
 }
 
 // Live returns the counters now (the zero value for nil).
