@@ -574,7 +574,10 @@ func (t *task) runSource(ctx context.Context) error {
 		var results <-chan readResult
 		if t.m.Reading() {
 			if !inflight && ready != nil && ready.Ready() {
-				if err := t.sourceBatch(t.readInline(ctx, buf)); err != nil {
+				start, bp := time.Now(), t.om.BackPressured()
+				err := t.sourceBatch(t.readInline(ctx, buf))
+				t.om.BusySince(ctx, start, bp)
+				if err != nil {
 					return err
 				}
 				continue
@@ -585,10 +588,15 @@ func (t *task) runSource(ctx context.Context) error {
 			}
 			results = rd.results
 		}
+		idle := time.Now()
 		select {
 		case res := <-results:
 			inflight = false
-			if err := t.sourceBatch(res); err != nil {
+			t.om.Idle(ctx, time.Since(idle)) // waiting for the source
+			start, bp := time.Now(), t.om.BackPressured()
+			err := t.sourceBatch(res)
+			t.om.BusySince(ctx, start, bp)
+			if err != nil {
 				return err
 			}
 		case <-t.srcWake:
@@ -868,13 +876,12 @@ func (t *task) process(ctx context.Context, ch int, b *dataplane.Batch) error {
 	n := len(b.Records)
 	t.stats.in.Add(int64(n))
 	t.records += int64(n)
-	start := time.Now()
+	start, bp := time.Now(), t.om.BackPressured()
 	t.inBatch, t.batchOut = true, 0
 	err := t.op.Process(ctx, t.gate.Input(ch), b.Records, t.emit)
 	t.inBatch = false
-	d := time.Since(start)
-	t.om.Batch(ctx, n, t.batchOut, d)
-	t.om.Busy(ctx, d)
+	t.om.Batch(ctx, n, t.batchOut, time.Since(start))
+	t.om.BusySince(ctx, start, bp)
 	b.Release()
 	return t.call(string(abi.PhaseProcess), err)
 }

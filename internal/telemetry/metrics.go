@@ -371,6 +371,23 @@ func (o *OperatorMetrics) Busy(_ context.Context, d time.Duration) {
 	}
 }
 
+// BackPressured is the back-pressured time so far (for BusySince).
+func (o *OperatorMetrics) BackPressured() time.Duration {
+	if o == nil {
+		return 0
+	}
+	return time.Duration(o.backPressure.Load())
+}
+
+// BusySince adds the time since start as busy, less the back-pressure
+// since then (bp: BackPressured at start): blocked sending downstream is
+// back-pressured, not busy, as in Flink.
+func (o *OperatorMetrics) BusySince(ctx context.Context, start time.Time, bp time.Duration) {
+	if o != nil {
+		o.Busy(ctx, max(0, time.Since(start)-(o.BackPressured()-bp)))
+	}
+}
+
 func (o *OperatorMetrics) Idle(_ context.Context, d time.Duration) {
 	if o != nil {
 		o.idle.Add(int64(d))
