@@ -2,7 +2,6 @@ package runtime
 
 import (
 	"context"
-	"fmt"
 	"testing"
 	"time"
 
@@ -44,16 +43,7 @@ func TestSourceLagMetric(t *testing.T) {
 		t.Fatal(err)
 	}
 	const n = 3000
-	for i := 0; i < n; i++ {
-		if _, err := js.PublishAsync(fmt.Sprintf("in.k%d", i%7), fmt.Appendf(nil, "value-%d", i)); err != nil {
-			t.Fatal(err)
-		}
-	}
-	select {
-	case <-js.PublishAsyncComplete():
-	case <-time.After(10 * time.Second):
-		t.Fatal("publishing the input timed out")
-	}
+	publishValues(t, js, n)
 	m := telemetry.NewMetrics()
 	reader := sdkmetric.NewManualReader(sdkmetric.WithProducer(m))
 	_ = sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))

@@ -484,39 +484,39 @@ func newCollection() *collection {
 }
 
 func (c *collection) sumI(name string, attrs attribute.Set, start, now time.Time, v int64) {
-	s := c.sumsI[name]
-	if s == nil {
-		s = &metricdata.Sum[int64]{Temporality: metricdata.CumulativeTemporality, IsMonotonic: true}
-		c.sumsI[name] = s
-	}
-	s.DataPoints = append(s.DataPoints, metricdata.DataPoint[int64]{Attributes: attrs, StartTime: start, Time: now, Value: v})
+	addSum(c.sumsI, name, attrs, start, now, v)
 }
 
 func (c *collection) sumF(name string, attrs attribute.Set, start, now time.Time, v float64) {
-	s := c.sumsF[name]
-	if s == nil {
-		s = &metricdata.Sum[float64]{Temporality: metricdata.CumulativeTemporality, IsMonotonic: true}
-		c.sumsF[name] = s
-	}
-	s.DataPoints = append(s.DataPoints, metricdata.DataPoint[float64]{Attributes: attrs, StartTime: start, Time: now, Value: v})
+	addSum(c.sumsF, name, attrs, start, now, v)
 }
 
 func (c *collection) gI(name string, attrs attribute.Set, now time.Time, v int64) {
-	g := c.gaugeI[name]
-	if g == nil {
-		g = &metricdata.Gauge[int64]{}
-		c.gaugeI[name] = g
-	}
-	g.DataPoints = append(g.DataPoints, metricdata.DataPoint[int64]{Attributes: attrs, Time: now, Value: v})
+	addGauge(c.gaugeI, name, attrs, now, v)
 }
 
 func (c *collection) gF(name string, attrs attribute.Set, now time.Time, v float64) {
-	g := c.gaugeF[name]
-	if g == nil {
-		g = &metricdata.Gauge[float64]{}
-		c.gaugeF[name] = g
+	addGauge(c.gaugeF, name, attrs, now, v)
+}
+
+// addSum adds a point of a cumulative monotonic sum (a counter).
+func addSum[N int64 | float64](sums map[string]*metricdata.Sum[N], name string, attrs attribute.Set, start, now time.Time, v N) {
+	s := sums[name]
+	if s == nil {
+		s = &metricdata.Sum[N]{Temporality: metricdata.CumulativeTemporality, IsMonotonic: true}
+		sums[name] = s
 	}
-	g.DataPoints = append(g.DataPoints, metricdata.DataPoint[float64]{Attributes: attrs, Time: now, Value: v})
+	s.DataPoints = append(s.DataPoints, metricdata.DataPoint[N]{Attributes: attrs, StartTime: start, Time: now, Value: v})
+}
+
+// addGauge adds a point of a gauge.
+func addGauge[N int64 | float64](gauges map[string]*metricdata.Gauge[N], name string, attrs attribute.Set, now time.Time, v N) {
+	g := gauges[name]
+	if g == nil {
+		g = &metricdata.Gauge[N]{}
+		gauges[name] = g
+	}
+	g.DataPoints = append(g.DataPoints, metricdata.DataPoint[N]{Attributes: attrs, Time: now, Value: v})
 }
 
 func (c *collection) hist(name string, p metricdata.HistogramDataPoint[float64]) {

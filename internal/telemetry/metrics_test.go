@@ -151,13 +151,8 @@ func TestEndedSeriesRemoved(t *testing.T) {
 	m.Checkpoint(ctx, "a-1", "a", 3, time.Millisecond, 10)
 	m.Checkpoint(ctx, "b-1", "b", 4, time.Millisecond, 10)
 	scrape := func() string {
-		resp, err := http.Get("http://" + tel.MetricsAddr() + "/metrics")
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer resp.Body.Close()
-		b, _ := io.ReadAll(resp.Body)
-		return string(b)
+		_, text := get(t, "http://"+tel.MetricsAddr()+"/metrics")
+		return text
 	}
 	ended.Batch(ctx, 1, 1, time.Millisecond) // after the last scrape: the final value is scraped once
 	ended.Close()

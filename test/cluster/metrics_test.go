@@ -1,12 +1,11 @@
 package cluster_test
 
 import (
+	"bytes"
 	"context"
-	"fmt"
 	"io"
 	"net/http"
 	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -14,7 +13,6 @@ import (
 	"github.com/streamd/streamd/internal/cluster"
 	"github.com/streamd/streamd/internal/jobfile"
 	"github.com/streamd/streamd/internal/telemetry"
-	"github.com/streamd/streamd/internal/testwasm"
 )
 
 // TestMetricsOfEndedJobsRemoved: a job's series (its subtasks' on the hosts,
@@ -74,23 +72,15 @@ func TestMetricsOfEndedJobsRemoved(t *testing.T) {
 	}
 
 	tc := newCluster(t, 4)
-	wasm := testwasm.Path(t, "examples/wasm/uppercase/uppercase.wasm")
-	job := func(name string, count, rate int) string {
-		path := filepath.Join(t.TempDir(), name+".yaml")
-		src := fmt.Sprintf(`name: %s
-parallelism: 2
-checkpoint: {interval: 50ms, storage: jetstream}
-operators:
-  - uid: gen
-    source: {type: generator, count: %d, rate: %d}
-  - uid: upper
-    wasm: %s
-    inputs: [{from: gen}]
-  - uid: out
-    sink: {type: discard}
-    inputs: [{from: upper}]
-`, name, count, rate, wasm)
-		if err := os.WriteFile(path, []byte(src), 0o644); err != nil {
+	// slowJob's job, checkpointing: the controller has its series too.
+	job := func(count, rate int) string {
+		path := slowJob(t, count, rate, 2)
+		src, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		src = bytes.Replace(src, []byte("operators:"), []byte("checkpoint: {interval: 50ms, storage: jetstream}\noperators:"), 1)
+		if err := os.WriteFile(path, src, 0o644); err != nil {
 			t.Fatal(err)
 		}
 		return deploy(t, tc, path, jobfile.Options{})
@@ -99,8 +89,8 @@ operators:
 	controller := []string{"streamd_checkpoint_last_id", "streamd_checkpoint_duration_seconds_count"}
 	both := append(subtask, controller...)
 
-	running := job("running", 0, 200) // unbounded
-	short := job("short", 1500, 1000) // about 1.5 s at p=2
+	running := job(0, 200)   // unbounded
+	short := job(1500, 1000) // about 1.5 s
 	waitSeries(running, true, both...)
 	waitSeries(short, true, both...)
 	tc.waitJob(short, "finished", state(cluster.JobFinished))
