@@ -300,6 +300,9 @@ func (t *task) perform(a control.SubtaskAction) error {
 		if err := t.broadcast(dataplane.WatermarkEvent(x.TS)); err != nil {
 			return t.fail(phaseOutput, err)
 		}
+		if len(t.writers) > 0 {
+			t.om.OutputWatermark(t.ctx, x.TS, false)
+		}
 	case control.EndInput:
 		ectx, span := t.startPhase(telemetry.SpanTaskEndInput, telemetry.AttrInput.Int(x.Input))
 		err := t.op.EndInput(ectx, x.Input, t.emit)
@@ -643,7 +646,7 @@ func (t *task) sourceBatch(res readResult) error {
 	}
 	if res.wm > t.srcWM {
 		t.srcWM = res.wm
-		t.om.Watermark(t.ctx, res.wm) // a source's: the watermark it emits
+		t.om.OutputWatermark(t.ctx, res.wm, true)
 		if err := t.broadcast(dataplane.WatermarkEvent(res.wm)); err != nil {
 			return t.fail(phaseOutput, err)
 		}

@@ -28,7 +28,8 @@ const (
 	MetricAlignmentTime       = "streamd.checkpoint.alignment.time"
 	MetricRestarts            = "streamd.restarts"
 	MetricFinalCheckpointWait = "streamd.final_checkpoint.wait"
-	MetricWatermark           = "streamd.watermark"      // a subtask's current input watermark (ms)
+	MetricWatermark           = "streamd.watermark" // a subtask's current input watermark (ms)
+	MetricOutputWatermark     = "streamd.watermark.output"
 	MetricWatermarkLag        = "streamd.watermark.lag"  // wall clock minus that watermark when it advanced
 	MetricBusyTime            = "streamd.task.busy.time" // time in the operator's calls
 	MetricIdleTime            = "streamd.task.idle.time" // time waiting for input
@@ -243,6 +244,7 @@ type OperatorMetrics struct {
 	in, out                  atomic.Int64
 	backPressure, busy, idle atomic.Int64 // nanoseconds
 	watermark                atomic.Int64 // math.MinInt64: none yet
+	outWatermark             atomic.Int64 // math.MinInt64: none yet
 	watermarkLag             atomic.Int64 // nanoseconds, when it advanced
 	hasLag                   atomic.Bool
 	sourceLag                atomic.Pointer[func() (int64, bool)]
@@ -255,6 +257,7 @@ type OperatorMetrics struct {
 func NewOperatorMetrics(l SubtaskLabels) *OperatorMetrics {
 	o := &OperatorMetrics{attrs: l.set(), start: time.Now()}
 	o.watermark.Store(math.MinInt64)
+	o.outWatermark.Store(math.MinInt64)
 	return o
 }
 
@@ -275,10 +278,13 @@ func (o *OperatorMetrics) Close() {
 
 // SubtaskLive are a subtask's counters now.
 type SubtaskLive struct {
-	// Watermark is the input watermark in event-time ms (a source's: the
-	// watermark it emits); HasWatermark false before the first.
-	Watermark    int64 `json:"wm,omitempty"`
-	HasWatermark bool  `json:"has_wm,omitempty"`
+	// Watermark is the input watermark in event-time ms, OutputWatermark
+	// the one it last sent downstream (a source's, or an operator's); the
+	// Has fields are false before the first.
+	Watermark          int64 `json:"wm,omitempty"`
+	HasWatermark       bool  `json:"has_wm,omitempty"`
+	OutputWatermark    int64 `json:"out_wm,omitempty"`
+	HasOutputWatermark bool  `json:"has_out_wm,omitempty"`
 	// BackPressure, Busy and Idle are the time so far blocked sending
 	// downstream, in the operator's calls and waiting for input.
 	BackPressure time.Duration `json:"bp,omitempty"`
@@ -299,6 +305,9 @@ func (o *OperatorMetrics) Live() SubtaskLive {
 		Idle: time.Duration(o.idle.Load())}
 	if wm := o.watermark.Load(); wm != math.MinInt64 {
 		s.Watermark, s.HasWatermark = wm, true
+	}
+	if wm := o.outWatermark.Load(); wm != math.MinInt64 {
+		s.OutputWatermark, s.HasOutputWatermark = wm, true
 	}
 	if f := o.sourceLag.Load(); f != nil {
 		s.SourceLag, s.HasSourceLag = (*f)()
@@ -358,6 +367,23 @@ func (o *OperatorMetrics) Watermark(_ context.Context, ts int64) {
 		return
 	}
 	o.watermark.Store(ts)
+	o.lag(ts)
+}
+
+// OutputWatermark records the watermark ts the subtask sent downstream;
+// a source's (source) is also the one its watermark lag is of.
+func (o *OperatorMetrics) OutputWatermark(_ context.Context, ts int64, source bool) {
+	if o == nil {
+		return
+	}
+	o.outWatermark.Store(ts)
+	if source {
+		o.lag(ts)
+	}
+}
+
+// lag records the wall clock minus watermark ts, for ts in epoch ms.
+func (o *OperatorMetrics) lag(ts int64) {
 	if lag := time.Since(time.UnixMilli(ts)); ts > 0 && lag > -24*time.Hour && lag < 10*365*24*time.Hour {
 		o.watermarkLag.Store(int64(lag))
 		o.hasLag.Store(true)
@@ -558,6 +584,9 @@ func (c *collection) subtask(o *OperatorMetrics, now time.Time) {
 	if wm := o.watermark.Load(); wm != math.MinInt64 {
 		c.gI(MetricWatermark, a, now, wm)
 	}
+	if wm := o.outWatermark.Load(); wm != math.MinInt64 {
+		c.gI(MetricOutputWatermark, a, now, wm)
+	}
 	if o.hasLag.Load() {
 		c.gF(MetricWatermarkLag, a, now, time.Duration(o.watermarkLag.Load()).Seconds())
 	}
@@ -580,7 +609,8 @@ var descriptions = map[string][2]string{
 	MetricRestarts:            {"{restart}", "Job restarts after a failure."},
 	MetricFinalCheckpointWait: {"s", "Time a finished subtask waited for the final checkpoint."},
 	MetricWatermark:           {"ms", "A subtask's current input watermark (the minimum over its channels), in event-time milliseconds."},
-	MetricWatermarkLag:        {"s", "Wall clock minus a subtask's input watermark when it last advanced (for event time in epoch milliseconds)."},
+	MetricWatermarkLag:        {"s", "Wall clock minus a subtask's input watermark (a source's: its output watermark) when it last advanced (for event time in epoch milliseconds)."},
+	MetricOutputWatermark:     {"ms", "The watermark a subtask last sent downstream, in event-time milliseconds."},
 	MetricBusyTime:            {"s", "Time a subtask spent in its operator's calls (busy); per second: the busy fraction."},
 	MetricIdleTime:            {"s", "Time a subtask waited for input (idle)."},
 	MetricSourceLag:           {"{message}", "Messages a source subtask has yet to read (a nats source: of its stream, after its position)."},

@@ -263,14 +263,17 @@ type Subtask struct {
 	Host    string `json:"host,omitempty"`
 	State   string `json:"state"`
 	// The subtask's counters as its host reported them last (absent
-	// before): its input watermark in event-time ms (a source's: the one it
-	// emits; absent before the first), the milliseconds so far it was
+	// before): its input watermark and the watermark it last sent
+	// downstream (output), in event-time ms (absent before the first; a
+	// source has only an output one, a sink only an input one), the
+	// milliseconds so far it was
 	// back-pressured (blocked sending downstream), busy (in its operator's
 	// calls) and idle (waiting for input), and a nats source's lag
 	// (messages it has yet to read). The console turns the times into
 	// milliseconds per second between two polls, as Flink's
 	// backPressuredTimeMsPerSecond, busyTimeMsPerSecond, idleTimeMsPerSecond.
 	Watermark       *int64 `json:"watermark,omitempty"`
+	OutputWatermark *int64 `json:"output_watermark,omitempty"`
 	BackPressuredMS *int64 `json:"backpressured_ms,omitempty"`
 	BusyMS          *int64 `json:"busy_ms,omitempty"`
 	IdleMS          *int64 `json:"idle_ms,omitempty"`
@@ -285,6 +288,9 @@ func subtask(s cluster.SubtaskStatus) Subtask {
 		out.BackPressuredMS, out.BusyMS, out.IdleMS = ms(l.BackPressure), ms(l.Busy), ms(l.Idle)
 		if l.HasWatermark {
 			out.Watermark = &l.Watermark
+		}
+		if l.HasOutputWatermark {
+			out.OutputWatermark = &l.OutputWatermark
 		}
 		if l.HasSourceLag {
 			out.SourceLag = &l.SourceLag

@@ -106,7 +106,8 @@ func TestConsoleInBrowser(t *testing.T) {
 	subtask := `#subtasks tr[data-id="upper"][data-subtask="0"] `
 	if err := chromedp.Do(ctx,
 		voidPoll(`document.querySelectorAll('#subtasks tbody tr').length == 4`),
-		voidPoll(`[...document.querySelectorAll('#subtasks tr[data-id="upper"], #subtasks tr[data-id="out"]')].every(tr =>
+		voidPoll(`/^[0-9]+$/.test(document.querySelector('#subtasks tr[data-id="gen"] td.output-watermark').textContent) &&
+			[...document.querySelectorAll('#subtasks tr[data-id="upper"], #subtasks tr[data-id="out"]')].every(tr =>
 			/^[0-9]+$/.test(tr.querySelector('td.watermark').textContent) &&
 			/^[0-9]+ ms\/s \([0-9]+%\)$/.test(tr.querySelector('td.backpressure').textContent) &&
 			/^[0-9]+ ms\/s/.test(tr.querySelector('td.busy').textContent) &&

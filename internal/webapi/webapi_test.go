@@ -213,9 +213,10 @@ func TestJobLifecycle(t *testing.T) {
 	// (the generator's timestamps, ts_step 1), back-pressured, busy and
 	// idle milliseconds; no source lag (not a nats source).
 	job = waitFor(t, base, "watermarks", func(j *webapi.JobDetail) bool {
-		for _, v := range j.Vertices[1:] {
+		for i, v := range j.Vertices {
 			for _, s := range v.Subtasks {
-				if s.Watermark == nil || *s.Watermark <= 0 {
+				in, out := s.Watermark != nil && *s.Watermark > 0, s.OutputWatermark != nil && *s.OutputWatermark > 0
+				if in != (i > 0) || out != (i < 2) { // the source has no input, the sink no output
 					return false
 				}
 			}

@@ -220,7 +220,7 @@ function drawGraph(plan, job, rate) {
       g.append(svg("rect", { class: "subtask " + s.state, "data-subtask": s.subtask, "data-state": s.state,
         x: 10 + (i % 14) * (SQ + 2), y: 78 + Math.floor(i / 14) * (SQ + 2), width: SQ, height: SQ },
         svg("title", {}, `subtask ${s.subtask}: ${s.state}${s.host ? " on " + s.host : ""}` +
-          `\nwatermark ${fmtWatermark(s.watermark)}\nback-pressured ${fmtPerSec(sr.bp)}\nbusy ${fmtPerSec(sr.busy)}`)));
+          `\nwatermark in ${fmtWatermark(s.watermark)}, out ${fmtWatermark(s.output_watermark)}\nback-pressured ${fmtPerSec(sr.bp)}\nbusy ${fmtPerSec(sr.busy)}`)));
     });
     root.append(g);
   }
@@ -262,7 +262,7 @@ function fmtWatermark(wm) {
   return String(wm);
 }
 
-// subtaskTable lists every subtask with its watermark, back-pressure, busy
+// subtaskTable lists every subtask with its watermarks, back-pressure, busy
 // and idle time per second and (nats sources) its lag, updating live.
 function subtaskTable(job, rate) {
   const rows = [];
@@ -272,6 +272,7 @@ function subtaskTable(job, rate) {
       rows.push(el("tr", { "data-id": v.id, "data-subtask": s.subtask },
         el("td", {}, v.id), el("td", { class: "num" }, s.subtask), el("td", {}, s.host || ""), el("td", {}, stateBadge(s.state)),
         el("td", { class: "num watermark", "data-value": s.watermark }, fmtWatermark(s.watermark)),
+        el("td", { class: "num output-watermark", "data-value": s.output_watermark }, fmtWatermark(s.output_watermark)),
         el("td", { class: "num backpressure " + level(r.bp), "data-value": r.bp }, fmtPerSec(r.bp)),
         el("td", { class: "num busy " + level(r.busy), "data-value": r.busy }, fmtPerSec(r.busy)),
         el("td", { class: "num idle", "data-value": r.idle }, fmtPerSec(r.idle)),
@@ -279,7 +280,7 @@ function subtaskTable(job, rate) {
     }
   }
   return el("table", { id: "subtasks" },
-    el("thead", {}, el("tr", {}, ["Operator", "Subtask", "Host", "State", "Watermark", "Back-pressured", "Busy", "Idle", "Source lag"]
+    el("thead", {}, el("tr", {}, ["Operator", "Subtask", "Host", "State", "Input watermark", "Output watermark", "Back-pressured", "Busy", "Idle", "Source lag"]
       .map((h, i) => el("th", { class: i === 1 || i >= 4 ? "num" : "" }, h)))),
     el("tbody", {}, rows));
 }
