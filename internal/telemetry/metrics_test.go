@@ -28,6 +28,7 @@ func TestPrometheusEndpoint(t *testing.T) {
 	op.FinalCheckpointWait(ctx, 300*time.Millisecond)
 	op.Watermark(ctx, time.Now().Add(-3*time.Second).UnixMilli())
 	op.OutputWatermark(ctx, 12345, false)
+	op.SourceLag(func() (int64, bool) { return 42, true })
 	op.Busy(ctx, 700*time.Millisecond)
 	op.Idle(ctx, 300*time.Millisecond)
 	m.Checkpoint(ctx, "wc-1", "wc", 7, 250*time.Millisecond, 4096)
@@ -63,6 +64,7 @@ func TestPrometheusEndpoint(t *testing.T) {
 		`streamd_watermark_milliseconds{` + sel + `} 1`,
 		`streamd_watermark_lag_seconds{` + sel + `} 3`,
 		`streamd_watermark_output_milliseconds{` + sel + `} 12345`,
+		`streamd_source_lag{` + sel + `} 42`,
 		`streamd_task_busy_time_seconds_total{` + sel + `} 0.7`,
 		`streamd_task_idle_time_seconds_total{` + sel + `} 0.3`,
 		`target_info{`, `service_name="streamd-host-a"`,
