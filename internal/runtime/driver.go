@@ -616,6 +616,7 @@ func (r *runner) startAttempt(a control.StartAttempt) {
 	}
 	j := r.newJob(a.Attempt, restore)
 	if err := j.build(); err != nil {
+		j.endMetrics()
 		r.fatal(err)
 		return
 	}
@@ -635,7 +636,7 @@ func (r *runner) startAttempt(a control.StartAttempt) {
 			}
 		}()
 	}
-	go func() { wg.Wait(); cancel(nil); close(j.done) }()
+	go func() { wg.Wait(); j.endMetrics(); cancel(nil); close(j.done) }()
 	go r.forward(j)
 	if r.coord == nil {
 		r.endPending(nil) // nothing reports running without a coordinator

@@ -200,6 +200,10 @@ type OperatorStats struct {
 	// DeadLetters counts the records its on_error skip or dead_letter took
 	// out of the stream (a failover may count a record again, as RecordsIn).
 	DeadLetters int64 `json:",omitempty"`
+	// Live has the counters of each subtask that runs in this process
+	// (watermark, back-pressured, busy and idle time, source lag), by
+	// index; the zero value for the others.
+	Live []telemetry.SubtaskLive `json:",omitempty"`
 }
 
 // Stats is a snapshot of a run's counters.
@@ -441,6 +445,7 @@ func (j *job) build() error {
 				t.srcWake = make(chan struct{}, 1)
 				t.mb.notify = t.srcWake
 			}
+			t.initMetrics() // before the attempt is seen: Stats read its counters
 			// Record writers: one per output edge.
 			for _, e := range g.Outputs(v.UID) {
 				to := g.Vertex(e.To)

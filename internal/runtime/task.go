@@ -300,6 +300,9 @@ func (t *task) perform(a control.SubtaskAction) error {
 		if err := t.broadcast(dataplane.WatermarkEvent(x.TS)); err != nil {
 			return t.fail(phaseOutput, err)
 		}
+		if len(t.writers) > 0 {
+			t.om.OutputWatermark(t.ctx, x.TS, false)
+		}
 	case control.EndInput:
 		ectx, span := t.startPhase(telemetry.SpanTaskEndInput, telemetry.AttrInput.Int(x.Input))
 		err := t.op.EndInput(ectx, x.Input, t.emit)
@@ -558,6 +561,9 @@ func (t *task) runSource(ctx context.Context) error {
 		}()
 		t.setState(StateRunning)
 		ready, _ = src.(connector.ReadySource)
+		if l, ok := src.(connector.LagSource); ok {
+			t.om.SourceLag(l.Lag)
+		}
 		buf = make([]abi.Record, t.j.opts.BatchSize)
 		rd = startSourceReader(ctx, src, t.j.opts.BatchSize)
 		t.reader = rd
@@ -576,7 +582,10 @@ func (t *task) runSource(ctx context.Context) error {
 		var results <-chan readResult
 		if t.m.Reading() {
 			if !inflight && ready != nil && ready.Ready() {
-				if err := t.sourceBatch(t.readInline(ctx, buf)); err != nil {
+				start, bp := time.Now(), t.om.BackPressured()
+				err := t.sourceBatch(t.readInline(ctx, buf))
+				t.om.BusySince(ctx, start, bp)
+				if err != nil {
 					return err
 				}
 				continue
@@ -587,10 +596,15 @@ func (t *task) runSource(ctx context.Context) error {
 			}
 			results = rd.results
 		}
+		idle := time.Now()
 		select {
 		case res := <-results:
 			inflight = false
-			if err := t.sourceBatch(res); err != nil {
+			t.om.Idle(ctx, time.Since(idle)) // waiting for the source
+			start, bp := time.Now(), t.om.BackPressured()
+			err := t.sourceBatch(res)
+			t.om.BusySince(ctx, start, bp)
+			if err != nil {
 				return err
 			}
 		case <-t.srcWake:
@@ -637,6 +651,7 @@ func (t *task) sourceBatch(res readResult) error {
 	}
 	if res.wm > t.srcWM {
 		t.srcWM = res.wm
+		t.om.OutputWatermark(t.ctx, res.wm, true)
 		if err := t.broadcast(dataplane.WatermarkEvent(res.wm)); err != nil {
 			return t.fail(phaseOutput, err)
 		}
@@ -820,13 +835,9 @@ func (t *task) runOperator(ctx context.Context) (err error) {
 			if err := t.flush(); err != nil {
 				return t.fail(phaseOutput, err)
 			}
-			if t.om != nil {
-				idle := time.Now()
-				ch, ev, err = g.Next(ctx)
-				t.om.Idle(ctx, time.Since(idle))
-			} else {
-				ch, ev, err = g.Next(ctx)
-			}
+			idle := time.Now()
+			ch, ev, err = g.Next(ctx)
+			t.om.Idle(ctx, time.Since(idle))
 		}
 		if err != nil {
 			return t.fail(phaseInput, err)
@@ -879,17 +890,12 @@ func (t *task) process(ctx context.Context, ch int, b *dataplane.Batch) error {
 	n := len(b.Records)
 	t.stats.in.Add(int64(n))
 	t.records += int64(n)
-	var start time.Time
-	if t.om != nil {
-		start, t.inBatch, t.batchOut = time.Now(), true, 0
-	}
+	start, bp := time.Now(), t.om.BackPressured()
+	t.inBatch, t.batchOut = true, 0
 	err := t.op.Process(ctx, t.gate.Input(ch), b.Records, t.emit)
-	if t.om != nil {
-		t.inBatch = false
-		d := time.Since(start)
-		t.om.Batch(ctx, n, t.batchOut, d)
-		t.om.Busy(ctx, d)
-	}
+	t.inBatch = false
+	t.om.Batch(ctx, n, t.batchOut, time.Since(start))
+	t.om.BusySince(ctx, start, bp)
 	b.Release()
 	return t.call(string(abi.PhaseProcess), err)
 }
