@@ -83,14 +83,14 @@ func printInspect(w io.Writer, md *checkpoint.Metadata) {
 
 // inspectJSON is the --json document (docs/checkpoint-format.md).
 type inspectJSON struct {
-	ID         int64              `json:"id"`
-	Kind       string             `json:"kind"`
-	Time       time.Time          `json:"time"`
-	Job        string             `json:"job"`
-	Path       string             `json:"path"`
-	Version    int                `json:"format_version"`
-	StateBytes int64              `json:"state_bytes"`
-	InFlight   int64              `json:"inflight_bytes"`
+	ID         int64     `json:"id"`
+	Kind       string    `json:"kind"`
+	Time       time.Time `json:"time"`
+	Job        string    `json:"job"`
+	Path       string    `json:"path"`
+	Version    int       `json:"format_version"`
+	StateBytes int64     `json:"state_bytes"`
+	InFlight   int64     `json:"inflight_bytes"`
 	// Incremental checkpoints only: the whole state (blobs and every
 	// shared file referred to), what this checkpoint wrote, and the count
 	// of shared files.

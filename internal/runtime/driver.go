@@ -186,6 +186,7 @@ func (r *runner) snapshot() Stats {
 	for i, v := range r.g.Vertices {
 		s.Operators[i] = OperatorStats{UID: v.UID, Parallelism: v.Parallelism,
 			RecordsIn: r.stats[i].in.Load(), RecordsOut: r.stats[i].out.Load(), MaxSnapshotPause: time.Duration(r.stats[i].pause.Load()),
+			MaxRestore:  time.Duration(r.stats[i].restore.Load()),
 			DeadLetters: r.stats[i].dead.Load()}
 	}
 	r.mu.Lock()

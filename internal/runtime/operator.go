@@ -3,6 +3,7 @@ package runtime
 import (
 	"context"
 	"sync"
+	"time"
 
 	"github.com/streamd/streamd/abi"
 	"github.com/streamd/streamd/control"
@@ -100,7 +101,8 @@ type wasmOperator struct {
 	// state files from there may be referred to by the next incremental
 	// checkpoint.
 	root       string
-	restoredID int64 // the checkpoint cfg.Restore is from
+	restoredID int64    // the checkpoint cfg.Restore is from
+	stats      *opStats // with a restore: its time goes to stats.restore
 	// shared holds, by checkpoint id, the shared files the incremental
 	// checkpoints this subtask took (or restored) refer to, by local file
 	// name: a checkpoint with Barrier.Base B reuses those of B the subtask
@@ -110,9 +112,13 @@ type wasmOperator struct {
 }
 
 func (w *wasmOperator) Open(ctx context.Context, _ SubtaskInfo) error {
+	start := time.Now()
 	inst, err := w.mod.NewInstance(ctx, w.cfg)
 	if err != nil {
 		return err
+	}
+	if w.stats != nil {
+		storeMax(&w.stats.restore, time.Since(start))
 	}
 	w.inst = inst
 	if part := inst.AdoptedFiles(); part != nil && w.cfg.Restore != nil && part.Root != "" && part.Root == w.root {

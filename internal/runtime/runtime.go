@@ -197,6 +197,10 @@ type OperatorStats struct {
 	// its keyed state): the time the subtask processed nothing for a
 	// checkpoint. Encoding and writing run in the background.
 	MaxSnapshotPause time.Duration `json:",omitempty"`
+	// MaxRestore is the longest time any of its subtasks took to load its
+	// restored keyed state (fetching the files of an incremental
+	// checkpoint included).
+	MaxRestore time.Duration `json:",omitempty"`
 	// DeadLetters counts the records its on_error skip or dead_letter took
 	// out of the stream (a failover may count a record again, as RecordsIn).
 	DeadLetters int64 `json:",omitempty"`
@@ -258,11 +262,17 @@ type opStats struct {
 	// pause is the longest synchronous part of a snapshot of any subtask,
 	// in nanoseconds: the time it processed nothing for a checkpoint.
 	pause atomic.Int64
+	// restore is the longest time a subtask took to load its restored
+	// keyed state (making its instance), in nanoseconds.
+	restore atomic.Int64
 }
 
 // addPause records a synchronous snapshot pause of d.
-func (s *opStats) addPause(d time.Duration) {
-	for cur := s.pause.Load(); int64(d) > cur && !s.pause.CompareAndSwap(cur, int64(d)); cur = s.pause.Load() {
+func (s *opStats) addPause(d time.Duration) { storeMax(&s.pause, d) }
+
+// storeMax raises v to d.
+func storeMax(v *atomic.Int64, d time.Duration) {
+	for cur := v.Load(); int64(d) > cur && !v.CompareAndSwap(cur, int64(d)); cur = v.Load() {
 	}
 }
 
@@ -544,6 +554,7 @@ func (j *job) bindSpec(t *task, modules map[string]*host.Module) error {
 		if rs != nil {
 			wo.cfg.Restore = rs.Snapshot
 			wo.restoredID = j.restore.Metadata.ID
+			wo.stats = t.stats
 		}
 		if r, ok := j.store.(interface{ Root() string }); ok {
 			wo.root = r.Root()
