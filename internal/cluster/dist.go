@@ -720,6 +720,7 @@ func (c *Controller) distRunning(jobID string, attempt int) {
 		return
 	}
 	j.state, j.reason, j.updated = JobRunning, "", now
+	c.upgradeRunningLocked(j)
 	c.changedLocked(j)
 	c.log.Info("job running", "job", j.id, "attempt", j.attempt, "hosts", j.placement.Hosts())
 }

@@ -1,0 +1,224 @@
+package cluster_test
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/streamd/streamd/internal/cluster"
+	"github.com/streamd/streamd/internal/testwasm"
+)
+
+// upgradeKeys is the number of keys of the counter tests' input.
+const upgradeKeys = 5
+
+// publishKeyed publishes records from .. to-1 to subject, record i with key
+// k<i%upgradeKeys> (the Streamd-Key header), and waits for every ack.
+func publishKeyed(t *testing.T, js jetstream.JetStream, subject string, from, to int) {
+	t.Helper()
+	for i := from; i < to; i++ {
+		m := nats.NewMsg(subject)
+		m.Header.Set("Streamd-Key", fmt.Sprintf("k%d", i%upgradeKeys))
+		m.Data = fmt.Appendf(nil, "v%d", i)
+		if _, err := js.PublishMsgAsync(m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	select {
+	case <-js.PublishAsyncComplete():
+	case <-time.After(20 * time.Second):
+		t.Fatal("publishing the input timed out")
+	}
+}
+
+// checkCounts checks that stream name holds every count 1..n/upgradeKeys of
+// every key exactly once ("k<j>=<count>", with suffix " v2" from countv2),
+// and that the counts above v2From (0: none) are countv2's and the others
+// failonce's.
+func checkCounts(t *testing.T, js jetstream.JetStream, name string, n, v2From int) {
+	t.Helper()
+	got := streamValues(t, js, name)
+	var want []string
+	for k := 0; k < upgradeKeys; k++ {
+		for c := 1; c <= n/upgradeKeys; c++ {
+			w := fmt.Sprintf("k%d=%d", k, c)
+			if v2From > 0 && c > v2From {
+				w += " v2"
+			}
+			want = append(want, w)
+		}
+	}
+	slices.Sort(got)
+	slices.Sort(want)
+	if !slices.Equal(got, want) {
+		lost, twice := lostAndTwice(got, want)
+		t.Fatalf("output stream %s: %d counts, want %d: %d missing, %d more than once (first: %q)", name, len(got), len(want), lost, twice, got[:min(len(got), 5)])
+	}
+}
+
+// deployCounter deploys failonce as a keyed counter transform from nats:events
+// to nats:counts and returns its id and the output's counter.
+func deployCounter(t *testing.T, env []string, js jetstream.JetStream) (string, *outputCounter) {
+	t.Helper()
+	counter := testwasm.Path(t, "internal/testguests/failonce/failonce.wasm")
+	out, errs, code := streamd(t, env, "deploy", counter, "--input", "nats:events", "--output", "nats:counts",
+		"--config", "mode=count", "--name", "counter", "--checkpoint-interval", "200ms")
+	if code != 0 {
+		t.Fatalf("deploy: exit %d\n%s\n%s", code, out, errs)
+	}
+	return strings.TrimSpace(out), countOutput(t, js, "STREAMD_OUT_counts")
+}
+
+// statusJSON is streamd status --json JOB.
+func statusJSON(t *testing.T, env []string, id string) cluster.JobStatus {
+	t.Helper()
+	out, errs, code := streamd(t, env, "status", "--json", id)
+	if code != 0 {
+		t.Fatalf("status: exit %d: %s", code, errs)
+	}
+	var st cluster.JobStatus
+	if err := json.Unmarshal([]byte(out), &st); err != nil {
+		t.Fatalf("status --json: %v\n%s", err, out)
+	}
+	return st
+}
+
+// TestUpgradeKeepsState upgrades a keyed counter transform (failonce) to
+// its second version (countv2, another module with the same state): the
+// job keeps its id, the new version counts on from the savepoint, every
+// count is written exactly once, and status shows both versions.
+func TestUpgradeKeepsState(t *testing.T) {
+	tc, env, js := transformCluster(t, "h1")
+	id, oc := deployCounter(t, env, js)
+	publishKeyed(t, js, "events", 0, 500)
+	oc.wait(t, 500)
+	tc.waitJob(id, "running", state(cluster.JobRunning))
+
+	v2 := testwasm.Path(t, "internal/testguests/countv2/countv2.wasm")
+	out, errs, code := streamd(t, env, "upgrade", id, v2)
+	if code != 0 {
+		t.Fatalf("upgrade: exit %d\n%s\n%s", code, out, errs)
+	}
+	_, sp, _ := strings.Cut(errs, "stopped with savepoint ")
+	sp, _, _ = strings.Cut(sp, ";")
+	if !strings.HasPrefix(sp, "jetstream://STREAMD_CHECKPOINTS/"+id+"/savepoint-") {
+		t.Fatalf("upgrade's stderr names no savepoint of the job:\n%s", errs)
+	}
+	if want := fmt.Sprintf("job %s upgraded to version 2 (from savepoint %s)\n", id, sp); out != want {
+		t.Errorf("upgrade printed %q, want %q", out, want)
+	}
+	publishKeyed(t, js, "events", 500, 1000)
+	oc.wait(t, 1000)
+
+	st := statusJSON(t, env, id)
+	if st.State != cluster.JobRunning || len(st.Versions) != 2 {
+		t.Fatalf("after the upgrade: %s, versions %+v", st.State, st.Versions)
+	}
+	v1, v2s := st.Versions[0], st.Versions[1]
+	if v1.State != cluster.VersionReplaced || v2s.State != cluster.VersionRunning || v2s.From != sp ||
+		len(v1.Modules) != 1 || len(v2s.Modules) != 1 || v1.Modules[0].Operator != "failonce" || v2s.Modules[0].Operator != "failonce" ||
+		v2s.Modules[0].Name != "countv2.wasm" || v1.Modules[0].Digest == v2s.Modules[0].Digest || !strings.HasPrefix(v2s.Modules[0].Digest, "sha256:") {
+		t.Errorf("versions: %+v", st.Versions)
+	}
+	text, _, _ := streamd(t, env, "status", id)
+	for _, want := range []string{"VERSION", "failonce=sha256:", "replaced", sp, "running"} {
+		if !strings.Contains(text, want) {
+			t.Errorf("status lacks %q:\n%s", want, text)
+		}
+	}
+	if _, errs, code := streamd(t, env, "stop", id); code != 0 {
+		t.Fatalf("stop: exit %d: %s", code, errs)
+	}
+	checkCounts(t, js, "STREAMD_OUT_counts", 1000, 500/upgradeKeys)
+}
+
+// TestUpgradeRollsBack upgrades the counter to a module that fails in open
+// (failopen): its restart strategy gives up, the controller starts the
+// counter again from the same savepoint, upgrade says so and exits 1, and
+// the counter counts on with its state intact, every count exactly once.
+func TestUpgradeRollsBack(t *testing.T) {
+	tc, env, js := transformCluster(t, "h1")
+	env = append(env, "STREAMD_RESTART_STRATEGY=fixed-delay", "STREAMD_RESTART_ATTEMPTS=2", "STREAMD_RESTART_DELAY=100ms")
+	id, oc := deployCounter(t, env, js)
+	publishKeyed(t, js, "events", 0, 300)
+	oc.wait(t, 300)
+	tc.waitJob(id, "running", state(cluster.JobRunning))
+
+	bad := testwasm.Path(t, "internal/testguests/failopen/failopen.wasm")
+	out, errs, code := streamd(t, env, "upgrade", id, bad)
+	if code != 1 {
+		t.Fatalf("upgrade to a module that fails in open: exit %d, want 1\n%s\n%s", code, out, errs)
+	}
+	for _, want := range []string{"version 2 rolled back: failed:", "failopen: this version fails in open",
+		"rolled back: version 1 runs again (as version 3) from savepoint jetstream://STREAMD_CHECKPOINTS/" + id + "/savepoint-"} {
+		if !strings.Contains(errs, want) {
+			t.Errorf("upgrade's stderr lacks %q:\n%s", want, errs)
+		}
+	}
+	st := statusJSON(t, env, id)
+	if st.State != cluster.JobRunning || len(st.Versions) != 3 {
+		t.Fatalf("after the rollback: %s (%s), versions %+v", st.State, st.Reason, st.Versions)
+	}
+	v1, v2, v3 := st.Versions[0], st.Versions[1], st.Versions[2]
+	if v1.State != cluster.VersionReplaced || v2.State != cluster.VersionRolledBack || !strings.Contains(v2.Reason, "fails in open") ||
+		v3.State != cluster.VersionRunning || v3.Rerun != 1 || v3.From != v2.From || v3.Modules[0].Digest != v1.Modules[0].Digest {
+		t.Errorf("versions: %+v", st.Versions)
+	}
+	publishKeyed(t, js, "events", 300, 600)
+	oc.wait(t, 600)
+	if _, errs, code := streamd(t, env, "stop", id); code != 0 {
+		t.Fatalf("stop: exit %d: %s", code, errs)
+	}
+	checkCounts(t, js, "STREAMD_OUT_counts", 600, 0)
+}
+
+// TestUpgradeRefused: a module that is not one, an unknown job and a job
+// that is not running are refused, and the running job goes on untouched.
+func TestUpgradeRefused(t *testing.T) {
+	tc, env, js := transformCluster(t, "h1")
+	id, oc := deployCounter(t, env, js)
+	publishKeyed(t, js, "events", 0, 100)
+	oc.wait(t, 100)
+	before := tc.waitJob(id, "running", state(cluster.JobRunning))
+
+	bad := filepath.Join(t.TempDir(), "bad.wasm")
+	if err := os.WriteFile(bad, []byte("not a module"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	v2 := testwasm.Path(t, "internal/testguests/countv2/countv2.wasm")
+	for _, tt := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"upgrade", id, bad}, "streamd: module " + bad + ": "},
+		{[]string{"upgrade", "nosuch-12345678", v2}, `streamd: cluster: no job "nosuch-12345678"`},
+		{[]string{"upgrade", id, v2, "--operator", "nosuch"}, `the job has no wasm operator "nosuch" (its wasm operators: failonce)`},
+	} {
+		out, errs, code := streamd(t, env, tt.args...)
+		if code != 1 || !strings.Contains(errs, tt.want) {
+			t.Errorf("%v: exit %d, want 1 with %q\n%s\n%s", tt.args, code, tt.want, out, errs)
+		}
+	}
+	st := statusJSON(t, env, id)
+	if st.State != cluster.JobRunning || st.Attempt != before.Attempt || len(st.Versions) != 0 {
+		t.Fatalf("after refused upgrades: %s, attempt %d (was %d), versions %+v", st.State, st.Attempt, before.Attempt, st.Versions)
+	}
+	publishKeyed(t, js, "events", 100, 200)
+	oc.wait(t, 200)
+	if _, errs, code := streamd(t, env, "stop", id); code != 0 {
+		t.Fatalf("stop: exit %d: %s", code, errs)
+	}
+	out, errs, code := streamd(t, env, "upgrade", id, v2)
+	if want := "the job is stopped, not running"; code != 1 || !strings.Contains(errs, want) {
+		t.Errorf("upgrade of a stopped job: exit %d, want 1 with %q\n%s\n%s", code, want, out, errs)
+	}
+	checkCounts(t, js, "STREAMD_OUT_counts", 200, 0)
+}
