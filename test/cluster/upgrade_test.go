@@ -157,7 +157,7 @@ func TestUpgradeRollsBack(t *testing.T) {
 	if code != 1 {
 		t.Fatalf("upgrade to a module that fails in open: exit %d, want 1\n%s\n%s", code, out, errs)
 	}
-	for _, want := range []string{"version 2 rolled back: failed:", "failopen: this version fails in open",
+	for _, want := range []string{"version 2 failed: attempt ", "failopen: this version fails in open",
 		"rolled back: version 1 runs again (as version 3) from savepoint jetstream://STREAMD_CHECKPOINTS/" + id + "/savepoint-"} {
 		if !strings.Contains(errs, want) {
 			t.Errorf("upgrade's stderr lacks %q:\n%s", want, errs)
@@ -219,6 +219,34 @@ func TestUpgradeRefused(t *testing.T) {
 	out, errs, code := streamd(t, env, "upgrade", id, v2)
 	if want := "the job is stopped, not running"; code != 1 || !strings.Contains(errs, want) {
 		t.Errorf("upgrade of a stopped job: exit %d, want 1 with %q\n%s\n%s", code, want, out, errs)
+	}
+	checkCounts(t, js, "STREAMD_OUT_counts", 200, 0)
+}
+
+// TestUpgradeRollsBackAfterTimeout: under the transform's default restart
+// strategy (exponential-delay, unlimited) a module that fails in open never
+// makes the job fail; the controller rolls it back when it does not run
+// within --timeout, and the counter runs on from the savepoint.
+func TestUpgradeRollsBackAfterTimeout(t *testing.T) {
+	tc, env, js := transformCluster(t, "h1")
+	id, oc := deployCounter(t, env, js)
+	publishKeyed(t, js, "events", 0, 100)
+	oc.wait(t, 100)
+	tc.waitJob(id, "running", state(cluster.JobRunning))
+
+	bad := testwasm.Path(t, "internal/testguests/failopen/failopen.wasm")
+	out, errs, code := streamd(t, env, "upgrade", id, bad, "--timeout", "3s")
+	if want := "version 2 failed: not running 3s after it started"; code != 1 || !strings.Contains(errs, want) || !strings.Contains(errs, "rolled back: version 1 runs again (as version 3)") {
+		t.Fatalf("upgrade: exit %d, want 1 with %q and the rollback\n%s\n%s", code, want, out, errs)
+	}
+	st := statusJSON(t, env, id)
+	if st.State != cluster.JobRunning || len(st.Versions) != 3 || st.Versions[2].State != cluster.VersionRunning {
+		t.Fatalf("after the rollback: %s (%s), versions %+v", st.State, st.Reason, st.Versions)
+	}
+	publishKeyed(t, js, "events", 100, 200)
+	oc.wait(t, 200)
+	if _, errs, code := streamd(t, env, "stop", id); code != 0 {
+		t.Fatalf("stop: exit %d: %s", code, errs)
 	}
 	checkCounts(t, js, "STREAMD_OUT_counts", 200, 0)
 }
