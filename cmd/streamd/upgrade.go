@@ -165,16 +165,17 @@ func upgradeOutcome(st *cluster.JobStatus, rep cluster.UpgradeReply) (upgradeRes
 	case cluster.VersionRolledBack:
 		back := st.Versions[len(st.Versions)-1]
 		if back.State == cluster.VersionRunning {
-			return res, fmt.Errorf("job %s: version %d %s; rolled back: version %d runs again (as version %d) from savepoint %s",
+			return res, fmt.Errorf("job %s: version %d failed: %s; rolled back: version %d runs again (as version %d) from savepoint %s",
 				st.ID, v.Version, v.Reason, back.Rerun, back.Version, rep.Savepoint)
 		}
-		return res, fmt.Errorf("job %s: version %d %s; the rollback to version %d from savepoint %s did not run either (%s: %s); the job is %s (streamd deploy --from %s starts it)",
+		return res, fmt.Errorf("job %s: version %d failed: %s; the rollback to version %d from savepoint %s did not run either (%s: %s); the job is %s (streamd deploy --from %s starts it)",
 			st.ID, v.Version, v.Reason, back.Rerun, rep.Savepoint, back.State, back.Reason, st.State, rep.Savepoint)
 	}
 	return res, fmt.Errorf("job %s: version %d %s before it ran: %s", st.ID, v.Version, v.State, v.Reason)
 }
 
-// printVersions writes a job's version history (status).
+// printVersions writes a job's version history (status): a table, then
+// why versions were rolled back or failed (a reason may span lines).
 func (c *cli) printVersions(st *cluster.JobStatus) {
 	if len(st.Versions) == 0 {
 		return
@@ -193,13 +194,15 @@ func (c *cli) printVersions(st *cluster.JobStatus) {
 		if v.Rerun != 0 {
 			state += fmt.Sprintf(" (version %d again)", v.Rerun)
 		}
-		if v.Reason != "" {
-			state += ": " + v.Reason
-		}
 		fmt.Fprintf(tw, "  %d\t%s\t%d\t%s\t%s\t%s\n", v.Version, v.Started.Local().Format(time.DateTime), v.Attempt,
 			orDash(strings.Join(mods, " ")), orDash(v.From), state)
 	}
 	tw.Flush()
+	for _, v := range st.Versions {
+		if v.Reason != "" {
+			fmt.Fprintf(c.stdout, "version %d %s: %s\n", v.Version, v.State, v.Reason)
+		}
+	}
 }
 
 // shortDigest is "sha256:" and the first 12 hex digits of digest.

@@ -174,7 +174,7 @@ func (c *Controller) upgrade(req UpgradeRequest) (string, int, error) {
 	j.upgrade = &upgradeState{Version: v.Version, Savepoint: sp, Previous: old, Timeout: timeout, Deadline: now.Add(timeout)}
 	if restoreErr != nil {
 		c.log.Warn("upgrade: the new version cannot restore the savepoint; starting the old one again", "job", j.id, "savepoint", sp, "err", restoreErr)
-		c.rollbackLocked(j, now, fmt.Sprintf("it cannot restore savepoint %s: %v", sp, restoreErr))
+		c.rollbackLocked(j, now, fmt.Sprintf("cannot restore savepoint %s: %v", sp, restoreErr))
 		return sp, v.Version, nil
 	}
 	c.log.Info("upgrade: starting the new version", "job", j.id, "version", v.Version, "savepoint", sp, "timeout", timeout)
@@ -286,8 +286,7 @@ func (c *Controller) startVersionLocked(j *ctlJob, spec JobSpec, from string, no
 }
 
 // rollbackLocked starts the version before the one j's upgrade started
-// again, from the upgrade's savepoint: the new version did not start
-// (why).
+// again, from the upgrade's savepoint: the new version failed (why).
 func (c *Controller) rollbackLocked(j *ctlJob, now time.Time, why string) {
 	u := j.upgrade
 	failed := &j.versions[u.Version-1]
@@ -304,7 +303,7 @@ func (c *Controller) rollbackLocked(j *ctlJob, now time.Time, why string) {
 	c.log.Warn("upgrade failed; rolling back", "job", j.id, "failed_version", failed.Version, "version", v.Version,
 		"runs_again", rerun, "savepoint", u.Savepoint, "reason", why)
 	c.startVersionLocked(j, u.Previous, u.Savepoint, now)
-	j.reason = fmt.Sprintf("rolling back to version %d from savepoint %s: version %d %s", rerun, u.Savepoint, failed.Version, why)
+	j.reason = fmt.Sprintf("rolling back to version %d from savepoint %s: version %d failed: %s", rerun, u.Savepoint, failed.Version, why)
 }
 
 // upgradeEndedLocked: job j ended (endLocked) while its upgrade waited for
@@ -319,7 +318,7 @@ func (c *Controller) upgradeEndedLocked(j *ctlJob, now time.Time, state, reason 
 	v := &j.versions[u.Version-1]
 	switch {
 	case state == JobFailed && !u.Rollback:
-		c.rollbackLocked(j, now, "failed: "+reason)
+		c.rollbackLocked(j, now, reason)
 		return
 	case state == JobFailed:
 		v.State, v.Reason = VersionFailed, reason
@@ -354,16 +353,24 @@ func (c *Controller) upgradeTimeoutsLocked(now time.Time) []effect {
 		if j.placement != nil {
 			effects = append(effects, c.cancelEffects(j, "")...)
 		}
-		c.endLocked(j, now, JobFailed, fmt.Sprintf("not running %s after it started (attempt %d: %s)", u.Timeout, j.attempt, orNone(j.reason)))
+		why := fmt.Sprintf("not running %s after it started", u.Timeout)
+		if f := lastFailure(j, j.versions[u.Version-1].Attempt); f != "" {
+			why += " (the last failure: " + f + ")"
+		}
+		c.endLocked(j, now, JobFailed, why)
 	}
 	return effects
 }
 
-func orNone(s string) string {
-	if s == "" {
-		return "no failure reported"
+// lastFailure is the latest failure of j's attempts from attempt `from` on,
+// as "attempt N failed: why"; "" if none failed.
+func lastFailure(j *ctlJob, from int) string {
+	for i := len(j.attempts) - 1; i >= 0 && j.attempts[i].Attempt >= from; i-- {
+		if a := j.attempts[i]; a.State == SubtaskFailed && a.Reason != "" {
+			return fmt.Sprintf("attempt %d failed: %s", a.Attempt, a.Reason)
+		}
 	}
-	return s
+	return ""
 }
 
 // versionsLocked is j's version history for its status.

@@ -172,6 +172,12 @@ func TestUpgradeRollsBack(t *testing.T) {
 		v3.State != cluster.VersionRunning || v3.Rerun != 1 || v3.From != v2.From || v3.Modules[0].Digest != v1.Modules[0].Digest {
 		t.Errorf("versions: %+v", st.Versions)
 	}
+	text, _, _ := streamd(t, env, "status", id)
+	for _, want := range []string{"rolled back\n", "running (version 1 again)\n", "version 2 rolled back: attempt "} {
+		if !strings.Contains(text, want) {
+			t.Errorf("status lacks %q:\n%s", want, text)
+		}
+	}
 	publishKeyed(t, js, "events", 300, 600)
 	oc.wait(t, 600)
 	if _, errs, code := streamd(t, env, "stop", id); code != 0 {
@@ -236,7 +242,7 @@ func TestUpgradeRollsBackAfterTimeout(t *testing.T) {
 
 	bad := testwasm.Path(t, "internal/testguests/failopen/failopen.wasm")
 	out, errs, code := streamd(t, env, "upgrade", id, bad, "--timeout", "3s")
-	if want := "version 2 failed: not running 3s after it started"; code != 1 || !strings.Contains(errs, want) || !strings.Contains(errs, "rolled back: version 1 runs again (as version 3)") {
+	if want := "version 2 failed: not running 3s after it started (the last failure: attempt "; code != 1 || !strings.Contains(errs, want) || !strings.Contains(errs, "rolled back: version 1 runs again (as version 3)") {
 		t.Fatalf("upgrade: exit %d, want 1 with %q and the rollback\n%s\n%s", code, want, out, errs)
 	}
 	st := statusJSON(t, env, id)
