@@ -77,6 +77,33 @@ func deployCounter(t *testing.T, env []string, js jetstream.JetStream) (string, 
 	return strings.TrimSpace(out), countOutput(t, js, "STREAMD_OUT_counts")
 }
 
+// runningCounter starts a cluster of one host (env: restart.* settings,
+// say), deploys the counter there, counts n records and waits until the job
+// runs; it returns the streamd environment, the JetStream client, the job
+// id and its output's counter.
+func runningCounter(t *testing.T, n int, env ...string) ([]string, jetstream.JetStream, string, *outputCounter, *cluster.JobStatus) {
+	t.Helper()
+	tc, base, js := transformCluster(t, "h1")
+	env = append(base, env...)
+	id, oc := deployCounter(t, env, js)
+	publishKeyed(t, js, "events", 0, n)
+	oc.wait(t, int64(n))
+	st := tc.waitJob(id, "running", state(cluster.JobRunning))
+	return env, js, id, oc, st
+}
+
+// countOnAndStop counts records from .. to-1, stops the job and checks the
+// counts of all to records (checkCounts).
+func countOnAndStop(t *testing.T, env []string, js jetstream.JetStream, id string, oc *outputCounter, from, to, v2From int) {
+	t.Helper()
+	publishKeyed(t, js, "events", from, to)
+	oc.wait(t, int64(to))
+	if _, errs, code := streamd(t, env, "stop", id); code != 0 {
+		t.Fatalf("stop: exit %d: %s", code, errs)
+	}
+	checkCounts(t, js, "STREAMD_OUT_counts", to, v2From)
+}
+
 // statusJSON is streamd status --json JOB.
 func statusJSON(t *testing.T, env []string, id string) cluster.JobStatus {
 	t.Helper()
@@ -96,11 +123,7 @@ func statusJSON(t *testing.T, env []string, id string) cluster.JobStatus {
 // job keeps its id, the new version counts on from the savepoint, every
 // count is written exactly once, and status shows both versions.
 func TestUpgradeKeepsState(t *testing.T) {
-	tc, env, js := transformCluster(t, "h1")
-	id, oc := deployCounter(t, env, js)
-	publishKeyed(t, js, "events", 0, 500)
-	oc.wait(t, 500)
-	tc.waitJob(id, "running", state(cluster.JobRunning))
+	env, js, id, oc, _ := runningCounter(t, 500)
 
 	v2 := testwasm.Path(t, "internal/testguests/countv2/countv2.wasm")
 	out, errs, code := streamd(t, env, "upgrade", id, v2)
@@ -117,7 +140,6 @@ func TestUpgradeKeepsState(t *testing.T) {
 	}
 	publishKeyed(t, js, "events", 500, 1000)
 	oc.wait(t, 1000)
-
 	st := statusJSON(t, env, id)
 	if st.State != cluster.JobRunning || len(st.Versions) != 2 {
 		t.Fatalf("after the upgrade: %s, versions %+v", st.State, st.Versions)
@@ -134,10 +156,7 @@ func TestUpgradeKeepsState(t *testing.T) {
 			t.Errorf("status lacks %q:\n%s", want, text)
 		}
 	}
-	if _, errs, code := streamd(t, env, "stop", id); code != 0 {
-		t.Fatalf("stop: exit %d: %s", code, errs)
-	}
-	checkCounts(t, js, "STREAMD_OUT_counts", 1000, 500/upgradeKeys)
+	countOnAndStop(t, env, js, id, oc, 1000, 1000, 500/upgradeKeys)
 }
 
 // TestUpgradeRollsBack upgrades the counter to a module that fails in open
@@ -145,12 +164,7 @@ func TestUpgradeKeepsState(t *testing.T) {
 // counter again from the same savepoint, upgrade says so and exits 1, and
 // the counter counts on with its state intact, every count exactly once.
 func TestUpgradeRollsBack(t *testing.T) {
-	tc, env, js := transformCluster(t, "h1")
-	env = append(env, "STREAMD_RESTART_STRATEGY=fixed-delay", "STREAMD_RESTART_ATTEMPTS=2", "STREAMD_RESTART_DELAY=100ms")
-	id, oc := deployCounter(t, env, js)
-	publishKeyed(t, js, "events", 0, 300)
-	oc.wait(t, 300)
-	tc.waitJob(id, "running", state(cluster.JobRunning))
+	env, js, id, oc, _ := runningCounter(t, 300, "STREAMD_RESTART_STRATEGY=fixed-delay", "STREAMD_RESTART_ATTEMPTS=2", "STREAMD_RESTART_DELAY=100ms")
 
 	bad := testwasm.Path(t, "internal/testguests/failopen/failopen.wasm")
 	out, errs, code := streamd(t, env, "upgrade", id, bad)
@@ -178,22 +192,13 @@ func TestUpgradeRollsBack(t *testing.T) {
 			t.Errorf("status lacks %q:\n%s", want, text)
 		}
 	}
-	publishKeyed(t, js, "events", 300, 600)
-	oc.wait(t, 600)
-	if _, errs, code := streamd(t, env, "stop", id); code != 0 {
-		t.Fatalf("stop: exit %d: %s", code, errs)
-	}
-	checkCounts(t, js, "STREAMD_OUT_counts", 600, 0)
+	countOnAndStop(t, env, js, id, oc, 300, 600, 0)
 }
 
 // TestUpgradeRefused: a module that is not one, an unknown job and a job
 // that is not running are refused, and the running job goes on untouched.
 func TestUpgradeRefused(t *testing.T) {
-	tc, env, js := transformCluster(t, "h1")
-	id, oc := deployCounter(t, env, js)
-	publishKeyed(t, js, "events", 0, 100)
-	oc.wait(t, 100)
-	before := tc.waitJob(id, "running", state(cluster.JobRunning))
+	env, js, id, oc, before := runningCounter(t, 100)
 
 	bad := filepath.Join(t.TempDir(), "bad.wasm")
 	if err := os.WriteFile(bad, []byte("not a module"), 0o644); err != nil {
@@ -217,16 +222,11 @@ func TestUpgradeRefused(t *testing.T) {
 	if st.State != cluster.JobRunning || st.Attempt != before.Attempt || len(st.Versions) != 0 {
 		t.Fatalf("after refused upgrades: %s, attempt %d (was %d), versions %+v", st.State, st.Attempt, before.Attempt, st.Versions)
 	}
-	publishKeyed(t, js, "events", 100, 200)
-	oc.wait(t, 200)
-	if _, errs, code := streamd(t, env, "stop", id); code != 0 {
-		t.Fatalf("stop: exit %d: %s", code, errs)
-	}
+	countOnAndStop(t, env, js, id, oc, 100, 200, 0)
 	out, errs, code := streamd(t, env, "upgrade", id, v2)
 	if want := "the job is stopped, not running"; code != 1 || !strings.Contains(errs, want) {
 		t.Errorf("upgrade of a stopped job: exit %d, want 1 with %q\n%s\n%s", code, want, out, errs)
 	}
-	checkCounts(t, js, "STREAMD_OUT_counts", 200, 0)
 }
 
 // TestUpgradeRollsBackAfterTimeout: under the transform's default restart
@@ -234,11 +234,7 @@ func TestUpgradeRefused(t *testing.T) {
 // makes the job fail; the controller rolls it back when it does not run
 // within --timeout, and the counter runs on from the savepoint.
 func TestUpgradeRollsBackAfterTimeout(t *testing.T) {
-	tc, env, js := transformCluster(t, "h1")
-	id, oc := deployCounter(t, env, js)
-	publishKeyed(t, js, "events", 0, 100)
-	oc.wait(t, 100)
-	tc.waitJob(id, "running", state(cluster.JobRunning))
+	env, js, id, oc, _ := runningCounter(t, 100)
 
 	bad := testwasm.Path(t, "internal/testguests/failopen/failopen.wasm")
 	out, errs, code := streamd(t, env, "upgrade", id, bad, "--timeout", "3s")
@@ -249,10 +245,5 @@ func TestUpgradeRollsBackAfterTimeout(t *testing.T) {
 	if st.State != cluster.JobRunning || len(st.Versions) != 3 || st.Versions[2].State != cluster.VersionRunning {
 		t.Fatalf("after the rollback: %s (%s), versions %+v", st.State, st.Reason, st.Versions)
 	}
-	publishKeyed(t, js, "events", 100, 200)
-	oc.wait(t, 200)
-	if _, errs, code := streamd(t, env, "stop", id); code != 0 {
-		t.Fatalf("stop: exit %d: %s", code, errs)
-	}
-	checkCounts(t, js, "STREAMD_OUT_counts", 200, 0)
+	countOnAndStop(t, env, js, id, oc, 100, 200, 0)
 }
