@@ -104,6 +104,30 @@ func countOnAndStop(t *testing.T, env []string, js jetstream.JetStream, id strin
 	checkCounts(t, js, "STREAMD_OUT_counts", to, v2From)
 }
 
+// counterJobFile writes the counter transform as a job file, with module
+// module as operator uid, and returns its path.
+func counterJobFile(t *testing.T, uid, module string) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "counter.yaml")
+	job := fmt.Sprintf(`name: counter
+checkpoint: {interval: 200ms, storage: jetstream}
+operators:
+  - uid: source
+    source: {type: nats, stream: STREAMD_IN_events, subject: events}
+  - uid: %s
+    wasm: %s
+    config: {mode: count}
+    inputs: [{from: source, partition: hash}]
+  - uid: sink-counts
+    sink: {type: nats, subject: counts}
+    inputs: [%s]
+`, uid, module, uid)
+	if err := os.WriteFile(path, []byte(job), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
 // statusJSON is streamd status --json JOB.
 func statusJSON(t *testing.T, env []string, id string) cluster.JobStatus {
 	t.Helper()
@@ -119,9 +143,10 @@ func statusJSON(t *testing.T, env []string, id string) cluster.JobStatus {
 }
 
 // TestUpgradeKeepsState upgrades a keyed counter transform (failonce) to
-// its second version (countv2, another module with the same state): the
-// job keeps its id, the new version counts on from the savepoint, every
-// count is written exactly once, and status shows both versions.
+// its second version (countv2, another module with the same state), then to
+// a job file of the same operators: the job keeps its id, the new version
+// counts on from the savepoint, every count is written exactly once, and
+// status shows the versions.
 func TestUpgradeKeepsState(t *testing.T) {
 	env, js, id, oc, _ := runningCounter(t, 500)
 
@@ -156,7 +181,17 @@ func TestUpgradeKeepsState(t *testing.T) {
 			t.Errorf("status lacks %q:\n%s", want, text)
 		}
 	}
-	countOnAndStop(t, env, js, id, oc, 1000, 1000, 500/upgradeKeys)
+
+	// A job file with the same operators is the third version.
+	if out, errs, code := streamd(t, env, "upgrade", id, counterJobFile(t, "failonce", v2)); code != 0 {
+		t.Fatalf("upgrade to a job file: exit %d\n%s\n%s", code, out, errs)
+	}
+	st = statusJSON(t, env, id)
+	if len(st.Versions) != 3 || st.Versions[2].State != cluster.VersionRunning || !strings.HasPrefix(st.Versions[2].JobFile, "sha256:") ||
+		st.Versions[2].Modules[0].Digest != v2s.Modules[0].Digest {
+		t.Fatalf("after the job file upgrade: versions %+v", st.Versions)
+	}
+	countOnAndStop(t, env, js, id, oc, 1000, 1500, 500/upgradeKeys)
 }
 
 // TestUpgradeRollsBack upgrades the counter to a module that fails in open
@@ -195,8 +230,10 @@ func TestUpgradeRollsBack(t *testing.T) {
 	countOnAndStop(t, env, js, id, oc, 300, 600, 0)
 }
 
-// TestUpgradeRefused: a module that is not one, an unknown job and a job
-// that is not running are refused, and the running job goes on untouched.
+// TestUpgradeRefused: a module that is not one, an unknown job, an
+// operator the job does not have, a job file whose operator uids do not
+// match the job's state, and a job that is not running are refused, and the
+// running job goes on untouched.
 func TestUpgradeRefused(t *testing.T) {
 	env, js, id, oc, before := runningCounter(t, 100)
 
@@ -212,6 +249,7 @@ func TestUpgradeRefused(t *testing.T) {
 		{[]string{"upgrade", id, bad}, "streamd: module " + bad + ": "},
 		{[]string{"upgrade", "nosuch-12345678", v2}, `streamd: cluster: no job "nosuch-12345678"`},
 		{[]string{"upgrade", id, v2, "--operator", "nosuch"}, `the job has no wasm operator "nosuch" (its wasm operators: failonce)`},
+		{[]string{"upgrade", id, counterJobFile(t, "renamed", v2)}, `the new version cannot restore the job's latest checkpoint, so the job was not stopped: checkpoint: restore from checkpoint `},
 	} {
 		out, errs, code := streamd(t, env, tt.args...)
 		if code != 1 || !strings.Contains(errs, tt.want) {
