@@ -24,6 +24,7 @@ import (
 
 	"github.com/nats-io/nats.go/micro"
 
+	"github.com/streamd/streamd/control"
 	"github.com/streamd/streamd/internal/jobfile"
 )
 
@@ -148,10 +149,8 @@ func (c *Controller) upgrade(req UpgradeRequest) (string, int, error) {
 	// cannot take the job's state is refused before the job stops.
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	if check != "" {
-		if _, err := LoadRestore(ctx, c.nc, check, g); err != nil {
-			return "", 0, fmt.Errorf("cluster: upgrade job %s: the new version cannot restore the job's latest checkpoint, so the job was not stopped: %w", j.id, err)
-		}
+	if err := c.checkLatest(ctx, j, check, g); err != nil {
+		return "", 0, fmt.Errorf("cluster: upgrade job %s: the new version cannot restore the job's latest checkpoint, so the job was not stopped: %w", j.id, err)
 	}
 	sp, err := c.distSavepoint(j.id, HostVerbStop, "", false)
 	if err != nil {
@@ -181,6 +180,34 @@ func (c *Controller) upgrade(req UpgradeRequest) (string, int, error) {
 	c.startVersionLocked(j, spec, sp, now)
 	j.reason = fmt.Sprintf("upgrading to version %d from savepoint %s", v.Version, sp)
 	return sp, v.Version, nil
+}
+
+// checkLatest runs the restore checks of g against checkpoint check, the
+// latest of job j ("": none yet). The retention of a newer checkpoint may
+// remove it under the check (its _metadata first): then the check is of
+// the newer one.
+func (c *Controller) checkLatest(ctx context.Context, j *ctlJob, check string, g *control.JobGraph) error {
+	for try := 0; check != ""; try++ {
+		_, err := LoadRestore(ctx, c.nc, check, g)
+		if err == nil {
+			return nil
+		}
+		if _, _, rerr := ResolveIn(ctx, c.nc, check); rerr == nil || try == 4 {
+			return err // it is there: it does not fit
+		}
+		// Removed: the job's record names the newer one soon.
+		gone := check
+		for deadline := time.Now().Add(2 * time.Second); check == gone && time.Now().Before(deadline); {
+			time.Sleep(20 * time.Millisecond)
+			c.mu.Lock()
+			check = j.restoreFrom()
+			c.mu.Unlock()
+		}
+		if check == gone {
+			return err
+		}
+	}
+	return nil
 }
 
 // newVersionLocked is the spec of the version req asks for, checked as a
