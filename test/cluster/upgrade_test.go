@@ -1,6 +1,7 @@
 package cluster_test
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -14,6 +15,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/streamd/streamd/internal/cluster"
+	"github.com/streamd/streamd/internal/natsutil"
 	"github.com/streamd/streamd/internal/testwasm"
 )
 
@@ -282,6 +284,48 @@ func TestUpgradeRollsBackAfterTimeout(t *testing.T) {
 	st := statusJSON(t, env, id)
 	if st.State != cluster.JobRunning || len(st.Versions) != 3 || st.Versions[2].State != cluster.VersionRunning {
 		t.Fatalf("after the rollback: %s (%s), versions %+v", st.State, st.Reason, st.Versions)
+	}
+	countOnAndStop(t, env, js, id, oc, 100, 200, 0)
+}
+
+// TestUpgradeRollbackSurvivesLeaderChange: the leading controller is killed
+// while the version an upgrade started fails in open; the standby that takes
+// over has the upgrade in the job's record and rolls it back at its deadline.
+func TestUpgradeRollbackSurvivesLeaderChange(t *testing.T) {
+	hc := newHACluster(t, 2)
+	co, err := natsutil.NewConnectOptions(natsutil.URLs(hc.srv.URL()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	hc.addHostOpts("h1", 2, func(o *cluster.HostOptions) {
+		o.HeartbeatInterval = haInterval
+		o.Executor = &cluster.LocalExecutor{Engine: hc.engine, NATS: co}
+	})
+	hc.waitHosts(1)
+	js, err := jetstream.New(connect(t, hc.srv.URL()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	env := []string{"STREAMD_NATS_URL=" + hc.srv.URL()}
+	id, oc := deployCounter(t, env, js)
+	publishKeyed(t, js, "events", 0, 100)
+	oc.wait(t, 100)
+	hc.waitJob(id, "running", state(cluster.JobRunning))
+
+	bad := testwasm.Path(t, "internal/testguests/failopen/failopen.wasm")
+	rep, err := hc.client.Upgrade(context.Background(), id, nil, "", bad, "", 3*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	old, _ := hc.leader()
+	old.kill()
+	hc.waitLeader(old, 3*haInterval)
+	st := hc.waitJob(id, "rolled back and running", func(st *cluster.JobStatus) bool {
+		n := len(st.Versions)
+		return cluster.TerminalJobState(st.State) || n == 3 && st.Versions[2].State == cluster.VersionRunning
+	})
+	if v := st.Versions[rep.Version-1]; st.State != cluster.JobRunning || v.State != cluster.VersionRolledBack || !strings.Contains(v.Reason, "not running 3s after it started") {
+		t.Fatalf("after the takeover: %s (%s), versions %+v", st.State, st.Reason, st.Versions)
 	}
 	countOnAndStop(t, env, js, id, oc, 100, 200, 0)
 }
