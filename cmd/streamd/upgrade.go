@@ -84,6 +84,9 @@ savepoint, and how it went.`,
 			return c.withClient(ctx, func(rctx context.Context, cl *cluster.Client) error {
 				rep, err := cl.Upgrade(rctx, id, job, file, module, operator, timeout)
 				if err != nil {
+					if ctx.Err() != nil {
+						fmt.Fprintf(c.stderr, "interrupted: if the controller took the upgrade request, it goes on with it; streamd status %s shows it\n", id)
+					}
 					return err
 				}
 				fmt.Fprintf(c.stderr, "job %s stopped with savepoint %s; starting version %d (Ctrl-C detaches; the controller finishes the upgrade)\n", id, rep.Savepoint, rep.Version)
