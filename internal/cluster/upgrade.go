@@ -159,9 +159,10 @@ func (c *Controller) upgrade(req UpgradeRequest) (string, int, error) {
 	_, restoreErr := LoadRestore(ctx, c.nc, sp, g)
 	now := time.Now()
 	c.mu.Lock()
-	defer c.mu.Unlock()
 	if j.state != JobStopped || c.jobs[j.id] != j {
-		return sp, 0, fmt.Errorf("cluster: upgrade job %s: stopped with savepoint %s, then it became %s; start it with streamd deploy --from %s", j.id, sp, j.state, sp)
+		st := j.state
+		c.mu.Unlock()
+		return sp, 0, fmt.Errorf("cluster: upgrade job %s: stopped with savepoint %s, then it became %s; start it with streamd deploy --from %s", j.id, sp, st, sp)
 	}
 	if len(j.versions) == 0 {
 		j.versions = []VersionStatus{newVersion(1, old, j.from, j.created, 0)}
@@ -174,11 +175,18 @@ func (c *Controller) upgrade(req UpgradeRequest) (string, int, error) {
 	if restoreErr != nil {
 		c.log.Warn("upgrade: the new version cannot restore the savepoint; starting the old one again", "job", j.id, "savepoint", sp, "err", restoreErr)
 		c.rollbackLocked(j, now, fmt.Sprintf("cannot restore savepoint %s: %v", sp, restoreErr))
-		return sp, v.Version, nil
+	} else {
+		c.log.Info("upgrade: starting the new version", "job", j.id, "version", v.Version, "savepoint", sp, "timeout", timeout)
+		c.startVersionLocked(j, spec, sp, now, fmt.Sprintf("upgrading to version %d from savepoint %s", v.Version, sp))
 	}
-	c.log.Info("upgrade: starting the new version", "job", j.id, "version", v.Version, "savepoint", sp, "timeout", timeout)
-	c.startVersionLocked(j, spec, sp, now)
-	j.reason = fmt.Sprintf("upgrading to version %d from savepoint %s", v.Version, sp)
+	ver := j.ver
+	c.mu.Unlock()
+	// The new version (and the upgrade waiting for it) is in the bucket
+	// before the answer: a new leader carries it on.
+	if err := c.saved(j.id, ver); err != nil {
+		return sp, v.Version, fmt.Errorf("cluster: upgrade job %s: stopped with savepoint %s, but version %d was not saved before the controller stopped: %w (streamd status %s shows what the next leader runs; streamd deploy --from %s starts a stopped job)",
+			j.id, sp, v.Version, err, j.id, sp)
+	}
 	return sp, v.Version, nil
 }
 
@@ -297,13 +305,13 @@ func newVersion(n int, spec JobSpec, from string, when time.Time, attempt int) V
 }
 
 // startVersionLocked makes the ended job j a new job of spec under the same
-// id, restored from from, with fresh restart counts; it is placed by the
-// next schedule.
-func (c *Controller) startVersionLocked(j *ctlJob, spec JobSpec, from string, now time.Time) {
+// id, restored from from, with fresh restart counts, waiting for why; it is
+// placed by the next schedule.
+func (c *Controller) startVersionLocked(j *ctlJob, spec JobSpec, from string, now time.Time, why string) {
 	spec.ownFiles(j.id)
 	j.spec, j.slots, j.from = spec, spec.slotsNeeded(), from
 	j.latest, j.restarts, j.resumed, j.failovers = nil, nil, false, 0
-	j.state, j.reason, j.ended, j.savepoint = JobCreated, "", nil, ""
+	j.state, j.reason, j.ended, j.savepoint = JobCreated, why, nil, ""
 	j.dist, j.placement = nil, nil
 	j.subtaskState, j.stats, j.checkpoints, j.hostStats, j.elapsed = SubtaskScheduled, nil, nil, nil, ""
 	j.attempt++ // the new version's attempts are numbered on
@@ -329,8 +337,8 @@ func (c *Controller) rollbackLocked(j *ctlJob, now time.Time, why string) {
 		Timeout: u.Timeout, Deadline: now.Add(u.Timeout)}
 	c.log.Warn("upgrade failed; rolling back", "job", j.id, "failed_version", failed.Version, "version", v.Version,
 		"runs_again", rerun, "savepoint", u.Savepoint, "reason", why)
-	c.startVersionLocked(j, u.Previous, u.Savepoint, now)
-	j.reason = fmt.Sprintf("rolling back to version %d from savepoint %s: version %d failed: %s", rerun, u.Savepoint, failed.Version, why)
+	c.startVersionLocked(j, u.Previous, u.Savepoint, now,
+		fmt.Sprintf("rolling back to version %d from savepoint %s: version %d failed: %s", rerun, u.Savepoint, failed.Version, why))
 }
 
 // upgradeEndedLocked: job j ended (endLocked) while its upgrade waited for

@@ -324,7 +324,8 @@ func TestUpgradeRollbackSurvivesLeaderChange(t *testing.T) {
 		n := len(st.Versions)
 		return cluster.TerminalJobState(st.State) || n == 3 && st.Versions[2].State == cluster.VersionRunning
 	})
-	if v := st.Versions[rep.Version-1]; st.State != cluster.JobRunning || v.State != cluster.VersionRolledBack || !strings.Contains(v.Reason, "not running 3s after it started") {
+	if st.State != cluster.JobRunning || len(st.Versions) != 3 || st.Versions[rep.Version-1].State != cluster.VersionRolledBack ||
+		!strings.Contains(st.Versions[rep.Version-1].Reason, "not running 3s after it started") {
 		t.Fatalf("after the takeover: %s (%s), versions %+v", st.State, st.Reason, st.Versions)
 	}
 	countOnAndStop(t, env, js, id, oc, 100, 200, 0)
