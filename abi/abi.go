@@ -45,6 +45,7 @@ const (
 	ImportCurrentWatermark = "current_watermark" // () -> i64
 	ImportLog              = "log"               // (level, msg_ptr, msg_len i32)
 	ImportFail             = "fail"              // (msg_ptr, msg_len i32), never returns
+	ImportReject           = "reject"            // (msg_ptr, msg_len i32): the reason of a StatusReject
 )
 
 // Status is what every lifecycle export returns.
@@ -54,6 +55,10 @@ const (
 	StatusOK           Status = 0 // the call succeeded
 	StatusError        Status = 1 // the guest failed; it should have called fail with the reason
 	StatusInvalidInput Status = 2 // the guest could not decode a frame the host passed
+	// StatusReject (streamd_process only): the guest rejects a record of
+	// the batch on purpose, with the reason it gave to ImportReject. The
+	// host handles it as the operator's on_error says.
+	StatusReject Status = 3
 )
 
 func (s Status) String() string {
@@ -64,6 +69,8 @@ func (s Status) String() string {
 		return "error"
 	case StatusInvalidInput:
 		return "invalid input"
+	case StatusReject:
+		return "reject"
 	}
 	return "unknown status"
 }

@@ -90,7 +90,10 @@ type Barrier struct {
 	// unaligned (ForwardBarrier.Overtake); a receiver takes it unaligned
 	// too, whatever its own mode (an aligned timeout that fired upstream).
 	Unaligned bool
-	Trace     map[string]string
+	// Base is the newest completed checkpoint at the trigger (see
+	// dataplane.Barrier.Base); it travels with the barrier.
+	Base  int64
+	Trace map[string]string
 }
 
 // SubtaskConfig describes one subtask to NewSubtaskMachine.

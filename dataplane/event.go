@@ -79,6 +79,11 @@ type Barrier struct {
 	// the records queued before it (Overtakable); over NATS the header
 	// Streamd-Unaligned: 1.
 	Unaligned bool
+	// Base is the newest completed checkpoint when this one was triggered
+	// (0: none): an incremental checkpoint refers to the shared state
+	// files of Base that the subtask still has, and uploads the others.
+	// Over NATS the header Streamd-Checkpoint-Base.
+	Base int64
 	// Trace is the checkpoint's trace context (W3C traceparent, tracestate),
 	// nil when tracing is off: subtasks start their alignment and snapshot
 	// spans under it. Over NATS it travels in the message headers.

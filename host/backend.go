@@ -33,6 +33,11 @@ type StateConfig struct {
 	// Cache is the block cache pebble instances share (NewStateCache); nil:
 	// each pebble instance makes one of DefaultStateCacheMiB.
 	Cache *StateCache
+	// Incremental: checkpoints (Instance.SnapshotCheckpoint) of the pebble
+	// backend cut the keyed state as files, which incremental checkpoints
+	// share; otherwise they are full like savepoints. The memory backend
+	// ignores it.
+	Incremental bool
 }
 
 // CheckBackend checks a state.backend value ("" is memory).

@@ -33,6 +33,9 @@ var (
 	ErrBadModule = errors.New("host: bad module")
 	// ErrHostCall: the guest misused a host import (phase, key range, frame, pointer).
 	ErrHostCall = errors.New("host: host import misused")
+	// ErrRejected: streamd_process returned abi.StatusReject: the guest
+	// rejected a record of the batch on purpose (Message: its reason).
+	ErrRejected = errors.New("host: guest rejected a record")
 )
 
 // kindLabel is the short text Error() shows for each kind.
@@ -56,6 +59,8 @@ func kindLabel(kind error) string {
 		return "host import misused"
 	case ErrState:
 		return "state backend failed"
+	case ErrRejected:
+		return "record rejected"
 	case nil:
 		return "error"
 	}
@@ -100,6 +105,15 @@ func (e *Error) Error() string {
 		b.WriteString(e.Stderr)
 	}
 	return b.String()
+}
+
+// Reason is the kind and the message, without the names, the stack and the
+// stderr lines: "guest trap: integer divide by zero".
+func (e *Error) Reason() string {
+	if e.Message == "" {
+		return kindLabel(e.Kind)
+	}
+	return kindLabel(e.Kind) + ": " + e.Message
 }
 
 // Unwrap returns the kind sentinel and the underlying wazero error, if any.

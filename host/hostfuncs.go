@@ -51,6 +51,7 @@ func (e *Engine) instantiateHostModule(ctx context.Context) (api.Module, error) 
 	add(abi.ImportCurrentWatermark, hostCurrentWatermark, nil, []api.ValueType{i64})
 	add(abi.ImportLog, hostLog, []api.ValueType{i32, i32, i32}, nil, "level", "msg_ptr", "msg_len")
 	add(abi.ImportFail, hostFail, []api.ValueType{i32, i32}, nil, "msg_ptr", "msg_len")
+	add(abi.ImportReject, hostReject, []api.ValueType{i32, i32}, nil, "msg_ptr", "msg_len")
 	return b.Instantiate(ctx)
 }
 
@@ -186,7 +187,9 @@ func hostStatePut(i *Instance, stack []uint64) {
 	name := i.read(uint32(stack[0]), uint32(stack[1]), abi.ImportStatePut, "name")
 	key := i.read(uint32(stack[2]), uint32(stack[3]), abi.ImportStatePut, "key")
 	val := i.read(uint32(stack[4]), uint32(stack[5]), abi.ImportStatePut, "value")
-	if err := i.state.put(i.keyGroup(abi.ImportStatePut, key), name, key, val); err != nil {
+	kg := i.keyGroup(abi.ImportStatePut, key)
+	i.journalEntry(abi.ImportStatePut, kg, name, key)
+	if err := i.state.put(kg, name, key, val); err != nil {
 		i.stateFailed(abi.ImportStatePut, err)
 	}
 }
@@ -196,7 +199,9 @@ func hostStateDelete(i *Instance, stack []uint64) {
 	i.requireStateWrite(abi.ImportStateDelete)
 	name := i.read(uint32(stack[0]), uint32(stack[1]), abi.ImportStateDelete, "name")
 	key := i.read(uint32(stack[2]), uint32(stack[3]), abi.ImportStateDelete, "key")
-	if err := i.state.del(i.keyGroup(abi.ImportStateDelete, key), name, key); err != nil {
+	kg := i.keyGroup(abi.ImportStateDelete, key)
+	i.journalEntry(abi.ImportStateDelete, kg, name, key)
+	if err := i.state.del(kg, name, key); err != nil {
 		i.stateFailed(abi.ImportStateDelete, err)
 	}
 }
@@ -243,6 +248,7 @@ func hostTimerRegister(i *Instance, stack []uint64) {
 	i.requireStateWrite(abi.ImportTimerRegister)
 	key := i.read(uint32(stack[0]), uint32(stack[1]), abi.ImportTimerRegister, "key")
 	i.keyGroup(abi.ImportTimerRegister, key)
+	i.journalTimer(abi.ImportTimerRegister, key, int64(stack[2]))
 	if err := i.state.registerTimer(key, int64(stack[2])); err != nil {
 		i.stateFailed(abi.ImportTimerRegister, err)
 	}
@@ -253,6 +259,7 @@ func hostTimerDelete(i *Instance, stack []uint64) {
 	i.requireStateWrite(abi.ImportTimerDelete)
 	key := i.read(uint32(stack[0]), uint32(stack[1]), abi.ImportTimerDelete, "key")
 	i.keyGroup(abi.ImportTimerDelete, key)
+	i.journalTimer(abi.ImportTimerDelete, key, int64(stack[2]))
 	if err := i.state.deleteTimer(key, int64(stack[2])); err != nil {
 		i.stateFailed(abi.ImportTimerDelete, err)
 	}
@@ -277,6 +284,15 @@ func hostFail(i *Instance, stack []uint64) {
 	msg := i.read(uint32(stack[0]), uint32(stack[1]), abi.ImportFail, "message")
 	i.failure = &hostCallPanic{ErrGuestFailed, string(msg)}
 	panic(i.failure)
+}
+
+// reject(msg_ptr, msg_len): process only; the reason of the REJECT status
+// the current streamd_process returns. It returns.
+func hostReject(i *Instance, stack []uint64) {
+	if i.phase != abi.PhaseProcess {
+		i.misuse("reject not allowed in phase %s (only in process)", i.phase)
+	}
+	i.rejectMsg = string(i.read(uint32(stack[0]), uint32(stack[1]), abi.ImportReject, "message"))
 }
 
 func logLevel(l int32) slog.Level {

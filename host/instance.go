@@ -41,6 +41,11 @@ type InstanceConfig struct {
 	MaxRecordBytes int
 	// State selects the keyed-state backend (the zero value: memory).
 	State StateConfig
+	// Isolate journals the keyed-state writes and timer changes of each
+	// process call, so that after a failure in it Replace can open a fresh
+	// instance on the state as it was before the call (isolate.go). For
+	// operators with on_error skip or dead_letter.
+	Isolate bool
 	// GuestLog, if set, also gets the guest's log calls and output lines
 	// (and the instance's own lines), with the operator and subtask
 	// attributes: a host publishes them (cluster.LogPublisher).
@@ -59,6 +64,7 @@ type Emitter func(recs []abi.Record)
 // ErrInstanceDiscarded without calling the guest.
 type Instance struct {
 	eng    *Engine
+	module *Module
 	mod    api.Module
 	mem    api.Memory
 	cfg    InstanceConfig
@@ -80,6 +86,9 @@ type Instance struct {
 	closed   bool   // Close was called
 	dead     *Error // the error that discarded the instance
 	failure  *hostCallPanic
+	// rejectMsg is the reason the guest gave (reject) in the current call.
+	rejectMsg string
+	undo      []undoEntry // the state changes of the current process call (Isolate)
 
 	emit      Emitter
 	byteArena []byte       // emitted frames are copied here; handed out, never reused
@@ -100,6 +109,13 @@ type Instance struct {
 // ABI.md says, restores cfg.Restore and calls _initialize if exported. It does
 // not call streamd_open.
 func (m *Module) NewInstance(ctx context.Context, cfg InstanceConfig) (*Instance, error) {
+	return m.newInstance(ctx, cfg, nil, nil)
+}
+
+// newInstance is NewInstance; with a non-nil state it takes over that
+// backend (Replace) and lists as the restored list state instead of
+// restoring cfg.Restore. It closes state if it fails.
+func (m *Module) newInstance(ctx context.Context, cfg InstanceConfig, state stateBackend, lists map[string]*ListState) (*Instance, error) {
 	e := m.eng
 	if cfg.MaxParallelism == 0 {
 		cfg.MaxParallelism = abi.DefaultMaxParallelism
@@ -122,6 +138,7 @@ func (m *Module) NewInstance(ctx context.Context, cfg InstanceConfig) (*Instance
 	}
 	i := &Instance{
 		eng:       e,
+		module:    m,
 		cfg:       cfg,
 		maxP:      cfg.MaxParallelism,
 		logger:    guest,
@@ -131,16 +148,25 @@ func (m *Module) NewInstance(ctx context.Context, cfg InstanceConfig) (*Instance
 		watermark: abi.MinWatermark,
 		rng:       abi.RangeForSubtask(cfg.Subtask, cfg.MaxParallelism, cfg.Parallelism),
 	}
-	state, err := newBackend(cfg, i.rng, pebbleOptions{logger: logger,
-		name: fmt.Sprintf("%s-%s-%d-a%d", cfg.Job, cfg.Operator, cfg.Subtask, cfg.Attempt)})
-	if err != nil {
-		return nil, fmt.Errorf("host: job %q operator %q subtask %d/%d: %w", cfg.Job, cfg.Operator, cfg.Subtask, cfg.Parallelism, err)
+	adopted := state != nil
+	if adopted {
+		i.state, i.restoredLists = state, lists
+	} else {
+		var err error
+		state, err = newBackend(cfg, i.rng, pebbleOptions{logger: logger,
+			name: fmt.Sprintf("%s-%s-%d-a%d", cfg.Job, cfg.Operator, cfg.Subtask, cfg.Attempt)})
+		if err != nil {
+			return nil, fmt.Errorf("host: job %q operator %q subtask %d/%d: %w", cfg.Job, cfg.Operator, cfg.Subtask, cfg.Parallelism, err)
+		}
+		i.state = state
 	}
-	i.state = state
-	if cfg.Restore != nil {
+	if cfg.Restore != nil && !adopted {
 		err := cfg.Restore.Load()
 		if err == nil {
 			err = i.state.restore(cfg.Restore.KeyGroups)
+		}
+		if err == nil && len(cfg.Restore.Files) > 0 {
+			err = i.restoreFiles(ctx, cfg.Restore.Files)
 		}
 		if err != nil {
 			i.state.close()
@@ -249,6 +275,7 @@ func (i *Instance) process(ctx context.Context, input int, recs []abi.Record, em
 	}
 	abi.PutBatch(buf, recs)
 	i.stack[0], i.stack[1], i.stack[2] = uint64(input), uint64(ptr), uint64(size)
+	i.undo = i.undo[:0]
 	i.emit = emit
 	err = i.call(ctx, abi.PhaseProcess, i.fnProcess, 3)
 	i.emit = nil
@@ -346,6 +373,30 @@ func (i *Instance) Finish(ctx context.Context, emit Emitter) (err error) {
 // SnapshotState calls streamd_snapshot_state and returns a deep copy of keyed
 // state (by key group), timers and the list state the guest added.
 func (i *Instance) SnapshotState(ctx context.Context, checkpointID int64) (snap *Snapshot, err error) {
+	return i.snapshotState(ctx, checkpointID, false)
+}
+
+// SnapshotCheckpoint is SnapshotState for a checkpoint (not a savepoint):
+// with the pebble backend and StateConfig.Incremental, the keyed state is
+// cut as files (Snapshot.Files) that an incremental checkpoint shares with
+// the checkpoints before and after it. Savepoints take SnapshotState: a
+// full, backend-independent snapshot.
+func (i *Instance) SnapshotCheckpoint(ctx context.Context, checkpointID int64) (*Snapshot, error) {
+	_, files := i.state.(fileCutter)
+	return i.snapshotState(ctx, checkpointID, files && i.cfg.State.Incremental)
+}
+
+// AdoptedFiles is the part of the restored state whose files the pebble
+// backend was opened on (nil if none): their store keys may be reused by
+// the next incremental checkpoint into the same store.
+func (i *Instance) AdoptedFiles() *FileState {
+	if p, ok := i.state.(*pebbleState); ok {
+		return p.adopted
+	}
+	return nil
+}
+
+func (i *Instance) snapshotState(ctx context.Context, checkpointID int64, files bool) (snap *Snapshot, err error) {
 	if span := i.startSpan(ctx, telemetry.SpanGuestSnapshotState, checkpointID); span != nil {
 		defer func() {
 			if snap != nil && snap.deferred == nil { // a deferred cut is not read here
@@ -365,12 +416,26 @@ func (i *Instance) SnapshotState(ctx context.Context, checkpointID int64) (snap 
 	if err != nil {
 		return nil, err
 	}
-	snap, err = i.state.cut()
+	if files {
+		snap, err = i.state.(fileCutter).fileCut()
+	} else {
+		snap, err = i.state.cut()
+	}
 	if err != nil {
 		return nil, i.stateError(abi.PhaseSnapshot, err)
 	}
 	snap.Lists = lists
 	return snap, nil
+}
+
+// restoreFiles restores keyed state kept as files (an incremental
+// checkpoint of the pebble backend) into whichever backend this instance
+// has.
+func (i *Instance) restoreFiles(ctx context.Context, parts []*FileState) error {
+	if fi, ok := i.state.(fileImporter); ok {
+		return fi.importFiles(ctx, parts)
+	}
+	return importParts(ctx, parts, i.cfg.State.DataDir, i.rng, i.maxP, i.state.put, i.state.registerTimer)
 }
 
 // stateError discards the instance after its state backend failed.
@@ -485,7 +550,13 @@ func (i *Instance) call(ctx context.Context, phase abi.Phase, fn api.Function, n
 	if err := i.invoke(ctx, phase, fn, max(nparams, 1)); err != nil {
 		return err
 	}
-	if st := abi.Status(int32(uint32(i.stack[0]))); st != abi.StatusOK {
+	if st := abi.Status(int32(uint32(i.stack[0]))); st == abi.StatusReject && phase == abi.PhaseProcess {
+		msg := i.rejectMsg
+		if msg == "" {
+			msg = "rejected by the guest (no reason given)"
+		}
+		return i.discard(i.newError(phase, ErrRejected, msg, "", nil))
+	} else if st != abi.StatusOK {
 		msg := fmt.Sprintf("status %d (%s)", int32(st), st)
 		if st == abi.StatusInvalidInput {
 			msg += ": the guest could not decode the frame the host passed"
@@ -499,6 +570,7 @@ func (i *Instance) call(ctx context.Context, phase abi.Phase, fn api.Function, n
 func (i *Instance) invoke(ctx context.Context, phase abi.Phase, fn api.Function, n int) error {
 	i.phase = phase
 	i.failure = nil
+	i.rejectMsg = ""
 	i.callStart = time.Time{}
 	if i.stderr.crash != "" { // only this goroutine writes it (WASI fd_write runs inside our calls)
 		i.stderr.crash = ""

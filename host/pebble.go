@@ -8,6 +8,8 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 
@@ -63,6 +65,8 @@ type pebbleState struct {
 	maxP int
 	rng  abi.KeyGroupRange
 	dir  string
+	cfg  StateConfig
+	log  *slog.Logger
 	db   *pebble.DB
 	w    pebble.Writer // db, or a batch while restoring
 	kbuf []byte
@@ -71,6 +75,9 @@ type pebbleState struct {
 	mu     sync.Mutex // guards cuts and closed (loads run on other goroutines)
 	cuts   map[*deferredCut]struct{}
 	closed bool
+
+	cutSeq  int        // file cuts taken: names their directories
+	adopted *FileState // the restored files this DB was opened on (AdoptedFiles)
 }
 
 var noSync = pebble.NoSync
@@ -87,24 +94,39 @@ func openPebble(maxP int, rng abi.KeyGroupRange, cfg StateConfig, o pebbleOption
 	if err != nil {
 		return nil, fmt.Errorf("host: pebble state: data directory: %w", err)
 	}
-	opts := &pebble.Options{
-		DisableWAL:   true,
-		MemTableSize: pebbleMemTableSize,
-		Logger:       pebbleLogger{o.logger},
+	s := &pebbleState{maxP: maxP, rng: rng, dir: dir, cfg: cfg, log: o.logger, cuts: map[*deferredCut]struct{}{}}
+	if err := s.open(); err != nil {
+		os.RemoveAll(dir)
+		return nil, err
 	}
-	if cfg.Cache != nil {
-		opts.Cache = cfg.Cache.c
+	return s, nil
+}
+
+// pebbleMaxManifest makes pebble start a new MANIFEST once it is this
+// large: an incremental checkpoint carries the MANIFEST in its blob.
+const pebbleMaxManifest = 4 << 20
+
+// open opens the DB in s.dir.
+func (s *pebbleState) open() error {
+	opts := &pebble.Options{
+		DisableWAL:          true,
+		MemTableSize:        pebbleMemTableSize,
+		MaxManifestFileSize: pebbleMaxManifest,
+		Logger:              pebbleLogger{s.log},
+	}
+	if s.cfg.Cache != nil {
+		opts.Cache = s.cfg.Cache.c
 	} else {
 		c := pebble.NewCache(DefaultStateCacheMiB << 20)
 		defer c.Unref() // the DB holds its own reference
 		opts.Cache = c
 	}
-	db, err := pebble.Open(dir, opts)
+	db, err := pebble.Open(s.dir, opts)
 	if err != nil {
-		os.RemoveAll(dir)
-		return nil, fmt.Errorf("host: pebble state: open %s: %w", dir, err)
+		return fmt.Errorf("host: pebble state: open %s: %w", s.dir, err)
 	}
-	return &pebbleState{maxP: maxP, rng: rng, dir: dir, db: db, w: db, cuts: map[*deferredCut]struct{}{}}, nil
+	s.db, s.w = db, db
+	return nil
 }
 
 // sanitizeDirName keeps letters, digits, '-', '_' and '.' of s.
@@ -239,7 +261,156 @@ func (s *pebbleState) cut() (*Snapshot, error) {
 	return &Snapshot{deferred: c}, nil
 }
 
-func pebbleEmpty(snap *pebble.Snapshot) (bool, error) {
+// fileCut flushes the memtable and makes a pebble checkpoint (hard links
+// to the sstables, a copy of the MANIFEST and OPTIONS) in a directory next
+// to the DB's: the keyed state as files, for an incremental checkpoint. The
+// synchronous cost is the flush of what was written since the last cut.
+// The directory goes when the Snapshot is released (or the DB closes).
+func (s *pebbleState) fileCut() (*Snapshot, error) {
+	empty, err := pebbleEmpty(s.db)
+	if err != nil || empty {
+		return &Snapshot{}, err
+	}
+	if err := s.db.Flush(); err != nil {
+		return nil, fmt.Errorf("host: pebble state: flush: %w", err)
+	}
+	s.cutSeq++
+	dir := fmt.Sprintf("%s.cut-%d", s.dir, s.cutSeq)
+	if err := os.RemoveAll(dir); err != nil {
+		return nil, fmt.Errorf("host: pebble state: %w", err)
+	}
+	if err := s.db.Checkpoint(dir); err != nil {
+		os.RemoveAll(dir)
+		return nil, fmt.Errorf("host: pebble state: checkpoint to %s: %w", dir, err)
+	}
+	fs := &FileState{KeyGroups: s.rng, MaxParallelism: s.maxP, dir: dir}
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		fs.release()
+		return nil, fmt.Errorf("host: pebble state: %w", err)
+	}
+	for _, e := range ents {
+		if !e.Type().IsRegular() {
+			continue
+		}
+		f := StateFile{Name: e.Name()}
+		if strings.HasSuffix(f.Name, ".sst") {
+			info, err := e.Info()
+			if err != nil {
+				fs.release()
+				return nil, fmt.Errorf("host: pebble state: %w", err)
+			}
+			f.Shared, f.Size = true, info.Size()
+		} else {
+			if f.Data, err = os.ReadFile(filepath.Join(dir, f.Name)); err != nil {
+				fs.release()
+				return nil, fmt.Errorf("host: pebble state: %w", err)
+			}
+			f.Size = int64(len(f.Data))
+		}
+		fs.Files = append(fs.Files, f)
+	}
+	return &Snapshot{Files: []*FileState{fs}, release: fs.release}, nil
+}
+
+// importFiles restores parts: it opens the DB on the files of the part
+// that overlaps its key groups most (no copy of entries, as Flink's RocksDB
+// backend restores), deletes what lies outside its key groups, and copies
+// the entries in its key groups of the other parts.
+func (s *pebbleState) importFiles(ctx context.Context, parts []*FileState) error {
+	best, most := -1, 0
+	for i, p := range parts {
+		lo, hi := max(p.KeyGroups.Start, s.rng.Start), min(p.KeyGroups.End, s.rng.End)
+		if p.MaxParallelism == s.maxP && hi-lo+1 > most {
+			best, most = i, hi-lo+1
+		}
+	}
+	if empty, err := pebbleEmpty(s.db); err != nil || !empty {
+		best = -1 // restored KeyGroups are in it already: copy instead
+	}
+	rest := parts
+	if best >= 0 {
+		if err := s.adopt(ctx, parts[best]); err != nil {
+			return err
+		}
+		rest = append(slices.Clone(parts[:best]), parts[best+1:]...)
+	}
+	b := s.db.NewBatch()
+	s.w = b
+	defer func() {
+		s.w = s.db
+		b.Close()
+	}()
+	if err := importParts(ctx, rest, s.cfg.DataDir, s.rng, s.maxP, s.put, s.registerTimer); err != nil {
+		return err
+	}
+	if err := s.db.Apply(b, noSync); err != nil {
+		return fmt.Errorf("host: pebble state: restore: %w", err)
+	}
+	return nil
+}
+
+// adopt replaces the (empty) DB by one opened on part's files, then deletes
+// the entries and timers outside the subtask's key groups.
+func (s *pebbleState) adopt(ctx context.Context, part *FileState) error {
+	if err := s.db.Close(); err != nil {
+		return fmt.Errorf("host: pebble state: %w", err)
+	}
+	err := os.RemoveAll(s.dir)
+	if err == nil {
+		err = os.MkdirAll(s.dir, 0o755)
+	}
+	if err == nil {
+		err = fetchPart(ctx, part, s.dir)
+	}
+	if err == nil {
+		err = s.open()
+	}
+	if err != nil {
+		// Leave an empty DB behind, so that close works.
+		os.RemoveAll(s.dir)
+		os.MkdirAll(s.dir, 0o755)
+		if oerr := s.open(); oerr != nil {
+			return errors.Join(err, oerr)
+		}
+		return err
+	}
+	s.adopted = part
+	if part.KeyGroups.Start < s.rng.Start {
+		if err := s.db.DeleteRange([]byte{prefixState}, []byte{prefixState, byte(s.rng.Start >> 8), byte(s.rng.Start)}, noSync); err != nil {
+			return fmt.Errorf("host: pebble state: clip: %w", err)
+		}
+	}
+	if part.KeyGroups.End > s.rng.End {
+		if err := s.db.DeleteRange([]byte{prefixState, byte((s.rng.End + 1) >> 8), byte(s.rng.End + 1)}, []byte{prefixState + 1}, noSync); err != nil {
+			return fmt.Errorf("host: pebble state: clip: %w", err)
+		}
+	}
+	if part.KeyGroups.Start >= s.rng.Start && part.KeyGroups.End <= s.rng.End {
+		return nil
+	}
+	var drop [][]byte
+	it, err := s.db.NewIter(&pebble.IterOptions{LowerBound: []byte{prefixTimer}, UpperBound: []byte{prefixTimer + 1}})
+	if err != nil {
+		return fmt.Errorf("host: pebble state: clip: %w", err)
+	}
+	for ok := it.First(); ok; ok = it.Next() {
+		if k := it.Key(); len(k) >= 9 && !s.rng.Contains(abi.KeyGroup(k[9:], s.maxP)) {
+			drop = append(drop, bytes.Clone(k))
+		}
+	}
+	if err := it.Close(); err != nil {
+		return fmt.Errorf("host: pebble state: clip: %w", err)
+	}
+	for _, k := range drop {
+		if err := s.db.Delete(k, noSync); err != nil {
+			return fmt.Errorf("host: pebble state: clip: %w", err)
+		}
+	}
+	return nil
+}
+
+func pebbleEmpty(snap pebble.Reader) (bool, error) {
 	it, err := snap.NewIter(&pebble.IterOptions{LowerBound: []byte{prefixState}, UpperBound: []byte{prefixTimer + 1}})
 	if err != nil {
 		return false, fmt.Errorf("pebble cut: %w", err)
@@ -358,6 +529,12 @@ func (s *pebbleState) close() error {
 	err := s.db.Close()
 	if rerr := os.RemoveAll(s.dir); err == nil {
 		err = rerr
+	}
+	// File cuts still being written fail to upload; their directories go.
+	if cutDirs, _ := filepath.Glob(s.dir + ".cut-*"); len(cutDirs) > 0 {
+		for _, d := range cutDirs {
+			os.RemoveAll(d)
+		}
 	}
 	if err != nil {
 		return fmt.Errorf("host: pebble state: close %s: %w", s.dir, err)

@@ -32,6 +32,11 @@ import (
 type Snapshot struct {
 	KeyGroups map[int]*KeyGroupState
 	Lists     map[string]*ListState
+	// Files is keyed state as the files of an LSM checkpoint (an
+	// incremental checkpoint of the pebble backend, see FileState), in
+	// place of KeyGroups: one part when cut, on restore the parts of every
+	// old subtask whose key groups overlap the new subtask's.
+	Files []*FileState
 
 	release  func()       // Release: the cut is no longer read
 	deferred *deferredCut // keyed state still in the backend's cut; nil once loaded
@@ -76,7 +81,7 @@ func (s *Snapshot) Load() error {
 // Snapshot not loaded yet is not empty (a backend defers only non-empty
 // state).
 func (s *Snapshot) Empty() bool {
-	return s.deferred == nil && len(s.KeyGroups) == 0 && len(s.Lists) == 0
+	return s.deferred == nil && len(s.KeyGroups) == 0 && len(s.Lists) == 0 && len(s.Files) == 0
 }
 
 // KeyGroupState is the keyed state and timers of one key group.

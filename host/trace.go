@@ -96,6 +96,11 @@ func (s *Snapshot) Size() int64 {
 		return 0
 	}
 	n := int64(4 + 4 + 4 + 4) // magic, version, group count, list count
+	for _, f := range s.Files {
+		for _, sf := range f.Files {
+			n += sf.Size
+		}
+	}
 	for _, g := range s.KeyGroups {
 		n += 4 + 4 + 4 // key group, state count, timer count
 		if g == nil {

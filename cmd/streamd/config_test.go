@@ -218,11 +218,11 @@ func TestStateConfiguration(t *testing.T) {
 		t.Fatalf("default (memory): exit %d, %q %s", code, l, errb)
 	}
 	t.Setenv("STREAMD_STATE_BACKEND", "pebble")
-	if code, l, errb := line("job.yaml"); code != 0 || l != "state: pebble (block cache 256 MiB)" {
+	if code, l, errb := line("job.yaml"); code != 0 || l != "state: pebble (block cache 256 MiB, incremental checkpoints)" {
 		t.Fatalf("configured pebble: exit %d, %q %s", code, l, errb)
 	}
 	t.Setenv("STREAMD_STATE_CACHE_MIB", "64")
-	if code, l, errb := line("job.yaml"); code != 0 || l != "state: pebble (block cache 64 MiB)" {
+	if code, l, errb := line("job.yaml"); code != 0 || l != "state: pebble (block cache 64 MiB, incremental checkpoints)" {
 		t.Fatalf("configured cache: exit %d, %q %s", code, l, errb)
 	}
 	if code, l, errb := line("own.yaml"); code != 0 || l != "" {

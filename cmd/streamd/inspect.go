@@ -66,7 +66,12 @@ func printInspect(w io.Writer, md *checkpoint.Metadata) {
 	fmt.Fprintf(w, "%s %d of job %q\n", md.Kind, md.ID, md.Job)
 	fmt.Fprintf(w, "time:   %s\n", md.Time.UTC().Format(time.RFC3339Nano))
 	fmt.Fprintf(w, "path:   %s\n", md.Location)
-	fmt.Fprintf(w, "state:  %s\n\n", humanBytes(md.StateSize()))
+	fmt.Fprintf(w, "state:  %s\n", humanBytes(md.StateSize()))
+	if shared := md.SharedFiles(); len(shared) > 0 {
+		fmt.Fprintf(w, "incremental: %s full, %s written by this checkpoint (%d shared files)\n",
+			humanBytes(md.FullSize()), humanBytes(md.IncrementalSize()), len(shared))
+	}
+	fmt.Fprintln(w)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "OPERATOR\tPARALLELISM\tMAX\tFINISHED\tSTATE\tIN-FLIGHT")
 	for i := range md.Operators {
@@ -86,7 +91,13 @@ type inspectJSON struct {
 	Version    int                `json:"format_version"`
 	StateBytes int64              `json:"state_bytes"`
 	InFlight   int64              `json:"inflight_bytes"`
-	Operators  []inspectOperatorJ `json:"operators"`
+	// Incremental checkpoints only: the whole state (blobs and every
+	// shared file referred to), what this checkpoint wrote, and the count
+	// of shared files.
+	FullBytes        int64              `json:"full_bytes,omitempty"`
+	IncrementalBytes int64              `json:"incremental_bytes,omitempty"`
+	SharedFiles      int                `json:"shared_files,omitempty"`
+	Operators        []inspectOperatorJ `json:"operators"`
 }
 
 type inspectOperatorJ struct {
@@ -103,6 +114,9 @@ type inspectOperatorJ struct {
 func printInspectJSON(w io.Writer, md *checkpoint.Metadata) error {
 	out := inspectJSON{ID: md.ID, Kind: string(md.Kind), Time: md.Time.UTC(), Job: md.Job, Path: md.Location,
 		Version: md.Version, StateBytes: md.StateSize(), InFlight: md.InFlightBytes(), Operators: []inspectOperatorJ{}}
+	if shared := md.SharedFiles(); len(shared) > 0 {
+		out.FullBytes, out.IncrementalBytes, out.SharedFiles = md.FullSize(), md.IncrementalSize(), len(shared)
+	}
 	for i := range md.Operators {
 		op := &md.Operators[i]
 		n := 0

@@ -123,8 +123,12 @@ func (p *progress) finish(s runtime.Stats, status string) {
 		io.WriteString(p.out, statsTable(s, avg, fmt.Sprintf("%s in %v", status, s.Elapsed.Round(time.Millisecond))))
 	case progressLog:
 		for _, op := range s.Operators {
-			p.log.Info("summary", "operator", op.UID, "parallelism", op.Parallelism,
-				"in", op.RecordsIn, "out", op.RecordsOut, "rate", fmt.Sprintf("%.0f/s", avg[op.UID]))
+			attrs := []any{"operator", op.UID, "parallelism", op.Parallelism,
+				"in", op.RecordsIn, "out", op.RecordsOut, "rate", fmt.Sprintf("%.0f/s", avg[op.UID])}
+			if op.DeadLetters > 0 {
+				attrs = append(attrs, "dead_letters", op.DeadLetters)
+			}
+			p.log.Info("summary", attrs...)
 		}
 	}
 }

@@ -357,7 +357,11 @@ func usesNATS(g *control.JobGraph) bool {
 // printOutputs says where the job's sinks wrote, on stderr (stdout may be data).
 func (c *cli) printOutputs(job *jobfile.Job) {
 	for _, v := range job.Graph.Vertices {
+		what := "output"
 		s, ok := v.Spec.(*jobfile.SinkSpec)
+		if w, isWasm := v.Spec.(*jobfile.WasmSpec); isWasm && w.OnError != nil && w.OnError.DeadLetter != nil {
+			what, s, ok = "dead letters", w.OnError.DeadLetter, true
+		}
 		if !ok {
 			continue
 		}
@@ -365,11 +369,11 @@ func (c *cli) printOutputs(job *jobfile.Job) {
 		case "file":
 			parts, _ := filepath.Glob(filepath.Join(s.Path, "part-*"))
 			sort.Strings(parts)
-			fmt.Fprintf(c.stderr, "output of %q: %s%c (%d part files)\n", v.UID, s.Path, filepath.Separator, len(parts))
+			fmt.Fprintf(c.stderr, "%s of %q: %s%c (%d part files)\n", what, v.UID, s.Path, filepath.Separator, len(parts))
 		case "stdout":
-			fmt.Fprintf(c.stderr, "output of %q: standard output\n", v.UID)
+			fmt.Fprintf(c.stderr, "%s of %q: standard output\n", what, v.UID)
 		case "nats":
-			fmt.Fprintf(c.stderr, "output of %q: NATS subject %s\n", v.UID, s.Subject)
+			fmt.Fprintf(c.stderr, "%s of %q: NATS subject %s\n", what, v.UID, s.Subject)
 		}
 	}
 }

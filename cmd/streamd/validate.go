@@ -169,7 +169,11 @@ func printGraph(w io.Writer, job *jobfile.Job) {
 		fmt.Fprintf(w, "max_record_bytes: %d\n", n)
 	}
 	if st := job.State; st.Backend == jobfile.StatePebble {
-		fmt.Fprintf(w, "state: %s (block cache %d MiB)\n", st.Backend, st.CacheMiB)
+		kind := "incremental"
+		if !st.Incremental {
+			kind = "full"
+		}
+		fmt.Fprintf(w, "state: %s (block cache %d MiB, %s checkpoints)\n", st.Backend, st.CacheMiB, kind)
 	}
 }
 
@@ -230,6 +234,15 @@ func describeSpec(spec any) string {
 		}
 		if s.AllowClock {
 			d += " allow_clock"
+		}
+		if oe := s.OnError; oe != nil {
+			d += " on_error=" + oe.Mode
+			if oe.DeadLetter != nil {
+				d += " (" + describeSpec(oe.DeadLetter) + ")"
+			}
+			if oe.Max.Count > 0 {
+				d += " max_dead_letters=" + oe.Max.String()
+			}
 		}
 		return d
 	}

@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"strconv"
 	"sync"
 	"sync/atomic"
 
@@ -435,6 +436,12 @@ func barrierHeaders(b *dataplane.Barrier, h nats.Header) {
 		}
 		if k == HeaderUnaligned {
 			b.Unaligned = v[0] == "1"
+			continue
+		}
+		if k == HeaderCheckpointBase {
+			if n, err := strconv.ParseInt(v[0], 10, 64); err == nil && n > 0 {
+				b.Base = n // anything else: no base, every file is uploaded
+			}
 			continue
 		}
 		if b.Trace == nil {

@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -362,7 +363,11 @@ func (s *Sender) publish(ctx context.Context, ev dataplane.Event, data []byte, w
 	}
 	eod := ev.Kind == dataplane.KindEndOfData
 	unaligned := ev.Kind == dataplane.KindBarrier && ev.Barrier.Unaligned
-	if h, tr := s.t.opts.SendHeader, barrierTrace(ev); h != nil || tr != nil || eod || unaligned {
+	base := int64(0)
+	if ev.Kind == dataplane.KindBarrier {
+		base = ev.Barrier.Base
+	}
+	if h, tr := s.t.opts.SendHeader, barrierTrace(ev); h != nil || tr != nil || eod || unaligned || base > 0 {
 		m := &nats.Msg{Subject: s.dataSubj, Data: data, Header: nats.Header{}}
 		for k, v := range tr {
 			m.Header[k] = []string{v}
@@ -372,6 +377,9 @@ func (s *Sender) publish(ctx context.Context, ev dataplane.Event, data []byte, w
 		}
 		if unaligned {
 			m.Header.Set(HeaderUnaligned, "1")
+		}
+		if base > 0 {
+			m.Header.Set(HeaderCheckpointBase, strconv.FormatInt(base, 10))
 		}
 		if h != nil {
 			h(ctx, ev, m.Header)

@@ -83,6 +83,11 @@ const (
 // order, which is still correct.
 const HeaderUnaligned = "Streamd-Unaligned"
 
+// HeaderCheckpointBase on a barrier message: dataplane.Barrier.Base, the
+// completed checkpoint whose shared state files an incremental checkpoint
+// may refer to (docs/subjects.md). Absent: none (upload every file).
+const HeaderCheckpointBase = "Streamd-Checkpoint-Base"
+
 // creditRequestLen is the size of a credit request: header (seq 0), u64 last sequence sent.
 const creditRequestLen = HeaderLen + 8
 

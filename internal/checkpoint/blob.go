@@ -7,6 +7,7 @@ import (
 	"hash/crc32"
 	"net/url"
 	"strconv"
+	"strings"
 	"sync"
 
 	"github.com/streamd/streamd/control"
@@ -65,6 +66,12 @@ func appendState(dst []byte, s *SubtaskState) ([]byte, error) {
 		n, size = n+1, size+9+int(chanSize)
 		version = FormatVersionChannelState
 	}
+	filesSize := 0
+	if s.Operator != nil && len(s.Operator.Files) > 0 {
+		filesSize = stateFilesSize(s.Operator.Files)
+		n, size = n+1, size+9+filesSize
+		version = FormatVersionShared
+	}
 	le := binary.LittleEndian
 	b := dst[:0]
 	if cap(b) < size {
@@ -99,6 +106,14 @@ func appendState(dst []byte, s *SubtaskState) ([]byte, error) {
 			return nil, err
 		}
 	}
+	if filesSize > 0 {
+		b = append(b, tagStateFiles)
+		b = le.AppendUint64(b, uint64(filesSize))
+		var err error
+		if b, err = appendStateFiles(b, s.Operator.Files); err != nil {
+			return nil, err
+		}
+	}
 	if len(b)+4 != size {
 		return nil, fmt.Errorf("checkpoint: encode state: %d bytes, computed %d (the snapshot changed while being encoded?)", len(b)+4, size)
 	}
@@ -129,8 +144,8 @@ func decodeState(data []byte) (*SubtaskState, error) {
 		return nil, fmt.Errorf("checksum mismatch (crc32c %08x, stored %08x): corrupt or truncated", got, want)
 	}
 	v := le.Uint32(body[4:])
-	if v != FormatVersion && v != FormatVersionChannelState {
-		return nil, fmt.Errorf("state blob version %d, this streamd reads versions %d and %d", v, FormatVersion, FormatVersionChannelState)
+	if v < FormatVersion || v > FormatVersionShared {
+		return nil, fmt.Errorf("state blob version %d, this streamd reads versions %d to %d", v, FormatVersion, FormatVersionShared)
 	}
 	n := le.Uint32(body[8:])
 	off := 12
@@ -172,6 +187,18 @@ func decodeState(data []byte) (*SubtaskState, error) {
 				return nil, fmt.Errorf("channel state: %w", err)
 			}
 			s.Channels = c
+		case tagStateFiles:
+			if v < FormatVersionShared {
+				return nil, fmt.Errorf("state files (section tag %d) in a version %d blob", tag, v)
+			}
+			if s.Operator == nil {
+				return nil, fmt.Errorf("state files (section tag %d) without an operator snapshot", tag)
+			}
+			parts, err := decodeStateFiles(p)
+			if err != nil {
+				return nil, fmt.Errorf("state files: %w", err)
+			}
+			s.Operator.Files = parts
 		default:
 			return nil, fmt.Errorf("unknown section tag %d", tag)
 		}
@@ -189,6 +216,13 @@ func (r BlobRef) String() string {
 	s := url.PathEscape(r.Name) + "?size=" + strconv.FormatInt(r.Size, 10) + "&crc32c=" + fmt.Sprintf("%08x", r.CRC32C)
 	if r.InFlight != 0 {
 		s += "&inflight=" + strconv.FormatInt(r.InFlight, 10)
+	}
+	if len(r.Shared) > 0 {
+		parts := make([]string, len(r.Shared))
+		for i, sh := range r.Shared {
+			parts[i] = sh.Name + ":" + strconv.FormatInt(sh.Size, 10)
+		}
+		s += "&shared=" + strings.Join(parts, ",")
 	}
 	return s
 }
@@ -214,7 +248,18 @@ func ParseBlobRef(s string) (BlobRef, error) {
 	if err := checkBlobName(u.Path); err != nil {
 		return BlobRef{}, fmt.Errorf("checkpoint: state ref %q: %w", s, err)
 	}
-	return BlobRef{Name: u.Path, Size: size, CRC32C: uint32(crc), InFlight: inflight}, nil
+	var shared []SharedRef
+	if q.Has("shared") {
+		for _, p := range strings.Split(q.Get("shared"), ",") {
+			name, sz, ok := strings.Cut(p, ":")
+			n, err := strconv.ParseInt(sz, 10, 64)
+			if !ok || err != nil || n < 0 || checkSharedKey(name) != nil {
+				return BlobRef{}, fmt.Errorf("checkpoint: state ref %q: shared must be KEY:SIZE,...", s)
+			}
+			shared = append(shared, SharedRef{Name: name, Size: n})
+		}
+	}
+	return BlobRef{Name: u.Path, Size: size, CRC32C: uint32(crc), InFlight: inflight, Shared: shared}, nil
 }
 
 // blobBufs holds encoding buffers of WriteSubtaskState (*[]byte); a store's
@@ -235,6 +280,13 @@ func WriteSubtaskState(ctx context.Context, store Store, kind control.Checkpoint
 	if buf == nil {
 		buf = new([]byte)
 	}
+	var shared []SharedRef
+	if st.Operator != nil && len(st.Operator.Files) > 0 {
+		var err error
+		if shared, err = uploadShared(ctx, store, id, sub, st.Operator); err != nil {
+			return BlobRef{}, err
+		}
+	}
 	data, err := appendState(*buf, st)
 	defer func() {
 		if cap(data) <= maxPooledBlob {
@@ -250,5 +302,6 @@ func WriteSubtaskState(ctx context.Context, store Store, kind control.Checkpoint
 		return BlobRef{}, err
 	}
 	ref.InFlight = st.Channels.EncodedSize()
+	ref.Shared = shared
 	return ref, nil
 }

@@ -71,10 +71,14 @@ func TestBlobRefString(t *testing.T) {
 		t.Fatalf("String = %q", s)
 	}
 	got, err := ParseBlobRef(s)
-	if err != nil || got != r {
+	if err != nil || !reflect.DeepEqual(got, r) {
 		t.Fatalf("ParseBlobRef(%q) = %+v, %v", s, got, err)
 	}
-	for _, bad := range []string{"", "x", "../a?size=1&crc32c=0", "a?size=-1&crc32c=0", "a?size=1", "_metadata?size=1&crc32c=0", "a/b?size=1&crc32c=0"} {
+	r.Shared = []SharedRef{{Name: "7-count-0-0a1b2c3d-000012.sst", Size: 99}, {Name: "9-count-0-00000000-000020.sst", Size: 0}}
+	if got, err := ParseBlobRef(r.String()); err != nil || !reflect.DeepEqual(got, r) {
+		t.Fatalf("ParseBlobRef(%q) = %+v, %v", r.String(), got, err)
+	}
+	for _, bad := range []string{"a?size=1&crc32c=0&shared=x.sst:1", "a?size=1&crc32c=0&shared=1-a:b", "a?size=1&crc32c=0&shared=1-a/../b:1", "", "x", "../a?size=1&crc32c=0", "a?size=-1&crc32c=0", "a?size=1", "_metadata?size=1&crc32c=0", "a/b?size=1&crc32c=0"} {
 		if _, err := ParseBlobRef(bad); err == nil || !strings.Contains(err.Error(), "checkpoint:") {
 			t.Errorf("ParseBlobRef(%q) err = %v, want an error", bad, err)
 		}

@@ -93,6 +93,9 @@ type SubtaskMeta struct {
 	// InFlightBytes is the size of the channel-state section of the blob
 	// (ChannelState.EncodedSize); only in format version 2.
 	InFlightBytes int64 `json:"inflight_bytes,omitempty"`
+	// Shared are the shared files (of SharedDir) the state of an
+	// incremental checkpoint refers to; only in format version 3.
+	Shared []SharedRef `json:"shared,omitempty"`
 }
 
 // BlobRef names a stored state blob. Put String() into control.Ack.StateRef
@@ -104,6 +107,9 @@ type BlobRef struct {
 	// InFlight is the blob's channel-state bytes (WriteSubtaskState sets
 	// it); 0 for an aligned checkpoint's blob.
 	InFlight int64
+	// Shared are the shared files of an incremental checkpoint the state
+	// refers to (WriteSubtaskState sets it).
+	Shared []SharedRef
 }
 
 // OperatorSnapshot is one operator's loaded state, the input of Reassign.

@@ -43,6 +43,8 @@ type Dir struct {
 
 	mu         sync.Mutex
 	savepointD map[int64]string // savepoint id -> directory being written
+
+	removeShared func(path string) error // os.Remove; tests crash in it
 }
 
 type dirConfig struct {
@@ -120,7 +122,7 @@ func OpenDir(root string, opts ...DirOption) (*Dir, error) {
 	if err := os.MkdirAll(root, 0o755); err != nil {
 		return nil, fmt.Errorf("checkpoint: create checkpoint directory: %w", err)
 	}
-	return &Dir{root: root, savepoints: c.savepoints, suffix: c.suffix, retain: c.retain, log: c.log, savepointD: map[int64]string{}}, nil
+	return &Dir{root: root, savepoints: c.savepoints, suffix: c.suffix, retain: c.retain, log: c.log, savepointD: map[int64]string{}, removeShared: os.Remove}, nil
 }
 
 // Root returns the checkpoint directory.
@@ -369,6 +371,7 @@ func (d *Dir) cleanup(committed int64) {
 			d.remove(e.path, "retention")
 		}
 	}
+	d.gcShared(committed)
 }
 
 // remove deletes a checkpoint directory: first its _metadata, so that a
@@ -436,6 +439,7 @@ func (d *Dir) Delete(ctx context.Context, md *Metadata) error {
 	if err := os.RemoveAll(want); err != nil {
 		return fmt.Errorf("checkpoint: delete checkpoint %d: %w", md.ID, err)
 	}
+	d.gcShared(md.ID)
 	return nil
 }
 
@@ -647,7 +651,13 @@ func ReadState(md *Metadata, sub SubtaskMeta) (*SubtaskState, error) {
 	if err != nil {
 		return nil, fmt.Errorf("checkpoint: state of subtask %d: %w", sub.Index, err)
 	}
-	return decodeBlob(p, data, sub)
+	st, err := decodeBlob(p, data, sub)
+	if err != nil {
+		return nil, err
+	}
+	root, open := dirShared(md)
+	attachFetch(st, root, open)
+	return st, nil
 }
 
 // decodeBlob checks the blob read from path against its metadata entry (size,
@@ -662,6 +672,9 @@ func decodeBlob(path string, data []byte, sub SubtaskMeta) (*SubtaskState, error
 	}
 	if n := s.Channels.EncodedSize(); n != sub.InFlightBytes {
 		return nil, fmt.Errorf("%w: %s: %d bytes of channel state, the metadata says %d", ErrCorrupt, path, n, sub.InFlightBytes)
+	}
+	if got := sharedRefs(s); !slices.Equal(got, sub.Shared) {
+		return nil, fmt.Errorf("%w: %s: refers to %d shared files, the metadata lists %d others", ErrCorrupt, path, len(got), len(sub.Shared))
 	}
 	return s, nil
 }
@@ -703,6 +716,16 @@ func Verify(md *Metadata) error {
 			if err := checkBlob(p, n, h.Sum32(), s); err != nil {
 				return err
 			}
+		}
+	}
+	for _, r := range md.SharedFiles() {
+		p := filepath.Join(filepath.Dir(md.Location), SharedDir, r.Name)
+		fi, err := os.Stat(p)
+		if err != nil {
+			return fmt.Errorf("%w: shared file of %s %d: %w", ErrCorrupt, md.Kind, md.ID, err)
+		}
+		if fi.Size() != r.Size {
+			return fmt.Errorf("%w: %s: %d bytes, the metadata says %d", ErrCorrupt, p, fi.Size(), r.Size)
 		}
 	}
 	return nil

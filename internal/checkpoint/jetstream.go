@@ -312,6 +312,7 @@ func (s *JetStream) cleanup(ctx context.Context, committed int64) {
 			s.remove(ctx, d, "retention")
 		}
 	}
+	s.gcShared(ctx, committed)
 }
 
 // remove deletes a checkpoint's objects, the _metadata first, so that a crash
@@ -438,7 +439,13 @@ func readStateJS(ctx context.Context, js jetstream.JetStream, obs jetstream.Obje
 	if err != nil {
 		return nil, fmt.Errorf("checkpoint: state of subtask %d: %s: %w", sub.Index, p, err)
 	}
-	return decodeBlob(p, data, sub)
+	st, err := decodeBlob(p, data, sub)
+	if err != nil {
+		return nil, err
+	}
+	root, open := jsShared(md, obs, b, path)
+	attachFetch(st, root, open)
+	return st, nil
 }
 
 // Delete removes a completed checkpoint of this store.

@@ -96,8 +96,8 @@ func decodeMetadata(data []byte) (*Metadata, error) {
 	if n, err := fmt.Sscanf(string(line), metaHeaderPrefix+"%d size=%d crc32c=%x", &version, &size, &sum); n != 3 || err != nil {
 		return nil, fmt.Errorf("not a streamd checkpoint metadata file (header %q)", truncate(string(line), 60))
 	}
-	if version != FormatVersion && version != FormatVersionChannelState {
-		return nil, fmt.Errorf("format version %d, this streamd reads versions %d and %d", version, FormatVersion, FormatVersionChannelState)
+	if version < FormatVersion || version > FormatVersionShared {
+		return nil, fmt.Errorf("format version %d, this streamd reads versions %d to %d", version, FormatVersion, FormatVersionShared)
 	}
 	switch {
 	case len(body) < size:
@@ -132,8 +132,8 @@ func truncate(s string, n int) string {
 
 // validate checks the invariants of md.
 func (md *Metadata) validate() error {
-	if md.Version != FormatVersion && md.Version != FormatVersionChannelState {
-		return fmt.Errorf("checkpoint: metadata version %d, want %d or %d", md.Version, FormatVersion, FormatVersionChannelState)
+	if md.Version < FormatVersion || md.Version > FormatVersionShared {
+		return fmt.Errorf("checkpoint: metadata version %d, this streamd reads versions %d to %d", md.Version, FormatVersion, FormatVersionShared)
 	}
 	if md.ID < 1 {
 		return fmt.Errorf("checkpoint: metadata: id %d, want >= 1", md.ID)
@@ -177,6 +177,14 @@ func (md *Metadata) validate() error {
 			if s.InFlightBytes > 0 && md.Version < FormatVersionChannelState {
 				return fmt.Errorf("checkpoint: metadata of %d: operator %q subtask %d: inflight_bytes in a version %d checkpoint (channel state needs version %d)", md.ID, op.UID, i, md.Version, FormatVersionChannelState)
 			}
+			if len(s.Shared) > 0 && (md.Version < FormatVersionShared || s.Ref == "" || md.Kind == control.KindSavepoint) {
+				return fmt.Errorf("checkpoint: metadata of %d: operator %q subtask %d: shared files in a version %d %s (incremental checkpoints need version %d; savepoints are full)", md.ID, op.UID, i, md.Version, md.Kind, FormatVersionShared)
+			}
+			for _, r := range s.Shared {
+				if err := checkSharedKey(r.Name); err != nil || r.Size < 0 {
+					return fmt.Errorf("checkpoint: metadata of %d: operator %q subtask %d: %v (size %d)", md.ID, op.UID, i, err, r.Size)
+				}
+			}
 		}
 	}
 	return nil
@@ -185,6 +193,13 @@ func (md *Metadata) validate() error {
 // neededVersion is the format version md needs: 2 when a subtask has
 // channel state, else 1.
 func (md *Metadata) neededVersion() int {
+	for _, op := range md.Operators {
+		for _, s := range op.Subtasks {
+			if len(s.Shared) > 0 {
+				return FormatVersionShared
+			}
+		}
+	}
 	if md.InFlightBytes() > 0 {
 		return FormatVersionChannelState
 	}
@@ -334,9 +349,12 @@ func NewMetadata(g *control.JobGraph, a control.PersistMetadata, now time.Time) 
 		if err != nil {
 			return nil, fmt.Errorf("checkpoint: metadata of checkpoint %d, subtask %v: %w", a.ID, ack.Subtask, err)
 		}
-		s.Ref, s.Size, s.CRC32C, s.InFlightBytes = ref.Name, ref.Size, ref.CRC32C, ref.InFlight
+		s.Ref, s.Size, s.CRC32C, s.InFlightBytes, s.Shared = ref.Name, ref.Size, ref.CRC32C, ref.InFlight, ref.Shared
 		if ref.InFlight > 0 {
-			md.Version = FormatVersionChannelState
+			md.Version = max(md.Version, FormatVersionChannelState)
+		}
+		if len(ref.Shared) > 0 {
+			md.Version = FormatVersionShared
 		}
 	}
 	for i := range md.Operators {

@@ -97,7 +97,7 @@ func Reassign(op *OperatorSnapshot, newParallelism, newMaxParallelism int) ([]*S
 		var snap *host.Snapshot
 		if s != nil && s.Operator != nil && !finished(j) {
 			snap = s.Operator
-			keyed = keyed || len(snap.KeyGroups) > 0
+			keyed = keyed || len(snap.KeyGroups) > 0 || len(snap.Files) > 0
 		}
 		snaps = append(snaps, snap)
 	}
@@ -133,6 +133,26 @@ func Reassign(op *OperatorSnapshot, newParallelism, newMaxParallelism int) ([]*S
 			owner[kg] = j
 			i := abi.SubtaskForKeyGroup(kg, maxP, newParallelism)
 			newSnap(i).KeyGroups[kg] = g
+		}
+	}
+
+	// Keyed state as files (incremental checkpoints): every new subtask
+	// gets the parts whose key groups overlap its own, and takes from them
+	// only its key groups.
+	for j, snap := range snaps {
+		if snap == nil {
+			continue
+		}
+		for _, part := range snap.Files {
+			if part.MaxParallelism != maxP || part.KeyGroups.Start < 0 || part.KeyGroups.End >= maxP {
+				return nil, fmt.Errorf("checkpoint: operator %q subtask %d: state files of key groups %s, max parallelism %d (the operator's is %d)", uid, j, part.KeyGroups, part.MaxParallelism, maxP)
+			}
+			for i := range out {
+				r := abi.RangeForSubtask(i, maxP, newParallelism)
+				if r.Start <= part.KeyGroups.End && part.KeyGroups.Start <= r.End {
+					newSnap(i).Files = append(newSnap(i).Files, part)
+				}
+			}
 		}
 	}
 

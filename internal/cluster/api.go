@@ -21,6 +21,7 @@ import (
 
 	"github.com/streamd/streamd/control"
 	"github.com/streamd/streamd/internal/runtime"
+	"github.com/streamd/streamd/internal/telemetry"
 )
 
 // APIVersion is the version in every subject name.
@@ -289,6 +290,10 @@ type SubtaskStatus struct {
 	Index int    `json:"index"`
 	Host  string `json:"host,omitempty"`
 	State string `json:"state"`
+	// Live are the subtask's counters as its host reported them last
+	// (watermark, back-pressured, busy and idle time, source lag); nil
+	// before the first report.
+	Live *telemetry.SubtaskLive `json:"live,omitempty"`
 }
 
 // AttemptStatus is the history of one attempt.

@@ -21,6 +21,7 @@ import (
 	"github.com/streamd/streamd/control"
 	"github.com/streamd/streamd/internal/jobfile"
 	"github.com/streamd/streamd/internal/runtime"
+	"github.com/streamd/streamd/internal/telemetry"
 )
 
 // ControllerOptions configures a controller.
@@ -1548,6 +1549,10 @@ func (c *Controller) statusLocked(j *ctlJob) JobStatus {
 			} else if i < len(sub) && sub[i] == runtime.StateDeployedFinished {
 				s.State = sub[i]
 			}
+			if sub := stats[v.UID].Subtasks; i < len(sub) && sub[i] != "" && i < len(stats[v.UID].Live) {
+				live := stats[v.UID].Live[i] // as the subtask's host reported it last
+				s.Live = &live
+			}
 			if j.placement != nil {
 				s.Host = j.placement.Host(i)
 			} else if TerminalJobState(j.state) && j.lastPlaced != nil {
@@ -1589,6 +1594,12 @@ func sumStats(byHost map[string][]runtime.OperatorStats) []runtime.OperatorStats
 					out[i].Subtasks = append(out[i].Subtasks, make([]string, len(s.Subtasks)-len(out[i].Subtasks))...)
 				}
 				out[i].Subtasks[k] = state
+				if k < len(s.Live) {
+					if len(out[i].Live) < len(s.Live) {
+						out[i].Live = append(out[i].Live, make([]telemetry.SubtaskLive, len(s.Live)-len(out[i].Live))...)
+					}
+					out[i].Live[k] = s.Live[k]
+				}
 			}
 		}
 	}

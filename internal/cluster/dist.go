@@ -35,6 +35,7 @@ import (
 	"github.com/streamd/streamd/dataplane/natsch"
 	"github.com/streamd/streamd/internal/checkpoint"
 	"github.com/streamd/streamd/internal/runtime"
+	"github.com/streamd/streamd/internal/telemetry"
 )
 
 // PrefixTask is the prefix of the subjects between the driver of a job spread
@@ -569,6 +570,7 @@ func (dj *distJob) StartAttempt(x control.StartAttempt) {
 	dj.awaitRestart = false
 	dj.mu.Unlock()
 	if awaited {
+		telemetry.GlobalMetrics().Restart(context.Background(), dj.id, dj.g.Name)
 		go dj.c.lifecycleRestart(dj)
 	}
 }
@@ -647,6 +649,7 @@ func (dj *distJob) halt() {
 	dj.mu.Lock()
 	dj.stopCommands()
 	dj.mu.Unlock()
+	telemetry.GlobalMetrics().EndJob(dj.id, dj.g.Name) // the next leader reports the job
 }
 
 // stopCommands ends the command queues of the attempt (dj.mu held).
@@ -816,6 +819,7 @@ func (dj *distJob) close(final control.Event) {
 			dj.d.Step(nil, final)
 		}
 		dj.endSpans(final)
+		telemetry.GlobalMetrics().EndJob(dj.id, dj.g.Name) // the job's series end with it
 	})
 	dj.mu.Lock()
 	dj.closed = true

@@ -46,11 +46,12 @@ type WasmSpec struct {
 	Module     Artifact          `json:"module"`
 	Config     map[string]string `json:"config,omitempty"`
 	AllowClock bool              `json:"allow_clock,omitempty"`
+	OnError    *jobfile.OnError  `json:"on_error,omitempty"`
 }
 
-// ownFiles makes the output of job id its own: every file sink puts the job
-// id into its file names and every nats sink into its writer name
-// (jobfile.SinkSpec.Job). Checkpoints are the job's own by OpenStore. The
+// ownFiles makes the output of job id its own: every file sink (dead-letter
+// sinks too) puts the job id into its file names and every nats sink into
+// its writer name (jobfile.SinkSpec.Job). Checkpoints are the job's own by OpenStore. The
 // sink specs are copied, not changed in place.
 func (s *JobSpec) ownFiles(id string) {
 	for i := range s.Vertices {
@@ -58,6 +59,14 @@ func (s *JobSpec) ownFiles(id string) {
 			own := *sk
 			own.Job = id
 			s.Vertices[i].Sink = &own
+		}
+		if w := s.Vertices[i].Wasm; w != nil && w.OnError != nil && w.OnError.DeadLetter != nil {
+			oe, dl := *w.OnError, *w.OnError.DeadLetter
+			dl.Job = id
+			oe.DeadLetter = &dl
+			ww := *w
+			ww.OnError = &oe
+			s.Vertices[i].Wasm = &ww
 		}
 	}
 }
@@ -128,7 +137,7 @@ func NewJobSpec(job *jobfile.Job, jobFile string, upload Uploader) (JobSpec, err
 			if err != nil {
 				return JobSpec{}, fmt.Errorf("cluster: operator %q: module: %w", v.UID, err)
 			}
-			vs.Wasm = &WasmSpec{Module: a, Config: sp.Config, AllowClock: sp.AllowClock}
+			vs.Wasm = &WasmSpec{Module: a, Config: sp.Config, AllowClock: sp.AllowClock, OnError: sp.OnError}
 		default:
 			return JobSpec{}, fmt.Errorf("cluster: operator %q: %T cannot be deployed (want a source, sink or wasm operator)", v.UID, v.Spec)
 		}
@@ -187,7 +196,7 @@ func (s *JobSpec) Graph(resolve Resolver) (*control.JobGraph, error) {
 			if err != nil {
 				return nil, fmt.Errorf("cluster: operator %q: module: %w", v.UID, err)
 			}
-			cv.Spec = &jobfile.WasmSpec{Path: p, Config: v.Wasm.Config, AllowClock: v.Wasm.AllowClock}
+			cv.Spec = &jobfile.WasmSpec{Path: p, Config: v.Wasm.Config, AllowClock: v.Wasm.AllowClock, OnError: v.Wasm.OnError}
 		}
 		if n != 1 {
 			return nil, fmt.Errorf("cluster: operator %q: want exactly one of source, sink and wasm, got %d", v.UID, n)

@@ -1,6 +1,7 @@
 package conformance
 
 import (
+	"bytes"
 	"context"
 	"encoding/binary"
 	"errors"
@@ -87,6 +88,7 @@ var scenarios = []struct {
 	{"oob", testOOB, false},
 	{"grow", testGrow, false},
 	{"spin", testSpin, false},
+	{"reject_and_replace", testRejectAndReplace, true},
 }
 
 // harness holds engines for one guest module. All engines share a cache dir.
@@ -592,4 +594,57 @@ func testSpin(t *testing.T, h *harness) {
 		t.Errorf("spin took %v to stop with a 500ms deadline", d)
 	}
 	checkDiscarded(t, inst)
+}
+
+// testRejectAndReplace: a record rejected on purpose fails the call with
+// ErrRejected and the guest's reason; with Isolate, Replace opens a fresh
+// instance on the keyed state and timers as they were before the failed
+// batch (the count written and the timer registered by the batch's first
+// record are undone), also after a trap.
+func testRejectAndReplace(t *testing.T, h *harness) {
+	ctx := context.Background()
+	s := h.start(t, h.plain, host.InstanceConfig{Operator: "rejecter", Isolate: true})
+	k := keysIn(0, 1, 1)[0]
+	s.process(0, rec(k, "ok", 1))
+	s.take()
+	err := s.inst.Process(ctx, 0, []abi.Record{rec(k, "timer", 2), rec(k, "reject", 3)}, s.emit)
+	he := checkError(t, err, host.ErrRejected, "rejecter", 0, 1, abi.PhaseProcess)
+	if he != nil && he.Message != "conformance reject" {
+		t.Errorf("message %q, want the guest's reason %q", he.Message, "conformance reject")
+	}
+	replace := func() {
+		t.Helper()
+		n, err := s.inst.Replace(ctx)
+		if err != nil {
+			t.Fatalf("replace: %v", err)
+		}
+		s.inst.Close(ctx)
+		s.inst = n
+		t.Cleanup(func() { n.Close(ctx) })
+		s.take()
+	}
+	replace()
+	want := func(v string, count uint64) {
+		t.Helper()
+		got := s.take()
+		exp := append([]byte(v), 0)
+		exp = binary.LittleEndian.AppendUint64(exp, count)
+		if len(got) != 1 || !bytes.Equal(got[0].Value, exp) {
+			t.Fatalf("emitted %v, want one record %q (count %d: the failed batch's write undone)", got, exp, count)
+		}
+	}
+	s.process(0, rec(k, "b", 4))
+	want("b", 2)
+	s.watermark(100) // the timer registered by the failed batch is gone
+	if got := s.take(); len(got) != 1 || string(got[0].Value) != "wm" {
+		t.Fatalf("after the watermark: %v, want only wm (no timer of the undone batch)", got)
+	}
+	err = s.inst.Process(ctx, 0, []abi.Record{rec(k, "c", 5), rec(k, "oob", 6)}, s.emit)
+	checkError(t, err, host.ErrTrap, "rejecter", 0, 1, abi.PhaseProcess)
+	replace()
+	s.process(0, rec(k, "d", 7))
+	want("d", 3)
+	if _, err := s.inst.Replace(ctx); err == nil {
+		t.Error("Replace of a live instance succeeded")
+	}
 }

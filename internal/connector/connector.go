@@ -41,6 +41,14 @@ type ReadySource interface {
 	Ready() bool
 }
 
+// LagSource is implemented by sources that know how much they have yet to
+// read (a nats source: the messages of its stream after its position), for
+// the streamd.source.lag metric. Lag is called from any goroutine; ok is
+// false while the source does not know.
+type LagSource interface {
+	Lag() (n int64, ok bool)
+}
+
 // Sink is one subtask of a built-in sink. One goroutine uses it.
 type Sink interface {
 	// Write consumes recs; the sink copies what it keeps.

@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -83,6 +84,11 @@ type NATSSource struct {
 	mu      sync.Mutex
 	lastErr error // last error reported by the consumer (informational)
 
+	// pending is the source lag (Lag): the messages of the stream (matching
+	// the filter) after the last one read, as the server counted when it
+	// delivered that one; -1 while unknown.
+	pending atomic.Int64
+
 	maxTS int64
 	any   bool
 }
@@ -135,6 +141,7 @@ func newNATSSource(ctx context.Context, nc *nats.Conn, own bool, o NATSSourceOpt
 		next: 1, maxTS: abi.MinWatermark,
 		msgs: make(chan jetstream.Msg, 1024), done: make(chan struct{}),
 	}
+	s.pending.Store(-1)
 	if pos != nil {
 		if len(pos) != natsPositionLen || pos[0] != positionVersion {
 			return nil, fmt.Errorf("connector: %s: bad position %x", name, pos)
@@ -184,8 +191,12 @@ func newNATSSource(ctx context.Context, nc *nats.Conn, own bool, o NATSSourceOpt
 		}
 		if s.next > s.bound || left == 0 {
 			s.eof = true
+			s.pending.Store(0)
 			return s, nil
 		}
+		s.pending.Store(int64(min(left, s.bound-s.next+1)))
+	} else if left, err := pendingFrom(ctx, stream, s.next, filter); err == nil {
+		s.pending.Store(int64(left)) // else unknown until the first message
 	}
 	cons, err := stream.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{
 		FilterSubjects: filter,
@@ -326,12 +337,18 @@ func (s *NATSSource) take(m jetstream.Msg, recs []abi.Record, n int) (int, error
 	seq := meta.Sequence.Stream
 	if s.bounded && seq > s.bound {
 		s.eof = true
+		s.pending.Store(0)
 		return n, nil
 	}
 	if seq < s.next {
 		return n, fmt.Errorf("connector: %s: stream sequence %d after %d", s.name, seq, s.next-1)
 	}
 	s.next = seq + 1
+	pending := meta.NumPending
+	if s.bounded {
+		pending = min(pending, s.bound-seq)
+	}
+	s.pending.Store(int64(pending))
 	if s.bounded && (seq == s.bound || meta.NumPending == 0) {
 		s.eof = true
 	}
@@ -361,6 +378,17 @@ func (s *NATSSource) take(m jetstream.Msg, recs []abi.Record, n int) (int, error
 	}
 	recs[n] = r
 	return n + 1, nil
+}
+
+// Lag is how many messages the source has yet to read: those of the stream
+// (matching its filter; a bounded source's up to its bound) after the last
+// one read, as the server counted when it delivered that one, so messages
+// published since then are counted once the next one is read (for every
+// subtask: each reads the whole stream). ok is false while unknown
+// (connector.LagSource).
+func (s *NATSSource) Lag() (int64, bool) {
+	n := s.pending.Load()
+	return n, n >= 0
 }
 
 // Watermark is the largest timestamp read minus the lag.

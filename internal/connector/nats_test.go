@@ -335,3 +335,42 @@ func TestNATSSourceStart(t *testing.T) {
 		t.Errorf("bounded, start new: eof %v, read %v; want nothing and the end", eof, natsValues(got))
 	}
 }
+
+// TestNATSSourceLag: the source's lag is the messages of the stream after
+// what it read: all of them when it opens, fewer as it reads, 0 once it read
+// everything; a bounded source's counts up to its bound.
+func TestNATSSourceLag(t *testing.T) {
+	co, _, js := jsServer(t)
+	publishOrders(t, js, 0, 50)
+	s, err := NewNATSSource(context.Background(), NATSSourceOptions{Conn: co, Stream: "ORDERS"}, 0, 1, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if n, ok := s.Lag(); !ok || n != 50 {
+		t.Fatalf("lag at open %d (known %v), want 50", n, ok)
+	}
+	readSome(t, s, 10, 10)
+	if n, _ := s.Lag(); n != 40 {
+		t.Fatalf("lag after 10 of 50: %d, want 40", n)
+	}
+	readSome(t, s, 10, 40)
+	if n, _ := s.Lag(); n != 0 {
+		t.Fatalf("lag after all 50: %d, want 0", n)
+	}
+	b, err := NewNATSSource(context.Background(), NATSSourceOptions{Conn: co, Stream: "ORDERS", Bounded: true, Start: jobfile.NATSStart{Kind: jobfile.StartSeq, Seq: 21}}, 0, 1, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	publishOrders(t, js, 50, 5) // past the bound
+	if n, _ := b.Lag(); n != 30 {
+		t.Fatalf("bounded lag at open: %d, want 30 (21..50)", n)
+	}
+	if _, eof := readSome(t, b, 7, 100); !eof {
+		t.Fatal("bounded source did not end")
+	}
+	if n, _ := b.Lag(); n != 0 {
+		t.Fatalf("bounded lag at its end: %d, want 0", n)
+	}
+}

@@ -46,6 +46,11 @@ type StateSettings struct {
 	// CacheMiB bounds the pebble block cache (state.cache_mib), shared by
 	// the job's pebble subtasks on one host; 0 with memory.
 	CacheMiB int `json:"cache_mib,omitempty"`
+	// Incremental (state.incremental, default true with pebble): the
+	// pebble backend's checkpoints are incremental (they upload only the
+	// state files that are new since the last one); false: full, like
+	// savepoints. Always false with memory.
+	Incremental bool `json:"incremental,omitempty"`
 }
 
 // Keyed-state backends (state.backend).
@@ -464,6 +469,8 @@ func (p *parser) parse(data []byte) *Job {
 		}
 	}
 
+	p.checkDeadLetterPaths(ops)
+
 	// Duplicate uids are reported here, with both lines; control sees each uid once.
 	first := map[string]*operator{}
 	var vertices []*control.Vertex
@@ -513,7 +520,10 @@ func (p *parser) parse(data []byte) *Job {
 	return job
 }
 
-var operatorFields = []string{"uid", "parallelism", "max_parallelism", "source", "sink", "wasm", "config", "allow_clock", "inputs"}
+var operatorFields = []string{"uid", "parallelism", "max_parallelism", "source", "sink", "wasm", "config", "allow_clock", "on_error", "dead_letter", "max_dead_letters", "inputs"}
+
+// wasmOnlyFields are the fields only a wasm operator takes.
+var wasmOnlyFields = []string{"config", "allow_clock", "on_error", "dead_letter", "max_dead_letters"}
 
 func (p *parser) operator(i int, n *yaml.Node, defaultPar, maxPar int) *operator {
 	where := fmt.Sprintf("operators[%d]", i)
@@ -602,10 +612,11 @@ func (p *parser) operator(i int, n *yaml.Node, defaultPar, maxPar int) *operator
 		if c := f["allow_clock"]; c != nil {
 			ws.AllowClock = p.bool(label, prefix+"allow_clock", c)
 		}
+		ws.OnError = p.onError(label, prefix, f)
 		v.Spec = ws
 	}
 	if kind != "wasm" {
-		for _, k := range []string{"config", "allow_clock"} {
+		for _, k := range wasmOnlyFields {
 			if c := f[k]; c != nil && kind != "" {
 				p.add(label, c.Line, prefix+k, "only a wasm operator takes %s", k)
 			}
@@ -860,7 +871,11 @@ func CheckSubject(subj string, wildcards bool) error {
 }
 
 func (p *parser) sink(op, prefix string, n *yaml.Node) *SinkSpec {
-	prefix += "sink."
+	return p.sinkAt(op, prefix+"sink.", n)
+}
+
+// sinkAt parses the sink mapping n whose fields are named prefix+field.
+func (p *parser) sinkAt(op, prefix string, n *yaml.Node) *SinkSpec {
 	if n.Kind != yaml.MappingNode {
 		p.add(op, n.Line, strings.TrimSuffix(prefix, "."), "want a mapping like {type: file, path: out/}")
 		return nil
@@ -967,7 +982,7 @@ func (p *parser) checkpoint(n *yaml.Node) *CheckpointSettings {
 	return c
 }
 
-var stateFields = []string{"backend", "cache_mib"}
+var stateFields = []string{"backend", "cache_mib", "incremental"}
 
 // CheckState checks a state backend and cache size (0: the default), as the
 // configuration gives them.
@@ -991,6 +1006,7 @@ func (p *parser) state(n *yaml.Node) StateSettings {
 		}
 		if s.Backend == StatePebble {
 			s.CacheMiB = cmp.Or(p.opts.StateCacheMiB, DefaultStateCacheMiB)
+			s.Incremental = true
 		}
 		return s
 	}
@@ -1015,6 +1031,14 @@ func (p *parser) state(n *yaml.Node) StateSettings {
 		}
 	} else if s.Backend == StatePebble {
 		s.CacheMiB = DefaultStateCacheMiB
+	}
+	s.Incremental = s.Backend == StatePebble
+	if x := f["incremental"]; x != nil {
+		if s.Backend != StatePebble {
+			p.add("", x.Line, prefix+"incremental", "only with backend: %s (memory-backend checkpoints are copy-on-write cuts, always full)", StatePebble)
+		} else {
+			s.Incremental = p.bool("", prefix+"incremental", x)
+		}
 	}
 	return s
 }

@@ -709,11 +709,18 @@ func TestStateSettings(t *testing.T) {
 		errs          []string
 	}{
 		{"none", "", Options{}, StateSettings{Backend: StateMemory}, nil},
-		{"configured", "", Options{StateBackend: StatePebble}, StateSettings{Backend: StatePebble, CacheMiB: DefaultStateCacheMiB}, nil},
-		{"configured cache", "", Options{StateBackend: StatePebble, StateCacheMiB: 64}, StateSettings{Backend: StatePebble, CacheMiB: 64}, nil},
+		{"configured", "", Options{StateBackend: StatePebble}, StateSettings{Backend: StatePebble, CacheMiB: DefaultStateCacheMiB, Incremental: true}, nil},
+		{"configured cache", "", Options{StateBackend: StatePebble, StateCacheMiB: 64}, StateSettings{Backend: StatePebble, CacheMiB: 64, Incremental: true}, nil},
 		{"memory", "state: {backend: memory}\n", Options{StateBackend: StatePebble}, StateSettings{Backend: StateMemory}, nil},
-		{"pebble", "state: {backend: pebble}\n", Options{StateCacheMiB: 64}, StateSettings{Backend: StatePebble, CacheMiB: DefaultStateCacheMiB}, nil},
-		{"pebble cache", "state: {backend: pebble, cache_mib: 32}\n", Options{}, StateSettings{Backend: StatePebble, CacheMiB: 32}, nil},
+		{"pebble", "state: {backend: pebble}\n", Options{StateCacheMiB: 64}, StateSettings{Backend: StatePebble, CacheMiB: DefaultStateCacheMiB, Incremental: true}, nil},
+		{"pebble cache", "state: {backend: pebble, cache_mib: 32}\n", Options{}, StateSettings{Backend: StatePebble, CacheMiB: 32, Incremental: true}, nil},
+		{"pebble full", "state: {backend: pebble, incremental: false}\n", Options{}, StateSettings{Backend: StatePebble, CacheMiB: DefaultStateCacheMiB}, nil},
+		{"incremental with memory", "state: {backend: memory, incremental: true}\n", Options{}, StateSettings{}, []string{
+			`line 1: state.incremental: only with backend: pebble`,
+		}},
+		{"incremental type", "state: {backend: pebble, incremental: yes please}\n", Options{}, StateSettings{}, []string{
+			`line 1: state.incremental: want true or false`,
+		}},
 		{"bad backend", "state: {backend: rocksdb}\n", Options{}, StateSettings{}, []string{
 			`line 1: state.backend: "rocksdb": want memory or pebble`,
 		}},

@@ -222,6 +222,7 @@ func StartAttempt(ctx context.Context, g *control.JobGraph, opts Options, rem Re
 	}
 	j.remote = &rem
 	if err := j.build(); err != nil {
+		j.endMetrics()
 		j.closeRemote()
 		r.closeModules()
 		return nil, err
@@ -251,7 +252,7 @@ func (a *Attempt) run(ctx context.Context) {
 			}
 		}()
 	}
-	go func() { wg.Wait(); close(j.done) }()
+	go func() { wg.Wait(); j.endMetrics(); close(j.done) }()
 	stopProgress := r.startProgress()
 	for done := false; !done; {
 		select {

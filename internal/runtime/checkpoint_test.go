@@ -97,13 +97,14 @@ func TestExactlyOnceUnderFailure(t *testing.T) {
 		align   control.AlignmentMode
 		timeout time.Duration
 		backend string // state.backend; "" memory
+		full    bool   // pebble: full checkpoints (state.incremental: false)
 	}{
-		{"map", 1, control.AlignAligned, 0, ""}, {"map", 4, control.AlignAligned, 0, ""},
-		{"count", 1, control.AlignAligned, 0, ""}, {"count", 4, control.AlignAligned, 0, ""},
-		{"map", 4, control.AlignUnaligned, 0, ""}, {"count", 4, control.AlignUnaligned, 0, ""},
-		{"count", 4, control.AlignAligned, time.Microsecond, ""},
-		{"count", 1, control.AlignAligned, 0, jobfile.StatePebble}, {"count", 4, control.AlignAligned, 0, jobfile.StatePebble},
-		{"count", 4, control.AlignUnaligned, 0, jobfile.StatePebble},
+		{"map", 1, control.AlignAligned, 0, "", false}, {"map", 4, control.AlignAligned, 0, "", false},
+		{"count", 1, control.AlignAligned, 0, "", false}, {"count", 4, control.AlignAligned, 0, "", false},
+		{"map", 4, control.AlignUnaligned, 0, "", false}, {"count", 4, control.AlignUnaligned, 0, "", false},
+		{"count", 4, control.AlignAligned, time.Microsecond, "", false},
+		{"count", 1, control.AlignAligned, 0, jobfile.StatePebble, false}, {"count", 4, control.AlignAligned, 0, jobfile.StatePebble, false},
+		{"count", 4, control.AlignUnaligned, 0, jobfile.StatePebble, false}, {"count", 4, control.AlignAligned, 0, jobfile.StatePebble, true},
 	} {
 		mode, p := c.mode, c.p
 		name := fmt.Sprintf("%s/p%d", mode, p)
@@ -114,6 +115,9 @@ func TestExactlyOnceUnderFailure(t *testing.T) {
 		}
 		if c.backend != "" {
 			name += "/" + c.backend
+		}
+		if c.full {
+			name += "/full"
 		}
 		{
 			t.Run(name, func(t *testing.T) {
@@ -134,10 +138,16 @@ func TestExactlyOnceUnderFailure(t *testing.T) {
 				data := filepath.Join(dir, "data")
 				stats, err := Run(context.Background(), g, Options{
 					Engine: eng, BatchSize: 64,
-					State: jobfile.StateSettings{Backend: c.backend, CacheMiB: 8}, DataDir: data,
+					State: jobfile.StateSettings{Backend: c.backend, CacheMiB: 8, Incremental: c.backend == jobfile.StatePebble && !c.full}, DataDir: data,
 					Checkpoint: &CheckpointOptions{Store: openStore(t, filepath.Join(dir, "chk")), Interval: 30 * time.Millisecond, Tick: 10 * time.Millisecond,
 						Mode: c.align, AlignedTimeout: c.timeout,
-						OnComplete: func(md *checkpoint.Metadata) { before++; inflight += md.InFlightBytes() }},
+						OnComplete: func(md *checkpoint.Metadata) {
+							before++
+							inflight += md.InFlightBytes()
+							if shared := len(md.SharedFiles()); (shared > 0) != (c.backend == jobfile.StatePebble && !c.full) {
+								t.Errorf("checkpoint %d refers to %d shared files (backend %q, full %v)", md.ID, shared, c.backend, c.full)
+							}
+						}},
 					Restart: jobfile.RestartSettings{Strategy: jobfile.RestartFixedDelay, Attempts: 2},
 				})
 				if err != nil {

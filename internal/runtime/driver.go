@@ -75,6 +75,7 @@ type Driver struct {
 	store       checkpoint.Store
 	queued      []control.Event // events to Step once the current actions are done
 	lastMD      *checkpoint.Metadata
+	base        int64 // the newest completed checkpoint of this store (Barrier.Base)
 	restarts    int
 	count       int // completed checkpoints
 	jobDone     *control.JobDone
@@ -184,7 +185,8 @@ func (r *runner) snapshot() Stats {
 	s := Stats{Elapsed: time.Since(r.start), Operators: make([]OperatorStats, len(r.g.Vertices))}
 	for i, v := range r.g.Vertices {
 		s.Operators[i] = OperatorStats{UID: v.UID, Parallelism: v.Parallelism,
-			RecordsIn: r.stats[i].in.Load(), RecordsOut: r.stats[i].out.Load(), MaxSnapshotPause: time.Duration(r.stats[i].pause.Load())}
+			RecordsIn: r.stats[i].in.Load(), RecordsOut: r.stats[i].out.Load(), MaxSnapshotPause: time.Duration(r.stats[i].pause.Load()),
+			DeadLetters: r.stats[i].dead.Load()}
 	}
 	r.mu.Lock()
 	s.Restarts, s.Checkpoints, s.Savepoint = r.restarts, r.count, r.savepath
@@ -343,6 +345,9 @@ func (d *Driver) config(ctx context.Context, g *control.JobGraph, co *Checkpoint
 	}
 	first += co.SkipIDs
 	d.store = co.Store
+	if restore != nil && restore.Metadata.Kind == control.KindCheckpoint && checkpoint.InStore(co.Store, restore.Metadata) {
+		d.base = restore.Metadata.ID // its shared files are this store's
+	}
 	return control.Config{
 		IntervalTicks:              ticks(co.Interval, co.Tick),
 		TimeoutTicks:               ticks(co.Timeout, co.Tick),
@@ -611,6 +616,7 @@ func (r *runner) startAttempt(a control.StartAttempt) {
 	}
 	j := r.newJob(a.Attempt, restore)
 	if err := j.build(); err != nil {
+		j.endMetrics()
 		r.fatal(err)
 		return
 	}
@@ -630,7 +636,7 @@ func (r *runner) startAttempt(a control.StartAttempt) {
 			}
 		}()
 	}
-	go func() { wg.Wait(); cancel(nil); close(j.done) }()
+	go func() { wg.Wait(); j.endMetrics(); cancel(nil); close(j.done) }()
 	go r.forward(j)
 	if r.coord == nil {
 		r.endPending(nil) // nothing reports running without a coordinator
@@ -812,7 +818,7 @@ func (d *Driver) act(t Target, a control.Action) {
 		}
 		tr := d.startCheckpoint(x)
 		for _, id := range x.Tasks {
-			b := dataplane.Barrier{ID: x.ID, Kind: kind, IsSync: x.Sync, Trace: tr}
+			b := dataplane.Barrier{ID: x.ID, Kind: kind, IsSync: x.Sync, Base: d.base, Trace: tr}
 			if !t.Command(id, Command{Kind: CommandTrigger, ID: x.ID, Barrier: b}) {
 				d.later(control.TriggerFailed{CheckpointID: x.ID, Subtask: id, Reason: "the subtask has finished"})
 			}
@@ -839,6 +845,9 @@ func (d *Driver) act(t Target, a control.Action) {
 		d.lastMD = md
 		d.count++
 		d.mu.Unlock()
+		if md.Kind == control.KindCheckpoint {
+			d.base = md.ID
+		}
 		d.unionDeclinesEnd(fmt.Sprintf("%s %d completed", md.Kind, md.ID))
 		d.log.Debug("checkpoint complete", "id", x.ID, "kind", x.Kind, "size", x.Size, "location", md.Location)
 		if d.co.OnComplete != nil {

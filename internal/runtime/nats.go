@@ -112,9 +112,10 @@ func (j *job) natsSource(t *task, spec *jobfile.SourceSpec) func(pos []byte) (co
 // natsSink returns the open function of a nats sink subtask. Its writer
 // (the commit-marker subjects) is named by the job's id when it is deployed
 // (stable across failovers, apart for two deployments of one job file) or
-// by the job's name for streamd run, and by the operator's uid. Without
+// by the job's name for streamd run, and by operator (the sink's uid, or a
+// dead-letter sink's "<uid>.dead_letter"). Without
 // checkpointing it publishes at once (Direct).
-func (j *job) natsSink(t *task, spec *jobfile.SinkSpec) func() (connector.Sink, error) {
+func (j *job) natsSink(t *task, spec *jobfile.SinkSpec, operator string) func() (connector.Sink, error) {
 	return func() (connector.Sink, error) {
 		nc, err := j.nats.get(j.natsOptions(spec.URL))
 		if err != nil {
@@ -130,7 +131,7 @@ func (j *job) natsSink(t *task, spec *jobfile.SinkSpec) func() (connector.Sink, 
 			writer = j.remote.JobID
 		}
 		sink, err := connector.NewNATSSinkConn(ctx, nc, connector.NATSSinkOptions{
-			Subject: spec.Subject, CommitSubject: spec.CommitSubject, Job: writer, Operator: t.v.UID, Direct: !t.ckpt,
+			Subject: spec.Subject, CommitSubject: spec.CommitSubject, Job: writer, Operator: operator, Direct: !t.ckpt,
 		}, t.sub, t.v.Parallelism)
 		if err != nil {
 			return nil, err

@@ -45,16 +45,7 @@ func TestNATSExactlyOnceUnderFailure(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
-			for i := 0; i < n; i++ {
-				if _, err := js.PublishAsync(fmt.Sprintf("in.k%d", i%7), fmt.Appendf(nil, "value-%d", i)); err != nil {
-					t.Fatal(err)
-				}
-			}
-			select {
-			case <-js.PublishAsyncComplete():
-			case <-time.After(10 * time.Second):
-				t.Fatal("publishing the input timed out")
-			}
+			publishValues(t, js, n)
 
 			dir := t.TempDir()
 			// The source names the server; the sink takes the runtime's default.
@@ -128,6 +119,21 @@ operators:
 }
 
 // jetStreamServer starts an embedded JetStream server for the test.
+// publishValues publishes value-0 .. value-(n-1) on in.k0 .. in.k6.
+func publishValues(t *testing.T, js jetstream.JetStream, n int) {
+	t.Helper()
+	for i := 0; i < n; i++ {
+		if _, err := js.PublishAsync(fmt.Sprintf("in.k%d", i%7), fmt.Appendf(nil, "value-%d", i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	select {
+	case <-js.PublishAsyncComplete():
+	case <-time.After(10 * time.Second):
+		t.Fatal("publishing the input timed out")
+	}
+}
+
 func jetStreamServer(t *testing.T) (*natsutil.Server, jetstream.JetStream) {
 	t.Helper()
 	srv := natstest.Server(t)

@@ -211,7 +211,7 @@ func (t *task) endFinalWait() {
 }
 
 // timedOutput adds the time a Send blocks to the subtask's back-pressure
-// metric (once per batch or control event; only with metrics on).
+// metric (once per batch or control event).
 type timedOutput struct {
 	dataplane.Output
 	om *telemetry.OperatorMetrics
@@ -236,24 +236,35 @@ func (o timedOutput) NotifyEndOfDataAck(f func()) bool {
 	return dataplane.NotifyEndOfDataAck(o.Output, f)
 }
 
-// initMetrics makes the subtask's metric handle (nil with metrics off).
+// initMetrics makes the subtask's metric handle: its live counters (Stats,
+// the REST API), exported when metrics are on until the attempt ends.
 func (t *task) initMetrics() {
 	if t.om == nil {
-		m := t.j.opts.Metrics
-		if m == nil {
-			m = telemetry.GlobalMetrics()
-		}
-		t.om = m.Operator(telemetry.SubtaskLabels{JobID: t.info.JobID, Job: t.info.Job, Attempt: t.info.Attempt,
+		t.om = t.j.metrics().Operator(telemetry.SubtaskLabels{JobID: t.info.JobID, Job: t.info.Job, Attempt: t.info.Attempt,
 			Host: t.j.opts.Host, Operator: t.v.UID, Subtask: t.sub})
 	}
 }
 
-// timeOutputs wraps outs to measure back-pressure when metrics are on.
+// metrics are the run's metrics (Options.Metrics, else the global ones; nil: off).
+func (j *job) metrics() *telemetry.Metrics {
+	if m := j.opts.Metrics; m != nil {
+		return m
+	}
+	return telemetry.GlobalMetrics()
+}
+
+// endMetrics ends the series of the attempt's subtasks: every one of them
+// ended (the job finished, failed or was canceled, or a failover replaces
+// the attempt).
+func (j *job) endMetrics() {
+	for _, t := range j.tasks {
+		t.om.Close()
+	}
+}
+
+// timeOutputs wraps outs to measure back-pressure.
 func (t *task) timeOutputs(outs []dataplane.Output) []dataplane.Output {
 	t.initMetrics()
-	if t.om == nil {
-		return outs
-	}
 	for i, o := range outs {
 		outs[i] = timedOutput{o, t.om}
 	}
@@ -597,6 +608,17 @@ func (r *runner) endJob(err error) {
 		}
 		r.EndSpans(reason)
 	}
+	// The job's series (checkpoints, restarts) end with it.
+	m := r.opts.Metrics
+	if m == nil {
+		m = telemetry.GlobalMetrics()
+	}
+	m.EndJob(r.opts.JobID, r.g.Name)
+	if r.coord != nil {
+		if id := r.Driver.jobID(); id != r.opts.JobID && id != r.g.Name {
+			m.EndJob(id, r.g.Name)
+		}
+	}
 	r.obs.jobSpan.SetAttributes(attribute.Int("streamd.restarts", r.restarts), attribute.Int("streamd.checkpoints", r.Checkpoints()))
 	telemetry.EndSpan(r.obs.jobSpan, err)
 }
@@ -652,14 +674,19 @@ func (r *runner) checkRunning() {
 func subtaskStates(s *Stats, g *control.JobGraph, j *job) {
 	for i, v := range g.Vertices {
 		states := make([]string, v.Parallelism)
+		var live []telemetry.SubtaskLive
 		for k := range states {
 			if j == nil {
 				states[k] = StateDeploying
 			} else if t := j.byID[control.SubtaskID{Operator: v.UID, Index: k}]; t != nil {
 				states[k] = t.State()
+				if live == nil {
+					live = make([]telemetry.SubtaskLive, v.Parallelism)
+				}
+				live[k] = t.om.Live()
 			}
 		}
-		s.Operators[i].Subtasks = states
+		s.Operators[i].Subtasks, s.Operators[i].Live = states, live
 	}
 }
 

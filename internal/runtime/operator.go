@@ -2,8 +2,10 @@ package runtime
 
 import (
 	"context"
+	"sync"
 
 	"github.com/streamd/streamd/abi"
+	"github.com/streamd/streamd/control"
 	"github.com/streamd/streamd/host"
 	"github.com/streamd/streamd/internal/checkpoint"
 	"github.com/streamd/streamd/internal/connector"
@@ -57,16 +59,16 @@ type NativeCheckpointer interface {
 
 // checkpointer is what the runtime asks of an operator at a checkpoint.
 type checkpointer interface {
-	snapshot(ctx context.Context, id int64) (*checkpoint.SubtaskState, error)
+	snapshot(ctx context.Context, b control.Barrier) (*checkpoint.SubtaskState, error)
 	notify(ctx context.Context, id int64) error
 }
 
 // nativeCheckpointer adapts a NativeOperator (a NativeCheckpointer or not).
 type nativeCheckpointer struct{ op NativeOperator }
 
-func (n nativeCheckpointer) snapshot(ctx context.Context, id int64) (*checkpoint.SubtaskState, error) {
+func (n nativeCheckpointer) snapshot(ctx context.Context, b control.Barrier) (*checkpoint.SubtaskState, error) {
 	if c, ok := n.op.(NativeCheckpointer); ok {
-		return nil, c.SnapshotState(ctx, id)
+		return nil, c.SnapshotState(ctx, b.ID)
 	}
 	return nil, nil
 }
@@ -93,6 +95,18 @@ type wasmOperator struct {
 	mod  *host.Module
 	cfg  host.InstanceConfig
 	inst *host.Instance
+	dl   *deadLetters // on_error skip or dead_letter (deadletter.go); nil: fail
+	// root is the checkpoint store's root ("" without one): restored
+	// state files from there may be referred to by the next incremental
+	// checkpoint.
+	root       string
+	restoredID int64 // the checkpoint cfg.Restore is from
+	// shared holds, by checkpoint id, the shared files the incremental
+	// checkpoints this subtask took (or restored) refer to, by local file
+	// name: a checkpoint with Barrier.Base B reuses those of B the subtask
+	// still has. Written by the background writer, hence the mutex.
+	mu     sync.Mutex
+	shared map[int64]map[string]host.StateFile
 }
 
 func (w *wasmOperator) Open(ctx context.Context, _ SubtaskInfo) error {
@@ -101,11 +115,72 @@ func (w *wasmOperator) Open(ctx context.Context, _ SubtaskInfo) error {
 		return err
 	}
 	w.inst = inst
-	return inst.Open(ctx)
+	if part := inst.AdoptedFiles(); part != nil && w.cfg.Restore != nil && part.Root != "" && part.Root == w.root {
+		// Restored from a checkpoint of this store: its files are shared.
+		w.recordShared(w.restoredID, part)
+	}
+	if err := inst.Open(ctx); err != nil {
+		return err
+	}
+	if w.dl != nil {
+		return w.dl.openSink()
+	}
+	return nil
 }
 
 func (w *wasmOperator) Process(ctx context.Context, input int, recs []abi.Record, emit Emitter) error {
-	return w.inst.Process(ctx, input, recs, host.Emitter(emit))
+	if w.dl == nil {
+		return w.inst.Process(ctx, input, recs, host.Emitter(emit))
+	}
+	err := w.inst.Process(ctx, input, recs, w.dl.hold)
+	if err == nil {
+		w.dl.release(emit)
+		return nil
+	}
+	w.dl.drop()
+	if !isolatable(err) {
+		return err
+	}
+	if len(recs) == 1 {
+		if err := w.dl.failed(ctx, input, recs[0], err); err != nil {
+			return err
+		}
+		return w.replace(ctx)
+	}
+	// Replay the batch record by record from the state before it.
+	if err := w.replace(ctx); err != nil {
+		return err
+	}
+	for k := range recs {
+		err := w.inst.Process(ctx, input, recs[k:k+1], w.dl.hold)
+		if err == nil {
+			w.dl.release(emit)
+			continue
+		}
+		w.dl.drop()
+		if !isolatable(err) {
+			return err
+		}
+		if err := w.dl.failed(ctx, input, recs[k], err); err != nil {
+			return err
+		}
+		if err := w.replace(ctx); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// replace swaps the failed instance for a fresh one on the state before
+// the failed call.
+func (w *wasmOperator) replace(ctx context.Context) error {
+	n, err := w.inst.Replace(ctx)
+	_ = w.inst.Close(ctx) // discarded: releases what is left
+	if err != nil {
+		return err
+	}
+	w.inst = n
+	return nil
 }
 
 func (w *wasmOperator) AdvanceWatermark(ctx context.Context, ts int64, emit Emitter) error {
@@ -117,30 +192,110 @@ func (w *wasmOperator) EndInput(ctx context.Context, input int, emit Emitter) er
 }
 
 func (w *wasmOperator) Finish(ctx context.Context, emit Emitter) error {
-	return w.inst.Finish(ctx, host.Emitter(emit))
+	if err := w.inst.Finish(ctx, host.Emitter(emit)); err != nil {
+		return err
+	}
+	if w.dl != nil {
+		return w.dl.finish()
+	}
+	return nil
 }
 
-func (w *wasmOperator) snapshot(ctx context.Context, id int64) (*checkpoint.SubtaskState, error) {
-	snap, err := w.inst.SnapshotState(ctx, id)
+func (w *wasmOperator) snapshot(ctx context.Context, b control.Barrier) (*checkpoint.SubtaskState, error) {
+	var snap *host.Snapshot
+	var err error
+	if b.Kind == control.KindSavepoint {
+		snap, err = w.inst.SnapshotState(ctx, b.ID) // full and portable
+	} else {
+		snap, err = w.inst.SnapshotCheckpoint(ctx, b.ID)
+	}
 	if err != nil {
 		return nil, err
 	}
+	st := &checkpoint.SubtaskState{Operator: snap}
 	if snap.Empty() {
 		snap.Release()
+		st.Operator = nil
+	}
+	if w.dl != nil {
+		if st.SinkPending, err = w.dl.preCommit(b.ID); err != nil {
+			return nil, err
+		}
+	}
+	if st.Operator == nil && st.SinkPending == nil {
 		return nil, nil
 	}
-	return &checkpoint.SubtaskState{Operator: snap}, nil
+	if st.Operator != nil && len(snap.Files) > 0 {
+		w.reuseShared(snap.Files[0], b)
+	}
+	return st, nil
+}
+
+// stateWritten is called once st, the state of checkpoint id, is durable.
+func (w *wasmOperator) stateWritten(id int64, st *checkpoint.SubtaskState) {
+	if st.Operator != nil && len(st.Operator.Files) > 0 {
+		w.recordShared(id, st.Operator.Files[0])
+	}
+}
+
+// reuseShared sets the keys of the files of part that checkpoint b.Base
+// refers to as well (same name, same size: sstables never change), and
+// forgets the files of checkpoints older than the base.
+func (w *wasmOperator) reuseShared(part *host.FileState, b control.Barrier) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	base := w.shared[b.Base]
+	for i := range part.Files {
+		f := &part.Files[i]
+		if prev, ok := base[f.Name]; ok && f.Shared && prev.Size == f.Size {
+			f.Key, f.CRC32C = prev.Key, prev.CRC32C
+		}
+	}
+	for id := range w.shared {
+		if id < b.Base {
+			delete(w.shared, id)
+		}
+	}
+}
+
+// recordShared remembers the shared files of checkpoint id once its state
+// is written.
+func (w *wasmOperator) recordShared(id int64, part *host.FileState) {
+	m := make(map[string]host.StateFile, len(part.Files))
+	for _, f := range part.Files {
+		if f.Shared && f.Key != "" {
+			m[f.Name] = host.StateFile{Name: f.Name, Shared: true, Key: f.Key, Size: f.Size, CRC32C: f.CRC32C}
+		}
+	}
+	w.mu.Lock()
+	if w.shared == nil {
+		w.shared = map[int64]map[string]host.StateFile{}
+	}
+	w.shared[id] = m
+	w.mu.Unlock()
 }
 
 func (w *wasmOperator) notify(ctx context.Context, id int64) error {
-	return w.inst.NotifyCheckpointComplete(ctx, id)
+	if err := w.inst.NotifyCheckpointComplete(ctx, id); err != nil {
+		return err
+	}
+	if w.dl != nil {
+		return w.dl.commit(id)
+	}
+	return nil
 }
 
 func (w *wasmOperator) Close(ctx context.Context) error {
-	if w.inst == nil {
-		return nil
+	var err error
+	if w.inst != nil {
+		err = w.inst.Close(ctx)
 	}
-	return w.inst.Close(ctx)
+	if w.dl != nil {
+		if cerr := w.dl.close(); err == nil {
+			err = cerr
+		}
+	}
+	return err
 }
 
 // sinkOperator runs a built-in sink with the operator lifecycle: the sink is
@@ -181,9 +336,9 @@ func (s *sinkOperator) commitRestored() error {
 	return nil
 }
 
-func (s *sinkOperator) snapshot(_ context.Context, id int64) (*checkpoint.SubtaskState, error) {
+func (s *sinkOperator) snapshot(_ context.Context, b control.Barrier) (*checkpoint.SubtaskState, error) {
 	if tp, ok := s.sink.(connector.TwoPhaseSink); ok {
-		st, err := tp.PreCommit(id)
+		st, err := tp.PreCommit(b.ID)
 		if err != nil {
 			return nil, err
 		}

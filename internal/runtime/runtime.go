@@ -197,6 +197,13 @@ type OperatorStats struct {
 	// its keyed state): the time the subtask processed nothing for a
 	// checkpoint. Encoding and writing run in the background.
 	MaxSnapshotPause time.Duration `json:",omitempty"`
+	// DeadLetters counts the records its on_error skip or dead_letter took
+	// out of the stream (a failover may count a record again, as RecordsIn).
+	DeadLetters int64 `json:",omitempty"`
+	// Live has the counters of each subtask that runs in this process
+	// (watermark, back-pressured, busy and idle time, source lag), by
+	// index; the zero value for the others.
+	Live []telemetry.SubtaskLive `json:",omitempty"`
 }
 
 // Stats is a snapshot of a run's counters.
@@ -247,6 +254,7 @@ func appendFailure(fs []AttemptFailure, attempt int, err error) []AttemptFailure
 // opStats are the live counters of one operator, added to once per batch.
 type opStats struct {
 	in, out atomic.Int64
+	dead    atomic.Int64 // dead letters (on_error)
 	// pause is the longest synchronous part of a snapshot of any subtask,
 	// in nanoseconds: the time it processed nothing for a checkpoint.
 	pause atomic.Int64
@@ -437,6 +445,7 @@ func (j *job) build() error {
 				t.srcWake = make(chan struct{}, 1)
 				t.mb.notify = t.srcWake
 			}
+			t.initMetrics() // before the attempt is seen: Stats read its counters
 			// Record writers: one per output edge.
 			for _, e := range g.Outputs(v.UID) {
 				to := g.Vertex(e.To)
@@ -513,7 +522,7 @@ func (j *job) bindSpec(t *task, modules map[string]*host.Module) error {
 		case "discard":
 			open = func() (connector.Sink, error) { return connector.DiscardSink{}, nil }
 		case "nats":
-			open = j.natsSink(t, spec)
+			open = j.natsSink(t, spec, v.UID)
 		default:
 			return fmt.Errorf("unknown sink type %q", spec.Type)
 		}
@@ -529,11 +538,23 @@ func (j *job) bindSpec(t *task, modules map[string]*host.Module) error {
 			Config: spec.Config, AllowClock: spec.AllowClock,
 			LendEmits:      true, // the record writers copy every emitted record into their batches
 			MaxRecordBytes: j.opts.MaxRecordBytes,
-			State:          host.StateConfig{Backend: j.opts.State.Backend, DataDir: j.opts.DataDir, Cache: j.stateCache},
+			State:          host.StateConfig{Backend: j.opts.State.Backend, DataDir: j.opts.DataDir, Cache: j.stateCache, Incremental: j.opts.State.Incremental},
 			GuestLog:       j.opts.GuestLog,
 		}}
 		if rs != nil {
 			wo.cfg.Restore = rs.Snapshot
+			wo.restoredID = j.restore.Metadata.ID
+		}
+		if r, ok := j.store.(interface{ Root() string }); ok {
+			wo.root = r.Root()
+		}
+		if spec.OnError != nil {
+			wo.cfg.Isolate = true
+			var pending [][]byte
+			if rs != nil {
+				pending = rs.SinkPending
+			}
+			wo.dl = j.newDeadLetters(t, spec.OnError, pending)
 		}
 		t.op = wo
 	case NativeFactory:

@@ -47,7 +47,7 @@ func TestSavepointAcrossStateBackends(t *testing.T) {
 			stop := make(chan StopRequest, 1)
 			var cps atomic.Int32
 			stats, err := Run(context.Background(), job(c.p1, 300), Options{Engine: eng, BatchSize: 64, Stop: stop,
-				State: jobfile.StateSettings{Backend: c.from, CacheMiB: 8}, DataDir: data,
+				State: jobfile.StateSettings{Backend: c.from, CacheMiB: 8, Incremental: c.from == jobfile.StatePebble}, DataDir: data,
 				Restart: jobfile.RestartSettings{Strategy: jobfile.RestartFixedDelay, Attempts: 2},
 				Checkpoint: &CheckpointOptions{Store: openStore(t, filepath.Join(dir, "chk")), Interval: 30 * time.Millisecond, Tick: 5 * time.Millisecond,
 					OnComplete: func(*checkpoint.Metadata) {

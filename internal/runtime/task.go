@@ -233,7 +233,7 @@ func toDataplaneBarrier(b control.Barrier) dataplane.Barrier {
 	if b.Kind == control.KindSavepoint {
 		kind = dataplane.Savepoint
 	}
-	return dataplane.Barrier{ID: b.ID, Kind: kind, IsSync: b.Sync, Unaligned: b.Unaligned, Trace: b.Trace}
+	return dataplane.Barrier{ID: b.ID, Kind: kind, IsSync: b.Sync, Unaligned: b.Unaligned, Base: b.Base, Trace: b.Trace}
 }
 
 func fromDataplaneBarrier(b dataplane.Barrier) control.Barrier {
@@ -241,7 +241,7 @@ func fromDataplaneBarrier(b dataplane.Barrier) control.Barrier {
 	if b.Kind == dataplane.Savepoint {
 		kind = control.KindSavepoint
 	}
-	return control.Barrier{ID: b.ID, Kind: kind, Sync: b.IsSync, Unaligned: b.Unaligned, Trace: b.Trace}
+	return control.Barrier{ID: b.ID, Kind: kind, Sync: b.IsSync, Unaligned: b.Unaligned, Base: b.Base, Trace: b.Trace}
 }
 
 // perform carries out one action of the protocol machine.
@@ -299,6 +299,9 @@ func (t *task) perform(a control.SubtaskAction) error {
 		}
 		if err := t.broadcast(dataplane.WatermarkEvent(x.TS)); err != nil {
 			return t.fail(phaseOutput, err)
+		}
+		if len(t.writers) > 0 {
+			t.om.OutputWatermark(t.ctx, x.TS, false)
 		}
 	case control.EndInput:
 		ectx, span := t.startPhase(telemetry.SpanTaskEndInput, telemetry.AttrInput.Int(x.Input))
@@ -378,7 +381,7 @@ func (t *task) watchAcks() {
 // store, then the acknowledgement.
 func (t *task) snapshot(x control.TakeSnapshot) error {
 	sctx, span := t.startCheckpointSpan(telemetry.SpanTaskSnapshot, x.B.ID, x.B.Trace)
-	st, err := t.takeState(sctx, x.B.ID)
+	st, err := t.takeState(sctx, x.B)
 	if err != nil {
 		telemetry.EndSpan(span, err)
 		return err
@@ -389,7 +392,7 @@ func (t *task) snapshot(x control.TakeSnapshot) error {
 
 // takeState snapshots the operator's state (a source: its position) for
 // checkpoint id; nil for a deployed-finished subtask, which has none.
-func (t *task) takeState(ctx context.Context, id int64) (*checkpoint.SubtaskState, error) {
+func (t *task) takeState(ctx context.Context, b control.Barrier) (*checkpoint.SubtaskState, error) {
 	start := time.Now()
 	defer func() { t.stats.addPause(time.Since(start)) }()
 	switch {
@@ -398,7 +401,7 @@ func (t *task) takeState(ctx context.Context, id int64) (*checkpoint.SubtaskStat
 	case t.newSource != nil:
 		return &checkpoint.SubtaskState{SourcePosition: t.srcAt}, nil
 	}
-	st, err := t.cp.snapshot(ctx, id)
+	st, err := t.cp.snapshot(ctx, b)
 	if err != nil {
 		return nil, t.fail(string(abi.PhaseSnapshot), err)
 	}
@@ -447,6 +450,11 @@ func (t *task) writeSnapshotNow(x control.TakeSnapshot, st *checkpoint.SubtaskSt
 			return
 		}
 		ack.StateRef, ack.Size = ref.String(), ref.Size
+		if w, ok := t.cp.(interface {
+			stateWritten(id int64, st *checkpoint.SubtaskState)
+		}); ok {
+			w.stateWritten(b.ID, st)
+		}
 		if st.Operator != nil {
 			for _, l := range st.Operator.Lists {
 				if l != nil && l.Mode == abi.ListUnion {
@@ -553,6 +561,9 @@ func (t *task) runSource(ctx context.Context) error {
 		}()
 		t.setState(StateRunning)
 		ready, _ = src.(connector.ReadySource)
+		if l, ok := src.(connector.LagSource); ok {
+			t.om.SourceLag(l.Lag)
+		}
 		buf = make([]abi.Record, t.j.opts.BatchSize)
 		rd = startSourceReader(ctx, src, t.j.opts.BatchSize)
 		t.reader = rd
@@ -571,7 +582,10 @@ func (t *task) runSource(ctx context.Context) error {
 		var results <-chan readResult
 		if t.m.Reading() {
 			if !inflight && ready != nil && ready.Ready() {
-				if err := t.sourceBatch(t.readInline(ctx, buf)); err != nil {
+				start, bp := time.Now(), t.om.BackPressured()
+				err := t.sourceBatch(t.readInline(ctx, buf))
+				t.om.BusySince(ctx, start, bp)
+				if err != nil {
 					return err
 				}
 				continue
@@ -582,10 +596,15 @@ func (t *task) runSource(ctx context.Context) error {
 			}
 			results = rd.results
 		}
+		idle := time.Now()
 		select {
 		case res := <-results:
 			inflight = false
-			if err := t.sourceBatch(res); err != nil {
+			t.om.Idle(ctx, time.Since(idle)) // waiting for the source
+			start, bp := time.Now(), t.om.BackPressured()
+			err := t.sourceBatch(res)
+			t.om.BusySince(ctx, start, bp)
+			if err != nil {
 				return err
 			}
 		case <-t.srcWake:
@@ -632,6 +651,7 @@ func (t *task) sourceBatch(res readResult) error {
 	}
 	if res.wm > t.srcWM {
 		t.srcWM = res.wm
+		t.om.OutputWatermark(t.ctx, res.wm, true)
 		if err := t.broadcast(dataplane.WatermarkEvent(res.wm)); err != nil {
 			return t.fail(phaseOutput, err)
 		}
@@ -770,6 +790,12 @@ func (t *task) runOperator(ctx context.Context) (err error) {
 				return t.fail(string(abi.PhaseOpen), err)
 			}
 		}
+		// A wasm operator's dead letters not committed before the failure.
+		if wo, ok := t.op.(*wasmOperator); ok && wo.dl != nil {
+			if err := wo.dl.commitRestored(); err != nil {
+				return t.fail(string(abi.PhaseOpen), err)
+			}
+		}
 		// A nats sink's final epochs are in its restored state: commit them.
 		if so, ok := t.op.(*sinkOperator); ok && len(so.pending) > 0 {
 			if spec, ok := t.v.Spec.(*jobfile.SinkSpec); ok && spec.Type == "nats" {
@@ -809,13 +835,9 @@ func (t *task) runOperator(ctx context.Context) (err error) {
 			if err := t.flush(); err != nil {
 				return t.fail(phaseOutput, err)
 			}
-			if t.om != nil {
-				idle := time.Now()
-				ch, ev, err = g.Next(ctx)
-				t.om.Idle(ctx, time.Since(idle))
-			} else {
-				ch, ev, err = g.Next(ctx)
-			}
+			idle := time.Now()
+			ch, ev, err = g.Next(ctx)
+			t.om.Idle(ctx, time.Since(idle))
 		}
 		if err != nil {
 			return t.fail(phaseInput, err)
@@ -868,17 +890,12 @@ func (t *task) process(ctx context.Context, ch int, b *dataplane.Batch) error {
 	n := len(b.Records)
 	t.stats.in.Add(int64(n))
 	t.records += int64(n)
-	var start time.Time
-	if t.om != nil {
-		start, t.inBatch, t.batchOut = time.Now(), true, 0
-	}
+	start, bp := time.Now(), t.om.BackPressured()
+	t.inBatch, t.batchOut = true, 0
 	err := t.op.Process(ctx, t.gate.Input(ch), b.Records, t.emit)
-	if t.om != nil {
-		t.inBatch = false
-		d := time.Since(start)
-		t.om.Batch(ctx, n, t.batchOut, d)
-		t.om.Busy(ctx, d)
-	}
+	t.inBatch = false
+	t.om.Batch(ctx, n, t.batchOut, time.Since(start))
+	t.om.BusySince(ctx, start, bp)
 	b.Release()
 	return t.call(string(abi.PhaseProcess), err)
 }

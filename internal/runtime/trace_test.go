@@ -95,11 +95,9 @@ func tracedRun(t *testing.T, n int64) (spans, *sdkmetric.ManualReader, Stats) {
 	dir := t.TempDir()
 	exp := tracetest.NewInMemoryExporter()
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(exp))
-	reader := sdkmetric.NewManualReader()
-	m, err := telemetry.NewMetrics(sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader)))
-	if err != nil {
-		t.Fatal(err)
-	}
+	m := telemetry.NewMetrics()
+	reader := sdkmetric.NewManualReader(sdkmetric.WithProducer(m))
+	_ = sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
 	const p = 2
 	gen := &jobfile.SourceSpec{Type: "generator", Count: n, Rate: 4000, KeyPattern: "key-{k}", ValuePattern: "value-{n}", Keys: 13, TSStep: 1}
 	g := graph(t,

@@ -110,7 +110,7 @@ func (t *task) startUnaligned(x control.TakeSnapshot) error {
 	u := &t.ua
 	u.dropCheckpoint()
 	sctx, span := t.startCheckpointSpan(telemetry.SpanTaskSnapshot, x.B.ID, x.B.Trace)
-	st, err := t.takeState(sctx, x.B.ID)
+	st, err := t.takeState(sctx, x.B)
 	if err != nil {
 		telemetry.EndSpan(span, err)
 		return err

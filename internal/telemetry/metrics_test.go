@@ -27,6 +27,8 @@ func TestPrometheusEndpoint(t *testing.T) {
 	op.Alignment(ctx, 20*time.Millisecond)
 	op.FinalCheckpointWait(ctx, 300*time.Millisecond)
 	op.Watermark(ctx, time.Now().Add(-3*time.Second).UnixMilli())
+	op.OutputWatermark(ctx, 12345, false)
+	op.SourceLag(func() (int64, bool) { return 42, true })
 	op.Busy(ctx, 700*time.Millisecond)
 	op.Idle(ctx, 300*time.Millisecond)
 	m.Checkpoint(ctx, "wc-1", "wc", 7, 250*time.Millisecond, 4096)
@@ -61,6 +63,8 @@ func TestPrometheusEndpoint(t *testing.T) {
 		`streamd_checkpoints_declined_total{` + job + `} 1`,
 		`streamd_watermark_milliseconds{` + sel + `} 1`,
 		`streamd_watermark_lag_seconds{` + sel + `} 3`,
+		`streamd_watermark_output_milliseconds{` + sel + `} 12345`,
+		`streamd_source_lag{` + sel + `} 42`,
 		`streamd_task_busy_time_seconds_total{` + sel + `} 0.7`,
 		`streamd_task_idle_time_seconds_total{` + sel + `} 0.3`,
 		`target_info{`, `service_name="streamd-host-a"`,
@@ -130,5 +134,50 @@ func TestBatchDoesNotAllocate(t *testing.T) {
 		op.Idle(ctx, time.Millisecond)
 	}); allocs != 0 {
 		t.Errorf("Batch: %v allocations", allocs)
+	}
+}
+
+// TestEndedSeriesRemoved: a closed subtask's and an ended job's series are
+// scraped once more with their final values, then are gone; the series of
+// a subtask and a job that still run stay.
+func TestEndedSeriesRemoved(t *testing.T) {
+	ctx := context.Background()
+	tel, err := telemetry.New(ctx, telemetry.Config{PrometheusAddr: "127.0.0.1:0"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tel.Shutdown(ctx)
+	m := tel.Metrics()
+	ended := m.Operator(telemetry.SubtaskLabels{JobID: "a-1", Job: "a", Operator: "src"})
+	running := m.Operator(telemetry.SubtaskLabels{JobID: "b-1", Job: "b", Operator: "src"})
+	ended.Batch(ctx, 5, 5, time.Millisecond)
+	running.Batch(ctx, 7, 7, time.Millisecond)
+	m.Checkpoint(ctx, "a-1", "a", 3, time.Millisecond, 10)
+	m.Checkpoint(ctx, "b-1", "b", 4, time.Millisecond, 10)
+	scrape := func() string {
+		_, text := get(t, "http://"+tel.MetricsAddr()+"/metrics")
+		return text
+	}
+	ended.Batch(ctx, 1, 1, time.Millisecond) // after the last scrape: the final value is scraped once
+	ended.Close()
+	m.EndJob("a-1", "a")
+	first, second := scrape(), scrape()
+	for _, want := range []string{`streamd_records_in_total{streamd_attempt="0",streamd_job="a",streamd_job_id="a-1",streamd_job_name="a",streamd_operator="src",streamd_subtask="0"} 6`,
+		`streamd_checkpoint_last_id{streamd_job="a",streamd_job_id="a-1",streamd_job_name="a"} 3`} {
+		if !strings.Contains(first, want) {
+			t.Errorf("first scrape after the end lacks the final %q", want)
+		}
+	}
+	if strings.Contains(second, `streamd_job_id="a-1"`) {
+		t.Errorf("second scrape after the end still has job a-1's series:\n%s", grepStreamd(second))
+	}
+	for _, want := range []string{`streamd_records_in_total{streamd_attempt="0",streamd_job="b",streamd_job_id="b-1",streamd_job_name="b",streamd_operator="src",streamd_subtask="0"} 7`,
+		`streamd_checkpoint_last_id{streamd_job="b",streamd_job_id="b-1",streamd_job_name="b"} 4`} {
+		if !strings.Contains(second, want) {
+			t.Errorf("running job's series went: no %q in\n%s", want, grepStreamd(second))
+		}
+	}
+	if n := m.Subtasks(); n != 1 {
+		t.Errorf("%d subtasks exported, want 1", n)
 	}
 }

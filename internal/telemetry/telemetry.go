@@ -156,14 +156,12 @@ func containsScheme(s string) bool {
 func (t *Telemetry) startMetrics(res *resource.Resource) error {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	exp, err := promexporter.New(promexporter.WithRegisterer(reg), promexporter.WithoutScopeInfo())
+	t.metrics = NewMetrics() // the job and subtask series, which end with them
+	exp, err := promexporter.New(promexporter.WithRegisterer(reg), promexporter.WithoutScopeInfo(), promexporter.WithProducer(t.metrics))
 	if err != nil {
 		return fmt.Errorf("telemetry: prometheus exporter: %w", err)
 	}
 	t.mp = sdkmetric.NewMeterProvider(sdkmetric.WithReader(exp), sdkmetric.WithResource(res))
-	if t.metrics, err = NewMetrics(t.mp); err != nil {
-		return err
-	}
 	ln, err := net.Listen("tcp", t.cfg.PrometheusAddr)
 	if err != nil {
 		return fmt.Errorf("telemetry: %s: listen on %s: %w", KeyMetricsListen, t.cfg.PrometheusAddr, err)

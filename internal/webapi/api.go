@@ -262,6 +262,41 @@ type Subtask struct {
 	Subtask int    `json:"subtask"`
 	Host    string `json:"host,omitempty"`
 	State   string `json:"state"`
+	// The subtask's counters as its host reported them last (absent
+	// before): its input watermark and the watermark it last sent
+	// downstream (output), in event-time ms (absent before the first; a
+	// source has only an output one, a sink only an input one), the
+	// milliseconds so far it was
+	// back-pressured (blocked sending downstream), busy (in its operator's
+	// calls) and idle (waiting for input), and a nats source's lag
+	// (messages it has yet to read). The console turns the times into
+	// milliseconds per second between two polls, as Flink's
+	// backPressuredTimeMsPerSecond, busyTimeMsPerSecond, idleTimeMsPerSecond.
+	Watermark       *int64 `json:"watermark,omitempty"`
+	OutputWatermark *int64 `json:"output_watermark,omitempty"`
+	BackPressuredMS *int64 `json:"backpressured_ms,omitempty"`
+	BusyMS          *int64 `json:"busy_ms,omitempty"`
+	IdleMS          *int64 `json:"idle_ms,omitempty"`
+	SourceLag       *int64 `json:"source_lag,omitempty"`
+}
+
+// subtask is the API's view of s.
+func subtask(s cluster.SubtaskStatus) Subtask {
+	out := Subtask{Subtask: s.Index, Host: s.Host, State: s.State}
+	if l := s.Live; l != nil {
+		ms := func(d time.Duration) *int64 { v := d.Milliseconds(); return &v }
+		out.BackPressuredMS, out.BusyMS, out.IdleMS = ms(l.BackPressure), ms(l.Busy), ms(l.Idle)
+		if l.HasWatermark {
+			out.Watermark = &l.Watermark
+		}
+		if l.HasOutputWatermark {
+			out.OutputWatermark = &l.OutputWatermark
+		}
+		if l.HasSourceLag {
+			out.SourceLag = &l.SourceLag
+		}
+	}
+	return out
 }
 
 func detail(st *cluster.JobStatus) JobDetail {
@@ -272,7 +307,7 @@ func detail(st *cluster.JobStatus) JobDetail {
 		v := Vertex{ID: op.UID, Kind: op.Kind, Parallelism: op.Parallelism, RecordsIn: op.RecordsIn, RecordsOut: op.RecordsOut,
 			UnionDeclines: op.UnionDeclines, Tasks: map[string]int{}, Subtasks: []Subtask{}}
 		for _, s := range op.Subtasks {
-			v.Subtasks = append(v.Subtasks, Subtask{Subtask: s.Index, Host: s.Host, State: s.State})
+			v.Subtasks = append(v.Subtasks, subtask(s))
 			v.Tasks[s.State]++
 		}
 		for state, n := range v.Tasks {

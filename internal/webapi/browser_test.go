@@ -33,7 +33,8 @@ func chromium(t *testing.T) string {
 }
 
 // The console in a real browser, headless and on loopback only: the page of
-// a running job shows its graph with each subtask's state, live rates and a
+// a running job shows its graph with each subtask's state, live rates, each
+// subtask's watermark, back-pressure, busy and idle time, updating, and a
 // completed checkpoint; its stop-with-savepoint button stops the job.
 func TestConsoleInBrowser(t *testing.T) {
 	bin := chromium(t)
@@ -100,6 +101,33 @@ func TestConsoleInBrowser(t *testing.T) {
 	); err != nil {
 		t.Fatalf("job page: %v", err)
 	}
+	// Each subtask's watermark, back-pressure, busy and idle time per
+	// second, updating live: upper[0]'s watermark advances on the page.
+	subtask := `#subtasks tr[data-id="upper"][data-subtask="0"] `
+	if err := chromedp.Do(ctx,
+		voidPoll(`document.querySelectorAll('#subtasks tbody tr').length == 4`),
+		voidPoll(`/^[0-9]+$/.test(document.querySelector('#subtasks tr[data-id="gen"] td.output-watermark').textContent) &&
+			[...document.querySelectorAll('#subtasks tr[data-id="upper"], #subtasks tr[data-id="out"]')].every(tr =>
+			/^[0-9]+$/.test(tr.querySelector('td.watermark').textContent) &&
+			/^[0-9]+ ms\/s \([0-9]+%\)$/.test(tr.querySelector('td.backpressure').textContent) &&
+			/^[0-9]+ ms\/s/.test(tr.querySelector('td.busy').textContent) &&
+			/^[0-9]+ ms\/s/.test(tr.querySelector('td.idle').textContent))`),
+	); err != nil {
+		table, _ := chromedp.Run(ctx, chromedp.Text(`#subtask-table`))
+		t.Fatalf("subtask table: %v; the page shows:\n%s", err, table)
+	}
+	wm0, err := chromedp.Run(ctx, chromedp.Evaluate[int64](`+document.querySelector('`+subtask+`td.watermark').textContent`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := chromedp.Do(ctx, voidPoll(fmt.Sprintf(`+document.querySelector('%std.watermark').textContent > %d`, subtask, wm0))); err != nil {
+		t.Fatalf("upper[0]'s watermark stays at %d on the page: %v", wm0, err)
+	}
+	row, err := chromedp.Run(ctx, chromedp.Text(subtask))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("upper[0] on the page: %s", row)
 	upperSubtasks, err := chromedp.Run(ctx, chromedp.Evaluate[int](`document.querySelectorAll('svg .node[data-id="upper"] rect.subtask').length`))
 	if err != nil {
 		t.Fatal(err)

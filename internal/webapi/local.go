@@ -13,6 +13,7 @@ import (
 	"github.com/streamd/streamd/control"
 	"github.com/streamd/streamd/internal/cluster"
 	"github.com/streamd/streamd/internal/runtime"
+	"github.com/streamd/streamd/internal/telemetry"
 )
 
 // Local is the Backend of `streamd run`: its one job, seen through the
@@ -109,16 +110,20 @@ func (l *Local) status() cluster.JobStatus {
 	for i, v := range l.g.Vertices {
 		op := cluster.OperatorStatus{UID: v.UID, Parallelism: v.Parallelism, Kind: string(v.Kind), Inputs: cluster.EdgeStatuses(v.Inputs)}
 		var subs []string
+		var live []telemetry.SubtaskLive
 		if i < len(s.Operators) {
 			o := s.Operators[i]
-			op.RecordsIn, op.RecordsOut, op.UnionDeclines, subs = o.RecordsIn, o.RecordsOut, o.UnionDeclines, o.Subtasks
+			op.RecordsIn, op.RecordsOut, op.UnionDeclines, subs, live = o.RecordsIn, o.RecordsOut, o.UnionDeclines, o.Subtasks, o.Live
 		}
 		for k := 0; k < v.Parallelism; k++ {
-			state := runtime.StateDeploying
+			sub := cluster.SubtaskStatus{Index: k, Host: "local", State: runtime.StateDeploying}
 			if k < len(subs) && subs[k] != "" {
-				state = subs[k]
+				sub.State = subs[k]
 			}
-			op.Subtasks = append(op.Subtasks, cluster.SubtaskStatus{Index: k, Host: "local", State: state})
+			if k < len(live) {
+				sub.Live = &live[k]
+			}
+			op.Subtasks = append(op.Subtasks, sub)
 		}
 		st.Operators = append(st.Operators, op)
 	}

@@ -90,7 +90,7 @@ checkpoint:
   interval: 200ms
 operators:
   - uid: gen
-    source: {type: generator, rate: 500}
+    source: {type: generator, rate: 500, ts_step: 1}
   - uid: upper
     wasm: uppercase.wasm
     parallelism: 2
@@ -208,6 +208,30 @@ func TestJobLifecycle(t *testing.T) {
 	}
 	if job.Tasks[cluster.SubtaskRunning] != 4 {
 		t.Errorf("tasks %v: want 4 running", job.Tasks)
+	}
+	// Each subtask's counters, as its host reports them: the watermark
+	// (the generator's timestamps, ts_step 1), back-pressured, busy and
+	// idle milliseconds; no source lag (not a nats source).
+	job = waitFor(t, base, "watermarks", func(j *webapi.JobDetail) bool {
+		for i, v := range j.Vertices {
+			for _, s := range v.Subtasks {
+				in, out := s.Watermark != nil && *s.Watermark > 0, s.OutputWatermark != nil && *s.OutputWatermark > 0
+				if in != (i > 0) || out != (i < 2) { // the source has no input, the sink no output
+					return false
+				}
+			}
+		}
+		return true
+	})
+	for _, v := range job.Vertices {
+		for _, s := range v.Subtasks {
+			if s.BackPressuredMS == nil || s.BusyMS == nil || s.IdleMS == nil || s.SourceLag != nil {
+				t.Errorf("%s[%d]: back-pressured %v, busy %v, idle %v ms, source lag %v: want times and no lag", v.ID, s.Subtask, s.BackPressuredMS, s.BusyMS, s.IdleMS, s.SourceLag)
+			}
+		}
+	}
+	if s := job.Vertices[2].Subtasks[0]; *s.IdleMS == 0 {
+		t.Errorf("the sink of a job at 500 records/s was never idle: %+v", s)
 	}
 
 	var jobs webapi.JobsReply

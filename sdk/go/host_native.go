@@ -18,6 +18,7 @@ type hostImports interface {
 	CurrentWatermark() int64
 	Log(level int32, msg string)
 	Fail(msg string)
+	Reject(msg string)
 }
 
 var nativeHost hostImports
@@ -42,3 +43,4 @@ func hostTimerDelete(key []byte, ts int64)   { native().TimerDelete(key, ts) }
 func hostCurrentWatermark() int64            { return native().CurrentWatermark() }
 func hostLog(level int32, msg string)        { native().Log(level, msg) }
 func hostFail(msg string)                    { native().Fail(msg) }
+func hostReject(msg string)                  { native().Reject(msg) }

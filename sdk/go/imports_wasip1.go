@@ -41,6 +41,9 @@ func importLog(level int32, msg unsafe.Pointer, msgLen uint32)
 //go:wasmimport streamd_v1 fail
 func importFail(msg unsafe.Pointer, msgLen uint32)
 
+//go:wasmimport streamd_v1 reject
+func importReject(msg unsafe.Pointer, msgLen uint32)
+
 func bptr(b []byte) unsafe.Pointer { return unsafe.Pointer(unsafe.SliceData(b)) }
 func sptr(s string) unsafe.Pointer { return unsafe.Pointer(unsafe.StringData(s)) }
 
@@ -71,3 +74,4 @@ func hostTimerDelete(key []byte, ts int64)   { importTimerDelete(bptr(key), uint
 func hostCurrentWatermark() int64            { return importCurrentWatermark() }
 func hostLog(level int32, msg string)        { importLog(level, sptr(msg), uint32(len(msg))) }
 func hostFail(msg string)                    { importFail(sptr(msg), uint32(len(msg))) }
+func hostReject(msg string)                  { importReject(sptr(msg), uint32(len(msg))) }

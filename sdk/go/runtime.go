@@ -13,6 +13,7 @@ const (
 	statusOK           int32 = 0
 	statusError        int32 = 1
 	statusInvalidInput int32 = 2
+	statusReject       int32 = 3 // streamd_process only: a record is rejected (reject import)
 )
 
 // phase is the lifecycle export being run; it decides what the SDK allows.
@@ -92,10 +93,38 @@ func run(p phase, f func() error) (status int32) {
 		Fail("streamd: no operator registered: call streamd.Register(op) in an init function of package main")
 	}
 	if err := f(); err != nil {
+		var rj *rejection
+		if p == phaseProcess && errors.As(err, &rj) {
+			out.reset() // the host drops what the batch emitted and replays it
+			hostReject(rj.Error())
+			return statusReject
+		}
 		Fail(p.String() + ": " + err.Error())
 	}
 	flush()
 	return statusOK
+}
+
+// rejection is the error Reject returns.
+type rejection struct{ reason error }
+
+func (r *rejection) Error() string { return r.reason.Error() }
+func (r *rejection) Unwrap() error { return r.reason }
+
+// Reject returns an error that, returned from ProcessElement, rejects the
+// record on purpose: the subtask does not fail and the instance is not
+// trapped. The host then handles the record as the operator's on_error in
+// the job file says: skip drops it, dead_letter writes it with reason's
+// text to the dead-letter sink, and fail (the default) fails the job with
+// that text. What the call emitted and wrote to keyed state for the record
+// is undone (the host replays the batch without it). Returned from any
+// other method, it fails the subtask like any error. A nil reason is
+// "rejected".
+func Reject(reason error) error {
+	if reason == nil {
+		reason = errors.New("rejected")
+	}
+	return &rejection{reason}
 }
 
 // panicText renders a panic value without fmt, which would add 700 KiB to

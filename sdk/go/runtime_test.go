@@ -20,6 +20,7 @@ type fakeHost struct {
 	watermark int64
 	logs      []string
 	fails     []string
+	rejects   []string
 }
 
 func newFakeHost() *fakeHost {
@@ -71,6 +72,7 @@ func (h *fakeHost) TimerDelete(key []byte, ts int64) { delete(h.timers, string(k
 func (h *fakeHost) CurrentWatermark() int64          { return h.watermark }
 func (h *fakeHost) Log(level int32, msg string)      { h.logs = append(h.logs, msg) }
 func (h *fakeHost) Fail(msg string)                  { h.fails = append(h.fails, msg) }
+func (h *fakeHost) Reject(msg string)                { h.rejects = append(h.rejects, msg) }
 
 func (h *fakeHost) emitted() []Record {
 	var all []Record
@@ -169,6 +171,31 @@ func TestEmitFlushesLargeOutput(t *testing.T) {
 		if size := frameSize(f); size > flushThreshold+recordSize(f[0]) {
 			t.Fatalf("frame %d is %d bytes", i, size)
 		}
+	}
+}
+
+// TestRejectReturnsStatusReject: Reject from ProcessElement gives the reason
+// to the reject import and returns status 3 without failing or emitting;
+// from another method it fails the subtask.
+func TestRejectReturnsStatusReject(t *testing.T) {
+	h := install(t, &funcOp{
+		process: func(r Record, input int) error {
+			Emit(nil, []byte("dropped"), 0)
+			if string(r.Value) == "bad" {
+				return Reject(errors.New("value is bad"))
+			}
+			return nil
+		},
+		snapshot: func(int64) error { return Reject(nil) },
+	})
+	if st := doProcess(0, batch(rec("", "ok", 0), rec("", "bad", 0))); st != statusReject {
+		t.Fatalf("status %d, want %d (fails %q)", st, statusReject, h.fails)
+	}
+	if len(h.rejects) != 1 || h.rejects[0] != "value is bad" || len(h.fails) != 0 || len(h.frames) != 0 {
+		t.Fatalf("rejects %q, fails %q, %d frames; want one reject, no fail, no frame", h.rejects, h.fails, len(h.frames))
+	}
+	if st := doSnapshot(1); st != statusError || len(h.fails) != 1 || !strings.Contains(h.fails[0], "SnapshotState: rejected") {
+		t.Fatalf("Reject in SnapshotState: status %d, fails %q; want a fail", st, h.fails)
 	}
 }
 

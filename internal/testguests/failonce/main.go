@@ -15,6 +15,12 @@
 // With state_bytes N > 8 (count mode) each key's state is N bytes: the
 // count, little-endian, padded (state of a realistic size for benchmarks).
 //
+// With poison V1,V2,... (config) a record whose value is one of them fails
+// in every attempt, after its count was written (count mode), as
+// poison_how says: "fail" (the default: an error), "panic", "exit" (WASI
+// proc_exit) or "reject" (streamd.Reject, no failure): a test guest for
+// on_error and dead letters.
+//
 // It also keeps a split list state "seen" (records processed by the subtask
 // since the first attempt), restored on open, so list state survives
 // checkpoints too.
@@ -24,7 +30,10 @@ package main
 
 import (
 	"encoding/binary"
+	"errors"
 	"fmt"
+	"os"
+	"strings"
 
 	streamd "github.com/streamd/streamd/sdk/go"
 )
@@ -42,6 +51,8 @@ type failOnce struct {
 	n       int64  // records processed in this attempt
 	buf     []byte
 	state   []byte // state_bytes > 8: the value written per key
+	poison  map[string]bool
+	how     string
 }
 
 func (f *failOnce) Open(ctx *streamd.Context) error {
@@ -58,6 +69,17 @@ func (f *failOnce) Open(ctx *streamd.Context) error {
 		f.state = make([]byte, n)
 	}
 	f.attempt = ctx.Attempt
+	if p := ctx.Config.String("poison", ""); p != "" {
+		f.poison = map[string]bool{}
+		for _, v := range strings.Split(p, ",") {
+			f.poison[v] = true
+		}
+	}
+	switch f.how = ctx.Config.String("poison_how", "fail"); f.how {
+	case "fail", "panic", "exit", "reject":
+	default:
+		return fmt.Errorf("failonce: unknown poison_how %q (want fail, panic, exit or reject)", f.how)
+	}
 	switch m := ctx.Config.String("mode", "map"); m {
 	case "map":
 	case "count":
@@ -82,6 +104,9 @@ func (f *failOnce) ProcessElement(r streamd.Record, _ int) error {
 		return fmt.Errorf("failonce: injected failure at record %d of attempt 0", f.n)
 	}
 	if !f.keyed {
+		if f.poison[string(r.Value)] {
+			return f.poisoned(r)
+		}
 		streamd.EmitRecord(r)
 		return nil
 	}
@@ -98,11 +123,28 @@ func (f *failOnce) ProcessElement(r streamd.Record, _ int) error {
 		c++
 		count.PutUint64(r.Key, c)
 	}
+	if f.poison[string(r.Value)] {
+		return f.poisoned(r)
+	}
 	f.buf = append(f.buf[:0], r.Key...)
 	f.buf = append(f.buf, '=')
 	f.buf = fmt.Appendf(f.buf, "%d", c)
 	streamd.Emit(r.Key, f.buf, r.Timestamp)
 	return nil
+}
+
+// poisoned fails on poison record r as poison_how says.
+func (f *failOnce) poisoned(r streamd.Record) error {
+	msg := "failonce: poison record " + string(r.Value)
+	switch f.how {
+	case "panic":
+		panic(msg)
+	case "exit":
+		os.Exit(3)
+	case "reject":
+		return streamd.Reject(errors.New(msg))
+	}
+	return errors.New(msg)
 }
 
 func (f *failOnce) SnapshotState(int64) error {

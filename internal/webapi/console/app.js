@@ -114,7 +114,12 @@ async function renderList() {
 
 // --- job page ---------------------------------------------------------------
 
-// rates are records per second of each vertex since the previous poll.
+// subtaskTimes are a subtask's cumulative times (ms) from the API.
+const TIMES = { bp: "backpressured_ms", busy: "busy_ms", idle: "idle_ms" };
+
+// rates are records per second of each vertex since the previous poll, and
+// each subtask's back-pressured, busy and idle milliseconds per second
+// (rate[v].subtasks[i].bp ...).
 function rates(job) {
   const out = {};
   const p = state.prev;
@@ -122,12 +127,30 @@ function rates(job) {
     const dt = (job.now - p.now) / 1000;
     for (const v of job.vertices) {
       const q = p.vertices[v.id];
-      if (q) out[v.id] = { in: (v.records_in - q.in) / dt, out: (v.records_out - q.out) / dt };
+      if (!q) continue;
+      out[v.id] = { in: (v.records_in - q.in) / dt, out: (v.records_out - q.out) / dt, subtasks: {} };
+      for (const s of v.subtasks) {
+        const t = q.subtasks[s.subtask];
+        if (!t) continue;
+        const r = {};
+        for (const [k, f] of Object.entries(TIMES)) {
+          if (s[f] !== undefined && t[k] !== undefined) r[k] = Math.max(0, (s[f] - t[k]) / dt);
+        }
+        out[v.id].subtasks[s.subtask] = r;
+      }
     }
   }
   if (!p || p.id !== job.id || job.now - p.now >= 900) {
     const vs = {};
-    for (const v of job.vertices) vs[v.id] = { in: v.records_in, out: v.records_out };
+    for (const v of job.vertices) {
+      const subs = {};
+      for (const s of v.subtasks) {
+        const t = {};
+        for (const [k, f] of Object.entries(TIMES)) if (s[f] !== undefined) t[k] = s[f];
+        subs[s.subtask] = t;
+      }
+      vs[v.id] = { in: v.records_in, out: v.records_out, subtasks: subs };
+    }
     state.prev = { id: job.id, now: job.now, vertices: vs, rates: out };
     return out;
   }
@@ -193,9 +216,11 @@ function drawGraph(plan, job, rate) {
       svg("text", { class: "rates", x: 10, y: 54 }, `in ${fmtRate(r.in)}  out ${fmtRate(r.out)}`),
       svg("text", { class: "meta", x: 10, y: 70 }, `${v.records_in} in · ${v.records_out} out`));
     v.subtasks.forEach((s, i) => {
+      const sr = (r.subtasks || {})[s.subtask] || {};
       g.append(svg("rect", { class: "subtask " + s.state, "data-subtask": s.subtask, "data-state": s.state,
         x: 10 + (i % 14) * (SQ + 2), y: 78 + Math.floor(i / 14) * (SQ + 2), width: SQ, height: SQ },
-        svg("title", {}, `subtask ${s.subtask}: ${s.state}${s.host ? " on " + s.host : ""}`)));
+        svg("title", {}, `subtask ${s.subtask}: ${s.state}${s.host ? " on " + s.host : ""}` +
+          `\nwatermark in ${fmtWatermark(s.watermark)}, out ${fmtWatermark(s.output_watermark)}\nback-pressured ${fmtPerSec(sr.bp)}\nbusy ${fmtPerSec(sr.busy)}`)));
     });
     root.append(g);
   }
@@ -213,6 +238,51 @@ function vertexTable(job, rate) {
       el("td", { class: "num rate-in" }, fmtRate((rate[v.id] || {}).in)),
       el("td", { class: "num rate-out" }, fmtRate((rate[v.id] || {}).out)),
       el("td", {}, v.subtasks.map(s => el("span", { title: s.host ? "on " + s.host : "" }, "#" + s.subtask + " ", stateBadge(s.state), " ")))))));
+}
+
+// fmtPerSec shows milliseconds per second as Flink does ("123 ms/s"), with
+// the share of the second.
+function fmtPerSec(ms) {
+  if (ms === undefined || ms === null || !isFinite(ms)) return "–";
+  ms = Math.min(ms, 1000);
+  return Math.round(ms) + " ms/s (" + Math.round(ms / 10) + "%)";
+}
+
+// level is how the back-pressure or busy share colors its cell.
+function level(ms) {
+  if (ms === undefined || !isFinite(ms)) return "";
+  return ms >= 500 ? "high" : ms >= 100 ? "mid" : "low";
+}
+
+// fmtWatermark shows a watermark (event-time ms): as a time when it looks
+// like one (after 2000-01-01), else the number.
+function fmtWatermark(wm) {
+  if (wm === undefined || wm === null) return "–";
+  if (wm > 946684800000 && wm < 32503680000000) return new Date(wm).toISOString().replace("T", " ").replace("Z", "") + " (" + wm + ")";
+  return String(wm);
+}
+
+// subtaskTable lists every subtask with its watermarks, back-pressure, busy
+// and idle time per second and (nats sources) its lag, updating live.
+function subtaskTable(job, rate) {
+  const rows = [];
+  for (const v of job.vertices) {
+    for (const s of v.subtasks) {
+      const r = ((rate[v.id] || {}).subtasks || {})[s.subtask] || {};
+      rows.push(el("tr", { "data-id": v.id, "data-subtask": s.subtask },
+        el("td", {}, v.id), el("td", { class: "num" }, s.subtask), el("td", {}, s.host || ""), el("td", {}, stateBadge(s.state)),
+        el("td", { class: "num watermark", "data-value": s.watermark }, fmtWatermark(s.watermark)),
+        el("td", { class: "num output-watermark", "data-value": s.output_watermark }, fmtWatermark(s.output_watermark)),
+        el("td", { class: "num backpressure " + level(r.bp), "data-value": r.bp }, fmtPerSec(r.bp)),
+        el("td", { class: "num busy " + level(r.busy), "data-value": r.busy }, fmtPerSec(r.busy)),
+        el("td", { class: "num idle", "data-value": r.idle }, fmtPerSec(r.idle)),
+        el("td", { class: "num lag", "data-value": s.source_lag }, s.source_lag === undefined ? "–" : s.source_lag)));
+    }
+  }
+  return el("table", { id: "subtasks" },
+    el("thead", {}, el("tr", {}, ["Operator", "Subtask", "Host", "State", "Input watermark", "Output watermark", "Back-pressured", "Busy", "Idle", "Source lag"]
+      .map((h, i) => el("th", { class: i === 1 || i >= 4 ? "num" : "" }, h)))),
+    el("tbody", {}, rows));
 }
 
 function checkpointTable(job, cps) {
@@ -305,6 +375,7 @@ async function renderJob(id) {
         trace ? el("p", {}, el("a", { href: trace, target: "_blank", rel: "noopener", id: "job-trace" }, "Traces of this job in Jaeger")) : null),
       el("h2", {}, "Graph"), el("section", { id: "graph" }),
       el("h2", {}, "Operators"), el("section", { id: "vertex-table" }),
+      el("h2", {}, "Subtasks"), el("section", { id: "subtask-table" }),
       el("h2", {}, "Checkpoints"), el("section", { id: "checkpoint-section" }),
       el("h2", {}, "Failures"), el("section", { id: "exception-section" }));
     setMain(page);
@@ -330,6 +401,7 @@ async function renderJob(id) {
     .flatMap(([k, v]) => [el("dt", {}, k), el("dd", { "data-key": k.toLowerCase() }, v)]));
   document.getElementById("graph").replaceChildren(drawGraph(plan.plan, job, rate));
   document.getElementById("vertex-table").replaceChildren(vertexTable(job, rate));
+  document.getElementById("subtask-table").replaceChildren(subtaskTable(job, rate));
   document.getElementById("checkpoint-section").replaceChildren(checkpointTable(job, cps));
   document.getElementById("exception-section").replaceChildren(exceptionList(ex));
 }

@@ -15,6 +15,8 @@ pub type Slot<T> = LocalKey<RefCell<Option<T>>>;
 pub const OK: i32 = 0;
 /// The guest could not decode a frame the host passed.
 pub const INVALID_INPUT: i32 = 2;
+/// `streamd_process` only: a record of the batch is rejected ([`crate::reject`]).
+pub const REJECT: i32 = 3;
 
 thread_local! {
     /// The input buffer lent to the host by `streamd_alloc`.
@@ -91,11 +93,16 @@ fn input<'a>(ptr: i32, len: i32, what: &str) -> Option<&'a [u8]> {
     Some(unsafe { core::slice::from_raw_parts(p as *const u8, n) })
 }
 
-fn finish_call(r: Result<()>) -> i32 {
+fn finish_call(r: Result<()>, process: bool) -> i32 {
     match r {
         Ok(()) => {
             emit::flush();
             OK
+        }
+        Err(e) if process && e.is_rejection() => {
+            emit::discard(); // the host replays the batch without the record
+            sys::reject(e.message());
+            REJECT
         }
         Err(e) => {
             emit::discard();
@@ -110,7 +117,7 @@ fn with_op<T: Operator + 'static>(slot: &'static Slot<T>, phase: &str, f: impl F
         Some(op) => f(op),
         None => Err(format!("streamd: {} called before streamd_open", phase).into()),
     });
-    finish_call(r)
+    finish_call(r, phase == "process")
 }
 
 /// `streamd_open`.
@@ -139,6 +146,11 @@ pub fn process<T: Operator + 'static>(slot: &'static Slot<T>, input_index: i32, 
         Some(d) => d,
         None => return INVALID_INPUT,
     };
+    process_data(slot, input_index, data)
+}
+
+/// `streamd_process` on the batch frame `data`.
+pub(crate) fn process_data<T: Operator + 'static>(slot: &'static Slot<T>, input_index: i32, data: &[u8]) -> i32 {
     let batch = match Batch::parse(data) {
         Ok(b) => b,
         Err(e) => {
@@ -193,7 +205,7 @@ pub fn close<T: Operator + 'static>(slot: &'static Slot<T>) -> i32 {
         Some(mut op) => {
             let r = op.close();
             drop(op);
-            finish_call(r)
+            finish_call(r, false)
         }
         None => OK,
     }

@@ -62,21 +62,40 @@ pub const MIN_WATERMARK: i64 = i64::MIN;
 pub const MAX_WATERMARK: i64 = i64::MAX;
 
 /// An operator failure. Returning it from a lifecycle method fails the subtask
-/// with this message (the SDK passes it to the host's `fail`).
+/// with this message (the SDK passes it to the host's `fail`), except a
+/// rejection ([`reject`]) returned from `process_element` / `process_batch`.
 #[derive(Clone, PartialEq, Eq)]
 pub struct Error {
     msg: String,
+    rejected: bool,
+}
+
+/// Rejects the record being processed on purpose: `return Err(streamd::reject("bad value"))`
+/// from `process_element` (or `process_batch`). The subtask does not fail and
+/// nothing traps: the SDK gives the reason to the host's `reject` import and
+/// returns status 3 (REJECT), and the host handles the record as the
+/// operator's `on_error` in the job file says (skip, dead_letter, or fail the
+/// job with this reason). What the batch emitted and wrote to keyed state is
+/// undone: the host replays it without the rejected record. Returned from
+/// another method it fails the subtask like any error.
+pub fn reject(reason: impl Into<String>) -> Error {
+    Error { msg: reason.into(), rejected: true }
 }
 
 impl Error {
     /// An error with this message.
     pub fn new(msg: impl Into<String>) -> Error {
-        Error { msg: msg.into() }
+        Error { msg: msg.into(), rejected: false }
     }
 
     /// The message.
     pub fn message(&self) -> &str {
         &self.msg
+    }
+
+    /// Whether it is a rejection made by [`reject`].
+    pub fn is_rejection(&self) -> bool {
+        self.rejected
     }
 }
 
@@ -96,37 +115,37 @@ impl std::error::Error for Error {}
 
 impl From<String> for Error {
     fn from(msg: String) -> Error {
-        Error { msg }
+        Error { msg, rejected: false }
     }
 }
 
 impl From<&str> for Error {
     fn from(msg: &str) -> Error {
-        Error { msg: msg.to_string() }
+        Error { msg: msg.to_string(), rejected: false }
     }
 }
 
 impl From<frame::FrameError> for Error {
     fn from(e: frame::FrameError) -> Error {
-        Error { msg: e.to_string() }
+        Error { msg: e.to_string(), rejected: false }
     }
 }
 
 impl From<core::num::ParseIntError> for Error {
     fn from(e: core::num::ParseIntError) -> Error {
-        Error { msg: e.to_string() }
+        Error { msg: e.to_string(), rejected: false }
     }
 }
 
 impl From<core::str::Utf8Error> for Error {
     fn from(e: core::str::Utf8Error) -> Error {
-        Error { msg: e.to_string() }
+        Error { msg: e.to_string(), rejected: false }
     }
 }
 
 impl From<fmt::Error> for Error {
     fn from(e: fmt::Error) -> Error {
-        Error { msg: e.to_string() }
+        Error { msg: e.to_string(), rejected: false }
     }
 }
 

@@ -44,6 +44,13 @@ mod imp {
         fn host_log(level: i32, msg_ptr: *const u8, msg_len: usize);
         #[link_name = "fail"]
         fn host_fail(msg_ptr: *const u8, msg_len: usize);
+        #[link_name = "reject"]
+        fn host_reject(msg_ptr: *const u8, msg_len: usize);
+    }
+
+    /// The reason of the REJECT status the current `streamd_process` returns.
+    pub fn reject(msg: &str) {
+        unsafe { host_reject(msg.as_ptr(), msg.len()) }
     }
 
     pub fn emit(frame: &[u8]) {
@@ -109,6 +116,7 @@ mod imp {
         pub timers: BTreeSet<(i64, Vec<u8>)>,
         pub watermark: i64,
         pub logs: Vec<(i32, String)>,
+        pub rejects: Vec<String>,
     }
 
     thread_local! {
@@ -160,6 +168,9 @@ mod imp {
     }
     pub fn fail(msg: &str) -> ! {
         panic!("streamd fail: {}", msg)
+    }
+    pub fn reject(msg: &str) {
+        HOST.with(|h| h.borrow_mut().rejects.push(msg.to_string()))
     }
 }
 

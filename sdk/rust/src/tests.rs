@@ -184,3 +184,37 @@ fn stateless_helpers_emit_what_their_functions_return() {
     ];
     assert_eq!(got, want);
 }
+
+struct Rejecter;
+
+impl Operator for Rejecter {
+    fn process_element(&mut self, _input: u32, rec: &Record<'_>) -> Result<()> {
+        emit(b"", b"dropped", NO_TIMESTAMP);
+        if rec.value == b"bad" {
+            return Err(reject(format!("value {:?} is bad", "bad")));
+        }
+        Ok(())
+    }
+}
+
+crate::__rt::thread_local! {
+    static REJECTER: core::cell::RefCell<Option<Rejecter>> = const { core::cell::RefCell::new(None) };
+}
+
+/// Runs `streamd_process` on `recs` (a native pointer does not fit an i32:
+/// the frame is passed as a slice).
+fn process_rejecter(recs: &[Record<'_>]) -> i32 {
+    crate::__rt::process_data(&REJECTER, 0, &encode_batch(recs))
+}
+
+#[test]
+fn reject_returns_status_reject_with_the_reason() {
+    take_frames();
+    REJECTER.with(|s| *s.borrow_mut() = Some(Rejecter));
+    let st = process_rejecter(&[Record::new(b"", b"ok", 1), Record::new(b"", b"bad", 2)]);
+    assert_eq!(st, crate::__rt::REJECT);
+    assert!(take_frames().is_empty(), "a rejected batch emits nothing");
+    HOST.with(|h| assert_eq!(h.borrow_mut().rejects.drain(..).collect::<Vec<_>>(), vec!["value \"bad\" is bad".to_string()]));
+    assert_eq!(process_rejecter(&[Record::new(b"", b"ok", 1)]), crate::__rt::OK);
+    assert!(reject("x").is_rejection() && !Error::new("x").is_rejection());
+}

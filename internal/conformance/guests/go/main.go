@@ -54,6 +54,8 @@ func (c *conformance) ProcessElement(r streamd.Record, input int) error {
 	switch string(r.Value) {
 	case "panic":
 		panic("conformance panic")
+	case "reject":
+		return streamd.Reject(errors.New("conformance reject"))
 	case "oob":
 		p := (*byte)(unsafe.Add(unsafe.Pointer(nil), oobAddr))
 		c.out = append(c.out[:0], *p)

@@ -11,6 +11,7 @@
   (import "streamd_v1" "timer_register" (func $timer_register (param i32 i32 i64)))
   (import "streamd_v1" "log" (func $log (param i32 i32 i32)))
   (import "streamd_v1" "fail" (func $fail (param i32 i32)))
+  (import "streamd_v1" "reject" (func $reject (param i32 i32)))
 
   (memory (export "memory") 1)
 
@@ -33,6 +34,8 @@
   (data (i32.const 288) "end")
   (data (i32.const 304) "finish")
   (data (i32.const 320) "fail_in")
+  (data (i32.const 336) "reject")
+  (data (i32.const 352) "conformance reject")
   ;; 512: 8-byte buffer for state and list state values
 
   (global $heap (mut i32) (i32.const 1024))     ;; bump pointer
@@ -153,6 +156,10 @@
 
         (if (call $eq (local.get $vp) (local.get $vl) (i32.const 176) (i32.const 5))
           (then (call $fail (i32.const 144) (i32.const 17))))
+        (if (call $eq (local.get $vp) (local.get $vl) (i32.const 336) (i32.const 6))
+          (then
+            (call $reject (i32.const 352) (i32.const 18))
+            (return (i32.const 3))))
         (if (call $eq (local.get $vp) (local.get $vl) (i32.const 192) (i32.const 3))
           (then (drop (i32.load8_u (i32.const 0xFFFFFFF0)))))
         (if (call $eq (local.get $vp) (local.get $vl) (i32.const 208) (i32.const 4))

@@ -37,6 +37,7 @@ impl Operator for Conformance {
         let (k, v, ts) = (rec.key, rec.value, rec.timestamp);
         match v {
             b"panic" => panic!("conformance panic"),
+            b"reject" => return Err(streamd::reject("conformance reject")),
             b"oob" => {
                 let b = unsafe { read_volatile(0xFFFF_FFF0usize as *const u8) };
                 return Err(format!("conformance: read {} out of bounds without a trap", b).into());

@@ -1,0 +1,146 @@
+package checkpoint
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"slices"
+	"testing"
+
+	"github.com/streamd/streamd/control"
+)
+
+// commitShared commits checkpoint id of a one-subtask operator whose state
+// refers to files: their keys (uploading the new ones, "name" -> content).
+func commitShared(t *testing.T, d *Dir, id int64, reuse []SharedRef, upload map[string]string) *Metadata {
+	t.Helper()
+	ctx := context.Background()
+	refs := slices.Clone(reuse)
+	for name, content := range upload {
+		p := filepath.Join(t.TempDir(), name)
+		if err := os.WriteFile(p, []byte(content), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		key := sharedKey(id, control.SubtaskID{Operator: "op", Index: 0}, name)
+		n, _, err := d.PutShared(ctx, key, p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		refs = append(refs, SharedRef{Name: key, Size: n})
+	}
+	ref, err := d.WriteState(ctx, control.KindCheckpoint, id, control.SubtaskID{Operator: "op"}, []byte("blob"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	md := &Metadata{Job: "j", ID: id, Kind: control.KindCheckpoint, Operators: []OperatorMeta{{UID: "op", Parallelism: 1, MaxParallelism: 128,
+		Subtasks: []SubtaskMeta{{Index: 0, Ref: ref.Name, Size: ref.Size, CRC32C: ref.CRC32C, Shared: refs}}}}}
+	if err := d.Commit(ctx, md); err != nil {
+		t.Fatal(err)
+	}
+	return md
+}
+
+func sharedNames(t *testing.T, d *Dir) []string {
+	t.Helper()
+	ents, err := os.ReadDir(filepath.Join(d.Root(), SharedDir))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, e := range ents {
+		out = append(out, e.Name())
+	}
+	return out
+}
+
+func refNames(mds ...*Metadata) []string {
+	var out []string
+	for _, md := range mds {
+		for _, r := range md.SharedFiles() {
+			if !slices.Contains(out, r.Name) {
+				out = append(out, r.Name)
+			}
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+// TestSharedFilesCollected: with retention 1, a commit deletes the shared
+// files only the retired checkpoint referred to, keeps the ones the new one
+// reuses, and keeps files uploaded by a newer checkpoint still in progress;
+// the files of an upload whose checkpoint never committed (a crash before
+// its metadata) go with the next commit; a crash half way through the
+// deletions leaves only unreferenced files, which the next commit deletes.
+// The metadata's versions and sizes say full and incremental.
+func TestSharedFilesCollected(t *testing.T) {
+	d, err := OpenDir(t.TempDir(), WithRetain(1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	md1 := commitShared(t, d, 1, nil, map[string]string{"a.sst": "aaaa", "b.sst": "bb"})
+	if md1.Version != FormatVersionShared || md1.FullSize() != md1.IncrementalSize() {
+		t.Fatalf("checkpoint 1: version %d, full %d, incremental %d", md1.Version, md1.FullSize(), md1.IncrementalSize())
+	}
+	var a SharedRef
+	for _, r := range md1.SharedFiles() {
+		if r.Size == 4 {
+			a = r
+		}
+	}
+	// Checkpoint 3 uploads (it is in progress) while 2 commits.
+	p := filepath.Join(t.TempDir(), "d.sst")
+	os.WriteFile(p, []byte("ddd"), 0o644)
+	inProgress := sharedKey(3, control.SubtaskID{Operator: "op"}, "d.sst")
+	if _, _, err := d.PutShared(context.Background(), inProgress, p); err != nil {
+		t.Fatal(err)
+	}
+	md2 := commitShared(t, d, 2, []SharedRef{a}, map[string]string{"c.sst": "c"})
+	if got, want := md2.IncrementalSize(), md2.FullSize()-4; got != want {
+		t.Fatalf("checkpoint 2: incremental %d, want full %d - 4 reused", got, md2.FullSize())
+	}
+	want := append(refNames(md2), inProgress)
+	slices.Sort(want)
+	if got := sharedNames(t, d); !slices.Equal(got, want) {
+		t.Fatalf("after checkpoint 2: shared files %v, want %v (b.sst gone, a.sst reused, 3's upload kept)", got, want)
+	}
+	// Checkpoint 3 never commits (a crash after its upload); 4 does.
+	md4 := commitShared(t, d, 4, md2.SharedFiles(), map[string]string{"e.sst": "eeeee"})
+	if got := sharedNames(t, d); !slices.Equal(got, refNames(md4)) {
+		t.Fatalf("after checkpoint 4: shared files %v, want %v (3's orphaned upload gone)", got, refNames(md4))
+	}
+	// A crash after the first deletion of the commit of 5.
+	deleted := 0
+	d.removeShared = func(path string) error {
+		if deleted++; deleted > 1 {
+			panic("crash")
+		}
+		return os.Remove(path)
+	}
+	func() {
+		defer func() { recover() }()
+		commitShared(t, d, 5, nil, map[string]string{"f.sst": "f"})
+	}()
+	// The restarted process: checkpoint 5 is complete and whole.
+	d, err = OpenDir(d.Root(), WithRetain(1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	md5, err := d.Latest(context.Background())
+	if err != nil || md5.ID != 5 {
+		t.Fatalf("latest %v, %v; want checkpoint 5", md5, err)
+	}
+	got := sharedNames(t, d)
+	for _, n := range refNames(md5) {
+		if !slices.Contains(got, n) {
+			t.Fatalf("checkpoint 5's file %s is missing after the crash", n)
+		}
+	}
+	if len(got) <= len(refNames(md5)) {
+		t.Fatalf("the crash left no unreferenced file (%v): the test did not crash half way", got)
+	}
+	md6 := commitShared(t, d, 6, md5.SharedFiles(), nil)
+	if got := sharedNames(t, d); !slices.Equal(got, refNames(md6)) {
+		t.Fatalf("after checkpoint 6: shared files %v, want %v", got, refNames(md6))
+	}
+}
