@@ -1,10 +1,14 @@
-# Test guests of the task runtime (checkpoints, failover): Go guests built with the Go SDK.
-TEST_GUESTS := internal/testguests/failonce/failonce.wasm
+# Test guests of the task runtime (checkpoints, failover, upgrades): Go guests built with the Go SDK.
+TEST_GUESTS := internal/testguests/failonce/failonce.wasm internal/testguests/countv2/countv2.wasm internal/testguests/failopen/failopen.wasm
 
 WASM_TARGETS += $(TEST_GUESTS)
 
 .PHONY: test-guests
 test-guests: $(TEST_GUESTS)
 
-internal/testguests/failonce/failonce.wasm: $(wildcard internal/testguests/failonce/*.go) $(GO_SDK_SRCS) go.mod
-	$(GO_WASM) -o $@ ./internal/testguests/failonce
+# test_guest(name): internal/testguests/<name>/<name>.wasm from its package.
+define test_guest
+internal/testguests/$(1)/$(1).wasm: $(wildcard internal/testguests/$(1)/*.go) $(GO_SDK_SRCS) go.mod
+	$$(GO_WASM) -o $$@ ./internal/testguests/$(1)
+endef
+$(foreach g,failonce countv2 failopen,$(eval $(call test_guest,$(g))))

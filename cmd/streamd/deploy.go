@@ -194,6 +194,11 @@ type deployResult struct {
 // and logs on stderr each change of state or attempt, and the records counts
 // every logEvery while they change.
 func (c *cli) waitJob(ctx context.Context, cl *cluster.Client, id string) (*cluster.JobStatus, error) {
+	return c.waitStatus(ctx, cl, id, func(st *cluster.JobStatus) bool { return cluster.TerminalJobState(st.State) })
+}
+
+// waitStatus is waitJob until done holds for the job's status.
+func (c *cli) waitStatus(ctx context.Context, cl *cluster.Client, id string, done func(*cluster.JobStatus) bool) (*cluster.JobStatus, error) {
 	var last *cluster.JobStatus
 	var lastCounts string
 	nextCounts := time.Now().Add(logEvery)
@@ -215,7 +220,7 @@ func (c *cli) waitJob(ctx context.Context, cl *cluster.Client, id string) (*clus
 			fmt.Fprintln(c.stderr, line)
 		}
 		last = st
-		if cluster.TerminalJobState(st.State) {
+		if done(st) {
 			return st, nil
 		}
 		if counts := recordCounts(st); time.Now().After(nextCounts) {

@@ -60,7 +60,7 @@ func init() { knownKeys = append(knownKeys, clusterKeys...) }
 // clusterCommands are the commands of the control plane.
 func (c *cli) clusterCommands() []*cobra.Command {
 	return []*cobra.Command{c.serverCommand(), c.controllerCommand(), c.hostCommand(), c.deployCommand(),
-		c.listCommand(), c.statusCommand(), c.cancelCommand(), c.deleteCommand(), c.savepointCommand(), c.stopCommand(), c.hostsCommand(), c.logsCommand()}
+		c.listCommand(), c.statusCommand(), c.cancelCommand(), c.deleteCommand(), c.savepointCommand(), c.stopCommand(), c.upgradeCommand(), c.hostsCommand(), c.logsCommand()}
 }
 
 // flagKey is a flag and the configuration key it sets.
@@ -303,6 +303,7 @@ func (c *cli) printStatus(st *cluster.JobStatus) {
 		}
 		tw.Flush()
 	}
+	c.printVersions(st)
 	for _, a := range st.Attempts {
 		line := fmt.Sprintf("attempt %d on %s: %s", a.Attempt, orDash(strings.Join(a.Hosts, ",")), a.State)
 		if a.Reason != "" {

@@ -103,19 +103,30 @@ func (c *cli) newEngine(ctx context.Context) (*host.Engine, error) {
 
 // checkModules compiles every wasm module of job and checks its exports.
 func (c *cli) checkModules(ctx context.Context, job *jobfile.Job) error {
+	var mods []namedModule
+	for _, v := range job.Graph.Vertices {
+		if ws, ok := v.Spec.(*jobfile.WasmSpec); ok {
+			mods = append(mods, namedModule{what: fmt.Sprintf("operator %q", v.UID), path: ws.Path})
+		}
+	}
+	return c.loadModules(ctx, mods...)
+}
+
+// namedModule is a module file and what it is, for errors.
+type namedModule struct{ what, path string }
+
+// loadModules compiles each module and checks its exports, imports and ABI
+// version; an error names the module's what.
+func (c *cli) loadModules(ctx context.Context, mods ...namedModule) error {
 	eng, err := c.newEngine(ctx)
 	if err != nil {
 		return err
 	}
 	defer eng.Close(context.WithoutCancel(ctx))
-	for _, v := range job.Graph.Vertices {
-		ws, ok := v.Spec.(*jobfile.WasmSpec)
-		if !ok {
-			continue
-		}
-		m, err := eng.LoadFile(ctx, ws.Path)
+	for _, nm := range mods {
+		m, err := eng.LoadFile(ctx, nm.path)
 		if err != nil {
-			return fmt.Errorf("operator %q: %w", v.UID, err)
+			return fmt.Errorf("%s: %w", nm.what, err)
 		}
 		_ = m.Close(ctx)
 	}

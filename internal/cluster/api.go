@@ -37,6 +37,7 @@ const (
 	SubjectStop      = "streamd.v1.ctl.stop"
 	SubjectHosts     = "streamd.v1.ctl.hosts"
 	SubjectDelete    = "streamd.v1.ctl.delete"
+	SubjectUpgrade   = "streamd.v1.ctl.upgrade"
 )
 
 // Host subjects.
@@ -247,6 +248,9 @@ type JobStatus struct {
 	// Checkpoints are the latest completed checkpoints and savepoints
 	// (at most runtime.RecentCheckpoints), oldest first.
 	Checkpoints []runtime.CheckpointStats `json:"checkpoints,omitempty"`
+	// Versions is the job's version history, oldest first, from its first
+	// upgrade on (streamd upgrade); none before.
+	Versions []VersionStatus `json:"versions,omitempty"`
 }
 
 // OperatorStatus is one operator of a job.

@@ -187,9 +187,14 @@ type ctlJob struct {
 	from             string    // the checkpoint or savepoint the job was deployed from (deploy --from)
 	canceling        bool      // a cancel request waits for the hosts; the placement holds its slots until then
 	deleting         bool      // a delete request removes its checkpoints
+	upgrading        bool      // an upgrade request stops and starts it (upgrade.go)
 	preparing        bool      // the controller side of a job spread over hosts is being set up (newDistJob, outside the mutex)
 	attempts         []AttemptStatus
 	placed           map[int]control.Placement // the placement of each attempt (slot counts of the slots they hold)
+	// versions is the job's version history, from its first upgrade on;
+	// upgrade the upgrade waiting for its version to run (upgrade.go).
+	versions []VersionStatus
+	upgrade  *upgradeState
 
 	// changed is closed (and replaced) whenever the job's state or attempt
 	// changes: stop and savepoint requests wait on it.
@@ -439,6 +444,7 @@ func (c *Controller) tickLocked(now time.Time) []effect {
 			effects = append(effects, c.failLocked(j, now, failure{reason: reason, kind: failInfra, host: id, skip: true})...)
 		}
 	}
+	effects = append(effects, c.upgradeTimeoutsLocked(now)...)
 	return append(effects, c.scheduleLocked(now)...)
 }
 
@@ -813,6 +819,7 @@ func (c *Controller) endLocked(j *ctlJob, now time.Time, state, reason string) {
 		lvl = slog.LevelWarn
 	}
 	c.log.Log(context.Background(), lvl, "job "+state, "job", j.id, "attempt", j.attempt, "reason", reason)
+	c.upgradeEndedLocked(j, now, state, reason) // a failed new version is rolled back
 }
 
 // ---- control API handlers ----
@@ -962,6 +969,10 @@ func (c *Controller) handleDelete(msg micro.Request) {
 	case j.deleting:
 		c.mu.Unlock()
 		reply(msg, JobReply{Reply: Reply{Error: fmt.Sprintf("cluster: job %s is being deleted", j.id)}})
+		return
+	case j.upgrading:
+		c.mu.Unlock()
+		reply(msg, JobReply{Reply: Reply{Error: fmt.Sprintf("cluster: job %s is being upgraded", j.id)}})
 		return
 	}
 	j.deleting = true
@@ -1509,7 +1520,7 @@ func (c *Controller) statusLocked(j *ctlJob) JobStatus {
 	st := JobStatus{ID: j.id, Name: j.spec.Name, State: j.state, Reason: j.reason, Attempt: j.attempt,
 		Slots: j.slots, Created: j.created, Updated: j.updated, Ended: j.ended, Elapsed: j.elapsed, Savepoint: j.savepoint,
 		Attempts: append([]AttemptStatus(nil), j.attempts...), Checkpoints: append([]runtime.CheckpointStats(nil), j.checkpoints...),
-		Leader: c.id, Term: c.term}
+		Leader: c.id, Term: c.term, Versions: versionsLocked(j)}
 	if j.dist != nil && j.dist.d != nil {
 		st.Checkpoints = j.dist.d.Recent() // the controller drives its checkpoints
 	}

@@ -476,17 +476,17 @@ func (dj *distJob) step(ev control.Event) {
 		}
 		rs := lc.RestartState()
 		dj.pubRestarts = rs.Restarts
-		go dj.c.lifecycleState(dj.id, latest, rs)
+		go dj.c.lifecycleState(dj, latest, rs)
 	}
 }
 
 // lifecycleState keeps what the job's lifecycle knows in its record: the
 // latest restore point (what a new leader's next attempt restores) and the
 // restart strategy's state.
-func (c *Controller) lifecycleState(jobID string, latest *control.RestorePoint, rs control.RestartState) {
+func (c *Controller) lifecycleState(dj *distJob, latest *control.RestorePoint, rs control.RestartState) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	j := c.jobs[jobID]
+	j := c.jobOfLocked(dj)
 	if j == nil || TerminalJobState(j.state) {
 		return
 	}
@@ -571,7 +571,7 @@ func (dj *distJob) StartAttempt(x control.StartAttempt) {
 	dj.mu.Unlock()
 	if awaited {
 		telemetry.GlobalMetrics().Restart(context.Background(), dj.id, dj.g.Name)
-		go dj.c.lifecycleRestart(dj.id)
+		go dj.c.lifecycleRestart(dj)
 	}
 }
 
@@ -581,7 +581,7 @@ func (dj *distJob) StopFailed(control.StopFailed) {}
 // JobEnded: when the restart strategy gives up, the job fails.
 func (dj *distJob) JobEnded(x control.JobEnded) {
 	if x.State == control.JobFailed {
-		go dj.c.lifecycleGaveUp(dj.id, x.Reason)
+		go dj.c.lifecycleGaveUp(dj, x.Reason)
 	}
 }
 
@@ -723,6 +723,7 @@ func (c *Controller) distRunning(jobID string, attempt int) {
 		return
 	}
 	j.state, j.reason, j.updated = JobRunning, "", now
+	c.upgradeRunningLocked(j)
 	c.changedLocked(j)
 	c.log.Info("job running", "job", j.id, "attempt", j.attempt, "hosts", j.placement.Hosts())
 }
@@ -827,12 +828,22 @@ func (dj *distJob) close(final control.Event) {
 	_ = dj.sub.Unsubscribe()
 }
 
+// jobOfLocked is the job whose controller side dj is; nil when there is
+// none, or when the job has another one now (an upgrade started a new
+// version: what the lifecycle of the version before says is stale).
+func (c *Controller) jobOfLocked(dj *distJob) *ctlJob {
+	if j := c.jobs[dj.id]; j != nil && j.dist == dj {
+		return j
+	}
+	return nil
+}
+
 // lifecycleRestart: the job's lifecycle restarts the job after a task
 // failure (its restart strategy's delay has passed): the attempt is placed.
-func (c *Controller) lifecycleRestart(jobID string) {
+func (c *Controller) lifecycleRestart(dj *distJob) {
 	now := time.Now()
 	c.mu.Lock()
-	j := c.jobs[jobID]
+	j := c.jobOfLocked(dj)
 	if j == nil || TerminalJobState(j.state) || j.canceling {
 		c.mu.Unlock()
 		return
@@ -853,10 +864,10 @@ func (c *Controller) lifecycleRestart(jobID string) {
 }
 
 // lifecycleGaveUp: the job's restart strategy gives up.
-func (c *Controller) lifecycleGaveUp(jobID, reason string) {
+func (c *Controller) lifecycleGaveUp(dj *distJob, reason string) {
 	now := time.Now()
 	c.mu.Lock()
-	j := c.jobs[jobID]
+	j := c.jobOfLocked(dj)
 	if j == nil || TerminalJobState(j.state) {
 		c.mu.Unlock()
 		return

@@ -90,6 +90,10 @@ type jobRecord struct {
 	Latest   *control.RestorePoint `json:"latest,omitempty"`
 	Restarts *control.RestartState `json:"restarts,omitempty"`
 	Term     uint64                `json:"term"` // of the leader that wrote it
+	// Versions and Upgrade: the version history, and the upgrade waiting
+	// for its version to run (upgrade.go).
+	Versions []VersionStatus `json:"versions,omitempty"`
+	Upgrade  *upgradeState   `json:"upgrade,omitempty"`
 }
 
 var plainKeyRE = regexp.MustCompile(`^[A-Za-z0-9_-]+$`)
@@ -369,7 +373,8 @@ func (c *Controller) Leader() (string, uint64) {
 func (c *Controller) recordLocked(j *ctlJob) jobRecord {
 	r := jobRecord{ID: j.id, Spec: j.spec, From: j.from, RequestID: j.requestID, State: j.state, Reason: j.reason, Attempt: j.attempt, Slots: j.slots,
 		Attempts: append([]AttemptStatus(nil), j.attempts...), Failovers: j.failovers, Savepoint: j.savepoint,
-		Created: j.created, Updated: j.updated, Ended: j.ended, Latest: j.latest, Restarts: j.restarts, Term: c.term}
+		Created: j.created, Updated: j.updated, Ended: j.ended, Latest: j.latest, Restarts: j.restarts, Term: c.term,
+		Versions: slices.Clone(j.versions), Upgrade: j.upgrade}
 	if j.placement != nil {
 		r.Placement = append([]string(nil), j.placement.Slots...)
 	}
@@ -808,7 +813,7 @@ func (c *Controller) lateRecord(r jobRecord, key string, rev uint64) {
 func jobFromRecord(r jobRecord, now time.Time) *ctlJob {
 	j := &ctlJob{id: r.ID, spec: r.Spec, state: r.State, reason: r.Reason, attempt: r.Attempt, slots: r.Slots,
 		created: r.Created, updated: r.Updated, ended: r.Ended, savepoint: r.Savepoint, from: r.From, requestID: r.RequestID,
-		attempts: r.Attempts, failovers: r.Failovers, latest: r.Latest, restarts: r.Restarts,
+		attempts: r.Attempts, failovers: r.Failovers, latest: r.Latest, restarts: r.Restarts, versions: r.Versions, upgrade: r.Upgrade,
 		placed: map[int]control.Placement{}, changed: make(chan struct{}), subtaskState: SubtaskScheduled, resumed: true}
 	if len(r.LastHosts) > 0 {
 		j.lastPlaced = &control.Placement{Slots: r.LastHosts}

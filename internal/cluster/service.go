@@ -43,6 +43,7 @@ func (c *Controller) controlEndpoints() []controlEndpoint {
 		{"delete", SubjectDelete, c.handleDelete, "delete an ended job's record"},
 		{"savepoint", SubjectSavepoint, c.handleSavepoint, "take a savepoint of a running job"},
 		{"stop", SubjectStop, c.handleStop, "stop a job with a savepoint"},
+		{"upgrade", SubjectUpgrade, c.handleUpgrade, "upgrade a running job through a savepoint"},
 		{"hosts", SubjectHosts, c.handleHosts, "list the hosts and their slots"},
 	}
 }

@@ -54,7 +54,7 @@ func TestControlAPIIsAMicroService(t *testing.T) {
 		t.Fatalf("info: %+v, want the id %s and a description", info, ping.ID)
 	}
 	want := map[string]string{"deploy": SubjectDeploy, "list": SubjectList, "status": SubjectStatus, "cancel": SubjectCancel,
-		"delete": SubjectDelete, "savepoint": SubjectSavepoint, "stop": SubjectStop, "hosts": SubjectHosts}
+		"delete": SubjectDelete, "savepoint": SubjectSavepoint, "stop": SubjectStop, "upgrade": SubjectUpgrade, "hosts": SubjectHosts}
 	if len(info.Endpoints) != len(want) {
 		t.Fatalf("info: %d endpoints %+v, want %d", len(info.Endpoints), info.Endpoints, len(want))
 	}

@@ -1,0 +1,445 @@
+package cluster
+
+// Upgrades (streamd upgrade): a running job is stopped with a savepoint and
+// started again, under the same job id, as a new version (another module,
+// or another job file) restored from that savepoint. The controller drives
+// it, so it goes on without the client: if the new version fails to start
+// or restore (its restart strategy gives up, or it does not run within the
+// request's start timeout), the controller starts the version before it
+// again from the same savepoint (a rollback). Each job keeps the history of
+// its versions (JobStatus.Versions), in its record.
+//
+// Keeping the job id keeps what is keyed by it: the job's checkpoint store
+// (the checkpoint ids go on after the savepoint's), the writer names of its
+// exactly-once sinks, its logs, metrics and status. Each version's attempts
+// are numbered on from the last attempt of the one before.
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go/micro"
+
+	"github.com/streamd/streamd/control"
+	"github.com/streamd/streamd/internal/jobfile"
+)
+
+// Version states (VersionStatus.State); a version that ran last shows its
+// job's end state (stopped, canceled, failed, finished) once the job ended.
+const (
+	VersionStarting   = "starting"    // started by an upgrade (or a rollback), not running yet
+	VersionRunning    = "running"     // every subtask runs, restored
+	VersionReplaced   = "replaced"    // upgraded to a later version
+	VersionRolledBack = "rolled back" // did not start or restore: the version before it was started again
+	VersionFailed     = "failed"      // a rollback that did not start either
+)
+
+// DefaultUpgradeStartTimeout is how long a new version (and a rollback) may
+// take to run, by default (UpgradeRequest.StartTimeout).
+const DefaultUpgradeStartTimeout = 2 * time.Minute
+
+// VersionStatus is one version of a job: what it ran, when it started,
+// from which savepoint, and how it went.
+type VersionStatus struct {
+	Version int `json:"version"` // 1, 2, ...
+	// Modules are the digests of the version's wasm modules, per operator.
+	Modules []ModuleVersion `json:"modules"`
+	// JobFile is the digest of the job file it was deployed or upgraded
+	// with ("" for a module, or a module swapped into a job).
+	JobFile string    `json:"job_file,omitempty"`
+	Started time.Time `json:"started"`
+	From    string    `json:"from,omitempty"`    // the savepoint (or checkpoint) it started from
+	Attempt int       `json:"attempt"`           // its first attempt
+	State   string    `json:"state"`             // a Version* word, or the job's end state
+	Reason  string    `json:"reason,omitempty"`  // why it was rolled back or failed
+	Rerun   int       `json:"rerun,omitempty"`   // a rollback: the version it runs again
+	Timeout string    `json:"timeout,omitempty"` // of a version started by an upgrade: how long it had to run
+}
+
+// ModuleVersion is the module of one wasm operator.
+type ModuleVersion struct {
+	Operator string `json:"operator"`
+	Name     string `json:"name"`
+	Digest   string `json:"digest"`
+}
+
+// UpgradeRequest (streamd.v1.ctl.upgrade) upgrades a running job: to the
+// job Job (a job file's spec), or, with Module, to the job as it runs with
+// the module of operator Operator ("" = its only wasm operator) replaced.
+type UpgradeRequest struct {
+	JobID    string    `json:"job_id"`
+	Job      *JobSpec  `json:"job,omitempty"`
+	Module   *Artifact `json:"module,omitempty"`
+	Operator string    `json:"operator,omitempty"`
+	// StartTimeout bounds the time from the new version's start until it
+	// runs (and the same for a rollback); 0: DefaultUpgradeStartTimeout.
+	StartTimeout time.Duration `json:"start_timeout,omitempty"`
+}
+
+// UpgradeReply answers once the job stopped with its savepoint and the new
+// version was started (or, if the new version cannot restore that
+// savepoint, the old one again): JobStatus.Versions[Version-1] tells how
+// it goes on.
+type UpgradeReply struct {
+	Reply
+	Savepoint string `json:"savepoint,omitempty"`
+	Version   int    `json:"version,omitempty"`
+}
+
+// upgradeState is a job's upgrade waiting for its version to run (kept in
+// the job's record: a new leader carries it on).
+type upgradeState struct {
+	Version   int           `json:"version"` // the version started (VersionStatus.Version)
+	Savepoint string        `json:"savepoint"`
+	Previous  JobSpec       `json:"previous"`           // the version before it: a rollback starts it again
+	Rollback  bool          `json:"rollback,omitempty"` // the version started is that rollback
+	Timeout   time.Duration `json:"timeout"`
+	Deadline  time.Time     `json:"deadline"`
+}
+
+func (c *Controller) handleUpgrade(msg micro.Request) {
+	var req UpgradeRequest
+	if err := json.Unmarshal(msg.Data(), &req); err != nil {
+		reply(msg, UpgradeReply{Reply: Reply{Error: "cluster: upgrade: bad request: " + err.Error()}})
+		return
+	}
+	sp, version, err := c.upgrade(req)
+	reply(msg, UpgradeReply{Reply: errReply(err), Savepoint: sp, Version: version})
+}
+
+// upgrade checks the new version against the running job and the state of
+// its latest checkpoint, stops the job with a savepoint, checks the
+// savepoint, and starts the new version from it (or the old one again if
+// the savepoint does not restore into the new version).
+func (c *Controller) upgrade(req UpgradeRequest) (string, int, error) {
+	c.catchUp(req.JobID)
+	timeout := req.StartTimeout
+	if timeout <= 0 {
+		timeout = DefaultUpgradeStartTimeout
+	}
+	c.mu.Lock()
+	j := c.jobs[req.JobID]
+	if j == nil {
+		c.mu.Unlock()
+		return "", 0, fmt.Errorf("cluster: no job %q (streamd list shows the jobs)", req.JobID)
+	}
+	spec, err := c.newVersionLocked(j, req)
+	if err != nil {
+		c.mu.Unlock()
+		return "", 0, fmt.Errorf("cluster: upgrade job %s: %w", j.id, err)
+	}
+	j.upgrading = true
+	old, check := j.spec, j.restoreFrom()
+	c.mu.Unlock()
+	defer func() {
+		c.mu.Lock()
+		j.upgrading = false
+		c.mu.Unlock()
+	}()
+	g, err := spec.Graph(func(a Artifact) (string, error) { return "/" + a.Name, nil })
+	if err != nil {
+		return "", 0, fmt.Errorf("cluster: upgrade job %s: %w", j.id, err)
+	}
+	// The restore checks of deploy --from, first against the job's latest
+	// checkpoint (the savepoint will have its operators): a new version that
+	// cannot take the job's state is refused before the job stops.
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	if err := c.checkLatest(ctx, j, check, g); err != nil {
+		return "", 0, fmt.Errorf("cluster: upgrade job %s: the new version cannot restore the job's latest checkpoint, so the job was not stopped: %w", j.id, err)
+	}
+	sp, err := c.distSavepoint(j.id, HostVerbStop, "", false)
+	if err != nil {
+		return "", 0, fmt.Errorf("cluster: upgrade job %s: %w", j.id, err)
+	}
+	_, restoreErr := LoadRestore(ctx, c.nc, sp, g)
+	now := time.Now()
+	c.mu.Lock()
+	if j.state != JobStopped || c.jobs[j.id] != j {
+		st := j.state
+		c.mu.Unlock()
+		return sp, 0, fmt.Errorf("cluster: upgrade job %s: stopped with savepoint %s, then it became %s; start it with streamd deploy --from %s", j.id, sp, st, sp)
+	}
+	if len(j.versions) == 0 {
+		j.versions = []VersionStatus{newVersion(1, old, j.from, j.created, 0)}
+	}
+	j.versions[len(j.versions)-1].State = VersionReplaced
+	v := newVersion(len(j.versions)+1, spec, sp, now, j.attempt+1)
+	v.State, v.Timeout = VersionStarting, timeout.String()
+	j.versions = append(j.versions, v)
+	j.upgrade = &upgradeState{Version: v.Version, Savepoint: sp, Previous: old, Timeout: timeout, Deadline: now.Add(timeout)}
+	if restoreErr != nil {
+		c.log.Warn("upgrade: the new version cannot restore the savepoint; starting the old one again", "job", j.id, "savepoint", sp, "err", restoreErr)
+		c.rollbackLocked(j, now, fmt.Sprintf("cannot restore savepoint %s: %v", sp, restoreErr))
+	} else {
+		c.log.Info("upgrade: starting the new version", "job", j.id, "version", v.Version, "savepoint", sp, "timeout", timeout)
+		c.startVersionLocked(j, spec, sp, now, fmt.Sprintf("upgrading to version %d from savepoint %s", v.Version, sp))
+	}
+	ver := j.ver
+	c.mu.Unlock()
+	// The new version (and the upgrade waiting for it) is in the bucket
+	// before the answer: a new leader carries it on.
+	if err := c.saved(j.id, ver); err != nil {
+		return sp, v.Version, fmt.Errorf("cluster: upgrade job %s: stopped with savepoint %s, but version %d was not saved before the controller stopped: %w (streamd status %s shows what the next leader runs; streamd deploy --from %s starts a stopped job)",
+			j.id, sp, v.Version, err, j.id, sp)
+	}
+	return sp, v.Version, nil
+}
+
+// checkLatest runs the restore checks of g against checkpoint check, the
+// latest of job j ("": none yet). The retention of a newer checkpoint may
+// remove it under the check (its _metadata first): then the check is of
+// the newer one.
+func (c *Controller) checkLatest(ctx context.Context, j *ctlJob, check string, g *control.JobGraph) error {
+	for try := 0; check != ""; try++ {
+		_, err := LoadRestore(ctx, c.nc, check, g)
+		if err == nil {
+			return nil
+		}
+		if _, _, rerr := ResolveIn(ctx, c.nc, check); rerr == nil || try == 4 {
+			return err // it is there: it does not fit
+		}
+		// Removed: the job's record names the newer one soon.
+		gone := check
+		for deadline := time.Now().Add(2 * time.Second); check == gone && time.Now().Before(deadline); {
+			time.Sleep(20 * time.Millisecond)
+			c.mu.Lock()
+			check = j.restoreFrom()
+			c.mu.Unlock()
+		}
+		if check == gone {
+			return err
+		}
+	}
+	return nil
+}
+
+// newVersionLocked is the spec of the version req asks for, checked as a
+// deploy checks its job; j must be running, with checkpoints, and not being
+// upgraded or deleted.
+func (c *Controller) newVersionLocked(j *ctlJob, req UpgradeRequest) (JobSpec, error) {
+	switch {
+	case j.upgrading || j.upgrade != nil:
+		return JobSpec{}, fmt.Errorf("an upgrade of the job is in progress (streamd status %s shows it)", j.id)
+	case j.placement == nil || j.dist == nil || (j.state != JobRunning && j.state != JobFinishing):
+		return JobSpec{}, fmt.Errorf("the job is %s, not running (an upgrade stops a running job with a savepoint; start a stopped one with streamd deploy --from)", j.state)
+	case !j.dist.ckpt:
+		return JobSpec{}, fmt.Errorf("the job has no checkpoints, so no savepoint to upgrade from (use streamd cancel and deploy)")
+	case (req.Job == nil) == (req.Module == nil):
+		return JobSpec{}, fmt.Errorf("want a new job or a new module, got %s", map[bool]string{true: "both", false: "neither"}[req.Job != nil])
+	}
+	var spec JobSpec
+	if req.Job != nil {
+		if req.Operator != "" {
+			return JobSpec{}, fmt.Errorf("an operator (%q) names the module to replace; a job file replaces the whole job", req.Operator)
+		}
+		spec = *req.Job
+		if cs := spec.Checkpoint; cs != nil && cs.Storage == "" {
+			withStorage := *cs
+			withStorage.Storage = j.spec.Checkpoint.Storage // where the job's checkpoints are
+			spec.Checkpoint = &withStorage
+		}
+	} else {
+		var err error
+		if spec, err = j.spec.withModule(req.Operator, *req.Module); err != nil {
+			return JobSpec{}, err
+		}
+	}
+	if spec.Checkpoint == nil {
+		return JobSpec{}, fmt.Errorf("the new job has no checkpoint section: it cannot restore the savepoint")
+	}
+	if _, err := spec.Graph(func(a Artifact) (string, error) { return "/" + a.Name, nil }); err != nil {
+		return JobSpec{}, err
+	}
+	if err := spec.Restart.Control(time.Millisecond).Validate(); err != nil {
+		return JobSpec{}, err
+	}
+	return spec, nil
+}
+
+// withModule is s with the module of wasm operator uid (""; the only one)
+// replaced by m; the job file no longer describes it.
+func (s JobSpec) withModule(uid string, m Artifact) (JobSpec, error) {
+	var wasm []string
+	at := -1
+	for i, v := range s.Vertices {
+		if v.Wasm == nil {
+			continue
+		}
+		wasm = append(wasm, v.UID)
+		if v.UID == uid || uid == "" {
+			at = i
+		}
+	}
+	switch {
+	case uid == "" && len(wasm) != 1:
+		return JobSpec{}, fmt.Errorf("the job has %d wasm operators (%s): name the one whose module to replace (--operator UID), or upgrade with a job file", len(wasm), strings.Join(wasm, ", "))
+	case at < 0:
+		return JobSpec{}, fmt.Errorf("the job has no wasm operator %q (its wasm operators: %s)", uid, strings.Join(wasm, ", "))
+	}
+	out := s
+	out.JobFile = nil
+	out.Vertices = slices.Clone(s.Vertices)
+	w := *out.Vertices[at].Wasm
+	w.Module = m
+	out.Vertices[at].Wasm = &w
+	return out, nil
+}
+
+// newVersion is the history entry of spec, started at when from from.
+func newVersion(n int, spec JobSpec, from string, when time.Time, attempt int) VersionStatus {
+	v := VersionStatus{Version: n, Modules: []ModuleVersion{}, Started: when, From: from, Attempt: attempt, State: VersionRunning}
+	for _, vx := range spec.Vertices {
+		if vx.Wasm != nil {
+			v.Modules = append(v.Modules, ModuleVersion{Operator: vx.UID, Name: vx.Wasm.Module.Name, Digest: vx.Wasm.Module.Digest})
+		}
+	}
+	if spec.JobFile != nil {
+		v.JobFile = spec.JobFile.Digest
+	}
+	return v
+}
+
+// startVersionLocked makes the ended job j a new job of spec under the same
+// id, restored from from, with fresh restart counts, waiting for why; it is
+// placed by the next schedule.
+func (c *Controller) startVersionLocked(j *ctlJob, spec JobSpec, from string, now time.Time, why string) {
+	spec.ownFiles(j.id)
+	j.spec, j.slots, j.from = spec, spec.slotsNeeded(), from
+	j.latest, j.restarts, j.resumed, j.failovers = nil, nil, false, 0
+	j.state, j.reason, j.ended, j.savepoint = JobCreated, why, nil, ""
+	j.dist, j.placement = nil, nil
+	j.subtaskState, j.stats, j.checkpoints, j.hostStats, j.elapsed = SubtaskScheduled, nil, nil, nil, ""
+	j.attempt++ // the new version's attempts are numbered on
+	j.restartAt, j.awaitingRestart, j.restartReady = now, false, false
+	j.updated = now
+	c.changedLocked(j)
+}
+
+// rollbackLocked starts the version before the one j's upgrade started
+// again, from the upgrade's savepoint: the new version failed (why).
+func (c *Controller) rollbackLocked(j *ctlJob, now time.Time, why string) {
+	u := j.upgrade
+	failed := &j.versions[u.Version-1]
+	failed.State, failed.Reason = VersionRolledBack, why
+	rerun := u.Version - 1
+	for rerun > 1 && j.versions[rerun-1].Rerun != 0 {
+		rerun = j.versions[rerun-1].Rerun
+	}
+	v := newVersion(len(j.versions)+1, u.Previous, u.Savepoint, now, j.attempt+1)
+	v.State, v.Rerun = VersionStarting, rerun
+	j.versions = append(j.versions, v)
+	j.upgrade = &upgradeState{Version: v.Version, Savepoint: u.Savepoint, Previous: u.Previous, Rollback: true,
+		Timeout: u.Timeout, Deadline: now.Add(u.Timeout)}
+	c.log.Warn("upgrade failed; rolling back", "job", j.id, "failed_version", failed.Version, "version", v.Version,
+		"runs_again", rerun, "savepoint", u.Savepoint, "reason", why)
+	c.startVersionLocked(j, u.Previous, u.Savepoint, now,
+		fmt.Sprintf("rolling back to version %d from savepoint %s: version %d failed: %s", rerun, u.Savepoint, failed.Version, why))
+}
+
+// upgradeEndedLocked: job j ended (endLocked) while its upgrade waited for
+// the version it started. A new version that failed is rolled back; a
+// rollback that failed leaves the job failed; any other end ends the
+// upgrade.
+func (c *Controller) upgradeEndedLocked(j *ctlJob, now time.Time, state, reason string) {
+	u := j.upgrade
+	if u == nil {
+		return
+	}
+	v := &j.versions[u.Version-1]
+	switch {
+	case state == JobFailed && !u.Rollback:
+		c.rollbackLocked(j, now, reason)
+		return
+	case state == JobFailed:
+		v.State, v.Reason = VersionFailed, reason
+		j.reason = fmt.Sprintf("the rollback to version %d from savepoint %s failed too: %s", v.Rerun, u.Savepoint, reason)
+	default:
+		v.State, v.Reason = state, reason
+	}
+	j.upgrade = nil
+	c.saveLocked(j)
+}
+
+// upgradeRunningLocked: every subtask of j's current attempt runs; a
+// version its upgrade waited for runs.
+func (c *Controller) upgradeRunningLocked(j *ctlJob) {
+	if u := j.upgrade; u != nil {
+		j.versions[u.Version-1].State = VersionRunning
+		j.upgrade = nil
+		c.log.Info("upgrade: the version runs", "job", j.id, "version", u.Version, "rollback", u.Rollback)
+	}
+}
+
+// upgradeTimeoutsLocked fails the versions that upgrades started and that
+// do not run by their deadline: a new version is rolled back.
+func (c *Controller) upgradeTimeoutsLocked(now time.Time) []effect {
+	var effects []effect
+	for _, id := range c.order {
+		j := c.jobs[id]
+		u := j.upgrade
+		if u == nil || TerminalJobState(j.state) || j.canceling || j.preparing || now.Before(u.Deadline) {
+			continue
+		}
+		if j.placement != nil {
+			effects = append(effects, c.cancelEffects(j, "")...)
+		}
+		why := fmt.Sprintf("not running %s after it started", u.Timeout)
+		if f := lastFailure(j, j.versions[u.Version-1].Attempt); f != "" {
+			why += " (the last failure: " + f + ")"
+		}
+		c.endLocked(j, now, JobFailed, why)
+	}
+	return effects
+}
+
+// lastFailure is the latest failure of j's attempts from attempt `from` on,
+// as "attempt N failed: why"; "" if none failed.
+func lastFailure(j *ctlJob, from int) string {
+	for i := len(j.attempts) - 1; i >= 0 && j.attempts[i].Attempt >= from; i-- {
+		if a := j.attempts[i]; a.State == SubtaskFailed && a.Reason != "" {
+			return fmt.Sprintf("attempt %d failed: %s", a.Attempt, a.Reason)
+		}
+	}
+	return ""
+}
+
+// versionsLocked is j's version history for its status.
+func versionsLocked(j *ctlJob) []VersionStatus {
+	out := slices.Clone(j.versions)
+	if n := len(out); n > 0 && out[n-1].State == VersionRunning && TerminalJobState(j.state) {
+		out[n-1].State = j.state
+	}
+	return out
+}
+
+// Upgrade uploads the new version of job jobID, the job (with its job file,
+// when jobFile is set), or else the module at module, which replaces the
+// module of wasm operator operator ("": the job's only one), and asks the
+// controller to upgrade the job to it; startTimeout as
+// UpgradeRequest.StartTimeout. It returns once the job stopped with its
+// savepoint and the new version started: the job's status tells how it
+// goes on (JobStatus.Versions).
+func (c *Client) Upgrade(ctx context.Context, jobID string, job *jobfile.Job, jobFile, module, operator string, startTimeout time.Duration) (UpgradeReply, error) {
+	req := UpgradeRequest{JobID: jobID, Operator: operator, StartTimeout: startTimeout}
+	if module != "" {
+		a, err := c.arts.Upload(ctx, module)
+		if err != nil {
+			return UpgradeReply{}, fmt.Errorf("cluster: upgrade: module: %w", err)
+		}
+		req.Module = &a
+	} else {
+		spec, err := NewJobSpec(job, jobFile, func(path string) (Artifact, error) { return c.arts.Upload(ctx, path) })
+		if err != nil {
+			return UpgradeReply{}, err
+		}
+		req.Job = &spec
+	}
+	var r UpgradeReply
+	err := c.call(ctx, SubjectUpgrade, req, &r, func() Reply { return r.Reply })
+	return r, err
+}
