@@ -31,16 +31,24 @@ type suite struct {
 	// benchtime overrides -benchtime (e.g. "3x" for a benchmark whose every
 	// op starts processes).
 	benchtime string
+	// env is added to the environment of the go test process.
+	env []string
 }
 
 var suites = []suite{
-	{"./host", ".", ""},
-	{"./internal/runtime", ".", ""},
-	{"./test/cluster", "^(BenchmarkInProcess|BenchmarkTwoHostsNATS|BenchmarkRawNATSPubSub|BenchmarkTwoHostsVsRawNATS|BenchmarkTwoHostsGeneratorDiscard|BenchmarkTwoHostsWasmMap)$", ""},
-	{"./test/cluster", "^BenchmarkHostKillToProcessing$", "3x"},
-	{"./internal/checkpoint", "1MKeys", ""},
-	{"./internal/webapi", "^BenchmarkConsolePolledVsNone$", "3x"},
+	{"./host", ".", "", nil},
+	{"./internal/runtime", ".", "", nil},
+	{"./test/cluster", "^(BenchmarkInProcess|BenchmarkTwoHostsNATS|BenchmarkRawNATSPubSub|BenchmarkTwoHostsVsRawNATS|BenchmarkTwoHostsGeneratorDiscard|BenchmarkTwoHostsWasmMap)$", "", nil},
+	{"./test/cluster", "^BenchmarkHostKillToProcessing$", "3x", nil},
+	{"./internal/checkpoint", "1MKeys", "", nil},
+	{"./internal/webapi", "^BenchmarkConsolePolledVsNone$", "3x", nil},
+	// State that scales (16M keys on pebble; 100k to 16M keys on both
+	// backends): minutes per op, so once, in a suite of its own.
+	{"./internal/runtime", "^(BenchmarkPebbleStateCheckpointVsNone|BenchmarkStateScaling)$", "1x", []string{bigStateEnv + "=1"}},
 }
+
+// bigStateEnv enables the large-state benchmarks (internal/runtime).
+const bigStateEnv = "STREAMD_BENCH_BIG_STATE"
 
 type result struct {
 	name    string
@@ -86,7 +94,8 @@ func runSuite(s suite, benchtime string) ([]result, error) {
 	if s.benchtime != "" {
 		benchtime = s.benchtime
 	}
-	cmd := exec.Command("go", "test", "-run", "^$", "-bench", s.pattern, "-benchtime", benchtime, "-count", "1", s.pkg)
+	cmd := exec.Command("go", "test", "-run", "^$", "-bench", s.pattern, "-benchtime", benchtime, "-count", "1", "-timeout", "60m", s.pkg)
+	cmd.Env = append(os.Environ(), s.env...)
 	cmd.Stderr = os.Stderr
 	var buf bytes.Buffer
 	cmd.Stdout = &buf
@@ -196,7 +205,55 @@ func render(results []result, cold, cached float64) string {
 	}
 	fmt.Fprintf(&b, "| compile cold / cached, new process (uppercase Go guest: %.3fs / %.3fs) | %.1fx | cached at least 10x faster |\n",
 		cold, cached, cold/cached)
+	renderScaling(&b, results)
 	return b.String()
+}
+
+// renderScaling writes BenchmarkStateScaling's metrics (BACKEND-SIZE-MiB,
+// -s-checkpoint, -s-restore) as a table: how checkpoint and restore cost
+// grow with the state.
+func renderScaling(b *strings.Builder, results []result) {
+	for _, r := range results {
+		if r.name != "BenchmarkStateScaling" {
+			continue
+		}
+		var rows []string
+		for k := range r.metrics {
+			if row, ok := strings.CutSuffix(k, "-s-checkpoint"); ok {
+				rows = append(rows, row)
+			}
+		}
+		sort.Slice(rows, func(i, j int) bool {
+			bi, si, _ := strings.Cut(rows[i], "-")
+			bj, sj, _ := strings.Cut(rows[j], "-")
+			if bi != bj {
+				return bi < bj
+			}
+			return sizeOf(si) < sizeOf(sj)
+		})
+		fmt.Fprintf(b, "\n## State size: checkpoint and restore (BenchmarkStateScaling)\n\n"+
+			"A keyed counter writes every key once (100 B of state per key), a checkpoint every 1 s (pebble: incremental). "+
+			"Checkpoint: trigger to complete, of the last one while the counter ran. Restore: reading and redistributing that checkpoint plus the subtask's load of its keyed state. "+
+			"State: the checkpoint's full size (pebble's sstables are compressed).\n\n"+
+			"| backend | keys | state MiB | checkpoint s | restore s |\n|---|---:|---:|---:|---:|\n")
+		for _, row := range rows {
+			backend, size, _ := strings.Cut(row, "-")
+			fmt.Fprintf(b, "| %s | %s | %s | %s | %s |\n", backend, size, num(r.metrics[row+"-MiB"]),
+				num(r.metrics[row+"-s-checkpoint"]), num(r.metrics[row+"-s-restore"]))
+		}
+	}
+}
+
+// sizeOf reads 100k or 16M.
+func sizeOf(s string) float64 {
+	mul := 1.0
+	if n, ok := strings.CutSuffix(s, "M"); ok {
+		s, mul = n, 1e6
+	} else if n, ok := strings.CutSuffix(s, "k"); ok {
+		s, mul = n, 1e3
+	}
+	v, _ := strconv.ParseFloat(s, 64)
+	return v * mul
 }
 
 type ratio struct {
@@ -237,6 +294,10 @@ var values = []value{
 	{"checkpoint of 1M keys of 100-byte state, written to disk", "BenchmarkSnapshot1MKeys", "s/checkpoint", "<= 2 s"},
 	{"memory state, 1M keys x 100 B through a keyed wasm counter, checkpoint every 1 s as % of none, alternating", "BenchmarkState1MKeysCheckpointVsNone", "1s-%-of-none", ">= 80"},
 	{"memory state, 1M keys: longest synchronous snapshot pause of the keyed subtask", "BenchmarkState1MKeysCheckpointVsNone", "ms-max-sync-pause", "<= 10 ms"},
+	{"pebble state, 16M keys x 100 B, 256 MiB cache, incremental checkpoints every 1 s as % of none, alternating", "BenchmarkPebbleStateCheckpointVsNone", "1s-%-of-none", ">= 50"},
+	{"pebble state, 16M keys: peak RSS of the benchmark process", "BenchmarkPebbleStateCheckpointVsNone", "MiB-peak-rss", "<= 1024 MiB"},
+	{"pebble state, 16M keys, 1% of the keys changed per 1 s checkpoint: bytes a checkpoint writes as % of the full state (median)", "BenchmarkPebbleStateCheckpointVsNone", "1pct-written-%-of-full", "<= 5"},
+	{"pebble state, 16M keys: restore of the last checkpoint to its first checkpoint after (includes one 1 s interval)", "BenchmarkPebbleStateCheckpointVsNone", "s-restore-to-first-checkpoint", "report"},
 	{"REST API and console polled every second (job list, job, plan, checkpoints) as % of no listener, alternating", "BenchmarkConsolePolledVsNone", "polled-%-of-none", ">= 95"},
 	{"restore and redistribute 1M keys to 4 subtasks", "BenchmarkRestore1MKeys", "s/restore", "report"},
 	{"failure to processing again, 8 subtasks, modules cached", "BenchmarkFailoverRestart8", "ms/failover", "< 1000 ms"},
