@@ -3,6 +3,7 @@ package host
 import (
 	"errors"
 	"fmt"
+	"io"
 	"sync"
 
 	"github.com/streamd/streamd/abi"
@@ -131,9 +132,12 @@ func checkRestored(groups map[int]*KeyGroupState, rng abi.KeyGroupRange, maxP in
 // deferredCut is the keyed state of a Snapshot that is read from a backend's
 // cut when first needed (Snapshot.Load), on whichever goroutine asks.
 type deferredCut struct {
-	mu      sync.Mutex
-	read    func() (map[int]*KeyGroupState, error) // reads the cut
-	release func()                                 // frees the cut; called once
+	mu   sync.Mutex
+	read func() (map[int]*KeyGroupState, error) // reads the cut
+	// stream writes the canonical encoding of the cut and lists (see
+	// Snapshot.EncodeTo); nil: the backend cannot.
+	stream  func(lists map[string]*ListState, w io.Writer, size func(int64) error) error
+	release func() // frees the cut; called once
 	done    bool
 	groups  map[int]*KeyGroupState
 	err     error

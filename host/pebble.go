@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -14,6 +15,7 @@ import (
 	"sync"
 
 	"github.com/cockroachdb/pebble/v2"
+	"github.com/cockroachdb/pebble/v2/bloom"
 
 	"github.com/streamd/streamd/abi"
 )
@@ -113,6 +115,18 @@ func (s *pebbleState) open() error {
 		MemTableSize:        pebbleMemTableSize,
 		MaxManifestFileSize: pebbleMaxManifest,
 		Logger:              pebbleLogger{s.log},
+		// Every checkpoint flushes the memtable into an L0 file. Compacting
+		// L0 into the base level rewrites the base level's files that the
+		// flushed keys overlap, which for keys spread over all key groups is
+		// all of them; an incremental checkpoint uploads what compactions
+		// wrote. So L0 may grow deeper before it is compacted (pebble's
+		// defaults: 4 and 12), and bloom filters keep reads (a keyed
+		// operator reads before it writes) from probing every L0 file.
+		L0CompactionThreshold: 8,
+		L0StopWritesThreshold: 40,
+	}
+	for i := range opts.Levels {
+		opts.Levels[i].FilterPolicy = bloom.FilterPolicy(10)
 	}
 	if s.cfg.Cache != nil {
 		opts.Cache = s.cfg.Cache.c
@@ -248,7 +262,10 @@ func (s *pebbleState) cut() (*Snapshot, error) {
 		snap.Close()
 		return &Snapshot{}, err
 	}
-	c := &deferredCut{read: func() (map[int]*KeyGroupState, error) { return s.readCut(snap) }}
+	c := &deferredCut{read: func() (map[int]*KeyGroupState, error) { return s.readCut(snap) },
+		stream: func(lists map[string]*ListState, w io.Writer, size func(int64) error) error {
+			return s.streamCut(snap, lists, w, size)
+		}}
 	c.release = func() {
 		snap.Close()
 		s.mu.Lock()

@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"hash/crc32"
+	"io"
 	"net/url"
 	"strconv"
 	"strings"
@@ -88,23 +89,9 @@ func appendState(dst []byte, s *SubtaskState) ([]byte, error) {
 			return nil, err
 		}
 	}
-	for _, sec := range []struct {
-		tag  byte
-		data []byte
-	}{{tagSourcePosition, s.SourcePosition}, {tagSinkPending, s.SinkPending}} {
-		if sec.data != nil {
-			b = append(b, sec.tag)
-			b = le.AppendUint64(b, uint64(len(sec.data)))
-			b = append(b, sec.data...)
-		}
-	}
-	if chanSize > 0 {
-		b = append(b, tagChannelState)
-		b = le.AppendUint64(b, uint64(chanSize))
-		var err error
-		if b, err = s.Channels.appendTo(b); err != nil {
-			return nil, err
-		}
+	b, err := appendMiddleSections(b, s, chanSize)
+	if err != nil {
+		return nil, err
 	}
 	if filesSize > 0 {
 		b = append(b, tagStateFiles)
@@ -118,6 +105,29 @@ func appendState(dst []byte, s *SubtaskState) ([]byte, error) {
 		return nil, fmt.Errorf("checkpoint: encode state: %d bytes, computed %d (the snapshot changed while being encoded?)", len(b)+4, size)
 	}
 	return le.AppendUint32(b, crc32c(b)), nil
+}
+
+// appendMiddleSections appends the sections between the operator
+// snapshot and the state files: source position, sink pending-commit data
+// and channel state (of chanSize bytes).
+func appendMiddleSections(b []byte, s *SubtaskState, chanSize int64) ([]byte, error) {
+	le := binary.LittleEndian
+	for _, sec := range []struct {
+		tag  byte
+		data []byte
+	}{{tagSourcePosition, s.SourcePosition}, {tagSinkPending, s.SinkPending}} {
+		if sec.data != nil {
+			b = append(b, sec.tag)
+			b = le.AppendUint64(b, uint64(len(sec.data)))
+			b = append(b, sec.data...)
+		}
+	}
+	if chanSize > 0 {
+		b = append(b, tagChannelState)
+		b = le.AppendUint64(b, uint64(chanSize))
+		return s.Channels.appendTo(b)
+	}
+	return b, nil
 }
 
 // DecodeState decodes a state blob written by EncodeState. Errors wrap
@@ -279,6 +289,15 @@ func WriteSubtaskState(ctx context.Context, store Store, kind control.Checkpoint
 	buf, _ := blobBufs.Get().(*[]byte)
 	if buf == nil {
 		buf = new([]byte)
+	}
+	if ss, ok := store.(StreamStore); ok && st.Operator.Streamable() {
+		// A pebble cut, written as it is read: the blob is never in memory.
+		ref, err := ss.WriteStateFrom(ctx, kind, id, sub, func(w io.Writer) error { return encodeStateTo(w, st) })
+		if err != nil {
+			return BlobRef{}, err
+		}
+		ref.InFlight = st.Channels.EncodedSize()
+		return ref, nil
 	}
 	var shared []SharedRef
 	if st.Operator != nil && len(st.Operator.Files) > 0 {

@@ -7,6 +7,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"hash"
 	"hash/crc32"
 	"io"
 	"io/fs"
@@ -531,4 +532,121 @@ func (md *Metadata) FullSize() int64 {
 		n += r.Size
 	}
 	return n
+}
+
+// StreamStore is a Store that writes a state blob from a function that
+// writes it, so that the blob is never whole in memory (a pebble savepoint:
+// host.Snapshot.EncodeTo). Dir and JetStream are.
+type StreamStore interface {
+	WriteStateFrom(ctx context.Context, kind control.CheckpointKind, id int64, sub control.SubtaskID, write func(w io.Writer) error) (BlobRef, error)
+}
+
+// crcWriter counts and checksums what goes through it.
+type crcWriter struct {
+	w io.Writer
+	h hash.Hash32
+	n int64
+}
+
+func newCRCWriter(w io.Writer) *crcWriter { return &crcWriter{w: w, h: crc32.New(castagnoli)} }
+
+func (c *crcWriter) Write(p []byte) (int, error) {
+	n, err := c.w.Write(p)
+	c.h.Write(p[:n])
+	c.n += int64(n)
+	return n, err
+}
+
+// encodeStateTo writes the state blob of st (what EncodeState returns) to
+// w, streaming the operator snapshot.
+func encodeStateTo(w io.Writer, st *SubtaskState) error {
+	le := binary.LittleEndian
+	cw := newCRCWriter(w)
+	n := 1
+	version := uint32(FormatVersion)
+	chanSize := st.Channels.EncodedSize()
+	for _, p := range [][]byte{st.SourcePosition, st.SinkPending} {
+		if p != nil {
+			n++
+		}
+	}
+	if chanSize > 0 {
+		n++
+		version = FormatVersionChannelState
+	}
+	hdr := append([]byte(blobMagic), 0, 0, 0, 0, 0, 0, 0, 0)
+	le.PutUint32(hdr[4:], version)
+	le.PutUint32(hdr[8:], uint32(n))
+	if _, err := cw.Write(append(hdr, tagOperator)); err != nil {
+		return err
+	}
+	if err := st.Operator.EncodeTo(cw, func(size int64) error {
+		_, err := cw.Write(le.AppendUint64(nil, uint64(size)))
+		return err
+	}); err != nil {
+		return err
+	}
+	b, err := appendMiddleSections(nil, st, chanSize)
+	if err != nil {
+		return err
+	}
+	if _, err := cw.Write(b); err != nil {
+		return err
+	}
+	_, err = w.Write(le.AppendUint32(nil, cw.h.Sum32()))
+	return err
+}
+
+// WriteStateFrom writes a subtask's blob to DIR/op-UID-INDEX.state as write
+// writes it, and fsyncs it.
+func (d *Dir) WriteStateFrom(ctx context.Context, kind control.CheckpointKind, id int64, sub control.SubtaskID, write func(w io.Writer) error) (BlobRef, error) {
+	if err := ctx.Err(); err != nil {
+		return BlobRef{}, err
+	}
+	dir, err := d.checkpointDir(kind, id, true)
+	if err != nil {
+		return BlobRef{}, err
+	}
+	ref := BlobRef{Name: blobName(sub)}
+	f, err := os.OpenFile(filepath.Join(dir, ref.Name), os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o644)
+	if err != nil {
+		return BlobRef{}, fmt.Errorf("checkpoint: write state of %v for %s %d: %w", sub, kindName(kind), id, err)
+	}
+	cw := newCRCWriter(f)
+	err = write(cw)
+	if err == nil {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		os.Remove(filepath.Join(dir, ref.Name))
+		return BlobRef{}, fmt.Errorf("checkpoint: write state of %v for %s %d: %w", sub, kindName(kind), id, err)
+	}
+	ref.Size, ref.CRC32C = cw.n, cw.h.Sum32()
+	return ref, nil
+}
+
+// WriteStateFrom puts a subtask's blob as PREFIX/DIR/op-UID-INDEX.state as
+// write writes it.
+func (s *JetStream) WriteStateFrom(ctx context.Context, kind control.CheckpointKind, id int64, sub control.SubtaskID, write func(w io.Writer) error) (BlobRef, error) {
+	dir, err := s.checkpointDir(kind, id, true)
+	if err != nil {
+		return BlobRef{}, err
+	}
+	ref := BlobRef{Name: blobName(sub)}
+	pr, pw := io.Pipe()
+	cw := newCRCWriter(pw)
+	go func() { pw.CloseWithError(write(cw)) }()
+	info, err := s.obs.Put(ctx, jetstream.ObjectMeta{Name: s.object(dir, ref.Name)}, pr)
+	pr.CloseWithError(err) // a failed put stops the writer
+	if err != nil {
+		return BlobRef{}, fmt.Errorf("checkpoint: write state of %v for %s %d to %s: %w", sub, kindName(kind), id, s.location(dir), err)
+	}
+	if int64(info.Size) != cw.n {
+		return BlobRef{}, fmt.Errorf("checkpoint: write state of %v for %s %d: the object store kept %d of %d bytes", sub, kindName(kind), id, info.Size, cw.n)
+	}
+	ref.Size, ref.CRC32C = cw.n, cw.h.Sum32()
+	return ref, nil
 }

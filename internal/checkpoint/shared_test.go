@@ -1,11 +1,17 @@
 package checkpoint
 
 import (
+	"bytes"
 	"context"
+	"errors"
+	"io"
+	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/streamd/streamd/control"
 )
@@ -142,5 +148,61 @@ func TestSharedFilesCollected(t *testing.T) {
 	md6 := commitShared(t, d, 6, md5.SharedFiles(), nil)
 	if got := sharedNames(t, d); !slices.Equal(got, refNames(md6)) {
 		t.Fatalf("after checkpoint 6: shared files %v, want %v", got, refNames(md6))
+	}
+}
+
+// TestWriteStateFrom: both stores write a blob streamed by encodeStateTo
+// that is byte for byte EncodeState's, readable as such; a write that fails
+// half way leaves no blob behind.
+func TestWriteStateFrom(t *testing.T) {
+	js := jetStream(t)
+	jss, err := OpenJetStream(context.Background(), js, "streamtest", "job")
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, err := OpenDir(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	snaps, _ := keyedSnapshots(rand.New(rand.NewPCG(1, 2)), 1, 128, 500)
+	st := &SubtaskState{Operator: snaps[0], SourcePosition: []byte("pos"), SinkPending: []byte("pending")}
+	want, err := EncodeState(st)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range []interface {
+		Store
+		StreamStore
+	}{d, jss} {
+		ctx := context.Background()
+		sub := control.SubtaskID{Operator: "op"}
+		ref, err := s.WriteStateFrom(ctx, control.KindSavepoint, 3, sub, func(w io.Writer) error { return encodeStateTo(w, st) })
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ref.Size != int64(len(want)) || ref.CRC32C != crc32c(want) {
+			t.Fatalf("%T: streamed blob of %d bytes crc %08x, EncodeState %d bytes crc %08x", s, ref.Size, ref.CRC32C, len(want), crc32c(want))
+		}
+		md := &Metadata{Job: "job", ID: 3, Kind: control.KindSavepoint, Time: time.Unix(1700000000, 0).UTC(),
+			Operators: []OperatorMeta{{UID: "op", Parallelism: 1, MaxParallelism: 128, Subtasks: []SubtaskMeta{{Index: 0, Ref: ref.Name, Size: ref.Size, CRC32C: ref.CRC32C}}}}}
+		if err := s.Commit(ctx, md); err != nil {
+			t.Fatal(err)
+		}
+		got, err := s.ReadState(ctx, md, md.Operators[0].Subtasks[0])
+		if err != nil {
+			t.Fatal(err)
+		}
+		if again, err := EncodeState(got); err != nil || !bytes.Equal(again, want) {
+			t.Fatalf("%T: the streamed blob reads back differently", s)
+		}
+		if _, err := s.WriteStateFrom(ctx, control.KindCheckpoint, 4, sub, func(w io.Writer) error {
+			w.Write([]byte("SDST partial"))
+			return errors.New("disk on fire")
+		}); err == nil || !strings.Contains(err.Error(), "disk on fire") {
+			t.Fatalf("%T: a failed write: err %v", s, err)
+		}
+	}
+	if _, err := os.Stat(filepath.Join(d.Root(), "chk-4", "op-op-0.state")); !os.IsNotExist(err) {
+		t.Fatalf("a failed streamed write left its blob: %v", err)
 	}
 }
