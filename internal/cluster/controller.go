@@ -849,6 +849,9 @@ func (c *Controller) handleDeploy(msg micro.Request) {
 		reply(msg, DeployReply{Reply: Reply{Error: "cluster: deploy: " + err.Error()}})
 		return
 	}
+	if req.From == "" {
+		req.Job.pinNewStart(now) // a restart before the first checkpoint reads from the deploy on
+	}
 	j := &ctlJob{id: newJobID(req.Job.Name), requestID: req.RequestID, spec: req.Job, state: JobCreated, slots: req.Job.slotsNeeded(),
 		subtaskState: SubtaskScheduled, created: now, updated: now, from: req.From,
 		placed: map[int]control.Placement{}, changed: make(chan struct{})}

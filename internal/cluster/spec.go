@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"time"
 
 	"github.com/streamd/streamd/control"
 	"github.com/streamd/streamd/internal/jobfile"
@@ -47,6 +48,18 @@ type WasmSpec struct {
 	Config     map[string]string `json:"config,omitempty"`
 	AllowClock bool              `json:"allow_clock,omitempty"`
 	OnError    *jobfile.OnError  `json:"on_error,omitempty"`
+}
+
+// pinNewStart makes every nats source that starts at new start at the
+// deploy time at instead (jobfile.PinNewStart): every attempt of the job,
+// on whichever host, then starts where the first did. The source specs are
+// copied.
+func (s *JobSpec) pinNewStart(at time.Time) {
+	for i := range s.Vertices {
+		if src := s.Vertices[i].Source; src != nil {
+			s.Vertices[i].Source = src.PinNewStart(at)
+		}
+	}
 }
 
 // ownFiles makes the output of job id its own: every file sink (dead-letter

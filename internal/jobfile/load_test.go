@@ -773,3 +773,32 @@ func checkErrs(t *testing.T, err error, errs []string) bool {
 	}
 	return true
 }
+
+// TestPinNewStart: a nats source starting at new is pinned to the time of
+// the job's first start (so that a restart before the first checkpoint
+// reads from there), as a copy; other sources and starts stay.
+func TestPinNewStart(t *testing.T) {
+	job, err := ParseJob([]byte(`name: pin
+operators:
+  - {uid: a, source: {type: nats, stream: S, start: new}}
+  - {uid: b, source: {type: nats, stream: S, start: "seq:5"}}
+  - {uid: c, source: {type: generator, count: 1}}
+  - {uid: out, sink: {type: discard}, inputs: [a, b, c]}
+`), t.TempDir(), Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	orig := job.Graph.Vertex("a").Spec.(*SourceSpec)
+	at := time.Date(2026, 12, 1, 21, 0, 0, 123456789, time.FixedZone("x", 3600))
+	PinNewStart(job.Graph, at)
+	a := job.Graph.Vertex("a").Spec.(*SourceSpec)
+	if a.Start != "time:2026-12-01T20:00:00.123456789Z" || orig.Start != StartNew {
+		t.Fatalf("pinned start %q (the original spec now %q)", a.Start, orig.Start)
+	}
+	if st, err := ParseNATSStart(a.Start); err != nil || !st.Time.Equal(at) {
+		t.Fatalf("pinned start parses to %v, %v", st, err)
+	}
+	if b := job.Graph.Vertex("b").Spec.(*SourceSpec); b.Start != "seq:5" {
+		t.Fatalf("seq start changed to %q", b.Start)
+	}
+}

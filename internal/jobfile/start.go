@@ -5,6 +5,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/streamd/streamd/control"
 )
 
 // Start positions of a nats source (source.start, streamd deploy --start).
@@ -60,4 +62,28 @@ func (s NATSStart) String() string {
 		return StartFirst
 	}
 	return s.Kind
+}
+
+// PinNewStart makes every nats source of g that starts at new start at
+// time:at instead, the job's first start: so a restart before the first
+// checkpoint reads what was stored since that first start, not only what
+// comes after the restart. The vertices get pinned copies of their source
+// specs (the specs themselves are not changed).
+func PinNewStart(g *control.JobGraph, at time.Time) {
+	for _, v := range g.Vertices {
+		if s, ok := v.Spec.(*SourceSpec); ok {
+			v.Spec = s.PinNewStart(at)
+		}
+	}
+}
+
+// PinNewStart returns s, or, for a nats source that starts at new, a copy
+// that starts at time:at.
+func (s *SourceSpec) PinNewStart(at time.Time) *SourceSpec {
+	if s.Type != "nats" || s.Start != StartNew {
+		return s
+	}
+	pinned := *s
+	pinned.Start = NATSStart{Kind: StartTime, Time: at.UTC()}.String()
+	return &pinned
 }

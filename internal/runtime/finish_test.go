@@ -236,6 +236,19 @@ func TestFinishedBranchSkippedOnRestore(t *testing.T) {
 	if finishedCps.Load() == 0 {
 		t.Fatal("no checkpoint completed with the bounded branch fully finished")
 	}
+	// The checkpoint history (REST, console) says which had finished.
+	found := false
+	for _, c := range stats.Recent {
+		if c.Kind == string(control.KindCheckpoint) && fmt.Sprint(c.FinishedOperators) == "[bsrc bop bout]" {
+			if c.FinishedSubtasks != 6 {
+				t.Errorf("checkpoint %d: bounded branch finished, %d finished subtasks, want 6", c.ID, c.FinishedSubtasks)
+			}
+			found = true
+		}
+	}
+	if !found {
+		t.Errorf("no checkpoint of the history says the bounded branch finished: %+v", stats.Recent)
+	}
 	// The bounded operator processed each record once over both attempts:
 	// it was deployed as finished after the restore.
 	if in := stats.Operators[1].RecordsIn; in != nA {

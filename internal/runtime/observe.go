@@ -282,6 +282,15 @@ type CheckpointStats struct {
 	// Size); 0 for an aligned one.
 	InFlight int64  `json:"inflight_bytes,omitempty"`
 	Location string `json:"location,omitempty"`
+	// FinishedSubtasks counts the subtasks that had finished at this
+	// checkpoint (FLIP-147), FinishedOperators names the operators all of
+	// whose subtasks had.
+	FinishedSubtasks  int      `json:"finished_subtasks,omitempty"`
+	FinishedOperators []string `json:"finished_operators,omitempty"`
+	// Incremental is what an incremental checkpoint wrote itself (Size is
+	// its whole state, the shared files it refers to included); 0 for a
+	// full one.
+	Incremental int64 `json:"incremental_bytes,omitempty"`
 }
 
 // RecentCheckpoints is how many completed checkpoints Stats keeps.
@@ -533,8 +542,21 @@ func (d *Driver) checkpointPersisted(x control.PersistMetadata, md *checkpoint.M
 	}
 	c.done = true
 	d.mu.Lock()
-	o.history = append(o.history, CheckpointStats{ID: x.ID, Kind: string(x.Kind), Time: time.Now(),
-		Duration: dur, Size: x.Size, InFlight: md.InFlightBytes(), Location: md.Location})
+	cs := CheckpointStats{ID: x.ID, Kind: string(x.Kind), Time: time.Now(),
+		Duration: dur, Size: x.Size, InFlight: md.InFlightBytes(), Location: md.Location}
+	for i := range md.Operators {
+		op := &md.Operators[i]
+		if op.Finished == control.OperatorFullyFinished {
+			cs.FinishedOperators = append(cs.FinishedOperators, op.UID)
+			cs.FinishedSubtasks += op.Parallelism
+		} else {
+			cs.FinishedSubtasks += op.FinishedSubtasks()
+		}
+	}
+	if len(md.SharedFiles()) > 0 {
+		cs.Size, cs.Incremental = md.FullSize(), md.IncrementalSize()
+	}
+	o.history = append(o.history, cs)
 	if n := len(o.history); n > RecentCheckpoints {
 		o.history = append(o.history[:0], o.history[n-RecentCheckpoints:]...)
 	}

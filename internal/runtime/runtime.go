@@ -332,6 +332,9 @@ func Run(ctx context.Context, g *control.JobGraph, opts Options) (Stats, error) 
 		opts.Logger = slog.New(slog.DiscardHandler)
 	}
 	r := &runner{g: g, opts: opts, log: opts.Logger, start: time.Now(), modules: map[string]*host.Module{}}
+	if opts.Restore == nil {
+		jobfile.PinNewStart(g, r.start) // restarts read from the first start on
+	}
 	for range g.Vertices {
 		r.stats = append(r.stats, &opStats{})
 	}

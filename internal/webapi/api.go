@@ -408,6 +408,14 @@ type CheckpointSummary struct {
 	InFlightBytes int64  `json:"inflight_bytes"`
 	Unaligned     bool   `json:"unaligned"`
 	ExternalPath  string `json:"external_path,omitempty"`
+	// FinishedSubtasks and FinishedOperators: the subtasks that had
+	// finished at the checkpoint, and the operators all of whose subtasks
+	// had (FLIP-147).
+	FinishedSubtasks  int      `json:"finished_subtasks"`
+	FinishedOperators []string `json:"finished_operators"`
+	// IncrementalSize is what an incremental checkpoint wrote (state_size:
+	// its whole state); 0 for a full checkpoint or a savepoint.
+	IncrementalSize int64 `json:"incremental_size"`
 }
 
 func checkpoints(st *cluster.JobStatus) any {
@@ -416,7 +424,11 @@ func checkpoints(st *cluster.JobStatus) any {
 		c := st.Checkpoints[i]
 		s := CheckpointSummary{ID: c.ID, Kind: c.Kind, Status: "completed", IsSavepoint: c.Kind == "savepoint",
 			CompletedAt: c.Time, DurationMS: float64(c.Duration.Microseconds()) / 1000, StateSize: c.Size,
-			InFlightBytes: c.InFlight, Unaligned: c.InFlight > 0, ExternalPath: c.Location}
+			InFlightBytes: c.InFlight, Unaligned: c.InFlight > 0, ExternalPath: c.Location,
+			FinishedSubtasks: c.FinishedSubtasks, FinishedOperators: c.FinishedOperators, IncrementalSize: c.Incremental}
+		if s.FinishedOperators == nil {
+			s.FinishedOperators = []string{}
+		}
 		out.History = append(out.History, s)
 	}
 	if len(out.History) > 0 {

@@ -293,13 +293,24 @@ function checkpointTable(job, cps) {
     return u ? el("a", { href: u, target: "_blank", rel: "noopener" }, "trace") : "";
   };
   return el("table", { id: "checkpoints" },
-    el("thead", {}, el("tr", {}, ["Id", "Kind", "Status", "Completed", "Duration", "Size", "In-flight", "Location", ""]
+    el("thead", {}, el("tr", {}, ["Id", "Kind", "Status", "Completed", "Duration", "Size", "In-flight", "Location", "", "Finished"]
       .map((h, i) => el("th", { class: i >= 4 && i <= 6 ? "num" : "" }, h)))),
     el("tbody", {}, cps.history.map(c => el("tr", { "data-id": c.id, "data-kind": c.kind },
       el("td", {}, c.id), el("td", {}, c.kind + (c.unaligned ? " (unaligned)" : "")), el("td", {}, c.status),
       el("td", {}, fmtTime(c.completed_at)), el("td", { class: "num" }, fmtMS(c.duration_ms)),
       el("td", { class: "num" }, fmtBytes(c.state_size)), el("td", { class: "num" }, fmtBytes(c.inflight_bytes)),
-      el("td", { class: "muted" }, c.external_path || ""), el("td", {}, link(c))))));
+      el("td", { class: "muted" }, c.external_path || ""), el("td", {}, link(c)),
+      el("td", { class: "finished" }, finishedText(c))))));
+}
+
+// finishedText says which subtasks and operators had finished at checkpoint c
+// (FLIP-147), and what an incremental checkpoint wrote.
+function finishedText(c) {
+  const parts = [];
+  if (c.finished_subtasks) parts.push(c.finished_subtasks + " subtasks");
+  if (c.finished_operators && c.finished_operators.length) parts.push("done: " + c.finished_operators.join(", "));
+  if (c.incremental_size) parts.push("incremental " + fmtBytes(c.incremental_size));
+  return parts.join("; ");
 }
 
 function exceptionList(ex) {
