@@ -479,7 +479,8 @@ func InStore(store Store, md *Metadata) bool {
 	}
 	root := r.Root()
 	if strings.HasPrefix(root, JetStreamScheme) {
-		return pathpkg.Dir(md.Location) == root
+		i := strings.LastIndexByte(md.Location, '/')
+		return i > 0 && md.Location[:i] == root // (path.Dir would clean the "//" of the scheme)
 	}
 	return filepath.Clean(filepath.Dir(md.Location)) == filepath.Clean(root)
 }

@@ -18,7 +18,7 @@ import (
 
 // commitShared commits checkpoint id of a one-subtask operator whose state
 // refers to files: their keys (uploading the new ones, "name" -> content).
-func commitShared(t *testing.T, d *Dir, id int64, reuse []SharedRef, upload map[string]string) *Metadata {
+func commitShared(t *testing.T, d SharedStore, id int64, reuse []SharedRef, upload map[string]string) *Metadata {
 	t.Helper()
 	ctx := context.Background()
 	refs := slices.Clone(reuse)
@@ -204,5 +204,66 @@ func TestWriteStateFrom(t *testing.T) {
 	}
 	if _, err := os.Stat(filepath.Join(d.Root(), "chk-4", "op-op-0.state")); !os.IsNotExist(err) {
 		t.Fatalf("a failed streamed write left its blob: %v", err)
+	}
+}
+
+// TestJetStreamSharedFiles: the JetStream store keeps shared files under
+// PREFIX/shared/, a checkpoint read back fetches them with their checksum,
+// and a commit deletes those no retained checkpoint refers to (keeping a
+// newer uploader's).
+func TestJetStreamSharedFiles(t *testing.T) {
+	ctx := context.Background()
+	js := jetStream(t)
+	s, err := OpenJetStream(ctx, js, "sharedtest", "job-1", WithRetain(1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	names := func() []string {
+		obs, err := js.ObjectStore(ctx, "sharedtest")
+		if err != nil {
+			t.Fatal(err)
+		}
+		infos, _ := obs.List(ctx)
+		var out []string
+		for _, in := range infos {
+			if k, ok := strings.CutPrefix(in.Name, "job-1/"+SharedDir+"/"); ok && !in.Deleted {
+				out = append(out, k)
+			}
+		}
+		slices.Sort(out)
+		return out
+	}
+	md1 := commitShared(t, s, 1, nil, map[string]string{"a.sst": "aaaa", "b.sst": "bb"})
+	p := filepath.Join(t.TempDir(), "d.sst")
+	os.WriteFile(p, []byte("ddd"), 0o644)
+	newer := sharedKey(3, control.SubtaskID{Operator: "op"}, "d.sst")
+	if _, _, err := s.PutShared(ctx, newer, p); err != nil {
+		t.Fatal(err)
+	}
+	var a SharedRef
+	for _, r := range md1.SharedFiles() {
+		if r.Size == 4 {
+			a = r
+		}
+	}
+	md2 := commitShared(t, s, 2, []SharedRef{a}, map[string]string{"c.sst": "c"})
+	want := append(refNames(md2), newer)
+	slices.Sort(want)
+	if got := names(); !slices.Equal(got, want) {
+		t.Fatalf("shared objects %v, want %v", got, want)
+	}
+	// The store's root, and a fetch that checks what it reads.
+	root, open := jsShared(md2, s.obs, "sharedtest", "job-1/chk-2")
+	if root != s.Root() || !InStore(s, md2) {
+		t.Fatalf("shared root %q, store root %q (in store: %v)", root, s.Root(), InStore(s, md2))
+	}
+	r, err := open(ctx, a.Name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	data, _ := io.ReadAll(r)
+	r.Close()
+	if string(data) != "aaaa" {
+		t.Fatalf("shared file %s reads %q", a.Name, data)
 	}
 }

@@ -85,10 +85,21 @@ const keyGroupError = "outside this subtask's key groups"
 // owns its key group (a record of another subtask's key group fails the
 // count operator with a key-group error), and the committed output must be
 // exactly that of `streamd run`: every key's count, once.
+//
+// The pebble variant keeps the keyed state in pebble with incremental
+// checkpoints in the JetStream object store: each failover restores the
+// shared files on another host.
 func TestKeyedJobSurvivesRepeatedFailovers(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds and runs streamd processes")
 	}
+	t.Run("memory", func(t *testing.T) { testKeyedFailovers(t, "") })
+	t.Run("pebble-jetstream", func(t *testing.T) {
+		testKeyedFailovers(t, "state: {backend: pebble, cache_mib: 16}\ncheckpoint: {interval: 200ms, storage: jetstream, bucket: KEYED}\n")
+	})
+}
+
+func testKeyedFailovers(t *testing.T, section string) {
 	srv, err := natsutil.StartEmbedded(natsutil.EmbeddedOptions{Port: -1, NoLog: true, StoreDir: t.TempDir()})
 	if err != nil {
 		t.Fatal(err)
@@ -114,7 +125,7 @@ func TestKeyedJobSurvivesRepeatedFailovers(t *testing.T) {
 	tc.waitHosts(3)
 
 	const n, rate, failovers = 75000, 2500, 3
-	path := keyedJob(t, n, rate)
+	path := keyedJob(t, n, rate, section)
 	id := deploy(t, tc, path, jobfile.Options{})
 	st := tc.waitJob(id, "running with a checkpoint", func(st *cluster.JobStatus) bool {
 		return cluster.TerminalJobState(st.State) || (st.State == cluster.JobRunning && len(st.Checkpoints) > 0)
@@ -191,7 +202,7 @@ func TestKeyedJobSurvivesRepeatedFailovers(t *testing.T) {
 		}
 	}
 	got := outputLines(t, filepath.Join(filepath.Dir(path), "out"))
-	sameLines(t, got, runLocally(t, path))
+	sameLines(t, got, runLocally(t, keyedJob(t, n, rate, "")))
 	t.Logf("%d keys counted exactly once", len(got))
 }
 
@@ -199,13 +210,17 @@ func TestKeyedJobSurvivesRepeatedFailovers(t *testing.T) {
 // key-499) at rate per second, hash-partitioned into wordcount's count
 // module, into a file sink, all at parallelism 12, checkpointing every
 // 200ms.
-func keyedJob(t *testing.T, n, rate int) string {
+//
+// section, when set, replaces the checkpoint section (and may add others).
+func keyedJob(t *testing.T, n, rate int, section string) string {
 	wasm := testwasm.Path(t, "examples/wasm/wordcount/count.wasm")
 	dir := t.TempDir()
+	if section == "" {
+		section = "checkpoint: {interval: 200ms, dir: chk}\n"
+	}
 	job := fmt.Sprintf(`name: keyed
 parallelism: 12
-checkpoint: {interval: 200ms, dir: chk}
-operators:
+%soperators:
   - uid: gen
     source: {type: generator, count: %d, rate: %d, keys: 500}
   - uid: count
@@ -214,7 +229,7 @@ operators:
   - uid: out
     sink: {type: file, path: out/}
     inputs: [{from: count}]
-`, n, rate, wasm)
+`, section, n, rate, wasm)
 	path := filepath.Join(dir, "keyed.yaml")
 	if err := os.WriteFile(path, []byte(job), 0o644); err != nil {
 		t.Fatal(err)
