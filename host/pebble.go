@@ -119,11 +119,14 @@ func (s *pebbleState) open() error {
 		// L0 into the base level rewrites the base level's files that the
 		// flushed keys overlap, which for keys spread over all key groups is
 		// all of them; an incremental checkpoint uploads what compactions
-		// wrote. So L0 may grow deeper before it is compacted (pebble's
-		// defaults: 4 and 12), and bloom filters keep reads (a keyed
-		// operator reads before it writes) from probing every L0 file.
-		L0CompactionThreshold: 8,
-		L0StopWritesThreshold: 40,
+		// wrote. So L0 may grow 16 sublevels deep before it is compacted
+		// (pebble's defaults: 4, writes stop at 12), and bloom filters keep
+		// reads (a keyed operator reads before it writes) from probing every
+		// L0 file. Measured (BenchmarkPebbleStateCheckpointVsNone, 16M keys,
+		// up to 1% changed per checkpoint): a checkpoint uploads 11% of the
+		// state with the defaults, 7% with 8, 4.9% with 16 (mean).
+		L0CompactionThreshold: 16,
+		L0StopWritesThreshold: 64,
 	}
 	for i := range opts.Levels {
 		opts.Levels[i].FilterPolicy = bloom.FilterPolicy(10)
