@@ -203,19 +203,18 @@ func scanDB(r pebble.Reader, rng abi.KeyGroupRange, maxP int,
 	}
 	for ok := it.First(); ok; ok = it.Next() {
 		k := it.Key()
-		if len(k) < 7 || 7+int(uint32(k[3])<<24|uint32(k[4])<<16|uint32(k[5])<<8|uint32(k[6])) > len(k) {
+		kg, name, key, valid := splitStateKey(k)
+		if !valid {
 			it.Close()
 			return fmt.Errorf("host: restore state: malformed key %q", k)
 		}
-		n := 7 + int(uint32(k[3])<<24|uint32(k[4])<<16|uint32(k[5])<<8|uint32(k[6]))
-		kg := int(k[1])<<8 | int(k[2])
-		if got := abi.KeyGroup(k[n:], maxP); got != kg {
+		if got := abi.KeyGroup(key, maxP); got != kg {
 			it.Close()
-			return fmt.Errorf("host: restored state %q key %q is in key group %d, stored under %d", k[7:n], k[n:], got, kg)
+			return fmt.Errorf("host: restored state %q key %q is in key group %d, stored under %d", name, key, got, kg)
 		}
 		v, err := it.ValueAndErr()
 		if err == nil {
-			err = put(kg, k[7:n], k[n:], v)
+			err = put(kg, name, key, v)
 		}
 		if err != nil {
 			it.Close()
@@ -238,7 +237,7 @@ func scanDB(r pebble.Reader, rng abi.KeyGroupRange, maxP int,
 		if !rng.Contains(abi.KeyGroup(k[9:], maxP)) {
 			continue
 		}
-		if err := timer(k[9:], int64(beUint64(k[1:9])^(1<<63))); err != nil {
+		if err := timer(k[9:], timerTS(k)); err != nil {
 			it.Close()
 			return err
 		}
@@ -247,14 +246,6 @@ func scanDB(r pebble.Reader, rng abi.KeyGroupRange, maxP int,
 		return fmt.Errorf("host: restore state: %w", err)
 	}
 	return nil
-}
-
-func beUint64(b []byte) uint64 {
-	var v uint64
-	for _, c := range b[:8] {
-		v = v<<8 | uint64(c)
-	}
-	return v
 }
 
 // importParts restores parts into b through scanPart: the memory backend,

@@ -174,6 +174,21 @@ func appendTimerKey(b []byte, key []byte, ts int64) []byte {
 	return append(b, key...)
 }
 
+// splitStateKey parses a key of appendStateKey (false: malformed).
+func splitStateKey(k []byte) (kg int, name, key []byte, ok bool) {
+	if len(k) < 7 || k[0] != prefixState {
+		return 0, nil, nil, false
+	}
+	n := 7 + int(binary.BigEndian.Uint32(k[3:7]))
+	if n > len(k) {
+		return 0, nil, nil, false
+	}
+	return int(k[1])<<8 | int(k[2]), k[7:n], k[n:], true
+}
+
+// timerTS is the time of a key of appendTimerKey (at least 9 bytes).
+func timerTS(k []byte) int64 { return int64(binary.BigEndian.Uint64(k[1:9]) ^ (1 << 63)) }
+
 func (s *pebbleState) get(kg int, name, key []byte) ([]byte, bool, error) {
 	s.kbuf = appendStateKey(s.kbuf[:0], kg, name, key)
 	v, closer, err := s.db.Get(s.kbuf)
@@ -227,7 +242,7 @@ func (s *pebbleState) popDue(w int64, dst []timerID) ([]timerID, error) {
 	}
 	for ok := it.First(); ok; ok = it.Next() {
 		k := it.Key()
-		ts := int64(binary.BigEndian.Uint64(k[1:9]) ^ (1 << 63))
+		ts := timerTS(k)
 		if ts > w {
 			break
 		}
@@ -458,16 +473,16 @@ func (s *pebbleState) readCut(snap *pebble.Snapshot) (map[int]*KeyGroupState, er
 	var m map[string][]byte
 	for ok := it.First(); ok; ok = it.Next() {
 		k := it.Key()
-		if len(k) < 7 || 7+int(binary.BigEndian.Uint32(k[3:7])) > len(k) {
+		gk, sname, skey, valid := splitStateKey(k)
+		if !valid {
 			it.Close()
 			return nil, fmt.Errorf("host: pebble state: read cut: malformed key %q", k)
 		}
-		if gk := int(k[1])<<8 | int(k[2]); gk != kg {
+		if gk != kg {
 			kg, g, m = gk, group(gk), nil
 		}
-		n := 7 + int(binary.BigEndian.Uint32(k[3:7]))
-		if m == nil || string(k[7:n]) != name {
-			name = string(k[7:n])
+		if m == nil || string(sname) != name {
+			name = string(sname)
 			m = make(map[string][]byte)
 			g.Entries[name] = m
 		}
@@ -476,7 +491,7 @@ func (s *pebbleState) readCut(snap *pebble.Snapshot) (map[int]*KeyGroupState, er
 			it.Close()
 			return nil, fmt.Errorf("host: pebble state: read cut: %w", err)
 		}
-		m[string(k[n:])] = append([]byte{}, v...)
+		m[string(skey)] = append([]byte{}, v...)
 	}
 	if err := it.Close(); err != nil {
 		return nil, fmt.Errorf("host: pebble state: read cut: %w", err)
@@ -489,7 +504,7 @@ func (s *pebbleState) readCut(snap *pebble.Snapshot) (map[int]*KeyGroupState, er
 		k := it.Key()
 		key := bytes.Clone(k[9:])
 		tg := group(abi.KeyGroup(key, s.maxP))
-		tg.Timers = append(tg.Timers, Timer{Key: key, TS: int64(binary.BigEndian.Uint64(k[1:9]) ^ (1 << 63))})
+		tg.Timers = append(tg.Timers, Timer{Key: key, TS: timerTS(k)})
 	}
 	if err := it.Close(); err != nil {
 		return nil, fmt.Errorf("host: pebble state: read cut: %w", err)

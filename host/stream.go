@@ -212,13 +212,12 @@ func (s *pebbleState) planCut(snap *pebble.Snapshot, lists map[string]*ListState
 	}
 	for ok := it.First(); ok; ok = it.Next() {
 		k := it.Key()
-		if len(k) < 7 || 7+int(binary.BigEndian.Uint32(k[3:7])) > len(k) {
+		kg, name, key, valid := splitStateKey(k)
+		if !valid {
 			it.Close()
 			return nil, fmt.Errorf("host: pebble state: encode: malformed key %q", k)
 		}
-		n := 7 + int(binary.BigEndian.Uint32(k[3:7]))
-		g := group(int(k[1])<<8 | int(k[2]))
-		name := k[7:n]
+		g := group(kg)
 		if _, seen := g.counts[string(name)]; !seen {
 			g.names = append(g.names, string(name))
 			p.size += 4 + int64(len(name)) + 4
@@ -229,7 +228,7 @@ func (s *pebbleState) planCut(snap *pebble.Snapshot, lists map[string]*ListState
 			it.Close()
 			return nil, fmt.Errorf("host: pebble state: encode: %w", err)
 		}
-		p.size += 8 + int64(len(k)-n) + int64(len(v))
+		p.size += 8 + int64(len(key)) + int64(len(v))
 	}
 	if err := it.Close(); err != nil {
 		return nil, fmt.Errorf("host: pebble state: encode: %w", err)
@@ -242,7 +241,7 @@ func (s *pebbleState) planCut(snap *pebble.Snapshot, lists map[string]*ListState
 		k := it.Key()
 		key := slices.Clone(k[9:])
 		g := group(abi.KeyGroup(key, s.maxP))
-		g.timers = append(g.timers, Timer{Key: key, TS: int64(binary.BigEndian.Uint64(k[1:9]) ^ (1 << 63))})
+		g.timers = append(g.timers, Timer{Key: key, TS: timerTS(k)})
 		p.size += 4 + int64(len(key)) + 8
 	}
 	if err := it.Close(); err != nil {

@@ -11,6 +11,7 @@ import (
 	"hash/crc32"
 	"io"
 	"io/fs"
+	"log/slog"
 	"os"
 	pathpkg "path"
 	"path/filepath"
@@ -395,19 +396,42 @@ func (d *Dir) gcShared(committed int64) {
 	if err != nil || len(ents) == 0 {
 		return
 	}
-	mds, err := d.Completed(context.Background())
+	keys := make([]string, len(ents))
+	for i, e := range ents {
+		keys[i] = e.Name()
+	}
+	collectShared(context.Background(), d, d.log, keys, committed, func(key string) error {
+		if err := d.removeShared(filepath.Join(d.root, SharedDir, key)); !errors.Is(err, fs.ErrNotExist) {
+			return err
+		}
+		return nil
+	})
+}
+
+// collectShared deletes (remove) those of the shared files keys of store
+// that are collectable after checkpoint committed was committed.
+func collectShared(ctx context.Context, store Store, log *slog.Logger, keys []string, committed int64, remove func(key string) error) {
+	mds, err := store.Completed(ctx)
 	if err != nil {
-		d.log.Warn("checkpoint: shared files: cannot list checkpoints; nothing deleted", "dir", d.root, "err", err)
+		log.Warn("checkpoint: shared files: cannot list checkpoints; nothing deleted", "store", storeRoot(store), "err", err)
 		return
 	}
 	live := liveShared(mds)
-	for _, e := range ents {
-		if collectable(e.Name(), live, committed) {
-			if err := d.removeShared(filepath.Join(d.root, SharedDir, e.Name())); err != nil && !errors.Is(err, fs.ErrNotExist) {
-				d.log.Warn("checkpoint: cannot remove shared file", "file", e.Name(), "err", err)
+	for _, k := range keys {
+		if collectable(k, live, committed) {
+			if err := remove(k); err != nil {
+				log.Warn("checkpoint: cannot remove shared file", "store", storeRoot(store), "file", k, "err", err)
 			}
 		}
 	}
+}
+
+// storeRoot names store for logs.
+func storeRoot(store Store) string {
+	if r, ok := store.(interface{ Root() string }); ok {
+		return r.Root()
+	}
+	return fmt.Sprintf("%T", store)
 }
 
 // PutShared puts the file at path as PREFIX/shared/KEY.
@@ -455,19 +479,12 @@ func (s *JetStream) gcShared(ctx context.Context, committed int64) {
 	if len(keys) == 0 {
 		return
 	}
-	mds, err := s.Completed(ctx)
-	if err != nil {
-		s.log.Warn("checkpoint: shared files: cannot list checkpoints; nothing deleted", "store", s.Root(), "err", err)
-		return
-	}
-	live := liveShared(mds)
-	for _, k := range keys {
-		if collectable(k, live, committed) {
-			if err := s.obs.Delete(ctx, pre+k); err != nil && !errors.Is(err, jetstream.ErrObjectNotFound) {
-				s.log.Warn("checkpoint: cannot remove shared file", "object", pre+k, "err", err)
-			}
+	collectShared(ctx, s, s.log, keys, committed, func(key string) error {
+		if err := s.obs.Delete(ctx, pre+key); !errors.Is(err, jetstream.ErrObjectNotFound) {
+			return err
 		}
-	}
+		return nil
+	})
 }
 
 // InStore says whether checkpoint md lives in store (so its shared files
