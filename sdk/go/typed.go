@@ -1,0 +1,254 @@
+package streamd
+
+import (
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"math"
+	"strconv"
+	"unsafe"
+)
+
+// Codec encodes values of type T to bytes and back: the typed state
+// descriptors, the typed helpers (MapOf, ...) and the windows use one for
+// every value they store or read.
+//
+// Encode appends the encoding of v to dst and returns the extended slice.
+// Decode returns the value encoded in b; b is valid only during the call, so
+// a Decode that keeps bytes copies them.
+type Codec[T any] interface {
+	Encode(dst []byte, v T) []byte
+	Decode(b []byte) (T, error)
+}
+
+// The built-in codecs. Int64 and Float64 are 8 bytes little-endian (the
+// encoding of Value.PutInt64; for Float64 the IEEE 754 bits); String is the
+// bytes of the string; Bytes is the bytes as they are (Decode copies them).
+var (
+	Bytes   Codec[[]byte]  = bytesCodec{}
+	String  Codec[string]  = stringCodec{}
+	Int64   Codec[int64]   = int64Codec{}
+	Float64 Codec[float64] = float64Codec{}
+)
+
+// JSON returns a codec of T as JSON (encoding/json). Its Decode starts from
+// the zero T every time.
+func JSON[T any]() Codec[T] { return jsonCodec[T]{} }
+
+// viewer is implemented by codecs that can decode without copying: the
+// result may alias b. The typed helpers use it on record values, which live
+// for the call.
+type viewer[T any] interface {
+	view(b []byte) (T, error)
+}
+
+// intoDecoder is implemented by codecs that can decode into a reused value.
+type intoDecoder[T any] interface {
+	decodeInto(b []byte, v *T) error
+}
+
+// transientDecoder returns a function that decodes b into *v without
+// keeping b past the call if the codec allows aliasing, else into a reused
+// value, else with Decode.
+func transientDecoder[T any](c Codec[T]) func(b []byte, v *T) error {
+	switch d := c.(type) {
+	case viewer[T]:
+		return func(b []byte, v *T) (err error) { *v, err = d.view(b); return err }
+	case intoDecoder[T]:
+		return d.decodeInto
+	}
+	return func(b []byte, v *T) (err error) { *v, err = c.Decode(b); return err }
+}
+
+type bytesCodec struct{}
+
+func (bytesCodec) Encode(dst []byte, v []byte) []byte { return append(dst, v...) }
+func (bytesCodec) Decode(b []byte) ([]byte, error)    { return append(make([]byte, 0, len(b)), b...), nil }
+func (bytesCodec) view(b []byte) ([]byte, error)      { return b, nil }
+
+type stringCodec struct{}
+
+func (stringCodec) Encode(dst []byte, v string) []byte { return append(dst, v...) }
+func (stringCodec) Decode(b []byte) (string, error)    { return string(b), nil }
+func (stringCodec) view(b []byte) (string, error) {
+	return unsafe.String(unsafe.SliceData(b), len(b)), nil
+}
+
+type int64Codec struct{}
+
+func (int64Codec) Encode(dst []byte, v int64) []byte {
+	return binary.LittleEndian.AppendUint64(dst, uint64(v))
+}
+func (int64Codec) Decode(b []byte) (int64, error) {
+	if len(b) != 8 {
+		return 0, errors.New("Int64: " + strconv.Itoa(len(b)) + " bytes, not 8")
+	}
+	return int64(binary.LittleEndian.Uint64(b)), nil
+}
+
+type float64Codec struct{}
+
+func (float64Codec) Encode(dst []byte, v float64) []byte {
+	return binary.LittleEndian.AppendUint64(dst, math.Float64bits(v))
+}
+func (float64Codec) Decode(b []byte) (float64, error) {
+	if len(b) != 8 {
+		return 0, errors.New("Float64: " + strconv.Itoa(len(b)) + " bytes, not 8")
+	}
+	return math.Float64frombits(binary.LittleEndian.Uint64(b)), nil
+}
+
+type jsonCodec[T any] struct{}
+
+func (jsonCodec[T]) Encode(dst []byte, v T) []byte {
+	b, err := json.Marshal(v)
+	if err != nil {
+		Fail("streamd: JSON codec: " + err.Error())
+	}
+	return append(dst, b...)
+}
+
+func (jsonCodec[T]) Decode(b []byte) (T, error) {
+	var v T
+	err := json.Unmarshal(b, &v)
+	return v, err
+}
+
+func (jsonCodec[T]) decodeInto(b []byte, v *T) error {
+	var zero T
+	*v = zero
+	return json.Unmarshal(b, v)
+}
+
+// --- typed operators -------------------------------------------------------
+
+// Output emits values of type T, encoded with its codec into a reused
+// buffer. ProcessOf hands one to its function.
+type Output[T any] struct {
+	codec Codec[T]
+	buf   []byte
+}
+
+// Emit sends v downstream with key and event time ts (see Emit).
+func (o *Output[T]) Emit(key []byte, v T, ts int64) {
+	o.buf = o.codec.Encode(o.buf[:0], v)
+	Emit(key, o.buf, ts)
+}
+
+// EmitTo sends v to the side output called output (see EmitTo).
+func (o *Output[T]) EmitTo(output string, key []byte, v T, ts int64) {
+	o.buf = o.codec.Encode(o.buf[:0], v)
+	EmitTo(output, key, o.buf, ts)
+}
+
+// undecodable is the error a typed operator returns for a record value its
+// codec cannot decode: it rejects the record (the job file's on_error says
+// what happens to it; by default the job fails with this text).
+func undecodable(helper string, err error) error {
+	return Reject(errors.New("streamd: " + helper + ": cannot decode the record's value: " + err.Error()))
+}
+
+// MapOf returns an operator that decodes every record's value with in,
+// calls f and emits the result encoded with out, with the record's key and
+// timestamp. A value in cannot decode rejects the record (see Reject).
+func MapOf[In, Out any](in Codec[In], out Codec[Out], f func(In) (Out, error)) Operator {
+	return &mapOfOp[In, Out]{dec: transientDecoder(in), out: Output[Out]{codec: out}, f: f}
+}
+
+type mapOfOp[In, Out any] struct {
+	Base
+	dec func([]byte, *In) error
+	v   In
+	out Output[Out]
+	f   func(In) (Out, error)
+}
+
+func (m *mapOfOp[In, Out]) ProcessElement(r Record, _ int) error {
+	if err := m.dec(r.Value, &m.v); err != nil {
+		return undecodable("MapOf", err)
+	}
+	o, err := m.f(m.v)
+	if err != nil {
+		return err
+	}
+	m.out.Emit(r.Key, o, r.Timestamp)
+	return nil
+}
+
+// FilterOf returns an operator that decodes every record's value with c and
+// emits the record unchanged when keep returns true.
+func FilterOf[T any](c Codec[T], keep func(T) (bool, error)) Operator {
+	return &filterOfOp[T]{dec: transientDecoder(c), keep: keep}
+}
+
+type filterOfOp[T any] struct {
+	Base
+	dec  func([]byte, *T) error
+	v    T
+	keep func(T) (bool, error)
+}
+
+func (f *filterOfOp[T]) ProcessElement(r Record, _ int) error {
+	if err := f.dec(r.Value, &f.v); err != nil {
+		return undecodable("FilterOf", err)
+	}
+	ok, err := f.keep(f.v)
+	if err != nil {
+		return err
+	}
+	if ok {
+		Emit(r.Key, r.Value, r.Timestamp)
+	}
+	return nil
+}
+
+// FlatMapOf returns an operator that decodes every record's value with in
+// and calls f, which emits any number of values through emit; each is
+// encoded with out and sent with the record's key and timestamp.
+func FlatMapOf[In, Out any](in Codec[In], out Codec[Out], f func(v In, emit func(Out)) error) Operator {
+	m := &flatMapOfOp[In, Out]{dec: transientDecoder(in), out: Output[Out]{codec: out}, f: f}
+	m.emit = func(o Out) { m.out.Emit(m.rec.Key, o, m.rec.Timestamp) }
+	return m
+}
+
+type flatMapOfOp[In, Out any] struct {
+	Base
+	dec  func([]byte, *In) error
+	v    In
+	rec  Record
+	out  Output[Out]
+	emit func(Out)
+	f    func(In, func(Out)) error
+}
+
+func (m *flatMapOfOp[In, Out]) ProcessElement(r Record, _ int) error {
+	if err := m.dec(r.Value, &m.v); err != nil {
+		return undecodable("FlatMapOf", err)
+	}
+	m.rec = r
+	err := m.f(m.v, m.emit)
+	m.rec = Record{}
+	return err
+}
+
+// ProcessOf returns an operator that decodes every record's value with in
+// and calls f with the record, the decoded value and an Output encoding with
+// out. f may use keyed state and timers of the record's key.
+func ProcessOf[In, Out any](in Codec[In], out Codec[Out], f func(r Record, v In, out *Output[Out]) error) Operator {
+	return &processOfOp[In, Out]{dec: transientDecoder(in), out: Output[Out]{codec: out}, f: f}
+}
+
+type processOfOp[In, Out any] struct {
+	Base
+	dec func([]byte, *In) error
+	v   In
+	out Output[Out]
+	f   func(Record, In, *Output[Out]) error
+}
+
+func (p *processOfOp[In, Out]) ProcessElement(r Record, _ int) error {
+	if err := p.dec(r.Value, &p.v); err != nil {
+		return undecodable("ProcessOf", err)
+	}
+	return p.f(r, p.v, &p.out)
+}
