@@ -47,17 +47,32 @@ type intoDecoder[T any] interface {
 	decodeInto(b []byte, v *T) error
 }
 
-// transientDecoder returns a function that decodes b into *v without
-// keeping b past the call if the codec allows aliasing, else into a reused
-// value, else with Decode.
-func transientDecoder[T any](c Codec[T]) func(b []byte, v *T) error {
-	switch d := c.(type) {
-	case viewer[T]:
-		return func(b []byte, v *T) (err error) { *v, err = d.view(b); return err }
-	case intoDecoder[T]:
-		return d.decodeInto
+// valueDecoder decodes record values, which live only for the call: without
+// copying if the codec allows aliasing, else into a reused value, else with
+// Decode. The branches are cheaper than an indirect call per record.
+type valueDecoder[T any] struct {
+	codec Codec[T]
+	view  viewer[T]
+	into  intoDecoder[T]
+}
+
+func newDecoder[T any](c Codec[T]) valueDecoder[T] {
+	d := valueDecoder[T]{codec: c}
+	d.view, _ = c.(viewer[T])
+	d.into, _ = c.(intoDecoder[T])
+	return d
+}
+
+func (d *valueDecoder[T]) decode(b []byte, v *T) (err error) {
+	switch {
+	case d.view != nil:
+		*v, err = d.view.view(b)
+	case d.into != nil:
+		err = d.into.decodeInto(b, v)
+	default:
+		*v, err = d.codec.Decode(b)
 	}
-	return func(b []byte, v *T) (err error) { *v, err = c.Decode(b); return err }
+	return err
 }
 
 type bytesCodec struct{}
@@ -152,19 +167,19 @@ func undecodable(helper string, err error) error {
 // calls f and emits the result encoded with out, with the record's key and
 // timestamp. A value in cannot decode rejects the record (see Reject).
 func MapOf[In, Out any](in Codec[In], out Codec[Out], f func(In) (Out, error)) Operator {
-	return &mapOfOp[In, Out]{dec: transientDecoder(in), out: Output[Out]{codec: out}, f: f}
+	return &mapOfOp[In, Out]{dec: newDecoder(in), out: Output[Out]{codec: out}, f: f}
 }
 
 type mapOfOp[In, Out any] struct {
 	Base
-	dec func([]byte, *In) error
+	dec valueDecoder[In]
 	v   In
 	out Output[Out]
 	f   func(In) (Out, error)
 }
 
 func (m *mapOfOp[In, Out]) ProcessElement(r Record, _ int) error {
-	if err := m.dec(r.Value, &m.v); err != nil {
+	if err := m.dec.decode(r.Value, &m.v); err != nil {
 		return undecodable("MapOf", err)
 	}
 	o, err := m.f(m.v)
@@ -178,18 +193,18 @@ func (m *mapOfOp[In, Out]) ProcessElement(r Record, _ int) error {
 // FilterOf returns an operator that decodes every record's value with c and
 // emits the record unchanged when keep returns true.
 func FilterOf[T any](c Codec[T], keep func(T) (bool, error)) Operator {
-	return &filterOfOp[T]{dec: transientDecoder(c), keep: keep}
+	return &filterOfOp[T]{dec: newDecoder(c), keep: keep}
 }
 
 type filterOfOp[T any] struct {
 	Base
-	dec  func([]byte, *T) error
+	dec  valueDecoder[T]
 	v    T
 	keep func(T) (bool, error)
 }
 
 func (f *filterOfOp[T]) ProcessElement(r Record, _ int) error {
-	if err := f.dec(r.Value, &f.v); err != nil {
+	if err := f.dec.decode(r.Value, &f.v); err != nil {
 		return undecodable("FilterOf", err)
 	}
 	ok, err := f.keep(f.v)
@@ -206,14 +221,14 @@ func (f *filterOfOp[T]) ProcessElement(r Record, _ int) error {
 // and calls f, which emits any number of values through emit; each is
 // encoded with out and sent with the record's key and timestamp.
 func FlatMapOf[In, Out any](in Codec[In], out Codec[Out], f func(v In, emit func(Out)) error) Operator {
-	m := &flatMapOfOp[In, Out]{dec: transientDecoder(in), out: Output[Out]{codec: out}, f: f}
+	m := &flatMapOfOp[In, Out]{dec: newDecoder(in), out: Output[Out]{codec: out}, f: f}
 	m.emit = func(o Out) { m.out.Emit(m.rec.Key, o, m.rec.Timestamp) }
 	return m
 }
 
 type flatMapOfOp[In, Out any] struct {
 	Base
-	dec  func([]byte, *In) error
+	dec  valueDecoder[In]
 	v    In
 	rec  Record
 	out  Output[Out]
@@ -222,7 +237,7 @@ type flatMapOfOp[In, Out any] struct {
 }
 
 func (m *flatMapOfOp[In, Out]) ProcessElement(r Record, _ int) error {
-	if err := m.dec(r.Value, &m.v); err != nil {
+	if err := m.dec.decode(r.Value, &m.v); err != nil {
 		return undecodable("FlatMapOf", err)
 	}
 	m.rec = r
@@ -235,19 +250,19 @@ func (m *flatMapOfOp[In, Out]) ProcessElement(r Record, _ int) error {
 // and calls f with the record, the decoded value and an Output encoding with
 // out. f may use keyed state and timers of the record's key.
 func ProcessOf[In, Out any](in Codec[In], out Codec[Out], f func(r Record, v In, out *Output[Out]) error) Operator {
-	return &processOfOp[In, Out]{dec: transientDecoder(in), out: Output[Out]{codec: out}, f: f}
+	return &processOfOp[In, Out]{dec: newDecoder(in), out: Output[Out]{codec: out}, f: f}
 }
 
 type processOfOp[In, Out any] struct {
 	Base
-	dec func([]byte, *In) error
+	dec valueDecoder[In]
 	v   In
 	out Output[Out]
 	f   func(Record, In, *Output[Out]) error
 }
 
 func (p *processOfOp[In, Out]) ProcessElement(r Record, _ int) error {
-	if err := p.dec(r.Value, &p.v); err != nil {
+	if err := p.dec.decode(r.Value, &p.v); err != nil {
 		return undecodable("ProcessOf", err)
 	}
 	return p.f(r, p.v, &p.out)

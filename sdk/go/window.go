@@ -211,13 +211,13 @@ type WindowFunction[T any] struct {
 // result is encoded with the window's input codec.
 func ReduceWindow[T any](reduce func(a, b T) T) WindowFunction[T] {
 	return WindowFunction[T]{make: func(in Codec[T]) contents {
-		return &reduceContents[T]{state: NewValueState(contentsState, in), dec: transientDecoder(in), codec: in, reduce: reduce}
+		return &reduceContents[T]{state: NewValueState(contentsState, in), dec: newDecoder(in), codec: in, reduce: reduce}
 	}}
 }
 
 type reduceContents[T any] struct {
 	state  ValueStateOf[T]
-	dec    func([]byte, *T) error
+	dec    valueDecoder[T]
 	v      T
 	codec  Codec[T]
 	reduce func(a, b T) T
@@ -231,7 +231,7 @@ func (c *reduceContents[T]) add(ns, value []byte) error {
 		hostMStatePut(contentsState, currentKey("window"), ns, nil, value)
 		return nil
 	}
-	if err := c.dec(value, &c.v); err != nil {
+	if err := c.dec.decode(value, &c.v); err != nil {
 		return err
 	}
 	s.Set(c.reduce(old, c.v))
@@ -270,14 +270,14 @@ func (c *reduceContents[T]) clear(ns []byte) { c.state.In(ns).Clear() }
 // aggContents keeps an accumulator per window; result turns it into output.
 type aggContents[IN, ACC, OUT any] struct {
 	state  ValueStateOf[ACC]
-	dec    func([]byte, *IN) error
+	dec    valueDecoder[IN]
 	v      IN
 	agg    Aggregator[IN, ACC, OUT]
 	result func(key []byte, w TimeWindow, r OUT, out *WindowOutput) error
 }
 
 func (c *aggContents[IN, ACC, OUT]) add(ns, value []byte) error {
-	if err := c.dec(value, &c.v); err != nil {
+	if err := c.dec.decode(value, &c.v); err != nil {
 		return err
 	}
 	s := c.state.In(ns)
@@ -335,7 +335,7 @@ func AggregateWindow[IN, ACC, OUT any](accCodec Codec[ACC], outCodec Codec[OUT],
 func AggregateProcessWindow[IN, ACC, OUT any](accCodec Codec[ACC], agg Aggregator[IN, ACC, OUT],
 	f func(key []byte, w TimeWindow, result OUT, out *WindowOutput) error) WindowFunction[IN] {
 	return WindowFunction[IN]{make: func(in Codec[IN]) contents {
-		return &aggContents[IN, ACC, OUT]{state: NewValueState(contentsState, accCodec), dec: transientDecoder(in), agg: agg, result: f}
+		return &aggContents[IN, ACC, OUT]{state: NewValueState(contentsState, accCodec), dec: newDecoder(in), agg: agg, result: f}
 	}}
 }
 

@@ -66,7 +66,7 @@ func (w *windowCount) ProcessElement(r streamd.Record, _ int) error {
 	n, _ := state.GetUint64(key)
 	state.PutUint64(key, n+1)
 	if n == 0 {
-		streamd.RegisterEventTimeTimer(key, end-1)
+		streamd.RegisterEventTimeTimer(end - 1) // for the current key: keyby made the record key the line's key
 	}
 	return nil
 }
