@@ -40,6 +40,7 @@ type stateConfig struct {
 // learns the TTL in Open: create a descriptor with WithTTL at package level
 // or in Open. d is rounded up to whole milliseconds; d <= 0 means no TTL.
 func WithTTL(d time.Duration, update TTLUpdate) StateOption {
+	sendTTL, applyTTLs = hostStateTTL, applyTTLSettings
 	return func(c *stateConfig) { c.ttl, c.update = d, update }
 }
 
@@ -51,14 +52,15 @@ type ttlSetting struct {
 
 var (
 	ttls []ttlSetting
-	// applyTTLs is set by the first descriptor with a TTL, so that modules
-	// without one do not import state_ttl. Open calls it first.
+	// WithTTL sets these, so that a module that never calls it does not
+	// import state_ttl. Open calls applyTTLs first.
+	sendTTL   func(name string, ms int64, flags int32)
 	applyTTLs func()
 )
 
 func applyTTLSettings() {
 	for _, t := range ttls {
-		hostStateTTL(t.name, t.ms, t.flags)
+		sendTTL(t.name, t.ms, t.flags)
 	}
 }
 
@@ -79,7 +81,7 @@ func newDesc(name string, opts []StateOption) desc {
 		switch cur {
 		case phaseNone:
 		case phaseOpen:
-			hostStateTTL(t.name, t.ms, t.flags)
+			sendTTL(t.name, t.ms, t.flags)
 		default:
 			Fail("streamd: state " + strconv.Quote(name) + ": a state WithTTL is created in " + cur.String() +
 				": create it at package level or in Open, where the host learns its TTL")
@@ -93,7 +95,6 @@ func newDesc(name string, opts []StateOption) desc {
 		if !replaced {
 			ttls = append(ttls, t)
 		}
-		applyTTLs = applyTTLSettings
 	}
 	return desc{name: name}
 }

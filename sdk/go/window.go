@@ -75,6 +75,29 @@ type WindowAssigner struct {
 	size, slide    int64 // ms; slide == size for tumbling
 	offset, gap    int64
 	err            string
+	// The clock and timers of the assigner's time; set by the constructors,
+	// so that an event-time module does not import processing_time.
+	now            func() int64
+	register, drop func(ts int64)
+}
+
+// timeDomain is event or processing time: the clock and timers of one.
+type timeDomain struct {
+	processingTime bool
+	now            func() int64
+	register, drop func(ts int64)
+}
+
+func eventTime() timeDomain {
+	return timeDomain{false, CurrentWatermark, RegisterEventTimeTimer, DeleteEventTimeTimer}
+}
+
+func processingTime() timeDomain {
+	return timeDomain{true, CurrentProcessingTime, RegisterProcessingTimeTimer, DeleteProcessingTimeTimer}
+}
+
+func (a *WindowAssigner) setTime(d timeDomain) {
+	a.processingTime, a.now, a.register, a.drop = d.processingTime, d.now, d.register, d.drop
 }
 
 func millis(what string, d time.Duration, a *WindowAssigner) int64 {
@@ -84,8 +107,9 @@ func millis(what string, d time.Duration, a *WindowAssigner) int64 {
 	return d.Milliseconds()
 }
 
-func fixed(kind assignerKind, pt bool, size, slide, offset time.Duration, name string) WindowAssigner {
-	a := WindowAssigner{kind: kind, processingTime: pt}
+func fixed(kind assignerKind, pt timeDomain, size, slide, offset time.Duration, name string) WindowAssigner {
+	a := WindowAssigner{kind: kind}
+	a.setTime(pt)
 	a.size = millis("size", size, &a)
 	a.slide = millis("slide", slide, &a)
 	a.offset = millis("offset", offset, &a)
@@ -104,8 +128,9 @@ func fixed(kind assignerKind, pt bool, size, slide, offset time.Duration, name s
 	return a
 }
 
-func sessions(pt bool, gap time.Duration, name string) WindowAssigner {
-	a := WindowAssigner{kind: session, processingTime: pt}
+func sessions(pt timeDomain, gap time.Duration, name string) WindowAssigner {
+	a := WindowAssigner{kind: session}
+	a.setTime(pt)
 	a.gap = millis("gap", gap, &a)
 	if a.err == "" && a.gap <= 0 {
 		a.err = "gap " + gap.String() + " is not positive"
@@ -119,36 +144,36 @@ func sessions(pt bool, gap time.Duration, name string) WindowAssigner {
 // TumblingEventTimeWindows assigns each record to the window of size that
 // holds its timestamp; windows start at offset + k*size.
 func TumblingEventTimeWindows(size, offset time.Duration) WindowAssigner {
-	return fixed(tumbling, false, size, size, offset, "TumblingEventTimeWindows")
+	return fixed(tumbling, eventTime(), size, size, offset, "TumblingEventTimeWindows")
 }
 
 // SlidingEventTimeWindows assigns each record to every window of size that
 // holds its timestamp; windows start every slide.
 func SlidingEventTimeWindows(size, slide time.Duration) WindowAssigner {
-	return fixed(sliding, false, size, slide, 0, "SlidingEventTimeWindows")
+	return fixed(sliding, eventTime(), size, slide, 0, "SlidingEventTimeWindows")
 }
 
 // EventTimeSessionWindows gives each record the window [ts, ts+gap) and
 // merges the windows of a key that overlap or touch: a session ends after
 // gap without records.
 func EventTimeSessionWindows(gap time.Duration) WindowAssigner {
-	return sessions(false, gap, "EventTimeSessionWindows")
+	return sessions(eventTime(), gap, "EventTimeSessionWindows")
 }
 
 // TumblingProcessingTimeWindows is TumblingEventTimeWindows over the
 // processing time at which records arrive.
 func TumblingProcessingTimeWindows(size, offset time.Duration) WindowAssigner {
-	return fixed(tumbling, true, size, size, offset, "TumblingProcessingTimeWindows")
+	return fixed(tumbling, processingTime(), size, size, offset, "TumblingProcessingTimeWindows")
 }
 
 // SlidingProcessingTimeWindows is SlidingEventTimeWindows over processing time.
 func SlidingProcessingTimeWindows(size, slide time.Duration) WindowAssigner {
-	return fixed(sliding, true, size, slide, 0, "SlidingProcessingTimeWindows")
+	return fixed(sliding, processingTime(), size, slide, 0, "SlidingProcessingTimeWindows")
 }
 
 // ProcessingTimeSessionWindows is EventTimeSessionWindows over processing time.
 func ProcessingTimeSessionWindows(gap time.Duration) WindowAssigner {
-	return sessions(true, gap, "ProcessingTimeSessionWindows")
+	return sessions(processingTime(), gap, "ProcessingTimeSessionWindows")
 }
 
 // assign appends the windows of ts to dst (sliding: latest first, as Flink).
@@ -483,32 +508,19 @@ func (w *WindowOperator[T]) cleanupTime(win TimeWindow) int64 {
 	return m + w.cfg.lateness
 }
 
-func (w *WindowOperator[T]) register(ts int64) {
-	if w.assigner.processingTime {
-		RegisterProcessingTimeTimer(ts)
-	} else {
-		RegisterEventTimeTimer(ts)
-	}
-}
-
-func (w *WindowOperator[T]) deleteTimer(ts int64) {
-	if w.assigner.processingTime {
-		DeleteProcessingTimeTimer(ts)
-	} else {
-		DeleteEventTimeTimer(ts)
-	}
-}
+func (w *WindowOperator[T]) register(ts int64)    { w.assigner.register(ts) }
+func (w *WindowOperator[T]) deleteTimer(ts int64) { w.assigner.drop(ts) }
 
 func (w *WindowOperator[T]) ProcessElement(r Record, _ int) error {
 	var ts, wm int64
 	if w.assigner.processingTime {
-		ts, wm = CurrentProcessingTime(), MinWatermark
+		ts, wm = w.assigner.now(), MinWatermark
 	} else {
 		if r.Timestamp == NoTimestamp {
 			return errors.New("window: a record of key " + strconv.Quote(string(r.Key)) +
 				" has no event time: give the source a timestamp, or use a processing-time window assigner")
 		}
-		ts, wm = r.Timestamp, CurrentWatermark()
+		ts, wm = r.Timestamp, w.assigner.now()
 	}
 	var err error
 	if w.wins, err = w.assigner.assign(w.wins[:0], ts); err != nil {
