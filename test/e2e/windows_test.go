@@ -81,8 +81,8 @@ operators:
 	must(t, os.WriteFile(filepath.Join(dir, "job.yaml"), []byte(job), 0o644))
 	var want []string
 	for k := 0; k < users; k++ {
-		last := int64((n-users+k)*step) // the last n with n mod users == k
-		b, err := json.Marshal(struct { // the field order of sessionize's output
+		last := int64((n - users + k) * step) // the last n with n mod users == k
+		b, err := json.Marshal(struct {       // the field order of sessionize's output
 			User  string `json:"user"`
 			Start int64  `json:"start"`
 			End   int64  `json:"end"`
