@@ -300,12 +300,12 @@ func alloc(size int) []byte {
 // frame, so the caller may reuse them at once. Records reach the host in
 // order, at the latest when the current call returns.
 //
-// Emit is allowed in ProcessElement, OnTimer, OnWatermark, EndInput and
-// Finish; elsewhere it fails the subtask.
+// Emit is allowed in ProcessElement, OnTimer, OnProcessingTime, OnWatermark,
+// EndInput and Finish; elsewhere it fails the subtask.
 func Emit(key, value []byte, ts int64) {
 	if !cur.canEmit() {
 		Fail("streamd: Emit called in " + cur.String() +
-			": records may be emitted only in ProcessElement, OnTimer, OnWatermark, EndInput and Finish")
+			": records may be emitted only in ProcessElement, OnTimer, OnProcessingTime, OnWatermark, EndInput and Finish")
 	}
 	out.add(key, value, ts)
 	if out.size() >= flushThreshold {
