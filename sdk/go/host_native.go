@@ -2,11 +2,7 @@
 
 package streamd
 
-import (
-	"bytes"
-
-	"github.com/streamd/streamd/sdk/go/internal/hook"
-)
+import "github.com/streamd/streamd/sdk/go/internal/hook"
 
 // In a native build there is no Wasm host: the host functions call
 // nativeHost, which a Go host sets through the hook package (the SDK's own
@@ -41,20 +37,7 @@ func init() {
 		Snapshot:       doSnapshot,
 		Notify:         doNotify,
 		Close:          doClose,
-		DecodeBatch: func(frame []byte) (any, error) {
-			n, err := checkBatch(frame)
-			if err != nil {
-				return nil, err
-			}
-			recs := make([]Record, 0, n)
-			off := 4
-			var r Record
-			for i := 0; i < n; i++ {
-				r, off = nextRecord(frame, off)
-				recs = append(recs, Record{Key: bytes.Clone(r.Key), Value: bytes.Clone(r.Value), Timestamp: r.Timestamp})
-			}
-			return recs, nil
-		},
+		DecodeBatch:    func(frame []byte) (any, error) { return decodeRecords(frame) },
 	}
 }
 

@@ -11,7 +11,6 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
-	"syscall"
 	"testing"
 
 	"github.com/streamd/streamd/abi"
@@ -92,17 +91,10 @@ operators:
 		want = append(want, string(b))
 	}
 	sort.Strings(want)
-	cmd, errb := start(t, dir, "run", "--progress", "off", "job.yaml")
-	waitFor(t, "a completed checkpoint", errb, func() bool { return completedCheckpoints(filepath.Join(dir, "chk")) >= 1 })
-	must(t, cmd.Process.Signal(syscall.SIGINT))
-	err := cmd.Wait()
-	m := savepointRE.FindStringSubmatch(errb.String())
-	if m == nil {
-		t.Fatalf("no savepoint path after SIGINT (%v)\nstderr:\n%s", err, errb.String())
-	}
+	sp := stopWithSavepoint(t, dir, "job.yaml")
 	for _, p := range []string{"3", "1"} {
 		must(t, os.RemoveAll(filepath.Join(dir, "out")))
-		r := run(t, dir, "", "run", "--progress", "off", "-p", p, "job.yaml", "--from", m[1])
+		r := run(t, dir, "", "run", "--progress", "off", "-p", p, "job.yaml", "--from", sp)
 		if r.code != 0 {
 			t.Fatalf("resume at p=%s: exit %d\nstderr:\n%s", p, r.code, r.stderr)
 		}
