@@ -528,16 +528,20 @@ func (w *WindowOperator[T]) ProcessElement(r Record, _ int) error {
 	}
 	taken := false
 	for _, win := range w.wins {
+		if w.assigner.kind == session {
+			// Merge first: a late window may join a session that is not.
+			ok, err := w.addToSession(r, win, wm)
+			if err != nil {
+				return err
+			}
+			taken = taken || ok
+			continue
+		}
 		if !w.assigner.processingTime && w.cleanupTime(win) <= wm {
 			continue // late: its state is gone
 		}
 		taken = true
-		if w.assigner.kind == session {
-			err = w.addToSession(r, win, wm)
-		} else {
-			err = w.addTo(r, win, appendWindow(w.ns[:0], win), wm)
-		}
-		if err != nil {
+		if err := w.addTo(r, win, appendWindow(w.ns[:0], win), wm); err != nil {
 			return err
 		}
 	}
@@ -604,8 +608,9 @@ func (w *WindowOperator[T]) sessionList() []sessionEntry {
 }
 
 // addToSession merges the new window of r with the key's sessions it
-// overlaps and adds r to the result (Flink's MergingWindowSet).
-func (w *WindowOperator[T]) addToSession(r Record, win TimeWindow, wm int64) error {
+// overlaps and adds r to the result (Flink's MergingWindowSet), unless the
+// result is late: then it reports false and changes nothing.
+func (w *WindowOperator[T]) addToSession(r Record, win TimeWindow, wm int64) (bool, error) {
 	all := w.sessionList()
 	merged := win
 	var members []sessionEntry
@@ -627,12 +632,12 @@ func (w *WindowOperator[T]) addToSession(r Record, win TimeWindow, wm int64) err
 		}
 	}
 	if !w.assigner.processingTime && w.cleanupTime(merged) <= wm {
-		return nil // cannot happen for a window that is not late itself
+		return false, nil // the sessions it touches are gone too
 	}
 	if len(members) == 0 {
 		ns := appendWindow(nil, win)
 		w.sessions.Put(ns, ns)
-		return w.addTo(r, win, ns, wm)
+		return true, w.addTo(r, win, ns, wm)
 	}
 	target := members[0].ns
 	if len(members) > 1 || members[0].win != merged {
@@ -655,7 +660,7 @@ func (w *WindowOperator[T]) addToSession(r Record, win TimeWindow, wm int64) err
 		w.sessions.Put(appendWindow(nil, merged), target)
 		w.contents.merge(target, sources)
 	}
-	return w.addTo(r, merged, target, wm)
+	return true, w.addTo(r, merged, target, wm)
 }
 
 func (w *WindowOperator[T]) OnTimer(ts int64, key []byte) error {

@@ -404,3 +404,130 @@ func TestSessionRestoreMidSession(t *testing.T) {
 	wantOutput(t, "after the restore", r.Output(), "b 2[2, 12) @11\na 0,15,8[0, 25) @24\na 30[30, 40) @39\n")
 	checkClean(t, r)
 }
+
+// referenceSessions computes what count session windows with gap and
+// lateness emit for evs, naively: per key a list of sessions, merged as
+// Flink's MergingWindowSet does (merge first, then drop a late result).
+func referenceSessions(evs []event, gap, lateness int64) (out, late []string) {
+	type sess struct{ start, end, n int64 }
+	byKey := map[string][]sess{}
+	wm := int64(-1 << 63)
+	emit := func(k string, s sess) {
+		out = append(out, fmt.Sprintf("%s %d[%d, %d) @%d", k, s.n, s.start, s.end, s.end-1))
+	}
+	for _, e := range evs {
+		if e.watermark {
+			for k, ss := range byKey {
+				keep := ss[:0]
+				for _, s := range ss {
+					if m := s.end - 1; m > wm && m <= e.ts {
+						emit(k, s)
+					}
+					if s.end-1+lateness > e.ts {
+						keep = append(keep, s)
+					}
+				}
+				byKey[k] = keep
+			}
+			wm = e.ts
+			continue
+		}
+		m := sess{e.ts, e.ts + gap, 1}
+		for changed := true; changed; { // grow m over the sessions it touches
+			changed = false
+			for _, s := range byKey[e.key] {
+				if s.start <= m.end && s.end >= m.start && (s.start < m.start || s.end > m.end) {
+					m.start, m.end, changed = min(m.start, s.start), max(m.end, s.end), true
+				}
+			}
+		}
+		var rest []sess
+		n := int64(1)
+		for _, s := range byKey[e.key] {
+			if s.start <= m.end && s.end >= m.start {
+				n += s.n
+			} else {
+				rest = append(rest, s)
+			}
+		}
+		m.n = n
+		if m.end-1+lateness <= wm {
+			if e.ts+lateness <= wm {
+				late = append(late, fmt.Sprintf("%s x @%d", e.key, e.ts))
+			}
+			continue
+		}
+		byKey[e.key] = append(rest, m)
+		if m.end-1 <= wm {
+			emit(e.key, m)
+		}
+	}
+	for k, ss := range byKey {
+		for _, s := range ss {
+			if s.end-1 > wm {
+				emit(k, s)
+			}
+		}
+	}
+	return out, late
+}
+
+// TestSessionWindowsAgainstReference runs random out-of-order records and
+// watermarks through count session windows with and without lateness,
+// straight and restored mid-stream at p=2, against referenceSessions.
+func TestSessionWindowsAgainstReference(t *testing.T) {
+	rng := rand.New(rand.NewPCG(7, 8))
+	ms := func(n int64) time.Duration { return time.Duration(n) * time.Millisecond }
+	for i := 0; i < 40; i++ {
+		gap := int64(rng.IntN(30) + 1)
+		lateness := int64(0)
+		if i%2 == 1 {
+			lateness = int64(rng.IntN(60))
+		}
+		evs := randomEvents(rng, 300)
+		wantOut, wantLate := referenceSessions(evs, gap, lateness)
+		sort.Strings(wantOut)
+		sort.Strings(wantLate)
+		newOp := func() streamd.Operator {
+			return countWindows(streamd.EventTimeSessionWindows(ms(gap)), streamd.AllowedLateness(ms(lateness)), streamd.LateOutput("late"))
+		}
+		name := fmt.Sprintf("gap=%d,lateness=%d", gap, lateness)
+		check := func(what string, out, late []streamd.Record) {
+			t.Helper()
+			if got := sortedLines(out); strings.Join(got, "\n") != strings.Join(wantOut, "\n") {
+				t.Fatalf("%s %s: output\n%s\nwant\n%s", name, what, strings.Join(got, "\n"), strings.Join(wantOut, "\n"))
+			}
+			if got := sortedLines(late); strings.Join(got, "\n") != strings.Join(wantLate, "\n") {
+				t.Fatalf("%s %s: late\n%s\nwant\n%s", name, what, strings.Join(got, "\n"), strings.Join(wantLate, "\n"))
+			}
+		}
+		h := open(t, newOp(), streamdtest.Options{})
+		run(t, h, evs)
+		must(t, h.EndOfInput())
+		check("straight", h.Output(), h.SideOutput("late"))
+		checkClean(t, h)
+
+		half := len(evs) / 3
+		h = open(t, newOp(), streamdtest.Options{})
+		run(t, h, evs[:half])
+		snap := h.Snapshot(1)
+		out, late, wm := h.Output(), h.SideOutput("late"), h.Watermark()
+		for sub := 0; sub < 2; sub++ {
+			r := open(t, newOp(), streamdtest.Options{Subtask: sub, Parallelism: 2, Restore: &snap})
+			if wm > streamd.MinWatermark {
+				must(t, r.ProcessWatermark(wm))
+			}
+			for _, e := range evs[half:] {
+				if e.watermark {
+					must(t, r.ProcessWatermark(e.ts))
+				} else if streamdtest.SubtaskOf([]byte(e.key), 128, 2) == sub {
+					must(t, r.ProcessElement(rec(e.key, "x", e.ts), 0))
+				}
+			}
+			must(t, r.EndOfInput())
+			checkClean(t, r)
+			out, late = append(out, r.Output()...), append(late, r.SideOutput("late")...)
+		}
+		check("restored at p=2", out, late)
+	}
+}
