@@ -226,7 +226,7 @@ func exampleJobs(t *testing.T) [][2]string {
 
 func TestExampleJobs(t *testing.T) {
 	jobs := exampleJobs(t)
-	want := map[string]bool{"uppercase": false, "window-count": false, "wordcount": false}
+	want := map[string]bool{"uppercase": false, "window-count": false, "wordcount": false, "sessionize": false, "interval-join": false}
 	for _, j := range jobs {
 		want[j[0]] = true
 	}
@@ -239,6 +239,9 @@ func TestExampleJobs(t *testing.T) {
 		name, jobFile := j[0], j[1]
 		for _, p := range []int{1, 4} {
 			t.Run(fmt.Sprintf("%s/p%d", name, p), func(t *testing.T) {
+				if spec14Examples[name] {
+					needsSPEC14(t)
+				}
 				dir := example(t, name, jobFile)
 				r := run(t, dir, "", "run", "--parallelism", fmt.Sprint(p), "--progress", "log", jobFile)
 				if r.code != 0 {

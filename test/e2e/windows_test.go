@@ -16,6 +16,9 @@ import (
 	"github.com/streamd/streamd/abi"
 )
 
+// spec14Examples are the examples that need the host side of SPEC14.
+var spec14Examples = map[string]bool{"sessionize": true, "interval-join": true}
+
 // needsSPEC14 skips t on a host without the SPEC14 additions (the
 // streamd_on_processing_time export is the marker).
 func needsSPEC14(t *testing.T) {
