@@ -23,7 +23,11 @@ type Codec[T any] interface {
 
 // The built-in codecs. Int64 and Float64 are 8 bytes little-endian (the
 // encoding of Value.PutInt64; for Float64 the IEEE 754 bits); String is the
-// bytes of the string; Bytes is the bytes as they are (Decode copies them).
+// bytes of the string; Bytes is the bytes as they are. Their Decode copies.
+// The typed helpers (MapOf, FilterOf, FlatMapOf, ProcessOf) decode record
+// values with String and Bytes without copying: there the string or slice
+// points into the record, valid only during the call, like Record.Value
+// (strings.Clone or bytes.Clone what you keep).
 var (
 	Bytes   Codec[[]byte]  = bytesCodec{}
 	String  Codec[string]  = stringCodec{}
@@ -144,6 +148,10 @@ type Output[T any] struct {
 	buf   []byte
 }
 
+// NewOutput returns an Output that encodes with codec, for operators that
+// emit typed values themselves.
+func NewOutput[T any](codec Codec[T]) *Output[T] { return &Output[T]{codec: codec} }
+
 // Emit sends v downstream with key and event time ts (see Emit).
 func (o *Output[T]) Emit(key []byte, v T, ts int64) {
 	o.buf = o.codec.Encode(o.buf[:0], v)
@@ -165,7 +173,9 @@ func undecodable(helper string, err error) error {
 
 // MapOf returns an operator that decodes every record's value with in,
 // calls f and emits the result encoded with out, with the record's key and
-// timestamp. A value in cannot decode rejects the record (see Reject).
+// timestamp. A value in cannot decode rejects the record (see Reject). The
+// value is decoded into a reused variable; with String or Bytes it points
+// into the record and is valid only during the call (see String).
 func MapOf[In, Out any](in Codec[In], out Codec[Out], f func(In) (Out, error)) Operator {
 	return &mapOfOp[In, Out]{dec: newDecoder(in), out: Output[Out]{codec: out}, f: f}
 }

@@ -236,14 +236,12 @@ type WindowFunction[T any] struct {
 // result is encoded with the window's input codec.
 func ReduceWindow[T any](reduce func(a, b T) T) WindowFunction[T] {
 	return WindowFunction[T]{make: func(in Codec[T]) contents {
-		return &reduceContents[T]{state: NewValueState(contentsState, in), dec: newDecoder(in), codec: in, reduce: reduce}
+		return &reduceContents[T]{state: NewValueState(contentsState, in), codec: in, reduce: reduce}
 	}}
 }
 
 type reduceContents[T any] struct {
 	state  ValueStateOf[T]
-	dec    valueDecoder[T]
-	v      T
 	codec  Codec[T]
 	reduce func(a, b T) T
 	buf    []byte
@@ -256,10 +254,11 @@ func (c *reduceContents[T]) add(ns, value []byte) error {
 		hostMStatePut(contentsState, currentKey("window"), ns, nil, value)
 		return nil
 	}
-	if err := c.dec.decode(value, &c.v); err != nil {
+	v, err := c.codec.Decode(value) // a copy: reduce may keep it
+	if err != nil {
 		return err
 	}
-	s.Set(c.reduce(old, c.v))
+	s.Set(c.reduce(old, v))
 	return nil
 }
 
@@ -295,14 +294,14 @@ func (c *reduceContents[T]) clear(ns []byte) { c.state.In(ns).Clear() }
 // aggContents keeps an accumulator per window; result turns it into output.
 type aggContents[IN, ACC, OUT any] struct {
 	state  ValueStateOf[ACC]
-	dec    valueDecoder[IN]
-	v      IN
+	in     Codec[IN]
 	agg    Aggregator[IN, ACC, OUT]
 	result func(key []byte, w TimeWindow, r OUT, out *WindowOutput) error
 }
 
 func (c *aggContents[IN, ACC, OUT]) add(ns, value []byte) error {
-	if err := c.dec.decode(value, &c.v); err != nil {
+	v, err := c.in.Decode(value) // a copy: the aggregator may keep it
+	if err != nil {
 		return err
 	}
 	s := c.state.In(ns)
@@ -310,7 +309,7 @@ func (c *aggContents[IN, ACC, OUT]) add(ns, value []byte) error {
 	if !ok {
 		acc = c.agg.CreateAccumulator()
 	}
-	s.Set(c.agg.Add(c.v, acc))
+	s.Set(c.agg.Add(v, acc))
 	return nil
 }
 
@@ -360,7 +359,7 @@ func AggregateWindow[IN, ACC, OUT any](accCodec Codec[ACC], outCodec Codec[OUT],
 func AggregateProcessWindow[IN, ACC, OUT any](accCodec Codec[ACC], agg Aggregator[IN, ACC, OUT],
 	f func(key []byte, w TimeWindow, result OUT, out *WindowOutput) error) WindowFunction[IN] {
 	return WindowFunction[IN]{make: func(in Codec[IN]) contents {
-		return &aggContents[IN, ACC, OUT]{state: NewValueState(contentsState, accCodec), dec: newDecoder(in), agg: agg, result: f}
+		return &aggContents[IN, ACC, OUT]{state: NewValueState(contentsState, accCodec), in: in, agg: agg, result: f}
 	}}
 }
 
