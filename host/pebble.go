@@ -67,6 +67,7 @@ type pebbleState struct {
 	maxP int
 	rng  abi.KeyGroupRange
 	dir  string
+	lock *dirLock // claims dir (and its file cuts) while the instance lives
 	cfg  StateConfig
 	log  *slog.Logger
 	db   *pebble.DB
@@ -92,13 +93,20 @@ func openPebble(maxP int, rng abi.KeyGroupRange, cfg StateConfig, o pebbleOption
 	if err := os.MkdirAll(parent, 0o755); err != nil {
 		return nil, fmt.Errorf("host: pebble state: data directory: %w", err)
 	}
-	dir, err := os.MkdirTemp(parent, sanitizeDirName(o.name)+"-")
+	removeStaleDirs(parent, o.logger)
+	lock, dir, err := claimDir(parent, sanitizeDirName(o.name))
+	if err == nil {
+		if err = os.Mkdir(dir, 0o755); err != nil {
+			lock.release()
+		}
+	}
 	if err != nil {
 		return nil, fmt.Errorf("host: pebble state: data directory: %w", err)
 	}
-	s := &pebbleState{maxP: maxP, rng: rng, dir: dir, cfg: cfg, log: o.logger, cuts: map[*deferredCut]struct{}{}}
+	s := &pebbleState{maxP: maxP, rng: rng, dir: dir, lock: lock, cfg: cfg, log: o.logger, cuts: map[*deferredCut]struct{}{}}
 	if err := s.open(); err != nil {
 		os.RemoveAll(dir)
+		lock.release()
 		return nil, err
 	}
 	return s, nil
@@ -571,6 +579,7 @@ func (s *pebbleState) close() error {
 			os.RemoveAll(d)
 		}
 	}
+	s.lock.release()
 	if err != nil {
 		return fmt.Errorf("host: pebble state: close %s: %w", s.dir, err)
 	}
