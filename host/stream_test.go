@@ -29,7 +29,7 @@ func TestStreamedSnapshotIsCanonical(t *testing.T) {
 			}
 		}
 		if i%5 == 0 {
-			if err := s.registerTimer(key, int64(i%13)-3); err != nil {
+			if err := s.registerTimer(eventTime, key, int64(i%13)-3); err != nil {
 				t.Fatal(err)
 			}
 		}
