@@ -251,8 +251,9 @@ func (c *mstateCall) del(key []byte) {
 	}
 }
 
-// read returns the live stored value of ukey (a copy), dropping what
-// expired and refreshing the expiry on read if the state's TTL says so.
+// read returns the live stored value of ukey, dropping what expired and
+// refreshing the expiry on read if the state's TTL says so. The value is
+// valid until the next backend call.
 func (c *mstateCall) read(ukey []byte, now int64) ([]byte, bool) {
 	key := c.storedKey(ukey)
 	v, ok, err := c.i.state.get(c.kg, c.sname, key)
@@ -262,8 +263,17 @@ func (c *mstateCall) read(ukey []byte, now int64) ([]byte, bool) {
 	if !ok {
 		return nil, false
 	}
+	if live, keep := liveValue(v, now); keep && len(live) == len(v) && !c.refreshes() {
+		return v, true // nothing to write back: v as the backend lent it
+	}
 	// A copy: the journal and write-backs read the backend again.
 	return c.touch(key, append([]byte(nil), v...), now)
+}
+
+// refreshes: reads write the entries back with a new expiry.
+func (c *mstateCall) refreshes() bool {
+	t := c.ttl()
+	return t.ms > 0 && t.updateOnRead && c.writable()
 }
 
 // touch applies expiry to the stored value v of key as a read finds it.
@@ -275,8 +285,8 @@ func (c *mstateCall) touch(key, v []byte, now int64) ([]byte, bool) {
 		}
 		return nil, false
 	}
-	if t := c.ttl(); t.ms > 0 && t.updateOnRead && c.writable() {
-		live = withExpiry(live, now+t.ms)
+	if c.refreshes() {
+		live = withExpiry(live, now+c.ttl().ms)
 		c.put(key, live)
 		return live, true
 	}
