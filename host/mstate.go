@@ -154,6 +154,15 @@ func liveValue(v []byte, now int64) (live []byte, keep bool) {
 	return nil, false
 }
 
+// liveStored is liveValue for structured state name, and v itself for
+// any other: what a cut at now keeps of a stored value.
+func liveStored(name, v []byte, now int64) ([]byte, bool) {
+	if !isStructured(name) {
+		return v, true
+	}
+	return liveValue(v, now)
+}
+
 // withExpiry rewrites the expiry of a live stored value (and of every
 // element of a list) to exp, in place in a copy.
 func withExpiry(v []byte, exp int64) []byte {

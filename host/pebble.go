@@ -637,11 +637,9 @@ func (s *pebbleState) readCut(snap *pebble.Snapshot, now int64) (map[int]*KeyGro
 			it.Close()
 			return nil, fmt.Errorf("host: pebble state: read cut: %w", err)
 		}
-		if isStructured(sname) {
-			var keep bool
-			if v, keep = liveValue(v, now); !keep {
-				continue
-			}
+		var keep bool
+		if v, keep = liveStored(sname, v, now); !keep {
+			continue
 		}
 		if gk != kg {
 			kg, g, m = gk, group(gk), nil

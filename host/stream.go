@@ -122,16 +122,13 @@ func (s *pebbleState) streamCut(snap *pebble.Snapshot, now int64, lists map[stri
 			if err != nil {
 				return fmt.Errorf("host: pebble state: encode: %w", err)
 			}
-			structured := isStructured([]byte(name))
 			var n uint32
 			for ok := it.First(); ok && err == nil; ok = it.Next() {
 				var v []byte
 				if v, err = it.ValueAndErr(); err == nil {
-					if structured {
-						var keep bool
-						if v, keep = liveValue(v, now); !keep {
-							continue
-						}
+					var keep bool
+					if v, keep = liveStored([]byte(name), v, now); !keep {
+						continue
 					}
 					if err = bytesOf(it.Key()[len(kbuf):]); err == nil {
 						err = bytesOf(v)
@@ -238,11 +235,9 @@ func (s *pebbleState) planCut(snap *pebble.Snapshot, now int64, lists map[string
 			it.Close()
 			return nil, fmt.Errorf("host: pebble state: encode: %w", err)
 		}
-		if isStructured(name) {
-			var keep bool
-			if v, keep = liveValue(v, now); !keep {
-				continue
-			}
+		var keep bool
+		if v, keep = liveStored(name, v, now); !keep {
+			continue
 		}
 		g := group(kg)
 		if _, seen := g.counts[string(name)]; !seen {

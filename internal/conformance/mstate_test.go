@@ -17,7 +17,6 @@ import (
 
 	"github.com/streamd/streamd/abi"
 	"github.com/streamd/streamd/host"
-	"github.com/streamd/streamd/internal/testwasm"
 )
 
 // mstateGuests implement the structured-state operator (guests/SPEC.md,
@@ -60,18 +59,7 @@ var mstateScenarios = []struct {
 func TestMState(t *testing.T) {
 	for _, g := range mstateGuests {
 		t.Run(g.name, func(t *testing.T) {
-			ok, err := testwasm.HasTarget(g.target)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if !ok {
-				if g.name == "wat" {
-					t.Fatalf("no make target for %s (mk/wat.mk)", g.target)
-				}
-				t.Skipf("no make target for %s yet", g.target)
-			}
-			path := testwasm.Path(t, g.target)
-			h := newHarness(t, g.name, path)
+			h := newHarness(t, g.name, guestPath(t, g.name, g.target))
 			for _, b := range mstateBackends {
 				mh := &mharness{harness: *h, incremental: b.incremental}
 				mh.state = host.StateConfig{Backend: b.backend, DataDir: t.TempDir(), Incremental: b.incremental}
