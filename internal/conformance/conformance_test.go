@@ -181,6 +181,21 @@ func (s *sub) process(input int, recs ...abi.Record) {
 	}
 }
 
+// replace swaps the failed instance for the one Replace opens, and drops
+// what was emitted so far.
+func (s *sub) replace() {
+	s.t.Helper()
+	ctx := context.Background()
+	n, err := s.inst.Replace(ctx)
+	if err != nil {
+		s.t.Fatalf("replace: %v", err)
+	}
+	s.inst.Close(ctx)
+	s.inst = n
+	s.t.Cleanup(func() { n.Close(ctx) })
+	s.take()
+}
+
 func (s *sub) watermark(ts int64) {
 	s.t.Helper()
 	if err := s.inst.AdvanceWatermark(context.Background(), ts, s.emit); err != nil {
@@ -618,17 +633,7 @@ func testRejectAndReplace(t *testing.T, h *harness) {
 	if he != nil && he.Message != "conformance reject" {
 		t.Errorf("message %q, want the guest's reason %q", he.Message, "conformance reject")
 	}
-	replace := func() {
-		t.Helper()
-		n, err := s.inst.Replace(ctx)
-		if err != nil {
-			t.Fatalf("replace: %v", err)
-		}
-		s.inst.Close(ctx)
-		s.inst = n
-		t.Cleanup(func() { n.Close(ctx) })
-		s.take()
-	}
+	replace := s.replace
 	replace()
 	want := func(v string, count uint64) {
 		t.Helper()

@@ -652,14 +652,7 @@ func testMStateUndo(t *testing.T, h *mharness) {
 	if !errors.Is(err, host.ErrRejected) {
 		t.Fatalf("process: %v, want a rejection", err)
 	}
-	n, err := s.inst.Replace(ctx)
-	if err != nil {
-		t.Fatalf("replace: %v", err)
-	}
-	s.inst.Close(ctx)
-	s.inst = n
-	t.Cleanup(func() { n.Close(ctx) })
-	s.take()
+	s.replace()
 	if got, want := s.entries(k, "m", ""), "a=1"; got != want {
 		t.Errorf("map after the undone batch = %q, want %q", got, want)
 	}
