@@ -389,6 +389,9 @@ func TestSnapshotBinary(t *testing.T) {
 	if v := binary.LittleEndian.Uint32(v2[4:]); v != 2 {
 		t.Errorf("a snapshot with processing-time timers is written as version %d, want 2", v)
 	}
+	if s.Size() != int64(len(v2)) {
+		t.Errorf("Size() = %d, MarshalBinary of version 2 gives %d bytes", s.Size(), len(v2))
+	}
 	var r2 host.Snapshot
 	if err := r2.UnmarshalBinary(v2); err != nil {
 		t.Fatal(err)
