@@ -51,6 +51,7 @@ var mstateScenarios = []struct {
 	{"processing_timers", testProcessingTimers},
 	{"processing_time_needs_allow_clock", testProcessingTimeClock},
 	{"old_imports_refuse_nul_names", testOldNulName},
+	{"state_ttl_only_in_open", testTTLOnlyInOpen},
 	{"reject_undoes_structured_writes", testMStateUndo},
 }
 
@@ -666,4 +667,13 @@ func testMStateUndo(t *testing.T, h *mharness) {
 	// The undone read did not refresh the expiry: written at 0, gone at 100.
 	h.clock.add(50)
 	wantGet(t, s, k, "ttlr", "", "", "", false)
+}
+
+func testTTLOnlyInOpen(t *testing.T, h *mharness) {
+	s := h.startM(t, host.InstanceConfig{})
+	err := s.inst.Process(context.Background(), 0, []abi.Record{rec("k", cmd('t', "m", i64(5)), 0)}, s.emit)
+	he := checkError(t, err, host.ErrHostCall, "mstate", 0, 1, abi.PhaseProcess)
+	if he != nil && he.Message != "state_ttl not allowed in phase process (only in open)" {
+		t.Errorf("message %q", he.Message)
+	}
 }

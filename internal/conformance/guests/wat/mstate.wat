@@ -193,6 +193,11 @@
               (call $state_put (call $fp (i32.const 0)) (call $fl (i32.const 0)) (local.get $kp) (local.get $kl)
                 (call $fp (i32.const 1)) (call $fl (i32.const 1)))
               (br $cmd)))
+          ;; 't' (name, i64le ttl): state_ttl(name, ttl, 0), outside open (misuse)
+          (if (i32.eq (local.get $op) (i32.const 0x74))
+            (then
+              (call $state_ttl (call $fp (i32.const 0)) (call $fl (i32.const 0)) (i64.load (call $fp (i32.const 1))) (i32.const 0))
+              (br $cmd)))
           ;; 'x': reject the record
           (if (i32.eq (local.get $op) (i32.const 0x78))
             (then
