@@ -213,6 +213,10 @@ func (s *keyedState) put(kg int, name, key, val []byte) error {
 	if gr.shared && s.cuts.Load() == 0 {
 		gr.shared = false // no cut holds anything any more
 	}
+	structured := isStructured(name)
+	if structured && !s.expiring && valueExpires(val) {
+		s.expiring = true
+	}
 	if old, ok := m[string(key)]; ok && len(old) == len(val) && !gr.shared {
 		copy(old, val)
 		return nil
@@ -220,11 +224,8 @@ func (s *keyedState) put(kg int, name, key, val []byte) error {
 	v := make([]byte, len(val))
 	copy(v, val)
 	m[string(key)] = v
-	if isStructured(name) {
+	if structured {
 		gr.index(name, key)
-		if valueExpires(v) {
-			s.expiring = true
-		}
 	}
 	return nil
 }
