@@ -142,14 +142,16 @@ const (
 	PhaseProcess   Phase = "process"
 	PhaseWatermark Phase = "on_watermark"
 	PhaseTimer     Phase = "on_timer"
-	// PhaseProcessingTime: streamd_on_processing_time (a processing-time timer).
-	PhaseProcessingTime Phase = "on_processing_time"
-	PhaseEndInput       Phase = "end_input"
-	PhaseFinish         Phase = "finish"
-	PhaseSnapshot       Phase = "snapshot_state"
-	PhaseNotify         Phase = "notify_checkpoint_complete"
-	PhaseClose          Phase = "close"
+	PhaseEndInput  Phase = "end_input"
+	PhaseFinish    Phase = "finish"
+	PhaseSnapshot  Phase = "snapshot_state"
+	PhaseNotify    Phase = "notify_checkpoint_complete"
+	PhaseClose     Phase = "close"
 )
+
+// PhaseProcessingTime is streamd_on_processing_time (a processing-time
+// timer fires), an addition to version 1.
+const PhaseProcessingTime Phase = "on_processing_time"
 
 // Event time, in milliseconds since the Unix epoch.
 const (
