@@ -415,6 +415,7 @@ type WindowOption func(*windowConfig)
 type windowConfig struct {
 	lateness int64
 	late     string
+	emitLate func(output string, key, value []byte, ts int64) // EmitTo, set by LateOutput
 	err      string
 }
 
@@ -440,7 +441,7 @@ func LateOutput(name string) WindowOption {
 		if why := checkOutputName(name); why != "" {
 			c.err = "LateOutput: side output name " + strconv.Quote(name) + " " + why
 		}
-		c.late = name
+		c.late, c.emitLate = name, EmitTo
 	}
 }
 
@@ -577,7 +578,7 @@ func (w *WindowOperator[T]) fire(key []byte, win TimeWindow, ns []byte) error {
 
 func (w *WindowOperator[T]) late(r Record) {
 	if w.cfg.late != "" {
-		EmitTo(w.cfg.late, r.Key, r.Value, r.Timestamp)
+		w.cfg.emitLate(w.cfg.late, r.Key, r.Value, r.Timestamp)
 		return
 	}
 	if w.dropped == 0 {
