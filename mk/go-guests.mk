@@ -10,6 +10,7 @@ GO_GUESTS := \
 	examples/wasm/window-count/window-count.wasm \
 	examples/wasm/window-count/keyby.wasm \
 	internal/conformance/guests/go/conformance.wasm \
+	internal/conformance/guests/go/mstate.wasm \
 	examples/wasm/sessionize/sessionize.wasm \
 	examples/wasm/sessionize/keyby.wasm \
 	examples/wasm/interval-join/interval-join.wasm \
@@ -31,6 +32,9 @@ examples/wasm/window-count/keyby.wasm: $(wildcard examples/wasm/window-count/key
 
 internal/conformance/guests/go/conformance.wasm: $(wildcard internal/conformance/guests/go/*.go) $(GO_SDK_SRCS) go.mod
 	$(GO_WASM) -o $@ ./internal/conformance/guests/go
+
+internal/conformance/guests/go/mstate.wasm: $(wildcard internal/conformance/guests/go/mstate/*.go) $(GO_SDK_SRCS) go.mod
+	$(GO_WASM) -o $@ ./internal/conformance/guests/go/mstate
 
 # sessionize and interval-join (SPEC14: windows, typed state, side outputs) share the keyby stage
 # of examples/wasm/internal/keyby; they need a host with the SPEC14 imports.

@@ -497,3 +497,44 @@ func (s AggregatingStateOf[IN, ACC, OUT]) Get() (OUT, bool) {
 
 // Clear removes the current key's accumulator.
 func (s AggregatingStateOf[IN, ACC, OUT]) Clear() { s.acc.Clear() }
+
+// --- RawState ----------------------------------------------------------------
+
+// RawState is structured keyed state without codecs: the host's entries of
+// the current key addressed by namespace and user key as bytes (ABI
+// mstate_*). Get of a list entry returns the host's list frame, Entries the
+// entries frame (abi/ABI.md). For other languages' layouts and for tests;
+// the typed states are built on the same entries.
+type RawState struct{ d desc }
+
+// NewRawState returns the raw structured state called name.
+func NewRawState(name string, opts ...StateOption) RawState { return RawState{d: newDesc(name, opts)} }
+
+// Get returns a copy of entry (ns, ukey): a value, or the frame of a list.
+func (s RawState) Get(ns, ukey []byte) ([]byte, bool) {
+	s.d.ns = ns
+	b, ok := s.d.get(ukey)
+	if !ok {
+		return nil, false
+	}
+	return append(make([]byte, 0, len(b)), b...), true
+}
+
+// Put makes (ns, ukey) a value entry holding val.
+func (s RawState) Put(ns, ukey, val []byte) { hostMStatePut(s.d.name, s.d.key(), ns, ukey, val) }
+
+// Append appends val to the list entry (ns, ukey), creating it.
+func (s RawState) Append(ns, ukey, val []byte) { hostMStateAppend(s.d.name, s.d.key(), ns, ukey, val) }
+
+// Remove removes entry (ns, ukey).
+func (s RawState) Remove(ns, ukey []byte) { hostMStateRemove(s.d.name, s.d.key(), ns, ukey) }
+
+// Entries returns a copy of the entries frame of namespace ns, and false when
+// it has none.
+func (s RawState) Entries(ns []byte) ([]byte, bool) {
+	s.d.ns = ns
+	return s.d.entries()
+}
+
+// Clear removes every entry of namespace ns.
+func (s RawState) Clear(ns []byte) { hostMStateClear(s.d.name, s.d.key(), ns) }
