@@ -39,59 +39,106 @@ var (
 // the zero T every time.
 func JSON[T any]() Codec[T] { return jsonCodec[T]{} }
 
-// viewer is implemented by codecs that can decode without copying: the
-// result may alias b. The typed helpers use it on record values, which live
-// for the call.
-type viewer[T any] interface {
-	view(b []byte) (T, error)
-}
-
 // intoDecoder is implemented by codecs that can decode into a reused value.
 type intoDecoder[T any] interface {
 	decodeInto(b []byte, v *T) error
 }
 
-// valueDecoder decodes record values, which live only for the call: without
-// copying if the codec allows aliasing, else into a reused value, else with
-// Decode. The branches are cheaper than an indirect call per record.
+// codecKind names the built-in codecs, which the typed helpers encode and
+// decode inline: in Go's wasm code every call costs, and an interface call
+// per value would make them much slower than the raw byte API.
+type codecKind uint8
+
+const (
+	kindOther codecKind = iota
+	kindBytes
+	kindString
+	kindInt64
+	kindFloat64
+)
+
+func kindOf[T any](c Codec[T]) codecKind {
+	switch any(c).(type) {
+	case bytesCodec:
+		return kindBytes
+	case stringCodec:
+		return kindString
+	case int64Codec:
+		return kindInt64
+	case float64Codec:
+		return kindFloat64
+	}
+	return kindOther
+}
+
+// valueDecoder decodes record values, which live only for the call: the
+// built-in codecs inline (String and Bytes without copying), others into a
+// reused value if they can, else with Decode.
 type valueDecoder[T any] struct {
+	kind  codecKind
 	codec Codec[T]
-	view  viewer[T]
 	into  intoDecoder[T]
 }
 
 func newDecoder[T any](c Codec[T]) valueDecoder[T] {
-	d := valueDecoder[T]{codec: c}
-	d.view, _ = c.(viewer[T])
+	d := valueDecoder[T]{kind: kindOf(c), codec: c}
 	d.into, _ = c.(intoDecoder[T])
 	return d
 }
 
+// decode decodes b into *v. For a built-in kind T is that kind's type (the
+// codec's methods fix it), so the unsafe conversions are exact.
 func (d *valueDecoder[T]) decode(b []byte, v *T) (err error) {
-	switch {
-	case d.view != nil:
-		*v, err = d.view.view(b)
-	case d.into != nil:
-		err = d.into.decodeInto(b, v)
+	p := unsafe.Pointer(v)
+	switch d.kind {
+	case kindInt64:
+		if len(b) != 8 {
+			return errors.New("Int64: " + strconv.Itoa(len(b)) + " bytes, not 8")
+		}
+		*(*int64)(p) = int64(binary.LittleEndian.Uint64(b))
+	case kindBytes:
+		*(*[]byte)(p) = b
+	case kindString:
+		*(*string)(p) = unsafe.String(unsafe.SliceData(b), len(b))
+	case kindFloat64:
+		if len(b) != 8 {
+			return errors.New("Float64: " + strconv.Itoa(len(b)) + " bytes, not 8")
+		}
+		*(*float64)(p) = math.Float64frombits(binary.LittleEndian.Uint64(b))
 	default:
+		if d.into != nil {
+			return d.into.decodeInto(b, v)
+		}
 		*v, err = d.codec.Decode(b)
 	}
 	return err
+}
+
+// appendValue appends the encoding of v with c of kind k.
+func appendValue[T any](dst []byte, k codecKind, c Codec[T], v *T) []byte {
+	p := unsafe.Pointer(v)
+	switch k {
+	case kindInt64:
+		return binary.LittleEndian.AppendUint64(dst, uint64(*(*int64)(p)))
+	case kindBytes:
+		return append(dst, *(*[]byte)(p)...)
+	case kindString:
+		return append(dst, *(*string)(p)...)
+	case kindFloat64:
+		return binary.LittleEndian.AppendUint64(dst, math.Float64bits(*(*float64)(p)))
+	}
+	return c.Encode(dst, *v)
 }
 
 type bytesCodec struct{}
 
 func (bytesCodec) Encode(dst []byte, v []byte) []byte { return append(dst, v...) }
 func (bytesCodec) Decode(b []byte) ([]byte, error)    { return append(make([]byte, 0, len(b)), b...), nil }
-func (bytesCodec) view(b []byte) ([]byte, error)      { return b, nil }
 
 type stringCodec struct{}
 
 func (stringCodec) Encode(dst []byte, v string) []byte { return append(dst, v...) }
 func (stringCodec) Decode(b []byte) (string, error)    { return string(b), nil }
-func (stringCodec) view(b []byte) (string, error) {
-	return unsafe.String(unsafe.SliceData(b), len(b)), nil
-}
 
 type int64Codec struct{}
 
@@ -145,22 +192,25 @@ func (jsonCodec[T]) decodeInto(b []byte, v *T) error {
 // buffer. ProcessOf hands one to its function.
 type Output[T any] struct {
 	codec Codec[T]
+	kind  codecKind
 	buf   []byte
 }
 
 // NewOutput returns an Output that encodes with codec, for operators that
 // emit typed values themselves.
-func NewOutput[T any](codec Codec[T]) *Output[T] { return &Output[T]{codec: codec} }
+func NewOutput[T any](codec Codec[T]) *Output[T] {
+	return &Output[T]{codec: codec, kind: kindOf(codec)}
+}
 
 // Emit sends v downstream with key and event time ts (see Emit).
 func (o *Output[T]) Emit(key []byte, v T, ts int64) {
-	o.buf = o.codec.Encode(o.buf[:0], v)
+	o.buf = appendValue(o.buf[:0], o.kind, o.codec, &v)
 	Emit(key, o.buf, ts)
 }
 
 // EmitTo sends v to the side output called output (see EmitTo).
 func (o *Output[T]) EmitTo(output string, key []byte, v T, ts int64) {
-	o.buf = o.codec.Encode(o.buf[:0], v)
+	o.buf = appendValue(o.buf[:0], o.kind, o.codec, &v)
 	EmitTo(output, key, o.buf, ts)
 }
 
@@ -177,7 +227,10 @@ func undecodable(helper string, err error) error {
 // value is decoded into a reused variable; with String or Bytes it points
 // into the record and is valid only during the call (see String).
 func MapOf[In, Out any](in Codec[In], out Codec[Out], f func(In) (Out, error)) Operator {
-	return &mapOfOp[In, Out]{dec: newDecoder(in), out: Output[Out]{codec: out}, f: f}
+	if op := mapBuiltin(kindOf(in), kindOf(out), f); op != nil {
+		return op
+	}
+	return &mapOfOp[In, Out]{dec: newDecoder(in), out: *NewOutput(out), f: f}
 }
 
 type mapOfOp[In, Out any] struct {
@@ -197,6 +250,96 @@ func (m *mapOfOp[In, Out]) ProcessElement(r Record, _ int) error {
 		return err
 	}
 	m.out.Emit(r.Key, o, r.Timestamp)
+	return nil
+}
+
+// mapBuiltin returns a plain (not generic) operator for a map from a
+// built-in codec to the same one, or nil. In Go's wasm code a generic
+// method pays for its dictionary and extra calls on every record; these keep
+// MapOf as fast as the raw byte API.
+func mapBuiltin(in, out codecKind, f any) Operator {
+	if in != out {
+		return nil
+	}
+	switch g := f.(type) {
+	case func(int64) (int64, error):
+		if in == kindInt64 {
+			return &mapWord{name: "Int64", direct: g}
+		}
+	case func(float64) (float64, error):
+		if in == kindFloat64 {
+			return &mapWord{name: "Float64", f: func(w uint64) (uint64, error) {
+				v, err := g(math.Float64frombits(w))
+				return math.Float64bits(v), err
+			}}
+		}
+	case func(string) (string, error):
+		if in == kindString {
+			return &mapString{f: g}
+		}
+	case func([]byte) ([]byte, error):
+		if in == kindBytes {
+			return &mapBytes{f: g}
+		}
+	}
+	return nil
+}
+
+// mapWord maps 8-byte values (Int64, Float64).
+type mapWord struct {
+	Base
+	name   string
+	direct func(int64) (int64, error)   // Int64: f itself, one call less
+	f      func(uint64) (uint64, error) // Float64: f on the bits
+	buf    []byte
+}
+
+func (m *mapWord) ProcessElement(r Record, _ int) error {
+	if len(r.Value) != 8 {
+		return undecodable("MapOf", errors.New(m.name+": "+strconv.Itoa(len(r.Value))+" bytes, not 8"))
+	}
+	w := binary.LittleEndian.Uint64(r.Value)
+	var err error
+	if m.direct != nil {
+		var v int64
+		v, err = m.direct(int64(w))
+		w = uint64(v)
+	} else {
+		w, err = m.f(w)
+	}
+	if err != nil {
+		return err
+	}
+	m.buf = binary.LittleEndian.AppendUint64(m.buf[:0], w)
+	Emit(r.Key, m.buf, r.Timestamp)
+	return nil
+}
+
+type mapString struct {
+	Base
+	f func(string) (string, error)
+}
+
+func (m *mapString) ProcessElement(r Record, _ int) error {
+	v, err := m.f(unsafe.String(unsafe.SliceData(r.Value), len(r.Value)))
+	if err != nil {
+		return err
+	}
+	Emit(r.Key, unsafe.Slice(unsafe.StringData(v), len(v)), r.Timestamp) // Emit copies
+	return nil
+}
+
+type mapBytes struct {
+	Base
+	f func([]byte) ([]byte, error)
+}
+
+func (m *mapBytes) ProcessElement(r Record, _ int) error {
+	v, err := m.f(r.Value)
+	if err != nil {
+		return err
+	}
+	Emit(r.Key, v, r.Timestamp)
 	return nil
 }
 
@@ -231,7 +374,7 @@ func (f *filterOfOp[T]) ProcessElement(r Record, _ int) error {
 // and calls f, which emits any number of values through emit; each is
 // encoded with out and sent with the record's key and timestamp.
 func FlatMapOf[In, Out any](in Codec[In], out Codec[Out], f func(v In, emit func(Out)) error) Operator {
-	m := &flatMapOfOp[In, Out]{dec: newDecoder(in), out: Output[Out]{codec: out}, f: f}
+	m := &flatMapOfOp[In, Out]{dec: newDecoder(in), out: *NewOutput(out), f: f}
 	m.emit = func(o Out) { m.out.Emit(m.rec.Key, o, m.rec.Timestamp) }
 	return m
 }
@@ -260,7 +403,7 @@ func (m *flatMapOfOp[In, Out]) ProcessElement(r Record, _ int) error {
 // and calls f with the record, the decoded value and an Output encoding with
 // out. f may use keyed state and timers of the record's key.
 func ProcessOf[In, Out any](in Codec[In], out Codec[Out], f func(r Record, v In, out *Output[Out]) error) Operator {
-	return &processOfOp[In, Out]{dec: newDecoder(in), out: Output[Out]{codec: out}, f: f}
+	return &processOfOp[In, Out]{dec: newDecoder(in), out: *NewOutput(out), f: f}
 }
 
 type processOfOp[In, Out any] struct {

@@ -3,6 +3,7 @@
 package streamd
 
 import (
+	"bytes"
 	"encoding/binary"
 	"strconv"
 	"testing"
@@ -28,6 +29,7 @@ func typedOps() map[string]Operator {
 		"FlatMapOf":     FlatMapOf(Int64, Int64, func(v int64, emit func(int64)) error { emit(v); emit(-v); return nil }),
 		"ProcessOf":     ProcessOf(Int64, String, func(r Record, v int64, out *Output[string]) error { out.Emit(r.Key, "x", v); return nil }),
 		"MapOf-Float64": MapOf(Int64, Float64, func(v int64) (float64, error) { return float64(v) / 2, nil }),
+		"MapOf-F64-F64": MapOf(Float64, Float64, func(v float64) (float64, error) { return v * 2, nil }),
 	}
 }
 
@@ -62,6 +64,16 @@ func TestTypedHelpersOutput(t *testing.T) {
 	h = install(t, MapOf(Int64, Int64, func(v int64) (int64, error) { return v, nil }))
 	if st := doProcess(0, batch(rec("k", "abc", 0))); st != statusReject || len(h.rejects) != 1 || h.rejects[0] != "streamd: MapOf: cannot decode the record's value: Int64: 3 bytes, not 8" {
 		t.Fatalf("undecodable value: status %d, rejects %q", st, h.rejects)
+	}
+	h = install(t, MapOf(Float64, Float64, func(v float64) (float64, error) { return v * 1.5, nil }))
+	doProcess(0, batch(Record{Key: []byte("k"), Value: Float64.Encode(nil, 2), Timestamp: 1}))
+	if got := h.emitted(); len(got) != 1 || !bytes.Equal(got[0].Value, Float64.Encode(nil, 3)) {
+		t.Fatalf("Float64 MapOf emitted %v", got)
+	}
+	h = install(t, MapOf(String, String, func(s string) (string, error) { return s + "!", nil }))
+	doProcess(0, batch(rec("k", "hi", 1)))
+	if got := h.emitted(); !sameRecords(got, []Record{rec("k", "hi!", 1)}) {
+		t.Fatalf("String MapOf emitted %v", got)
 	}
 	type point struct{ X, Y int }
 	h = install(t, MapOf(JSON[point](), JSON[point](), func(p point) (point, error) { return point{p.Y, p.X}, nil }))

@@ -4,6 +4,7 @@ package gotest
 
 import (
 	"context"
+	"encoding/binary"
 	"encoding/json"
 	"fmt"
 	"math/rand/v2"
@@ -262,4 +263,41 @@ func TestIntervalJoinGuest(t *testing.T) {
 			t.Fatalf("parallelism %d: pairs\n%s\nwant\n%s", par, strings.Join(got, "\n"), strings.Join(want, "\n"))
 		}
 	}
+}
+
+// BenchmarkTypedVsRawGuest runs batches of 1024 records through MapOf(Int64,
+// Int64) and through the raw byte API doing the same, in the host, batch by
+// batch in turn, and reports the typed time over the raw time (the SDK's
+// contract: within 10%).
+func BenchmarkTypedVsRawGuest(b *testing.B) {
+	eng := newEngine(b)
+	ctx := context.Background()
+	typed := newInstance(b, eng, testwasm.Path(b, "internal/testguests/typedmap/typedmap.wasm"), host.InstanceConfig{Operator: "typed"})
+	raw := newInstance(b, eng, testwasm.Path(b, "internal/testguests/rawmap/rawmap.wasm"), host.InstanceConfig{Operator: "raw"})
+	recs := make([]abi.Record, 1024)
+	for i := range recs {
+		recs[i] = abi.Record{Key: []byte("k"), Value: binary.LittleEndian.AppendUint64(nil, uint64(i)), Timestamp: int64(i)}
+	}
+	emit := func([]abi.Record) {}
+	process := func(inst *host.Instance) time.Duration {
+		start := time.Now()
+		if err := inst.Process(ctx, 0, recs, emit); err != nil {
+			b.Fatal(err)
+		}
+		return time.Since(start)
+	}
+	for i := 0; i < 20; i++ { // warm up
+		process(typed)
+		process(raw)
+	}
+	b.ResetTimer()
+	// Batch by batch, turn and turn about, so that a busy machine slows both.
+	var tt, tr time.Duration
+	for i := 0; i < b.N; i++ {
+		tt += process(typed)
+		tr += process(raw)
+	}
+	b.ReportMetric(float64(tt)/float64(tr), "typed/raw")
+	b.ReportMetric(float64(tt.Nanoseconds())/float64(b.N*len(recs)), "ns/record-typed")
+	b.ReportMetric(float64(tr.Nanoseconds())/float64(b.N*len(recs)), "ns/record-raw")
 }
