@@ -346,7 +346,60 @@ func (m *mapBytes) ProcessElement(r Record, _ int) error {
 // FilterOf returns an operator that decodes every record's value with c and
 // emits the record unchanged when keep returns true.
 func FilterOf[T any](c Codec[T], keep func(T) (bool, error)) Operator {
+	f := &filterBuiltin{kind: kindOf(c)}
+	switch g := any(keep).(type) {
+	case func(int64) (bool, error):
+		f.i = g
+	case func(float64) (bool, error):
+		f.f = g
+	case func(string) (bool, error):
+		f.s = g
+	case func([]byte) (bool, error):
+		f.b = g
+	}
+	if f.kind != kindOther && (f.i != nil || f.f != nil || f.s != nil || f.b != nil) {
+		return f
+	}
 	return &filterOfOp[T]{dec: newDecoder(c), keep: keep}
+}
+
+// filterBuiltin is FilterOf over a built-in codec as a plain operator (see
+// mapBuiltin); kind says which of the functions is set.
+type filterBuiltin struct {
+	Base
+	kind codecKind
+	i    func(int64) (bool, error)
+	f    func(float64) (bool, error)
+	s    func(string) (bool, error)
+	b    func([]byte) (bool, error)
+}
+
+func (o *filterBuiltin) ProcessElement(r Record, _ int) error {
+	var keep bool
+	var err error
+	switch o.kind {
+	case kindInt64, kindFloat64:
+		if len(r.Value) != 8 {
+			return undecodable("FilterOf", errors.New(strconv.Itoa(len(r.Value))+" bytes, not 8"))
+		}
+		w := binary.LittleEndian.Uint64(r.Value)
+		if o.i != nil {
+			keep, err = o.i(int64(w))
+		} else {
+			keep, err = o.f(math.Float64frombits(w))
+		}
+	case kindString:
+		keep, err = o.s(unsafe.String(unsafe.SliceData(r.Value), len(r.Value)))
+	default:
+		keep, err = o.b(r.Value)
+	}
+	if err != nil {
+		return err
+	}
+	if keep {
+		Emit(r.Key, r.Value, r.Timestamp)
+	}
+	return nil
 }
 
 type filterOfOp[T any] struct {

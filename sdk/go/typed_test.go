@@ -75,6 +75,16 @@ func TestTypedHelpersOutput(t *testing.T) {
 	if got := h.emitted(); !sameRecords(got, []Record{rec("k", "hi!", 1)}) {
 		t.Fatalf("String MapOf emitted %v", got)
 	}
+	h = install(t, FilterOf(Int64, func(v int64) (bool, error) { return v%2 == 1, nil }))
+	doProcess(0, int64Batch(4))
+	if got := h.emitted(); len(got) != 2 || got[0].Timestamp != 1 || got[1].Timestamp != 3 {
+		t.Fatalf("FilterOf emitted %v", got)
+	}
+	h = install(t, FilterOf(String, func(s string) (bool, error) { return s == "b", nil }))
+	doProcess(0, batch(rec("k", "a", 1), rec("k", "b", 2)))
+	if got := h.emitted(); !sameRecords(got, []Record{rec("k", "b", 2)}) {
+		t.Fatalf("FilterOf(String) emitted %v", got)
+	}
 	type point struct{ X, Y int }
 	h = install(t, MapOf(JSON[point](), JSON[point](), func(p point) (point, error) { return point{p.Y, p.X}, nil }))
 	doProcess(0, batch(rec("k", `{"X":1,"Y":2}`, 0), rec("k", `{"Y":5}`, 0)))
