@@ -3,6 +3,7 @@ package streamd_test
 import (
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -294,6 +295,59 @@ func referenceWindows(evs []event, size, slide, lateness int64) (out, late []str
 	return out, late
 }
 
+// againstReference runs evs through operators of newOp straight, and
+// stopped with a snapshot after cut events and restored at each of
+// parallelisms (the watermark sent again after the restore), and compares
+// output and late output with the reference's.
+func againstReference(t *testing.T, name string, newOp func() streamd.Operator, evs []event, wantOut, wantLate []string, cut int, parallelisms ...int) {
+	t.Helper()
+	check := checker(t, name, wantOut, wantLate)
+	h := open(t, newOp(), streamdtest.Options{})
+	run(t, h, evs)
+	must(t, h.EndOfInput())
+	check("straight", h.Output(), h.SideOutput("late"))
+	checkClean(t, h)
+
+	h = open(t, newOp(), streamdtest.Options{})
+	run(t, h, evs[:cut])
+	snap := h.Snapshot(1)
+	must(t, h.Err())
+	out, late, wm := h.Output(), h.SideOutput("late"), h.Watermark()
+	for _, p := range parallelisms {
+		o, l := slices.Clone(out), slices.Clone(late)
+		for sub := 0; sub < p; sub++ {
+			r := open(t, newOp(), streamdtest.Options{Subtask: sub, Parallelism: p, Restore: &snap})
+			if wm > streamd.MinWatermark {
+				must(t, r.ProcessWatermark(wm)) // the watermark starts over after a restore
+			}
+			for _, e := range evs[cut:] {
+				if e.watermark {
+					must(t, r.ProcessWatermark(e.ts))
+				} else if streamdtest.SubtaskOf([]byte(e.key), 128, p) == sub {
+					must(t, r.ProcessElement(rec(e.key, "x", e.ts), 0))
+				}
+			}
+			must(t, r.EndOfInput())
+			checkClean(t, r)
+			o, l = append(o, r.Output()...), append(l, r.SideOutput("late")...)
+		}
+		check(fmt.Sprintf("restored at p=%d", p), o, l)
+	}
+}
+
+// checker returns a check of output and late output against a reference.
+func checker(t *testing.T, name string, wantOut, wantLate []string) func(what string, out, late []streamd.Record) {
+	return func(what string, out, late []streamd.Record) {
+		t.Helper()
+		if got := sortedLines(out); strings.Join(got, "\n") != strings.Join(wantOut, "\n") {
+			t.Fatalf("%s %s: output\n%s\nwant\n%s", name, what, strings.Join(got, "\n"), strings.Join(wantOut, "\n"))
+		}
+		if got := sortedLines(late); strings.Join(got, "\n") != strings.Join(wantLate, "\n") {
+			t.Fatalf("%s %s: late\n%s\nwant\n%s", name, what, strings.Join(got, "\n"), strings.Join(wantLate, "\n"))
+		}
+	}
+}
+
 func sortedLines(recs []streamd.Record) []string {
 	l := strings.Split(strings.TrimSuffix(lines(recs), "\n"), "\n")
 	if len(recs) == 0 {
@@ -342,50 +396,8 @@ func TestWindowsAgainstReference(t *testing.T) {
 			}
 			return countWindows(a, streamd.AllowedLateness(ms(lateness)), streamd.LateOutput("late"))
 		}
-		name := fmt.Sprintf("size=%d,slide=%d,lateness=%d", size, slide, lateness)
-		check := func(what string, out, late []streamd.Record) {
-			t.Helper()
-			if got := sortedLines(out); strings.Join(got, "\n") != strings.Join(wantOut, "\n") {
-				t.Fatalf("%s %s: output\n%s\nwant\n%s", name, what, strings.Join(got, "\n"), strings.Join(wantOut, "\n"))
-			}
-			if got := sortedLines(late); strings.Join(got, "\n") != strings.Join(wantLate, "\n") {
-				t.Fatalf("%s %s: late\n%s\nwant\n%s", name, what, strings.Join(got, "\n"), strings.Join(wantLate, "\n"))
-			}
-		}
-		h := open(t, newOp(), streamdtest.Options{})
-		run(t, h, evs)
-		must(t, h.EndOfInput())
-		check("straight", h.Output(), h.SideOutput("late"))
-		checkClean(t, h)
-
-		// Stopped halfway, restored at parallelism 1 and at 3.
-		half := len(evs) / 2
-		h = open(t, newOp(), streamdtest.Options{})
-		run(t, h, evs[:half])
-		snap := h.Snapshot(1)
-		must(t, h.Err())
-		out, late := h.Output(), h.SideOutput("late")
-		wm := h.Watermark()
-		for _, p := range []int{1, 3} {
-			o, l := append([]streamd.Record(nil), out...), append([]streamd.Record(nil), late...)
-			for sub := 0; sub < p; sub++ {
-				r := open(t, newOp(), streamdtest.Options{Subtask: sub, Parallelism: p, Restore: &snap})
-				if wm > streamd.MinWatermark {
-					must(t, r.ProcessWatermark(wm)) // the watermark starts over after a restore
-				}
-				for _, e := range evs[half:] {
-					if e.watermark {
-						must(t, r.ProcessWatermark(e.ts))
-					} else if streamdtest.SubtaskOf([]byte(e.key), 128, p) == sub {
-						must(t, r.ProcessElement(rec(e.key, "x", e.ts), 0))
-					}
-				}
-				must(t, r.EndOfInput())
-				checkClean(t, r)
-				o, l = append(o, r.Output()...), append(l, r.SideOutput("late")...)
-			}
-			check(fmt.Sprintf("restored at p=%d", p), o, l)
-		}
+		againstReference(t, fmt.Sprintf("size=%d,slide=%d,lateness=%d", size, slide, lateness), func() streamd.Operator { return newOp() },
+			evs, wantOut, wantLate, len(evs)/2, 1, 3)
 	}
 }
 
@@ -491,43 +503,6 @@ func TestSessionWindowsAgainstReference(t *testing.T) {
 		newOp := func() streamd.Operator {
 			return countWindows(streamd.EventTimeSessionWindows(ms(gap)), streamd.AllowedLateness(ms(lateness)), streamd.LateOutput("late"))
 		}
-		name := fmt.Sprintf("gap=%d,lateness=%d", gap, lateness)
-		check := func(what string, out, late []streamd.Record) {
-			t.Helper()
-			if got := sortedLines(out); strings.Join(got, "\n") != strings.Join(wantOut, "\n") {
-				t.Fatalf("%s %s: output\n%s\nwant\n%s", name, what, strings.Join(got, "\n"), strings.Join(wantOut, "\n"))
-			}
-			if got := sortedLines(late); strings.Join(got, "\n") != strings.Join(wantLate, "\n") {
-				t.Fatalf("%s %s: late\n%s\nwant\n%s", name, what, strings.Join(got, "\n"), strings.Join(wantLate, "\n"))
-			}
-		}
-		h := open(t, newOp(), streamdtest.Options{})
-		run(t, h, evs)
-		must(t, h.EndOfInput())
-		check("straight", h.Output(), h.SideOutput("late"))
-		checkClean(t, h)
-
-		half := len(evs) / 3
-		h = open(t, newOp(), streamdtest.Options{})
-		run(t, h, evs[:half])
-		snap := h.Snapshot(1)
-		out, late, wm := h.Output(), h.SideOutput("late"), h.Watermark()
-		for sub := 0; sub < 2; sub++ {
-			r := open(t, newOp(), streamdtest.Options{Subtask: sub, Parallelism: 2, Restore: &snap})
-			if wm > streamd.MinWatermark {
-				must(t, r.ProcessWatermark(wm))
-			}
-			for _, e := range evs[half:] {
-				if e.watermark {
-					must(t, r.ProcessWatermark(e.ts))
-				} else if streamdtest.SubtaskOf([]byte(e.key), 128, 2) == sub {
-					must(t, r.ProcessElement(rec(e.key, "x", e.ts), 0))
-				}
-			}
-			must(t, r.EndOfInput())
-			checkClean(t, r)
-			out, late = append(out, r.Output()...), append(late, r.SideOutput("late")...)
-		}
-		check("restored at p=2", out, late)
+		againstReference(t, fmt.Sprintf("gap=%d,lateness=%d", gap, lateness), newOp, evs, wantOut, wantLate, len(evs)/3, 2)
 	}
 }

@@ -161,6 +161,20 @@ func committedLinesQuiet(dir string) []string {
 
 var savepointRE = regexp.MustCompile(`stopped with savepoint (\S+)`)
 
+// resumeExactlyOnce resumes job in dir from savepoint sp at each
+// parallelism and checks that out/ then holds want exactly once.
+func resumeExactlyOnce(t *testing.T, dir, job, sp string, want []string, parallelisms ...string) {
+	t.Helper()
+	for _, p := range parallelisms {
+		must(t, os.RemoveAll(filepath.Join(dir, "out")))
+		r := run(t, dir, "", "run", "--progress", "off", "-p", p, job, "--from", sp)
+		if r.code != 0 {
+			t.Fatalf("resume at p=%s: exit %d\nstderr:\n%s", p, r.code, r.stderr)
+		}
+		exactlyOnce(t, committedLines(t, filepath.Join(dir, "out")), append([]string(nil), want...))
+	}
+}
+
 // stopWithSavepoint runs job (checkpointing to dir/chk) in dir, stops it with
 // Ctrl-C after its first completed checkpoint and returns the savepoint.
 func stopWithSavepoint(t *testing.T, dir, job string) string {
@@ -212,14 +226,7 @@ operators:
 	if got := committedLines(t, filepath.Join(dir, "out")); len(got) != 0 {
 		t.Fatalf("counts emitted before the end of the input: %d lines", len(got))
 	}
-	for _, p := range []string{"3", "1"} {
-		must(t, os.RemoveAll(filepath.Join(dir, "out")))
-		r := run(t, dir, "", "run", "--progress", "off", "-p", p, "job.yaml", "--from", sp)
-		if r.code != 0 {
-			t.Fatalf("resume at p=%s: exit %d\nstderr:\n%s", p, r.code, r.stderr)
-		}
-		exactlyOnce(t, committedLines(t, filepath.Join(dir, "out")), append([]string(nil), want...))
-	}
+	resumeExactlyOnce(t, dir, "job.yaml", sp, want, "3", "1")
 }
 
 // TestStopMessages: Ctrl-C on a checkpointed job stops it with a savepoint

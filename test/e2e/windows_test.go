@@ -105,12 +105,5 @@ operators:
 	}
 	sort.Strings(want)
 	sp := stopWithSavepoint(t, dir, "job.yaml")
-	for _, p := range []string{"3", "1"} {
-		must(t, os.RemoveAll(filepath.Join(dir, "out")))
-		r := run(t, dir, "", "run", "--progress", "off", "-p", p, "job.yaml", "--from", sp)
-		if r.code != 0 {
-			t.Fatalf("resume at p=%s: exit %d\nstderr:\n%s", p, r.code, r.stderr)
-		}
-		exactlyOnce(t, committedLines(t, filepath.Join(dir, "out")), append([]string(nil), want...))
-	}
+	resumeExactlyOnce(t, dir, "job.yaml", sp, want, "3", "1")
 }
