@@ -5,7 +5,7 @@
 
 RUST_TARGET_DIR := $(CURDIR)/target/rust
 RUST_WASM_OUT := $(RUST_TARGET_DIR)/wasm32-unknown-unknown/release
-RUST_SDK_SRC := sdk/rust/Cargo.toml $(wildcard sdk/rust/src/*.rs)
+RUST_SDK_SRC := sdk/rust/Cargo.toml $(wildcard sdk/rust/src/*.rs sdk/rust/src/*/*.rs)
 # bulk-memory turns memcpy into memory.copy and simd128 lets LLVM vectorize byte
 # loops: both are Wasm 2.0 core features that wazero enables by default, and
 # together they make the uppercase map ~1.5x faster through the host.

@@ -381,4 +381,8 @@ pub fn fail(msg: &str) -> ! {
 pub mod __rt;
 
 #[cfg(test)]
+mod harness_tests;
+#[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod window_tests;

@@ -230,13 +230,22 @@ impl<T: Operator> Harness<T> {
         }
         let prev = sim::swap(std::mem::take(&mut self.host));
         let op = &mut self.op;
-        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| crate::__rt::run(phase, key, || f(op))));
+        // The output is flushed in the call's phase, so the host sees where it was emitted.
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            crate::__rt::run(phase, key, || {
+                let r = f(op);
+                if r.is_ok() {
+                    emit::flush();
+                }
+                r
+            })
+        }));
         let r = match r {
             Ok(r) => r,
             Err(p) => Err(Error::new(panic_message(p))),
         };
         let r = match r {
-            Ok(()) => std::panic::catch_unwind(emit::flush).map_err(|p| Error::new(panic_message(p))),
+            Ok(()) => Ok(()),
             Err(e) => {
                 emit::discard();
                 if phase == "process" && e.is_rejection() {
