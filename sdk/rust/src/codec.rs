@@ -12,6 +12,22 @@ pub trait Codec {
     fn encode(v: &Self::Item, out: &mut Vec<u8>);
     /// Decodes a whole value; an error says why it is not one.
     fn decode(b: &[u8]) -> Result<Self::Item>;
+
+    /// Decodes into `buf`'s allocation when the type can (a spare buffer
+    /// the typed helpers keep between records); by default [`Codec::decode`].
+    #[inline]
+    fn decode_reusing(b: &[u8], buf: Vec<u8>) -> Result<Self::Item> {
+        let _ = buf;
+        Self::decode(b)
+    }
+
+    /// Gives back the allocation of a value that is done with, for the next
+    /// [`Codec::decode_reusing`]; by default none.
+    #[inline]
+    fn recycle(v: Self::Item) -> Option<Vec<u8>> {
+        let _ = v;
+        None
+    }
 }
 
 /// Raw bytes, unchanged (`Vec<u8>`).
@@ -28,6 +44,16 @@ impl Codec for Bytes {
     fn decode(b: &[u8]) -> Result<Vec<u8>> {
         Ok(b.to_vec())
     }
+    #[inline]
+    fn decode_reusing(b: &[u8], mut buf: Vec<u8>) -> Result<Vec<u8>> {
+        buf.clear();
+        buf.extend_from_slice(b);
+        Ok(buf)
+    }
+    #[inline]
+    fn recycle(v: Vec<u8>) -> Option<Vec<u8>> {
+        Some(v)
+    }
 }
 
 /// UTF-8 text (`String`); decoding fails on invalid UTF-8.
@@ -42,10 +68,35 @@ impl Codec for Str {
     }
     #[inline]
     fn decode(b: &[u8]) -> Result<String> {
-        match core::str::from_utf8(b) {
-            Ok(s) => Ok(s.to_owned()),
-            Err(e) => Err(Error::new(format!("not UTF-8: {}", e))),
-        }
+        check_utf8(b)?;
+        // Valid UTF-8: checked above.
+        Ok(unsafe { String::from_utf8_unchecked(b.to_vec()) })
+    }
+    #[inline]
+    fn decode_reusing(b: &[u8], mut buf: Vec<u8>) -> Result<String> {
+        check_utf8(b)?;
+        buf.clear();
+        buf.extend_from_slice(b);
+        // Valid UTF-8: checked above.
+        Ok(unsafe { String::from_utf8_unchecked(buf) })
+    }
+    #[inline]
+    fn recycle(v: String) -> Option<Vec<u8>> {
+        Some(v.into_bytes())
+    }
+}
+
+/// Checks UTF-8 with a fast path for ASCII: an OR over the bytes, which
+/// LLVM vectorizes (with `simd128`, 16 bytes an instruction); core's
+/// validator decides only when a byte is not ASCII.
+#[inline]
+pub fn check_utf8(b: &[u8]) -> Result<()> {
+    if b.iter().fold(0u8, |a, &c| a | c) < 0x80 {
+        return Ok(());
+    }
+    match core::str::from_utf8(b) {
+        Ok(_) => Ok(()),
+        Err(e) => Err(Error::new(format!("not UTF-8: invalid byte at {}", e.valid_up_to()))),
     }
 }
 

@@ -221,3 +221,28 @@ fn reject_returns_status_reject_with_the_reason() {
     assert_eq!(process_rejecter(&[Record::new(b"", b"ok", 1)]), crate::__rt::OK);
     assert!(reject("x").is_rejection() && !Error::new("x").is_rejection());
 }
+
+#[test]
+fn codecs_round_trip_and_reuse_buffers() {
+    fn rt<C: Codec>(v: C::Item) -> C::Item {
+        let mut b = Vec::new();
+        C::encode(&v, &mut b);
+        C::decode(&b).unwrap()
+    }
+    assert_eq!(rt::<I64>(-5), -5);
+    assert_eq!(rt::<F64>(2.5), 2.5);
+    assert_eq!(rt::<Str>("déjà".into()), "déjà");
+    assert_eq!(rt::<Bytes>(vec![0, 255]), vec![0, 255]);
+    assert!(I64::decode(b"abc").unwrap_err().message().contains("3 bytes, want 8"));
+    let long = "x".repeat(40) + "é" + &"y".repeat(40);
+    assert!(codec::check_utf8(long.as_bytes()).is_ok());
+    let mut bad = long.clone().into_bytes();
+    bad[41] = b'z'; // the second byte of é
+    assert_eq!(Str::decode(&bad).unwrap_err().message(), "not UTF-8: invalid byte at 40");
+    let buf = Vec::with_capacity(64);
+    let p = buf.as_ptr();
+    let s = Str::decode_reusing(b"hello", buf).unwrap();
+    assert_eq!((s.as_str(), s.as_ptr()), ("hello", p), "decoded into the spare buffer");
+    assert_eq!(Str::recycle(s).map(|b| b.as_ptr()), Some(p));
+    assert_eq!(I64::recycle(3), None);
+}

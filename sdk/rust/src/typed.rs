@@ -4,6 +4,13 @@
 //! A value that does not decode is rejected ([`crate::reject`]), so the job
 //! file's `on_error` decides (skip, dead letter, fail).
 //!
+//! The helpers keep one spare allocation between records: the input is
+//! decoded into it ([`Codec::decode_reusing`]) and the output's (or the
+//! input's, for filters) is taken back after encoding ([`Codec::recycle`]).
+//! A function that changes its input in place and returns it
+//! (`|mut s: String| { s.make_ascii_uppercase(); Ok(s) }`) then allocates
+//! nothing per record.
+//!
 //! ```ignore
 //! use streamd::{map_typed, Str};
 //! fn upper(s: String) -> streamd::Result<String> { Ok(s.to_ascii_uppercase()) }
@@ -14,9 +21,20 @@ use crate::codec::Codec;
 use crate::{emit_with, reject, Operator, Record, Result};
 use core::marker::PhantomData;
 
+/// Decodes the record value into the spare allocation `spare`.
 #[inline]
-fn decode<C: Codec>(what: &str, rec: &Record<'_>) -> Result<C::Item> {
-    C::decode(rec.value).map_err(|e| reject(format!("{}: cannot decode the record value: {}", what, e)))
+fn decode<C: Codec>(what: &str, rec: &Record<'_>, spare: &mut Vec<u8>) -> Result<C::Item> {
+    C::decode_reusing(rec.value, core::mem::take(spare)).map_err(|e| reject(format!("{}: cannot decode the record value: {}", what, e)))
+}
+
+/// Keeps `v`'s allocation for the next record.
+#[inline]
+fn keep<C: Codec>(v: C::Item, spare: &mut Vec<u8>) {
+    if let Some(b) = C::recycle(v) {
+        if b.capacity() <= 1 << 20 {
+            *spare = b;
+        }
+    }
 }
 
 /// Emits a record whose value is `v` encoded with `C`, written straight into
@@ -29,19 +47,21 @@ pub fn emit_typed<C: Codec>(key: &[u8], v: &C::Item, timestamp: i64) {
 /// See [`map_typed`].
 pub struct MapTyped<I, O, F> {
     f: F,
+    spare: Vec<u8>,
     _c: PhantomData<fn() -> (I, O)>,
 }
 
 /// Emits `f(value)` for every record (Go `MapOf`).
 pub fn map_typed<I: Codec, O: Codec, F: FnMut(I::Item) -> Result<O::Item>>(f: F) -> MapTyped<I, O, F> {
-    MapTyped { f, _c: PhantomData }
+    MapTyped { f, spare: Vec::new(), _c: PhantomData }
 }
 
 impl<I: Codec, O: Codec, F: FnMut(I::Item) -> Result<O::Item>> Operator for MapTyped<I, O, F> {
     #[inline]
     fn process_element(&mut self, rec: &Record<'_>, _input: u32) -> Result<()> {
-        let out = (self.f)(decode::<I>("map_typed", rec)?)?;
+        let out = (self.f)(decode::<I>("map_typed", rec, &mut self.spare)?)?;
         emit_typed::<O>(rec.key, &out, rec.timestamp);
+        keep::<O>(out, &mut self.spare);
         Ok(())
     }
 }
@@ -49,20 +69,23 @@ impl<I: Codec, O: Codec, F: FnMut(I::Item) -> Result<O::Item>> Operator for MapT
 /// See [`filter_typed`].
 pub struct FilterTyped<C, F> {
     f: F,
+    spare: Vec<u8>,
     _c: PhantomData<fn() -> C>,
 }
 
 /// Emits the records whose decoded value `f` accepts, unchanged (Go `FilterOf`).
 pub fn filter_typed<C: Codec, F: FnMut(&C::Item) -> bool>(f: F) -> FilterTyped<C, F> {
-    FilterTyped { f, _c: PhantomData }
+    FilterTyped { f, spare: Vec::new(), _c: PhantomData }
 }
 
 impl<C: Codec, F: FnMut(&C::Item) -> bool> Operator for FilterTyped<C, F> {
     #[inline]
     fn process_element(&mut self, rec: &Record<'_>, _input: u32) -> Result<()> {
-        if (self.f)(&decode::<C>("filter_typed", rec)?) {
+        let v = decode::<C>("filter_typed", rec, &mut self.spare)?;
+        if (self.f)(&v) {
             crate::emit(rec.key, rec.value, rec.timestamp);
         }
+        keep::<C>(v, &mut self.spare);
         Ok(())
     }
 }
@@ -92,6 +115,7 @@ impl<'a, O: Codec> TypedCollector<'a, O> {
 /// See [`flat_map_typed`].
 pub struct FlatMapTyped<I, O, F> {
     f: F,
+    spare: Vec<u8>,
     _c: PhantomData<fn() -> (I, O)>,
 }
 
@@ -101,7 +125,7 @@ pub fn flat_map_typed<I: Codec, O: Codec, F>(f: F) -> FlatMapTyped<I, O, F>
 where
     F: FnMut(I::Item, &mut TypedCollector<'_, O>) -> Result<()>,
 {
-    FlatMapTyped { f, _c: PhantomData }
+    FlatMapTyped { f, spare: Vec::new(), _c: PhantomData }
 }
 
 impl<I: Codec, O: Codec, F> Operator for FlatMapTyped<I, O, F>
@@ -110,7 +134,7 @@ where
 {
     #[inline]
     fn process_element(&mut self, rec: &Record<'_>, _input: u32) -> Result<()> {
-        let v = decode::<I>("flat_map_typed", rec)?;
+        let v = decode::<I>("flat_map_typed", rec, &mut self.spare)?;
         (self.f)(v, &mut TypedCollector { key: rec.key, ts: rec.timestamp, _c: PhantomData })
     }
 }
@@ -118,6 +142,7 @@ where
 /// See [`process_typed`].
 pub struct ProcessTyped<I, F> {
     f: F,
+    spare: Vec<u8>,
     _c: PhantomData<fn() -> I>,
 }
 
@@ -125,13 +150,13 @@ pub struct ProcessTyped<I, F> {
 /// current key (so it may use keyed state and timers); `f` emits itself
 /// (Go `ProcessOf`).
 pub fn process_typed<I: Codec, F: FnMut(I::Item, &Record<'_>) -> Result<()>>(f: F) -> ProcessTyped<I, F> {
-    ProcessTyped { f, _c: PhantomData }
+    ProcessTyped { f, spare: Vec::new(), _c: PhantomData }
 }
 
 impl<I: Codec, F: FnMut(I::Item, &Record<'_>) -> Result<()>> Operator for ProcessTyped<I, F> {
     #[inline]
     fn process_element(&mut self, rec: &Record<'_>, _input: u32) -> Result<()> {
-        let v = decode::<I>("process_typed", rec)?;
+        let v = decode::<I>("process_typed", rec, &mut self.spare)?;
         (self.f)(v, rec)
     }
 }
