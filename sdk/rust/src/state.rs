@@ -595,3 +595,72 @@ pub(crate) fn read_growing(buf: &mut Vec<u8>, mut get: impl FnMut(*mut u8, usize
         buf.reserve_exact(n);
     }
 }
+
+/// The structured-state imports on the current key, with names of any
+/// lifetime and raw bytes: for tools, conformance tests and state
+/// descriptors of your own. Values come back as the host returns them (a
+/// list entry as a list frame, entries as an entries frame, abi/ABI.md).
+pub mod raw {
+    use super::read_growing;
+    use crate::keyed::with_current;
+    use crate::sys;
+
+    fn opt(found: bool, v: Vec<u8>) -> Option<Vec<u8>> {
+        if found {
+            Some(v)
+        } else {
+            None
+        }
+    }
+
+    /// `mstate_get(name, current key, ns, ukey)`.
+    pub fn get(name: &str, ns: &[u8], ukey: &[u8]) -> Option<Vec<u8>> {
+        let mut v = Vec::new();
+        let found = with_current(&format_args!("state {:?}", name), |k| read_growing(&mut v, |p, c| sys::mstate_get(name.as_bytes(), k, ns, ukey, p, c)));
+        opt(found, v)
+    }
+
+    /// `mstate_entries(name, current key, ns)`: the entries frame.
+    pub fn entries(name: &str, ns: &[u8]) -> Option<Vec<u8>> {
+        let mut v = Vec::new();
+        let found = with_current(&format_args!("state {:?}", name), |k| read_growing(&mut v, |p, c| sys::mstate_entries(name.as_bytes(), k, ns, p, c)));
+        opt(found, v)
+    }
+
+    /// `mstate_put`.
+    pub fn put(name: &str, ns: &[u8], ukey: &[u8], value: &[u8]) {
+        with_current(&format_args!("state {:?}", name), |k| sys::mstate_put(name.as_bytes(), k, ns, ukey, value))
+    }
+
+    /// `mstate_append`.
+    pub fn append(name: &str, ns: &[u8], ukey: &[u8], value: &[u8]) {
+        with_current(&format_args!("state {:?}", name), |k| sys::mstate_append(name.as_bytes(), k, ns, ukey, value))
+    }
+
+    /// `mstate_remove`.
+    pub fn remove(name: &str, ns: &[u8], ukey: &[u8]) {
+        with_current(&format_args!("state {:?}", name), |k| sys::mstate_remove(name.as_bytes(), k, ns, ukey))
+    }
+
+    /// `mstate_clear`.
+    pub fn clear(name: &str, ns: &[u8]) {
+        with_current(&format_args!("state {:?}", name), |k| sys::mstate_clear(name.as_bytes(), k, ns))
+    }
+
+    /// `state_ttl(name, ttl_ms, flags)` as is (the host allows it in open only).
+    pub fn set_ttl(name: &str, ttl_ms: i64, flags: i32) {
+        sys::state_ttl(name.as_bytes(), ttl_ms, flags)
+    }
+
+    /// The ABI v1 `state_get(name, current key)`.
+    pub fn v1_get(name: &str) -> Option<Vec<u8>> {
+        let mut v = Vec::new();
+        let found = with_current(&format_args!("state {:?}", name), |k| read_growing(&mut v, |p, c| sys::state_get(name.as_bytes(), k, p, c)));
+        opt(found, v)
+    }
+
+    /// The ABI v1 `state_put(name, current key, value)`.
+    pub fn v1_put(name: &str, value: &[u8]) {
+        with_current(&format_args!("state {:?}", name), |k| sys::state_put(name.as_bytes(), k, value))
+    }
+}

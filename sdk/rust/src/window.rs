@@ -112,11 +112,43 @@ enum Kind {
     Session { gap: i64 },
 }
 
+/// The timer and clock imports of a time domain, reached through pointers
+/// that only the assigner's constructors set: a module with event-time windows
+/// only does not import the processing-time ones, and the other way round.
+struct Clock {
+    register: fn(i64),
+    delete: fn(i64),
+    now: fn() -> i64,
+}
+
+fn no_clock() -> i64 {
+    i64::MIN
+}
+
+const EVENT: Clock = Clock { register: crate::timer::register_event_time, delete: crate::timer::delete_event_time, now: no_clock };
+const PROCESSING: Clock =
+    Clock { register: crate::timer::register_processing_time, delete: crate::timer::delete_processing_time, now: crate::current_processing_time };
+
 /// Assigns records to windows (Flink's `WindowAssigner`s). Durations in ms.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy)]
 pub struct WindowAssigner {
     kind: Kind,
     domain: TimeDomain,
+    clock: &'static Clock,
+}
+
+impl PartialEq for WindowAssigner {
+    fn eq(&self, o: &WindowAssigner) -> bool {
+        self.kind == o.kind && self.domain == o.domain
+    }
+}
+
+impl Eq for WindowAssigner {}
+
+impl core::fmt::Debug for WindowAssigner {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        write!(f, "WindowAssigner({:?}, {:?})", self.kind, self.domain)
+    }
 }
 
 fn positive(what: &str, v: i64) {
@@ -127,56 +159,62 @@ impl WindowAssigner {
     /// Tumbling event-time windows of `size` ms, shifted by `offset` ms
     /// (`TumblingEventTimeWindows.of(size, offset)`).
     pub fn tumbling_event_time(size: i64, offset: i64) -> WindowAssigner {
-        Self::tumbling(size, offset, TimeDomain::EventTime)
+        Self::tumbling(size, offset, TimeDomain::EventTime).with_clock(&EVENT)
     }
 
     /// Sliding event-time windows of `size` ms every `slide` ms.
     pub fn sliding_event_time(size: i64, slide: i64) -> WindowAssigner {
-        Self::sliding(size, slide, 0, TimeDomain::EventTime)
+        Self::sliding(size, slide, 0, TimeDomain::EventTime).with_clock(&EVENT)
     }
 
     /// Event-time session windows: a session closes after `gap` ms without records.
     pub fn event_time_session(gap: i64) -> WindowAssigner {
         positive("gap", gap);
-        WindowAssigner { kind: Kind::Session { gap }, domain: TimeDomain::EventTime }
+        WindowAssigner { kind: Kind::Session { gap }, domain: TimeDomain::EventTime, clock: &EVENT }
     }
 
     /// Tumbling processing-time windows of `size` ms, shifted by `offset` ms.
     pub fn tumbling_processing_time(size: i64, offset: i64) -> WindowAssigner {
-        Self::tumbling(size, offset, TimeDomain::ProcessingTime)
+        Self::tumbling(size, offset, TimeDomain::ProcessingTime).with_clock(&PROCESSING)
     }
 
     /// Sliding processing-time windows of `size` ms every `slide` ms.
     pub fn sliding_processing_time(size: i64, slide: i64) -> WindowAssigner {
-        Self::sliding(size, slide, 0, TimeDomain::ProcessingTime)
+        Self::sliding(size, slide, 0, TimeDomain::ProcessingTime).with_clock(&PROCESSING)
     }
 
     /// Processing-time session windows with `gap` ms.
     pub fn processing_time_session(gap: i64) -> WindowAssigner {
         positive("gap", gap);
-        WindowAssigner { kind: Kind::Session { gap }, domain: TimeDomain::ProcessingTime }
+        WindowAssigner { kind: Kind::Session { gap }, domain: TimeDomain::ProcessingTime, clock: &PROCESSING }
     }
 
     /// The same sliding assigner with its windows shifted by `offset` ms.
     pub fn with_offset(self, offset: i64) -> WindowAssigner {
-        match self.kind {
+        let a = match self.kind {
             Kind::Tumbling { size, .. } => Self::tumbling(size, offset, self.domain),
             Kind::Sliding { size, slide, .. } => Self::sliding(size, slide, offset, self.domain),
             Kind::Session { .. } => panic!("window assigner: session windows have no offset"),
-        }
+        };
+        a.with_clock(self.clock)
+    }
+
+    fn with_clock(mut self, c: &'static Clock) -> WindowAssigner {
+        self.clock = c;
+        self
     }
 
     fn tumbling(size: i64, offset: i64, domain: TimeDomain) -> WindowAssigner {
         positive("size", size);
         assert!(offset.abs() < size, "window assigner: offset {} ms must be smaller than the size {} ms", offset, size);
-        WindowAssigner { kind: Kind::Tumbling { size, offset }, domain }
+        WindowAssigner { kind: Kind::Tumbling { size, offset }, domain, clock: &EVENT }
     }
 
     fn sliding(size: i64, slide: i64, offset: i64, domain: TimeDomain) -> WindowAssigner {
         positive("size", size);
         positive("slide", slide);
         assert!(offset.abs() < slide, "window assigner: offset {} ms must be smaller than the slide {} ms", offset, slide);
-        WindowAssigner { kind: Kind::Sliding { size, slide, offset }, domain }
+        WindowAssigner { kind: Kind::Sliding { size, slide, offset }, domain, clock: &EVENT }
     }
 
     /// Event or processing time.
@@ -468,7 +506,7 @@ where
 pub struct Windows<C: Codec> {
     assigner: WindowAssigner,
     lateness: i64,
-    late_output: Option<String>,
+    late_output: Option<(String, EmitTo)>,
     _c: PhantomData<fn() -> C>,
 }
 
@@ -489,7 +527,8 @@ impl<C: Codec> Windows<C> {
     /// Sends late records, unchanged, to side output `name` (Flink's
     /// `sideOutputLateData`; a job file reads it as `OP.name`).
     pub fn late_output(mut self, name: &str) -> Self {
-        self.late_output = Some(name.to_string());
+        // Through a pointer: a module without late output does not import emit_to.
+        self.late_output = Some((name.to_string(), emit_to as EmitTo));
         self
     }
 
@@ -540,12 +579,14 @@ impl<C: Codec> Windows<C> {
     }
 }
 
+type EmitTo = fn(&str, &[u8], &[u8], i64);
+
 /// A keyed window operator (Flink's `WindowOperator` with the default
 /// trigger); build one with [`Windows`].
 pub struct WindowOperator<W> {
     assigner: WindowAssigner,
     lateness: i64,
-    late_output: Option<String>,
+    late_output: Option<(String, EmitTo)>,
     late_dropped: u64,
     func: W,
 }
@@ -578,19 +619,11 @@ impl<W: WindowFunction> WindowOperator<W> {
     }
 
     fn register(&self, ts: i64) {
-        if self.event_time() {
-            crate::timer::register_event_time(ts)
-        } else {
-            crate::timer::register_processing_time(ts)
-        }
+        (self.assigner.clock.register)(ts)
     }
 
     fn delete(&self, ts: i64) {
-        if self.event_time() {
-            crate::timer::delete_event_time(ts)
-        } else {
-            crate::timer::delete_processing_time(ts)
-        }
+        (self.assigner.clock.delete)(ts)
     }
 
     /// Registers the firing and cleanup timers of `w`; fires it now when the
@@ -610,7 +643,7 @@ impl<W: WindowFunction> WindowOperator<W> {
 
     fn late(&mut self, rec: &Record<'_>) {
         match &self.late_output {
-            Some(name) => emit_to(name, rec.key, rec.value, rec.timestamp),
+            Some((name, emit_to)) => emit_to(name, rec.key, rec.value, rec.timestamp),
             None => self.late_dropped += 1,
         }
     }
@@ -720,7 +753,7 @@ impl<W: WindowFunction> Operator for WindowOperator<W> {
             }
             rec.timestamp
         } else {
-            crate::current_processing_time()
+            (self.assigner.clock.now)()
         };
         let e = self.func.prepare(rec.value).map_err(|e| reject(format!("window: cannot decode the record value: {}", e)))?;
         let wm = if self.event_time() { crate::current_watermark() } else { i64::MIN };
