@@ -189,7 +189,7 @@ impl WindowAssigner {
         WindowAssigner { kind: Kind::Session { gap }, domain: TimeDomain::ProcessingTime, clock: &PROCESSING }
     }
 
-    /// The same sliding assigner with its windows shifted by `offset` ms.
+    /// The same tumbling or sliding assigner with its windows shifted by `offset` ms.
     pub fn with_offset(self, offset: i64) -> WindowAssigner {
         let a = match self.kind {
             Kind::Tumbling { size, .. } => Self::tumbling(size, offset, self.domain),
@@ -595,6 +595,17 @@ fn sessions() -> MapState<Bytes, Bytes> {
     MapState::new(SESSIONS)
 }
 
+/// The current key's session windows, each with the namespace of its contents.
+fn session_windows(set: &MapState<Bytes, Bytes>) -> Vec<(TimeWindow, Vec<u8>)> {
+    let mut all = Vec::new();
+    set.for_each_raw(|k, v| {
+        if let Some(w) = TimeWindow::from_namespace(k) {
+            all.push((w, v.to_vec()))
+        }
+    });
+    all
+}
+
 impl<W: WindowFunction> WindowOperator<W> {
     /// How many late records this subtask dropped (no late output set).
     pub fn late_dropped(&self) -> u64 {
@@ -651,12 +662,7 @@ impl<W: WindowFunction> WindowOperator<W> {
     fn add_merging(&mut self, rec: &Record<'_>, ts: i64, wm: i64, e: &W::Elem) -> Result<()> {
         let new = self.assigner.assign(ts)[0];
         let set = sessions();
-        let mut all: Vec<(TimeWindow, Vec<u8>)> = Vec::new();
-        set.for_each_raw(|k, v| {
-            if let Some(w) = TimeWindow::from_namespace(k) {
-                all.push((w, v.to_vec()))
-            }
-        });
+        let mut all = session_windows(&set);
         let mut merged = new;
         let mut absorbed: Vec<(TimeWindow, Vec<u8>)> = Vec::new();
         loop {
@@ -712,13 +718,7 @@ impl<W: WindowFunction> WindowOperator<W> {
     fn on_time(&mut self, ts: i64, key: &[u8]) -> Result<()> {
         if self.assigner.is_merging() {
             let set = sessions();
-            let mut all: Vec<(TimeWindow, Vec<u8>)> = Vec::new();
-            set.for_each_raw(|k, v| {
-                if let Some(w) = TimeWindow::from_namespace(k) {
-                    all.push((w, v.to_vec()))
-                }
-            });
-            for (w, ns) in all {
+            for (w, ns) in session_windows(&set) {
                 if w.max_timestamp() == ts {
                     self.func.fire(key, w, &ns)?;
                 }

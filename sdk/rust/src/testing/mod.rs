@@ -142,7 +142,6 @@ pub struct Snapshot {
     pub parallelism: u32,
     legacy: Vec<((Vec<u8>, Vec<u8>), Vec<u8>)>,
     entries: Vec<(EntryKey, Entry)>,
-    ttl: Vec<(Vec<u8>, (i64, bool))>,
     etimers: Vec<(i64, Vec<u8>)>,
     ptimers: Vec<(i64, Vec<u8>)>,
     /// Operator list state: name, mode, entries.
@@ -432,7 +431,6 @@ impl<T: Operator> Harness<T> {
             parallelism: self.opts.parallelism,
             legacy: h.legacy.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
             entries: h.entries.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
-            ttl: h.ttl.iter().map(|(k, v)| (k.clone(), *v)).collect(),
             etimers: h.etimers.iter().cloned().collect(),
             ptimers: h.ptimers.iter().cloned().collect(),
             lists,
@@ -561,15 +559,11 @@ fn restore_into(h: &mut SimHost, opts: &Options) {
                 _ => l.extend(vals.iter().cloned()),
             }
         }
-        for (n, t) in &s.ttl {
-            h.ttl.insert(n.clone(), *t);
-        }
     }
     h.legacy.extend(legacy);
     h.entries.extend(entries);
     h.etimers.extend(et);
     h.ptimers.extend(pt);
     h.lists_restored = lists;
-    // TTL settings come from the new run's open; expiries stay with the entries.
-    h.ttl.clear();
+    // TTL settings come from the new run's open (state_ttl); expiries stay with the entries.
 }
