@@ -517,3 +517,49 @@ fn a_panic_becomes_the_failure_message() {
     let e = h.process_element(&rec("k", "v", 0), 0).unwrap_err();
     assert_eq!(e.message(), "panicked: boom 42");
 }
+
+#[test]
+fn a_rejection_undoes_the_batch_state_and_timers() {
+    struct Op;
+    impl Operator for Op {
+        fn process_element(&mut self, rec: &Record<'_>, _: u32) -> Result<()> {
+            COUNT.set(&(COUNT.get().unwrap_or(0) + 1));
+            SEEN.add(&"x".to_string());
+            BY_VALUE.clear();
+            timer::register_event_time(5);
+            timer::delete_processing_time(7);
+            emit(rec.key, b"out", 0);
+            if rec.value == b"bad" {
+                return Err(reject("bad record"));
+            }
+            BY_VALUE.put(&"v".to_string(), &1);
+            Ok(())
+        }
+    }
+    let mut h = Harness::new(Op, Options::default());
+    h.open().unwrap();
+    h.process_element(&rec("k", "ok", 1), 0).unwrap();
+    h.process_element(&rec("k", "ptimer", 1), 0).unwrap();
+    let before = (h.keyed_state_len(), h.event_timers(), h.output().len());
+    let e = h.process_element(&rec("k", "bad", 3), 0).unwrap_err();
+    assert!(e.is_rejection());
+    assert_eq!((h.keyed_state_len(), h.event_timers(), h.output().len()), before, "nothing of the rejected call stays");
+    let e = h.process_batch(&[rec("k", "ok", 2), rec("k", "bad", 3)], 0).unwrap_err();
+    assert!(e.is_rejection());
+    assert_eq!(h.output().len(), before.2 + 1, "only the good record's output stays");
+    assert_eq!(h.rejections(), &["bad record".to_string(), "bad record".to_string()]);
+    h.process_element(&rec("k", "ok", 4), 0).unwrap();
+    assert_eq!(h.output().last().unwrap().value, b"out");
+    struct Show;
+    impl Operator for Show {
+        fn process_element(&mut self, rec: &Record<'_>, _: u32) -> Result<()> {
+            emit(rec.key, format!("{:?} {}", COUNT.get(), SEEN.get().len()).as_bytes(), 0);
+            Ok(())
+        }
+    }
+    let snap = h.snapshot(1).unwrap();
+    let mut s = Harness::new(Show, Options { restore: vec![snap], ..Options::default() });
+    s.open().unwrap();
+    s.process_element(&rec("k", "", 0), 0).unwrap();
+    assert_eq!(s.output()[0].value, b"Some(4) 4", "the batch's good record is replayed alone");
+}

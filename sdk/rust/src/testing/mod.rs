@@ -227,6 +227,7 @@ impl<T: Operator> Harness<T> {
         if !self.opened && phase != "open" {
             return Err(Error::new(format!("harness: {} before open", phase)));
         }
+        self.host.journal = if phase == "process" { Some(Vec::new()) } else { None };
         let prev = sim::swap(std::mem::take(&mut self.host));
         let op = &mut self.op;
         // The output is flushed in the call's phase, so the host sees where it was emitted.
@@ -254,6 +255,11 @@ impl<T: Operator> Harness<T> {
             }
         };
         self.host = sim::swap(prev);
+        if let Some(j) = self.host.journal.take() {
+            if matches!(&r, Err(e) if e.is_rejection()) {
+                self.host.undo(j); // the host replays the batch without the record
+            }
+        }
         for f in std::mem::take(&mut self.host.frames) {
             for (key, value, timestamp) in decode_batch_owned(&f).expect("harness: the SDK emitted a malformed frame") {
                 self.output.push(OwnedRecord { key, value, timestamp });
@@ -307,7 +313,10 @@ impl<T: Operator> Harness<T> {
         self.process_batch(core::slice::from_ref(rec), input)
     }
 
-    /// A batch of records of input `input`.
+    /// A batch of records of input `input`. When a record is rejected, the
+    /// batch is undone (output, keyed state, timers) and its records run one
+    /// by one, as the host replays it without the rejected record; the first
+    /// rejection is returned.
     pub fn process_batch(&mut self, recs: &[Record<'_>], input: u32) -> Result<()> {
         self.check_input(input)?;
         if self.host.finished {
@@ -325,7 +334,25 @@ impl<T: Operator> Harness<T> {
         }
         let frame = encode_batch(recs);
         let batch = Batch::parse(&frame).expect("harness: encode_batch made a valid frame");
-        self.call("process", None, |op| op.process_batch(&batch, input))
+        match self.call("process", None, |op| op.process_batch(&batch, input)) {
+            Err(e) if e.is_rejection() && recs.len() > 1 => {
+                // As the host: the batch is undone, then each record runs alone, so
+                // only the rejected ones are left out. The first rejection is returned.
+                self.host.rejects.pop();
+                let mut first = None;
+                for r in recs {
+                    match self.process_batch(core::slice::from_ref(r), input) {
+                        Err(e) if e.is_rejection() => {
+                            first.get_or_insert(e);
+                        }
+                        Err(e) => return Err(e),
+                        Ok(()) => {}
+                    }
+                }
+                first.map_or(Ok(()), Err)
+            }
+            r => r,
+        }
     }
 
     /// The watermark of every input advances to `ts`: due event-time timers

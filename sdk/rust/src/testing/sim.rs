@@ -25,6 +25,15 @@ pub(crate) enum Entry {
 /// (state name, key, namespace, user key).
 pub(crate) type EntryKey = (Vec<u8>, Vec<u8>, Vec<u8>, Vec<u8>);
 
+/// What a keyed write replaced, to undo a rejected batch as the host does.
+#[derive(Debug)]
+pub(crate) enum Undo {
+    Legacy((Vec<u8>, Vec<u8>), Option<Vec<u8>>),
+    Entry(EntryKey, Option<Entry>),
+    ETimer((i64, Vec<u8>), bool),
+    PTimer((i64, Vec<u8>), bool),
+}
+
 /// Everything the simulated host holds for one subtask.
 #[derive(Debug)]
 pub struct SimHost {
@@ -51,6 +60,8 @@ pub struct SimHost {
     pub(crate) rejects: Vec<String>,
     pub(crate) finished: bool,
     pub(crate) pending_failure: Option<String>,
+    /// Set during a process call: the keyed changes to undo on a rejection.
+    pub(crate) journal: Option<Vec<Undo>>,
 }
 
 impl Default for SimHost {
@@ -78,6 +89,7 @@ impl Default for SimHost {
             rejects: Vec::new(),
             finished: false,
             pending_failure: None,
+            journal: None,
         }
     }
 }
@@ -115,6 +127,56 @@ impl SimHost {
     fn fail(&mut self, msg: String) {
         if self.pending_failure.is_none() {
             self.pending_failure = Some(msg);
+        }
+    }
+
+    fn note_legacy(&mut self, k: &(Vec<u8>, Vec<u8>)) {
+        if self.journal.is_some() {
+            let prev = self.legacy.get(k).cloned();
+            self.journal.as_mut().unwrap().push(Undo::Legacy(k.clone(), prev));
+        }
+    }
+
+    fn note_entry(&mut self, k: &EntryKey) {
+        if self.journal.is_some() {
+            let prev = self.entries.get(k).cloned();
+            self.journal.as_mut().unwrap().push(Undo::Entry(k.clone(), prev));
+        }
+    }
+
+    fn note_timer(&mut self, processing: bool, t: &(i64, Vec<u8>)) {
+        if self.journal.is_some() {
+            let u = if processing { Undo::PTimer(t.clone(), self.ptimers.contains(t)) } else { Undo::ETimer(t.clone(), self.etimers.contains(t)) };
+            self.journal.as_mut().unwrap().push(u);
+        }
+    }
+
+    /// Undoes the journaled changes, newest first.
+    pub(crate) fn undo(&mut self, journal: Vec<Undo>) {
+        fn set<K: Ord, V>(m: &mut BTreeMap<K, V>, k: K, v: Option<V>) {
+            match v {
+                Some(v) => {
+                    m.insert(k, v);
+                }
+                None => {
+                    m.remove(&k);
+                }
+            }
+        }
+        fn mark<T: Ord>(s: &mut BTreeSet<T>, t: T, present: bool) {
+            if present {
+                s.insert(t);
+            } else {
+                s.remove(&t);
+            }
+        }
+        for u in journal.into_iter().rev() {
+            match u {
+                Undo::Legacy(k, v) => set(&mut self.legacy, k, v),
+                Undo::Entry(k, v) => set(&mut self.entries, k, v),
+                Undo::ETimer(t, p) => mark(&mut self.etimers, t, p),
+                Undo::PTimer(t, p) => mark(&mut self.ptimers, t, p),
+            }
         }
     }
 
@@ -186,12 +248,16 @@ impl SimHost {
     }
     pub(crate) fn state_put(&mut self, name: &[u8], key: &[u8], value: &[u8]) {
         if self.v1_name_ok(name) && self.writes_allowed("state_put") && self.key_ok(&format!("state {:?}", s(name)), key) {
-            self.legacy.insert((name.to_vec(), key.to_vec()), value.to_vec());
+            let k = (name.to_vec(), key.to_vec());
+            self.note_legacy(&k);
+            self.legacy.insert(k, value.to_vec());
         }
     }
     pub(crate) fn state_delete(&mut self, name: &[u8], key: &[u8]) {
         if self.v1_name_ok(name) && self.writes_allowed("state_delete") && self.key_ok(&format!("state {:?}", s(name)), key) {
-            self.legacy.remove(&(name.to_vec(), key.to_vec()));
+            let k = (name.to_vec(), key.to_vec());
+            self.note_legacy(&k);
+            self.legacy.remove(&k);
         }
     }
     pub(crate) fn list_state_add(&mut self, name: &[u8], mode: i32, value: &[u8]) {
@@ -210,22 +276,30 @@ impl SimHost {
     }
     pub(crate) fn timer_register(&mut self, key: &[u8], ts: i64) {
         if self.writes_allowed("timer_register") && self.key_ok("timer_register", key) {
-            self.etimers.insert((ts, key.to_vec()));
+            let t = (ts, key.to_vec());
+            self.note_timer(false, &t);
+            self.etimers.insert(t);
         }
     }
     pub(crate) fn timer_delete(&mut self, key: &[u8], ts: i64) {
         if self.writes_allowed("timer_delete") && self.key_ok("timer_delete", key) {
-            self.etimers.remove(&(ts, key.to_vec()));
+            let t = (ts, key.to_vec());
+            self.note_timer(false, &t);
+            self.etimers.remove(&t);
         }
     }
     pub(crate) fn ptimer_register(&mut self, key: &[u8], ts: i64) {
         if self.writes_allowed("ptimer_register") && self.key_ok("ptimer_register", key) {
-            self.ptimers.insert((ts, key.to_vec()));
+            let t = (ts, key.to_vec());
+            self.note_timer(true, &t);
+            self.ptimers.insert(t);
         }
     }
     pub(crate) fn ptimer_delete(&mut self, key: &[u8], ts: i64) {
         if self.writes_allowed("ptimer_delete") && self.key_ok("ptimer_delete", key) {
-            self.ptimers.remove(&(ts, key.to_vec()));
+            let t = (ts, key.to_vec());
+            self.note_timer(true, &t);
+            self.ptimers.remove(&t);
         }
     }
     pub(crate) fn current_watermark(&mut self) -> i64 {
@@ -279,6 +353,10 @@ impl SimHost {
     fn read_entry(&mut self, k: &EntryKey) -> Option<Vec<u8>> {
         let now = self.now;
         let refresh = self.refresh_on_read(&k.0);
+        if !self.entries.contains_key(k) {
+            return None;
+        }
+        self.note_entry(k); // reads refresh expiries and drop expired elements
         let e = self.entries.get_mut(k)?;
         let out = match e {
             Entry::Value(v, exp) => {
@@ -327,7 +405,9 @@ impl SimHost {
     pub(crate) fn mstate_put(&mut self, name: &[u8], key: &[u8], ns: &[u8], ukey: &[u8], value: &[u8]) {
         if self.structured_ok("mstate_put", name, key, true) {
             let exp = self.expiry(name);
-            self.entries.insert(Self::ekey(name, key, ns, ukey), Entry::Value(value.to_vec(), exp));
+            let k = Self::ekey(name, key, ns, ukey);
+            self.note_entry(&k);
+            self.entries.insert(k, Entry::Value(value.to_vec(), exp));
         }
     }
     pub(crate) fn mstate_append(&mut self, name: &[u8], key: &[u8], ns: &[u8], ukey: &[u8], value: &[u8]) {
@@ -336,6 +416,7 @@ impl SimHost {
         }
         let (exp, now) = (self.expiry(name), self.now);
         let k = Self::ekey(name, key, ns, ukey);
+        self.note_entry(&k);
         match self.entries.get_mut(&k) {
             Some(Entry::Value(_, e)) if *e > now => self.fail(format!("state {}: entry is a value, not a list", s(name))),
             Some(Entry::List(els)) => els.push((value.to_vec(), exp)),
@@ -346,7 +427,9 @@ impl SimHost {
     }
     pub(crate) fn mstate_remove(&mut self, name: &[u8], key: &[u8], ns: &[u8], ukey: &[u8]) {
         if self.structured_ok("mstate_remove", name, key, true) {
-            self.entries.remove(&Self::ekey(name, key, ns, ukey));
+            let k = Self::ekey(name, key, ns, ukey);
+            self.note_entry(&k);
+            self.entries.remove(&k);
         }
     }
     fn prefix(&self, name: &[u8], key: &[u8], ns: &[u8]) -> Vec<EntryKey> {
@@ -381,6 +464,7 @@ impl SimHost {
     pub(crate) fn mstate_clear(&mut self, name: &[u8], key: &[u8], ns: &[u8]) {
         if self.structured_ok("mstate_clear", name, key, true) {
             for k in self.prefix(name, key, ns) {
+                self.note_entry(&k);
                 self.entries.remove(&k);
             }
         }
