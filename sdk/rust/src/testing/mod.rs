@@ -97,7 +97,8 @@ pub struct Options {
     /// Whether `current_processing_time` is allowed (job file `allow_clock`).
     /// Processing-time timers and TTL work without it.
     pub allow_clock: bool,
-    /// The processing time at the start (ms).
+    /// The processing time at the start (ms); after a restore at least the
+    /// latest snapshot's.
     pub processing_time: i64,
     /// Snapshots of the subtasks of an earlier run to restore from (all of
     /// them, at any parallelism): this subtask takes the keyed state and
@@ -140,6 +141,9 @@ pub struct Snapshot {
     pub subtask: u32,
     /// Its parallelism.
     pub parallelism: u32,
+    /// The harness's processing time when it was taken; a restore starts at
+    /// least there (TTL expiries and processing-time timers are on that clock).
+    pub processing_time: i64,
     legacy: Vec<((Vec<u8>, Vec<u8>), Vec<u8>)>,
     entries: Vec<(EntryKey, Entry)>,
     etimers: Vec<(i64, Vec<u8>)>,
@@ -456,6 +460,7 @@ impl<T: Operator> Harness<T> {
             checkpoint_id,
             subtask: self.opts.subtask,
             parallelism: self.opts.parallelism,
+            processing_time: h.now,
             legacy: h.legacy.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
             entries: h.entries.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
             etimers: h.etimers.iter().cloned().collect(),
@@ -566,6 +571,7 @@ fn restore_into(h: &mut SimHost, opts: &Options) {
     let mut snaps: Vec<&Snapshot> = opts.restore.iter().collect();
     snaps.sort_by_key(|s| s.subtask);
     for (si, s) in snaps.iter().enumerate() {
+        h.now = h.now.max(s.processing_time);
         legacy.extend(s.legacy.iter().filter(|((_, k), _)| mine(k)).cloned());
         entries.extend(s.entries.iter().filter(|(k, _)| mine(&k.1)).cloned());
         et.extend(s.etimers.iter().filter(|(_, k)| mine(k)).cloned());
