@@ -360,7 +360,10 @@ pub fn current_processing_time() -> i64 {
 
 /// Sends watermark `ts` downstream. From the first call on the operator's
 /// output watermark is its own: the host stops forwarding its input
-/// watermark. A watermark not above the last one emitted is ignored.
+/// watermark. A watermark not above the last one emitted is ignored. Allowed
+/// in `open`, `process_element`, `on_watermark`, `on_timer`,
+/// `on_processing_time` and `end_input`; after all inputs end the host still
+/// sends MAX after `finish`.
 pub fn emit_watermark(ts: i64) {
     emit::flush(); // records before the watermark stay before it
     sys::emit_watermark(ts)

@@ -314,7 +314,8 @@ impl SimHost {
     }
     pub(crate) fn emit_watermark(&mut self, ts: i64) {
         let p = phase();
-        if matches!(p, "snapshot_state" | "notify_checkpoint_complete" | "close") {
+        // SPEC14: open, process, on_watermark, on_timer, on_processing_time, end_input.
+        if matches!(p, "finish" | "snapshot_state" | "notify_checkpoint_complete" | "close") {
             return self.fail(format!("emit_watermark is not allowed in {}", p));
         }
         self.own_watermarks = true;
