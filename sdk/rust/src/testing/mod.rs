@@ -401,9 +401,10 @@ impl<T: Operator> Harness<T> {
         Ok(())
     }
 
-    /// Processing time advances to `ts` (it never goes back): due
-    /// processing-time timers fire (`on_processing_time`, in (ts, key) order,
-    /// also those they register at or below `ts`), and TTL'd state expires.
+    /// Processing time advances to `ts` (it never goes back; the same `ts`
+    /// again is allowed): due processing-time timers fire
+    /// (`on_processing_time`, in (ts, key) order; those registered meanwhile
+    /// wait for the next call, as on the host), and TTL'd state expires.
     pub fn set_processing_time(&mut self, ts: i64) -> Result<()> {
         if ts < self.host.now {
             return Err(Error::new(format!("harness: processing time {} before the current {}", ts, self.host.now)));
@@ -412,15 +413,16 @@ impl<T: Operator> Harness<T> {
         if self.host.finished || !self.opened {
             return Ok(());
         }
-        loop {
-            let t = match self.host.ptimers.iter().next() {
-                Some(t) if t.0 <= ts => t.clone(),
-                _ => return Ok(()),
-            };
-            self.host.ptimers.remove(&t);
+        // As the host: timers registered while these fire wait for the next call, even if due.
+        let due: Vec<(i64, Vec<u8>)> = self.host.ptimers.iter().take_while(|(t, _)| *t <= ts).cloned().collect();
+        for t in due {
+            if !self.host.ptimers.remove(&t) {
+                continue; // deleted by an earlier on_processing_time
+            }
             let (tts, key) = t;
             self.call("on_processing_time", Some(&key), |op| op.on_processing_time(tts, &key))?;
         }
+        Ok(())
     }
 
     /// Input `input` ended (end of data with drain).
