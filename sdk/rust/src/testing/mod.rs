@@ -19,6 +19,7 @@
 //! simulated host in for the call), so several harnesses in one test (e.g.
 //! a job rescaled from 2 subtasks to 3) work.
 
+#[doc(hidden)]
 pub mod sim;
 
 use crate::frame::{decode_batch_owned, encode_batch};
