@@ -52,6 +52,7 @@ func (e *Engine) instantiateHostModule(ctx context.Context) (api.Module, error) 
 	add(abi.ImportLog, hostLog, []api.ValueType{i32, i32, i32}, nil, "level", "msg_ptr", "msg_len")
 	add(abi.ImportFail, hostFail, []api.ValueType{i32, i32}, nil, "msg_ptr", "msg_len")
 	add(abi.ImportReject, hostReject, []api.ValueType{i32, i32}, nil, "msg_ptr", "msg_len")
+	addWatermarkImports(add)
 	return b.Instantiate(ctx)
 }
 
@@ -65,7 +66,7 @@ func (e *Engine) callOutsideSubtask(name string, mod api.Module, stack []uint64)
 			e.cfg.logger.Log(context.Background(), logLevel(int32(stack[0])), string(msg), "module", mod.Name())
 		}
 		return
-	case abi.ImportCurrentWatermark:
+	case abi.ImportCurrentWatermark, abi.ImportInputWatermark:
 		stack[0] = api.EncodeI64(abi.MinWatermark)
 		return
 	case abi.ImportFail:

@@ -31,7 +31,17 @@ type task struct {
 	stats   *opStats
 	gate    *dataplane.InputGate      // nil for sources
 	nData   int                       // data channels of the gate; the mailbox is channel nData
-	writers []*dataplane.RecordWriter // one per output edge
+	writers []*dataplane.RecordWriter // one per output edge, main and side outputs
+	// Side outputs (sideout.go): main are the writers of the main output
+	// (emit), side those of each side output (emit_to).
+	main []*dataplane.RecordWriter
+	side map[string][]*dataplane.RecordWriter
+	// Output watermark (sideout.go): outWM is the last watermark sent
+	// downstream; ownWM: the operator called emit_watermark, so its
+	// output watermark is its own; outIdle: it told its outputs it is idle.
+	outWM   int64
+	ownWM   bool
+	outIdle bool
 	op      NativeOperator            // operators and sinks
 	cp      checkpointer              // op's checkpoint side
 	// newSource creates the source of a source subtask, resuming at pos.
@@ -112,7 +122,7 @@ func (t *task) emitRecords(recs []abi.Record) {
 	} else {
 		t.om.RecordsOut(t.ctx, len(recs))
 	}
-	for _, w := range t.writers {
+	for _, w := range t.main {
 		if err := w.EmitBatch(t.ctx, recs); err != nil {
 			t.emitErr = err
 			return
@@ -297,11 +307,15 @@ func (t *task) perform(a control.SubtaskAction) error {
 		if err := t.call(string(abi.PhaseWatermark), t.op.AdvanceWatermark(t.ctx, x.TS, t.emit)); err != nil {
 			return err
 		}
-		if err := t.broadcast(dataplane.WatermarkEvent(x.TS)); err != nil {
+		if t.ownWM {
+			return nil // the operator's output watermark is its own (emit_watermark)
+		}
+		if err := t.sendWatermark(x.TS); err != nil {
 			return t.fail(phaseOutput, err)
 		}
-		if len(t.writers) > 0 {
-			t.om.OutputWatermark(t.ctx, x.TS, false)
+	case control.EmitWatermarkStatus:
+		if err := t.sendStatus(x.Idle); err != nil {
+			return t.fail(phaseOutput, err)
 		}
 	case control.EndInput:
 		ectx, span := t.startPhase(telemetry.SpanTaskEndInput, telemetry.AttrInput.Int(x.Input))
@@ -341,6 +355,12 @@ func (t *task) perform(a control.SubtaskAction) error {
 // watermark (unless a source's watermark is there already), then
 // EndOfData(drain) (DESIGN.md "Finishing" 1b, 3b).
 func (t *task) endData(x control.EmitEndOfData) error {
+	if !x.MaxWatermark && x.Drain && t.ownWM && t.outWM < abi.MaxWatermark {
+		// An operator with its own output watermark: MAX after finish.
+		if err := t.sendWatermark(abi.MaxWatermark); err != nil {
+			return t.fail(phaseOutput, err)
+		}
+	}
 	if x.MaxWatermark && (t.newSource == nil || t.srcWM < abi.MaxWatermark) {
 		if err := t.broadcast(dataplane.WatermarkEvent(abi.MaxWatermark)); err != nil {
 			return t.fail(phaseOutput, err)
@@ -871,6 +891,8 @@ func (t *task) runOperator(ctx context.Context) (err error) {
 			pev = control.ChannelBarrier{Channel: ch, B: fromDataplaneBarrier(ev.Barrier)}
 		case dataplane.KindCancelCheckpoint:
 			pev = control.ChannelCancel{Channel: ch, ID: ev.Cancel.ID}
+		case dataplane.KindWatermarkStatus:
+			pev = control.ChannelWatermarkStatus{Channel: ch, Idle: ev.Status.Idle}
 		case dataplane.KindEndOfData:
 			pev = control.ChannelEndOfData{Channel: ch, Drain: ev.EndOfData.Drain}
 		case dataplane.KindEndOfPartition:

@@ -1,0 +1,130 @@
+package host
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/tetratelabs/wazero/api"
+
+	"github.com/streamd/streamd/abi"
+)
+
+// Watermarks and side outputs (ABI.md "Watermarks and side outputs").
+
+// Outputs is where an instance sends what its guest passes to
+// emit_watermark and emit_to, and what answers input_watermark. The runtime
+// implements it per subtask (InstanceConfig.Outputs); every method is called
+// from the goroutine driving the instance, inside the guest call.
+type Outputs interface {
+	// EmitWatermark: the guest called emit_watermark(ts). From the first
+	// call on the operator's output watermark is its own; a ts not above
+	// the last one emitted is for the receiver to ignore.
+	EmitWatermark(ts int64)
+	// EmitTo: records for the side output name (a valid name, see
+	// abi.CheckOutputName). The records are owned as with Emitter.
+	EmitTo(name string, recs []abi.Record)
+	// InputWatermark is the current watermark of input (0 <= input <
+	// NumInputs): the minimum over its channels that are neither ended nor
+	// idle, abi.MinWatermark before any.
+	InputWatermark(input int) int64
+}
+
+func addWatermarkImports(add func(name string, f hostFunc, params, results []api.ValueType, names ...string)) {
+	add(abi.ImportEmitWatermark, hostEmitWatermark, []api.ValueType{i64}, nil, "ts")
+	add(abi.ImportInputWatermark, hostInputWatermark, []api.ValueType{i32}, []api.ValueType{i64}, "input")
+	add(abi.ImportEmitTo, hostEmitTo, []api.ValueType{i32, i32, i32, i32}, nil, "name_ptr", "name_len", "batch_ptr", "batch_len")
+}
+
+// emit_watermark(ts i64): open, process, on_watermark, on_timer,
+// on_processing_time, end_input.
+func hostEmitWatermark(i *Instance, stack []uint64) {
+	switch i.phase {
+	case abi.PhaseFinish, abi.PhaseSnapshot, abi.PhaseNotify, abi.PhaseClose, abi.PhaseLoad:
+		if i.finished {
+			i.misuse("emit_watermark after finish (phase %s)", i.phase)
+		}
+		i.misuse("emit_watermark not allowed in phase %s", i.phase)
+	}
+	ts := int64(stack[0])
+	i.ownsWatermark = true
+	if o := i.cfg.Outputs; o != nil {
+		i.waitingOutside(func() { o.EmitWatermark(ts) })
+	}
+}
+
+// input_watermark(input i32) -> i64: every phase.
+func hostInputWatermark(i *Instance, stack []uint64) {
+	in := int32(uint32(stack[0]))
+	if n := max(i.cfg.NumInputs, 1); in < 0 || int(in) >= n {
+		i.misuse("input_watermark: input %d outside [0, %d)", in, n)
+	}
+	wm := abi.MinWatermark
+	if o := i.cfg.Outputs; o != nil {
+		wm = o.InputWatermark(int(in))
+	}
+	stack[0] = uint64(wm)
+}
+
+// emit_to(name_ptr, name_len, batch_ptr, batch_len): like emit.
+func hostEmitTo(i *Instance, stack []uint64) {
+	switch i.phase {
+	case abi.PhaseProcess, abi.PhaseWatermark, abi.PhaseTimer, abi.PhaseEndInput, abi.PhaseFinish:
+	default:
+		if !i.emitAllowedElsewhere() {
+			if i.finished {
+				i.misuse("emit_to after finish (phase %s)", i.phase)
+			}
+			i.misuse("emit_to not allowed in phase %s", i.phase)
+		}
+	}
+	name := string(i.read(uint32(stack[0]), uint32(stack[1]), abi.ImportEmitTo, "name"))
+	if err := abi.CheckOutputName(name); err != nil {
+		i.misuse("emit_to: %v", err)
+	}
+	frame := i.read(uint32(stack[2]), uint32(stack[3]), abi.ImportEmitTo, "batch")
+	recs, err := i.decodeEmit(frame)
+	if err != nil {
+		i.misuse("emit_to %s: %v", name, err)
+	}
+	limit := i.cfg.MaxRecordBytes
+	if limit <= 0 {
+		limit = abi.DefaultMaxRecordBytes
+	}
+	for n := range recs {
+		if r := recs[n]; len(r.Key)+len(r.Value) > limit {
+			i.failure = &hostCallPanic{abi.ErrRecordTooLarge, fmt.Sprintf("emit_to %s: record %d of %d has %d bytes (key %d, value %d), over max_record_bytes %d",
+				name, n, len(recs), len(r.Key)+len(r.Value), len(r.Key), len(r.Value), limit)}
+			panic(i.failure)
+		}
+	}
+	if o := i.cfg.Outputs; o != nil && len(recs) > 0 {
+		i.waitingOutside(func() { o.EmitTo(name, recs) })
+	}
+}
+
+// emitAllowedElsewhere: a phase emit is allowed in that this file does not
+// name (on_processing_time, which has no constant here).
+func (i *Instance) emitAllowedElsewhere() bool {
+	switch i.phase {
+	case abi.PhaseOpen, abi.PhaseSnapshot, abi.PhaseNotify, abi.PhaseClose, abi.PhaseLoad:
+		return false
+	}
+	return !i.finished
+}
+
+// waitingOutside runs f, which may wait for downstream: that is not guest
+// time (the call deadline).
+func (i *Instance) waitingOutside(f func()) {
+	if i.callStart.IsZero() {
+		f()
+		return
+	}
+	t := time.Now()
+	f()
+	i.callStart = i.callStart.Add(time.Since(t))
+}
+
+// OwnsWatermark reports whether the guest called emit_watermark: its output
+// watermark is its own, and the host no longer forwards the combined input
+// watermark.
+func (i *Instance) OwnsWatermark() bool { return i.ownsWatermark }
