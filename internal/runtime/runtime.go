@@ -523,7 +523,11 @@ func (j *job) bindSpec(t *task, modules map[string]*host.Module) error {
 			}
 		case "file":
 			t.newSource = func(pos []byte) (connector.Source, error) {
-				return connector.NewFileSource(spec.Path, j.opts.Stdin, t.sub, v.Parallelism, pos, j.opts.MaxRecordBytes)
+				fs, err := connector.NewFileSource(spec.Path, j.opts.Stdin, t.sub, v.Parallelism, pos, j.opts.MaxRecordBytes)
+				if err == nil && spec.TimestampField != "" {
+					fs.SetEventTime(spec.TimestampField, spec.WatermarkLag)
+				}
+				return fs, err
 			}
 		case "nats":
 			t.newSource = j.natsSource(t, spec)
