@@ -95,9 +95,9 @@ func TestPipelinePartitionings(t *testing.T) {
 				}
 				fin := slices.Repeat([]string{StateFinished}, p)
 				wantStats := []OperatorStats{
-					{"gen", p, 0, count, fin, 0, 0, 0, 0, nil},
-					{"upper", p, int64(count * copies), int64(count * copies), fin, 0, 0, 0, 0, nil},
-					{"collect", p, int64(count * copies), 0, fin, 0, 0, 0, 0, nil},
+					{"gen", p, 0, count, fin, 0, 0, 0, 0, 0, nil},
+					{"upper", p, int64(count * copies), int64(count * copies), fin, 0, 0, 0, 0, 0, nil},
+					{"collect", p, int64(count * copies), 0, fin, 0, 0, 0, 0, 0, nil},
 				}
 				for i := range stats.Operators {
 					if len(stats.Operators[i].Live) != p {

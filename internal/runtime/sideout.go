@@ -1,9 +1,12 @@
 package runtime
 
 import (
+	"time"
+
 	"github.com/streamd/streamd/abi"
 	"github.com/streamd/streamd/control"
 	"github.com/streamd/streamd/dataplane"
+	"github.com/streamd/streamd/internal/jobfile"
 )
 
 // Side outputs and operator watermarks (SPEC14 §3, ABI.md "Watermarks and
@@ -109,3 +112,64 @@ func (o taskOutputs) EmitTo(name string, recs []abi.Record) {
 }
 
 func (o taskOutputs) InputWatermark(in int) int64 { return o.t.m.InputWatermark(in) }
+
+// initSourceWatermarks reads a source subtask's watermark strategy.
+func (t *task) initSourceWatermarks() {
+	t.wmInterval = jobfile.DefaultWatermarkInterval
+	if spec, ok := t.v.Spec.(*jobfile.SourceSpec); ok {
+		t.wmInterval, t.idleTimeout = spec.Interval(), spec.IdleTimeout
+	}
+	t.srcLastRec = time.Now()
+}
+
+// sourceWatermark sends the source's pending watermark if it advanced and
+// the interval since the last one passed (or now).
+func (t *task) sourceWatermark(now bool) (bool, error) {
+	if t.srcPend <= t.srcWM || (!now && time.Since(t.srcSent) < t.wmInterval) {
+		return false, nil
+	}
+	t.srcWM, t.srcSent = t.srcPend, time.Now()
+	if err := t.sendStatus(false); err != nil {
+		return false, err
+	}
+	t.om.OutputWatermark(t.ctx, t.srcWM, true)
+	return true, t.broadcast(dataplane.WatermarkEvent(t.srcWM))
+}
+
+// sourceDeadline is how long a reading source waits at most before
+// sourceTick: for its pending watermark's interval, or to go idle.
+func (t *task) sourceDeadline() (time.Duration, bool) {
+	if !t.m.Reading() {
+		return 0, false
+	}
+	var at time.Time
+	if t.srcPend > t.srcWM {
+		at = t.srcSent.Add(t.wmInterval)
+	}
+	if t.idleTimeout > 0 && !t.outIdle {
+		if idle := t.srcLastRec.Add(t.idleTimeout); at.IsZero() || idle.Before(at) {
+			at = idle
+		}
+	}
+	if at.IsZero() {
+		return 0, false
+	}
+	return max(time.Until(at), 0), true
+}
+
+// sourceTick sends the pending watermark once its interval passed and
+// makes the source idle once it read nothing for the idle timeout.
+func (t *task) sourceTick() error {
+	if _, err := t.sourceWatermark(false); err != nil {
+		return t.fail(phaseOutput, err)
+	}
+	if t.idleTimeout > 0 && !t.outIdle && t.m.Reading() && time.Since(t.srcLastRec) >= t.idleTimeout {
+		if err := t.flush(); err != nil {
+			return t.fail(phaseOutput, err)
+		}
+		if err := t.sendStatus(true); err != nil {
+			return t.fail(phaseOutput, err)
+		}
+	}
+	return nil
+}

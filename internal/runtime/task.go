@@ -66,6 +66,15 @@ type task struct {
 	// snapshot stores), and its watermark.
 	srcAt  []byte
 	srcWM  int64
+	// Of a source, its watermark strategy (sideout.go): srcPend is the
+	// source's watermark not sent yet (at most every wmInterval, srcSent
+	// the last time); srcLastRec when the last record came, for
+	// idleTimeout.
+	srcPend     int64
+	srcSent     time.Time
+	srcLastRec  time.Time
+	wmInterval  time.Duration
+	idleTimeout time.Duration
 	src    connector.Source
 	reader *sourceReader
 	// Of an operator: the alignment in progress (spans and metrics).
@@ -562,7 +571,10 @@ func (t *task) commands() error {
 // the wait for the final checkpoint and EndOfPartition (DESIGN.md
 // "Finishing" 1).
 func (t *task) runSource(ctx context.Context) error {
-	t.srcWM = abi.MinWatermark
+	t.srcWM, t.srcPend = abi.MinWatermark, abi.MinWatermark
+	t.initSourceWatermarks()
+	tick := time.NewTimer(time.Hour)
+	defer tick.Stop()
 	var rd *sourceReader
 	var ready connector.ReadySource
 	var buf []abi.Record
@@ -616,8 +628,17 @@ func (t *task) runSource(ctx context.Context) error {
 			}
 			results = rd.results
 		}
+		var tickC <-chan time.Time
+		if d, ok := t.sourceDeadline(); ok {
+			tick.Reset(d)
+			tickC = tick.C
+		}
 		idle := time.Now()
 		select {
+		case <-tickC:
+			if err := t.sourceTick(); err != nil {
+				return err
+			}
 		case res := <-results:
 			inflight = false
 			t.om.Idle(ctx, time.Since(idle)) // waiting for the source
@@ -663,19 +684,22 @@ func (t *task) sourceBatch(res readResult) error {
 	if res.err != nil {
 		return t.fail(phaseRead, res.err)
 	}
+	if res.n > 0 {
+		t.srcLastRec = time.Now()
+		if err := t.sendStatus(false); err != nil { // active again before its records
+			return t.fail(phaseOutput, err)
+		}
+	}
 	t.records += int64(res.n)
 	t.emitRecords(res.recs[:res.n])
 	t.srcAt = res.pos
 	if t.emitErr != nil {
 		return t.fail(phaseRead, t.emitErr)
 	}
-	if res.wm > t.srcWM {
-		t.srcWM = res.wm
-		t.om.OutputWatermark(t.ctx, res.wm, true)
-		if err := t.broadcast(dataplane.WatermarkEvent(res.wm)); err != nil {
-			return t.fail(phaseOutput, err)
-		}
-	} else if res.n < len(res.recs) {
+	t.srcPend = max(t.srcPend, res.wm)
+	if sent, err := t.sourceWatermark(false); err != nil {
+		return t.fail(phaseOutput, err)
+	} else if !sent && res.n < len(res.recs) {
 		// A short read: the source is slow or rate-limited; do not hold
 		// its records back waiting for a full batch.
 		if err := t.flush(); err != nil {
