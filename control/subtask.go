@@ -221,20 +221,20 @@ type CheckpointComplete struct{ ID int64 }
 // CheckpointAborted: the coordinator says checkpoint ID was aborted.
 type CheckpointAborted struct{ ID int64 }
 
-func (Opened) isSubtaskEvent()                {}
-func (SourceEnded) isSubtaskEvent()           {}
-func (StopSource) isSubtaskEvent()            {}
-func (Trigger) isSubtaskEvent()               {}
-func (ChannelBarrier) isSubtaskEvent()        {}
-func (ChannelCancel) isSubtaskEvent()         {}
-func (ChannelWatermark) isSubtaskEvent()      {}
-func (ChannelEndOfData) isSubtaskEvent()      {}
+func (Opened) isSubtaskEvent()                 {}
+func (SourceEnded) isSubtaskEvent()            {}
+func (StopSource) isSubtaskEvent()             {}
+func (Trigger) isSubtaskEvent()                {}
+func (ChannelBarrier) isSubtaskEvent()         {}
+func (ChannelCancel) isSubtaskEvent()          {}
+func (ChannelWatermark) isSubtaskEvent()       {}
+func (ChannelEndOfData) isSubtaskEvent()       {}
 func (ChannelWatermarkStatus) isSubtaskEvent() {}
-func (ChannelEndOfPartition) isSubtaskEvent() {}
-func (OutputAcked) isSubtaskEvent()           {}
-func (AlignmentTimedOut) isSubtaskEvent()     {}
-func (CheckpointComplete) isSubtaskEvent()    {}
-func (CheckpointAborted) isSubtaskEvent()     {}
+func (ChannelEndOfPartition) isSubtaskEvent()  {}
+func (OutputAcked) isSubtaskEvent()            {}
+func (AlignmentTimedOut) isSubtaskEvent()      {}
+func (CheckpointComplete) isSubtaskEvent()     {}
+func (CheckpointAborted) isSubtaskEvent()      {}
 
 func (Opened) String() string      { return "opened" }
 func (SourceEnded) String() string { return "source-ended" }
@@ -402,29 +402,29 @@ type NotifyOperator struct{ ID int64 }
 // EndOfPartition on every output. The subtask is done afterwards.
 type CloseSubtask struct{}
 
-func (Report) isSubtaskAction()            {}
-func (BlockChannel) isSubtaskAction()      {}
-func (UnblockChannels) isSubtaskAction()   {}
-func (AlignmentStarted) isSubtaskAction()  {}
-func (AlignmentEnded) isSubtaskAction()    {}
-func (ForwardBarrier) isSubtaskAction()    {}
-func (TakeSnapshot) isSubtaskAction()      {}
-func (ForwardCancel) isSubtaskAction()     {}
-func (AdvanceWatermark) isSubtaskAction()  {}
-func (EndInput) isSubtaskAction()          {}
+func (Report) isSubtaskAction()              {}
+func (BlockChannel) isSubtaskAction()        {}
+func (UnblockChannels) isSubtaskAction()     {}
+func (AlignmentStarted) isSubtaskAction()    {}
+func (AlignmentEnded) isSubtaskAction()      {}
+func (ForwardBarrier) isSubtaskAction()      {}
+func (TakeSnapshot) isSubtaskAction()        {}
+func (ForwardCancel) isSubtaskAction()       {}
+func (AdvanceWatermark) isSubtaskAction()    {}
+func (EndInput) isSubtaskAction()            {}
 func (EmitWatermarkStatus) isSubtaskAction() {}
-func (FinishOperator) isSubtaskAction()    {}
-func (EmitEndOfData) isSubtaskAction()     {}
-func (AckEndOfData) isSubtaskAction()      {}
-func (CaptureOutputs) isSubtaskAction()    {}
-func (StartCapture) isSubtaskAction()      {}
-func (StopCapture) isSubtaskAction()       {}
-func (CaptureOvertaken) isSubtaskAction()  {}
-func (FinishSnapshot) isSubtaskAction()    {}
-func (AbortSnapshot) isSubtaskAction()     {}
-func (ArmAlignmentTimer) isSubtaskAction() {}
-func (NotifyOperator) isSubtaskAction()    {}
-func (CloseSubtask) isSubtaskAction()      {}
+func (FinishOperator) isSubtaskAction()      {}
+func (EmitEndOfData) isSubtaskAction()       {}
+func (AckEndOfData) isSubtaskAction()        {}
+func (CaptureOutputs) isSubtaskAction()      {}
+func (StartCapture) isSubtaskAction()        {}
+func (StopCapture) isSubtaskAction()         {}
+func (CaptureOvertaken) isSubtaskAction()    {}
+func (FinishSnapshot) isSubtaskAction()      {}
+func (AbortSnapshot) isSubtaskAction()       {}
+func (ArmAlignmentTimer) isSubtaskAction()   {}
+func (NotifyOperator) isSubtaskAction()      {}
+func (CloseSubtask) isSubtaskAction()        {}
 
 func (a Report) String() string       { return "report " + a.Event.String() }
 func (a BlockChannel) String() string { return fmt.Sprintf("block ch=%d", a.Channel) }
@@ -472,7 +472,7 @@ func (a AdvanceWatermark) String() string {
 	}
 	return fmt.Sprintf("watermark ts=%d", a.TS)
 }
-func (a EndInput) String() string     { return fmt.Sprintf("end-input %d", a.Input) }
+func (a EndInput) String() string { return fmt.Sprintf("end-input %d", a.Input) }
 func (a EmitWatermarkStatus) String() string {
 	if a.Idle {
 		return "emit-watermark-status idle"

@@ -19,14 +19,14 @@ type SourceSpec struct {
 	//   key   = KeyPattern with "{n}" replaced by n and "{k}" by n % Keys  ("" -> no key)
 	//   value = ValuePattern with the same replacements, padded with '.' to ValueSize bytes if ValueSize > len
 	//   timestamp = StartTS + n*TSStep
-	Count        int64         // bounded: total records over all subtasks; 0 with Rate > 0 -> unbounded
-	Rate         float64       // records per second over all subtasks; 0 = as fast as possible
-	KeyPattern   string        // default "key-{k}"
-	ValuePattern string        // default "value-{n}"
-	Keys         int64         // default 100
-	ValueSize    int           // default 0 (no padding)
-	StartTS      int64         // default 0
-	TSStep       int64         // ms; default 1
+	Count        int64   // bounded: total records over all subtasks; 0 with Rate > 0 -> unbounded
+	Rate         float64 // records per second over all subtasks; 0 = as fast as possible
+	KeyPattern   string  // default "key-{k}"
+	ValuePattern string  // default "value-{n}"
+	Keys         int64   // default 100
+	ValueSize    int     // default 0 (no padding)
+	StartTS      int64   // default 0
+	TSStep       int64   // ms; default 1
 	// WatermarkLag is watermark.max_out_of_orderness (alias
 	// watermark_lag), every source type: watermark = max timestamp seen -
 	// lag; default 0.

@@ -42,8 +42,8 @@ type task struct {
 	outWM   int64
 	ownWM   bool
 	outIdle bool
-	op      NativeOperator            // operators and sinks
-	cp      checkpointer              // op's checkpoint side
+	op      NativeOperator // operators and sinks
+	cp      checkpointer   // op's checkpoint side
 	// newSource creates the source of a source subtask, resuming at pos.
 	newSource func(pos []byte) (connector.Source, error)
 
@@ -64,8 +64,8 @@ type task struct {
 	m *control.SubtaskMachine
 	// Of a source: the position after the records sent so far (what a
 	// snapshot stores), and its watermark.
-	srcAt  []byte
-	srcWM  int64
+	srcAt []byte
+	srcWM int64
 	// Of a source, its watermark strategy (sideout.go): srcPend is the
 	// source's watermark not sent yet (at most every wmInterval, srcSent
 	// the last time); srcLastRec when the last record came, for
@@ -75,8 +75,8 @@ type task struct {
 	srcLastRec  time.Time
 	wmInterval  time.Duration
 	idleTimeout time.Duration
-	src    connector.Source
-	reader *sourceReader
+	src         connector.Source
+	reader      *sourceReader
 	// Of an operator: the alignment in progress (spans and metrics).
 	align alignObs
 	// cmdTrace is the trace context of the command being applied.

@@ -36,10 +36,10 @@ const (
 	MetricSourceLag           = "streamd.source.lag"     // messages a source subtask has yet to read
 	// MetricDeadLetters counts the records an operator with on_error skip
 	// or dead_letter took out of the stream, by streamd.on_error.
-	MetricDeadLetters         = "streamd.dead_letters"
+	MetricDeadLetters = "streamd.dead_letters"
 	// MetricSideOutputDropped counts the records a wasm operator emitted
 	// (emit_to) to a side output no edge reads, by attribute output.
-	MetricSideOutputDropped = "streamd.side_output.dropped"
+	MetricSideOutputDropped   = "streamd.side_output.dropped"
 	MetricCheckpointsFailed   = "streamd.checkpoints.failed"
 	MetricCheckpointsDeclined = "streamd.checkpoints.declined"
 	MetricLastCheckpointID    = "streamd.checkpoint.last.id"
