@@ -679,7 +679,7 @@ func (p *parser) checkSideOutputs(ops []*operator, byUID map[string]*operator) {
 			switch {
 			case e.Output == ".":
 				p.add(v.UID, line, field, "%q: empty side-output name after the '.' (want OP.OUTPUT)", e.From+".")
-			case up == nil: // control reports the unknown operator
+			case up == nil || up.vertex.Kind == control.KindSink: // control reports an unknown operator or a sink
 			case up.vertex.Kind != control.KindOperator:
 				p.add(v.UID, line, field, "%q: %q is a %s; only a wasm operator has side outputs", from, e.From, up.vertex.Kind)
 			default:
