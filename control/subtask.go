@@ -72,7 +72,10 @@ import (
 //     channel whose receiver does not take part (an older peer over NATS)
 //     is acknowledged by the runtime itself as soon as EndOfData is sent.
 //   - Watermarks. The subtask's watermark is the minimum over the channels
-//     that have not ended; each advance is passed to the operator. After the
+//     that have not ended and are not idle (ChannelWatermarkStatus; a
+//     watermark on an idle channel makes it active again); each advance is
+//     passed to the operator. When every open channel is idle the subtask
+//     tells its outputs (EmitWatermarkStatus), and again when one is active. After the
 //     subtask sent EndOfData no watermark reaches the operator again: with
 //     drain it already saw MAX, without drain (stop-with-savepoint) only
 //     notify_checkpoint_complete may come between the savepoint's snapshot
