@@ -138,27 +138,38 @@ func hostEmit(i *Instance, stack []uint64) {
 	if err != nil {
 		i.misuse("emit: %v", err)
 	}
+	i.checkRecordSizes("emit", recs)
+	if i.emit != nil && len(recs) > 0 {
+		i.waitingOutside(func() { i.emit(recs) })
+	}
+}
+
+// checkRecordSizes fails the guest with abi.ErrRecordTooLarge if a record
+// of recs (emitted by import what) is over max_record_bytes.
+func (i *Instance) checkRecordSizes(what string, recs []abi.Record) {
 	limit := i.cfg.MaxRecordBytes
 	if limit <= 0 {
 		limit = abi.DefaultMaxRecordBytes
 	}
 	for n := range recs {
 		if r := recs[n]; len(r.Key)+len(r.Value) > limit {
-			i.failure = &hostCallPanic{abi.ErrRecordTooLarge, fmt.Sprintf("emit: record %d of %d has %d bytes (key %d, value %d), over max_record_bytes %d",
-				n, len(recs), len(r.Key)+len(r.Value), len(r.Key), len(r.Value), limit)}
+			i.failure = &hostCallPanic{abi.ErrRecordTooLarge, fmt.Sprintf("%s: record %d of %d has %d bytes (key %d, value %d), over max_record_bytes %d",
+				what, n, len(recs), len(r.Key)+len(r.Value), len(r.Key), len(r.Value), limit)}
 			panic(i.failure)
 		}
 	}
-	if i.emit != nil && len(recs) > 0 {
-		if i.callStart.IsZero() {
-			i.emit(recs)
-			return
-		}
-		// Waiting for downstream is not guest time (the call deadline).
-		t := time.Now()
-		i.emit(recs)
-		i.callStart = i.callStart.Add(time.Since(t))
+}
+
+// waitingOutside runs f, which may wait for downstream: that is not guest
+// time (the call deadline).
+func (i *Instance) waitingOutside(f func()) {
+	if i.callStart.IsZero() {
+		f()
+		return
 	}
+	t := time.Now()
+	f()
+	i.callStart = i.callStart.Add(time.Since(t))
 }
 
 // state_get(name_ptr, name_len, key_ptr, key_len, buf_ptr, buf_cap) -> len | -1

@@ -1,9 +1,6 @@
 package host
 
 import (
-	"fmt"
-	"time"
-
 	"github.com/tetratelabs/wazero/api"
 
 	"github.com/streamd/streamd/abi"
@@ -86,17 +83,7 @@ func hostEmitTo(i *Instance, stack []uint64) {
 	if err != nil {
 		i.misuse("emit_to %s: %v", name, err)
 	}
-	limit := i.cfg.MaxRecordBytes
-	if limit <= 0 {
-		limit = abi.DefaultMaxRecordBytes
-	}
-	for n := range recs {
-		if r := recs[n]; len(r.Key)+len(r.Value) > limit {
-			i.failure = &hostCallPanic{abi.ErrRecordTooLarge, fmt.Sprintf("emit_to %s: record %d of %d has %d bytes (key %d, value %d), over max_record_bytes %d",
-				name, n, len(recs), len(r.Key)+len(r.Value), len(r.Key), len(r.Value), limit)}
-			panic(i.failure)
-		}
-	}
+	i.checkRecordSizes("emit_to "+name, recs)
 	if o := i.cfg.Outputs; o != nil && len(recs) > 0 {
 		i.waitingOutside(func() { o.EmitTo(name, recs) })
 	}
@@ -110,18 +97,6 @@ func (i *Instance) emitAllowedElsewhere() bool {
 		return false
 	}
 	return !i.finished
-}
-
-// waitingOutside runs f, which may wait for downstream: that is not guest
-// time (the call deadline).
-func (i *Instance) waitingOutside(f func()) {
-	if i.callStart.IsZero() {
-		f()
-		return
-	}
-	t := time.Now()
-	f()
-	i.callStart = i.callStart.Add(time.Since(t))
 }
 
 // OwnsWatermark reports whether the guest called emit_watermark: its output

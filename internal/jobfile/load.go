@@ -907,22 +907,8 @@ func (p *parser) eventTime(op, prefix string, f map[string]*yaml.Node, s *Source
 		}
 		lag(prefix+"watermark.max_out_of_orderness", x)
 	}
-	if x := wf["idle_timeout"]; x != nil {
-		if d, ok := p.duration(op, prefix+"watermark.idle_timeout", x); ok {
-			if d < 0 {
-				p.add(op, x.Line, prefix+"watermark.idle_timeout", "must not be negative, got %v", d)
-			}
-			s.IdleTimeout = d
-		}
-	}
-	if x := wf["interval"]; x != nil {
-		if d, ok := p.duration(op, prefix+"watermark.interval", x); ok {
-			if d <= 0 {
-				p.add(op, x.Line, prefix+"watermark.interval", "must be positive, got %v", d)
-			}
-			s.WatermarkInterval = d
-		}
-	}
+	p.opDurationAtLeast(op, wf, prefix+"watermark.", "idle_timeout", 0, "must not be negative", &s.IdleTimeout)
+	p.opDurationAtLeast(op, wf, prefix+"watermark.", "interval", time.Nanosecond, "must be positive", &s.WatermarkInterval)
 }
 
 // natsURL checks a comma-separated list of NATS server URLs.
@@ -1187,13 +1173,18 @@ func (p *parser) intAtLeast(f map[string]*yaml.Node, prefix, key string, min int
 // durationAtLeast sets *dst from field key of f, if present, and reports a
 // value below min with the message must.
 func (p *parser) durationAtLeast(f map[string]*yaml.Node, prefix, key string, min time.Duration, must string, dst *time.Duration) {
+	p.opDurationAtLeast("", f, prefix, key, min, must, dst)
+}
+
+// opDurationAtLeast is durationAtLeast for a field of operator op.
+func (p *parser) opDurationAtLeast(op string, f map[string]*yaml.Node, prefix, key string, min time.Duration, must string, dst *time.Duration) {
 	x := f[key]
 	if x == nil {
 		return
 	}
-	if d, ok := p.duration("", prefix+key, x); ok {
+	if d, ok := p.duration(op, prefix+key, x); ok {
 		if d < min {
-			p.add("", x.Line, prefix+key, "%s, got %v", must, d)
+			p.add(op, x.Line, prefix+key, "%s, got %v", must, d)
 		}
 		*dst = d
 	}

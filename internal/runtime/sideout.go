@@ -42,17 +42,23 @@ func (t *task) emitTo(name string, recs []abi.Record) {
 		t.om.SideOutputDropped(name, len(recs))
 		return
 	}
-	t.stats.out.Add(int64(len(recs)))
-	if t.inBatch {
-		t.batchOut += len(recs)
-	} else {
-		t.om.RecordsOut(t.ctx, len(recs))
-	}
+	t.countOut(len(recs))
 	for _, w := range ws {
 		if err := w.EmitBatch(t.ctx, recs); err != nil {
 			t.emitErr = err
 			return
 		}
+	}
+}
+
+// countOut counts n records emitted (in the current batch's metric while
+// in a Process call).
+func (t *task) countOut(n int) {
+	t.stats.out.Add(int64(n))
+	if t.inBatch {
+		t.batchOut += n
+	} else {
+		t.om.RecordsOut(t.ctx, n)
 	}
 }
 

@@ -181,8 +181,6 @@ func TestEmitWatermarkOwnsOutput(t *testing.T) {
 // ends at MAX while input 0 (unbounded) is still far below.
 func TestInputWatermarkTwoInputs(t *testing.T) {
 	sideout := testwasm.Path(t, sideoutGuest)
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
 	done := make(chan struct{})
 	var once sync.Once
 	var bad error
@@ -208,20 +206,7 @@ func TestInputWatermarkTwoInputs(t *testing.T) {
 			}}
 		}), in("two", control.Forward)),
 	)
-	errc := make(chan error, 1)
-	go func() {
-		_, err := Run(ctx, g, Options{Engine: cachedEngine(t), BatchSize: 8})
-		errc <- err
-	}()
-	select {
-	case <-done:
-	case err := <-errc:
-		t.Fatalf("run ended before a record saw input 1 at MAX and input 0 advancing: %v", err)
-	}
-	cancel()
-	if err := <-errc; err != nil && !errors.Is(err, context.Canceled) {
-		t.Fatal(err)
-	}
+	runUntil(t, g, Options{Engine: cachedEngine(t), BatchSize: 8}, done, "a record saw input 1 at MAX and input 0 advancing")
 	if bad != nil {
 		t.Fatal(bad)
 	}
@@ -315,8 +300,6 @@ func TestIdleSourceUnion(t *testing.T) {
 	conf := testwasm.Path(t, "internal/conformance/guests/wat/conformance.wasm")
 	pr, pw := io.Pipe()
 	defer pw.Close()
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
 	fired := make(chan struct{})
 	var once sync.Once
 	g := graph(t,
@@ -331,18 +314,25 @@ func TestIdleSourceUnion(t *testing.T) {
 			}}
 		}), in("timers", control.Forward)),
 	)
+	runUntil(t, g, Options{Engine: cachedEngine(t), Stdin: pr}, fired, "a timer fired")
+}
+
+// runUntil runs the unbounded job g until done is closed, then cancels it.
+func runUntil(t *testing.T, g *control.JobGraph, opts Options, done <-chan struct{}, what string) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
 	errc := make(chan error, 1)
 	go func() {
-		_, err := Run(ctx, g, Options{Engine: cachedEngine(t), Stdin: pr})
+		_, err := Run(ctx, g, opts)
 		errc <- err
 	}()
 	select {
-	case <-fired:
+	case <-done:
 	case err := <-errc:
-		t.Fatalf("run ended before a timer fired: %v", err)
+		t.Fatalf("run ended before %s: %v", what, err)
 	}
 	cancel()
-	pw.Close()
 	if err := <-errc; err != nil && !errors.Is(err, context.Canceled) {
 		t.Fatal(err)
 	}

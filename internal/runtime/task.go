@@ -125,12 +125,7 @@ func (t *task) emitRecords(recs []abi.Record) {
 	if t.emitErr != nil {
 		return
 	}
-	t.stats.out.Add(int64(len(recs)))
-	if t.inBatch {
-		t.batchOut += len(recs)
-	} else {
-		t.om.RecordsOut(t.ctx, len(recs))
-	}
+	t.countOut(len(recs))
 	for _, w := range t.main {
 		if err := w.EmitBatch(t.ctx, recs); err != nil {
 			t.emitErr = err
