@@ -23,7 +23,9 @@ const sideoutGuest = "internal/conformance/guests/wat/sideout.wasm"
 
 // sideOf: the sideout guest sends a value ending in an odd digit to its
 // side output "side", everything else to its main output.
-func sideOf(v string) bool { return v != "" && v[len(v)-1] >= '0' && v[len(v)-1] <= '9' && (v[len(v)-1]-'0')%2 == 1 }
+func sideOf(v string) bool {
+	return v != "" && v[len(v)-1] >= '0' && v[len(v)-1] <= '9' && (v[len(v)-1]-'0')%2 == 1
+}
 
 func fromSide(op string, p control.Partitioning) control.Edge {
 	return control.Edge{From: op, Output: "side", Partition: p}
@@ -337,4 +339,3 @@ func runUntil(t *testing.T, g *control.JobGraph, opts Options, done <-chan struc
 		t.Fatal(err)
 	}
 }
-
