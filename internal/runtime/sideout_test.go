@@ -13,9 +13,13 @@ import (
 	"testing"
 	"time"
 
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	"go.opentelemetry.io/otel/sdk/metric/metricdata"
+
 	"github.com/streamd/streamd/abi"
 	"github.com/streamd/streamd/control"
 	"github.com/streamd/streamd/internal/jobfile"
+	"github.com/streamd/streamd/internal/telemetry"
 	"github.com/streamd/streamd/internal/testwasm"
 )
 
@@ -108,9 +112,33 @@ func TestSideOutputUnread(t *testing.T) {
 		op("split", 2, &jobfile.WasmSpec{Path: sideout}, in("src", control.Rebalance)),
 		sink("main", 1, &jobfile.SinkSpec{Type: "file", Path: dir}, in("split", control.Rebalance)),
 	)
-	stats, err := Run(context.Background(), g, Options{Engine: cachedEngine(t)})
+	m := telemetry.NewMetrics()
+	reader := sdkmetric.NewManualReader(sdkmetric.WithProducer(m))
+	_ = sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
+	stats, err := Run(context.Background(), g, Options{Engine: cachedEngine(t), Metrics: m})
 	if err != nil {
 		t.Fatal(err)
+	}
+	var rm metricdata.ResourceMetrics
+	if err := reader.Collect(context.Background(), &rm); err != nil {
+		t.Fatal(err)
+	}
+	var dropped int64
+	for _, sm := range rm.ScopeMetrics {
+		for _, x := range sm.Metrics {
+			if x.Name != telemetry.MetricSideOutputDropped {
+				continue
+			}
+			for _, dp := range x.Data.(metricdata.Sum[int64]).DataPoints {
+				if o, _ := dp.Attributes.Value("output"); o.AsString() != "side" {
+					t.Errorf("dropped records of output %q", o.AsString())
+				}
+				dropped += dp.Value
+			}
+		}
+	}
+	if dropped != n/2 {
+		t.Errorf("metric %s: %d, want %d", telemetry.MetricSideOutputDropped, dropped, n/2)
 	}
 	if got := len(committed(t, dir)); got != n/2 {
 		t.Errorf("main output: %d records, want %d", got, n/2)
