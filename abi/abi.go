@@ -32,6 +32,11 @@ const (
 	ExportClose            = "streamd_close"                      // () -> status
 )
 
+// Processing-time timers (additions to version 1, optional).
+const (
+	ExportOnProcessingTime = "streamd_on_processing_time" // (ts i64, key_ptr, key_len i32) -> status
+)
+
 // Host imports, all in module ImportModule.
 const (
 	ImportEmit             = "emit"              // (batch_ptr, batch_len i32)
@@ -76,6 +81,25 @@ func CheckOutputName(name string) error {
 	}
 	return nil
 }
+
+// Structured keyed state and processing time (additions to version 1,
+// optional imports; ABI.md "Structured keyed state", "Processing time").
+const (
+	ImportMStateGet      = "mstate_get"      // (name_ptr, name_len, key_ptr, key_len, ns_ptr, ns_len, ukey_ptr, ukey_len, buf_ptr, buf_cap i32) -> i32
+	ImportMStatePut      = "mstate_put"      // (name_ptr, name_len, key_ptr, key_len, ns_ptr, ns_len, ukey_ptr, ukey_len, val_ptr, val_len i32)
+	ImportMStateAppend   = "mstate_append"   // (name_ptr, name_len, key_ptr, key_len, ns_ptr, ns_len, ukey_ptr, ukey_len, val_ptr, val_len i32)
+	ImportMStateRemove   = "mstate_remove"   // (name_ptr, name_len, key_ptr, key_len, ns_ptr, ns_len, ukey_ptr, ukey_len i32)
+	ImportMStateEntries  = "mstate_entries"  // (name_ptr, name_len, key_ptr, key_len, ns_ptr, ns_len, buf_ptr, buf_cap i32) -> i32
+	ImportMStateClear    = "mstate_clear"    // (name_ptr, name_len, key_ptr, key_len, ns_ptr, ns_len i32)
+	ImportStateTTL       = "state_ttl"       // (name_ptr, name_len i32, ttl_ms i64, flags i32)
+	ImportPTimerRegister = "ptimer_register" // (key_ptr, key_len i32, ts i64)
+	ImportPTimerDelete   = "ptimer_delete"   // (key_ptr, key_len i32, ts i64)
+	ImportProcessingTime = "processing_time" // () -> i64; needs allow_clock
+)
+
+// TTLUpdateOnRead is the state_ttl flag (bit 0) that makes reads refresh an
+// entry's expiry too.
+const TTLUpdateOnRead int32 = 1
 
 // Status is what every lifecycle export returns.
 type Status int32
@@ -153,6 +177,10 @@ const (
 	PhaseNotify    Phase = "notify_checkpoint_complete"
 	PhaseClose     Phase = "close"
 )
+
+// PhaseProcessingTime is streamd_on_processing_time (a processing-time
+// timer fires), an addition to version 1.
+const PhaseProcessingTime Phase = "on_processing_time"
 
 // Event time, in milliseconds since the Unix epoch.
 const (
@@ -238,4 +266,5 @@ var ExportSignatures = map[string]Signature{
 	ExportSnapshotState:    {[]ValueType{I64}, []ValueType{I32}},
 	ExportNotifyCheckpoint: {[]ValueType{I64}, []ValueType{I32}},
 	ExportClose:            {nil, []ValueType{I32}},
+	ExportOnProcessingTime: {[]ValueType{I64, I32, I32}, []ValueType{I32}},
 }

@@ -62,16 +62,24 @@ type stateBackend interface {
 	// put stores a copy of val.
 	put(kg int, name, key, val []byte) error
 	del(kg int, name, key []byte) error
-	// registerTimer and deleteTimer add and remove the timer (key, ts);
-	// both are idempotent.
-	registerTimer(key []byte, ts int64) error
-	deleteTimer(key []byte, ts int64) error
-	// popDue appends every timer with ts <= w to dst in (ts, key) order.
-	// The caller checks hasTimer before firing each (an earlier on_timer
-	// may have deleted it) and removes it with removeTimer.
-	popDue(w int64, dst []timerID) ([]timerID, error)
-	hasTimer(id timerID) (bool, error)
-	removeTimer(id timerID) error
+	// scan calls fn for every entry of structured state name (a stored
+	// name, NUL name) whose stored key starts with prefix (a key and
+	// namespace, appendEntryPrefix), in user-key order, with the user key
+	// and the value, both valid during the call only. fn may not write.
+	scan(kg int, name, prefix []byte, fn func(ukey, val []byte) error) error
+	// registerTimer and deleteTimer add and remove the timer (key, ts) of
+	// kind k (event or processing time); both are idempotent.
+	registerTimer(k timerKind, key []byte, ts int64) error
+	deleteTimer(k timerKind, key []byte, ts int64) error
+	// popDue appends every timer of kind k with ts <= w to dst in (ts,
+	// key) order. The caller checks hasTimer before firing each (an
+	// earlier timer call may have deleted it) and removes it with
+	// removeTimer.
+	popDue(k timerKind, w int64, dst []timerID) ([]timerID, error)
+	hasTimer(k timerKind, id timerID) (bool, error)
+	removeTimer(k timerKind, id timerID) error
+	// nextTimer is the earliest ts of the timers of kind k.
+	nextTimer(k timerKind) (int64, bool, error)
 	// cut returns the keyed state and timers as they are now, by key group,
 	// in milliseconds: later writes do not change it. The Snapshot may be
 	// loaded (Snapshot.Load) on another goroutine.
@@ -83,13 +91,15 @@ type stateBackend interface {
 	close() error
 }
 
-// newBackend makes the backend cfg selects for the key groups rng.
-func newBackend(cfg InstanceConfig, rng abi.KeyGroupRange, opts pebbleOptions) (stateBackend, error) {
+// newBackend makes the backend cfg selects for the key groups rng; now is
+// the host's processing time in ms (state TTL).
+func newBackend(cfg InstanceConfig, rng abi.KeyGroupRange, now func() int64, opts pebbleOptions) (stateBackend, error) {
 	switch cfg.State.Backend {
 	case "", BackendMemory:
-		s := newKeyedState(cfg.MaxParallelism, rng)
+		s := newKeyedState(cfg.MaxParallelism, rng, now)
 		return &s, nil
 	case BackendPebble:
+		opts.now = now
 		return openPebble(cfg.MaxParallelism, rng, cfg.State, opts)
 	}
 	return nil, CheckBackend(cfg.State.Backend)
@@ -97,9 +107,9 @@ func newBackend(cfg InstanceConfig, rng abi.KeyGroupRange, opts pebbleOptions) (
 
 // checkRestored calls put for every entry and timer for every timer of
 // groups, after checking that each lies in rng and in the key group it is
-// stored under.
+// stored under (of its embedded key, for structured state).
 func checkRestored(groups map[int]*KeyGroupState, rng abi.KeyGroupRange, maxP int,
-	put func(kg int, name, key, val []byte) error, timer func(key []byte, ts int64) error) error {
+	put func(kg int, name, key, val []byte) error, timer func(k timerKind, key []byte, ts int64) error) error {
 	for kg, g := range groups {
 		if !rng.Contains(kg) {
 			return fmt.Errorf("host: restored key group %d is outside this subtask's key groups %s", kg, rng)
@@ -109,7 +119,11 @@ func checkRestored(groups map[int]*KeyGroupState, rng abi.KeyGroupRange, maxP in
 		}
 		for name, m := range g.Entries {
 			for k, v := range m {
-				if got := abi.KeyGroup([]byte(k), maxP); got != kg {
+				got, err := storedKeyGroup([]byte(name), []byte(k), maxP)
+				if err != nil {
+					return err
+				}
+				if got != kg {
 					return fmt.Errorf("host: restored state %q key %q is in key group %d, stored under %d (max parallelism changed?)", name, k, got, kg)
 				}
 				if err := put(kg, []byte(name), []byte(k), v); err != nil {
@@ -117,12 +131,14 @@ func checkRestored(groups map[int]*KeyGroupState, rng abi.KeyGroupRange, maxP in
 				}
 			}
 		}
-		for _, t := range g.Timers {
-			if got := abi.KeyGroup(t.Key, maxP); got != kg {
-				return fmt.Errorf("host: restored timer key %q is in key group %d, stored under %d", t.Key, got, kg)
-			}
-			if err := timer(t.Key, t.TS); err != nil {
-				return err
+		for k, timers := range [numTimerKinds][]Timer{eventTime: g.Timers, procTime: g.ProcTimers} {
+			for _, t := range timers {
+				if got := abi.KeyGroup(t.Key, maxP); got != kg {
+					return fmt.Errorf("host: restored timer key %q is in key group %d, stored under %d", t.Key, got, kg)
+				}
+				if err := timer(timerKind(k), t.Key, t.TS); err != nil {
+					return err
+				}
 			}
 		}
 	}

@@ -35,6 +35,7 @@ type config struct {
 	logger         *slog.Logger
 	allowClock     bool
 	guard          bool
+	clock          func() time.Time
 }
 
 // DefaultCallDeadline bounds a guest call unless WithCallDeadline says otherwise.
@@ -110,6 +111,19 @@ func WithAllowClock(b bool) Option {
 	}
 }
 
+// WithClock sets the host's processing-time clock (default time.Now): what
+// state TTL, processing-time timers and the processing_time import read.
+// Tests inject a fake one; InstanceConfig.Clock overrides it per instance.
+func WithClock(now func() time.Time) Option {
+	return func(c *config) error {
+		if now == nil {
+			return errors.New("host: nil clock")
+		}
+		c.clock = now
+		return nil
+	}
+}
+
 // Engine owns a wazero runtime with the host imports, WASI, and the compiled
 // module cache. It is safe for concurrent use; instances are not.
 type Engine struct {
@@ -141,7 +155,7 @@ type sharedModule struct {
 
 // NewEngine creates an engine. Close it to release the runtime and compiled code.
 func NewEngine(ctx context.Context, opts ...Option) (*Engine, error) {
-	cfg := config{memoryLimitMiB: 256, logger: slog.Default(), callDeadline: DefaultCallDeadline, guard: true}
+	cfg := config{memoryLimitMiB: 256, logger: slog.Default(), callDeadline: DefaultCallDeadline, guard: true, clock: time.Now}
 	for _, o := range opts {
 		if err := o(&cfg); err != nil {
 			return nil, err

@@ -166,7 +166,7 @@ func checkFileName(name string) error {
 // under parent) read-only and calls put for every entry and timer whose key
 // group rng contains.
 func scanPart(ctx context.Context, part *FileState, parent string, rng abi.KeyGroupRange, maxP int,
-	put func(kg int, name, key, val []byte) error, timer func(key []byte, ts int64) error) error {
+	put func(kg int, name, key, val []byte) error, timer func(k timerKind, key []byte, ts int64) error) error {
 	if part.MaxParallelism != maxP {
 		return fmt.Errorf("host: restored state files have max parallelism %d, this subtask %d", part.MaxParallelism, maxP)
 	}
@@ -194,7 +194,7 @@ func scanPart(ctx context.Context, part *FileState, parent string, rng abi.KeyGr
 
 // scanDB calls put and timer for the entries and timers of db in rng.
 func scanDB(r pebble.Reader, rng abi.KeyGroupRange, maxP int,
-	put func(kg int, name, key, val []byte) error, timer func(key []byte, ts int64) error) error {
+	put func(kg int, name, key, val []byte) error, timer func(k timerKind, key []byte, ts int64) error) error {
 	lo := []byte{prefixState, byte(rng.Start >> 8), byte(rng.Start)}
 	hi := []byte{prefixState, byte((rng.End + 1) >> 8), byte(rng.End + 1)}
 	it, err := r.NewIter(&pebble.IterOptions{LowerBound: lo, UpperBound: hi})
@@ -208,7 +208,12 @@ func scanDB(r pebble.Reader, rng abi.KeyGroupRange, maxP int,
 			it.Close()
 			return fmt.Errorf("host: restore state: malformed key %q", k)
 		}
-		if got := abi.KeyGroup(key, maxP); got != kg {
+		got, err := storedKeyGroup(name, key, maxP)
+		if err != nil {
+			it.Close()
+			return err
+		}
+		if got != kg {
 			it.Close()
 			return fmt.Errorf("host: restored state %q key %q is in key group %d, stored under %d", name, key, got, kg)
 		}
@@ -224,7 +229,7 @@ func scanDB(r pebble.Reader, rng abi.KeyGroupRange, maxP int,
 	if err := it.Close(); err != nil {
 		return fmt.Errorf("host: restore state: %w", err)
 	}
-	it, err = r.NewIter(&pebble.IterOptions{LowerBound: []byte{prefixTimer}, UpperBound: []byte{prefixTimer + 1}})
+	it, err = r.NewIter(&pebble.IterOptions{LowerBound: []byte{prefixTimer}, UpperBound: []byte{prefixProcTimer + 1}})
 	if err != nil {
 		return fmt.Errorf("host: restore state: %w", err)
 	}
@@ -237,7 +242,11 @@ func scanDB(r pebble.Reader, rng abi.KeyGroupRange, maxP int,
 		if !rng.Contains(abi.KeyGroup(k[9:], maxP)) {
 			continue
 		}
-		if err := timer(k[9:], timerTS(k)); err != nil {
+		kind := eventTime
+		if k[0] == prefixProcTimer {
+			kind = procTime
+		}
+		if err := timer(kind, k[9:], timerTS(k)); err != nil {
 			it.Close()
 			return err
 		}
@@ -251,7 +260,7 @@ func scanDB(r pebble.Reader, rng abi.KeyGroupRange, maxP int,
 // importParts restores parts into b through scanPart: the memory backend,
 // and the pebble backend for the parts it does not adopt.
 func importParts(ctx context.Context, parts []*FileState, parent string, rng abi.KeyGroupRange, maxP int,
-	put func(kg int, name, key, val []byte) error, timer func(key []byte, ts int64) error) error {
+	put func(kg int, name, key, val []byte) error, timer func(k timerKind, key []byte, ts int64) error) error {
 	for _, p := range parts {
 		if p.KeyGroups.End < rng.Start || p.KeyGroups.Start > rng.End {
 			continue

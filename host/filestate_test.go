@@ -19,7 +19,7 @@ import (
 func backendIn(t *testing.T, backend string, maxP int, rng abi.KeyGroupRange, dir string) stateBackend {
 	t.Helper()
 	cfg := InstanceConfig{MaxParallelism: maxP, State: StateConfig{Backend: backend, DataDir: dir, Incremental: true}}
-	s, err := newBackend(cfg, rng, pebbleOptions{logger: discardLogger, name: "test"})
+	s, err := newBackend(cfg, rng, testNow, pebbleOptions{logger: discardLogger, name: "test"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -118,7 +118,7 @@ func TestFileCutRestoreRescale(t *testing.T) {
 			}
 			if i%10 == 0 {
 				g.Timers = append(g.Timers, Timer{Key: key, TS: int64(i)})
-				if err := s.registerTimer(key, int64(i)); err != nil {
+				if err := s.registerTimer(eventTime, key, int64(i)); err != nil {
 					t.Fatal(err)
 				}
 			}

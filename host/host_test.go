@@ -104,6 +104,8 @@ func TestLoadRefusesBadModules(t *testing.T) {
 		{fixture(t, "foreign_import"), "imports env.abort: only streamd_v1 and wasi_snapshot_preview1 imports are allowed"},
 		{fixture(t, "wrong_import_signature"), "import streamd_v1.emit has signature (i32) -> (), want (i32, i32) -> ()"},
 		{fixture(t, "wrong_watermark_import"), "import streamd_v1.emit_watermark has signature (i32) -> (), want (i64) -> ()"},
+		{fixture(t, "wrong_mstate_signature"), "import streamd_v1.mstate_get has signature (i32, i32, i32, i32, i32, i32, i32, i32) -> (i32), want (i32, i32, i32, i32, i32, i32, i32, i32, i32, i32) -> (i32)"},
+		{fixture(t, "wrong_ptime_signature"), "export streamd_on_processing_time has signature (i32, i32, i32) -> (i32), want (i64, i32, i32) -> (i32)"},
 		{filepath.Join(dir, "absent.wasm"), "no such file"},
 	}
 	for _, c := range cases {
@@ -375,6 +377,31 @@ func TestSnapshotBinary(t *testing.T) {
 	}
 	if v := r.KeyGroups[3].Entries["count"]["a"]; !bytes.Equal(v, []byte{1, 0}) {
 		t.Errorf("value %v", v)
+	}
+	if v := binary.LittleEndian.Uint32(b1[4:]); v != 1 {
+		t.Errorf("a snapshot without processing-time timers is written as version %d, want 1", v)
+	}
+	// With processing-time timers: version 2, which reads back.
+	s.KeyGroups[90].ProcTimers = []host.Timer{{Key: []byte("z"), TS: 7}, {Key: []byte("y"), TS: 7}}
+	v2, err := s.MarshalBinary()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v := binary.LittleEndian.Uint32(v2[4:]); v != 2 {
+		t.Errorf("a snapshot with processing-time timers is written as version %d, want 2", v)
+	}
+	if s.Size() != int64(len(v2)) {
+		t.Errorf("Size() = %d, MarshalBinary of version 2 gives %d bytes", s.Size(), len(v2))
+	}
+	var r2 host.Snapshot
+	if err := r2.UnmarshalBinary(v2); err != nil {
+		t.Fatal(err)
+	}
+	if got := r2.KeyGroups[90].ProcTimers; len(got) != 2 || string(got[0].Key) != "y" || len(r2.KeyGroups[3].ProcTimers) != 0 {
+		t.Errorf("processing-time timers read back as %v", got)
+	}
+	if b, _ := r2.Clone().MarshalBinary(); !bytes.Equal(b, v2) {
+		t.Error("version 2: marshal(clone(unmarshal(b))) differs")
 	}
 	bad := slices.Clone(b1)
 	bad[len(bad)/2] ^= 1

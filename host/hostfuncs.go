@@ -53,6 +53,7 @@ func (e *Engine) instantiateHostModule(ctx context.Context) (api.Module, error) 
 	add(abi.ImportFail, hostFail, []api.ValueType{i32, i32}, nil, "msg_ptr", "msg_len")
 	add(abi.ImportReject, hostReject, []api.ValueType{i32, i32}, nil, "msg_ptr", "msg_len")
 	addWatermarkImports(add)
+	addStructuredState(add)
 	return b.Instantiate(ctx)
 }
 
@@ -111,22 +112,30 @@ func (i *Instance) stateFailed(import_ string, err error) {
 }
 
 func (i *Instance) requireStateWrite(import_ string) {
-	switch i.phase {
-	case abi.PhaseOpen, abi.PhaseProcess, abi.PhaseWatermark, abi.PhaseTimer, abi.PhaseEndInput, abi.PhaseFinish:
+	if i.writesAllowed() {
 		return
-	case abi.PhaseSnapshot, abi.PhaseNotify:
-		if !i.finished {
-			return
-		}
+	}
+	if i.finished && (i.phase == abi.PhaseSnapshot || i.phase == abi.PhaseNotify) {
 		i.misuse("%s not allowed after finish", import_)
 	}
 	i.misuse("%s not allowed in phase %s", import_, i.phase)
 }
 
+// writesAllowed: the current phase allows keyed-state writes ("writes" in ABI.md).
+func (i *Instance) writesAllowed() bool {
+	switch i.phase {
+	case abi.PhaseOpen, abi.PhaseProcess, abi.PhaseWatermark, abi.PhaseTimer, abi.PhaseProcessingTime, abi.PhaseEndInput, abi.PhaseFinish:
+		return true
+	case abi.PhaseSnapshot, abi.PhaseNotify:
+		return !i.finished
+	}
+	return false
+}
+
 // emit(batch_ptr, batch_len): allowed in process, on_watermark, on_timer, end_input, finish.
 func hostEmit(i *Instance, stack []uint64) {
 	switch i.phase {
-	case abi.PhaseProcess, abi.PhaseWatermark, abi.PhaseTimer, abi.PhaseEndInput, abi.PhaseFinish:
+	case abi.PhaseProcess, abi.PhaseWatermark, abi.PhaseTimer, abi.PhaseProcessingTime, abi.PhaseEndInput, abi.PhaseFinish:
 	default:
 		if i.finished {
 			i.misuse("emit after finish (phase %s)", i.phase)
@@ -178,6 +187,7 @@ func hostStateGet(i *Instance, stack []uint64) {
 		i.misuse("state_get not allowed in phase %s", i.phase)
 	}
 	name := i.read(uint32(stack[0]), uint32(stack[1]), abi.ImportStateGet, "name")
+	i.checkStateName(abi.ImportStateGet, name)
 	key := i.read(uint32(stack[2]), uint32(stack[3]), abi.ImportStateGet, "key")
 	v, ok, err := i.state.get(i.keyGroup(abi.ImportStateGet, key), name, key)
 	if err != nil {
@@ -197,6 +207,7 @@ func hostStateGet(i *Instance, stack []uint64) {
 func hostStatePut(i *Instance, stack []uint64) {
 	i.requireStateWrite(abi.ImportStatePut)
 	name := i.read(uint32(stack[0]), uint32(stack[1]), abi.ImportStatePut, "name")
+	i.checkStateName(abi.ImportStatePut, name)
 	key := i.read(uint32(stack[2]), uint32(stack[3]), abi.ImportStatePut, "key")
 	val := i.read(uint32(stack[4]), uint32(stack[5]), abi.ImportStatePut, "value")
 	kg := i.keyGroup(abi.ImportStatePut, key)
@@ -210,6 +221,7 @@ func hostStatePut(i *Instance, stack []uint64) {
 func hostStateDelete(i *Instance, stack []uint64) {
 	i.requireStateWrite(abi.ImportStateDelete)
 	name := i.read(uint32(stack[0]), uint32(stack[1]), abi.ImportStateDelete, "name")
+	i.checkStateName(abi.ImportStateDelete, name)
 	key := i.read(uint32(stack[2]), uint32(stack[3]), abi.ImportStateDelete, "key")
 	kg := i.keyGroup(abi.ImportStateDelete, key)
 	i.journalEntry(abi.ImportStateDelete, kg, name, key)
@@ -260,8 +272,8 @@ func hostTimerRegister(i *Instance, stack []uint64) {
 	i.requireStateWrite(abi.ImportTimerRegister)
 	key := i.read(uint32(stack[0]), uint32(stack[1]), abi.ImportTimerRegister, "key")
 	i.keyGroup(abi.ImportTimerRegister, key)
-	i.journalTimer(abi.ImportTimerRegister, key, int64(stack[2]))
-	if err := i.state.registerTimer(key, int64(stack[2])); err != nil {
+	i.journalTimer(abi.ImportTimerRegister, eventTime, key, int64(stack[2]))
+	if err := i.state.registerTimer(eventTime, key, int64(stack[2])); err != nil {
 		i.stateFailed(abi.ImportTimerRegister, err)
 	}
 }
@@ -271,8 +283,8 @@ func hostTimerDelete(i *Instance, stack []uint64) {
 	i.requireStateWrite(abi.ImportTimerDelete)
 	key := i.read(uint32(stack[0]), uint32(stack[1]), abi.ImportTimerDelete, "key")
 	i.keyGroup(abi.ImportTimerDelete, key)
-	i.journalTimer(abi.ImportTimerDelete, key, int64(stack[2]))
-	if err := i.state.deleteTimer(key, int64(stack[2])); err != nil {
+	i.journalTimer(abi.ImportTimerDelete, eventTime, key, int64(stack[2]))
+	if err := i.state.deleteTimer(eventTime, key, int64(stack[2])); err != nil {
 		i.stateFailed(abi.ImportTimerDelete, err)
 	}
 }

@@ -36,7 +36,8 @@ func addWatermarkImports(add func(name string, f hostFunc, params, results []api
 // on_processing_time, end_input.
 func hostEmitWatermark(i *Instance, stack []uint64) {
 	switch i.phase {
-	case abi.PhaseFinish, abi.PhaseSnapshot, abi.PhaseNotify, abi.PhaseClose, abi.PhaseLoad:
+	case abi.PhaseOpen, abi.PhaseProcess, abi.PhaseWatermark, abi.PhaseTimer, abi.PhaseProcessingTime, abi.PhaseEndInput:
+	default:
 		if i.finished {
 			i.misuse("emit_watermark after finish (phase %s)", i.phase)
 		}
@@ -65,14 +66,12 @@ func hostInputWatermark(i *Instance, stack []uint64) {
 // emit_to(name_ptr, name_len, batch_ptr, batch_len): like emit.
 func hostEmitTo(i *Instance, stack []uint64) {
 	switch i.phase {
-	case abi.PhaseProcess, abi.PhaseWatermark, abi.PhaseTimer, abi.PhaseEndInput, abi.PhaseFinish:
+	case abi.PhaseProcess, abi.PhaseWatermark, abi.PhaseTimer, abi.PhaseProcessingTime, abi.PhaseEndInput, abi.PhaseFinish:
 	default:
-		if !i.emitAllowedElsewhere() {
-			if i.finished {
-				i.misuse("emit_to after finish (phase %s)", i.phase)
-			}
-			i.misuse("emit_to not allowed in phase %s", i.phase)
+		if i.finished {
+			i.misuse("emit_to after finish (phase %s)", i.phase)
 		}
+		i.misuse("emit_to not allowed in phase %s", i.phase)
 	}
 	name := string(i.read(uint32(stack[0]), uint32(stack[1]), abi.ImportEmitTo, "name"))
 	if err := abi.CheckOutputName(name); err != nil {
@@ -87,16 +86,6 @@ func hostEmitTo(i *Instance, stack []uint64) {
 	if o := i.cfg.Outputs; o != nil && len(recs) > 0 {
 		i.waitingOutside(func() { o.EmitTo(name, recs) })
 	}
-}
-
-// emitAllowedElsewhere: a phase emit is allowed in that this file does not
-// name (on_processing_time, which has no constant here).
-func (i *Instance) emitAllowedElsewhere() bool {
-	switch i.phase {
-	case abi.PhaseOpen, abi.PhaseSnapshot, abi.PhaseNotify, abi.PhaseClose, abi.PhaseLoad:
-		return false
-	}
-	return !i.finished
 }
 
 // OwnsWatermark reports whether the guest called emit_watermark: its output

@@ -46,6 +46,10 @@ type InstanceConfig struct {
 	// instance on the state as it was before the call (isolate.go). For
 	// operators with on_error skip or dead_letter.
 	Isolate bool
+	// Clock is the host's processing-time clock of this instance (state
+	// TTL, processing-time timers, processing_time); nil: the engine's
+	// (WithClock, default time.Now).
+	Clock func() time.Time
 	// GuestLog, if set, also gets the guest's log calls and output lines
 	// (and the instance's own lines), with the operator and subtask
 	// attributes: a host publishes them (cluster.LogPublisher).
@@ -80,6 +84,7 @@ type Instance struct {
 
 	fnInit, fnAlloc, fnOpen, fnProcess, fnWatermark, fnTimer api.Function
 	fnEndInput, fnFinish, fnSnapshot, fnNotify, fnClose      api.Function
+	fnProcTime                                               api.Function
 
 	stack  [4]uint64 // reused for every guest call
 	bufPtr uint32    // the guest's input buffer (streamd_alloc)
@@ -109,7 +114,19 @@ type Instance struct {
 	records       int64     // records passed to process (a span attribute, trace.go)
 	callStart     time.Time // the guest call's first yield (guard.go); zero before it
 	ownsWatermark bool      // the guest called emit_watermark (hostfuncs_wm.go)
+
+	// Structured state (mstate.go).
+	clock      func() time.Time
+	ttl        map[string]ttlConfig // state_ttl, by state name
+	mst        mstateCall           // the mstate_* call in progress
+	mkey, mbuf []byte               // scratch of mstate_* calls
 }
+
+// now is the host's processing time in ms.
+func (i *Instance) now() int64 { return i.clock().UnixMilli() }
+
+// clockAllowed: the guest may read the processing time (allow_clock).
+func (i *Instance) clockAllowed() bool { return i.eng.cfg.allowClock || i.cfg.AllowClock }
 
 // NewInstance instantiates the module for one subtask, with WASI sandboxed as
 // ABI.md says, restores cfg.Restore and calls _initialize if exported. It does
@@ -153,13 +170,17 @@ func (m *Module) newInstance(ctx context.Context, cfg InstanceConfig, state stat
 		phase:     abi.PhaseLoad,
 		watermark: abi.MinWatermark,
 		rng:       abi.RangeForSubtask(cfg.Subtask, cfg.MaxParallelism, cfg.Parallelism),
+		clock:     cfg.Clock,
+	}
+	if i.clock == nil {
+		i.clock = e.cfg.clock
 	}
 	adopted := state != nil
 	if adopted {
 		i.state, i.restoredLists = state, lists
 	} else {
 		var err error
-		state, err = newBackend(cfg, i.rng, pebbleOptions{logger: logger,
+		state, err = newBackend(cfg, i.rng, i.now, pebbleOptions{logger: logger,
 			name: fmt.Sprintf("%s-%s-%d-a%d", cfg.Job, cfg.Operator, cfg.Subtask, cfg.Attempt)})
 		if err != nil {
 			return nil, fmt.Errorf("host: job %q operator %q subtask %d/%d: %w", cfg.Job, cfg.Operator, cfg.Subtask, cfg.Parallelism, err)
@@ -186,7 +207,7 @@ func (m *Module) newInstance(ctx context.Context, cfg InstanceConfig, state stat
 		WithArgs(cfg.Operator).
 		WithStdout(i.stdout).
 		WithStderr(i.stderr)
-	if e.cfg.allowClock || cfg.AllowClock {
+	if i.clockAllowed() {
 		mc = mc.WithSysWalltime().WithSysNanotime().WithSysNanosleep()
 	}
 	mod, err := e.runtime.InstantiateModule(ctx, m.compiled, mc)
@@ -211,6 +232,7 @@ func (m *Module) newInstance(ctx context.Context, cfg InstanceConfig, state stat
 	i.fnSnapshot = mod.ExportedFunction(abi.ExportSnapshotState)
 	i.fnNotify = mod.ExportedFunction(abi.ExportNotifyCheckpoint)
 	i.fnClose = mod.ExportedFunction(abi.ExportClose)
+	i.fnProcTime = mod.ExportedFunction(abi.ExportOnProcessingTime)
 	e.instances.Store(mod, i)
 	if m.hasInit && i.fnInit != nil {
 		if err := i.invoke(ctx, abi.PhaseLoad, i.fnInit, 1); err != nil {
@@ -310,34 +332,83 @@ func (i *Instance) advanceWatermark(ctx context.Context, ts int64, emit Emitter)
 	i.emit = emit
 	defer func() { i.emit = nil }()
 	// Timers registered while these fire (even at or below ts) wait for the next advance.
+	if err := i.fireDue(ctx, eventTime, ts, abi.PhaseTimer, i.fnTimer); err != nil {
+		return err
+	}
+	i.stack[0] = uint64(ts)
+	return i.call(ctx, abi.PhaseWatermark, i.fnWatermark, 1)
+}
+
+// fireDue removes the timers of kind k with ts <= w and calls fn (if the
+// guest exports it) for each, in (ts, key) order.
+func (i *Instance) fireDue(ctx context.Context, k timerKind, w int64, phase abi.Phase, fn api.Function) error {
 	var err error
-	if i.due, err = i.state.popDue(ts, i.due[:0]); err != nil {
-		return i.stateError(abi.PhaseTimer, err)
+	if i.due, err = i.state.popDue(k, w, i.due[:0]); err != nil {
+		return i.stateError(phase, err)
 	}
 	for _, t := range i.due {
-		if ok, err := i.state.hasTimer(t); err != nil {
-			return i.stateError(abi.PhaseTimer, err)
+		if ok, err := i.state.hasTimer(k, t); err != nil {
+			return i.stateError(phase, err)
 		} else if !ok {
-			continue // deleted by an earlier on_timer
+			continue // deleted by an earlier timer call
 		}
-		if err := i.state.removeTimer(t); err != nil {
-			return i.stateError(abi.PhaseTimer, err)
+		if err := i.state.removeTimer(k, t); err != nil {
+			return i.stateError(phase, err)
 		}
-		if i.fnTimer == nil {
+		if fn == nil {
 			continue
 		}
-		ptr, buf, err := i.buffer(ctx, abi.PhaseTimer, len(t.key))
+		ptr, buf, err := i.buffer(ctx, phase, len(t.key))
 		if err != nil {
 			return err
 		}
 		copy(buf, t.key)
 		i.stack[0], i.stack[1], i.stack[2] = uint64(t.ts), uint64(ptr), uint64(len(t.key))
-		if err := i.call(ctx, abi.PhaseTimer, i.fnTimer, 3); err != nil {
+		if err := i.call(ctx, phase, fn, 3); err != nil {
 			return err
 		}
 	}
-	i.stack[0] = uint64(ts)
-	return i.call(ctx, abi.PhaseWatermark, i.fnWatermark, 1)
+	return nil
+}
+
+// ProcessingTime is the host's processing time of this instance in ms
+// (its clock: InstanceConfig.Clock, WithClock or time.Now).
+func (i *Instance) ProcessingTime() int64 { return i.now() }
+
+// NextProcessingTimer is the time (ms) of the earliest processing-time
+// timer; false when there is none, or the instance finished (its pending
+// timers are dropped) or was discarded.
+func (i *Instance) NextProcessingTimer() (int64, bool) {
+	if i.dead != nil || i.closed || i.finished || !i.opened {
+		return 0, false
+	}
+	ts, ok, err := i.state.nextTimer(procTime)
+	if err != nil {
+		i.logger.Warn("reading the processing-time timers failed", "error", err)
+		return 0, false
+	}
+	return ts, ok
+}
+
+// FireProcessingTimers fires every processing-time timer with ts <= now
+// through streamd_on_processing_time, in (ts, key) order (without the
+// export they are dropped). Timers registered meanwhile wait for the next
+// call, even if due. After finish it does nothing: pending timers are
+// dropped with the subtask, as in Flink.
+func (i *Instance) FireProcessingTimers(ctx context.Context, now int64, emit Emitter) error {
+	if err := i.ready(abi.PhaseProcessingTime); err != nil {
+		return err
+	}
+	if i.finished {
+		return nil
+	}
+	i.emit = emit
+	defer func() { i.emit = nil }()
+	err := i.fireDue(ctx, procTime, now, abi.PhaseProcessingTime, i.fnProcTime)
+	if err != nil {
+		traceFailure(ctx, err)
+	}
+	return err
 }
 
 // EndInput calls streamd_end_input(input).

@@ -30,10 +30,12 @@ type undoEntry struct {
 	old       []byte // the value before (nil with !existed)
 	existed   bool   // the key (or timer) existed before
 	ts        int64  // timers
+	kind      timerKind
 }
 
 // journalEntry records the value of (name, key) before a state_put or
-// state_delete of a process call.
+// state_delete of a process call, or before each stored entry an mstate_*
+// import writes or removes (name and key are then the stored ones).
 func (i *Instance) journalEntry(import_ string, kg int, name, key []byte) {
 	if !i.cfg.Isolate || i.phase != abi.PhaseProcess {
 		return
@@ -49,17 +51,18 @@ func (i *Instance) journalEntry(import_ string, kg int, name, key []byte) {
 	i.undo = append(i.undo, e)
 }
 
-// journalTimer records whether timer (key, ts) existed before a
-// timer_register or timer_delete of a process call.
-func (i *Instance) journalTimer(import_ string, key []byte, ts int64) {
+// journalTimer records whether timer (key, ts) of kind k existed before a
+// timer_register, timer_delete, ptimer_register or ptimer_delete of a
+// process call.
+func (i *Instance) journalTimer(import_ string, k timerKind, key []byte, ts int64) {
 	if !i.cfg.Isolate || i.phase != abi.PhaseProcess {
 		return
 	}
-	ok, err := i.state.hasTimer(timerID{key: string(key), ts: ts})
+	ok, err := i.state.hasTimer(k, timerID{key: string(key), ts: ts})
 	if err != nil {
 		i.stateFailed(import_, err)
 	}
-	i.undo = append(i.undo, undoEntry{op: import_, key: clone(key), ts: ts, existed: ok})
+	i.undo = append(i.undo, undoEntry{op: import_, key: clone(key), ts: ts, kind: k, existed: ok})
 }
 
 func clone(b []byte) []byte { return append(make([]byte, 0, len(b)), b...) }
@@ -70,11 +73,12 @@ func (i *Instance) rollback() error {
 		e := i.undo[k]
 		var err error
 		switch {
-		case e.op == abi.ImportTimerRegister || e.op == abi.ImportTimerDelete:
+		case e.op == abi.ImportTimerRegister || e.op == abi.ImportTimerDelete ||
+			e.op == abi.ImportPTimerRegister || e.op == abi.ImportPTimerDelete:
 			if e.existed {
-				err = i.state.registerTimer(e.key, e.ts)
+				err = i.state.registerTimer(e.kind, e.key, e.ts)
 			} else {
-				err = i.state.deleteTimer(e.key, e.ts)
+				err = i.state.deleteTimer(e.kind, e.key, e.ts)
 			}
 		case e.existed:
 			err = i.state.put(e.kg, e.name, e.key, e.old)

@@ -13,6 +13,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/cockroachdb/pebble/v2"
 	"github.com/cockroachdb/pebble/v2/bloom"
@@ -26,14 +27,30 @@ import (
 // (so popDue is a scan from the start).
 //
 //	's' u16 key_group u32 len(name) name key   -> value
-//	't' u64 ts^(1<<63) key                      -> empty
+//	't' u64 ts^(1<<63) key                      -> empty (event-time timers)
+//	'u' u64 ts^(1<<63) key                      -> empty (processing-time timers)
 //
 // Integers are big-endian; flipping the sign bit makes negative timestamps
-// sort first.
+// sort first. Structured state (mstate.go) is keyed state like any other:
+// the entries of (name, key, ns) are one key range of 's'.
 const (
-	prefixState = 's'
-	prefixTimer = 't'
+	prefixState     = 's'
+	prefixTimer     = 't'
+	prefixProcTimer = 'u'
 )
+
+// timerPrefix is the keyspace of the timers of kind k.
+func timerPrefix(k timerKind) byte {
+	if k == procTime {
+		return prefixProcTimer
+	}
+	return prefixTimer
+}
+
+// sweepPerCut bounds the structured entries an incremental checkpoint's
+// TTL sweep looks at (fileCut): expired entries nobody touches go within
+// (entries / sweepPerCut) checkpoints.
+const sweepPerCut = 10_000
 
 // pebbleMemTableSize is each instance's memtable: writes land there, and
 // flush to L0 files when it is full.
@@ -57,7 +74,8 @@ func (c *StateCache) Release() {
 // pebbleOptions are what an instance passes from its engine.
 type pebbleOptions struct {
 	logger *slog.Logger
-	name   string // the directory name's prefix: job, operator, subtask, attempt
+	name   string       // the directory name's prefix: job, operator, subtask, attempt
+	now    func() int64 // the host's processing time in ms (TTL)
 }
 
 // pebbleState is the pebble backend: one DB per instance, in a directory of
@@ -67,6 +85,7 @@ type pebbleState struct {
 	maxP int
 	rng  abi.KeyGroupRange
 	dir  string
+	lock *dirLock // claims dir (and its file cuts) while the instance lives
 	cfg  StateConfig
 	log  *slog.Logger
 	db   *pebble.DB
@@ -80,6 +99,16 @@ type pebbleState struct {
 
 	cutSeq  int        // file cuts taken: names their directories
 	adopted *FileState // the restored files this DB was opened on (AdoptedFiles)
+
+	now   func() int64
+	next  [numTimerKinds]nextCache // the earliest timer of each kind
+	sweep []byte                   // where the next TTL sweep starts (fileCut); nil: the start
+}
+
+// nextCache caches nextTimer: known says ts and ok are up to date.
+type nextCache struct {
+	known, ok bool
+	ts        int64
 }
 
 var noSync = pebble.NoSync
@@ -92,13 +121,24 @@ func openPebble(maxP int, rng abi.KeyGroupRange, cfg StateConfig, o pebbleOption
 	if err := os.MkdirAll(parent, 0o755); err != nil {
 		return nil, fmt.Errorf("host: pebble state: data directory: %w", err)
 	}
-	dir, err := os.MkdirTemp(parent, sanitizeDirName(o.name)+"-")
+	removeStaleDirs(parent, o.logger)
+	lock, dir, err := claimDir(parent, sanitizeDirName(o.name))
+	if err == nil {
+		if err = os.Mkdir(dir, 0o755); err != nil {
+			lock.release()
+		}
+	}
 	if err != nil {
 		return nil, fmt.Errorf("host: pebble state: data directory: %w", err)
 	}
-	s := &pebbleState{maxP: maxP, rng: rng, dir: dir, cfg: cfg, log: o.logger, cuts: map[*deferredCut]struct{}{}}
+	now := o.now
+	if now == nil {
+		now = func() int64 { return time.Now().UnixMilli() }
+	}
+	s := &pebbleState{maxP: maxP, rng: rng, dir: dir, lock: lock, cfg: cfg, log: o.logger, cuts: map[*deferredCut]struct{}{}, now: now}
 	if err := s.open(); err != nil {
 		os.RemoveAll(dir)
+		lock.release()
 		return nil, err
 	}
 	return s, nil
@@ -168,8 +208,8 @@ func appendStateKey(b []byte, kg int, name, key []byte) []byte {
 	return append(b, key...)
 }
 
-func appendTimerKey(b []byte, key []byte, ts int64) []byte {
-	b = append(b, prefixTimer)
+func appendTimerKey(b []byte, k timerKind, key []byte, ts int64) []byte {
+	b = append(b, timerPrefix(k))
 	b = binary.BigEndian.AppendUint64(b, uint64(ts)^(1<<63))
 	return append(b, key...)
 }
@@ -219,24 +259,31 @@ func (s *pebbleState) del(kg int, name, key []byte) error {
 	return nil
 }
 
-func (s *pebbleState) registerTimer(key []byte, ts int64) error {
-	s.kbuf = appendTimerKey(s.kbuf[:0], key, ts)
+func (s *pebbleState) registerTimer(k timerKind, key []byte, ts int64) error {
+	s.kbuf = appendTimerKey(s.kbuf[:0], k, key, ts)
 	if err := s.w.Set(s.kbuf, nil, noSync); err != nil {
 		return fmt.Errorf("pebble set timer: %w", err)
+	}
+	if c := &s.next[k]; c.known && (!c.ok || ts < c.ts) {
+		c.ok, c.ts = true, ts
 	}
 	return s.flushBatch()
 }
 
-func (s *pebbleState) deleteTimer(key []byte, ts int64) error {
-	s.kbuf = appendTimerKey(s.kbuf[:0], key, ts)
+func (s *pebbleState) deleteTimer(k timerKind, key []byte, ts int64) error {
+	s.kbuf = appendTimerKey(s.kbuf[:0], k, key, ts)
 	if err := s.w.Delete(s.kbuf, noSync); err != nil {
 		return fmt.Errorf("pebble delete timer: %w", err)
+	}
+	if c := &s.next[k]; c.known && c.ok && ts == c.ts {
+		c.known = false
 	}
 	return nil
 }
 
-func (s *pebbleState) popDue(w int64, dst []timerID) ([]timerID, error) {
-	it, err := s.db.NewIter(&pebble.IterOptions{LowerBound: []byte{prefixTimer}, UpperBound: []byte{prefixTimer + 1}})
+func (s *pebbleState) popDue(k timerKind, w int64, dst []timerID) ([]timerID, error) {
+	p := timerPrefix(k)
+	it, err := s.db.NewIter(&pebble.IterOptions{LowerBound: []byte{p}, UpperBound: []byte{p + 1}})
 	if err != nil {
 		return dst, fmt.Errorf("pebble timers: %w", err)
 	}
@@ -254,8 +301,8 @@ func (s *pebbleState) popDue(w int64, dst []timerID) ([]timerID, error) {
 	return dst, nil
 }
 
-func (s *pebbleState) hasTimer(id timerID) (bool, error) {
-	s.kbuf = appendTimerKey(s.kbuf[:0], []byte(id.key), id.ts)
+func (s *pebbleState) hasTimer(k timerKind, id timerID) (bool, error) {
+	s.kbuf = appendTimerKey(s.kbuf[:0], k, []byte(id.key), id.ts)
 	_, closer, err := s.db.Get(s.kbuf)
 	if errors.Is(err, pebble.ErrNotFound) {
 		return false, nil
@@ -267,8 +314,118 @@ func (s *pebbleState) hasTimer(id timerID) (bool, error) {
 	return true, nil
 }
 
-func (s *pebbleState) removeTimer(id timerID) error {
-	return s.deleteTimer([]byte(id.key), id.ts)
+func (s *pebbleState) removeTimer(k timerKind, id timerID) error {
+	return s.deleteTimer(k, []byte(id.key), id.ts)
+}
+
+// nextTimer reads the first timer of kind k (cached until a delete of the
+// earliest timer).
+func (s *pebbleState) nextTimer(k timerKind) (int64, bool, error) {
+	c := &s.next[k]
+	if c.known {
+		return c.ts, c.ok, nil
+	}
+	p := timerPrefix(k)
+	it, err := s.db.NewIter(&pebble.IterOptions{LowerBound: []byte{p}, UpperBound: []byte{p + 1}})
+	if err != nil {
+		return 0, false, fmt.Errorf("pebble timers: %w", err)
+	}
+	c.ok = it.First()
+	if c.ok {
+		c.ts = timerTS(it.Key())
+	}
+	if err := it.Close(); err != nil {
+		return 0, false, fmt.Errorf("pebble timers: %w", err)
+	}
+	c.known = true
+	return c.ts, c.ok, nil
+}
+
+// scan iterates the stored keys with prefix (kg, name, prefix).
+func (s *pebbleState) scan(kg int, name, prefix []byte, fn func(ukey, val []byte) error) error {
+	lo := append(appendStateKey(nil, kg, name, nil), prefix...)
+	it, err := s.db.NewIter(&pebble.IterOptions{LowerBound: lo, UpperBound: prefixEnd(lo)})
+	if err != nil {
+		return fmt.Errorf("pebble scan: %w", err)
+	}
+	for ok := it.First(); ok; ok = it.Next() {
+		v, err := it.ValueAndErr()
+		if err == nil {
+			err = fn(it.Key()[len(lo):], v)
+		}
+		if err != nil {
+			it.Close()
+			return err
+		}
+	}
+	if err := it.Close(); err != nil {
+		return fmt.Errorf("pebble scan: %w", err)
+	}
+	return nil
+}
+
+// sweepExpired deletes expired structured entries (and list elements),
+// looking at up to limit entries from where the last sweep stopped, and
+// wraps around at the end: the incremental cleanup of incremental
+// checkpoints, whose files hold whatever the DB holds.
+func (s *pebbleState) sweepExpired(limit int) error {
+	now := s.now()
+	lo := s.sweep
+	if lo == nil {
+		lo = []byte{prefixState}
+	}
+	it, err := s.db.NewIter(&pebble.IterOptions{LowerBound: lo, UpperBound: []byte{prefixState + 1}})
+	if err != nil {
+		return fmt.Errorf("pebble sweep: %w", err)
+	}
+	b := s.db.NewBatch()
+	defer b.Close()
+	n := 0
+	var last []byte
+	ok := it.First()
+	for ok && n < limit {
+		k := it.Key()
+		_, name, _, valid := splitStateKey(k)
+		if !valid {
+			ok = it.Next()
+			continue
+		}
+		if !isStructured(name) {
+			ok = it.SeekGE(prefixEnd(k[:7+len(name)])) // past this state of this key group
+			continue
+		}
+		n++
+		last = append(last[:0], k...)
+		v, err := it.ValueAndErr()
+		if err != nil {
+			it.Close()
+			return fmt.Errorf("pebble sweep: %w", err)
+		}
+		live, keep := liveValue(v, now)
+		switch {
+		case !keep:
+			err = b.Delete(k, noSync)
+		case len(live) != len(v):
+			err = b.Set(k, live, noSync)
+		}
+		if err != nil {
+			it.Close()
+			return fmt.Errorf("pebble sweep: %w", err)
+		}
+		ok = it.Next()
+	}
+	if ok && last != nil {
+		s.sweep = append(last, 0) // the next key after the last one seen
+	} else {
+		s.sweep = nil
+	}
+	if err := it.Close(); err != nil {
+		return fmt.Errorf("pebble sweep: %w", err)
+	}
+	if err := s.db.Apply(b, noSync); err != nil {
+		return fmt.Errorf("pebble sweep: %w", err)
+	}
+	return nil
 }
 
 // cut takes a pebble snapshot: a sequence number, no copy. Reading it into
@@ -280,9 +437,10 @@ func (s *pebbleState) cut() (*Snapshot, error) {
 		snap.Close()
 		return &Snapshot{}, err
 	}
-	c := &deferredCut{read: func() (map[int]*KeyGroupState, error) { return s.readCut(snap) },
+	now := s.now() // expired structured entries are left out of the cut
+	c := &deferredCut{read: func() (map[int]*KeyGroupState, error) { return s.readCut(snap, now) },
 		stream: func(lists map[string]*ListState, w io.Writer, size func(int64) error) error {
-			return s.streamCut(snap, lists, w, size)
+			return s.streamCut(snap, now, lists, w, size)
 		}}
 	c.release = func() {
 		snap.Close()
@@ -305,6 +463,9 @@ func (s *pebbleState) fileCut() (*Snapshot, error) {
 	empty, err := pebbleEmpty(s.db)
 	if err != nil || empty {
 		return &Snapshot{}, err
+	}
+	if err := s.sweepExpired(sweepPerCut); err != nil {
+		return nil, fmt.Errorf("host: pebble state: %w", err)
 	}
 	if err := s.db.Flush(); err != nil {
 		return nil, fmt.Errorf("host: pebble state: flush: %w", err)
@@ -411,6 +572,7 @@ func (s *pebbleState) adopt(ctx context.Context, part *FileState) error {
 		return err
 	}
 	s.adopted = part
+	s.next = [numTimerKinds]nextCache{}
 	if part.KeyGroups.Start < s.rng.Start {
 		if err := s.db.DeleteRange([]byte{prefixState}, []byte{prefixState, byte(s.rng.Start >> 8), byte(s.rng.Start)}, noSync); err != nil {
 			return fmt.Errorf("host: pebble state: clip: %w", err)
@@ -425,7 +587,7 @@ func (s *pebbleState) adopt(ctx context.Context, part *FileState) error {
 		return nil
 	}
 	var drop [][]byte
-	it, err := s.db.NewIter(&pebble.IterOptions{LowerBound: []byte{prefixTimer}, UpperBound: []byte{prefixTimer + 1}})
+	it, err := s.db.NewIter(&pebble.IterOptions{LowerBound: []byte{prefixTimer}, UpperBound: []byte{prefixProcTimer + 1}})
 	if err != nil {
 		return fmt.Errorf("host: pebble state: clip: %w", err)
 	}
@@ -446,7 +608,7 @@ func (s *pebbleState) adopt(ctx context.Context, part *FileState) error {
 }
 
 func pebbleEmpty(snap pebble.Reader) (bool, error) {
-	it, err := snap.NewIter(&pebble.IterOptions{LowerBound: []byte{prefixState}, UpperBound: []byte{prefixTimer + 1}})
+	it, err := snap.NewIter(&pebble.IterOptions{LowerBound: []byte{prefixState}, UpperBound: []byte{prefixProcTimer + 1}})
 	if err != nil {
 		return false, fmt.Errorf("pebble cut: %w", err)
 	}
@@ -457,10 +619,10 @@ func pebbleEmpty(snap pebble.Reader) (bool, error) {
 	return !any, nil
 }
 
-// readCut reads a snapshot into key groups: the keyed state in key order,
-// then the timers, which come out in (ts, key) order, the order of
-// KeyGroupState.Timers.
-func (s *pebbleState) readCut(snap *pebble.Snapshot) (map[int]*KeyGroupState, error) {
+// readCut reads a snapshot into key groups: the keyed state in key order
+// (without the structured entries expired at now), then the timers, which
+// come out in (ts, key) order, the order of KeyGroupState.Timers.
+func (s *pebbleState) readCut(snap *pebble.Snapshot, now int64) (map[int]*KeyGroupState, error) {
 	out := make(map[int]*KeyGroupState)
 	group := func(kg int) *KeyGroupState { return groupIn(out, kg) }
 	it, err := snap.NewIter(&pebble.IterOptions{LowerBound: []byte{prefixState}, UpperBound: []byte{prefixState + 1}})
@@ -478,6 +640,15 @@ func (s *pebbleState) readCut(snap *pebble.Snapshot) (map[int]*KeyGroupState, er
 			it.Close()
 			return nil, fmt.Errorf("host: pebble state: read cut: malformed key %q", k)
 		}
+		v, err := it.ValueAndErr()
+		if err != nil {
+			it.Close()
+			return nil, fmt.Errorf("host: pebble state: read cut: %w", err)
+		}
+		var keep bool
+		if v, keep = liveStored(sname, v, now); !keep {
+			continue
+		}
 		if gk != kg {
 			kg, g, m = gk, group(gk), nil
 		}
@@ -486,17 +657,12 @@ func (s *pebbleState) readCut(snap *pebble.Snapshot) (map[int]*KeyGroupState, er
 			m = make(map[string][]byte)
 			g.Entries[name] = m
 		}
-		v, err := it.ValueAndErr()
-		if err != nil {
-			it.Close()
-			return nil, fmt.Errorf("host: pebble state: read cut: %w", err)
-		}
 		m[string(skey)] = append([]byte{}, v...)
 	}
 	if err := it.Close(); err != nil {
 		return nil, fmt.Errorf("host: pebble state: read cut: %w", err)
 	}
-	it, err = snap.NewIter(&pebble.IterOptions{LowerBound: []byte{prefixTimer}, UpperBound: []byte{prefixTimer + 1}})
+	it, err = snap.NewIter(&pebble.IterOptions{LowerBound: []byte{prefixTimer}, UpperBound: []byte{prefixProcTimer + 1}})
 	if err != nil {
 		return nil, fmt.Errorf("host: pebble state: read cut: %w", err)
 	}
@@ -504,7 +670,11 @@ func (s *pebbleState) readCut(snap *pebble.Snapshot) (map[int]*KeyGroupState, er
 		k := it.Key()
 		key := bytes.Clone(k[9:])
 		tg := group(abi.KeyGroup(key, s.maxP))
-		tg.Timers = append(tg.Timers, Timer{Key: key, TS: timerTS(k)})
+		if k[0] == prefixProcTimer {
+			tg.ProcTimers = append(tg.ProcTimers, Timer{Key: key, TS: timerTS(k)})
+		} else {
+			tg.Timers = append(tg.Timers, Timer{Key: key, TS: timerTS(k)})
+		}
 	}
 	if err := it.Close(); err != nil {
 		return nil, fmt.Errorf("host: pebble state: read cut: %w", err)
@@ -571,6 +741,7 @@ func (s *pebbleState) close() error {
 			os.RemoveAll(d)
 		}
 	}
+	s.lock.release()
 	if err != nil {
 		return fmt.Errorf("host: pebble state: close %s: %w", s.dir, err)
 	}

@@ -19,15 +19,29 @@ import (
 //	  u32 key_group, u32 state_count, then by state name:
 //	    bytes name, u32 entry_count, then by key: bytes key, bytes value
 //	  u32 timer_count, then in (ts, key) order: bytes key, i64 ts
+//	  (version 2 only) u32 ptimer_count, then in (ts, key) order: bytes key, i64 ts
 //	u32 list_count, then by name: bytes name, u32 mode, u32 entry_count, entry_count times bytes entry
 //	u32 crc32c of everything before it
 //
-// where bytes is u32 length followed by the bytes. The encoding is
+// where bytes is u32 length followed by the bytes. Version 2 adds the
+// processing-time timers of each key group; a snapshot without any is
+// written as version 1, byte for byte as before. The encoding is
 // deterministic: equal snapshots marshal to equal bytes.
 const (
 	snapshotMagic   = "SDSS"
-	snapshotVersion = 1
+	snapshotVersion = 2 // the highest version read and written
 )
+
+// SnapshotVersionFor is the format version s is written in: 2 if a key
+// group holds processing-time timers, else 1.
+func SnapshotVersionFor(s *Snapshot) uint32 {
+	for _, g := range s.KeyGroups {
+		if g != nil && len(g.ProcTimers) > 0 {
+			return 2
+		}
+	}
+	return 1
+}
 
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
@@ -42,7 +56,8 @@ func (s *Snapshot) MarshalBinary() ([]byte, error) {
 	}
 	le := binary.LittleEndian
 	b := []byte(snapshotMagic)
-	b = le.AppendUint32(b, snapshotVersion)
+	version := SnapshotVersionFor(s)
+	b = le.AppendUint32(b, version)
 	putBytes := func(p []byte) { b = le.AppendUint32(b, uint32(len(p))); b = append(b, p...) }
 	putString := func(p string) { b = le.AppendUint32(b, uint32(len(p))); b = append(b, p...) }
 
@@ -69,12 +84,18 @@ func (s *Snapshot) MarshalBinary() ([]byte, error) {
 				putBytes(m[k])
 			}
 		}
-		timers := slices.Clone(g.Timers)
-		sortTimers(timers)
-		b = le.AppendUint32(b, uint32(len(timers)))
-		for _, t := range timers {
-			putBytes(t.Key)
-			b = le.AppendUint64(b, uint64(t.TS))
+		putTimers := func(ts []Timer) {
+			timers := slices.Clone(ts)
+			sortTimers(timers)
+			b = le.AppendUint32(b, uint32(len(timers)))
+			for _, t := range timers {
+				putBytes(t.Key)
+				b = le.AppendUint64(b, uint64(t.TS))
+			}
+		}
+		putTimers(g.Timers)
+		if version >= 2 {
+			putTimers(g.ProcTimers)
 		}
 	}
 	names := slices.Sorted(maps.Keys(s.Lists))
@@ -105,8 +126,9 @@ func (s *Snapshot) UnmarshalBinary(data []byte) error {
 		return fmt.Errorf("%w: checksum %08x, want %08x (corrupt or truncated)", ErrSnapshotFormat, got, sum)
 	}
 	d := snapDecoder{b: body, off: 4}
-	if v := d.u32(); v != snapshotVersion {
-		return fmt.Errorf("%w: version %d, this host reads %d", ErrSnapshotFormat, v, snapshotVersion)
+	version := d.u32()
+	if version < 1 || version > snapshotVersion {
+		return fmt.Errorf("%w: version %d, this host reads 1 to %d", ErrSnapshotFormat, version, snapshotVersion)
 	}
 	out := Snapshot{KeyGroups: map[int]*KeyGroupState{}, Lists: map[string]*ListState{}}
 	for n := d.count(8); n > 0 && d.err == nil; n-- {
@@ -127,6 +149,12 @@ func (s *Snapshot) UnmarshalBinary(data []byte) error {
 		for nt := d.count(12); nt > 0 && d.err == nil; nt-- {
 			k := bytes.Clone(d.bytes())
 			g.Timers = append(g.Timers, Timer{Key: k, TS: int64(d.u64())})
+		}
+		if version >= 2 {
+			for nt := d.count(12); nt > 0 && d.err == nil; nt-- {
+				k := bytes.Clone(d.bytes())
+				g.ProcTimers = append(g.ProcTimers, Timer{Key: k, TS: int64(d.u64())})
+			}
 		}
 		out.KeyGroups[kg] = g
 	}
@@ -229,6 +257,9 @@ func (s *Snapshot) Clone() *Snapshot {
 		}
 		for _, t := range g.Timers {
 			cg.Timers = append(cg.Timers, Timer{Key: bytes.Clone(t.Key), TS: t.TS})
+		}
+		for _, t := range g.ProcTimers {
+			cg.ProcTimers = append(cg.ProcTimers, Timer{Key: bytes.Clone(t.Key), TS: t.TS})
 		}
 		out.KeyGroups[kg] = cg
 	}

@@ -86,11 +86,12 @@ func (s *Snapshot) Empty() bool {
 
 // KeyGroupState is the keyed state and timers of one key group.
 type KeyGroupState struct {
-	Entries map[string]map[string][]byte // state name -> key -> value
-	Timers  []Timer                      // sorted by (TS, Key)
+	Entries    map[string]map[string][]byte // state name -> key -> value
+	Timers     []Timer                      // event-time timers, sorted by (TS, Key)
+	ProcTimers []Timer                      // processing-time timers, sorted by (TS, Key)
 }
 
-// Timer is an event-time timer of a key.
+// Timer is an event-time or processing-time timer of a key.
 type Timer struct {
 	Key []byte
 	TS  int64
@@ -107,10 +108,20 @@ type keyedState struct {
 	maxP   int
 	rng    abi.KeyGroupRange
 	groups []group // [kg-rng.Start]
-	timers map[timerID]struct{}
-	heap   []timerID // min-heap by (ts, key); may hold deleted timers (lazy deletion)
+	timers [numTimerKinds]timerSet
 	// cuts is the number of snapshot cuts not released yet (Snapshot.Release).
 	cuts *atomic.Int32
+	// expiring: some structured entry carries an expiry (TTL): a cut drops
+	// the expired ones first.
+	expiring bool
+	now      func() int64 // the host's processing time in ms (TTL)
+}
+
+// timerSet is the timers of one kind: a set, and a min-heap by (ts, key)
+// that may hold deleted timers (lazy deletion).
+type timerSet struct {
+	set  map[timerID]struct{}
+	heap []timerID
 }
 
 // group is the keyed state of one key group.
@@ -122,6 +133,10 @@ type group struct {
 	// shared: values may be held by a cut: store new values in new memory
 	// instead of overwriting old ones.
 	shared bool
+	// idx indexes the structured entries (stored names starting with NUL):
+	// stored name -> entry prefix (key and namespace) -> user keys. Only
+	// the instance reads it (cuts take m alone), so it is never frozen.
+	idx map[string]map[string]map[string]struct{}
 }
 
 // writable returns the maps of key group kg for a write, copying them
@@ -154,14 +169,18 @@ func timerLess(a, b timerID) bool {
 	return a.key < b.key
 }
 
-func newKeyedState(maxP int, rng abi.KeyGroupRange) keyedState {
-	return keyedState{
+func newKeyedState(maxP int, rng abi.KeyGroupRange, now func() int64) keyedState {
+	s := keyedState{
 		maxP:   maxP,
 		rng:    rng,
 		groups: make([]group, rng.End-rng.Start+1),
-		timers: make(map[timerID]struct{}),
 		cuts:   new(atomic.Int32),
+		now:    now,
 	}
+	for k := range s.timers {
+		s.timers[k].set = make(map[timerID]struct{})
+	}
+	return s
 }
 
 func (s *keyedState) get(kg int, name, key []byte) ([]byte, bool, error) {
@@ -194,6 +213,10 @@ func (s *keyedState) put(kg int, name, key, val []byte) error {
 	if gr.shared && s.cuts.Load() == 0 {
 		gr.shared = false // no cut holds anything any more
 	}
+	structured := isStructured(name)
+	if structured && !s.expiring && valueExpires(val) {
+		s.expiring = true
+	}
 	if old, ok := m[string(key)]; ok && len(old) == len(val) && !gr.shared {
 		copy(old, val)
 		return nil
@@ -201,6 +224,71 @@ func (s *keyedState) put(kg int, name, key, val []byte) error {
 	v := make([]byte, len(val))
 	copy(v, val)
 	m[string(key)] = v
+	if structured {
+		gr.index(name, key)
+	}
+	return nil
+}
+
+// index adds the structured entry (name, stored key) to the group's index.
+func (g *group) index(name, key []byte) {
+	prefix, ukey, ok := splitEntryKey(key)
+	if !ok {
+		return // not written by mstate_* (checkRestored refuses such keys)
+	}
+	if g.idx == nil {
+		g.idx = make(map[string]map[string]map[string]struct{})
+	}
+	byPrefix := g.idx[string(name)]
+	if byPrefix == nil {
+		byPrefix = make(map[string]map[string]struct{})
+		g.idx[string(name)] = byPrefix
+	}
+	ukeys := byPrefix[string(prefix)]
+	if ukeys == nil {
+		ukeys = make(map[string]struct{})
+		byPrefix[string(prefix)] = ukeys
+	}
+	ukeys[string(ukey)] = struct{}{}
+}
+
+// unindex removes the structured entry (name, stored key) from the index.
+func (g *group) unindex(name, key []byte) {
+	prefix, ukey, ok := splitEntryKey(key)
+	if !ok || g.idx == nil {
+		return
+	}
+	byPrefix := g.idx[string(name)]
+	ukeys := byPrefix[string(prefix)]
+	delete(ukeys, string(ukey))
+	if len(ukeys) == 0 {
+		delete(byPrefix, string(prefix))
+		if len(byPrefix) == 0 {
+			delete(g.idx, string(name))
+		}
+	}
+}
+
+// scan calls fn for each structured entry of name under prefix (an entry
+// prefix: key and namespace), sorted by user key; the values are valid
+// during the call.
+func (s *keyedState) scan(kg int, name, prefix []byte, fn func(ukey, val []byte) error) error {
+	g := &s.groups[kg-s.rng.Start]
+	ukeys := g.idx[string(name)][string(prefix)]
+	if len(ukeys) == 0 {
+		return nil
+	}
+	sorted := slices.Sorted(maps.Keys(ukeys))
+	m := g.m[string(name)]
+	key := slices.Clone(prefix)
+	for _, uk := range sorted {
+		key = append(key[:len(prefix)], uk...)
+		if v, ok := m[string(key)]; ok {
+			if err := fn([]byte(uk), v); err != nil {
+				return err
+			}
+		}
+	}
 	return nil
 }
 
@@ -210,34 +298,40 @@ func (s *keyedState) del(kg int, name, key []byte) error {
 	} else if _, ok := g[string(name)][string(key)]; !ok {
 		return nil
 	}
-	g := s.writable(kg).m
+	gr := s.writable(kg)
+	g := gr.m
 	m := g[string(name)]
 	delete(m, string(key))
 	if len(m) == 0 {
 		delete(g, string(name))
 	}
+	if isStructured(name) {
+		gr.unindex(name, key)
+	}
 	return nil
 }
 
-func (s *keyedState) registerTimer(key []byte, ts int64) error {
+func (s *keyedState) registerTimer(k timerKind, key []byte, ts int64) error {
+	t := &s.timers[k]
 	id := timerID{string(key), ts}
-	if _, ok := s.timers[id]; ok {
+	if _, ok := t.set[id]; ok {
 		return nil
 	}
-	s.timers[id] = struct{}{}
-	s.push(id)
+	t.set[id] = struct{}{}
+	t.push(id)
 	return nil
 }
 
-func (s *keyedState) deleteTimer(key []byte, ts int64) error {
-	delete(s.timers, timerID{string(key), ts})
+func (s *keyedState) deleteTimer(k timerKind, key []byte, ts int64) error {
+	t := &s.timers[k]
+	delete(t.set, timerID{string(key), ts})
 	// Rebuild the heap when deleted timers dominate it.
-	if len(s.heap) > 64 && len(s.heap) > 2*len(s.timers) {
-		s.heap = s.heap[:0]
-		for id := range s.timers {
-			s.heap = append(s.heap, id)
+	if len(t.heap) > 64 && len(t.heap) > 2*len(t.set) {
+		t.heap = t.heap[:0]
+		for id := range t.set {
+			t.heap = append(t.heap, id)
 		}
-		slices.SortFunc(s.heap, func(a, b timerID) int {
+		slices.SortFunc(t.heap, func(a, b timerID) int {
 			if timerLess(a, b) {
 				return -1
 			}
@@ -250,22 +344,23 @@ func (s *keyedState) deleteTimer(key []byte, ts int64) error {
 	return nil
 }
 
-func (s *keyedState) hasTimer(id timerID) (bool, error) {
-	_, ok := s.timers[id]
+func (s *keyedState) hasTimer(k timerKind, id timerID) (bool, error) {
+	_, ok := s.timers[k].set[id]
 	return ok, nil
 }
 
-func (s *keyedState) removeTimer(id timerID) error {
-	delete(s.timers, id)
+func (s *keyedState) removeTimer(k timerKind, id timerID) error {
+	delete(s.timers[k].set, id)
 	return nil
 }
 
 // popDue moves every heap entry with ts <= w to dst in (ts, key) order. The
 // caller checks hasTimer before firing each (it may have been deleted).
-func (s *keyedState) popDue(w int64, dst []timerID) ([]timerID, error) {
-	for len(s.heap) > 0 && s.heap[0].ts <= w {
-		id := s.pop()
-		if _, ok := s.timers[id]; !ok {
+func (s *keyedState) popDue(k timerKind, w int64, dst []timerID) ([]timerID, error) {
+	t := &s.timers[k]
+	for len(t.heap) > 0 && t.heap[0].ts <= w {
+		id := t.pop()
+		if _, ok := t.set[id]; !ok {
 			continue
 		}
 		if n := len(dst); n > 0 && dst[n-1] == id {
@@ -276,21 +371,33 @@ func (s *keyedState) popDue(w int64, dst []timerID) ([]timerID, error) {
 	return dst, nil
 }
 
-func (s *keyedState) push(id timerID) {
-	s.heap = append(s.heap, id)
-	i := len(s.heap) - 1
+// nextTimer is the earliest timer of kind k.
+func (s *keyedState) nextTimer(k timerKind) (int64, bool, error) {
+	t := &s.timers[k]
+	for len(t.heap) > 0 {
+		if _, ok := t.set[t.heap[0]]; ok {
+			return t.heap[0].ts, true, nil
+		}
+		t.pop() // deleted
+	}
+	return 0, false, nil
+}
+
+func (t *timerSet) push(id timerID) {
+	t.heap = append(t.heap, id)
+	i := len(t.heap) - 1
 	for i > 0 {
 		p := (i - 1) / 2
-		if !timerLess(s.heap[i], s.heap[p]) {
+		if !timerLess(t.heap[i], t.heap[p]) {
 			break
 		}
-		s.heap[i], s.heap[p] = s.heap[p], s.heap[i]
+		t.heap[i], t.heap[p] = t.heap[p], t.heap[i]
 		i = p
 	}
 }
 
-func (s *keyedState) pop() timerID {
-	h := s.heap
+func (t *timerSet) pop() timerID {
+	h := t.heap
 	top := h[0]
 	n := len(h) - 1
 	h[0] = h[n]
@@ -311,7 +418,7 @@ func (s *keyedState) pop() timerID {
 		h[i], h[m] = h[m], h[i]
 		i = m
 	}
-	s.heap = h
+	t.heap = h
 	return top
 }
 
@@ -326,6 +433,9 @@ func (s *keyedState) cut() (*Snapshot, error) {
 }
 
 func (s *keyedState) snapshot() map[int]*KeyGroupState {
+	if s.expiring {
+		s.dropExpired()
+	}
 	out := make(map[int]*KeyGroupState)
 	group := func(kg int) *KeyGroupState { return groupIn(out, kg) }
 	for idx := range s.groups {
@@ -337,14 +447,60 @@ func (s *keyedState) snapshot() map[int]*KeyGroupState {
 		g.frozen = true
 	}
 	s.cuts.Add(1)
-	for id := range s.timers {
+	for id := range s.timers[eventTime].set {
 		g := group(abi.KeyGroup([]byte(id.key), s.maxP))
 		g.Timers = append(g.Timers, Timer{Key: []byte(id.key), TS: id.ts})
 	}
+	for id := range s.timers[procTime].set {
+		g := group(abi.KeyGroup([]byte(id.key), s.maxP))
+		g.ProcTimers = append(g.ProcTimers, Timer{Key: []byte(id.key), TS: id.ts})
+	}
 	for _, g := range out {
 		sortTimers(g.Timers)
+		sortTimers(g.ProcTimers)
 	}
 	return out
+}
+
+// dropExpired deletes the expired structured entries and list elements
+// (before a cut: the memory backend drops them when a snapshot is
+// written). It walks the structured state only.
+func (s *keyedState) dropExpired() {
+	now := s.now()
+	still := false
+	for idx := range s.groups {
+		g := &s.groups[idx]
+		kg := s.rng.Start + idx
+		for name, m := range g.m {
+			if !isStructured([]byte(name)) {
+				continue
+			}
+			var dead []string
+			var trimmed map[string][]byte
+			for k, v := range m {
+				live, keep := liveValue(v, now)
+				switch {
+				case !keep:
+					dead = append(dead, k)
+				case len(live) != len(v):
+					if trimmed == nil {
+						trimmed = map[string][]byte{}
+					}
+					trimmed[k] = live
+				}
+				if keep && valueExpires(live) {
+					still = true
+				}
+			}
+			for _, k := range dead {
+				s.del(kg, []byte(name), []byte(k))
+			}
+			for k, v := range trimmed {
+				s.put(kg, []byte(name), []byte(k), v)
+			}
+		}
+	}
+	s.expiring = still
 }
 
 // groupIn returns key group kg of out, adding an empty one if missing.

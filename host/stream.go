@@ -58,20 +58,23 @@ func (s *Snapshot) EncodeTo(w io.Writer, size func(n int64) error) error {
 
 // cutPlan is what the first pass over a pebble cut finds.
 type cutPlan struct {
-	groups []groupPlan
-	size   int64
+	groups  []groupPlan
+	size    int64
+	version uint32 // 2 with processing-time timers
 }
 
 type groupPlan struct {
-	kg     int
-	names  []string // sorted
-	counts map[string]uint32
-	timers []Timer // (ts, key) order
+	kg         int
+	names      []string // sorted
+	counts     map[string]uint32
+	timers     []Timer // (ts, key) order
+	procTimers []Timer // (ts, key) order
 }
 
-// streamCut writes the canonical encoding of snap (and lists) to w.
-func (s *pebbleState) streamCut(snap *pebble.Snapshot, lists map[string]*ListState, w io.Writer, size func(int64) error) error {
-	plan, err := s.planCut(snap, lists)
+// streamCut writes the canonical encoding of snap (and lists) to w,
+// without the structured entries expired at now.
+func (s *pebbleState) streamCut(snap *pebble.Snapshot, now int64, lists map[string]*ListState, w io.Writer, size func(int64) error) error {
+	plan, err := s.planCut(snap, now, lists)
 	if err != nil {
 		return err
 	}
@@ -93,7 +96,7 @@ func (s *pebbleState) streamCut(snap *pebble.Snapshot, lists map[string]*ListSta
 		scratch = append(scratch, p...)
 		return put(scratch)
 	}
-	if err := put(append([]byte(snapshotMagic), 1, 0, 0, 0)); err != nil {
+	if err := put(le.AppendUint32([]byte(snapshotMagic), plan.version)); err != nil {
 		return err
 	}
 	if err := u32(uint32(len(plan.groups))); err != nil {
@@ -123,6 +126,10 @@ func (s *pebbleState) streamCut(snap *pebble.Snapshot, lists map[string]*ListSta
 			for ok := it.First(); ok && err == nil; ok = it.Next() {
 				var v []byte
 				if v, err = it.ValueAndErr(); err == nil {
+					var keep bool
+					if v, keep = liveStored([]byte(name), v, now); !keep {
+						continue
+					}
 					if err = bytesOf(it.Key()[len(kbuf):]); err == nil {
 						err = bytesOf(v)
 					}
@@ -139,16 +146,22 @@ func (s *pebbleState) streamCut(snap *pebble.Snapshot, lists map[string]*ListSta
 				return err
 			}
 		}
-		if err := u32(uint32(len(g.timers))); err != nil {
-			return err
+		timerLists := [][]Timer{g.timers}
+		if plan.version >= 2 {
+			timerLists = append(timerLists, g.procTimers)
 		}
-		for _, t := range g.timers {
-			if err := bytesOf(t.Key); err != nil {
+		for _, timers := range timerLists {
+			if err := u32(uint32(len(timers))); err != nil {
 				return err
 			}
-			scratch = le.AppendUint64(scratch[:0], uint64(t.TS))
-			if err := put(scratch); err != nil {
-				return err
+			for _, t := range timers {
+				if err := bytesOf(t.Key); err != nil {
+					return err
+				}
+				scratch = le.AppendUint64(scratch[:0], uint64(t.TS))
+				if err := put(scratch); err != nil {
+					return err
+				}
 			}
 		}
 	}
@@ -195,8 +208,8 @@ func prefixEnd(p []byte) []byte {
 }
 
 // planCut counts the groups, states and bytes of snap: the first pass.
-func (s *pebbleState) planCut(snap *pebble.Snapshot, lists map[string]*ListState) (*cutPlan, error) {
-	p := &cutPlan{size: 4 + 4 + 4 + 4 + 4} // magic, version, group count, list count, crc
+func (s *pebbleState) planCut(snap *pebble.Snapshot, now int64, lists map[string]*ListState) (*cutPlan, error) {
+	p := &cutPlan{size: 4 + 4 + 4 + 4 + 4, version: 1} // magic, version, group count, list count, crc
 	byKG := map[int]*groupPlan{}
 	group := func(kg int) *groupPlan {
 		g := byKG[kg]
@@ -217,23 +230,27 @@ func (s *pebbleState) planCut(snap *pebble.Snapshot, lists map[string]*ListState
 			it.Close()
 			return nil, fmt.Errorf("host: pebble state: encode: malformed key %q", k)
 		}
+		v, err := it.ValueAndErr()
+		if err != nil {
+			it.Close()
+			return nil, fmt.Errorf("host: pebble state: encode: %w", err)
+		}
+		var keep bool
+		if v, keep = liveStored(name, v, now); !keep {
+			continue
+		}
 		g := group(kg)
 		if _, seen := g.counts[string(name)]; !seen {
 			g.names = append(g.names, string(name))
 			p.size += 4 + int64(len(name)) + 4
 		}
 		g.counts[string(name)]++
-		v, err := it.ValueAndErr()
-		if err != nil {
-			it.Close()
-			return nil, fmt.Errorf("host: pebble state: encode: %w", err)
-		}
 		p.size += 8 + int64(len(key)) + int64(len(v))
 	}
 	if err := it.Close(); err != nil {
 		return nil, fmt.Errorf("host: pebble state: encode: %w", err)
 	}
-	it, err = snap.NewIter(&pebble.IterOptions{LowerBound: []byte{prefixTimer}, UpperBound: []byte{prefixTimer + 1}})
+	it, err = snap.NewIter(&pebble.IterOptions{LowerBound: []byte{prefixTimer}, UpperBound: []byte{prefixProcTimer + 1}})
 	if err != nil {
 		return nil, fmt.Errorf("host: pebble state: encode: %w", err)
 	}
@@ -241,7 +258,12 @@ func (s *pebbleState) planCut(snap *pebble.Snapshot, lists map[string]*ListState
 		k := it.Key()
 		key := slices.Clone(k[9:])
 		g := group(abi.KeyGroup(key, s.maxP))
-		g.timers = append(g.timers, Timer{Key: key, TS: timerTS(k)})
+		if k[0] == prefixProcTimer {
+			g.procTimers = append(g.procTimers, Timer{Key: key, TS: timerTS(k)})
+			p.version = 2
+		} else {
+			g.timers = append(g.timers, Timer{Key: key, TS: timerTS(k)})
+		}
 		p.size += 4 + int64(len(key)) + 8
 	}
 	if err := it.Close(); err != nil {
@@ -252,6 +274,9 @@ func (s *pebbleState) planCut(snap *pebble.Snapshot, lists map[string]*ListState
 		slices.Sort(g.names)
 		p.groups = append(p.groups, *g)
 		p.size += 4 + 4 + 4 // key group, state count, timer count
+	}
+	if p.version >= 2 {
+		p.size += 4 * int64(len(p.groups)) // processing-time timer counts
 	}
 	for name, l := range lists {
 		p.size += 4 + int64(len(name)) + 4 + 4

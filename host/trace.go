@@ -101,8 +101,12 @@ func (s *Snapshot) Size() int64 {
 			n += sf.Size
 		}
 	}
+	v2 := SnapshotVersionFor(s) >= 2
 	for _, g := range s.KeyGroups {
 		n += 4 + 4 + 4 // key group, state count, timer count
+		if v2 {
+			n += 4 // processing-time timer count
+		}
 		if g == nil {
 			continue
 		} // key group, state count, timer count
@@ -113,6 +117,9 @@ func (s *Snapshot) Size() int64 {
 			}
 		}
 		for _, t := range g.Timers {
+			n += 4 + int64(len(t.Key)) + 8
+		}
+		for _, t := range g.ProcTimers {
 			n += 4 + int64(len(t.Key)) + 8
 		}
 	}

@@ -94,7 +94,9 @@ func TestSnapshotEncodingMatchesHost(t *testing.T) {
 	s.Lists["nil"] = nil
 	s.KeyGroups[63] = nil
 	s.KeyGroups[1] = &host.KeyGroupState{Entries: map[string]map[string][]byte{"empty": {}, "nilval": {"k": nil}}}
-	for _, snap := range []*host.Snapshot{s, {}} {
+	withProc := s.Clone()
+	withProc.KeyGroups[2] = &host.KeyGroupState{ProcTimers: []host.Timer{{Key: []byte("b"), TS: 3}, {Key: []byte("a"), TS: 3}}}
+	for _, snap := range []*host.Snapshot{s, {}, withProc} {
 		want, err := snap.MarshalBinary()
 		if err != nil {
 			t.Fatal(err)

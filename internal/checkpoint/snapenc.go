@@ -12,8 +12,8 @@ import (
 	"github.com/streamd/streamd/host"
 )
 
-// appendSnapshot appends s in host.Snapshot's binary format (version 1, see
-// host/snapshot.go), byte for byte what s.MarshalBinary returns (a test
+// appendSnapshot appends s in host.Snapshot's binary format (version 1, or
+// 2 with processing-time timers, see host/snapshot.go), byte for byte what s.MarshalBinary returns (a test
 // checks it), but into a caller-sized buffer: with 1 million keys
 // MarshalBinary spends most of its time growing its buffer. Decoding uses
 // host.Snapshot.UnmarshalBinary.
@@ -21,7 +21,8 @@ func appendSnapshot(b []byte, s *host.Snapshot) ([]byte, error) {
 	le := binary.LittleEndian
 	start := len(b)
 	b = append(b, "SDSS"...)
-	b = le.AppendUint32(b, 1)
+	version := host.SnapshotVersionFor(s)
+	b = le.AppendUint32(b, version)
 	kgs := slices.Sorted(maps.Keys(s.KeyGroups))
 	b = le.AppendUint32(b, uint32(len(kgs)))
 	var keys []string
@@ -54,13 +55,9 @@ func appendSnapshot(b []byte, s *host.Snapshot) ([]byte, error) {
 				b = append(b, v...)
 			}
 		}
-		timers := slices.Clone(g.Timers)
-		sortTimers(timers)
-		b = le.AppendUint32(b, uint32(len(timers)))
-		for _, t := range timers {
-			b = le.AppendUint32(b, uint32(len(t.Key)))
-			b = append(b, t.Key...)
-			b = le.AppendUint64(b, uint64(t.TS))
+		b = appendTimers(b, g.Timers)
+		if version >= 2 {
+			b = appendTimers(b, g.ProcTimers)
 		}
 	}
 	names := slices.Sorted(maps.Keys(s.Lists))
@@ -82,13 +79,34 @@ func appendSnapshot(b []byte, s *host.Snapshot) ([]byte, error) {
 	return le.AppendUint32(b, crc32.Checksum(b[start:], castagnoli)), nil
 }
 
+// appendTimers appends a timer count and the timers in (ts, key) order.
+func appendTimers(b []byte, ts []host.Timer) []byte {
+	le := binary.LittleEndian
+	timers := slices.Clone(ts)
+	sortTimers(timers)
+	b = le.AppendUint32(b, uint32(len(timers)))
+	for _, t := range timers {
+		b = le.AppendUint32(b, uint32(len(t.Key)))
+		b = append(b, t.Key...)
+		b = le.AppendUint64(b, uint64(t.TS))
+	}
+	return b
+}
+
 // snapshotSize is the length appendSnapshot appends.
 func snapshotSize(s *host.Snapshot) int {
 	n := 4 + 4 + 4 + 4 + 4 // magic, version, group count, list count, crc
+	v2 := host.SnapshotVersionFor(s) >= 2
 	for _, g := range s.KeyGroups {
 		n += 4 + 4 + 4 // group, state count, timer count
+		if v2 {
+			n += 4 // processing-time timer count
+		}
 		if g == nil {
 			continue
+		}
+		for _, t := range g.ProcTimers {
+			n += 4 + len(t.Key) + 8
 		}
 		for name, m := range g.Entries {
 			n += 4 + len(name) + 4

@@ -17,6 +17,7 @@ const (
 	cmdStop                            // stop-with-savepoint: end the input now (sources)
 	cmdAck                             // the receiver of output channel id acknowledged EndOfData (not from the driver)
 	cmdAlignTimeout                    // the aligned timeout of checkpoint id fired (the subtask's own timer)
+	cmdProcTime                        // the earliest processing-time timer is due (the subtask's own wake-up, proctime.go)
 )
 
 type command struct {

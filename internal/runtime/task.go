@@ -101,6 +101,8 @@ type task struct {
 	batchOut   int                        // records emitted by the current Process call
 	finalStart time.Time                  // end of data sent: the final-checkpoint wait began
 	finalSpan  trace.Span
+
+	pwake procWake // the wake-up for the earliest processing-time timer (proctime.go)
 }
 
 // setGate makes the input gate of an operator subtask over its data
@@ -529,6 +531,8 @@ func (t *task) command(c command) control.SubtaskEvent {
 		return control.OutputAcked{Channel: int(c.id)}
 	case cmdAlignTimeout:
 		return control.AlignmentTimedOut{ID: c.id}
+	case cmdProcTime:
+		t.pwake.armed = false // fired: the loop fires the due timers and re-arms
 	}
 	return nil
 }
@@ -859,7 +863,11 @@ func (t *task) runOperator(ctx context.Context) (err error) {
 	if err := t.replayInFlight(ctx); err != nil {
 		return err
 	}
+	defer t.disarmProcWake()
 	for !t.m.Done() {
+		if err := t.processingTimers(); err != nil {
+			return err
+		}
 		if t.overtakes && g.Overtaking() {
 			if took, err := t.takeOvertaking(); err != nil {
 				return err
