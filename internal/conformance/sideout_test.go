@@ -3,21 +3,21 @@ package conformance
 import (
 	"context"
 	"errors"
-	"log/slog"
+	"slices"
 	"strings"
 	"testing"
 
 	"github.com/streamd/streamd/abi"
 	"github.com/streamd/streamd/host"
-	"github.com/streamd/streamd/internal/testlog"
-	"github.com/streamd/streamd/internal/testwasm"
 )
 
 // sideoutGuests implement the sideout operator (guests/SPEC.md "sideout"):
-// the imports emit_watermark, input_watermark and emit_to. Go and Rust
-// versions join when their SDKs have them.
+// the imports emit_watermark, input_watermark and emit_to. The SDK guests
+// join by adding their make target.
 var sideoutGuests = []struct{ name, target string }{
 	{"wat", "internal/conformance/guests/wat/sideout.wasm"},
+	{"go", "internal/conformance/guests/go/sideout.wasm"},
+	{"rust", "internal/conformance/guests/rust/sideout.wasm"},
 }
 
 // outputs records what the guest sends through host.Outputs.
@@ -40,20 +40,10 @@ func TestSideOutputs(t *testing.T) {
 	for _, g := range sideoutGuests {
 		t.Run(g.name, func(t *testing.T) {
 			ctx := context.Background()
-			path := testwasm.Path(t, g.target)
-			e, err := host.NewEngine(ctx, host.WithCacheDir(cacheDir), host.WithLogger(slog.New(testlog.New())))
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { e.Close(ctx) })
-			m, err := e.LoadFile(ctx, path)
-			if err != nil {
-				t.Fatalf("load: %v", err)
-			}
-			h := &harness{guest: g.name, path: path}
+			h := newHarness(t, g.name, guestPath(t, g.name, g.target))
 			start := func(t *testing.T) (*sub, *outputs) {
 				o := &outputs{in: []int64{abi.MinWatermark, abi.MinWatermark}}
-				return h.start(t, m, host.InstanceConfig{Operator: "sideout", NumInputs: 2, Outputs: o}), o
+				return h.start(t, h.plain, host.InstanceConfig{Operator: "sideout", NumInputs: 2, Outputs: o}), o
 			}
 
 			t.Run("routing", func(t *testing.T) {
@@ -71,7 +61,7 @@ func TestSideOutputs(t *testing.T) {
 				s.process(1, rec("k", "wm", 100))
 				s.watermark(5000) // on_watermark: emit_watermark(ts - 1000)
 				s.watermark(abi.MaxWatermark)
-				if want := []int64{100, 4000}; !equal(o.wms, want) {
+				if want := []int64{100, 4000}; !slices.Equal(o.wms, want) {
 					t.Errorf("emitted watermarks %v, want %v", o.wms, want)
 				}
 				if !s.inst.OwnsWatermark() {
@@ -116,16 +106,3 @@ func TestSideOutputs(t *testing.T) {
 	}
 }
 
-func i64(n int64) string { return u64(uint64(n)) }
-
-func equal(a, b []int64) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if a[i] != b[i] {
-			return false
-		}
-	}
-	return true
-}
