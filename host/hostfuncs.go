@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"slices"
 	"time"
 
 	"github.com/tetratelabs/wazero/api"
@@ -134,14 +135,7 @@ func (i *Instance) writesAllowed() bool {
 
 // emit(batch_ptr, batch_len): allowed in process, on_watermark, on_timer, end_input, finish.
 func hostEmit(i *Instance, stack []uint64) {
-	switch i.phase {
-	case abi.PhaseProcess, abi.PhaseWatermark, abi.PhaseTimer, abi.PhaseProcessingTime, abi.PhaseEndInput, abi.PhaseFinish:
-	default:
-		if i.finished {
-			i.misuse("emit after finish (phase %s)", i.phase)
-		}
-		i.misuse("emit not allowed in phase %s", i.phase)
-	}
+	i.allowIn(abi.ImportEmit, emitPhases)
 	frame := i.read(uint32(stack[0]), uint32(stack[1]), abi.ImportEmit, "batch")
 	recs, err := i.decodeEmit(frame)
 	if err != nil {
@@ -151,6 +145,21 @@ func hostEmit(i *Instance, stack []uint64) {
 	if i.emit != nil && len(recs) > 0 {
 		i.waitingOutside(func() { i.emit(recs) })
 	}
+}
+
+// emitPhases are the phases emit and emit_to are allowed in.
+var emitPhases = []abi.Phase{abi.PhaseProcess, abi.PhaseWatermark, abi.PhaseTimer, abi.PhaseProcessingTime, abi.PhaseEndInput, abi.PhaseFinish}
+
+// allowIn fails the guest (misuse) unless the call of import_ is in one of
+// phases.
+func (i *Instance) allowIn(import_ string, phases []abi.Phase) {
+	if slices.Contains(phases, i.phase) {
+		return
+	}
+	if i.finished {
+		i.misuse("%s after finish (phase %s)", import_, i.phase)
+	}
+	i.misuse("%s not allowed in phase %s", import_, i.phase)
 }
 
 // checkRecordSizes fails the guest with abi.ErrRecordTooLarge if a record

@@ -35,20 +35,16 @@ func addWatermarkImports(add func(name string, f hostFunc, params, results []api
 // emit_watermark(ts i64): open, process, on_watermark, on_timer,
 // on_processing_time, end_input.
 func hostEmitWatermark(i *Instance, stack []uint64) {
-	switch i.phase {
-	case abi.PhaseOpen, abi.PhaseProcess, abi.PhaseWatermark, abi.PhaseTimer, abi.PhaseProcessingTime, abi.PhaseEndInput:
-	default:
-		if i.finished {
-			i.misuse("emit_watermark after finish (phase %s)", i.phase)
-		}
-		i.misuse("emit_watermark not allowed in phase %s", i.phase)
-	}
+	i.allowIn(abi.ImportEmitWatermark, watermarkPhases)
 	ts := int64(stack[0])
 	i.ownsWatermark = true
 	if o := i.cfg.Outputs; o != nil {
 		i.waitingOutside(func() { o.EmitWatermark(ts) })
 	}
 }
+
+// watermarkPhases are the phases emit_watermark is allowed in.
+var watermarkPhases = []abi.Phase{abi.PhaseOpen, abi.PhaseProcess, abi.PhaseWatermark, abi.PhaseTimer, abi.PhaseProcessingTime, abi.PhaseEndInput}
 
 // input_watermark(input i32) -> i64: every phase.
 func hostInputWatermark(i *Instance, stack []uint64) {
@@ -65,14 +61,7 @@ func hostInputWatermark(i *Instance, stack []uint64) {
 
 // emit_to(name_ptr, name_len, batch_ptr, batch_len): like emit.
 func hostEmitTo(i *Instance, stack []uint64) {
-	switch i.phase {
-	case abi.PhaseProcess, abi.PhaseWatermark, abi.PhaseTimer, abi.PhaseProcessingTime, abi.PhaseEndInput, abi.PhaseFinish:
-	default:
-		if i.finished {
-			i.misuse("emit_to after finish (phase %s)", i.phase)
-		}
-		i.misuse("emit_to not allowed in phase %s", i.phase)
-	}
+	i.allowIn(abi.ImportEmitTo, emitPhases)
 	name := string(i.read(uint32(stack[0]), uint32(stack[1]), abi.ImportEmitTo, "name"))
 	if err := abi.CheckOutputName(name); err != nil {
 		i.misuse("emit_to: %v", err)
