@@ -367,3 +367,34 @@ func runUntil(t *testing.T, g *control.JobGraph, opts Options, done <-chan struc
 		t.Fatal(err)
 	}
 }
+
+// TestSideOutputOnErrorSkip: with on_error skip, a batch whose call fails
+// is replayed record by record; what the failed call sent to the side
+// output is dropped with its main-output records, so each record reaches
+// its output once and the failing one ("badin") none.
+func TestSideOutputOnErrorSkip(t *testing.T) {
+	sideout := testwasm.Path(t, sideoutGuest)
+	dir := t.TempDir()
+	input := filepath.Join(dir, "in.txt")
+	if err := os.WriteFile(input, []byte("v1\nv2\nbadin\nv3\nv4\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	mainOut, sideOut := filepath.Join(dir, "main"), filepath.Join(dir, "side")
+	g := graph(t,
+		src("src", 1, &jobfile.SourceSpec{Type: "file", Path: input}),
+		op("split", 1, &jobfile.WasmSpec{Path: sideout, OnError: &jobfile.OnError{Mode: jobfile.OnErrorSkip}}, in("src", control.Forward)),
+		sink("main", 1, &jobfile.SinkSpec{Type: "file", Path: mainOut}, in("split", control.Forward)),
+		sink("side", 1, &jobfile.SinkSpec{Type: "file", Path: sideOut}, fromSide("split", control.Forward)),
+	)
+	stats, err := Run(context.Background(), g, Options{Engine: cachedEngine(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkExactlyOnce(t, committed(t, mainOut), []string{"v2", "v4"})
+	checkExactlyOnce(t, committed(t, sideOut), []string{"v1", "v3"})
+	for _, o := range stats.Operators {
+		if o.UID == "split" && o.DeadLetters != 1 {
+			t.Errorf("split: %d records skipped, want 1", o.DeadLetters)
+		}
+	}
+}
