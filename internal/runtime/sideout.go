@@ -129,17 +129,16 @@ func (t *task) initSourceWatermarks() {
 }
 
 // sourceWatermark sends the source's pending watermark if it advanced and
-// the interval since the last one passed (or now).
-func (t *task) sourceWatermark(now bool) (bool, error) {
-	if t.srcPend <= t.srcWM || (!now && time.Since(t.srcSent) < t.wmInterval) {
+// the interval since the last one passed.
+func (t *task) sourceWatermark() (bool, error) {
+	if t.srcPend <= t.outWM || time.Since(t.srcSent) < t.wmInterval {
 		return false, nil
 	}
-	t.srcWM, t.srcSent = t.srcPend, time.Now()
+	t.srcSent = time.Now()
 	if err := t.sendStatus(false); err != nil {
 		return false, err
 	}
-	t.om.OutputWatermark(t.ctx, t.srcWM, true)
-	return true, t.broadcast(dataplane.WatermarkEvent(t.srcWM))
+	return true, t.sendWatermark(t.srcPend)
 }
 
 // sourceDeadline is how long a reading source waits at most before
@@ -149,7 +148,7 @@ func (t *task) sourceDeadline() (time.Duration, bool) {
 		return 0, false
 	}
 	var at time.Time
-	if t.srcPend > t.srcWM {
+	if t.srcPend > t.outWM {
 		at = t.srcSent.Add(t.wmInterval)
 	}
 	if t.idleTimeout > 0 && !t.outIdle {
@@ -166,7 +165,7 @@ func (t *task) sourceDeadline() (time.Duration, bool) {
 // sourceTick sends the pending watermark once its interval passed and
 // makes the source idle once it read nothing for the idle timeout.
 func (t *task) sourceTick() error {
-	if _, err := t.sourceWatermark(false); err != nil {
+	if _, err := t.sourceWatermark(); err != nil {
 		return t.fail(phaseOutput, err)
 	}
 	if t.idleTimeout > 0 && !t.outIdle && t.m.Reading() && time.Since(t.srcLastRec) >= t.idleTimeout {

@@ -63,9 +63,8 @@ type task struct {
 	// final checkpoint, stop); the task goroutine does its IO.
 	m *control.SubtaskMachine
 	// Of a source: the position after the records sent so far (what a
-	// snapshot stores), and its watermark.
+	// snapshot stores); its watermark is outWM.
 	srcAt []byte
-	srcWM int64
 	// Of a source, its watermark strategy (sideout.go): srcPend is the
 	// source's watermark not sent yet (at most every wmInterval, srcSent
 	// the last time); srcLastRec when the last record came, for
@@ -357,21 +356,17 @@ func (t *task) perform(a control.SubtaskAction) error {
 	return nil
 }
 
-// endData sends what ends a subtask's data: with MaxWatermark the MAX
-// watermark (unless a source's watermark is there already), then
-// EndOfData(drain) (DESIGN.md "Finishing" 1b, 3b).
+// endData sends what ends a subtask's data: with MaxWatermark (or drain,
+// for an operator with its own output watermark) the MAX watermark unless
+// it was sent already, then EndOfData(drain) (DESIGN.md "Finishing" 1b, 3b).
 func (t *task) endData(x control.EmitEndOfData) error {
-	if !x.MaxWatermark && x.Drain && t.ownWM && t.outWM < abi.MaxWatermark {
-		// An operator with its own output watermark: MAX after finish.
-		if err := t.sendWatermark(abi.MaxWatermark); err != nil {
-			return t.fail(phaseOutput, err)
-		}
-	}
-	if x.MaxWatermark && (t.newSource == nil || t.srcWM < abi.MaxWatermark) {
+	// An operator with its own output watermark (emit_watermark) gets MAX
+	// after finish too.
+	if (x.MaxWatermark || x.Drain && t.ownWM) && t.outWM < abi.MaxWatermark {
 		if err := t.broadcast(dataplane.WatermarkEvent(abi.MaxWatermark)); err != nil {
 			return t.fail(phaseOutput, err)
 		}
-		t.srcWM = abi.MaxWatermark
+		t.outWM = abi.MaxWatermark
 	}
 	if err := t.broadcast(dataplane.EndOfDataEvent(x.Drain)); err != nil {
 		return t.fail(phaseOutput, err)
@@ -570,7 +565,7 @@ func (t *task) commands() error {
 // the wait for the final checkpoint and EndOfPartition (DESIGN.md
 // "Finishing" 1).
 func (t *task) runSource(ctx context.Context) error {
-	t.srcWM, t.srcPend = abi.MinWatermark, abi.MinWatermark
+	t.srcPend = abi.MinWatermark
 	t.initSourceWatermarks()
 	tick := time.NewTimer(time.Hour)
 	defer tick.Stop()
@@ -696,7 +691,7 @@ func (t *task) sourceBatch(res readResult) error {
 		return t.fail(phaseRead, t.emitErr)
 	}
 	t.srcPend = max(t.srcPend, res.wm)
-	if sent, err := t.sourceWatermark(false); err != nil {
+	if sent, err := t.sourceWatermark(); err != nil {
 		return t.fail(phaseOutput, err)
 	} else if !sent && res.n < len(res.recs) {
 		// A short read: the source is slow or rate-limited; do not hold
