@@ -88,4 +88,3 @@ func readLines(t *testing.T, path string) []string {
 	}
 	return splitLines(string(b))
 }
-
