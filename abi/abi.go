@@ -53,6 +53,35 @@ const (
 	ImportReject           = "reject"            // (msg_ptr, msg_len i32): the reason of a StatusReject
 )
 
+// Host imports for watermarks and side outputs (issue 14, ABI.md "Watermarks
+// and side outputs"), optional like every import.
+const (
+	ImportEmitWatermark  = "emit_watermark"  // (ts i64): the operator's own output watermark
+	ImportInputWatermark = "input_watermark" // (input i32) -> i64: the watermark of one input
+	ImportEmitTo         = "emit_to"         // (name_ptr, name_len, batch_ptr, batch_len i32): a batch to a side output
+)
+
+// MaxOutputNameLen bounds a side output's name (emit_to, job file OP.OUTPUT).
+const MaxOutputNameLen = 128
+
+// CheckOutputName reports whether name is a valid side-output name: 1 to
+// MaxOutputNameLen letters, digits, '-' and '_'.
+func CheckOutputName(name string) error {
+	if name == "" {
+		return errors.New("empty side-output name")
+	}
+	if len(name) > MaxOutputNameLen {
+		return fmt.Errorf("side-output name of %d bytes, over %d", len(name), MaxOutputNameLen)
+	}
+	for i := 0; i < len(name); i++ {
+		c := name[i]
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' || c == '_') {
+			return fmt.Errorf("side-output name %q: byte %d (%q) is not a letter, digit, '-' or '_'", name, i, c)
+		}
+	}
+	return nil
+}
+
 // Structured keyed state and processing time (additions to version 1,
 // optional imports; ABI.md "Structured keyed state", "Processing time").
 const (

@@ -32,6 +32,10 @@ type Edge struct {
 	To        string       // uid of the downstream vertex
 	Partition Partitioning // how records are distributed
 	Input     int          // index of this edge among To's inputs (0-based), the abi input index
+	// Output is the side output of From the edge carries (job file
+	// "from: OP.OUTPUT"); "" is From's main output. Only an operator (not a
+	// source) has side outputs.
+	Output string `json:",omitempty"`
 }
 
 // Vertex is one operator of the job graph.

@@ -26,6 +26,7 @@ import (
 //	records ID                       source ID emits a batch of records on its outputs
 //	alignment-timeout ID cp=N        the alignment timer of checkpoint N fires at subtask ID
 //	watermark ID ts=N                source ID emits a watermark
+//	watermark-status ID idle|active  source ID goes idle or active again
 //	source-ended ID...               the sources' input is exhausted
 //	tick [N]                         coordinator ticks
 //	stop [drain] | savepoint | cancel
@@ -300,6 +301,8 @@ func (p *protocol) perform(s *protoSubtask, a SubtaskAction) {
 	case AdvanceWatermark:
 		s.calls = append(s.calls, fmt.Sprintf("on_watermark(%s)", wmText(x.TS)))
 		p.broadcast(s, func(ch int) SubtaskEvent { return ChannelWatermark{ch, x.TS} }, fmt.Sprintf("watermark %s", wmText(x.TS)))
+	case EmitWatermarkStatus:
+		p.broadcast(s, func(ch int) SubtaskEvent { return ChannelWatermarkStatus{ch, x.Idle} }, x.String())
 	case EndInput:
 		s.calls = append(s.calls, fmt.Sprintf("end_input(%d)", x.Input))
 	case FinishOperator:
@@ -468,7 +471,7 @@ func (r *scenario) protocolCmd(cmd string, args []string) ([]string, bool) {
 	p := r.p
 	if p == nil {
 		switch cmd {
-		case "open", "records", "watermark", "source-ended", "deliver", "stabilize", "queues", "calls", "alignment-timeout":
+		case "open", "records", "watermark", "watermark-status", "source-ended", "deliver", "stabilize", "queues", "calls", "alignment-timeout":
 			return fail("no protocol: use the protocol command first")
 		}
 		return nil, false
@@ -491,6 +494,14 @@ func (r *scenario) protocolCmd(cmd string, args []string) ([]string, bool) {
 		ts := int64(r.num(kv(args, "ts", "0")))
 		for _, id := range r.ids(pos) {
 			p.broadcast(p.subs[id], func(ch int) SubtaskEvent { return ChannelWatermark{ch, ts} }, fmt.Sprintf("watermark %d", ts))
+		}
+	case "watermark-status":
+		if len(pos) < 2 || (pos[len(pos)-1] != "idle" && pos[len(pos)-1] != "active") {
+			return fail("watermark-status ID... idle|active")
+		}
+		idle := pos[len(pos)-1] == "idle"
+		for _, id := range r.ids(pos[:len(pos)-1]) {
+			p.broadcast(p.subs[id], func(ch int) SubtaskEvent { return ChannelWatermarkStatus{ch, idle} }, EmitWatermarkStatus{idle}.String())
 		}
 	case "alignment-timeout":
 		ev := AlignmentTimedOut{ID: int64(r.num(kv(args, "cp", "0")))}

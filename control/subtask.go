@@ -72,7 +72,10 @@ import (
 //     channel whose receiver does not take part (an older peer over NATS)
 //     is acknowledged by the runtime itself as soon as EndOfData is sent.
 //   - Watermarks. The subtask's watermark is the minimum over the channels
-//     that have not ended; each advance is passed to the operator. After the
+//     that have not ended and are not idle (ChannelWatermarkStatus; a
+//     watermark on an idle channel makes it active again); each advance is
+//     passed to the operator. When every open channel is idle the subtask
+//     tells its outputs (EmitWatermarkStatus), and again when one is active. After the
 //     subtask sent EndOfData no watermark reaches the operator again: with
 //     drain it already saw MAX, without drain (stop-with-savepoint) only
 //     notify_checkpoint_complete may come between the savepoint's snapshot
@@ -189,6 +192,14 @@ type ChannelWatermark struct {
 	TS      int64
 }
 
+// ChannelWatermarkStatus: the sender of input channel Channel went idle
+// (Idle) or active again. An idle channel does not hold back the subtask's
+// watermark; a watermark arriving on it makes it active again.
+type ChannelWatermarkStatus struct {
+	Channel int
+	Idle    bool
+}
+
 // ChannelEndOfData: EndOfData(Drain) arrived on input channel Channel.
 type ChannelEndOfData struct {
 	Channel int
@@ -213,19 +224,20 @@ type CheckpointComplete struct{ ID int64 }
 // CheckpointAborted: the coordinator says checkpoint ID was aborted.
 type CheckpointAborted struct{ ID int64 }
 
-func (Opened) isSubtaskEvent()                {}
-func (SourceEnded) isSubtaskEvent()           {}
-func (StopSource) isSubtaskEvent()            {}
-func (Trigger) isSubtaskEvent()               {}
-func (ChannelBarrier) isSubtaskEvent()        {}
-func (ChannelCancel) isSubtaskEvent()         {}
-func (ChannelWatermark) isSubtaskEvent()      {}
-func (ChannelEndOfData) isSubtaskEvent()      {}
-func (ChannelEndOfPartition) isSubtaskEvent() {}
-func (OutputAcked) isSubtaskEvent()           {}
-func (AlignmentTimedOut) isSubtaskEvent()     {}
-func (CheckpointComplete) isSubtaskEvent()    {}
-func (CheckpointAborted) isSubtaskEvent()     {}
+func (Opened) isSubtaskEvent()                 {}
+func (SourceEnded) isSubtaskEvent()            {}
+func (StopSource) isSubtaskEvent()             {}
+func (Trigger) isSubtaskEvent()                {}
+func (ChannelBarrier) isSubtaskEvent()         {}
+func (ChannelCancel) isSubtaskEvent()          {}
+func (ChannelWatermark) isSubtaskEvent()       {}
+func (ChannelEndOfData) isSubtaskEvent()       {}
+func (ChannelWatermarkStatus) isSubtaskEvent() {}
+func (ChannelEndOfPartition) isSubtaskEvent()  {}
+func (OutputAcked) isSubtaskEvent()            {}
+func (AlignmentTimedOut) isSubtaskEvent()      {}
+func (CheckpointComplete) isSubtaskEvent()     {}
+func (CheckpointAborted) isSubtaskEvent()      {}
 
 func (Opened) String() string      { return "opened" }
 func (SourceEnded) String() string { return "source-ended" }
@@ -242,6 +254,12 @@ func (e ChannelBarrier) String() string {
 func (e ChannelCancel) String() string { return fmt.Sprintf("cancel ch=%d cp=%d", e.Channel, e.ID) }
 func (e ChannelWatermark) String() string {
 	return fmt.Sprintf("watermark ch=%d ts=%d", e.Channel, e.TS)
+}
+func (e ChannelWatermarkStatus) String() string {
+	if e.Idle {
+		return fmt.Sprintf("watermark-status ch=%d idle", e.Channel)
+	}
+	return fmt.Sprintf("watermark-status ch=%d active", e.Channel)
 }
 func (e ChannelEndOfData) String() string {
 	return fmt.Sprintf("end-of-data ch=%d drain=%t", e.Channel, e.Drain)
@@ -358,6 +376,10 @@ type ForwardCancel struct{ ID int64 }
 // operator's timers (on_watermark) and send the watermark on.
 type AdvanceWatermark struct{ TS int64 }
 
+// EmitWatermarkStatus: every input channel that has not ended is idle
+// (Idle), or one is active again: send the status on every output.
+type EmitWatermarkStatus struct{ Idle bool }
+
 // EndInput: call end_input(Input).
 type EndInput struct{ Input int }
 
@@ -383,28 +405,29 @@ type NotifyOperator struct{ ID int64 }
 // EndOfPartition on every output. The subtask is done afterwards.
 type CloseSubtask struct{}
 
-func (Report) isSubtaskAction()            {}
-func (BlockChannel) isSubtaskAction()      {}
-func (UnblockChannels) isSubtaskAction()   {}
-func (AlignmentStarted) isSubtaskAction()  {}
-func (AlignmentEnded) isSubtaskAction()    {}
-func (ForwardBarrier) isSubtaskAction()    {}
-func (TakeSnapshot) isSubtaskAction()      {}
-func (ForwardCancel) isSubtaskAction()     {}
-func (AdvanceWatermark) isSubtaskAction()  {}
-func (EndInput) isSubtaskAction()          {}
-func (FinishOperator) isSubtaskAction()    {}
-func (EmitEndOfData) isSubtaskAction()     {}
-func (AckEndOfData) isSubtaskAction()      {}
-func (CaptureOutputs) isSubtaskAction()    {}
-func (StartCapture) isSubtaskAction()      {}
-func (StopCapture) isSubtaskAction()       {}
-func (CaptureOvertaken) isSubtaskAction()  {}
-func (FinishSnapshot) isSubtaskAction()    {}
-func (AbortSnapshot) isSubtaskAction()     {}
-func (ArmAlignmentTimer) isSubtaskAction() {}
-func (NotifyOperator) isSubtaskAction()    {}
-func (CloseSubtask) isSubtaskAction()      {}
+func (Report) isSubtaskAction()              {}
+func (BlockChannel) isSubtaskAction()        {}
+func (UnblockChannels) isSubtaskAction()     {}
+func (AlignmentStarted) isSubtaskAction()    {}
+func (AlignmentEnded) isSubtaskAction()      {}
+func (ForwardBarrier) isSubtaskAction()      {}
+func (TakeSnapshot) isSubtaskAction()        {}
+func (ForwardCancel) isSubtaskAction()       {}
+func (AdvanceWatermark) isSubtaskAction()    {}
+func (EndInput) isSubtaskAction()            {}
+func (EmitWatermarkStatus) isSubtaskAction() {}
+func (FinishOperator) isSubtaskAction()      {}
+func (EmitEndOfData) isSubtaskAction()       {}
+func (AckEndOfData) isSubtaskAction()        {}
+func (CaptureOutputs) isSubtaskAction()      {}
+func (StartCapture) isSubtaskAction()        {}
+func (StopCapture) isSubtaskAction()         {}
+func (CaptureOvertaken) isSubtaskAction()    {}
+func (FinishSnapshot) isSubtaskAction()      {}
+func (AbortSnapshot) isSubtaskAction()       {}
+func (ArmAlignmentTimer) isSubtaskAction()   {}
+func (NotifyOperator) isSubtaskAction()      {}
+func (CloseSubtask) isSubtaskAction()        {}
 
 func (a Report) String() string       { return "report " + a.Event.String() }
 func (a BlockChannel) String() string { return fmt.Sprintf("block ch=%d", a.Channel) }
@@ -452,7 +475,13 @@ func (a AdvanceWatermark) String() string {
 	}
 	return fmt.Sprintf("watermark ts=%d", a.TS)
 }
-func (a EndInput) String() string     { return fmt.Sprintf("end-input %d", a.Input) }
+func (a EndInput) String() string { return fmt.Sprintf("end-input %d", a.Input) }
+func (a EmitWatermarkStatus) String() string {
+	if a.Idle {
+		return "emit-watermark-status idle"
+	}
+	return "emit-watermark-status active"
+}
 func (FinishOperator) String() string { return "finish" }
 func (a EmitEndOfData) String() string {
 	s := fmt.Sprintf("emit-end-of-data drain=%t", a.Drain)
@@ -497,6 +526,10 @@ type SubtaskMachine struct {
 	chans   []int  // per input: number of channels
 	inEnded int    // inputs whose channels all delivered EndOfData
 	wm      int64
+	// Idleness: per channel, its sender said it is idle; idle, the
+	// subtask told its outputs it is idle (every open channel is).
+	chanIdle []bool
+	idle     bool
 
 	aligning   bool
 	barrier    Barrier // the latest barrier seen or triggered
@@ -531,7 +564,7 @@ func NewSubtaskMachine(cfg SubtaskConfig) (*SubtaskMachine, error) {
 		return nil, fmt.Errorf("control: subtask %v: %d channels but no input", cfg.ID, n)
 	}
 	m := &SubtaskMachine{cfg: cfg, wm: MinWatermark, open: n,
-		chanWM: make([]int64, n), chanEOD: make([]bool, n), ended: make([]bool, n), arrived: make([]bool, n), capturing: make([]bool, n),
+		chanWM: make([]int64, n), chanIdle: make([]bool, n), chanEOD: make([]bool, n), ended: make([]bool, n), arrived: make([]bool, n), capturing: make([]bool, n),
 		noDrain: make([]bool, cfg.Inputs), eod: make([]int, cfg.Inputs), chans: make([]int, cfg.Inputs)}
 	if cfg.Outputs < 0 {
 		return nil, fmt.Errorf("control: subtask %v: %d output channels", cfg.ID, cfg.Outputs)
@@ -636,9 +669,18 @@ func (m *SubtaskMachine) Step(ev SubtaskEvent) error {
 			m.cancel(e.ID, false)
 		}
 	case ChannelWatermark:
+		if m.chanIdle[e.Channel] && e.TS > MinWatermark {
+			m.setActive(e.Channel)
+		}
 		if e.TS > m.chanWM[e.Channel] {
 			m.chanWM[e.Channel] = e.TS
 			m.advanceWatermark()
+		}
+	case ChannelWatermarkStatus:
+		if e.Idle {
+			m.setIdle(e.Channel)
+		} else {
+			m.setActive(e.Channel)
 		}
 	case ChannelEndOfData:
 		err = m.channelEndOfData(e.Channel, e.Drain)
@@ -671,6 +713,8 @@ func ChannelOf(ev SubtaskEvent) (int, bool) {
 	case ChannelCancel:
 		return e.Channel, true
 	case ChannelWatermark:
+		return e.Channel, true
+	case ChannelWatermarkStatus:
 		return e.Channel, true
 	case ChannelEndOfData:
 		return e.Channel, true
@@ -930,7 +974,7 @@ func (m *SubtaskMachine) advanceWatermark() {
 	}
 	lo, any := MaxWatermark, false
 	for c, w := range m.chanWM {
-		if m.ended[c] {
+		if m.ended[c] || m.chanIdle[c] {
 			continue
 		}
 		any = true
@@ -941,6 +985,79 @@ func (m *SubtaskMachine) advanceWatermark() {
 	}
 	m.wm = lo
 	m.emit(AdvanceWatermark{lo})
+}
+
+// InputWatermark is the watermark of input in: the minimum over its
+// channels that are neither ended nor idle; MinWatermark when there is
+// none (or before any arrived), MaxWatermark once all its channels ended.
+func (m *SubtaskMachine) InputWatermark(in int) int64 {
+	lo, any, open := MaxWatermark, false, false
+	for c, w := range m.chanWM {
+		if m.cfg.Channels[c] != in || m.ended[c] {
+			continue
+		}
+		open = true
+		if m.chanIdle[c] {
+			continue
+		}
+		any = true
+		lo = min(lo, w)
+	}
+	if !any {
+		if open {
+			return MinWatermark
+		}
+		return MaxWatermark
+	}
+	return lo
+}
+
+// Idle reports whether the subtask told its outputs it is idle.
+func (m *SubtaskMachine) Idle() bool { return m.idle }
+
+// setIdle marks channel ch idle; when every open channel is idle, the
+// subtask goes idle downstream. Otherwise the others may advance the
+// watermark now.
+func (m *SubtaskMachine) setIdle(ch int) {
+	if m.chanIdle[ch] || m.ended[ch] {
+		return
+	}
+	m.chanIdle[ch] = true
+	m.advanceWatermark()
+	m.maybeIdle()
+}
+
+// setActive marks channel ch active again (and the subtask, if it was idle).
+func (m *SubtaskMachine) setActive(ch int) {
+	if !m.chanIdle[ch] {
+		return
+	}
+	m.chanIdle[ch] = false
+	if m.idle && m.phase == PhaseRunning && !m.cfg.DeployedFinished {
+		m.idle = false
+		m.emit(EmitWatermarkStatus{Idle: false})
+	}
+}
+
+// maybeIdle: every channel that has not ended is idle (and one is).
+func (m *SubtaskMachine) maybeIdle() {
+	if m.idle || m.phase != PhaseRunning || m.cfg.DeployedFinished {
+		return
+	}
+	any := false
+	for c := range m.chanIdle {
+		if m.ended[c] {
+			continue
+		}
+		if !m.chanIdle[c] {
+			return
+		}
+		any = true
+	}
+	if any {
+		m.idle = true
+		m.emit(EmitWatermarkStatus{Idle: true})
+	}
 }
 
 func (m *SubtaskMachine) channelEndOfData(ch int, drain bool) error {
@@ -992,6 +1109,7 @@ func (m *SubtaskMachine) channelEndOfPartition(ch int) error {
 	// An ended channel no longer holds back the watermark, and counts as
 	// aligned for a pending barrier.
 	m.advanceWatermark()
+	m.maybeIdle()
 	switch {
 	case m.unaligned:
 		m.stopCapture(ch)

@@ -6,6 +6,8 @@ import (
 	"regexp"
 	"sort"
 	"strings"
+
+	"github.com/streamd/streamd/abi"
 )
 
 // Kind says what a vertex runs. The graph checks the rules that follow from it:
@@ -173,6 +175,13 @@ func NewJobGraph(name string, vertices []*Vertex) (*JobGraph, error) {
 			}
 			if up.Kind == KindSink {
 				add(v.UID, field+".from", "%q is a sink and has no output", e.From)
+			}
+			if e.Output != "" {
+				if err := abi.CheckOutputName(e.Output); err != nil {
+					add(v.UID, field+".from", "%s.%s: %v", e.From, e.Output, err)
+				} else if up.Kind != KindOperator {
+					add(v.UID, field+".from", "%s.%s: %q is a %s; only an operator has side outputs", e.From, e.Output, e.From, up.Kind)
+				}
 			}
 			if e.Partition == Forward && up != v && up.Parallelism != v.Parallelism && up.Parallelism >= 1 && v.Parallelism >= 1 {
 				add(v.UID, field+".partition", "forward from %q (parallelism %d) to %q (parallelism %d) needs equal parallelism; use rebalance, hash or broadcast",

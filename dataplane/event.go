@@ -32,6 +32,7 @@ const (
 	KindEndOfData                        // the sender will send no more records
 	KindEndOfPartition                   // the sender will send nothing at all; the channel ends
 	KindCancelCheckpoint                 // abort the alignment of a checkpoint
+	KindWatermarkStatus                  // the sender went idle or active again
 )
 
 func (k Kind) String() string {
@@ -48,6 +49,8 @@ func (k Kind) String() string {
 		return "end-of-partition"
 	case KindCancelCheckpoint:
 		return "cancel-checkpoint"
+	case KindWatermarkStatus:
+		return "watermark-status"
 	}
 	return fmt.Sprintf("kind(%d)", uint8(k))
 }
@@ -101,6 +104,10 @@ type EndOfPartition struct{}
 // CancelCheckpoint aborts checkpoint ID: a receiver aligning it stops waiting.
 type CancelCheckpoint struct{ ID int64 }
 
+// WatermarkStatus says the sender is idle (it sends no records and does
+// not hold back the receiver's watermark) or active again.
+type WatermarkStatus struct{ Idle bool }
+
 // Event is one message on a channel: a tagged union, so control events travel
 // without allocation. Exactly the field that Kind names is meaningful.
 type Event struct {
@@ -110,6 +117,7 @@ type Event struct {
 	Barrier   Barrier
 	EndOfData EndOfData
 	Cancel    CancelCheckpoint
+	Status    WatermarkStatus // KindWatermarkStatus
 }
 
 // RecordsEvent wraps a batch.
@@ -130,6 +138,11 @@ func EndOfPartitionEvent() Event { return Event{Kind: KindEndOfPartition} }
 // CancelCheckpointEvent returns a cancel-checkpoint event.
 func CancelCheckpointEvent(id int64) Event {
 	return Event{Kind: KindCancelCheckpoint, Cancel: CancelCheckpoint{id}}
+}
+
+// WatermarkStatusEvent returns a watermark-status event.
+func WatermarkStatusEvent(idle bool) Event {
+	return Event{Kind: KindWatermarkStatus, Status: WatermarkStatus{idle}}
 }
 
 // IsControl reports whether e is a control event (anything but records).
@@ -162,6 +175,11 @@ func (e Event) String() string {
 		return "end-of-partition"
 	case KindCancelCheckpoint:
 		return fmt.Sprintf("cancel-checkpoint(%d)", e.Cancel.ID)
+	case KindWatermarkStatus:
+		if e.Status.Idle {
+			return "watermark-status(idle)"
+		}
+		return "watermark-status(active)"
 	}
 	return e.Kind.String()
 }

@@ -103,6 +103,7 @@ func TestLoadRefusesBadModules(t *testing.T) {
 		{fixture(t, "unknown_import"), "imports unknown function streamd_v1.emit_all"},
 		{fixture(t, "foreign_import"), "imports env.abort: only streamd_v1 and wasi_snapshot_preview1 imports are allowed"},
 		{fixture(t, "wrong_import_signature"), "import streamd_v1.emit has signature (i32) -> (), want (i32, i32) -> ()"},
+		{fixture(t, "wrong_watermark_import"), "import streamd_v1.emit_watermark has signature (i32) -> (), want (i64) -> ()"},
 		{fixture(t, "wrong_mstate_signature"), "import streamd_v1.mstate_get has signature (i32, i32, i32, i32, i32, i32, i32, i32) -> (i32), want (i32, i32, i32, i32, i32, i32, i32, i32, i32, i32) -> (i32)"},
 		{fixture(t, "wrong_ptime_signature"), "export streamd_on_processing_time has signature (i32, i32, i32) -> (i32), want (i64, i32, i32) -> (i32)"},
 		{filepath.Join(dir, "absent.wasm"), "no such file"},

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"slices"
 	"time"
 
 	"github.com/tetratelabs/wazero/api"
@@ -52,6 +53,7 @@ func (e *Engine) instantiateHostModule(ctx context.Context) (api.Module, error) 
 	add(abi.ImportLog, hostLog, []api.ValueType{i32, i32, i32}, nil, "level", "msg_ptr", "msg_len")
 	add(abi.ImportFail, hostFail, []api.ValueType{i32, i32}, nil, "msg_ptr", "msg_len")
 	add(abi.ImportReject, hostReject, []api.ValueType{i32, i32}, nil, "msg_ptr", "msg_len")
+	addWatermarkImports(add)
 	addStructuredState(add)
 	return b.Instantiate(ctx)
 }
@@ -66,7 +68,7 @@ func (e *Engine) callOutsideSubtask(name string, mod api.Module, stack []uint64)
 			e.cfg.logger.Log(context.Background(), logLevel(int32(stack[0])), string(msg), "module", mod.Name())
 		}
 		return
-	case abi.ImportCurrentWatermark:
+	case abi.ImportCurrentWatermark, abi.ImportInputWatermark:
 		stack[0] = api.EncodeI64(abi.MinWatermark)
 		return
 	case abi.ImportFail:
@@ -133,40 +135,59 @@ func (i *Instance) writesAllowed() bool {
 
 // emit(batch_ptr, batch_len): allowed in process, on_watermark, on_timer, end_input, finish.
 func hostEmit(i *Instance, stack []uint64) {
-	switch i.phase {
-	case abi.PhaseProcess, abi.PhaseWatermark, abi.PhaseTimer, abi.PhaseProcessingTime, abi.PhaseEndInput, abi.PhaseFinish:
-	default:
-		if i.finished {
-			i.misuse("emit after finish (phase %s)", i.phase)
-		}
-		i.misuse("emit not allowed in phase %s", i.phase)
-	}
+	i.allowIn(abi.ImportEmit, emitPhases)
 	frame := i.read(uint32(stack[0]), uint32(stack[1]), abi.ImportEmit, "batch")
 	recs, err := i.decodeEmit(frame)
 	if err != nil {
 		i.misuse("emit: %v", err)
 	}
+	i.checkRecordSizes("emit", recs)
+	if i.emit != nil && len(recs) > 0 {
+		i.waitingOutside(func() { i.emit(recs) })
+	}
+}
+
+// emitPhases are the phases emit and emit_to are allowed in.
+var emitPhases = []abi.Phase{abi.PhaseProcess, abi.PhaseWatermark, abi.PhaseTimer, abi.PhaseProcessingTime, abi.PhaseEndInput, abi.PhaseFinish}
+
+// allowIn fails the guest (misuse) unless the call of import_ is in one of
+// phases.
+func (i *Instance) allowIn(import_ string, phases []abi.Phase) {
+	if slices.Contains(phases, i.phase) {
+		return
+	}
+	if i.finished {
+		i.misuse("%s after finish (phase %s)", import_, i.phase)
+	}
+	i.misuse("%s not allowed in phase %s", import_, i.phase)
+}
+
+// checkRecordSizes fails the guest with abi.ErrRecordTooLarge if a record
+// of recs (emitted by import what) is over max_record_bytes.
+func (i *Instance) checkRecordSizes(what string, recs []abi.Record) {
 	limit := i.cfg.MaxRecordBytes
 	if limit <= 0 {
 		limit = abi.DefaultMaxRecordBytes
 	}
 	for n := range recs {
 		if r := recs[n]; len(r.Key)+len(r.Value) > limit {
-			i.failure = &hostCallPanic{abi.ErrRecordTooLarge, fmt.Sprintf("emit: record %d of %d has %d bytes (key %d, value %d), over max_record_bytes %d",
-				n, len(recs), len(r.Key)+len(r.Value), len(r.Key), len(r.Value), limit)}
+			i.failure = &hostCallPanic{abi.ErrRecordTooLarge, fmt.Sprintf("%s: record %d of %d has %d bytes (key %d, value %d), over max_record_bytes %d",
+				what, n, len(recs), len(r.Key)+len(r.Value), len(r.Key), len(r.Value), limit)}
 			panic(i.failure)
 		}
 	}
-	if i.emit != nil && len(recs) > 0 {
-		if i.callStart.IsZero() {
-			i.emit(recs)
-			return
-		}
-		// Waiting for downstream is not guest time (the call deadline).
-		t := time.Now()
-		i.emit(recs)
-		i.callStart = i.callStart.Add(time.Since(t))
+}
+
+// waitingOutside runs f, which may wait for downstream: that is not guest
+// time (the call deadline).
+func (i *Instance) waitingOutside(f func()) {
+	if i.callStart.IsZero() {
+		f()
+		return
 	}
+	t := time.Now()
+	f()
+	i.callStart = i.callStart.Add(time.Since(t))
 }
 
 // state_get(name_ptr, name_len, key_ptr, key_len, buf_ptr, buf_cap) -> len | -1

@@ -54,6 +54,11 @@ type InstanceConfig struct {
 	// (and the instance's own lines), with the operator and subtask
 	// attributes: a host publishes them (cluster.LogPublisher).
 	GuestLog slog.Handler
+
+	// Outputs takes emit_watermark and emit_to and answers
+	// input_watermark (hostfuncs_wm.go); nil: both emits are dropped and
+	// input_watermark is abi.MinWatermark.
+	Outputs Outputs
 }
 
 // Emitter receives the records of one guest emit call. The slices (the record
@@ -108,6 +113,7 @@ type Instance struct {
 	scratch       []byte
 	records       int64     // records passed to process (a span attribute, trace.go)
 	callStart     time.Time // the guest call's first yield (guard.go); zero before it
+	ownsWatermark bool      // the guest called emit_watermark (hostfuncs_wm.go)
 
 	// Structured state (mstate.go).
 	clock      func() time.Time

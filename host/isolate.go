@@ -120,6 +120,7 @@ func (i *Instance) Replace(ctx context.Context) (*Instance, error) {
 		return nil, err
 	}
 	n.watermark = i.watermark
+	n.ownsWatermark = i.ownsWatermark
 	if err := n.Open(ctx); err != nil {
 		_ = n.Close(ctx)
 		return nil, err

@@ -5,7 +5,7 @@
 
 RUST_TARGET_DIR := $(CURDIR)/target/rust
 RUST_WASM_OUT := $(RUST_TARGET_DIR)/wasm32-unknown-unknown/release
-RUST_SDK_SRC := sdk/rust/Cargo.toml $(wildcard sdk/rust/src/*.rs)
+RUST_SDK_SRC := sdk/rust/Cargo.toml $(wildcard sdk/rust/src/*.rs sdk/rust/src/*/*.rs)
 # bulk-memory turns memcpy into memory.copy and simd128 lets LLVM vectorize byte
 # loops: both are Wasm 2.0 core features that wazero enables by default, and
 # together they make the uppercase map ~1.5x faster through the host.
@@ -26,10 +26,13 @@ $(eval $(call rust_guest,examples/wasm/wordcount/split.wasm,examples/wasm/wordco
 $(eval $(call rust_guest,examples/wasm/wordcount/count.wasm,examples/wasm/wordcount/count,wordcount_count))
 $(eval $(call rust_guest,examples/wasm/uppercase-rust/uppercase_rust.wasm,examples/wasm/uppercase-rust,uppercase_rust))
 $(eval $(call rust_guest,internal/conformance/guests/rust/conformance.wasm,internal/conformance/guests/rust,conformance_rust))
+$(eval $(call rust_guest,internal/conformance/guests/rust/mstate.wasm,internal/conformance/guests/rust/mstate,mstate_rust))
+$(eval $(call rust_guest,examples/wasm/topn-rust/topn_rust.wasm,examples/wasm/topn-rust,topn_rust))
 
 .PHONY: rust-guests test-rust-sdk
 rust-guests: examples/wasm/wordcount/split.wasm examples/wasm/wordcount/count.wasm \
-	examples/wasm/uppercase-rust/uppercase_rust.wasm internal/conformance/guests/rust/conformance.wasm
+	examples/wasm/uppercase-rust/uppercase_rust.wasm internal/conformance/guests/rust/conformance.wasm \
+	examples/wasm/topn-rust/topn_rust.wasm internal/conformance/guests/rust/mstate.wasm
 
 # Native unit tests of the SDK's codecs and helpers (against its fake host).
 test-rust-sdk:

@@ -146,7 +146,11 @@ func printGraph(w io.Writer, job *jobfile.Job) {
 	for _, v := range g.Vertices {
 		var ins []string
 		for _, e := range v.Inputs {
-			ins = append(ins, fmt.Sprintf("%s(%s)", e.From, e.Partition))
+			from := e.From
+			if e.Output != "" {
+				from += "." + e.Output
+			}
+			ins = append(ins, fmt.Sprintf("%s(%s)", from, e.Partition))
 		}
 		in := strings.Join(ins, " ")
 		if in == "" {

@@ -772,3 +772,49 @@ func BenchmarkThroughput(b *testing.B) {
 	}
 	b.ReportMetric(float64(n)/time.Since(start).Seconds(), "records/s")
 }
+
+// TestWatermarkStatus: idle and active travel as watermark messages with
+// the header Streamd-Watermark-Status, in order with the other events; an
+// older receiver reading the body alone sees the watermark MIN.
+func TestWatermarkStatus(t *testing.T) {
+	nc := connect(t, startServer(t, 0))
+	ch, err := transport(t, nc).NewChannel(testID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	sent := []dataplane.Event{
+		dataplane.WatermarkEvent(5),
+		dataplane.WatermarkStatusEvent(true),
+		dataplane.WatermarkStatusEvent(false),
+		dataplane.RecordsEvent(batchOf(rec(1, 10))),
+		dataplane.WatermarkEvent(9),
+		dataplane.EndOfPartitionEvent(),
+	}
+	var want []string
+	for _, ev := range sent {
+		want = append(want, describe(ev))
+		if err := ch.S.Send(ctx, ev); err != nil {
+			t.Fatal(err)
+		}
+	}
+	evs, err := recvAll(ctx, ch.R, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, ev := range evs {
+		got = append(got, describe(ev))
+	}
+	if strings.Join(got, " ") != strings.Join(want, " ") {
+		t.Fatalf("received %v, want %v", got, want)
+	}
+	data, err := AppendEvent(nil, 1, dataplane.WatermarkStatusEvent(true))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, ev, err := DecodeEvent(data); err != nil || ev.Kind != dataplane.KindWatermark || ev.Watermark.TS != abi.MinWatermark {
+		t.Errorf("the body of a status message decodes as %v, %v; want watermark(MIN)", ev, err)
+	}
+}

@@ -312,6 +312,9 @@ func (r *Receiver) take(e queued) (ev dataplane.Event, ok bool, err error) {
 	if ev.Kind == dataplane.KindBarrier {
 		barrierHeaders(&ev.Barrier, m.Header)
 	}
+	if ev.Kind == dataplane.KindWatermark {
+		ev = watermarkHeaders(ev, m.Header)
+	}
 	if h := r.t.opts.RecvHeader; h != nil {
 		h(ev, m.Header)
 	}
@@ -424,6 +427,25 @@ func (r *Receiver) decodeParts(buf []byte, partSeq, seq uint64) (*dataplane.Batc
 // reassembled so far in cur, that got is not the next part of.
 func (r *Receiver) brokenParts(cur []byte, partSeq uint64, got string) error {
 	return fmt.Errorf("natsch: %s: %w: the record of parts from seq %d is broken off after %d of its %d bytes by %s", r.name, ErrWire, partSeq, len(cur), cap(cur), got)
+}
+
+// watermarkHeaders turns a watermark message with HeaderWatermarkStatus
+// into the watermark-status event it carries.
+func watermarkHeaders(ev dataplane.Event, h nats.Header) dataplane.Event {
+	switch h.Get(HeaderWatermarkStatus) {
+	case "idle":
+		return dataplane.WatermarkStatusEvent(true)
+	case "active":
+		return dataplane.WatermarkStatusEvent(false)
+	}
+	return ev
+}
+
+func statusWord(idle bool) string {
+	if idle {
+		return "idle"
+	}
+	return "active"
 }
 
 // barrierHeaders sets what a barrier message's headers say: Unaligned

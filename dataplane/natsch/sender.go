@@ -367,7 +367,8 @@ func (s *Sender) publish(ctx context.Context, ev dataplane.Event, data []byte, w
 	if ev.Kind == dataplane.KindBarrier {
 		base = ev.Barrier.Base
 	}
-	if h, tr := s.t.opts.SendHeader, barrierTrace(ev); h != nil || tr != nil || eod || unaligned || base > 0 {
+	status := ev.Kind == dataplane.KindWatermarkStatus
+	if h, tr := s.t.opts.SendHeader, barrierTrace(ev); h != nil || tr != nil || eod || unaligned || base > 0 || status {
 		m := &nats.Msg{Subject: s.dataSubj, Data: data, Header: nats.Header{}}
 		for k, v := range tr {
 			m.Header[k] = []string{v}
@@ -380,6 +381,9 @@ func (s *Sender) publish(ctx context.Context, ev dataplane.Event, data []byte, w
 		}
 		if base > 0 {
 			m.Header.Set(HeaderCheckpointBase, strconv.FormatInt(base, 10))
+		}
+		if status {
+			m.Header.Set(HeaderWatermarkStatus, statusWord(ev.Status.Idle))
 		}
 		if h != nil {
 			h(ctx, ev, m.Header)

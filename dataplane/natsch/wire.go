@@ -83,6 +83,12 @@ const (
 // order, which is still correct.
 const HeaderUnaligned = "Streamd-Unaligned"
 
+// HeaderWatermarkStatus on a watermark message makes it a watermark-status
+// event (dataplane.KindWatermarkStatus): "idle" or "active". The body is
+// the watermark MIN, which an older receiver, ignoring the header, takes
+// as a watermark that advances nothing (docs/subjects.md).
+const HeaderWatermarkStatus = "Streamd-Watermark-Status"
+
 // HeaderCheckpointBase on a barrier message: dataplane.Barrier.Base, the
 // completed checkpoint whose shared state files an incremental checkpoint
 // may refer to (docs/subjects.md). Absent: none (upload every file).
@@ -178,7 +184,7 @@ func AppendEvent(dst []byte, seq uint64, ev dataplane.Event) ([]byte, error) {
 	switch ev.Kind {
 	case dataplane.KindRecords:
 		k = wireRecords
-	case dataplane.KindWatermark:
+	case dataplane.KindWatermark, dataplane.KindWatermarkStatus:
 		k = wireWatermark
 	case dataplane.KindBarrier:
 		k = wireBarrier
@@ -201,6 +207,8 @@ func AppendEvent(dst []byte, seq uint64, ev dataplane.Event) ([]byte, error) {
 		dst = abi.AppendBatch(dst, recs)
 	case dataplane.KindWatermark:
 		dst = binary.LittleEndian.AppendUint64(dst, uint64(ev.Watermark.TS))
+	case dataplane.KindWatermarkStatus: // the header HeaderWatermarkStatus says which
+		dst = binary.LittleEndian.AppendUint64(dst, 1<<63) // abi.MinWatermark
 	case dataplane.KindBarrier:
 		dst = binary.LittleEndian.AppendUint64(dst, uint64(ev.Barrier.ID))
 		dst = append(dst, byte(ev.Barrier.Kind), b2u(ev.Barrier.IsSync))

@@ -271,16 +271,17 @@ type OperatorStatus struct {
 
 // EdgeStatus is one input edge of an operator.
 type EdgeStatus struct {
-	From         string `json:"from"`         // the upstream operator's uid
-	Partitioning string `json:"partitioning"` // forward, rebalance, hash or broadcast
-	Input        int    `json:"input"`        // the input index at the receiver
+	From         string `json:"from"`             // the upstream operator's uid
+	Partitioning string `json:"partitioning"`     // forward, rebalance, hash or broadcast
+	Input        int    `json:"input"`            // the input index at the receiver
+	Output       string `json:"output,omitempty"` // the side output of From it reads ("": the main output)
 }
 
 // EdgeStatuses are the edges of a vertex's inputs.
 func EdgeStatuses(inputs []control.Edge) []EdgeStatus {
 	var out []EdgeStatus
 	for _, e := range inputs {
-		out = append(out, EdgeStatus{From: e.From, Partitioning: string(e.Partition), Input: e.Input})
+		out = append(out, EdgeStatus{From: e.From, Partitioning: string(e.Partition), Input: e.Input, Output: e.Output})
 	}
 	return out
 }

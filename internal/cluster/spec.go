@@ -183,7 +183,7 @@ func (s *JobSpec) Graph(resolve Resolver) (*control.JobGraph, error) {
 	for _, v := range s.Vertices {
 		cv := &control.Vertex{UID: v.UID, Kind: v.Kind, Parallelism: v.Parallelism, MaxParallelism: v.MaxParallelism}
 		for _, e := range v.Inputs {
-			cv.Inputs = append(cv.Inputs, control.Edge{From: e.From, Partition: e.Partition})
+			cv.Inputs = append(cv.Inputs, control.Edge{From: e.From, Partition: e.Partition, Output: e.Output})
 		}
 		n := 0
 		if v.Source != nil {

@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"time"
 
 	"github.com/streamd/streamd/abi"
 )
@@ -37,6 +38,18 @@ type FileSource struct {
 	maxLine int // max_record_bytes: the longest line, without its newline
 	arena   []byte
 	ends    []int
+	lines   []int64 // 1-based line number of each record of the last Read
+	// et, with a timestamp field, takes each line's event time from it
+	// (SetEventTime); nil: lines have no timestamp and no watermark.
+	et *EventTime
+}
+
+// SetEventTime makes the source take each line's event time from the JSON
+// field of the line (a number of ms or an RFC 3339 string) and have the
+// watermark max timestamp - lag. A line without a valid field fails Read,
+// naming the file and the line.
+func (s *FileSource) SetEventTime(field string, lag time.Duration) {
+	s.et = &EventTime{Field: field, Lag: lag.Milliseconds()}
 }
 
 // maxReadBytes bounds the lines one Read returns: it stops after the line that
@@ -115,8 +128,14 @@ func (s *FileSource) Position() []byte {
 	return b
 }
 
-// Watermark is abi.MinWatermark: lines have no event time.
-func (s *FileSource) Watermark() int64 { return abi.MinWatermark }
+// Watermark is abi.MinWatermark without an event-time field: lines have no
+// event time; with one, the largest timestamp read minus the lag.
+func (s *FileSource) Watermark() int64 {
+	if s.et == nil {
+		return abi.MinWatermark
+	}
+	return s.et.Watermark()
+}
 
 // Close closes the file.
 func (s *FileSource) Close() error {
@@ -173,11 +192,20 @@ func (s *FileSource) Read(ctx context.Context, recs []abi.Record) (int, error) {
 			}
 		}
 		ends = append(ends, start, e)
+		if s.et != nil {
+			s.lines = append(s.lines[:n], s.line)
+		}
 		n++
 	}
 	for i := 0; i < n; i++ {
 		st, e := ends[2*i], ends[2*i+1]
 		recs[i] = abi.Record{Value: a[st:e:e], Timestamp: abi.NoTimestamp}
+		if s.et != nil {
+			if err := s.et.stamp(&recs[i]); err != nil {
+				s.arena, s.ends = a[:0], ends[:0]
+				return 0, fmt.Errorf("connector: file source %s: line %d: %w", s.name, s.lines[i], err)
+			}
+		}
 	}
 	s.arena, s.ends = a, ends
 	if n == 0 && s.eof {

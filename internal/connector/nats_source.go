@@ -46,6 +46,11 @@ type NATSSourceOptions struct {
 	KeyFrom string // KeyFromHeader (default) or KeyFromSubject
 	// WatermarkLag: the watermark is the largest timestamp read minus this.
 	WatermarkLag time.Duration
+	// TimestampField: the event time is this JSON field of the payload (a
+	// number of ms or an RFC 3339 string) instead of the header or the
+	// stream time; a message without a valid one fails Read, naming the
+	// stream and sequence.
+	TimestampField string
 	// Start is where a source without a position starts (the zero value:
 	// the first message); a position resumes where it says instead.
 	Start jobfile.NATSStart
@@ -89,8 +94,8 @@ type NATSSource struct {
 	// delivered that one; -1 while unknown.
 	pending atomic.Int64
 
-	maxTS int64
-	any   bool
+	et     EventTime
+	stream string
 }
 
 // NewNATSSource connects with o.Conn and opens a source subtask; pos is nil
@@ -137,8 +142,9 @@ func newNATSSource(ctx context.Context, nc *nats.Conn, own bool, o NATSSourceOpt
 	}
 	s := &NATSSource{
 		name: name, nc: nc, ownConn: own, subtask: subtask, parallelism: parallelism,
-		keyFromSubject: o.KeyFrom == KeyFromSubject, lag: o.WatermarkLag.Milliseconds(),
-		next: 1, maxTS: abi.MinWatermark,
+		keyFromSubject: o.KeyFrom == KeyFromSubject,
+		et:             EventTime{Field: o.TimestampField, Lag: o.WatermarkLag.Milliseconds()},
+		next:           1, stream: o.Stream,
 		msgs: make(chan jetstream.Msg, 1024), done: make(chan struct{}),
 	}
 	s.pending.Store(-1)
@@ -373,8 +379,8 @@ func (s *NATSSource) take(m jetstream.Msg, recs []abi.Record, n int) (int, error
 		}
 		r.Timestamp = v
 	}
-	if r.Timestamp != abi.NoTimestamp && (!s.any || r.Timestamp > s.maxTS) {
-		s.maxTS, s.any = r.Timestamp, true
+	if err := s.et.stamp(&r); err != nil {
+		return n, fmt.Errorf("connector: %s: stream %s sequence %d: %w", s.name, s.stream, seq, err)
 	}
 	recs[n] = r
 	return n + 1, nil
@@ -392,12 +398,7 @@ func (s *NATSSource) Lag() (int64, bool) {
 }
 
 // Watermark is the largest timestamp read minus the lag.
-func (s *NATSSource) Watermark() int64 {
-	if !s.any {
-		return abi.MinWatermark
-	}
-	return s.maxTS - s.lag
-}
+func (s *NATSSource) Watermark() int64 { return s.et.Watermark() }
 
 // Position encodes the next stream sequence and the bound:
 //

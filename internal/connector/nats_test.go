@@ -374,3 +374,34 @@ func TestNATSSourceLag(t *testing.T) {
 		t.Fatalf("bounded lag at its end: %d, want 0", n)
 	}
 }
+
+// TestNATSSourceTimestampField: with a timestamp field the event time is
+// the payload's JSON field (a number of ms or an RFC 3339 string), the
+// watermark follows it, and a message without a valid one fails Read,
+// naming the stream and the sequence.
+func TestNATSSourceTimestampField(t *testing.T) {
+	co, _, js := jsServer(t)
+	for _, p := range []string{`{"at": 5000}`, `{"at": "1970-01-01T00:00:07Z", "x": 1}`, `{"at": 6000}`, `{"x": 1}`} {
+		if _, err := js.Publish(context.Background(), "orders.eu.c1", []byte(p)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	s, err := NewNATSSource(context.Background(), NATSSourceOptions{Conn: co, Stream: "ORDERS", Bounded: true, TimestampField: "at", WatermarkLag: time.Second}, 0, 1, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	got, _ := readSome(t, s, 1, 3)
+	if ts := []int64{got[0].ts, got[1].ts, got[2].ts}; !slices.Equal(ts, []int64{5000, 7000, 6000}) {
+		t.Fatalf("timestamps %v, want [5000 7000 6000]", ts)
+	}
+	if w := s.Watermark(); w != 6000 {
+		t.Errorf("watermark %d, want 7000 - 1s", w)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	_, err = s.Read(ctx, make([]abi.Record, 4))
+	if err == nil || !strings.Contains(err.Error(), `stream ORDERS sequence 4: bad event timestamp: field "at" is missing`) {
+		t.Fatalf("read of a message without the field: %v", err)
+	}
+}

@@ -488,6 +488,7 @@ func (p *parser) parse(data []byte) *Job {
 	if len(ops) == 0 {
 		return nil
 	}
+	p.checkSideOutputs(ops, byUID)
 	graphName := name
 	if graphName == "" {
 		graphName = "job" // the missing name is reported already
@@ -634,12 +635,12 @@ func (p *parser) operator(i int, n *yaml.Node, defaultPar, maxPar int) *operator
 				e := control.Edge{}
 				switch in.Kind {
 				case yaml.ScalarNode: // shorthand: "- lines"
-					e.From = in.Value
+					e.From, e.Output = splitFrom(in.Value)
 					op.lines[field+".from"] = in.Line
 				case yaml.MappingNode:
 					ff := p.fields(label, prefix+field+".", in, []string{"from", "partition"})
 					if x := ff["from"]; x != nil {
-						e.From = p.str(label, prefix+field+".from", x)
+						e.From, e.Output = splitFrom(p.str(label, prefix+field+".from", x))
 						op.lines[field+".from"] = x.Line
 					}
 					if x := ff["partition"]; x != nil {
@@ -647,7 +648,7 @@ func (p *parser) operator(i int, n *yaml.Node, defaultPar, maxPar int) *operator
 						op.lines[field+".partition"] = x.Line
 					}
 				default:
-					p.add(label, in.Line, prefix+field, "want {from: UID, partition: forward|rebalance|hash|broadcast}")
+					p.add(label, in.Line, prefix+field, "want {from: UID or UID.OUTPUT, partition: forward|rebalance|hash|broadcast}")
 					continue
 				}
 				v.Inputs = append(v.Inputs, e)
@@ -660,11 +661,55 @@ func (p *parser) operator(i int, n *yaml.Node, defaultPar, maxPar int) *operator
 	return op
 }
 
+// checkSideOutputs checks every input from a side output (from: OP.OUTPUT):
+// OP is a wasm operator and OUTPUT a valid name. A bad one is reported here
+// and left out of the graph (control would report it again).
+func (p *parser) checkSideOutputs(ops []*operator, byUID map[string]*operator) {
+	for _, op := range ops {
+		v := op.vertex
+		for j := range v.Inputs {
+			e := &v.Inputs[j]
+			if e.Output == "" {
+				continue
+			}
+			field := fmt.Sprintf("inputs[%d].from", j)
+			line := op.lines[field]
+			from := e.From + "." + e.Output
+			up := byUID[e.From]
+			switch {
+			case e.Output == ".":
+				p.add(v.UID, line, field, "%q: empty side-output name after the '.' (want OP.OUTPUT)", e.From+".")
+			case up == nil || up.vertex.Kind == control.KindSink: // control reports an unknown operator or a sink
+			case up.vertex.Kind != control.KindOperator:
+				p.add(v.UID, line, field, "%q: %q is a %s; only a wasm operator has side outputs", from, e.From, up.vertex.Kind)
+			default:
+				if err := abi.CheckOutputName(e.Output); err != nil {
+					p.add(v.UID, line, field, "%q: %v", from, err)
+				} else {
+					continue
+				}
+			}
+			e.Output = "" // reported
+		}
+	}
+}
+
+// splitFrom splits an input's from, "UID" or "UID.OUTPUT" (the side
+// output OUTPUT of the wasm operator UID).
+func splitFrom(from string) (uid, output string) {
+	uid, output, ok := strings.Cut(from, ".")
+	if ok && output == "" {
+		output = "." // "UID.": reported as an empty output name
+	}
+	return uid, output
+}
+
 var (
-	sourceFields     = []string{"type", "path", "count", "rate", "key", "value", "keys", "value_size", "start_ts", "ts_step", "watermark_lag", "url", "stream", "subject", "bounded", "key_from", "start"}
-	fileSourceOnly   = []string{"path"}
-	generatorFields  = []string{"count", "rate", "key", "value", "keys", "value_size", "start_ts", "ts_step", "watermark_lag"}
-	natsSourceFields = []string{"url", "stream", "subject", "bounded", "key_from", "watermark_lag", "start"}
+	sourceFields     = []string{"type", "path", "count", "rate", "key", "value", "keys", "value_size", "start_ts", "ts_step", "watermark_lag", "url", "stream", "subject", "bounded", "key_from", "start", "timestamp", "watermark"}
+	fileSourceOnly   = []string{"path", "timestamp", "watermark_lag", "watermark"}
+	generatorFields  = []string{"count", "rate", "key", "value", "keys", "value_size", "start_ts", "ts_step", "watermark_lag", "watermark"}
+	natsSourceFields = []string{"url", "stream", "subject", "bounded", "key_from", "watermark_lag", "start", "timestamp", "watermark"}
+	watermarkFields  = []string{"max_out_of_orderness", "idle_timeout", "interval"}
 	sinkFields       = []string{"type", "path", "format", "url", "subject", "commit_subject"}
 	sinkTypeFields   = map[string][]string{"file": {"path", "format"}, "stdout": {"format"}, "discard": {}, "nats": {"url", "subject", "commit_subject"}}
 )
@@ -696,6 +741,7 @@ func (p *parser) source(op, prefix string, n *yaml.Node) *SourceSpec {
 			}
 		}
 	}
+	p.eventTime(op, prefix, f, s)
 	switch s.Type {
 	case "file":
 		notFor(fileSourceOnly)
@@ -759,9 +805,13 @@ func (p *parser) source(op, prefix string, n *yaml.Node) *SourceSpec {
 			s.StartTS, _ = p.int64(op, prefix+"start_ts", c)
 		}
 		if c := f["ts_step"]; c != nil {
-			s.TSStep, _ = p.int64(op, prefix+"ts_step", c)
+			if d, ok := p.durationOrMillis(op, prefix+"ts_step", c); ok {
+				if d%time.Millisecond != 0 {
+					p.add(op, c.Line, prefix+"ts_step", "timestamps are in milliseconds: %v is not a whole number of them", d)
+				}
+				s.TSStep = d.Milliseconds()
+			}
 		}
-		p.watermarkLag(op, prefix, f, s)
 	case "nats":
 		notFor(natsSourceFields)
 		if c := f["url"]; c != nil {
@@ -799,7 +849,6 @@ func (p *parser) source(op, prefix string, n *yaml.Node) *SourceSpec {
 				}
 			}
 		}
-		p.watermarkLag(op, prefix, f, s)
 	default:
 		p.add(op, t.Line, prefix+"type", "unknown source type %q (want %s)", s.Type, orList(SourceTypes))
 	}
@@ -814,17 +863,52 @@ func orList(xs []string) string {
 	return strings.Join(xs[:len(xs)-1], ", ") + " or " + xs[len(xs)-1]
 }
 
-// watermarkLag reads a source's watermark_lag: a duration, or an integer
-// number of milliseconds like the timestamps it is subtracted from.
-func (p *parser) watermarkLag(op, prefix string, f map[string]*yaml.Node, s *SourceSpec) {
-	if c := f["watermark_lag"]; c != nil {
-		if d, ok := p.durationOrMillis(op, prefix+"watermark_lag", c); ok {
+// eventTime reads a source's timestamp and watermark strategy:
+// timestamp: {field: NAME}, watermark: {max_out_of_orderness,
+// idle_timeout, interval} and watermark_lag (an alias of
+// max_out_of_orderness). Lags take a duration or an integer number of
+// milliseconds like the timestamps they are subtracted from.
+func (p *parser) eventTime(op, prefix string, f map[string]*yaml.Node, s *SourceSpec) {
+	lag := func(field string, c *yaml.Node) {
+		if d, ok := p.durationOrMillis(op, field, c); ok {
 			if d < 0 {
-				p.add(op, c.Line, prefix+"watermark_lag", "must not be negative, got %v", d)
+				p.add(op, c.Line, field, "must not be negative, got %v", d)
 			}
 			s.WatermarkLag = d
 		}
 	}
+	if c := f["watermark_lag"]; c != nil {
+		lag(prefix+"watermark_lag", c)
+	}
+	if c := f["timestamp"]; c != nil {
+		if c.Kind != yaml.MappingNode {
+			p.add(op, c.Line, prefix+"timestamp", "want a mapping like {field: ts}")
+		} else {
+			tf := p.fields(op, prefix+"timestamp.", c, []string{"field"})
+			if x := tf["field"]; x == nil {
+				p.add(op, c.Line, prefix+"timestamp.field", "missing: name the JSON field of the value that holds the event time")
+			} else if s.TimestampField = p.str(op, prefix+"timestamp.field", x); s.TimestampField == "" && x.Tag != "!!null" {
+				p.add(op, x.Line, prefix+"timestamp.field", "empty: name the JSON field of the value that holds the event time")
+			}
+		}
+	}
+	c := f["watermark"]
+	if c == nil {
+		return
+	}
+	if c.Kind != yaml.MappingNode {
+		p.add(op, c.Line, prefix+"watermark", "want a mapping like {max_out_of_orderness: 2s, idle_timeout: 30s, interval: 200ms}")
+		return
+	}
+	wf := p.fields(op, prefix+"watermark.", c, watermarkFields)
+	if x := wf["max_out_of_orderness"]; x != nil {
+		if old := f["watermark_lag"]; old != nil {
+			p.add(op, x.Line, prefix+"watermark.max_out_of_orderness", "watermark_lag (line %d) is an alias of it: give one of them", old.Line)
+		}
+		lag(prefix+"watermark.max_out_of_orderness", x)
+	}
+	p.opDurationAtLeast(op, wf, prefix+"watermark.", "idle_timeout", 0, "must not be negative", &s.IdleTimeout)
+	p.opDurationAtLeast(op, wf, prefix+"watermark.", "interval", time.Nanosecond, "must be positive", &s.WatermarkInterval)
 }
 
 // natsURL checks a comma-separated list of NATS server URLs.
@@ -1089,13 +1173,18 @@ func (p *parser) intAtLeast(f map[string]*yaml.Node, prefix, key string, min int
 // durationAtLeast sets *dst from field key of f, if present, and reports a
 // value below min with the message must.
 func (p *parser) durationAtLeast(f map[string]*yaml.Node, prefix, key string, min time.Duration, must string, dst *time.Duration) {
+	p.opDurationAtLeast("", f, prefix, key, min, must, dst)
+}
+
+// opDurationAtLeast is durationAtLeast for a field of operator op.
+func (p *parser) opDurationAtLeast(op string, f map[string]*yaml.Node, prefix, key string, min time.Duration, must string, dst *time.Duration) {
 	x := f[key]
 	if x == nil {
 		return
 	}
-	if d, ok := p.duration("", prefix+key, x); ok {
+	if d, ok := p.duration(op, prefix+key, x); ok {
 		if d < min {
-			p.add("", x.Line, prefix+key, "%s, got %v", must, d)
+			p.add(op, x.Line, prefix+key, "%s, got %v", must, d)
 		}
 		*dst = d
 	}

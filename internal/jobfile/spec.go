@@ -19,15 +19,33 @@ type SourceSpec struct {
 	//   key   = KeyPattern with "{n}" replaced by n and "{k}" by n % Keys  ("" -> no key)
 	//   value = ValuePattern with the same replacements, padded with '.' to ValueSize bytes if ValueSize > len
 	//   timestamp = StartTS + n*TSStep
-	Count        int64         // bounded: total records over all subtasks; 0 with Rate > 0 -> unbounded
-	Rate         float64       // records per second over all subtasks; 0 = as fast as possible
-	KeyPattern   string        // default "key-{k}"
-	ValuePattern string        // default "value-{n}"
-	Keys         int64         // default 100
-	ValueSize    int           // default 0 (no padding)
-	StartTS      int64         // default 0
-	TSStep       int64         // default 1
-	WatermarkLag time.Duration // generator and nats: watermark = max timestamp seen - lag, emitted every batch; default 0
+	Count        int64   // bounded: total records over all subtasks; 0 with Rate > 0 -> unbounded
+	Rate         float64 // records per second over all subtasks; 0 = as fast as possible
+	KeyPattern   string  // default "key-{k}"
+	ValuePattern string  // default "value-{n}"
+	Keys         int64   // default 100
+	ValueSize    int     // default 0 (no padding)
+	StartTS      int64   // default 0
+	TSStep       int64   // ms; default 1
+	// WatermarkLag is watermark.max_out_of_orderness (alias
+	// watermark_lag), every source type: watermark = max timestamp seen -
+	// lag; default 0.
+	WatermarkLag time.Duration
+
+	// Event time and watermarks of every source type (SPEC14 §3).
+	// TimestampField (timestamp.field; file and nats): the event time is
+	// this JSON field of the value, a number (ms since the epoch) or an
+	// RFC 3339 string; "": the record's own timestamp (generator: its
+	// pattern, nats: the Streamd-Timestamp header or the stream time, file:
+	// none).
+	TimestampField string `json:",omitempty"`
+	// IdleTimeout (watermark.idle_timeout): a source subtask that read no
+	// record for this long is idle (it no longer holds back downstream
+	// watermarks) until its next record; 0: never idle.
+	IdleTimeout time.Duration `json:",omitempty"`
+	// WatermarkInterval (watermark.interval): the least time between two
+	// watermarks a source subtask sends; 0: DefaultWatermarkInterval.
+	WatermarkInterval time.Duration `json:",omitempty"`
 
 	// nats: a JetStream stream (connector.NATSSource). Subtask i of p reads
 	// the messages whose stream sequence is i modulo p.
@@ -40,6 +58,17 @@ type SourceSpec struct {
 	// ParseNATSStart reads it ("" = first); a restore resumes from the
 	// checkpointed position.
 	Start string `json:",omitempty"`
+}
+
+// DefaultWatermarkInterval is watermark.interval when a source sets none.
+const DefaultWatermarkInterval = 200 * time.Millisecond
+
+// Interval is the source's watermark interval, the default if unset.
+func (s *SourceSpec) Interval() time.Duration {
+	if s.WatermarkInterval > 0 {
+		return s.WatermarkInterval
+	}
+	return DefaultWatermarkInterval
 }
 
 // SinkSpec is a built-in sink (Vertex.Spec of a vertex of type sink).

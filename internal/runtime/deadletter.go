@@ -48,6 +48,10 @@ type deadLetters struct {
 	recent     []time.Time // a rate limit's latest dead letters, oldest first
 	held       []abi.Record
 	arena      []byte
+	// heldSide are the side-output records of the call (emit_to), by
+	// output name in sideNames.
+	heldSide  []abi.Record
+	sideNames []string
 }
 
 // DeadLetter is the JSON value of a record in a dead-letter sink (the key
@@ -88,7 +92,18 @@ func isolatable(err error) bool {
 
 // hold is the Emitter of a process call: it copies the records (lent by the
 // instance) until the call has returned.
-func (d *deadLetters) hold(recs []abi.Record) {
+func (d *deadLetters) hold(recs []abi.Record) { d.held = d.keep(d.held, recs) }
+
+// holdSide holds records the call emitted to side output name.
+func (d *deadLetters) holdSide(name string, recs []abi.Record) {
+	d.heldSide = d.keep(d.heldSide, recs)
+	for range recs {
+		d.sideNames = append(d.sideNames, name)
+	}
+}
+
+// keep appends copies of recs (in the arena) to held.
+func (d *deadLetters) keep(held, recs []abi.Record) []abi.Record {
 	for _, r := range recs {
 		n := len(r.Key) + len(r.Value)
 		if cap(d.arena)-len(d.arena) < n {
@@ -99,8 +114,9 @@ func (d *deadLetters) hold(recs []abi.Record) {
 		d.arena = append(d.arena, r.Value...)
 		b := d.arena[at:len(d.arena):len(d.arena)]
 		r.Key, r.Value = b[:len(r.Key):len(r.Key)], b[len(r.Key):]
-		d.held = append(d.held, r)
+		held = append(held, r)
 	}
+	return held
 }
 
 // release sends the held records on; drop forgets them.
@@ -108,12 +124,22 @@ func (d *deadLetters) release(emit Emitter) {
 	if len(d.held) > 0 {
 		emit(d.held)
 	}
+	for i := 0; i < len(d.heldSide); {
+		j := i + 1
+		for j < len(d.heldSide) && d.sideNames[j] == d.sideNames[i] {
+			j++
+		}
+		d.t.emitTo(d.sideNames[i], d.heldSide[i:j])
+		i = j
+	}
 	d.drop()
 }
 
 func (d *deadLetters) drop() {
 	clear(d.held)
+	clear(d.heldSide)
 	d.held, d.arena = d.held[:0], d.arena[:0]
+	d.heldSide, d.sideNames = d.heldSide[:0], d.sideNames[:0]
 }
 
 // failed handles record r of input that made the guest fail with cause:

@@ -89,8 +89,12 @@
 // its writers, which partition them into per-receiver batches (hash: by key
 // group of the key, or of the value without key; rebalance: round robin;
 // broadcast: all; forward: the one receiver) and send a batch when it is full.
-// After each read it sends the source's watermark if it advanced. At the end
-// it sends the MAX watermark, EndOfData(drain=true) and EndOfPartition.
+// After a read it sends the source's watermark if it advanced, at most once
+// per watermark.interval (a timer sends the last one when reads stop); a
+// source with watermark.idle_timeout that read nothing for that long sends
+// the watermark status IDLE, and ACTIVE before its next records (sideout.go).
+// At the end it sends the MAX watermark, EndOfData(drain=true) and
+// EndOfPartition.
 // Every control event is preceded by a flush of the pending batches and goes
 // to every receiver.
 //
@@ -102,9 +106,18 @@
 //     returned to the pool. Before waiting on an empty gate the writers are
 //     flushed, so slow streams are not held back.
 //   - Watermark(ts): the channel's watermark; the subtask's watermark is the
-//     minimum over the channels that have not ended. When it advances,
-//     AdvanceWatermark (the host fires due event-time timers, then
-//     on_watermark) and the watermark goes downstream.
+//     minimum over the channels that have neither ended nor are idle. When it
+//     advances, AdvanceWatermark (the host fires due event-time timers, then
+//     on_watermark) and the watermark goes downstream, unless the operator
+//     called emit_watermark: then its own watermarks go downstream instead
+//     (and MAX after finish).
+//   - WatermarkStatus(idle): the channel's sender is idle or active again;
+//     when every open channel is idle the subtask is idle downstream too.
+//
+// Records an operator emits go to its main-output edges; emit_to sends them
+// to the edges of that side output (from: OP.OUTPUT), or drops and counts
+// them when none reads it. Control events go to every output edge, side
+// outputs included (sideout.go).
 //   - Barrier(id): aligned: the channel is blocked until every channel that
 //     has not ended delivered the barrier, then it goes downstream, the
 //     channels unblock and the subtask snapshots: host keyed state by key

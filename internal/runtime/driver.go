@@ -187,7 +187,7 @@ func (r *runner) snapshot() Stats {
 		s.Operators[i] = OperatorStats{UID: v.UID, Parallelism: v.Parallelism,
 			RecordsIn: r.stats[i].in.Load(), RecordsOut: r.stats[i].out.Load(), MaxSnapshotPause: time.Duration(r.stats[i].pause.Load()),
 			MaxRestore:  time.Duration(r.stats[i].restore.Load()),
-			DeadLetters: r.stats[i].dead.Load()}
+			DeadLetters: r.stats[i].dead.Load(), SideOutputDropped: r.stats[i].sideDropped.Load()}
 	}
 	r.mu.Lock()
 	s.Restarts, s.Checkpoints, s.Savepoint = r.restarts, r.count, r.savepath

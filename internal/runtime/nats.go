@@ -100,7 +100,7 @@ func (j *job) natsSource(t *task, spec *jobfile.SourceSpec) func(pos []byte) (co
 		defer cancel()
 		src, err := connector.NewNATSSourceConn(ctx, nc, connector.NATSSourceOptions{
 			Stream: spec.Stream, Subject: spec.Subject, Bounded: spec.Bounded,
-			KeyFrom: spec.KeyFrom, WatermarkLag: spec.WatermarkLag, Start: start,
+			KeyFrom: spec.KeyFrom, WatermarkLag: spec.WatermarkLag, TimestampField: spec.TimestampField, Start: start,
 		}, t.sub, t.v.Parallelism, pos)
 		if err != nil {
 			return nil, err

@@ -109,6 +109,9 @@ type wasmOperator struct {
 	// still has. Written by the background writer, hence the mutex.
 	mu     sync.Mutex
 	shared map[int64]map[string]host.StateFile
+	// holding: a process call runs whose emits the dead letters hold
+	// until it succeeds (emit_to goes there too, taskOutputs).
+	holding bool
 }
 
 func (w *wasmOperator) Open(ctx context.Context, _ SubtaskInfo) error {
@@ -138,6 +141,8 @@ func (w *wasmOperator) Process(ctx context.Context, input int, recs []abi.Record
 	if w.dl == nil {
 		return w.inst.Process(ctx, input, recs, host.Emitter(emit))
 	}
+	w.holding = true
+	defer func() { w.holding = false }()
 	err := w.inst.Process(ctx, input, recs, w.dl.hold)
 	if err == nil {
 		w.dl.release(emit)

@@ -204,6 +204,9 @@ type OperatorStats struct {
 	// DeadLetters counts the records its on_error skip or dead_letter took
 	// out of the stream (a failover may count a record again, as RecordsIn).
 	DeadLetters int64 `json:",omitempty"`
+	// SideOutputDropped counts the records it emitted (emit_to) to side
+	// outputs that no edge reads (the metric streamd.side_output.dropped).
+	SideOutputDropped int64 `json:",omitempty"`
 	// Live has the counters of each subtask that runs in this process
 	// (watermark, back-pressured, busy and idle time, source lag), by
 	// index; the zero value for the others.
@@ -259,6 +262,8 @@ func appendFailure(fs []AttemptFailure, attempt int, err error) []AttemptFailure
 type opStats struct {
 	in, out atomic.Int64
 	dead    atomic.Int64 // dead letters (on_error)
+	// sideDropped counts the records emitted to side outputs no edge reads.
+	sideDropped atomic.Int64
 	// pause is the longest synchronous part of a snapshot of any subtask,
 	// in nanoseconds: the time it processed nothing for a checkpoint.
 	pause atomic.Int64
@@ -441,6 +446,7 @@ func (j *job) build() error {
 				ckpt:             j.opts.Checkpoint != nil,
 				mb:               &mailbox{},
 				deployedFinished: deployedFinished[id],
+				outWM:            abi.MinWatermark,
 			}
 			// Input gate: channels by input, then by sender; the mailbox last.
 			if len(v.Inputs) > 0 {
@@ -477,7 +483,7 @@ func (j *job) build() error {
 				if err != nil {
 					return t.fail(phaseSetup, fmt.Errorf("output to %q: %w", e.To, err))
 				}
-				t.writers = append(t.writers, w)
+				t.addWriter(e, w)
 			}
 			if err := j.bindSpec(t, modules); err != nil {
 				return t.fail(phaseSetup, err)
@@ -517,7 +523,11 @@ func (j *job) bindSpec(t *task, modules map[string]*host.Module) error {
 			}
 		case "file":
 			t.newSource = func(pos []byte) (connector.Source, error) {
-				return connector.NewFileSource(spec.Path, j.opts.Stdin, t.sub, v.Parallelism, pos, j.opts.MaxRecordBytes)
+				fs, err := connector.NewFileSource(spec.Path, j.opts.Stdin, t.sub, v.Parallelism, pos, j.opts.MaxRecordBytes)
+				if err == nil && spec.TimestampField != "" {
+					fs.SetEventTime(spec.TimestampField, spec.WatermarkLag)
+				}
+				return fs, err
 			}
 		case "nats":
 			t.newSource = j.natsSource(t, spec)
@@ -554,6 +564,7 @@ func (j *job) bindSpec(t *task, modules map[string]*host.Module) error {
 			State:          host.StateConfig{Backend: j.opts.State.Backend, DataDir: j.opts.DataDir, Cache: j.stateCache, Incremental: j.opts.State.Incremental},
 			GuestLog:       j.opts.GuestLog,
 		}}
+		wo.cfg.Outputs = taskOutputs{t, wo}
 		if rs != nil {
 			wo.cfg.Restore = rs.Snapshot
 			wo.restoredID = j.restore.Metadata.ID

@@ -95,9 +95,9 @@ func TestPipelinePartitionings(t *testing.T) {
 				}
 				fin := slices.Repeat([]string{StateFinished}, p)
 				wantStats := []OperatorStats{
-					{"gen", p, 0, count, fin, 0, 0, 0, 0, nil},
-					{"upper", p, int64(count * copies), int64(count * copies), fin, 0, 0, 0, 0, nil},
-					{"collect", p, int64(count * copies), 0, fin, 0, 0, 0, 0, nil},
+					{"gen", p, 0, count, fin, 0, 0, 0, 0, 0, nil},
+					{"upper", p, int64(count * copies), int64(count * copies), fin, 0, 0, 0, 0, 0, nil},
+					{"collect", p, int64(count * copies), 0, fin, 0, 0, 0, 0, 0, nil},
 				}
 				for i := range stats.Operators {
 					if len(stats.Operators[i].Live) != p {
@@ -159,8 +159,9 @@ func newHarness(t *testing.T, inputs []int, o NativeOperator) *harness {
 	w, _ := dataplane.NewRecordWriter([]dataplane.Output{down.Output()}, dataplane.Forward, dataplane.WriterOptions{BatchSize: 4})
 	v := &control.Vertex{UID: "op", Parallelism: 1, Inputs: make([]control.Edge, nIn)}
 	j := &job{g: &control.JobGraph{Name: "h"}, log: slog.New(slog.DiscardHandler), opts: Options{BatchSize: 4}}
-	tk := &task{j: j, v: v, op: o, writers: []*dataplane.RecordWriter{w}, mb: &mailbox{},
+	tk := &task{j: j, v: v, op: o, mb: &mailbox{}, outWM: abi.MinWatermark,
 		stats: &opStats{}, info: SubtaskInfo{Job: "h", Operator: "op", Parallelism: 1, NumInputs: nIn}}
+	tk.addWriter(control.Edge{}, w)
 	tk.setGate(gcs)
 	if err := tk.newMachine(); err != nil {
 		t.Fatal(err)

@@ -31,9 +31,19 @@ type task struct {
 	stats   *opStats
 	gate    *dataplane.InputGate      // nil for sources
 	nData   int                       // data channels of the gate; the mailbox is channel nData
-	writers []*dataplane.RecordWriter // one per output edge
-	op      NativeOperator            // operators and sinks
-	cp      checkpointer              // op's checkpoint side
+	writers []*dataplane.RecordWriter // one per output edge, main and side outputs
+	// Side outputs (sideout.go): main are the writers of the main output
+	// (emit), side those of each side output (emit_to).
+	main []*dataplane.RecordWriter
+	side map[string][]*dataplane.RecordWriter
+	// Output watermark (sideout.go): outWM is the last watermark sent
+	// downstream; ownWM: the operator called emit_watermark, so its
+	// output watermark is its own; outIdle: it told its outputs it is idle.
+	outWM   int64
+	ownWM   bool
+	outIdle bool
+	op      NativeOperator // operators and sinks
+	cp      checkpointer   // op's checkpoint side
 	// newSource creates the source of a source subtask, resuming at pos.
 	newSource func(pos []byte) (connector.Source, error)
 
@@ -53,11 +63,19 @@ type task struct {
 	// final checkpoint, stop); the task goroutine does its IO.
 	m *control.SubtaskMachine
 	// Of a source: the position after the records sent so far (what a
-	// snapshot stores), and its watermark.
-	srcAt  []byte
-	srcWM  int64
-	src    connector.Source
-	reader *sourceReader
+	// snapshot stores); its watermark is outWM.
+	srcAt []byte
+	// Of a source, its watermark strategy (sideout.go): srcPend is the
+	// source's watermark not sent yet (at most every wmInterval, srcSent
+	// the last time); srcLastRec when the last record came, for
+	// idleTimeout.
+	srcPend     int64
+	srcSent     time.Time
+	srcLastRec  time.Time
+	wmInterval  time.Duration
+	idleTimeout time.Duration
+	src         connector.Source
+	reader      *sourceReader
 	// Of an operator: the alignment in progress (spans and metrics).
 	align alignObs
 	// cmdTrace is the trace context of the command being applied.
@@ -108,13 +126,8 @@ func (t *task) emitRecords(recs []abi.Record) {
 	if t.emitErr != nil {
 		return
 	}
-	t.stats.out.Add(int64(len(recs)))
-	if t.inBatch {
-		t.batchOut += len(recs)
-	} else {
-		t.om.RecordsOut(t.ctx, len(recs))
-	}
-	for _, w := range t.writers {
+	t.countOut(len(recs))
+	for _, w := range t.main {
 		if err := w.EmitBatch(t.ctx, recs); err != nil {
 			t.emitErr = err
 			return
@@ -299,11 +312,15 @@ func (t *task) perform(a control.SubtaskAction) error {
 		if err := t.call(string(abi.PhaseWatermark), t.op.AdvanceWatermark(t.ctx, x.TS, t.emit)); err != nil {
 			return err
 		}
-		if err := t.broadcast(dataplane.WatermarkEvent(x.TS)); err != nil {
+		if t.ownWM {
+			return nil // the operator's output watermark is its own (emit_watermark)
+		}
+		if err := t.sendWatermark(x.TS); err != nil {
 			return t.fail(phaseOutput, err)
 		}
-		if len(t.writers) > 0 {
-			t.om.OutputWatermark(t.ctx, x.TS, false)
+	case control.EmitWatermarkStatus:
+		if err := t.sendStatus(x.Idle); err != nil {
+			return t.fail(phaseOutput, err)
 		}
 	case control.EndInput:
 		ectx, span := t.startPhase(telemetry.SpanTaskEndInput, telemetry.AttrInput.Int(x.Input))
@@ -339,15 +356,17 @@ func (t *task) perform(a control.SubtaskAction) error {
 	return nil
 }
 
-// endData sends what ends a subtask's data: with MaxWatermark the MAX
-// watermark (unless a source's watermark is there already), then
-// EndOfData(drain) (DESIGN.md "Finishing" 1b, 3b).
+// endData sends what ends a subtask's data: with MaxWatermark (or drain,
+// for an operator with its own output watermark) the MAX watermark unless
+// it was sent already, then EndOfData(drain) (DESIGN.md "Finishing" 1b, 3b).
 func (t *task) endData(x control.EmitEndOfData) error {
-	if x.MaxWatermark && (t.newSource == nil || t.srcWM < abi.MaxWatermark) {
+	// An operator with its own output watermark (emit_watermark) gets MAX
+	// after finish too.
+	if (x.MaxWatermark || x.Drain && t.ownWM) && t.outWM < abi.MaxWatermark {
 		if err := t.broadcast(dataplane.WatermarkEvent(abi.MaxWatermark)); err != nil {
 			return t.fail(phaseOutput, err)
 		}
-		t.srcWM = abi.MaxWatermark
+		t.outWM = abi.MaxWatermark
 	}
 	if err := t.broadcast(dataplane.EndOfDataEvent(x.Drain)); err != nil {
 		return t.fail(phaseOutput, err)
@@ -546,7 +565,10 @@ func (t *task) commands() error {
 // the wait for the final checkpoint and EndOfPartition (DESIGN.md
 // "Finishing" 1).
 func (t *task) runSource(ctx context.Context) error {
-	t.srcWM = abi.MinWatermark
+	t.srcPend = abi.MinWatermark
+	t.initSourceWatermarks()
+	tick := time.NewTimer(time.Hour)
+	defer tick.Stop()
 	var rd *sourceReader
 	var ready connector.ReadySource
 	var buf []abi.Record
@@ -600,8 +622,17 @@ func (t *task) runSource(ctx context.Context) error {
 			}
 			results = rd.results
 		}
+		var tickC <-chan time.Time
+		if d, ok := t.sourceDeadline(); ok {
+			tick.Reset(d)
+			tickC = tick.C
+		}
 		idle := time.Now()
 		select {
+		case <-tickC:
+			if err := t.sourceTick(); err != nil {
+				return err
+			}
 		case res := <-results:
 			inflight = false
 			t.om.Idle(ctx, time.Since(idle)) // waiting for the source
@@ -647,19 +678,22 @@ func (t *task) sourceBatch(res readResult) error {
 	if res.err != nil {
 		return t.fail(phaseRead, res.err)
 	}
+	if res.n > 0 {
+		t.srcLastRec = time.Now()
+		if err := t.sendStatus(false); err != nil { // active again before its records
+			return t.fail(phaseOutput, err)
+		}
+	}
 	t.records += int64(res.n)
 	t.emitRecords(res.recs[:res.n])
 	t.srcAt = res.pos
 	if t.emitErr != nil {
 		return t.fail(phaseRead, t.emitErr)
 	}
-	if res.wm > t.srcWM {
-		t.srcWM = res.wm
-		t.om.OutputWatermark(t.ctx, res.wm, true)
-		if err := t.broadcast(dataplane.WatermarkEvent(res.wm)); err != nil {
-			return t.fail(phaseOutput, err)
-		}
-	} else if res.n < len(res.recs) {
+	t.srcPend = max(t.srcPend, res.wm)
+	if sent, err := t.sourceWatermark(); err != nil {
+		return t.fail(phaseOutput, err)
+	} else if !sent && res.n < len(res.recs) {
 		// A short read: the source is slow or rate-limited; do not hold
 		// its records back waiting for a full batch.
 		if err := t.flush(); err != nil {
@@ -879,6 +913,8 @@ func (t *task) runOperator(ctx context.Context) (err error) {
 			pev = control.ChannelBarrier{Channel: ch, B: fromDataplaneBarrier(ev.Barrier)}
 		case dataplane.KindCancelCheckpoint:
 			pev = control.ChannelCancel{Channel: ch, ID: ev.Cancel.ID}
+		case dataplane.KindWatermarkStatus:
+			pev = control.ChannelWatermarkStatus{Channel: ch, Idle: ev.Status.Idle}
 		case dataplane.KindEndOfData:
 			pev = control.ChannelEndOfData{Channel: ch, Drain: ev.EndOfData.Drain}
 		case dataplane.KindEndOfPartition:

@@ -36,7 +36,10 @@ const (
 	MetricSourceLag           = "streamd.source.lag"     // messages a source subtask has yet to read
 	// MetricDeadLetters counts the records an operator with on_error skip
 	// or dead_letter took out of the stream, by streamd.on_error.
-	MetricDeadLetters         = "streamd.dead_letters"
+	MetricDeadLetters = "streamd.dead_letters"
+	// MetricSideOutputDropped counts the records a wasm operator emitted
+	// (emit_to) to a side output no edge reads, by attribute output.
+	MetricSideOutputDropped   = "streamd.side_output.dropped"
 	MetricCheckpointsFailed   = "streamd.checkpoints.failed"
 	MetricCheckpointsDeclined = "streamd.checkpoints.declined"
 	MetricLastCheckpointID    = "streamd.checkpoint.last.id"
@@ -252,6 +255,7 @@ type OperatorMetrics struct {
 	hasLag                   atomic.Bool
 	sourceLag                atomic.Pointer[func() (int64, bool)]
 	deadSkip, deadLetter     atomic.Int64 // records taken out by on_error skip, dead_letter
+	sideDropped              sync.Map     // side-output name -> *atomic.Int64: records dropped (unread output)
 
 	batch, align, finalWait *histogram // nil until registered
 }
@@ -607,6 +611,34 @@ func (c *collection) subtask(o *OperatorMetrics, now time.Time) {
 			c.sumI(MetricDeadLetters, attribute.NewSet(append(a.ToSlice(), attribute.String("streamd.on_error", d.mode))...), start, now, d.n)
 		}
 	}
+	o.sideDropped.Range(func(k, v any) bool {
+		c.sumI(MetricSideOutputDropped, attribute.NewSet(append(a.ToSlice(), attribute.String("output", k.(string)))...), start, now, v.(*atomic.Int64).Load())
+		return true
+	})
+}
+
+// SideOutputDropped counts n records emitted to the side output no edge
+// reads.
+func (o *OperatorMetrics) SideOutputDropped(output string, n int) {
+	if o == nil {
+		return
+	}
+	c, ok := o.sideDropped.Load(output)
+	if !ok {
+		c, _ = o.sideDropped.LoadOrStore(output, new(atomic.Int64))
+	}
+	c.(*atomic.Int64).Add(int64(n))
+}
+
+// SideOutputDroppedCount is how many records SideOutputDropped counted for output.
+func (o *OperatorMetrics) SideOutputDroppedCount(output string) int64 {
+	if o == nil {
+		return 0
+	}
+	if c, ok := o.sideDropped.Load(output); ok {
+		return c.(*atomic.Int64).Load()
+	}
+	return 0
 }
 
 // DeadLetter counts one record taken out of the stream by on_error mode
@@ -639,6 +671,7 @@ var descriptions = map[string][2]string{
 	MetricBusyTime:            {"s", "Time a subtask spent in its operator's calls (busy); per second: the busy fraction."},
 	MetricIdleTime:            {"s", "Time a subtask waited for input (idle)."},
 	MetricDeadLetters:         {"{record}", "Records that made an operator's guest fail or that it rejected, skipped or sent to its dead-letter sink."},
+	MetricSideOutputDropped:   {"{record}", "Records a wasm operator emitted to a side output that no edge reads (dropped), by output."},
 	MetricSourceLag:           {"{message}", "Messages a source subtask has yet to read (a nats source: of its stream, after its position)."},
 	MetricCheckpointsFailed:   {"{checkpoint}", "Checkpoints aborted, by reason."},
 	MetricCheckpointsDeclined: {"{decline}", "Checkpoints declined by a subtask."},

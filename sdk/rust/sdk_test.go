@@ -249,7 +249,8 @@ func TestTraps(t *testing.T) {
 }
 
 // TestNativeUnitTests runs the crate's own unit tests (codecs, emit buffer,
-// state helpers against the fake host) natively with Debian's cargo.
+// keyed state, timers, windows and the harness against the simulated host of
+// streamd::testing) natively with Debian's cargo.
 func TestNativeUnitTests(t *testing.T) {
 	if testing.Short() {
 		t.Skip("-short: skipping cargo test")

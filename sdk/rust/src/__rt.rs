@@ -2,6 +2,7 @@
 //! functions call these. Not a public API.
 
 use crate::frame::Batch;
+use crate::keyed::{in_phase, with_key, without_key};
 use crate::{emit, log, sys, Context, Operator, Result};
 use core::cell::{Cell, RefCell};
 use std::thread::LocalKey;
@@ -111,10 +112,24 @@ fn finish_call(r: Result<()>, process: bool) -> i32 {
     }
 }
 
-fn with_op<T: Operator + 'static>(slot: &'static Slot<T>, phase: &str, f: impl FnOnce(&mut T) -> Result<()>) -> i32 {
+/// Runs `f` in lifecycle phase `phase` with `key` as the current key (none
+/// when `None`). Shared by the exports and the native test harness.
+pub(crate) fn run<R>(phase: &'static str, key: Option<&[u8]>, f: impl FnOnce() -> R) -> R {
+    in_phase(phase, || match key {
+        Some(k) => with_key(k, f),
+        None => without_key(f),
+    })
+}
+
+fn with_op<T: Operator + 'static>(
+    slot: &'static Slot<T>,
+    phase: &'static str,
+    key: Option<&[u8]>,
+    f: impl FnOnce(&mut T) -> Result<()>,
+) -> i32 {
     enter();
     let r = slot.with(|s| match s.borrow_mut().as_mut() {
-        Some(op) => f(op),
+        Some(op) => run(phase, key, || f(op)),
         None => Err(format!("streamd: {} called before streamd_open", phase).into()),
     });
     finish_call(r, phase == "process")
@@ -136,7 +151,7 @@ pub fn open<T: Operator + 'static>(slot: &'static Slot<T>, ptr: i32, len: i32, n
     };
     let op = new();
     slot.with(|s| *s.borrow_mut() = Some(op));
-    with_op(slot, "open", |op| op.open(&ctx))
+    with_op(slot, "open", None, |op| op.open(&ctx))
 }
 
 /// `streamd_process`.
@@ -158,12 +173,12 @@ pub(crate) fn process_data<T: Operator + 'static>(slot: &'static Slot<T>, input_
             return INVALID_INPUT;
         }
     };
-    with_op(slot, "process", |op| op.process_batch(input_index as u32, &batch))
+    with_op(slot, "process", None, |op| op.process_batch(&batch, input_index as u32))
 }
 
 /// `streamd_on_watermark`.
 pub fn on_watermark<T: Operator + 'static>(slot: &'static Slot<T>, ts: i64) -> i32 {
-    with_op(slot, "on_watermark", |op| op.on_watermark(ts))
+    with_op(slot, "on_watermark", None, |op| op.on_watermark(ts))
 }
 
 /// `streamd_on_timer`.
@@ -173,27 +188,37 @@ pub fn on_timer<T: Operator + 'static>(slot: &'static Slot<T>, ts: i64, ptr: i32
         Some(d) => d,
         None => return INVALID_INPUT,
     };
-    with_op(slot, "on_timer", |op| op.on_timer(ts, key))
+    with_op(slot, "on_timer", Some(key), |op| op.on_timer(ts, key))
+}
+
+/// `streamd_on_processing_time`.
+pub fn on_processing_time<T: Operator + 'static>(slot: &'static Slot<T>, ts: i64, ptr: i32, len: i32) -> i32 {
+    enter();
+    let key = match input(ptr, len, "timer key") {
+        Some(d) => d,
+        None => return INVALID_INPUT,
+    };
+    with_op(slot, "on_processing_time", Some(key), |op| op.on_processing_time(ts, key))
 }
 
 /// `streamd_end_input`.
 pub fn end_input<T: Operator + 'static>(slot: &'static Slot<T>, input_index: i32) -> i32 {
-    with_op(slot, "end_input", |op| op.end_input(input_index as u32))
+    with_op(slot, "end_input", None, |op| op.end_input(input_index as u32))
 }
 
 /// `streamd_finish`.
 pub fn finish<T: Operator + 'static>(slot: &'static Slot<T>) -> i32 {
-    with_op(slot, "finish", |op| op.finish())
+    with_op(slot, "finish", None, |op| op.finish())
 }
 
 /// `streamd_snapshot_state`.
 pub fn snapshot_state<T: Operator + 'static>(slot: &'static Slot<T>, id: i64) -> i32 {
-    with_op(slot, "snapshot_state", |op| op.snapshot_state(id))
+    with_op(slot, "snapshot_state", None, |op| op.snapshot_state(id))
 }
 
 /// `streamd_notify_checkpoint_complete`.
 pub fn notify_checkpoint_complete<T: Operator + 'static>(slot: &'static Slot<T>, id: i64) -> i32 {
-    with_op(slot, "notify_checkpoint_complete", |op| op.notify_checkpoint_complete(id))
+    with_op(slot, "notify_checkpoint_complete", None, |op| op.notify_checkpoint_complete(id))
 }
 
 /// `streamd_close`: closes and drops the operator; a close without open is OK.
@@ -203,7 +228,7 @@ pub fn close<T: Operator + 'static>(slot: &'static Slot<T>) -> i32 {
     let op = slot.with(|s| s.borrow_mut().take());
     match op {
         Some(mut op) => {
-            let r = op.close();
+            let r = run("close", None, || op.close());
             drop(op);
             finish_call(r, false)
         }
@@ -259,6 +284,11 @@ macro_rules! export_operator {
         }
 
         #[no_mangle]
+        pub extern "C" fn streamd_on_processing_time(ts: i64, key_ptr: i32, key_len: i32) -> i32 {
+            $crate::__rt::on_processing_time(&__STREAMD_OPERATOR, ts, key_ptr, key_len)
+        }
+
+        #[no_mangle]
         pub extern "C" fn streamd_end_input(input: i32) -> i32 {
             $crate::__rt::end_input(&__STREAMD_OPERATOR, input)
         }
@@ -282,5 +312,23 @@ macro_rules! export_operator {
         pub extern "C" fn streamd_close() -> i32 {
             $crate::__rt::close(&__STREAMD_OPERATOR)
         }
+    };
+}
+
+/// Exports the operator `$new` evaluates to, whatever its type (closures
+/// included: window operators, typed helpers), boxed as a
+/// `Box<dyn Operator>`: one dynamic call per lifecycle call (per batch,
+/// not per record).
+///
+/// ```ignore
+/// streamd::export_boxed_operator!(streamd::map_typed::<Str, Str, _>(|s: String| Ok(s.to_uppercase())));
+/// ```
+#[macro_export]
+macro_rules! export_boxed_operator {
+    ($new:expr) => {
+        $crate::export_operator!(
+            ::std::boxed::Box<dyn $crate::Operator>,
+            ::std::boxed::Box::new($new) as ::std::boxed::Box<dyn $crate::Operator>
+        );
     };
 }

@@ -18,6 +18,59 @@ struct Out {
 
 thread_local! {
     static OUT: RefCell<Out> = const { RefCell::new(Out { buf: Vec::new(), count: 0 }) };
+    /// Side outputs: one frame under construction per output name, sent at
+    /// the end of the lifecycle call (or at 64 KiB).
+    static SIDE: RefCell<Vec<(String, Vec<u8>, u32)>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Emits a record to the operator's side output `output` (Flink's
+/// `OutputTag`; letters, digits, `-`, `_`, 1 to 128 characters). A job file
+/// input `{from: OP.OUTPUT}` reads it; nobody reading drops it. Allowed where
+/// [`emit`] is.
+pub fn emit_to(output: &str, key: &[u8], value: &[u8], timestamp: i64) {
+    SIDE.with(|s| {
+        let mut s = s.borrow_mut();
+        let i = match s.iter().position(|(n, _, _)| n == output) {
+            Some(i) => i,
+            None => {
+                let ok = !output.is_empty()
+                    && output.len() <= 128
+                    && output.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
+                if !ok {
+                    drop(s);
+                    crate::fail(&format!(
+                        "emit_to: side output name {:?} is invalid (letters, digits, '-', '_'; 1 to 128)",
+                        output
+                    ));
+                }
+                s.push((output.to_string(), Vec::new(), 0));
+                s.len() - 1
+            }
+        };
+        let (name, buf, count) = &mut s[i];
+        if buf.is_empty() {
+            buf.extend_from_slice(&[0, 0, 0, 0]);
+        }
+        buf.extend_from_slice(&timestamp.to_le_bytes());
+        buf.extend_from_slice(&(key.len() as u32).to_le_bytes());
+        buf.extend_from_slice(key);
+        buf.extend_from_slice(&(value.len() as u32).to_le_bytes());
+        buf.extend_from_slice(value);
+        *count += 1;
+        if buf.len() >= FLUSH_BYTES {
+            send_side(name, buf, count);
+        }
+    })
+}
+
+fn send_side(name: &str, buf: &mut Vec<u8>, count: &mut u32) {
+    if *count == 0 {
+        return;
+    }
+    buf[..4].copy_from_slice(&count.to_le_bytes());
+    sys::emit_to(name.as_bytes(), buf);
+    buf.clear();
+    *count = 0;
 }
 
 impl Out {
@@ -107,7 +160,12 @@ pub fn emit_with<F: FnOnce(&mut ValueWriter<'_>)>(key: &[u8], timestamp: i64, wr
 /// Sends the buffered records to the host now. The SDK calls it at the end of
 /// every lifecycle call; operators rarely need it.
 pub fn flush() {
-    OUT.with(|o| o.borrow_mut().flush())
+    OUT.with(|o| o.borrow_mut().flush());
+    SIDE.with(|s| {
+        for (name, buf, count) in s.borrow_mut().iter_mut() {
+            send_side(name, buf, count)
+        }
+    })
 }
 
 /// Drops buffered records without sending them.
@@ -116,6 +174,12 @@ pub(crate) fn discard() {
         let mut o = o.borrow_mut();
         o.buf.clear();
         o.count = 0;
+    });
+    SIDE.with(|s| {
+        for (_, buf, count) in s.borrow_mut().iter_mut() {
+            buf.clear();
+            *count = 0;
+        }
     })
 }
 
@@ -126,6 +190,13 @@ pub struct ValueWriter<'a> {
 }
 
 impl<'a> ValueWriter<'a> {
+    /// The output frame to append the value to (a [`crate::Codec`] encodes
+    /// into it). Only append: truncating it corrupts the frame.
+    #[inline]
+    pub(crate) fn vec(&mut self) -> &mut Vec<u8> {
+        self.buf
+    }
+
     /// Appends bytes.
     #[inline]
     pub fn write_bytes(&mut self, b: &[u8]) {

@@ -35,7 +35,7 @@ impl OwnedRecord {
 pub struct Map<F>(pub F);
 
 impl<F: FnMut(&Record<'_>) -> OwnedRecord> Operator for Map<F> {
-    fn process_element(&mut self, _input: u32, rec: &Record<'_>) -> Result<()> {
+    fn process_element(&mut self, rec: &Record<'_>, _input: u32) -> Result<()> {
         let out = (self.0)(rec);
         emit(&out.key, &out.value, out.timestamp);
         Ok(())
@@ -46,7 +46,7 @@ impl<F: FnMut(&Record<'_>) -> OwnedRecord> Operator for Map<F> {
 pub struct Filter<F>(pub F);
 
 impl<F: FnMut(&Record<'_>) -> bool> Operator for Filter<F> {
-    fn process_element(&mut self, _input: u32, rec: &Record<'_>) -> Result<()> {
+    fn process_element(&mut self, rec: &Record<'_>, _input: u32) -> Result<()> {
         if (self.0)(rec) {
             emit(rec.key, rec.value, rec.timestamp);
         }
@@ -71,7 +71,7 @@ impl Collector {
 }
 
 impl<F: FnMut(&Record<'_>, &mut Collector)> Operator for FlatMap<F> {
-    fn process_element(&mut self, _input: u32, rec: &Record<'_>) -> Result<()> {
+    fn process_element(&mut self, rec: &Record<'_>, _input: u32) -> Result<()> {
         (self.0)(rec, &mut Collector { _private: () });
         Ok(())
     }

@@ -9,7 +9,7 @@
 //! struct Upper;
 //!
 //! impl Operator for Upper {
-//!     fn process_element(&mut self, _input: u32, rec: &Record) -> Result<()> {
+//!     fn process_element(&mut self, rec: &Record, _input: u32) -> Result<()> {
 //!         streamd::emit_with(rec.key, rec.timestamp, |v| {
 //!             v.extend(rec.value.iter().map(u8::to_ascii_uppercase))
 //!         });
@@ -28,26 +28,37 @@
 //!
 //! Everything that reaches the host (emit, state, timers, log, fail) is a Wasm
 //! import on wasm32. Built for another target (native `cargo test`), the SDK
-//! talks to an in-memory fake host instead, so codecs and helpers are testable
-//! without a Wasm runtime.
+//! talks to the simulated host of [`testing`] instead, so operators, windows
+//! and codecs are testable without a Wasm runtime (`streamd::testing::Harness`).
 
 #![warn(missing_docs)]
 
+pub mod codec;
 mod context;
 mod emit;
 pub mod frame;
 pub mod helpers;
+mod keyed;
 pub mod list_state;
 pub mod log;
 pub mod state;
 mod sys;
+pub mod typed;
+pub mod window;
 
+#[cfg(not(target_arch = "wasm32"))]
+pub mod testing;
+
+pub use codec::{Bytes, Codec, Str, F64, I64};
 pub use context::Context;
-pub use emit::{emit, emit_record, emit_with, flush, ValueWriter, FLUSH_BYTES};
+pub use emit::{emit, emit_record, emit_to, emit_with, flush, ValueWriter, FLUSH_BYTES};
 pub use frame::{Batch, Record, NO_TIMESTAMP};
 pub use helpers::{Collector, Filter, FlatMap, Map, OwnedRecord};
+pub use keyed::{current_key, phase, with_key};
 pub use list_state::ListMode;
-pub use state::ValueState;
+pub use state::{AggregatingState, Aggregator, ListState, MapState, ReducingState, TtlUpdate, ValueState};
+pub use typed::{filter_typed, flat_map_typed, map_typed, process_typed};
+pub use window::{TimeWindow, WindowAssigner, WindowOperator, WindowOutput, Windows};
 
 use core::fmt;
 
@@ -159,11 +170,12 @@ pub type Result<T, E = Error> = core::result::Result<T, E>;
 /// open                                   once, first
 /// ( process_batch / process_element      for each batch / record of each input, in order
 /// | on_timer* on_watermark               when the watermark advances
+/// | on_processing_time*                  when processing time reaches timers
 /// | snapshot_state | notify_checkpoint_complete )*
 /// end_input                              once per input, when it ended with drain
 /// finish                                 once, after every end_input
 /// ( snapshot_state | notify_checkpoint_complete )*   the final checkpoint
-/// close                                  always last (not after a trap)
+/// close                                  last, not after a failure (trap, error, fail)
 /// ```
 ///
 /// A method that returns `Err`, or panics, fails the subtask: the error text
@@ -181,14 +193,17 @@ pub trait Operator {
 
     /// Called for every record of input `input` (0-based, the order of the
     /// operator's inputs in the job file). May emit, and use keyed state and
-    /// timers with `rec.key`. `rec`'s slices are valid only during the call.
-    fn process_element(&mut self, input: u32, rec: &Record<'_>) -> Result<()>;
+    /// timers of the current key, `rec.key`. `rec`'s slices are valid only
+    /// during the call.
+    fn process_element(&mut self, rec: &Record<'_>, input: u32) -> Result<()>;
 
     /// Called for each batch the host passes; the default calls
-    /// `process_element` for each record. Override it to work on whole batches.
-    fn process_batch(&mut self, input: u32, batch: &Batch<'_>) -> Result<()> {
+    /// `process_element` for each record with the record's key as the current
+    /// key. Override it to work on whole batches (and use [`with_key`] per
+    /// record for keyed state).
+    fn process_batch(&mut self, batch: &Batch<'_>, input: u32) -> Result<()> {
         for rec in batch {
-            self.process_element(input, &rec)?;
+            with_key(rec.key, || self.process_element(&rec, input))?;
         }
         Ok(())
     }
@@ -202,8 +217,17 @@ pub trait Operator {
 
     /// Called for each event-time timer with `ts` at or below the new
     /// watermark, in `ts` order (ties in key order), before `on_watermark`.
-    /// The timer is already removed. Use `key` for keyed state. May emit.
+    /// The timer is already removed. `key` is the current key. May emit.
     fn on_timer(&mut self, ts: i64, key: &[u8]) -> Result<()> {
+        let _ = (ts, key);
+        Ok(())
+    }
+
+    /// Called for each processing-time timer when the host's processing time
+    /// reaches `ts`, in (`ts`, key) order, between batches. The timer is
+    /// already removed. `key` is the current key. May emit. Pending ones do not
+    /// fire after `finish`.
+    fn on_processing_time(&mut self, ts: i64, key: &[u8]) -> Result<()> {
         let _ = (ts, key);
         Ok(())
     }
@@ -236,26 +260,88 @@ pub trait Operator {
         Ok(())
     }
 
-    /// Called last, also after a failure or cancel (but not after a trap):
-    /// release resources only. Must not emit.
+    /// Called last, not after a failure (trap, error, fail): release
+    /// resources only. Must not emit.
     fn close(&mut self) -> Result<()> {
         Ok(())
     }
 }
 
-/// Event-time timers, held by the host per key and checkpointed with keyed
-/// state. A timer fires once when the watermark reaches its timestamp.
+/// A boxed operator is an operator ([`export_boxed_operator!`] stores one).
+impl<T: Operator + ?Sized> Operator for Box<T> {
+    fn open(&mut self, ctx: &Context) -> Result<()> {
+        (**self).open(ctx)
+    }
+    fn process_element(&mut self, rec: &Record<'_>, input: u32) -> Result<()> {
+        (**self).process_element(rec, input)
+    }
+    fn process_batch(&mut self, batch: &Batch<'_>, input: u32) -> Result<()> {
+        (**self).process_batch(batch, input)
+    }
+    fn on_watermark(&mut self, ts: i64) -> Result<()> {
+        (**self).on_watermark(ts)
+    }
+    fn on_timer(&mut self, ts: i64, key: &[u8]) -> Result<()> {
+        (**self).on_timer(ts, key)
+    }
+    fn on_processing_time(&mut self, ts: i64, key: &[u8]) -> Result<()> {
+        (**self).on_processing_time(ts, key)
+    }
+    fn end_input(&mut self, input: u32) -> Result<()> {
+        (**self).end_input(input)
+    }
+    fn finish(&mut self) -> Result<()> {
+        (**self).finish()
+    }
+    fn snapshot_state(&mut self, checkpoint_id: i64) -> Result<()> {
+        (**self).snapshot_state(checkpoint_id)
+    }
+    fn notify_checkpoint_complete(&mut self, checkpoint_id: i64) -> Result<()> {
+        (**self).notify_checkpoint_complete(checkpoint_id)
+    }
+    fn close(&mut self) -> Result<()> {
+        (**self).close()
+    }
+}
+
+/// Timers of the current key, held by the host and checkpointed with keyed
+/// state. A timer fires once; registering the same (key, ts) twice keeps one.
 pub mod timer {
+    use crate::keyed::with_current;
     use crate::sys;
 
-    /// Registers a timer for `key` at `ts` (registering it twice keeps one).
-    /// A timer at or below the current watermark fires at the next advance;
-    /// one at [`crate::MAX_WATERMARK`] fires at the end of event time.
+    /// Registers an event-time timer for the current key at `ts`: it fires
+    /// (`on_timer`) when the watermark reaches `ts`. One at or below the
+    /// current watermark fires at the next advance; one at
+    /// [`crate::MAX_WATERMARK`] at the end of event time.
+    pub fn register_event_time(ts: i64) {
+        with_current(&"timer", |k| sys::timer_register(k, ts))
+    }
+
+    /// Deletes the current key's event-time timer at `ts`, if there is one.
+    pub fn delete_event_time(ts: i64) {
+        with_current(&"timer", |k| sys::timer_delete(k, ts))
+    }
+
+    /// Registers a processing-time timer for the current key at `ts` (ms): it
+    /// fires (`on_processing_time`) when the host's processing time reaches it.
+    pub fn register_processing_time(ts: i64) {
+        with_current(&"processing-time timer", |k| sys::ptimer_register(k, ts))
+    }
+
+    /// Deletes the current key's processing-time timer at `ts`, if any.
+    pub fn delete_processing_time(ts: i64) {
+        with_current(&"processing-time timer", |k| sys::ptimer_delete(k, ts))
+    }
+
+    /// Deprecated (explicit key): registers an event-time timer for `key`.
+    #[deprecated(note = "timers follow the current key: use register_event_time")]
     pub fn register(key: &[u8], ts: i64) {
         sys::timer_register(key, ts)
     }
 
-    /// Deletes the timer for `key` at `ts`, if there is one.
+    /// Deprecated (explicit key): deletes the event-time timer of `key` at `ts`.
+    #[deprecated(note = "timers follow the current key: use delete_event_time")]
     pub fn delete(key: &[u8], ts: i64) {
         sys::timer_delete(key, ts)
     }
@@ -264,6 +350,29 @@ pub mod timer {
 /// The subtask's current watermark ([`MIN_WATERMARK`] before the first).
 pub fn current_watermark() -> i64 {
     sys::current_watermark()
+}
+
+/// The host's processing time in ms. Needs `allow_clock: true` in the job
+/// file (otherwise the host fails the subtask).
+pub fn current_processing_time() -> i64 {
+    sys::processing_time()
+}
+
+/// Sends watermark `ts` downstream. From the first call on the operator's
+/// output watermark is its own: the host stops forwarding its input
+/// watermark. A watermark not above the last one emitted is ignored. Allowed
+/// in `open`, `process_element`, `on_watermark`, `on_timer`,
+/// `on_processing_time` and `end_input`; after all inputs end the host still
+/// sends MAX after `finish`.
+pub fn emit_watermark(ts: i64) {
+    emit::flush(); // records before the watermark stay before it
+    sys::emit_watermark(ts)
+}
+
+/// The current watermark of input `input` (min over its channels, idle ones
+/// excluded), [`MIN_WATERMARK`] before any.
+pub fn input_watermark(input: u32) -> i64 {
+    sys::input_watermark(input as i32)
 }
 
 /// Fails the subtask with `msg` now; never returns.
@@ -275,4 +384,8 @@ pub fn fail(msg: &str) -> ! {
 pub mod __rt;
 
 #[cfg(test)]
+mod harness_tests;
+#[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod window_tests;

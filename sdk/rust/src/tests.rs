@@ -1,11 +1,11 @@
 //! Native unit tests against the fake host of `sys` (one per test thread).
 
 use crate::frame::{decode_batch_owned, encode_batch, Batch, FrameError};
-use crate::sys::HOST;
+use crate::testing::sim::with as host;
 use crate::*;
 
 fn take_frames() -> Vec<Vec<(Vec<u8>, Vec<u8>, i64)>> {
-    HOST.with(|h| std::mem::take(&mut h.borrow_mut().frames))
+    host(|h| std::mem::take(&mut h.frames))
         .iter()
         .map(|f| decode_batch_owned(f).expect("emitted frame decodes"))
         .collect()
@@ -123,6 +123,7 @@ fn large_output_is_flushed_in_frames_of_about_64k() {
 }
 
 #[test]
+#[allow(deprecated)]
 fn value_state_and_u64_helpers() {
     const COUNT: ValueState = ValueState::new("count");
     assert_eq!(COUNT.get_u64(b"w").unwrap(), None);
@@ -133,20 +134,22 @@ fn value_state_and_u64_helpers() {
     let mut buf = Vec::with_capacity(4);
     assert!(COUNT.get_into(b"w", &mut buf));
     assert_eq!(buf, vec![1; 100]);
+    // The typed API of the current key reads the same v1 state.
+    assert_eq!(with_key(b"w", || COUNT.get()), Some(vec![1; 100]));
     COUNT.delete(b"w");
-    assert_eq!(COUNT.get(b"w"), None);
+    assert_eq!(COUNT.get_key(b"w"), None);
 }
 
 #[test]
 fn list_state_entries() {
-    HOST.with(|h| {
-        h.borrow_mut().lists_restored.insert(b"total".to_vec(), vec![vec![1; 8], vec![2; 3000]]);
+    host(|h| {
+        h.lists_restored.insert(b"total".to_vec(), vec![vec![1; 8], vec![2; 3000]]);
     });
     let e = list_state::entries("total");
     assert_eq!(e, vec![vec![1; 8], vec![2; 3000]]);
     assert!(list_state::entries("none").is_empty());
-    list_state::add("ckpt", ListMode::Union, b"x");
-    HOST.with(|h| assert_eq!(h.borrow().lists_added, vec![(b"ckpt".to_vec(), 1, b"x".to_vec())]));
+    crate::keyed::in_phase("snapshot_state", || list_state::add("ckpt", ListMode::Union, b"x"));
+    host(|h| assert_eq!(h.lists_added, vec![(b"ckpt".to_vec(), 1, b"x".to_vec())]));
 }
 
 #[test]
@@ -168,9 +171,9 @@ fn stateless_helpers_emit_what_their_functions_return() {
     let mut f = Filter(long as helpers::FilterFn);
     let mut fm = FlatMap(words as helpers::FlatMapFn);
     for r in &recs {
-        m.process_element(0, r).unwrap();
-        f.process_element(0, r).unwrap();
-        fm.process_element(0, r).unwrap();
+        m.process_element(r, 0).unwrap();
+        f.process_element(r, 0).unwrap();
+        fm.process_element(r, 0).unwrap();
     }
     flush();
     let got: Vec<(Vec<u8>, Vec<u8>, i64)> = take_frames().into_iter().flatten().collect();
@@ -188,7 +191,7 @@ fn stateless_helpers_emit_what_their_functions_return() {
 struct Rejecter;
 
 impl Operator for Rejecter {
-    fn process_element(&mut self, _input: u32, rec: &Record<'_>) -> Result<()> {
+    fn process_element(&mut self, rec: &Record<'_>, _input: u32) -> Result<()> {
         emit(b"", b"dropped", NO_TIMESTAMP);
         if rec.value == b"bad" {
             return Err(reject(format!("value {:?} is bad", "bad")));
@@ -214,7 +217,32 @@ fn reject_returns_status_reject_with_the_reason() {
     let st = process_rejecter(&[Record::new(b"", b"ok", 1), Record::new(b"", b"bad", 2)]);
     assert_eq!(st, crate::__rt::REJECT);
     assert!(take_frames().is_empty(), "a rejected batch emits nothing");
-    HOST.with(|h| assert_eq!(h.borrow_mut().rejects.drain(..).collect::<Vec<_>>(), vec!["value \"bad\" is bad".to_string()]));
+    host(|h| assert_eq!(h.rejects.drain(..).collect::<Vec<_>>(), vec!["value \"bad\" is bad".to_string()]));
     assert_eq!(process_rejecter(&[Record::new(b"", b"ok", 1)]), crate::__rt::OK);
     assert!(reject("x").is_rejection() && !Error::new("x").is_rejection());
+}
+
+#[test]
+fn codecs_round_trip_and_reuse_buffers() {
+    fn rt<C: Codec>(v: C::Item) -> C::Item {
+        let mut b = Vec::new();
+        C::encode(&v, &mut b);
+        C::decode(&b).unwrap()
+    }
+    assert_eq!(rt::<I64>(-5), -5);
+    assert_eq!(rt::<F64>(2.5), 2.5);
+    assert_eq!(rt::<Str>("déjà".into()), "déjà");
+    assert_eq!(rt::<Bytes>(vec![0, 255]), vec![0, 255]);
+    assert!(I64::decode(b"abc").unwrap_err().message().contains("3 bytes, want 8"));
+    let long = "x".repeat(40) + "é" + &"y".repeat(40);
+    assert!(codec::check_utf8(long.as_bytes()).is_ok());
+    let mut bad = long.clone().into_bytes();
+    bad[41] = b'z'; // the second byte of é
+    assert_eq!(Str::decode(&bad).unwrap_err().message(), "not UTF-8: invalid byte at 40");
+    let buf = Vec::with_capacity(64);
+    let p = buf.as_ptr();
+    let s = Str::decode_reusing(b"hello", buf).unwrap();
+    assert_eq!((s.as_str(), s.as_ptr()), ("hello", p), "decoded into the spare buffer");
+    assert_eq!(Str::recycle(s).map(|b| b.as_ptr()), Some(p));
+    assert_eq!(I64::recycle(3), None);
 }

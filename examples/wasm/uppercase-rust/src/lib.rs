@@ -8,7 +8,7 @@ use streamd::{Operator, Record, Result};
 pub struct Uppercase;
 
 impl Operator for Uppercase {
-    fn process_element(&mut self, _input: u32, rec: &Record<'_>) -> Result<()> {
+    fn process_element(&mut self, rec: &Record<'_>, _input: u32) -> Result<()> {
         // Written straight into the output frame: no allocation per record.
         streamd::emit_with(rec.key, rec.timestamp, |v| v.extend(rec.value.iter().map(u8::to_ascii_uppercase)));
         Ok(())

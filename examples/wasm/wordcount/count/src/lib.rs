@@ -9,28 +9,29 @@
 //! and rescaling.
 
 use std::fmt::Write;
-use streamd::{timer, Operator, Record, Result, ValueState, MAX_WATERMARK};
+use streamd::{timer, Operator, Record, Result, ValueState, I64, MAX_WATERMARK};
 
-const COUNT: ValueState = ValueState::new("count");
+/// Keyed state of the current key (the word): its count, 8 bytes little-endian.
+const COUNT: ValueState<I64> = ValueState::new("count");
 
 /// The counter.
 pub struct Count;
 
 impl Operator for Count {
-    fn process_element(&mut self, _input: u32, rec: &Record<'_>) -> Result<()> {
+    fn process_element(&mut self, rec: &Record<'_>, _input: u32) -> Result<()> {
         if !rec.has_key() {
             return Err("count: record without a key (the input must be keyed by word)".into());
         }
-        let n = COUNT.get_u64(rec.key)?.unwrap_or(0);
+        let n = COUNT.get().unwrap_or(0);
         if n == 0 {
-            timer::register(rec.key, MAX_WATERMARK);
+            timer::register_event_time(MAX_WATERMARK);
         }
-        COUNT.put_u64(rec.key, n + 1);
+        COUNT.set(&(n + 1));
         Ok(())
     }
 
     fn on_timer(&mut self, _ts: i64, key: &[u8]) -> Result<()> {
-        let n = COUNT.get_u64(key)?.unwrap_or(0);
+        let n = COUNT.get().unwrap_or(0);
         let word = std::str::from_utf8(key)?;
         streamd::emit_with(key, streamd::NO_TIMESTAMP, |v| {
             let _ = write!(v, "{} {}", word, n);

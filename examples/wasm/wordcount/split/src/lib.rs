@@ -20,7 +20,7 @@ impl Operator for Split {
         Ok(())
     }
 
-    fn process_element(&mut self, _input: u32, rec: &Record<'_>) -> Result<()> {
+    fn process_element(&mut self, rec: &Record<'_>, _input: u32) -> Result<()> {
         for w in rec.value.split(|b| !b.is_ascii_alphanumeric()) {
             if w.is_empty() || w.len() < self.min_length {
                 continue;

@@ -1,5 +1,8 @@
 //! The conformance operator (plan/conformance.md) written with the Rust SDK.
 //! The Go and WAT guests behave the same; one harness checks all three.
+//! It exercises the ABI v1 imports on purpose, so it keeps the deprecated
+//! key-taking state and timer calls.
+#![allow(deprecated)]
 
 use core::ptr::read_volatile;
 use streamd::{list_state, log, timer, Context, ListMode, Operator, Record, Result, ValueState, NO_TIMESTAMP};
@@ -33,7 +36,7 @@ impl Operator for Conformance {
         Ok(())
     }
 
-    fn process_element(&mut self, input: u32, rec: &Record<'_>) -> Result<()> {
+    fn process_element(&mut self, rec: &Record<'_>, input: u32) -> Result<()> {
         let (k, v, ts) = (rec.key, rec.value, rec.timestamp);
         match v {
             b"panic" => panic!("conformance panic"),

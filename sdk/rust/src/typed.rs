@@ -1,0 +1,185 @@
+//! Typed stateless helpers (SPEC14 section 4): the record value is decoded
+//! with a [`Codec`], the function works on typed values, the result is
+//! encoded straight into the output frame. Key and timestamp pass through.
+//! A value that does not decode is rejected ([`crate::reject`]), so the job
+//! file's `on_error` decides (skip, dead letter, fail).
+//!
+//! The helpers keep one spare allocation between records: the input is
+//! decoded into it ([`Codec::decode_reusing`]) and the output's (or the
+//! input's, for filters) is taken back after encoding ([`Codec::recycle`]).
+//! A function that changes its input in place and returns it
+//! (`|mut s: String| { s.make_ascii_uppercase(); Ok(s) }`) then allocates
+//! nothing per record.
+//!
+//! ```ignore
+//! use streamd::{map_typed, Str};
+//! fn upper(s: String) -> streamd::Result<String> { Ok(s.to_ascii_uppercase()) }
+//! streamd::export_map_typed!(Str, Str, upper);
+//! ```
+
+use crate::codec::Codec;
+use crate::{emit_with, reject, Operator, Record, Result};
+use core::marker::PhantomData;
+
+/// Decodes the record value into the spare allocation `spare`.
+#[inline]
+fn decode<C: Codec>(what: &str, rec: &Record<'_>, spare: &mut Vec<u8>) -> Result<C::Item> {
+    C::decode_reusing(rec.value, core::mem::take(spare)).map_err(|e| reject(format!("{}: cannot decode the record value: {}", what, e)))
+}
+
+/// Keeps `v`'s allocation for the next record.
+#[inline]
+fn keep<C: Codec>(v: C::Item, spare: &mut Vec<u8>) {
+    if let Some(b) = C::recycle(v) {
+        if b.capacity() <= 1 << 20 {
+            *spare = b;
+        }
+    }
+}
+
+/// Emits a record whose value is `v` encoded with `C`, written straight into
+/// the output frame.
+#[inline]
+pub fn emit_typed<C: Codec>(key: &[u8], v: &C::Item, timestamp: i64) {
+    emit_with(key, timestamp, |w| C::encode(v, w.vec()))
+}
+
+/// See [`map_typed`].
+pub struct MapTyped<I, O, F> {
+    f: F,
+    spare: Vec<u8>,
+    _c: PhantomData<fn() -> (I, O)>,
+}
+
+/// Emits `f(value)` for every record (Go `MapOf`).
+pub fn map_typed<I: Codec, O: Codec, F: FnMut(I::Item) -> Result<O::Item>>(f: F) -> MapTyped<I, O, F> {
+    MapTyped { f, spare: Vec::new(), _c: PhantomData }
+}
+
+impl<I: Codec, O: Codec, F: FnMut(I::Item) -> Result<O::Item>> Operator for MapTyped<I, O, F> {
+    #[inline]
+    fn process_element(&mut self, rec: &Record<'_>, _input: u32) -> Result<()> {
+        let out = (self.f)(decode::<I>("map_typed", rec, &mut self.spare)?)?;
+        emit_typed::<O>(rec.key, &out, rec.timestamp);
+        keep::<O>(out, &mut self.spare);
+        Ok(())
+    }
+}
+
+/// See [`filter_typed`].
+pub struct FilterTyped<C, F> {
+    f: F,
+    spare: Vec<u8>,
+    _c: PhantomData<fn() -> C>,
+}
+
+/// Emits the records whose decoded value `f` accepts, unchanged (Go `FilterOf`).
+pub fn filter_typed<C: Codec, F: FnMut(&C::Item) -> bool>(f: F) -> FilterTyped<C, F> {
+    FilterTyped { f, spare: Vec::new(), _c: PhantomData }
+}
+
+impl<C: Codec, F: FnMut(&C::Item) -> bool> Operator for FilterTyped<C, F> {
+    #[inline]
+    fn process_element(&mut self, rec: &Record<'_>, _input: u32) -> Result<()> {
+        let v = decode::<C>("filter_typed", rec, &mut self.spare)?;
+        if (self.f)(&v) {
+            crate::emit(rec.key, rec.value, rec.timestamp);
+        }
+        keep::<C>(v, &mut self.spare);
+        Ok(())
+    }
+}
+
+/// Where a [`flat_map_typed`] function emits: typed values with the input
+/// record's key and timestamp, or with a key of their own.
+pub struct TypedCollector<'a, O> {
+    key: &'a [u8],
+    ts: i64,
+    _c: PhantomData<fn() -> O>,
+}
+
+impl<'a, O: Codec> TypedCollector<'a, O> {
+    /// Emits `v` with the input record's key and timestamp.
+    #[inline]
+    pub fn emit(&mut self, v: &O::Item) {
+        emit_typed::<O>(self.key, v, self.ts)
+    }
+
+    /// Emits `v` with key `key` and the input record's timestamp.
+    #[inline]
+    pub fn emit_keyed(&mut self, key: &[u8], v: &O::Item) {
+        emit_typed::<O>(key, v, self.ts)
+    }
+}
+
+/// See [`flat_map_typed`].
+pub struct FlatMapTyped<I, O, F> {
+    f: F,
+    spare: Vec<u8>,
+    _c: PhantomData<fn() -> (I, O)>,
+}
+
+/// Calls `f(value, collector)` for every record; `f` emits any number of
+/// typed values (Go `FlatMapOf`).
+pub fn flat_map_typed<I: Codec, O: Codec, F>(f: F) -> FlatMapTyped<I, O, F>
+where
+    F: FnMut(I::Item, &mut TypedCollector<'_, O>) -> Result<()>,
+{
+    FlatMapTyped { f, spare: Vec::new(), _c: PhantomData }
+}
+
+impl<I: Codec, O: Codec, F> Operator for FlatMapTyped<I, O, F>
+where
+    F: FnMut(I::Item, &mut TypedCollector<'_, O>) -> Result<()>,
+{
+    #[inline]
+    fn process_element(&mut self, rec: &Record<'_>, _input: u32) -> Result<()> {
+        let v = decode::<I>("flat_map_typed", rec, &mut self.spare)?;
+        (self.f)(v, &mut TypedCollector { key: rec.key, ts: rec.timestamp, _c: PhantomData })
+    }
+}
+
+/// See [`process_typed`].
+pub struct ProcessTyped<I, F> {
+    f: F,
+    spare: Vec<u8>,
+    _c: PhantomData<fn() -> I>,
+}
+
+/// Calls `f(value, record)` for every record, with the record's key as the
+/// current key (so it may use keyed state and timers); `f` emits itself
+/// (Go `ProcessOf`).
+pub fn process_typed<I: Codec, F: FnMut(I::Item, &Record<'_>) -> Result<()>>(f: F) -> ProcessTyped<I, F> {
+    ProcessTyped { f, spare: Vec::new(), _c: PhantomData }
+}
+
+impl<I: Codec, F: FnMut(I::Item, &Record<'_>) -> Result<()>> Operator for ProcessTyped<I, F> {
+    #[inline]
+    fn process_element(&mut self, rec: &Record<'_>, _input: u32) -> Result<()> {
+        let v = decode::<I>("process_typed", rec, &mut self.spare)?;
+        (self.f)(v, rec)
+    }
+}
+
+/// Exports [`map_typed`] of a function `fn(In::Item) -> Result<Out::Item>`:
+/// `export_map_typed!(Str, Str, upper)`.
+#[macro_export]
+macro_rules! export_map_typed {
+    ($in:ty, $out:ty, $f:path) => {
+        $crate::export_operator!(
+            $crate::typed::MapTyped<$in, $out, fn(<$in as $crate::Codec>::Item) -> $crate::Result<<$out as $crate::Codec>::Item>>,
+            $crate::typed::map_typed::<$in, $out, _>($f as fn(<$in as $crate::Codec>::Item) -> $crate::Result<<$out as $crate::Codec>::Item>)
+        );
+    };
+}
+
+/// Exports [`filter_typed`] of a function `fn(&C::Item) -> bool`.
+#[macro_export]
+macro_rules! export_filter_typed {
+    ($c:ty, $f:path) => {
+        $crate::export_operator!(
+            $crate::typed::FilterTyped<$c, for<'a> fn(&'a <$c as $crate::Codec>::Item) -> bool>,
+            $crate::typed::filter_typed::<$c, _>($f as for<'a> fn(&'a <$c as $crate::Codec>::Item) -> bool)
+        );
+    };
+}
