@@ -239,9 +239,6 @@ func TestExampleJobs(t *testing.T) {
 		name, jobFile := j[0], j[1]
 		for _, p := range []int{1, 4} {
 			t.Run(fmt.Sprintf("%s/p%d", name, p), func(t *testing.T) {
-				if spec14Examples[name] {
-					needsSPEC14(t)
-				}
 				dir := example(t, name, jobFile)
 				r := run(t, dir, "", "run", "--parallelism", fmt.Sprint(p), "--progress", "log", jobFile)
 				if r.code != 0 {

@@ -13,6 +13,7 @@ import (
 // here through a savepoint and a rescale.
 var windowExamples = []struct{ name, job, input string }{
 	{"topn-rust", "topn.yaml", "input.jsonl"},
+	{"sessionize", "job.yaml", "input.jsonl"},
 }
 
 // TestExampleSavepointRescale stops each window example half way through

@@ -1,9 +1,7 @@
 package e2e
 
-// End-to-end runs of the SPEC14 examples (sessionize, interval-join) under
-// the real host. They need the host side of SPEC14 (structured state,
-// processing-time timers, side outputs, source timestamps), built on other
-// branches: until those are merged the tests skip themselves.
+// End-to-end runs of the sessionize example beyond TestExampleJobs: its late
+// output, and open sessions through a savepoint and a rescale.
 
 import (
 	"encoding/json"
@@ -13,36 +11,12 @@ import (
 	"sort"
 	"testing"
 
-	"github.com/streamd/streamd/abi"
-	"github.com/streamd/streamd/internal/testwasm"
 )
-
-// spec14Examples are the examples that need the host side of SPEC14.
-var spec14Examples = map[string]bool{"sessionize": true, "interval-join": true}
-
-// needsSPEC14 skips t on a host without both halves of SPEC14: structured
-// state and processing-time timers (abi knows streamd_on_processing_time),
-// and side outputs with source timestamps (internal/runtime/sideout.go and
-// internal/connector/eventtime.go exist). Remove it once both are merged.
-func needsSPEC14(t *testing.T) {
-	t.Helper()
-	if _, ok := abi.ExportSignatures["streamd_on_processing_time"]; !ok {
-		t.Skip("needs the host side of SPEC14 (structured state, processing-time timers): not merged yet")
-	}
-	root, err := testwasm.Root()
-	must(t, err)
-	for _, f := range []string{"internal/runtime/sideout.go", "internal/connector/eventtime.go"} {
-		if _, err := os.Stat(filepath.Join(root, f)); err != nil {
-			t.Skip("needs the runtime side of SPEC14 (side outputs, source timestamps): not merged yet")
-		}
-	}
-}
 
 // TestSessionizeLateOutput runs the sessionize example at parallelism 1 and
 // 4 and checks both of its outputs: the sessions (out/) and the late views
 // that reached the side output sessions.late (late/).
 func TestSessionizeLateOutput(t *testing.T) {
-	needsSPEC14(t)
 	for _, p := range []int{1, 4} {
 		t.Run(fmt.Sprintf("p%d", p), func(t *testing.T) {
 			dir := example(t, "sessionize", "job.yaml")
@@ -64,7 +38,6 @@ func TestSessionizeLateOutput(t *testing.T) {
 // while the sessions are open, resumed from the savepoint at parallelism 3
 // and at 1: every user's session comes out once, with all its views.
 func TestSessionizeRescale(t *testing.T) {
-	needsSPEC14(t)
 	dir := example(t, "sessionize", "job.yaml")
 	const n, users, step = 20000, 20, 10
 	job := fmt.Sprintf(`name: sessionize-rescale

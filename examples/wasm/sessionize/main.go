@@ -58,11 +58,11 @@ type sessionize struct {
 }
 
 func (s *sessionize) Open(ctx *streamd.Context) error {
-	gap, err := duration(ctx.Config, "gap", 30*time.Second)
+	gap, err := duration(ctx.Config, "gap", 30*time.Second, true)
 	if err != nil {
 		return err
 	}
-	lateness, err := duration(ctx.Config, "allowed_lateness", time.Minute)
+	lateness, err := duration(ctx.Config, "allowed_lateness", time.Minute, false)
 	if err != nil {
 		return err
 	}
@@ -76,14 +76,19 @@ func (s *sessionize) Open(ctx *streamd.Context) error {
 	return s.WindowOperator.Open(ctx)
 }
 
-func duration(c streamd.Config, key string, def time.Duration) (time.Duration, error) {
+// duration reads a Go duration from the config: positive, or at least 0.
+func duration(c streamd.Config, key string, def time.Duration, positive bool) (time.Duration, error) {
 	s, ok := c[key]
 	if !ok {
 		return def, nil
 	}
 	d, err := time.ParseDuration(s)
-	if err != nil || d <= 0 {
-		return 0, errors.New("sessionize: config " + key + " is " + s + ", not a positive Go duration (30s, 1m)")
+	if err != nil || d < 0 || positive && d == 0 {
+		want := "a non-negative"
+		if positive {
+			want = "a positive"
+		}
+		return 0, errors.New("sessionize: config " + key + " is " + s + ", not " + want + " Go duration (30s, 1m)")
 	}
 	return d, nil
 }

@@ -12,13 +12,16 @@
 //	                      watermark "highest timestamp so far minus this"
 //	                      itself (a punctuated watermark), so that lateness
 //	                      downstream does not depend on when periodic source
-//	                      watermarks happen to be sent
+//	                      watermarks happen to be sent; the highest timestamp
+//	                      is kept across a restore (operator list state) and
+//	                      its watermark emitted again in Open
 //
 // A line that is not a JSON object with that field is rejected (the job
 // file's on_error decides what happens to it).
 package keyby
 
 import (
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"time"
@@ -53,7 +56,37 @@ func (k *KeyBy) Open(ctx *streamd.Context) error {
 		k.bound = d.Milliseconds()
 	}
 	k.maxTS, k.lastEmitted = streamd.MinWatermark, streamd.MinWatermark
+	// After a restore, start from the highest timestamp seen before it, and
+	// say so downstream at once: the watermark does not go back, and no
+	// record is judged against an older one than before the stop.
+	for _, e := range maxTSState.Entries() {
+		if len(e) == 8 {
+			k.maxTS = max(k.maxTS, int64(binary.LittleEndian.Uint64(e)))
+		}
+	}
+	k.emitWatermark()
 	return nil
+}
+
+// maxTSState keeps the highest timestamp seen across a restore (union: at
+// another parallelism every subtask takes the highest of all).
+var maxTSState = streamd.ListState("keyby-max-ts", streamd.Union)
+
+func (k *KeyBy) SnapshotState(int64) error {
+	if k.maxTS > streamd.MinWatermark {
+		maxTSState.AddUint64(uint64(k.maxTS))
+	}
+	return nil
+}
+
+func (k *KeyBy) emitWatermark() {
+	if k.bound < 0 || k.maxTS == streamd.MinWatermark {
+		return
+	}
+	if wm := k.maxTS - k.bound; wm > k.lastEmitted {
+		k.lastEmitted = wm
+		streamd.EmitWatermark(wm)
+	}
 }
 
 func (k *KeyBy) ProcessElement(r streamd.Record, _ int) error {
@@ -71,12 +104,9 @@ func (k *KeyBy) ProcessElement(r streamd.Record, _ int) error {
 		key = []byte(s)
 	}
 	streamd.Emit(key, r.Value, r.Timestamp)
-	if k.bound >= 0 && r.HasTimestamp() && r.Timestamp > k.maxTS {
+	if r.HasTimestamp() && r.Timestamp > k.maxTS {
 		k.maxTS = r.Timestamp
-		if wm := k.maxTS - k.bound; wm > k.lastEmitted {
-			k.lastEmitted = wm
-			streamd.EmitWatermark(wm)
-		}
+		k.emitWatermark()
 	}
 	return nil
 }

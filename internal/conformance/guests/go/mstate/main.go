@@ -10,7 +10,6 @@ import (
 	"encoding/binary"
 	"errors"
 	"time"
-	"unsafe"
 
 	streamd "github.com/streamd/streamd/sdk/go"
 )
@@ -44,9 +43,6 @@ func result(op byte, v []byte, ok bool) []byte {
 	return append(binary.LittleEndian.AppendUint32([]byte{op}, uint32(n)), v...)
 }
 
-//go:wasmimport streamd_v1 state_ttl
-func importStateTTL(name unsafe.Pointer, nameLen uint32, ttlMs int64, flags int32)
-
 func (mstate) ProcessElement(r streamd.Record, _ int) error {
 	if len(r.Value) == 0 {
 		return errors.New("mstate: empty command")
@@ -79,8 +75,7 @@ func (mstate) ProcessElement(r streamd.Record, _ int) error {
 	case 't':
 		// The raw import: the SDK itself refuses a TTL outside Open before
 		// the host can.
-		name := string(f[0])
-		importStateTTL(unsafe.Pointer(unsafe.StringData(name)), uint32(len(name)), int64(binary.LittleEndian.Uint64(f[1])), 0)
+		stateTTL(string(f[0]), int64(binary.LittleEndian.Uint64(f[1])))
 	case 'x':
 		return streamd.Reject(errors.New("mstate reject"))
 	default:
