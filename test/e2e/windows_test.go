@@ -10,7 +10,6 @@ import (
 	"path/filepath"
 	"sort"
 	"testing"
-
 )
 
 // TestSessionizeLateOutput runs the sessionize example at parallelism 1 and
