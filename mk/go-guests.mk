@@ -11,6 +11,7 @@ GO_GUESTS := \
 	examples/wasm/window-count/keyby.wasm \
 	internal/conformance/guests/go/conformance.wasm \
 	internal/conformance/guests/go/mstate.wasm \
+	internal/conformance/guests/go/sideout.wasm \
 	examples/wasm/sessionize/sessionize.wasm \
 	examples/wasm/sessionize/keyby.wasm \
 	examples/wasm/interval-join/interval-join.wasm \
@@ -35,6 +36,9 @@ internal/conformance/guests/go/conformance.wasm: $(wildcard internal/conformance
 
 internal/conformance/guests/go/mstate.wasm: $(wildcard internal/conformance/guests/go/mstate/*.go) $(GO_SDK_SRCS) go.mod
 	$(GO_WASM) -o $@ ./internal/conformance/guests/go/mstate
+
+internal/conformance/guests/go/sideout.wasm: $(wildcard internal/conformance/guests/go/sideout/*.go) $(GO_SDK_SRCS) go.mod
+	$(GO_WASM) -o $@ ./internal/conformance/guests/go/sideout
 
 # sessionize and interval-join (SPEC14: windows, typed state, side outputs) share the keyby stage
 # of examples/wasm/internal/keyby; they need a host with the SPEC14 imports.
