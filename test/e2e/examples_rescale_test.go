@@ -11,9 +11,13 @@ import (
 // windowExamples are the examples whose operators keep windows, joins and
 // timers in keyed state: each runs in TestExampleJobs at p=1 and p=4, and
 // here through a savepoint and a rescale.
-var windowExamples = []struct{ name, job, input string }{
-	{"topn-rust", "topn.yaml", "input.jsonl"},
-	{"sessionize", "job.yaml", "input.jsonl"},
+var windowExamples = []struct {
+	name, job string
+	inputs    []string
+}{
+	{"topn-rust", "topn.yaml", []string{"input.jsonl"}},
+	{"sessionize", "job.yaml", []string{"input.jsonl"}},
+	{"interval-join", "job.yaml", []string{"orders.jsonl", "shipments.jsonl"}},
 }
 
 // TestExampleSavepointRescale stops each window example half way through
@@ -23,10 +27,11 @@ var windowExamples = []struct{ name, job, input string }{
 // once: open windows, sessions, join buffers and timers move to the
 // subtasks that own their keys.
 //
-// The first run reads its input from a named pipe that the test fills with
-// the first half of the lines and keeps open, so the job is mid-stream when
-// it stops; the resumed runs read the whole file from the savepoint's
-// position (the same bytes: the pipe carried the file's first lines).
+// The first run reads each input from a named pipe that the test fills
+// with the first half of the file's lines and keeps open, so the job is
+// mid-stream when it stops; the resumed runs read the whole files from the
+// savepoint's positions (the same bytes: the pipes carried the files' first
+// lines).
 func TestExampleSavepointRescale(t *testing.T) {
 	for _, ex := range windowExamples {
 		t.Run(ex.name, func(t *testing.T) {
@@ -36,20 +41,23 @@ func TestExampleSavepointRescale(t *testing.T) {
 			must(t, err)
 			must(t, os.WriteFile(jobPath, append(job, []byte("\ncheckpoint: {interval: 50ms, dir: chk}\n")...), 0o644))
 			want := readLines(t, filepath.Join(dir, "expected.txt"))
-			input := filepath.Join(dir, ex.input)
-			full, err := os.ReadFile(input)
-			must(t, err)
-			lines := splitLines(string(full))
-			must(t, os.Remove(input))
-			must(t, syscall.Mkfifo(input, 0o644))
-			// O_RDWR does not wait for the reader, and keeps the pipe open
-			// (no end of input) while the job reads it.
-			pipe, err := os.OpenFile(input, os.O_RDWR, 0)
-			must(t, err)
-			defer pipe.Close()
-			half := strings.Join(lines[:len(lines)/2], "\n") + "\n"
-			_, err = pipe.WriteString(half)
-			must(t, err)
+			full := map[string][]byte{}
+			for _, in := range ex.inputs {
+				path := filepath.Join(dir, in)
+				b, err := os.ReadFile(path)
+				must(t, err)
+				full[path] = b
+				lines := splitLines(string(b))
+				must(t, os.Remove(path))
+				must(t, syscall.Mkfifo(path, 0o644))
+				// O_RDWR does not wait for the reader, and keeps the pipe
+				// open (no end of input) while the job reads it.
+				pipe, err := os.OpenFile(path, os.O_RDWR, 0)
+				must(t, err)
+				defer pipe.Close()
+				_, err = pipe.WriteString(strings.Join(lines[:len(lines)/2], "\n") + "\n")
+				must(t, err)
+			}
 
 			cmd, errb := start(t, dir, "run", "--progress", "off", "-p", "2", ex.job)
 			chk := filepath.Join(dir, "chk")
@@ -64,9 +72,10 @@ func TestExampleSavepointRescale(t *testing.T) {
 			}
 			sp := m[1]
 			before := committedLines(t, filepath.Join(dir, "out"))
-			pipe.Close()
-			must(t, os.Remove(input))
-			must(t, os.WriteFile(input, full, 0o644))
+			for path, b := range full {
+				must(t, os.Remove(path))
+				must(t, os.WriteFile(path, b, 0o644))
+			}
 			for _, p := range []string{"4", "1"} {
 				must(t, os.RemoveAll(filepath.Join(dir, "out")))
 				r := run(t, dir, "", "run", "--progress", "off", "-p", p, ex.job, "--from", sp)
