@@ -30,17 +30,17 @@
 //! [`Windows::late_output`], or dropped and counted
 //! ([`WindowOperator::late_dropped`]).
 //!
-//! State: the window contents are state `"window-contents"` in namespace
+//! State: the window contents are state `"streamd.window.contents"` in namespace
 //! [`TimeWindow::namespace`]; session windows keep their set per key in map
-//! state `"window-sessions"` (window -> namespace of its contents).
+//! state `"streamd.window.sessions"` (window -> namespace of its contents).
 
 use crate::codec::{Bytes, Codec};
 use crate::state::{Aggregator, ListState, MapState, ValueState};
 use crate::{emit_to, reject, Error, Operator, Record, Result};
 use core::marker::PhantomData;
 
-const CONTENTS: &str = "window-contents";
-const SESSIONS: &str = "window-sessions";
+const CONTENTS: &str = "streamd.window.contents";
+const SESSIONS: &str = "streamd.window.sessions";
 
 /// A time window `[start, end)` in ms.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
