@@ -701,6 +701,26 @@ func (s *pebbleState) restore(groups map[int]*KeyGroupState) error {
 	return nil
 }
 
+// restoreFrom writes the key groups of srcs as they are read, in batches of
+// up to restoreBatchBytes: memory does not grow with their size. A failed
+// restore leaves a part in the DB; the instance is discarded, which
+// removes it.
+func (s *pebbleState) restoreFrom(ctx context.Context, srcs []KeyedSource) error {
+	b := s.db.NewBatch()
+	s.w = b
+	defer func() {
+		s.w = s.db
+		b.Close()
+	}()
+	if err := readSources(ctx, srcs, s.rng, s.maxP, s.put, s.registerTimer); err != nil {
+		return err
+	}
+	if err := s.db.Apply(b, noSync); err != nil {
+		return fmt.Errorf("host: pebble state: restore: %w", err)
+	}
+	return nil
+}
+
 // flushBatch commits the restore batch when it is large.
 func (s *pebbleState) flushBatch() error {
 	b, ok := s.w.(*pebble.Batch)
