@@ -682,8 +682,11 @@ func (s *pebbleState) readCut(snap *pebble.Snapshot, now int64) (map[int]*KeyGro
 	return out, nil
 }
 
-// restore writes groups through batches of up to restoreBatchBytes.
-const restoreBatchBytes = 8 << 20
+// restore writes groups through batches of up to restoreBatchBytes: below
+// pebble's large-batch threshold (half the memtable), above which an
+// applied batch is kept in the Go heap as a memtable of its own until it
+// is flushed.
+const restoreBatchBytes = pebbleMemTableSize / 4
 
 func (s *pebbleState) restore(groups map[int]*KeyGroupState) error {
 	b := s.db.NewBatch()

@@ -66,7 +66,7 @@ func (w *restoreWriter) Entry(kg int, name, key, val []byte) error {
 		return err
 	}
 	if got != kg {
-		return fmt.Errorf("host: restored state %q key %q is in key group %d, stored under %d (max parallelism changed?)", name, key, got, kg)
+		return fmt.Errorf("host: restored state %s key %s is in key group %d, stored under %d (max parallelism changed?)", quoteShort(name), quoteShort(key), got, kg)
 	}
 	return w.put(kg, name, key, val)
 }
@@ -76,13 +76,22 @@ func (w *restoreWriter) Timer(kg int, key []byte, ts int64, processingTime bool)
 		return err
 	}
 	if got := abi.KeyGroup(key, w.maxP); got != kg {
-		return fmt.Errorf("host: restored timer key %q is in key group %d, stored under %d", key, got, kg)
+		return fmt.Errorf("host: restored timer key %s is in key group %d, stored under %d", quoteShort(key), got, kg)
 	}
 	k := eventTime
 	if processingTime {
 		k = procTime
 	}
 	return w.timer(k, key, ts)
+}
+
+// quoteShort quotes b, cut to 64 bytes (a corrupt snapshot may hold
+// anything).
+func quoteShort(b []byte) string {
+	if len(b) > 64 {
+		return fmt.Sprintf("%q... (%d bytes)", b[:64], len(b))
+	}
+	return fmt.Sprintf("%q", b)
 }
 
 // readSources restores the key groups in rng of srcs through put and timer.

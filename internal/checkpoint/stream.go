@@ -265,15 +265,13 @@ func (b *blobAt) scan(ctx context.Context, group func(kg int) host.KeyedWriter, 
 	}
 	whole := &hashReader{r: io.LimitReader(r, size), h: crc32.New(castagnoli)}
 	st, trailer, err := b.scanBody(ctx, whole, size, group, decode)
-	var werr *writerError
-	switch {
-	case errors.As(err, &werr):
-		return nil, werr.err
-	case err != nil && ctx.Err() != nil:
+	if err != nil && ctx.Err() != nil {
 		return nil, ctx.Err()
 	}
 	if err != nil {
-		io.Copy(io.Discard, whole) // for the checksum: a corrupt blob says so
+		// For the checksum: an error of a corrupt blob (also one the
+		// writer found, such as a key in the wrong key group) is that.
+		io.Copy(io.Discard, whole)
 	} else {
 		var one [1]byte
 		if n, _ := r.Read(one[:]); n > 0 {
@@ -285,6 +283,10 @@ func (b *blobAt) scan(ctx context.Context, group func(kg int) host.KeyedWriter, 
 	}
 	if cerr := checkBlob(b.path, whole.n, whole.h.Sum32(), b.sub); cerr != nil {
 		return nil, cerr
+	}
+	var werr *writerError
+	if errors.As(err, &werr) {
+		return nil, werr.err
 	}
 	if err == nil && trailer.got != trailer.want {
 		err = fmt.Errorf("checksum mismatch (crc32c %08x, stored %08x): corrupt or truncated", trailer.got, trailer.want)
