@@ -602,11 +602,18 @@ func (r JetStreamReader) ReadState(ctx context.Context, md *Metadata, sub Subtas
 }
 
 // VerifyFrom checks that every blob md names can be read through r with
-// the size and CRC32C the metadata records, and decodes.
+// the size and CRC32C the metadata records, and decodes (as a stream, for
+// the readers of this package: memory does not grow with the state).
 func VerifyFrom(ctx context.Context, r StateReader, md *Metadata) error {
 	for _, op := range md.Operators {
 		for _, sm := range op.Subtasks {
-			if _, err := r.ReadState(ctx, md, sm); err != nil {
+			var err error
+			if o, ok := r.(stateOpener); ok {
+				_, err = scanState(ctx, o, md, sm)
+			} else {
+				_, err = r.ReadState(ctx, md, sm)
+			}
+			if err != nil {
 				return fmt.Errorf("checkpoint: operator %q: %w", op.UID, err)
 			}
 		}

@@ -278,7 +278,11 @@ func LoadRestore(ctx context.Context, path string, g *control.JobGraph) (*Restor
 // state of an operator g does not have, loads every blob through r and
 // redistributes each operator's state to its parallelism in g (Reassign)
 // and the channel state of unaligned checkpoints to the receiving subtasks
-// (ReassignChannels, into SubtaskRestore.InFlight).
+// (ReassignChannels, into SubtaskRestore.InFlight). The readers of this
+// package read each blob as a stream, checking it whole, and leave the
+// keyed state of full snapshots in the blobs: a subtask's Snapshot.Sources
+// read its key groups again when it restores (stream.go), so memory does
+// not grow with the state. Other readers load the blobs (ReadState).
 func LoadRestoreFrom(ctx context.Context, r StateReader, md *Metadata, g *control.JobGraph) (*Restore, error) {
 	where := fmt.Sprintf("%s %d (%s)", md.Kind, md.ID, md.Location)
 	finished := md.FinishedStates()

@@ -17,8 +17,7 @@ import (
 	"github.com/streamd/streamd/host"
 )
 
-// Streamed reading of state blobs (docs/checkpoints.md, "State larger than
-// memory"). LoadRestoreFrom reads each blob once as a stream: it checks its
+// Streamed reading of state blobs (docs/checkpoints.md, "State backends"). LoadRestoreFrom reads each blob once as a stream: it checks its
 // size, checksum and format, decodes the small sections and the list state,
 // and notes which key groups the operator snapshot holds, holding one entry
 // at a time. The keyed state stays in the blob: each new subtask gets a
