@@ -1,6 +1,7 @@
 package host
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -86,6 +87,10 @@ type stateBackend interface {
 	cut() (*Snapshot, error)
 	// restore loads groups, which must lie in this subtask's key groups.
 	restore(groups map[int]*KeyGroupState) error
+	// restoreFrom loads the key groups of srcs, which must lie in this
+	// subtask's key groups, as they are read. After an error the backend
+	// holds part of them: the instance is discarded.
+	restoreFrom(ctx context.Context, srcs []KeyedSource) error
 	// close releases the backend and its files; a cut not loaded yet fails
 	// to load afterwards. Idempotent.
 	close() error
@@ -110,33 +115,24 @@ func newBackend(cfg InstanceConfig, rng abi.KeyGroupRange, now func() int64, opt
 // stored under (of its embedded key, for structured state).
 func checkRestored(groups map[int]*KeyGroupState, rng abi.KeyGroupRange, maxP int,
 	put func(kg int, name, key, val []byte) error, timer func(k timerKind, key []byte, ts int64) error) error {
+	w := &restoreWriter{rng: rng, maxP: maxP, put: put, timer: timer}
 	for kg, g := range groups {
-		if !rng.Contains(kg) {
-			return fmt.Errorf("host: restored key group %d is outside this subtask's key groups %s", kg, rng)
+		if err := w.group(kg); err != nil {
+			return err
 		}
 		if g == nil {
 			continue
 		}
 		for name, m := range g.Entries {
 			for k, v := range m {
-				got, err := storedKeyGroup([]byte(name), []byte(k), maxP)
-				if err != nil {
-					return err
-				}
-				if got != kg {
-					return fmt.Errorf("host: restored state %q key %q is in key group %d, stored under %d (max parallelism changed?)", name, k, got, kg)
-				}
-				if err := put(kg, []byte(name), []byte(k), v); err != nil {
+				if err := w.Entry(kg, []byte(name), []byte(k), v); err != nil {
 					return err
 				}
 			}
 		}
 		for k, timers := range [numTimerKinds][]Timer{eventTime: g.Timers, procTime: g.ProcTimers} {
 			for _, t := range timers {
-				if got := abi.KeyGroup(t.Key, maxP); got != kg {
-					return fmt.Errorf("host: restored timer key %q is in key group %d, stored under %d", t.Key, got, kg)
-				}
-				if err := timer(timerKind(k), t.Key, t.TS); err != nil {
+				if err := w.Timer(kg, t.Key, t.TS, timerKind(k) == procTime); err != nil {
 					return err
 				}
 			}

@@ -188,7 +188,13 @@ func (m *Module) newInstance(ctx context.Context, cfg InstanceConfig, state stat
 		i.state = state
 	}
 	if cfg.Restore != nil && !adopted {
-		err := cfg.Restore.Load()
+		var err error
+		if len(cfg.Restore.Sources) > 0 {
+			err = i.state.restoreFrom(ctx, cfg.Restore.Sources)
+		}
+		if err == nil {
+			err = cfg.Restore.loadCut() // a cut of another instance (tests); not Sources
+		}
 		if err == nil {
 			err = i.state.restore(cfg.Restore.KeyGroups)
 		}

@@ -682,8 +682,11 @@ func (s *pebbleState) readCut(snap *pebble.Snapshot, now int64) (map[int]*KeyGro
 	return out, nil
 }
 
-// restore writes groups through batches of up to restoreBatchBytes.
-const restoreBatchBytes = 8 << 20
+// restore writes groups through batches of up to restoreBatchBytes: below
+// pebble's large-batch threshold (half the memtable), above which an
+// applied batch is kept in the Go heap as a memtable of its own until it
+// is flushed.
+const restoreBatchBytes = pebbleMemTableSize / 4
 
 func (s *pebbleState) restore(groups map[int]*KeyGroupState) error {
 	b := s.db.NewBatch()
@@ -693,6 +696,26 @@ func (s *pebbleState) restore(groups map[int]*KeyGroupState) error {
 		b.Close()
 	}()
 	if err := checkRestored(groups, s.rng, s.maxP, s.put, s.registerTimer); err != nil {
+		return err
+	}
+	if err := s.db.Apply(b, noSync); err != nil {
+		return fmt.Errorf("host: pebble state: restore: %w", err)
+	}
+	return nil
+}
+
+// restoreFrom writes the key groups of srcs as they are read, in batches of
+// up to restoreBatchBytes: memory does not grow with their size. A failed
+// restore leaves a part in the DB; the instance is discarded, which
+// removes it.
+func (s *pebbleState) restoreFrom(ctx context.Context, srcs []KeyedSource) error {
+	b := s.db.NewBatch()
+	s.w = b
+	defer func() {
+		s.w = s.db
+		b.Close()
+	}()
+	if err := readSources(ctx, srcs, s.rng, s.maxP, s.put, s.registerTimer); err != nil {
 		return err
 	}
 	if err := s.db.Apply(b, noSync); err != nil {

@@ -3,6 +3,7 @@ package host
 import (
 	"bytes"
 	"cmp"
+	"context"
 	"errors"
 	"maps"
 	"slices"
@@ -37,6 +38,12 @@ type Snapshot struct {
 	// place of KeyGroups: one part when cut, on restore the parts of every
 	// old subtask whose key groups overlap the new subtask's.
 	Files []*FileState
+	// Sources is keyed state read only when it is restored, in place of
+	// KeyGroups: on restore from a full checkpoint or savepoint
+	// (checkpoint.LoadRestoreFrom), the key groups the new subtask takes
+	// from each old subtask's snapshot. A pebble instance writes them in
+	// bounded batches as they are read, so they may be larger than memory.
+	Sources []KeyedSource
 
 	release  func()       // Release: the cut is no longer read
 	deferred *deferredCut // keyed state still in the backend's cut; nil once loaded
@@ -64,8 +71,28 @@ var errReleased = errors.New("host: the snapshot was released before its state w
 // Load reads the keyed state of a backend's cut into KeyGroups (a no-op for
 // a Snapshot of the memory backend, or one loaded before), and releases the
 // cut. It fails when the instance closed before the cut was read, or the
-// backend could not read it. One goroutine at a time may call Load.
+// backend could not read it. Sources are read into KeyGroups too (in
+// memory: a restore does not load them). One goroutine at a time may call
+// Load.
 func (s *Snapshot) Load() error {
+	if s != nil && len(s.Sources) > 0 {
+		groups := map[int]*KeyGroupState{}
+		if err := loadSources(s.Sources, groups); err != nil {
+			return err
+		}
+		if s.KeyGroups == nil {
+			s.KeyGroups = map[int]*KeyGroupState{}
+		}
+		for kg, g := range groups {
+			s.KeyGroups[kg] = g
+		}
+		s.Sources = nil
+	}
+	return s.loadCut()
+}
+
+// loadCut is Load of the backend's cut only.
+func (s *Snapshot) loadCut() error {
 	if s == nil || s.deferred == nil {
 		return nil
 	}
@@ -81,7 +108,7 @@ func (s *Snapshot) Load() error {
 // Snapshot not loaded yet is not empty (a backend defers only non-empty
 // state).
 func (s *Snapshot) Empty() bool {
-	return s.deferred == nil && len(s.KeyGroups) == 0 && len(s.Lists) == 0 && len(s.Files) == 0
+	return s.deferred == nil && len(s.KeyGroups) == 0 && len(s.Lists) == 0 && len(s.Files) == 0 && len(s.Sources) == 0
 }
 
 // KeyGroupState is the keyed state and timers of one key group.
@@ -525,6 +552,10 @@ func sortTimers(ts []Timer) {
 // restore loads groups (deep copy); every group must lie in this subtask's range.
 func (s *keyedState) restore(groups map[int]*KeyGroupState) error {
 	return checkRestored(groups, s.rng, s.maxP, s.put, s.registerTimer)
+}
+
+func (s *keyedState) restoreFrom(ctx context.Context, srcs []KeyedSource) error {
+	return readSources(ctx, srcs, s.rng, s.maxP, s.put, s.registerTimer)
 }
 
 func (s *keyedState) close() error { return nil }

@@ -177,46 +177,57 @@ func decodeState(data []byte) (*SubtaskState, error) {
 		last = tag
 		p := body[off : off+int(l)]
 		off += int(l)
-		switch tag {
-		case tagOperator:
+		if tag == tagOperator {
 			snap := &host.Snapshot{}
 			if err := snap.UnmarshalBinary(p); err != nil {
 				return nil, fmt.Errorf("operator snapshot: %w", err)
 			}
 			s.Operator = snap
-		case tagSourcePosition:
-			s.SourcePosition = append([]byte{}, p...)
-		case tagSinkPending:
-			s.SinkPending = append([]byte{}, p...)
-		case tagChannelState:
-			if v < FormatVersionChannelState {
-				return nil, fmt.Errorf("channel state (section tag %d) in a version %d blob", tag, v)
-			}
-			c, err := decodeChannelState(p)
-			if err != nil {
-				return nil, fmt.Errorf("channel state: %w", err)
-			}
-			s.Channels = c
-		case tagStateFiles:
-			if v < FormatVersionShared {
-				return nil, fmt.Errorf("state files (section tag %d) in a version %d blob", tag, v)
-			}
-			if s.Operator == nil {
-				return nil, fmt.Errorf("state files (section tag %d) without an operator snapshot", tag)
-			}
-			parts, err := decodeStateFiles(p)
-			if err != nil {
-				return nil, fmt.Errorf("state files: %w", err)
-			}
-			s.Operator.Files = parts
-		default:
-			return nil, fmt.Errorf("unknown section tag %d", tag)
+			continue
+		}
+		if err := s.decodeSection(v, tag, p); err != nil {
+			return nil, err
 		}
 	}
 	if off != len(body) {
 		return nil, fmt.Errorf("%d trailing bytes", len(body)-off)
 	}
 	return s, nil
+}
+
+// decodeSection decodes section tag (other than the operator snapshot) of a
+// version v blob into s.
+func (s *SubtaskState) decodeSection(v uint32, tag byte, p []byte) error {
+	switch tag {
+	case tagSourcePosition:
+		s.SourcePosition = append([]byte{}, p...)
+	case tagSinkPending:
+		s.SinkPending = append([]byte{}, p...)
+	case tagChannelState:
+		if v < FormatVersionChannelState {
+			return fmt.Errorf("channel state (section tag %d) in a version %d blob", tag, v)
+		}
+		c, err := decodeChannelState(p)
+		if err != nil {
+			return fmt.Errorf("channel state: %w", err)
+		}
+		s.Channels = c
+	case tagStateFiles:
+		if v < FormatVersionShared {
+			return fmt.Errorf("state files (section tag %d) in a version %d blob", tag, v)
+		}
+		if s.Operator == nil {
+			return fmt.Errorf("state files (section tag %d) without an operator snapshot", tag)
+		}
+		parts, err := decodeStateFiles(p)
+		if err != nil {
+			return fmt.Errorf("state files: %w", err)
+		}
+		s.Operator.Files = parts
+	default:
+		return fmt.Errorf("unknown section tag %d", tag)
+	}
+	return nil
 }
 
 // String encodes r for control.Ack.StateRef:

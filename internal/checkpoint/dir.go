@@ -670,13 +670,22 @@ func decodeBlob(path string, data []byte, sub SubtaskMeta) (*SubtaskState, error
 	if err != nil {
 		return nil, fmt.Errorf("%w: %s: %s", ErrCorrupt, path, err)
 	}
-	if n := s.Channels.EncodedSize(); n != sub.InFlightBytes {
-		return nil, fmt.Errorf("%w: %s: %d bytes of channel state, the metadata says %d", ErrCorrupt, path, n, sub.InFlightBytes)
-	}
-	if got := sharedRefs(s); !slices.Equal(got, sub.Shared) {
-		return nil, fmt.Errorf("%w: %s: refers to %d shared files, the metadata lists %d others", ErrCorrupt, path, len(got), len(sub.Shared))
+	if err := checkDecoded(path, s, sub); err != nil {
+		return nil, err
 	}
 	return s, nil
+}
+
+// checkDecoded checks a decoded blob against its metadata entry: its
+// channel-state bytes and shared files.
+func checkDecoded(path string, s *SubtaskState, sub SubtaskMeta) error {
+	if n := s.Channels.EncodedSize(); n != sub.InFlightBytes {
+		return fmt.Errorf("%w: %s: %d bytes of channel state, the metadata says %d", ErrCorrupt, path, n, sub.InFlightBytes)
+	}
+	if got := sharedRefs(s); !slices.Equal(got, sub.Shared) {
+		return fmt.Errorf("%w: %s: refers to %d shared files, the metadata lists %d others", ErrCorrupt, path, len(got), len(sub.Shared))
+	}
+	return nil
 }
 
 func checkBlob(path string, size int64, sum uint32, sub SubtaskMeta) error {

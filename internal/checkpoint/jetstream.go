@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"regexp"
 	"slices"
@@ -419,32 +420,27 @@ func readStateJS(ctx context.Context, js jetstream.JetStream, obs jetstream.Obje
 	if sub.Ref == "" {
 		return nil, nil
 	}
-	b, path, ok, err := ParseJetStreamLocation(md.Location)
-	if err != nil {
-		return nil, err
-	}
-	if !ok {
+	if !strings.HasPrefix(md.Location, JetStreamScheme) {
 		return ReadState(md, sub) // a directory
 	}
-	if err := checkBlobName(sub.Ref); err != nil {
-		return nil, fmt.Errorf("checkpoint: %s: %w", md.Location, err)
-	}
-	if b != bucket || obs == nil {
-		if obs, err = openBucket(ctx, js, b, false); err != nil {
-			return nil, err
-		}
-	}
-	p := md.Location + "/" + sub.Ref
-	data, err := obs.GetBytes(ctx, path+"/"+sub.Ref)
-	if err != nil {
-		return nil, fmt.Errorf("checkpoint: state of subtask %d: %s: %w", sub.Index, p, err)
-	}
-	st, err := decodeBlob(p, data, sub)
+	b, err := jsBlob(ctx, js, obs, bucket, md, sub)
 	if err != nil {
 		return nil, err
 	}
-	root, open := jsShared(md, obs, b, path)
-	attachFetch(st, root, open)
+	r, _, err := b.open(ctx)
+	if err != nil {
+		return nil, err
+	}
+	data, err := io.ReadAll(r)
+	r.Close()
+	if err != nil {
+		return nil, fmt.Errorf("checkpoint: state of subtask %d: %s: %w", sub.Index, b.path, err)
+	}
+	st, err := decodeBlob(b.path, data, sub)
+	if err != nil {
+		return nil, err
+	}
+	attachFetch(st, b.sharedRoot, b.sharedOpen)
 	return st, nil
 }
 
@@ -602,11 +598,18 @@ func (r JetStreamReader) ReadState(ctx context.Context, md *Metadata, sub Subtas
 }
 
 // VerifyFrom checks that every blob md names can be read through r with
-// the size and CRC32C the metadata records, and decodes.
+// the size and CRC32C the metadata records, and decodes (as a stream, for
+// the readers of this package: memory does not grow with the state).
 func VerifyFrom(ctx context.Context, r StateReader, md *Metadata) error {
 	for _, op := range md.Operators {
 		for _, sm := range op.Subtasks {
-			if _, err := r.ReadState(ctx, md, sm); err != nil {
+			var err error
+			if o, ok := r.(stateOpener); ok {
+				_, err = scanState(ctx, o, md, sm)
+			} else {
+				_, err = r.ReadState(ctx, md, sm)
+			}
+			if err != nil {
 				return fmt.Errorf("checkpoint: operator %q: %w", op.UID, err)
 			}
 		}

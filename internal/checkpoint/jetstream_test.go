@@ -2,6 +2,7 @@ package checkpoint
 
 import (
 	"context"
+	"math/rand/v2"
 	"reflect"
 	"strings"
 	"testing"
@@ -9,7 +10,9 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/streamd/streamd/abi"
 	"github.com/streamd/streamd/control"
+	"github.com/streamd/streamd/host"
 	"github.com/streamd/streamd/internal/natstest"
 )
 
@@ -281,3 +284,55 @@ func TestExportFromJetStream(t *testing.T) {
 		t.Fatalf("second export: %v", err)
 	}
 }
+
+// LoadRestoreFrom a JetStream object store keeps the keyed state in the
+// objects: each new subtask reads its key groups as a stream when it
+// restores (here: Load), and an object damaged after the plan fails that
+// read, naming it.
+func TestJetStreamStreamedRestore(t *testing.T) {
+	ctx := context.Background()
+	js := jetStream(t)
+	s, err := OpenJetStream(ctx, js, "", "job")
+	if err != nil {
+		t.Fatal(err)
+	}
+	snaps, want := keyedSnapshots(rand.New(rand.NewPCG(3, 3)), 2, 128, 2000)
+	snaps[1].Lists["l"] = &host.ListState{Mode: abi.ListUnion, Entries: [][]byte{[]byte("u")}}
+	md := commitTo(t, s, control.KindSavepoint, 1, []*SubtaskState{{Operator: snaps[0]}, {Operator: snaps[1]}})
+	g, err := control.NewJobGraph("job", []*control.Vertex{
+		{UID: "src", Parallelism: 1, Kind: control.KindSource},
+		{UID: "op", Parallelism: 3, Kind: control.KindOperator, Inputs: []control.Edge{{From: "src", Partition: control.Hash}}},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	plan := func() []*SubtaskRestore {
+		res, err := LoadRestoreFrom(ctx, JetStreamReader{JS: js}, md, g)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var rs []*SubtaskRestore
+		for i := range 3 {
+			r := res.Subtasks[control.SubtaskID{Operator: "op", Index: i}]
+			if r == nil || len(r.Snapshot.Sources) == 0 || len(r.Snapshot.Lists["l"].Entries) != 1 {
+				t.Fatalf("subtask %d restores %+v", i, r)
+			}
+			rs = append(rs, r)
+		}
+		return rs
+	}
+	if got := collectKeyed(t, plan(), 128); !reflect.DeepEqual(got, want) {
+		t.Fatalf("restored %d keys, want %d", len(got), len(want))
+	}
+	rs := plan()
+	obs, _ := js.ObjectStore(ctx, DefaultBucket)
+	data, _ := obs.GetBytes(ctx, "job/"+pathBase(md.Location)+"/op-op-1.state")
+	data[len(data)/2] ^= 0x80
+	if _, err := obs.PutBytes(ctx, "job/"+pathBase(md.Location)+"/op-op-1.state", data); err != nil {
+		t.Fatal(err)
+	}
+	err = rs[2].Snapshot.Load()
+	wantErr(t, err, ErrCorrupt, md.Location+"/op-op-1.state", "checksum mismatch")
+}
+
+func pathBase(loc string) string { return loc[strings.LastIndexByte(loc, '/')+1:] }

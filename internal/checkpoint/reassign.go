@@ -97,7 +97,7 @@ func Reassign(op *OperatorSnapshot, newParallelism, newMaxParallelism int) ([]*S
 		var snap *host.Snapshot
 		if s != nil && s.Operator != nil && !finished(j) {
 			snap = s.Operator
-			keyed = keyed || len(snap.KeyGroups) > 0 || len(snap.Files) > 0
+			keyed = keyed || len(snap.KeyGroups) > 0 || len(snap.Files) > 0 || len(snap.Sources) > 0
 		}
 		snaps = append(snaps, snap)
 	}
@@ -133,6 +133,31 @@ func Reassign(op *OperatorSnapshot, newParallelism, newMaxParallelism int) ([]*S
 			owner[kg] = j
 			i := abi.SubtaskForKeyGroup(kg, maxP, newParallelism)
 			newSnap(i).KeyGroups[kg] = g
+		}
+	}
+
+	// Keyed state still in the old subtasks' blobs (LoadRestoreFrom): every
+	// new subtask gets the part of each old subtask's in its key groups,
+	// read when it restores.
+	for j, snap := range snaps {
+		if snap == nil {
+			continue
+		}
+		for _, src := range snap.Sources {
+			for _, kg := range src.KeyGroups() {
+				if kg < 0 || kg >= maxP {
+					return nil, fmt.Errorf("checkpoint: operator %q subtask %d: key group %d outside [0,%d)", uid, j, kg, maxP)
+				}
+				if prev, dup := owner[kg]; dup {
+					return nil, fmt.Errorf("checkpoint: operator %q: key group %d is in the state of subtasks %d and %d", uid, kg, prev, j)
+				}
+				owner[kg] = j
+			}
+			for i := range out {
+				if part := clipSource(src, abi.RangeForSubtask(i, maxP, newParallelism)); part != nil {
+					newSnap(i).Sources = append(newSnap(i).Sources, part)
+				}
+			}
 		}
 	}
 
@@ -253,7 +278,11 @@ func LoadRestore(ctx context.Context, path string, g *control.JobGraph) (*Restor
 // state of an operator g does not have, loads every blob through r and
 // redistributes each operator's state to its parallelism in g (Reassign)
 // and the channel state of unaligned checkpoints to the receiving subtasks
-// (ReassignChannels, into SubtaskRestore.InFlight).
+// (ReassignChannels, into SubtaskRestore.InFlight). The readers of this
+// package read each blob as a stream, checking it whole, and leave the
+// keyed state of full snapshots in the blobs: a subtask's Snapshot.Sources
+// read its key groups again when it restores (stream.go), so memory does
+// not grow with the state. Other readers load the blobs (ReadState).
 func LoadRestoreFrom(ctx context.Context, r StateReader, md *Metadata, g *control.JobGraph) (*Restore, error) {
 	where := fmt.Sprintf("%s %d (%s)", md.Kind, md.ID, md.Location)
 	finished := md.FinishedStates()
@@ -278,7 +307,13 @@ func LoadRestoreFrom(ctx context.Context, r StateReader, md *Metadata, g *contro
 		res.Finished[v.UID] = om.Finished
 		snap := &OperatorSnapshot{Meta: *om, Subtasks: make([]*SubtaskState, om.Parallelism), Source: v.IsSource()}
 		for _, s := range om.Subtasks {
-			st, err := r.ReadState(ctx, md, s)
+			var st *SubtaskState
+			var err error
+			if o, ok := r.(stateOpener); ok {
+				st, err = scanState(ctx, o, md, s) // keyed state stays in the blob
+			} else {
+				st, err = r.ReadState(ctx, md, s)
+			}
 			if err != nil {
 				return nil, fmt.Errorf("checkpoint: restore operator %q from %s: %w", v.UID, where, err)
 			}

@@ -24,6 +24,14 @@ func collectKeyed(t *testing.T, rs []*SubtaskRestore, maxP int) map[string]strin
 			continue
 		}
 		rng := abi.RangeForSubtask(i, maxP, len(rs))
+		for _, src := range r.Snapshot.Sources { // LoadRestore's: still in the blobs
+			if kgs := src.KeyGroups(); !rng.Contains(kgs[0]) || !rng.Contains(kgs[len(kgs)-1]) {
+				t.Fatalf("new subtask %d/%d got key groups %v outside its range %v", i, len(rs), kgs, rng)
+			}
+		}
+		if err := r.Snapshot.Load(); err != nil {
+			t.Fatal(err)
+		}
 		for kg, g := range r.Snapshot.KeyGroups {
 			if !rng.Contains(kg) {
 				t.Fatalf("new subtask %d/%d got key group %d outside its range %v", i, len(rs), kg, rng)
