@@ -164,13 +164,16 @@ func (c *cli) buildGo(ctx context.Context, dir, out string) error {
 	return err
 }
 
+// Debian's Rust toolchain (apt-get install rustc cargo libstd-rust-dev-wasm32).
+var debianCargo, debianRustc = "/usr/bin/cargo", "/usr/bin/rustc"
+
 // rustToolchain returns the cargo to run and the environment it needs:
 // Debian's cargo and rustc when both are installed (only Debian's rustc has
 // the wasm32 standard library offline, and a rustup cargo fails with it),
 // else the cargo on PATH.
 func rustToolchain() (cargo string, env []string, err error) {
-	if exists("/usr/bin/cargo") && exists("/usr/bin/rustc") {
-		return "/usr/bin/cargo", []string{"RUSTC=/usr/bin/rustc"}, nil
+	if exists(debianCargo) && exists(debianRustc) {
+		return debianCargo, []string{"RUSTC=" + debianRustc}, nil
 	}
 	if p, err := exec.LookPath("cargo"); err == nil {
 		return p, nil, nil
