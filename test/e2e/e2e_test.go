@@ -46,12 +46,18 @@ type result struct {
 // run runs streamd with args in dir, with stdin, a private cache dir and quiet progress.
 func run(t *testing.T, dir, stdin string, args ...string) result {
 	t.Helper()
+	return runEnv(t, dir, stdin, nil, args...)
+}
+
+// runEnv is run with env added to the environment.
+func runEnv(t *testing.T, dir, stdin string, env []string, args ...string) result {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, streamd(t), args...)
 	cmd.Dir = dir
 	cmd.Stdin = strings.NewReader(stdin)
-	cmd.Env = append(os.Environ(), "STREAMD_WASM_CACHE_DIR="+cacheDir(t))
+	cmd.Env = append(append(os.Environ(), "STREAMD_WASM_CACHE_DIR="+cacheDir(t)), env...)
 	var out, errb bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errb
 	err := cmd.Run()
