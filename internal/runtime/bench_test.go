@@ -2,6 +2,7 @@ package runtime
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
@@ -142,4 +143,44 @@ func BenchmarkGuardOnVsOff(b *testing.B) {
 		r(10000) // compile, fill the pools
 	}
 	alternate(b, n, []string{"off", "on"}, func(i int) { runs[i](n) })
+}
+
+// BenchmarkTypedVsRaw alternates the map pipeline (generator -> uppercase map
+// -> discard, 100-byte values, 1M records per side per iteration) with the
+// raw byte API and with the SDKs' typed helpers over the string codecs, Go
+// and Rust side by side, and reports each typed pipeline's throughput as a
+// percentage of its raw twin (SPEC14: target >= 90):
+//
+//	go test -run '^$' -bench TypedVsRaw -benchtime 3x ./internal/runtime/
+func BenchmarkTypedVsRaw(b *testing.B) {
+	const n = 1_000_000
+	eng := benchEngine(b)
+	sides := []struct{ name, wasm string }{
+		{"rust-raw", "examples/wasm/uppercase-rust/uppercase_rust.wasm"},
+		{"rust-typed", "internal/testguests/typedupper-rust/typedupper_rust.wasm"},
+	}
+	names := make([]string, len(sides))
+	runs := make([]func(int) Stats, len(sides))
+	for i, s := range sides {
+		names[i] = s.name
+		runs[i] = pipelineRunner(b, &jobfile.WasmSpec{Path: testwasm.Path(b, s.wasm)}, 1, control.Forward, eng)
+		runs[i](10000) // compile, fill the pools
+	}
+	spent := make([]time.Duration, len(sides))
+	b.ResetTimer()
+	for it := 0; it < b.N; it++ {
+		for i, run := range runs {
+			spent[i] += run(n).Elapsed
+		}
+	}
+	b.StopTimer()
+	rate := make([]float64, len(sides))
+	for i, name := range names {
+		rate[i] = float64(b.N) * n / spent[i].Seconds()
+		b.ReportMetric(rate[i], name+"-records/s")
+	}
+	for i := 0; i+1 < len(sides); i += 2 {
+		lang, _, _ := strings.Cut(names[i], "-")
+		b.ReportMetric(100*rate[i+1]/rate[i], lang+"-typed-%-of-raw")
+	}
 }

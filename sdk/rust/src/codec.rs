@@ -2,6 +2,8 @@
 //! become bytes (SPEC14 section 4).
 
 use crate::{Error, Result};
+use core::fmt;
+use core::marker::PhantomData;
 
 /// Encodes and decodes values of one type. Implement it for your own types
 /// (a unit struct is enough): `struct Point; impl Codec for Point { type Item = (i64, i64); ... }`.
@@ -140,6 +142,237 @@ fn fixed8(b: &[u8], what: &str) -> Result<[u8; 8]> {
     let mut a = [0u8; 8];
     a.copy_from_slice(b);
     Ok(a)
+}
+
+/// A codec whose values the `*_view` helpers ([`crate::map_view`],
+/// [`crate::filter_view`]) read in place: the value is lent to the function
+/// as `&Self::View`, borrowed from the record's bytes where the type allows
+/// (`Str`: `&str`, `Bytes`: `&[u8]`), so nothing is copied or allocated.
+///
+/// A codec of your own without a borrowed form decodes and lends the value:
+/// `type View = Self::Item; fn with_view<R>(b: &[u8], f: impl FnOnce(&Self::Item) -> R) -> Result<R> { Ok(f(&Self::decode(b)?)) }`.
+pub trait ViewCodec: Codec {
+    /// What the function sees (behind a reference).
+    type View: ?Sized;
+    /// Calls `f` with the value that `b` encodes; an error (before `f` is
+    /// called) says why `b` is not one.
+    fn with_view<R>(b: &[u8], f: impl FnOnce(&Self::View) -> R) -> Result<R>;
+}
+
+/// A codec whose values the `*_view` helpers write straight into the output
+/// frame: the function gets `&mut Self::Writer`, which appends to the record
+/// being emitted. `Str` has [`StrWriter`], `Bytes` [`BytesWriter`], and
+/// `I64`, `F64` (and codecs of your own: `type Writer = Encoder<Self>;`)
+/// [`Encoder`].
+pub trait WriteCodec: Codec {
+    /// What the function writes to.
+    type Writer: ?Sized;
+    /// The writer over `out`, the output frame after the record's value
+    /// length (it may only be appended to).
+    fn writer(out: &mut Vec<u8>) -> &mut Self::Writer;
+}
+
+impl ViewCodec for Bytes {
+    type View = [u8];
+    #[inline]
+    fn with_view<R>(b: &[u8], f: impl FnOnce(&[u8]) -> R) -> Result<R> {
+        Ok(f(b))
+    }
+}
+
+impl ViewCodec for Str {
+    type View = str;
+    #[inline]
+    fn with_view<R>(b: &[u8], f: impl FnOnce(&str) -> R) -> Result<R> {
+        check_utf8(b)?;
+        // Valid UTF-8: checked above.
+        Ok(f(unsafe { core::str::from_utf8_unchecked(b) }))
+    }
+}
+
+impl ViewCodec for I64 {
+    type View = i64;
+    #[inline]
+    fn with_view<R>(b: &[u8], f: impl FnOnce(&i64) -> R) -> Result<R> {
+        Ok(f(&Self::decode(b)?))
+    }
+}
+
+impl ViewCodec for F64 {
+    type View = f64;
+    #[inline]
+    fn with_view<R>(b: &[u8], f: impl FnOnce(&f64) -> R) -> Result<R> {
+        Ok(f(&Self::decode(b)?))
+    }
+}
+
+impl WriteCodec for Bytes {
+    type Writer = BytesWriter;
+    #[inline]
+    fn writer(out: &mut Vec<u8>) -> &mut BytesWriter {
+        BytesWriter::over(out)
+    }
+}
+
+impl WriteCodec for Str {
+    type Writer = StrWriter;
+    #[inline]
+    fn writer(out: &mut Vec<u8>) -> &mut StrWriter {
+        // StrWriter is a transparent Vec<u8> that appends only whole `str`s,
+        // so the value it writes is UTF-8.
+        unsafe { &mut *(out as *mut Vec<u8> as *mut StrWriter) }
+    }
+}
+
+impl WriteCodec for I64 {
+    type Writer = Encoder<I64>;
+    #[inline]
+    fn writer(out: &mut Vec<u8>) -> &mut Encoder<I64> {
+        Encoder::over(out)
+    }
+}
+
+impl WriteCodec for F64 {
+    type Writer = Encoder<F64>;
+    #[inline]
+    fn writer(out: &mut Vec<u8>) -> &mut Encoder<F64> {
+        Encoder::over(out)
+    }
+}
+
+/// Writes a [`Str`] value into the output frame (see [`WriteCodec`]): only
+/// whole `str`s and `char`s, so the value stays UTF-8.
+#[repr(transparent)]
+pub struct StrWriter {
+    buf: Vec<u8>,
+}
+
+impl StrWriter {
+    /// Appends `s` and returns the appended copy, to change in place:
+    /// `out.push_str(s).make_ascii_uppercase()`.
+    #[inline]
+    pub fn push_str(&mut self, s: &str) -> &mut str {
+        let at = self.buf.len();
+        self.buf.extend_from_slice(s.as_bytes());
+        // The bytes from `at` on are a copy of `s`.
+        unsafe { core::str::from_utf8_unchecked_mut(&mut self.buf[at..]) }
+    }
+
+    /// Appends one character.
+    #[inline]
+    pub fn push(&mut self, c: char) {
+        let mut b = [0u8; 4];
+        self.buf.extend_from_slice(c.encode_utf8(&mut b).as_bytes())
+    }
+
+    /// Reserves room for `n` more bytes.
+    #[inline]
+    pub fn reserve(&mut self, n: usize) {
+        self.buf.reserve(n)
+    }
+}
+
+impl fmt::Write for StrWriter {
+    #[inline]
+    fn write_str(&mut self, s: &str) -> fmt::Result {
+        self.buf.extend_from_slice(s.as_bytes());
+        Ok(())
+    }
+}
+
+impl Extend<char> for StrWriter {
+    #[inline]
+    fn extend<T: IntoIterator<Item = char>>(&mut self, iter: T) {
+        for c in iter {
+            self.push(c)
+        }
+    }
+}
+
+/// Writes a [`Bytes`] value into the output frame (see [`WriteCodec`]).
+#[repr(transparent)]
+pub struct BytesWriter {
+    buf: Vec<u8>,
+}
+
+impl BytesWriter {
+    #[inline]
+    fn over(out: &mut Vec<u8>) -> &mut BytesWriter {
+        // repr(transparent) over Vec<u8>.
+        unsafe { &mut *(out as *mut Vec<u8> as *mut BytesWriter) }
+    }
+
+    /// Appends `b` and returns the appended copy, to change in place.
+    #[inline]
+    pub fn append(&mut self, b: &[u8]) -> &mut [u8] {
+        let at = self.buf.len();
+        self.buf.extend_from_slice(b);
+        &mut self.buf[at..]
+    }
+
+    /// Appends bytes.
+    #[inline]
+    pub fn write_bytes(&mut self, b: &[u8]) {
+        self.buf.extend_from_slice(b)
+    }
+
+    /// Appends one byte.
+    #[inline]
+    pub fn push(&mut self, b: u8) {
+        self.buf.push(b)
+    }
+
+    /// Reserves room for `n` more bytes.
+    #[inline]
+    pub fn reserve(&mut self, n: usize) {
+        self.buf.reserve(n)
+    }
+}
+
+impl Extend<u8> for BytesWriter {
+    #[inline]
+    fn extend<T: IntoIterator<Item = u8>>(&mut self, iter: T) {
+        self.buf.extend(iter)
+    }
+}
+
+impl<'b> Extend<&'b u8> for BytesWriter {
+    #[inline]
+    fn extend<T: IntoIterator<Item = &'b u8>>(&mut self, iter: T) {
+        self.buf.extend(iter)
+    }
+}
+
+impl fmt::Write for BytesWriter {
+    #[inline]
+    fn write_str(&mut self, s: &str) -> fmt::Result {
+        self.buf.extend_from_slice(s.as_bytes());
+        Ok(())
+    }
+}
+
+/// Writes a value of codec `C` into the output frame with [`Codec::encode`]
+/// (the [`WriteCodec::Writer`] of `I64`, `F64` and of codecs without a
+/// writer of their own). Write one value per record.
+#[repr(transparent)]
+pub struct Encoder<C: Codec> {
+    buf: Vec<u8>,
+    _c: PhantomData<fn() -> C>,
+}
+
+impl<C: Codec> Encoder<C> {
+    /// The encoder over `out` (for [`WriteCodec::writer`]).
+    #[inline]
+    pub fn over(out: &mut Vec<u8>) -> &mut Encoder<C> {
+        // repr(transparent) over Vec<u8> (the other field is zero-sized).
+        unsafe { &mut *(out as *mut Vec<u8> as *mut Encoder<C>) }
+    }
+
+    /// Appends the encoding of `v`.
+    #[inline]
+    pub fn write(&mut self, v: &C::Item) {
+        C::encode(v, &mut self.buf)
+    }
 }
 
 /// Encodes `v` into a new vector.

@@ -505,6 +505,98 @@ fn typed_helpers() {
 }
 
 #[test]
+fn view_helpers() {
+    use core::fmt::Write;
+    // map_view: the value borrowed as &str, the result written into the frame.
+    let mut m = Harness::new(
+        map_view::<Str, Str, _>(|s: &str, out: &mut StrWriter| {
+            out.push_str(s).make_ascii_uppercase();
+            out.push('!');
+            write!(out, "{}", s.len())?;
+            Ok(())
+        }),
+        Options::default(),
+    );
+    m.open().unwrap();
+    m.process_element(&rec("k", "héllo", 9), 0).unwrap();
+    m.process_element(&rec("", "", 3), 0).unwrap();
+    assert_eq!(outs(&m), vec![("k".into(), "HéLLO!6".into(), 9), ("".into(), "!0".into(), 3)]);
+    let e = m.process_element(&Record::new(b"k", &[b'a', 0xff], 1), 0).unwrap_err();
+    assert!(e.is_rejection() && e.message().contains("map_view: cannot decode the record value: not UTF-8: invalid byte at 1"), "{}", e);
+    assert!(m.failure().is_none());
+    assert_eq!(m.output().len(), 2, "a value that does not decode emits nothing");
+
+    // An error of the function is returned as it is (a failure, not a rejection).
+    let mut bad = Harness::new(map_view::<I64, I64, _>(|_: &i64, _: &mut Encoder<I64>| Err(Error::new("no"))), Options::default());
+    bad.open().unwrap();
+    let e = bad.process_element(&Record::new(b"", &1i64.to_le_bytes(), 0), 0).unwrap_err();
+    assert!(!e.is_rejection() && e.message() == "no", "{:?}", e);
+
+    let mut n = Harness::new(map_view::<I64, F64, _>(|v: &i64, out: &mut Encoder<F64>| {
+        out.write(&(*v as f64 / 2.0));
+        Ok(())
+    }), Options::default());
+    n.open().unwrap();
+    n.process_element(&Record::new(b"", &5i64.to_le_bytes(), 0), 0).unwrap();
+    assert_eq!(n.output()[0].value, 2.5f64.to_bits().to_le_bytes());
+    let e = n.process_element(&Record::new(b"", b"abc", 0), 0).unwrap_err();
+    assert!(e.is_rejection() && e.message().contains("3 bytes, want 8"), "{}", e);
+
+    let mut b = Harness::new(map_view::<Bytes, Bytes, _>(|v: &[u8], out: &mut BytesWriter| {
+        out.append(v).reverse();
+        out.extend(b"..");
+        Ok(())
+    }), Options::default());
+    b.open().unwrap();
+    b.process_element(&Record::new(b"", &[1, 2, 0xff], 0), 0).unwrap();
+    assert_eq!(b.output()[0].value, vec![0xff, 2, 1, b'.', b'.']);
+
+    // filter_view: unchanged records, nothing copied.
+    let mut f = Harness::new(filter_view::<Str, _>(|s: &str| s.starts_with('a')), Options::default());
+    f.open().unwrap();
+    for v in ["ab", "ba", "a"] {
+        f.process_element(&rec("k", v, 1), 0).unwrap();
+    }
+    assert_eq!(outs(&f), vec![("k".into(), "ab".into(), 1), ("k".into(), "a".into(), 1)]);
+    let e = f.process_element(&Record::new(b"k", &[0xc3], 1), 0).unwrap_err();
+    assert!(e.is_rejection() && e.message().contains("filter_view: cannot decode"), "{}", e);
+
+    // flat_map_view: any number of values, each written into the frame.
+    let mut fm = Harness::new(
+        flat_map_view::<Str, Str, _>(|s: &str, out: &mut typed::ViewCollector<'_, Str>| {
+            for w in s.split_whitespace() {
+                out.emit_keyed(w.as_bytes(), |o| {
+                    o.push_str(w).make_ascii_uppercase();
+                });
+            }
+            out.emit(|o| o.extend("end".chars()));
+            Ok(())
+        }),
+        Options::default(),
+    );
+    fm.open().unwrap();
+    fm.process_element(&rec("x", "a bc", 5), 0).unwrap();
+    assert_eq!(outs(&fm), vec![("a".into(), "A".into(), 5), ("bc".into(), "BC".into(), 5), ("x".into(), "end".into(), 5)]);
+
+    // process_view: keyed state of the record's key.
+    let mut p = Harness::new(
+        process_view::<Str, _>(|s: &str, r: &Record<'_>| {
+            let c = ValueState::<Str>::new("last");
+            let prev = c.get().unwrap_or_default();
+            c.set(&s.to_string());
+            emit(r.key, format!("{}->{}", prev, s).as_bytes(), r.timestamp);
+            Ok(())
+        }),
+        Options::default(),
+    );
+    p.open().unwrap();
+    p.process_element(&rec("k", "a", 1), 0).unwrap();
+    p.process_element(&rec("k", "b", 2), 0).unwrap();
+    p.process_element(&rec("j", "c", 2), 0).unwrap();
+    assert_eq!(outs(&p).into_iter().map(|o| o.1).collect::<Vec<_>>(), vec!["->a", "a->b", "->c"]);
+}
+
+#[test]
 fn a_panic_becomes_the_failure_message() {
     struct Op;
     impl Operator for Op {
