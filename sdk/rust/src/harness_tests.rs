@@ -513,6 +513,9 @@ fn view_helpers() {
             out.push_str(s).make_ascii_uppercase();
             out.push('!');
             write!(out, "{}", s.len())?;
+            out.push_ascii_uppercase(s);
+            out.push_ascii_lowercase("ÀB");
+            unsafe { out.as_mut_vec() }.push(b'.');
             Ok(())
         }),
         Options::default(),
@@ -520,7 +523,7 @@ fn view_helpers() {
     m.open().unwrap();
     m.process_element(&rec("k", "héllo", 9), 0).unwrap();
     m.process_element(&rec("", "", 3), 0).unwrap();
-    assert_eq!(outs(&m), vec![("k".into(), "HéLLO!6".into(), 9), ("".into(), "!0".into(), 3)]);
+    assert_eq!(outs(&m), vec![("k".into(), "HéLLO!6HéLLOÀb.".into(), 9), ("".into(), "!0Àb.".into(), 3)]);
     let e = m.process_element(&Record::new(b"k", &[b'a', 0xff], 1), 0).unwrap_err();
     assert!(e.is_rejection() && e.message().contains("map_view: cannot decode the record value: not UTF-8: invalid byte at 1"), "{}", e);
     assert!(m.failure().is_none());
