@@ -1,6 +1,7 @@
 package streamd
 
 import (
+	"bytes"
 	"encoding/binary"
 	"errors"
 	"strconv"
@@ -81,6 +82,23 @@ func nextRecord(src []byte, off int) (Record, int) {
 	off += 4
 	val := src[off : off+vl : off+vl]
 	return Record{Key: key, Value: val, Timestamp: ts}, off + vl
+}
+
+// decodeRecords decodes a batch frame into records that own their bytes
+// (a native host's view of what the guest emitted).
+func decodeRecords(frame []byte) ([]Record, error) {
+	n, err := checkBatch(frame)
+	if err != nil {
+		return nil, err
+	}
+	recs := make([]Record, 0, n)
+	off := 4
+	var r Record
+	for i := 0; i < n; i++ {
+		r, off = nextRecord(frame, off)
+		recs = append(recs, Record{Key: bytes.Clone(r.Key), Value: bytes.Clone(r.Value), Timestamp: r.Timestamp})
+	}
+	return recs, nil
 }
 
 // outFrame accumulates emitted records into one batch frame. Its buffer is

@@ -50,6 +50,15 @@ func exportOnTimer(ts int64, ptr, n int32) int32 {
 	return doTimer(ts, b)
 }
 
+//go:wasmexport streamd_on_processing_time
+func exportOnProcessingTime(ts int64, ptr, n int32) int32 {
+	b, ok := input(ptr, n)
+	if !ok {
+		return badPointer(phaseProcessingTime, ptr, n)
+	}
+	return doProcessingTime(ts, b)
+}
+
 //go:wasmexport streamd_end_input
 func exportEndInput(in int32) int32 { return doEndInput(int(in)) }
 

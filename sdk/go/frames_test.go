@@ -57,20 +57,7 @@ func batch(recs ...Record) []byte {
 }
 
 // decodeFrame decodes a batch with the SDK's decoder, copying the records.
-func decodeFrame(frame []byte) ([]Record, error) {
-	n, err := checkBatch(frame)
-	if err != nil {
-		return nil, err
-	}
-	recs := make([]Record, 0, n)
-	off := 4
-	var r Record
-	for i := 0; i < n; i++ {
-		r, off = nextRecord(frame, off)
-		recs = append(recs, Record{Key: bytes.Clone(r.Key), Value: bytes.Clone(r.Value), Timestamp: r.Timestamp})
-	}
-	return recs, nil
-}
+func decodeFrame(frame []byte) ([]Record, error) { return decodeRecords(frame) }
 
 func recordSize(r Record) int { return recordHeader + len(r.Key) + len(r.Value) }
 

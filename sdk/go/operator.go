@@ -24,7 +24,9 @@
 // panic text and the Go stack.
 //
 // Everything that reaches the host (Emit, state, timers, Log, Fail) works only
-// in a GOOS=wasip1 build; the frame codecs are plain Go and run anywhere.
+// in a GOOS=wasip1 build, or natively under the test harness of package
+// streamdtest, which plays the host; the frame codecs are plain Go and run
+// anywhere.
 package streamd
 
 import "math"
@@ -60,29 +62,37 @@ func (r Record) HasTimestamp() bool { return r.Timestamp != NoTimestamp }
 //	Open                                   once, first
 //	( ProcessElement                       for each record of each input, in order
 //	| OnTimer* OnWatermark                 when the watermark advances
+//	| OnProcessingTime                     for each due processing-time timer, between batches
 //	| SnapshotState | NotifyCheckpointComplete )*
 //	EndInput                               once per input, when it ended with drain
 //	Finish                                 once, after every EndInput
 //	( SnapshotState | NotifyCheckpointComplete )*   the final checkpoint
-//	Close                                  always last, also after failure or cancel
+//	Close                                  last, but not after a failure
+//
+// OnProcessingTime belongs to ProcessingTimeHandler, which Base implements.
 //
 // A method that returns a non-nil error, or panics, fails the subtask: the
 // error text (or the panic text and Go stack) becomes the host's error
-// message, and the job fails over according to its restart strategy.
+// message, and the job fails over according to its restart strategy. The
+// host discards a failed instance without calling it again: Close is not
+// called after a failure (a trap, an error, Fail or a panic).
 //
 // Embed Base to get no-op defaults for every method but ProcessElement.
 type Operator interface {
 	// Open is called once before anything else. ctx describes the subtask and
 	// carries the operator's config from the job file. When ctx.Restored is
 	// true, Open reads back the operator list state it wrote in SnapshotState
-	// (ListState(...).Entries()). Open may read and write keyed state and
-	// register timers but must not Emit.
+	// (ListState(...).Entries()). Open has no current key: typed state
+	// (NewValueState, ...) and timers fail there; it may create state
+	// descriptors (those WithTTL must be created here or at package level),
+	// EmitWatermark, but not Emit.
 	Open(ctx *Context) error
 
 	// ProcessElement is called for every record of input input (0-based, the
-	// order of the operator's inputs in the job file). It may Emit, use keyed
-	// state and timers for the record's key, and must not keep r.Key or
-	// r.Value after it returns.
+	// order of the operator's inputs in the job file). The record's key is
+	// the current key: keyed state and timers work on it. It may Emit,
+	// EmitTo and EmitWatermark, and must not keep r.Key or r.Value after it
+	// returns.
 	ProcessElement(r Record, input int) error
 
 	// OnWatermark is called when the subtask's event-time watermark advances
@@ -117,7 +127,7 @@ type Operator interface {
 	// durable: commit side effects that belong to it here. It must not Emit.
 	NotifyCheckpointComplete(checkpointID int64) error
 
-	// Close is called last, also after a failure or a cancel: release
+	// Close is called last, not after a failure (trap, error, fail): release
 	// resources only. It must not Emit, use state or register timers.
 	Close() error
 }

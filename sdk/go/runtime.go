@@ -30,15 +30,22 @@ const (
 	phaseSnapshot
 	phaseNotify
 	phaseClose
+	phaseProcessingTime
 )
 
-var phaseNames = [...]string{"(no call)", "Open", "ProcessElement", "OnWatermark", "OnTimer", "EndInput", "Finish", "SnapshotState", "NotifyCheckpointComplete", "Close"}
+var phaseNames = [...]string{"(no call)", "Open", "ProcessElement", "OnWatermark", "OnTimer", "EndInput", "Finish", "SnapshotState", "NotifyCheckpointComplete", "Close", "OnProcessingTime"}
 
 func (p phase) String() string { return phaseNames[p] }
 
 // canEmit reports whether the ABI allows the emit import in p.
 func (p phase) canEmit() bool {
-	return p == phaseProcess || p == phaseWatermark || p == phaseTimer || p == phaseEndInput || p == phaseFinish
+	return p == phaseProcess || p == phaseWatermark || p == phaseTimer || p == phaseProcessingTime ||
+		p == phaseEndInput || p == phaseFinish
+}
+
+// hasKey reports whether p has a current key: the record's or the timer's.
+func (p phase) hasKey() bool {
+	return p == phaseProcess || p == phaseTimer || p == phaseProcessingTime
 }
 
 // The guest's global state: one Wasm instance runs one subtask, driven by one
@@ -49,6 +56,7 @@ var (
 	out     outFrame
 	inbuf   []byte // the buffer lent to the host by streamd_alloc
 	scratch []byte // reused buffer for state_get and list_state_get
+	curKey  []byte // the current key while cur.hasKey()
 )
 
 // Register sets the operator this module runs. Call it from an init
@@ -71,6 +79,7 @@ type failed struct{}
 // Fail fails the subtask with msg. It never returns.
 func Fail(msg string) {
 	out.reset()
+	resetSides()
 	hostFail(msg)
 	panic(failed{})
 }
@@ -80,9 +89,10 @@ func Fail(msg string) {
 func run(p phase, f func() error) (status int32) {
 	cur = p
 	defer func() {
-		cur = phaseNone
+		cur, curKey = phaseNone, nil
 		if r := recover(); r != nil {
 			out.reset()
+			resetSides()
 			if _, ok := r.(failed); !ok {
 				hostFail("panic in " + p.String() + ": " + panicText(r) + "\n\n" + stack())
 			}
@@ -96,6 +106,7 @@ func run(p phase, f func() error) (status int32) {
 		var rj *rejection
 		if p == phaseProcess && errors.As(err, &rj) {
 			out.reset() // the host drops what the batch emitted and replays it
+			resetSides()
 			hostReject(rj.Error())
 			return statusReject
 		}
@@ -181,7 +192,16 @@ func doOpen(frame []byte) int32 {
 	if err != nil {
 		return invalidInput(phaseOpen, err)
 	}
-	return run(phaseOpen, func() error { return op.Open(c) })
+	return runOpen(c)
+}
+
+func runOpen(c *Context) int32 {
+	return run(phaseOpen, func() error {
+		if applyTTLs != nil {
+			applyTTLs()
+		}
+		return op.Open(c)
+	})
 }
 
 func doProcess(input int, frame []byte) int32 {
@@ -194,6 +214,7 @@ func doProcess(input int, frame []byte) int32 {
 		var r Record
 		for i := 0; i < n; i++ {
 			r, off = nextRecord(frame, off)
+			curKey = r.Key
 			if err := op.ProcessElement(r, input); err != nil {
 				return err
 			}
@@ -206,8 +227,34 @@ func doWatermark(ts int64) int32 {
 	return run(phaseWatermark, func() error { return op.OnWatermark(ts) })
 }
 
+// processRecords is doProcess on decoded records (a native host's path).
+func processRecords(input int, recs []Record) int32 {
+	return run(phaseProcess, func() error {
+		for _, r := range recs {
+			curKey = r.Key
+			if err := op.ProcessElement(r, input); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+}
+
 func doTimer(ts int64, key []byte) int32 {
-	return run(phaseTimer, func() error { return op.OnTimer(ts, key) })
+	return run(phaseTimer, func() error {
+		curKey = key
+		return op.OnTimer(ts, key)
+	})
+}
+
+func doProcessingTime(ts int64, key []byte) int32 {
+	return run(phaseProcessingTime, func() error {
+		curKey = key
+		if h, ok := op.(ProcessingTimeHandler); ok {
+			return h.OnProcessingTime(ts, key)
+		}
+		return nil
+	})
 }
 
 func doEndInput(input int) int32 {
@@ -253,12 +300,12 @@ func alloc(size int) []byte {
 // frame, so the caller may reuse them at once. Records reach the host in
 // order, at the latest when the current call returns.
 //
-// Emit is allowed in ProcessElement, OnTimer, OnWatermark, EndInput and
-// Finish; elsewhere it fails the subtask.
+// Emit is allowed in ProcessElement, OnTimer, OnProcessingTime, OnWatermark,
+// EndInput and Finish; elsewhere it fails the subtask.
 func Emit(key, value []byte, ts int64) {
 	if !cur.canEmit() {
 		Fail("streamd: Emit called in " + cur.String() +
-			": records may be emitted only in ProcessElement, OnTimer, OnWatermark, EndInput and Finish")
+			": records may be emitted only in ProcessElement, OnTimer, OnProcessingTime, OnWatermark, EndInput and Finish")
 	}
 	out.add(key, value, ts)
 	if out.size() >= flushThreshold {
@@ -269,10 +316,15 @@ func Emit(key, value []byte, ts int64) {
 // EmitRecord is Emit(r.Key, r.Value, r.Timestamp).
 func EmitRecord(r Record) { Emit(r.Key, r.Value, r.Timestamp) }
 
+// flush sends the pending output frames: the main output's, then the side
+// outputs'.
 func flush() {
 	if f := out.frame(); f != nil {
 		hostEmit(f)
 		out.reset()
+	}
+	if flushSides != nil {
+		flushSides()
 	}
 }
 
@@ -286,6 +338,10 @@ func flush() {
 type Value struct{ name string }
 
 // ValueState returns the handle of the keyed value state called name.
+//
+// Deprecated: use NewValueState, which takes the current key itself and
+// encodes values with a Codec (Bytes keeps them as they are). ValueState keeps
+// working: its values live apart from NewValueState's, even under one name.
 func ValueState(name string) Value { return Value{name: name} }
 
 // Name returns the state's name.
@@ -426,14 +482,6 @@ func (l List) Entries() [][]byte {
 }
 
 // --- timers, watermark, logging -----------------------------------------------
-
-// RegisterEventTimeTimer registers a timer for key that fires OnTimer(ts, key)
-// once the watermark reaches ts. Registering the same (key, ts) twice keeps
-// one timer. key must be the current key (see Value).
-func RegisterEventTimeTimer(key []byte, ts int64) { hostTimerRegister(key, ts) }
-
-// DeleteEventTimeTimer deletes the timer (key, ts) if present.
-func DeleteEventTimeTimer(key []byte, ts int64) { hostTimerDelete(key, ts) }
 
 // CurrentWatermark returns the subtask's current watermark (MinWatermark
 // before the first one).

@@ -8,10 +8,13 @@ import (
 	"errors"
 	"strings"
 	"testing"
+
+	"github.com/streamd/streamd/sdk/go/internal/hook"
 )
 
 // fakeHost is an in-memory host for native tests of the SDK's dispatch.
 type fakeHost struct {
+	hook.Host            // the SPEC14 imports: the tests of those use streamdtest
 	frames    [][]Record // one entry per emit call
 	state     map[string][]byte
 	lists     map[string][][]byte
@@ -351,7 +354,7 @@ func TestKeyedState(t *testing.T) {
 		if string(r.Value) == "del" {
 			count.Delete(r.Key)
 		}
-		RegisterEventTimeTimer(r.Key, r.Timestamp+10)
+		RegisterEventTimeTimer(r.Timestamp + 10)
 		return nil
 	}})
 	if st := doProcess(0, batch(rec("a", "x", 1), rec("a", "y", 2), rec("b", "z", 3), rec("b", "del", 4))); st != statusOK {

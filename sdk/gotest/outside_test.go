@@ -13,7 +13,9 @@ import (
 	"github.com/streamd/streamd/internal/testwasm"
 )
 
-// A user's operator, as sdk/go/README.md shows it: keyed state and Emit.
+// A user's operator written for the first SDK (the deprecated ValueState
+// handle with explicit keys, and Emit): it keeps compiling and running, and it
+// runs on a host without the SPEC14 imports.
 const outsideOperator = `package main
 
 import streamd "github.com/streamd/streamd/sdk/go"

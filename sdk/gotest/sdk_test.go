@@ -210,7 +210,10 @@ func TestWindowCountLateAndConfig(t *testing.T) {
 	w := newInstance(t, eng, testwasm.Path(t, windowCountWasm), host.InstanceConfig{Operator: "windows",
 		Config: map[string]string{"size_ms": "100"}})
 	var out collector
-	rec := func(line string) abi.Record { return abi.Record{Value: []byte(line), Timestamp: abi.NoTimestamp} }
+	// Keyed as keyby keys them: the record's key is the line's.
+	rec := func(line string) abi.Record {
+		return abi.Record{Key: []byte(strings.SplitN(line, ",", 2)[0]), Value: []byte(line), Timestamp: abi.NoTimestamp}
+	}
 	if err := w.Process(ctx, 0, []abi.Record{rec("a,5"), rec("a,150"), rec("not a line"), rec("a,-1")}, out.emit); err != nil {
 		t.Fatal(err)
 	}

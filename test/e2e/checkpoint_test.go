@@ -161,6 +161,38 @@ func committedLinesQuiet(dir string) []string {
 
 var savepointRE = regexp.MustCompile(`stopped with savepoint (\S+)`)
 
+// resumeExactlyOnce resumes job in dir from savepoint sp at each
+// parallelism and checks that out/ then holds want exactly once.
+func resumeExactlyOnce(t *testing.T, dir, job, sp string, want []string, parallelisms ...string) {
+	t.Helper()
+	for _, p := range parallelisms {
+		must(t, os.RemoveAll(filepath.Join(dir, "out")))
+		r := run(t, dir, "", "run", "--progress", "off", "-p", p, job, "--from", sp)
+		if r.code != 0 {
+			t.Fatalf("resume at p=%s: exit %d\nstderr:\n%s", p, r.code, r.stderr)
+		}
+		exactlyOnce(t, committedLines(t, filepath.Join(dir, "out")), append([]string(nil), want...))
+	}
+}
+
+// stopWithSavepoint runs job (checkpointing to dir/chk) in dir, stops it with
+// Ctrl-C after its first completed checkpoint and returns the savepoint.
+func stopWithSavepoint(t *testing.T, dir, job string) string {
+	t.Helper()
+	cmd, errb := start(t, dir, "run", "--progress", "off", job)
+	waitFor(t, "a completed checkpoint", errb, func() bool { return completedCheckpoints(filepath.Join(dir, "chk")) >= 1 })
+	must(t, cmd.Process.Signal(syscall.SIGINT))
+	err := cmd.Wait()
+	m := savepointRE.FindStringSubmatch(errb.String())
+	if m == nil {
+		t.Fatalf("no savepoint path after SIGINT (%v)\nstderr:\n%s", err, errb.String())
+	}
+	if cmd.ProcessState.ExitCode() != 130 {
+		t.Fatalf("exit %d after SIGINT, want 130\nstderr:\n%s", cmd.ProcessState.ExitCode(), errb.String())
+	}
+	return m[1]
+}
+
 // TestRescaleWordcount: a word count stopped with Ctrl-C (a savepoint
 // without drain) at parallelism 2 and resumed from the savepoint at 3 and at
 // 1 gives the counts of an uninterrupted run.
@@ -190,29 +222,11 @@ operators:
 	for k := 0; k < words; k++ {
 		want = append(want, fmt.Sprintf("word%d %d", k, n/words), fmt.Sprintf("other%d %d", k, n/words))
 	}
-	cmd, errb := start(t, dir, "run", "--progress", "off", "job.yaml")
-	waitFor(t, "a completed checkpoint", errb, func() bool { return completedCheckpoints(filepath.Join(dir, "chk")) >= 1 })
-	must(t, cmd.Process.Signal(syscall.SIGINT))
-	err := cmd.Wait()
-	m := savepointRE.FindStringSubmatch(errb.String())
-	if m == nil {
-		t.Fatalf("no savepoint path after SIGINT (%v)\nstderr:\n%s", err, errb.String())
-	}
-	if cmd.ProcessState.ExitCode() != 130 {
-		t.Fatalf("exit %d after SIGINT, want 130\nstderr:\n%s", cmd.ProcessState.ExitCode(), errb.String())
-	}
+	sp := stopWithSavepoint(t, dir, "job.yaml")
 	if got := committedLines(t, filepath.Join(dir, "out")); len(got) != 0 {
 		t.Fatalf("counts emitted before the end of the input: %d lines", len(got))
 	}
-	sp := m[1]
-	for _, p := range []string{"3", "1"} {
-		must(t, os.RemoveAll(filepath.Join(dir, "out")))
-		r := run(t, dir, "", "run", "--progress", "off", "-p", p, "job.yaml", "--from", sp)
-		if r.code != 0 {
-			t.Fatalf("resume at p=%s: exit %d\nstderr:\n%s", p, r.code, r.stderr)
-		}
-		exactlyOnce(t, committedLines(t, filepath.Join(dir, "out")), append([]string(nil), want...))
-	}
+	resumeExactlyOnce(t, dir, "job.yaml", sp, want, "3", "1")
 }
 
 // TestStopMessages: Ctrl-C on a checkpointed job stops it with a savepoint

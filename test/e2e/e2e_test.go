@@ -226,7 +226,7 @@ func exampleJobs(t *testing.T) [][2]string {
 
 func TestExampleJobs(t *testing.T) {
 	jobs := exampleJobs(t)
-	want := map[string]bool{"uppercase": false, "window-count": false, "wordcount": false}
+	want := map[string]bool{"uppercase": false, "window-count": false, "wordcount": false, "sessionize": false, "interval-join": false}
 	for _, j := range jobs {
 		want[j[0]] = true
 	}

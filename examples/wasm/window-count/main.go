@@ -1,6 +1,6 @@
 // Command window-count counts records per key in event-time tumbling
-// windows. Each record's value is a line "key,timestamp_ms" (its own key may
-// be empty); for every window it emits, when the watermark passes the
+// windows. Each record's value is a line "key,timestamp_ms", and its key is
+// the line's key (keyby/ makes it so); for every window it emits, when the watermark passes the
 // window's end, the value "key,window_start,window_end,count" with key = key
 // and event time window_end-1. Records of windows the watermark already
 // passed are dropped.
@@ -53,6 +53,11 @@ func (w *windowCount) ProcessElement(r streamd.Record, _ int) error {
 		streamd.Log(streamd.LevelWarn, "window-count: skipping line "+string(r.Value)+": "+err.Error())
 		return nil
 	}
+	if string(key) != string(r.Key) {
+		// State and timers belong to the record's key, the current key.
+		return errors.New("window-count: a record of key " + strconv.Quote(string(r.Key)) + " holds the line of key " +
+			strconv.Quote(string(key)) + ": key the lines with keyby first")
+	}
 	start := ts - (ts%w.size+w.size)%w.size // floor, also for negative ts
 	end := start + w.size
 	if end < start {
@@ -66,7 +71,7 @@ func (w *windowCount) ProcessElement(r streamd.Record, _ int) error {
 	n, _ := state.GetUint64(key)
 	state.PutUint64(key, n+1)
 	if n == 0 {
-		streamd.RegisterEventTimeTimer(key, end-1)
+		streamd.RegisterEventTimeTimer(end - 1)
 	}
 	return nil
 }

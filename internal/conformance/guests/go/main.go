@@ -74,7 +74,7 @@ func (c *conformance) ProcessElement(r streamd.Record, input int) error {
 		streamd.Emit(r.Key, []byte("del"), r.Timestamp)
 		return nil
 	case "timer":
-		streamd.RegisterEventTimeTimer(r.Key, r.Timestamp+10)
+		streamd.RegisterEventTimeTimer(r.Timestamp + 10)
 	}
 	n, _ := count.GetUint64(r.Key)
 	n++
