@@ -156,6 +156,8 @@ func BenchmarkTypedVsRaw(b *testing.B) {
 	const n = 1_000_000
 	eng := benchEngine(b)
 	sides := []struct{ name, wasm string }{
+		{"go-raw", "examples/wasm/uppercase/uppercase.wasm"},
+		{"go-typed", "examples/wasm/uppercase/typed.wasm"},
 		{"rust-raw", "examples/wasm/uppercase-rust/uppercase_rust.wasm"},
 		{"rust-typed", "internal/testguests/typedupper-rust/typedupper_rust.wasm"},
 	}
