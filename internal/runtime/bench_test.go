@@ -2,7 +2,7 @@ package runtime
 
 import (
 	"context"
-	"strings"
+	goruntime "runtime"
 	"testing"
 	"time"
 
@@ -146,43 +146,51 @@ func BenchmarkGuardOnVsOff(b *testing.B) {
 }
 
 // BenchmarkTypedVsRaw alternates the map pipeline (generator -> uppercase map
-// -> discard, 100-byte values, 1M records per side per iteration) with the
-// raw byte API and with the SDKs' typed helpers over the string codecs, Go
-// and Rust side by side, and reports each typed pipeline's throughput as a
-// percentage of its raw twin (SPEC14: target >= 90):
+// -> discard, 100-byte values) written with the raw byte API and with the
+// SDKs' typed helpers over the string codecs, Go and Rust side by side: five
+// turns per iteration, each side 300k records a turn. It reports each side's
+// best turn as records/s (the shared machine's load only ever slows a turn
+// down) and each typed side as a percentage of its raw twin (SPEC14: target
+// >= 90). Go: MapOf(String, String) against the uppercase example's Map;
+// Rust: map_view::<Str, Str> (a borrowed &str in, the result written straight
+// into the output frame) and map_typed::<Str, Str> (an owned String,
+// upper-cased in place) against uppercase-rust's hand-written emit_with.
 //
 //	go test -run '^$' -bench TypedVsRaw -benchtime 3x ./internal/runtime/
 func BenchmarkTypedVsRaw(b *testing.B) {
-	const n = 1_000_000
+	const n, turns = 300_000, 5
 	eng := benchEngine(b)
-	sides := []struct{ name, wasm string }{
-		{"go-raw", "examples/wasm/uppercase/uppercase.wasm"},
-		{"go-typed", "examples/wasm/uppercase/typed.wasm"},
-		{"rust-raw", "examples/wasm/uppercase-rust/uppercase_rust.wasm"},
-		{"rust-typed", "internal/testguests/typedupper-rust/typedupper_rust.wasm"},
+	sides := []struct{ name, raw, wasm string }{
+		{"go-raw", "", "examples/wasm/uppercase/uppercase.wasm"},
+		{"go-typed", "go-raw", "examples/wasm/uppercase/typed.wasm"},
+		{"rust-raw", "", "examples/wasm/uppercase-rust/uppercase_rust.wasm"},
+		{"rust-typed", "rust-raw", "internal/testguests/typedupper-rust/typedupper_rust.wasm"},
+		{"rust-owned-typed", "rust-raw", "internal/testguests/typedupper-rust-owned/typedupper_rust_owned.wasm"},
 	}
-	names := make([]string, len(sides))
 	runs := make([]func(int) Stats, len(sides))
 	for i, s := range sides {
-		names[i] = s.name
 		runs[i] = pipelineRunner(b, &jobfile.WasmSpec{Path: testwasm.Path(b, s.wasm)}, 1, control.Forward, eng)
 		runs[i](10000) // compile, fill the pools
 	}
-	spent := make([]time.Duration, len(sides))
+	best := make([]time.Duration, len(sides))
 	b.ResetTimer()
-	for it := 0; it < b.N; it++ {
+	for it := 0; it < b.N*turns; it++ {
 		for i, run := range runs {
-			spent[i] += run(n).Elapsed
+			// Collect what the previous side left (a Go guest's instance
+			// memory is large) so that no side pays for another's garbage.
+			goruntime.GC()
+			if d := run(n).Elapsed; best[i] == 0 || d < best[i] {
+				best[i] = d
+			}
 		}
 	}
 	b.StopTimer()
-	rate := make([]float64, len(sides))
-	for i, name := range names {
-		rate[i] = float64(b.N) * n / spent[i].Seconds()
-		b.ReportMetric(rate[i], name+"-records/s")
-	}
-	for i := 0; i+1 < len(sides); i += 2 {
-		lang, _, _ := strings.Cut(names[i], "-")
-		b.ReportMetric(100*rate[i+1]/rate[i], lang+"-typed-%-of-raw")
+	rate := map[string]float64{}
+	for i, s := range sides {
+		rate[s.name] = n / best[i].Seconds()
+		b.ReportMetric(rate[s.name], s.name+"-records/s")
+		if s.raw != "" {
+			b.ReportMetric(100*rate[s.name]/rate[s.raw], s.name+"-%-of-raw")
+		}
 	}
 }
