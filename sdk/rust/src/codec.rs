@@ -393,9 +393,15 @@ pub struct BytesWriter {
 
 impl BytesWriter {
     #[inline]
-    fn over(out: &mut Vec<u8>) -> &mut BytesWriter {
+    pub(crate) fn over(out: &mut Vec<u8>) -> &mut BytesWriter {
         // repr(transparent) over Vec<u8>.
         unsafe { &mut *(out as *mut Vec<u8> as *mut BytesWriter) }
+    }
+
+    #[inline]
+    pub(crate) fn over_ref(out: &Vec<u8>) -> &BytesWriter {
+        // repr(transparent) over Vec<u8>.
+        unsafe { &*(out as *const Vec<u8> as *const BytesWriter) }
     }
 
     /// Appends `b` and returns the appended copy, to change in place.
