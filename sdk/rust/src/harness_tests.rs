@@ -554,6 +554,41 @@ fn view_helpers() {
     b.process_element(&Record::new(b"", &[1, 2, 0xff], 0), 0).unwrap();
     assert_eq!(b.output()[0].value, vec![0xff, 2, 1, b'.', b'.']);
 
+    // A codec of one's own: the decoded value as its view, Encoder as its writer.
+    struct Point;
+    impl Codec for Point {
+        type Item = (i64, i64);
+        fn encode(v: &(i64, i64), out: &mut Vec<u8>) {
+            out.extend_from_slice(format!("{},{}", v.0, v.1).as_bytes())
+        }
+        fn decode(b: &[u8]) -> Result<(i64, i64)> {
+            let s = core::str::from_utf8(b)?;
+            let (x, y) = s.split_once(',').ok_or("no comma")?;
+            Ok((x.parse()?, y.parse()?))
+        }
+    }
+    impl ViewCodec for Point {
+        type View = (i64, i64);
+        fn with_view<R>(b: &[u8], f: impl FnOnce(&(i64, i64)) -> R) -> Result<R> {
+            Ok(f(&Self::decode(b)?))
+        }
+    }
+    impl WriteCodec for Point {
+        type Writer = Encoder<Self>;
+        fn writer(out: &mut Vec<u8>) -> &mut Encoder<Self> {
+            Encoder::over(out)
+        }
+    }
+    let mut pt = Harness::new(map_view::<Point, Point, _>(|p: &(i64, i64), out: &mut Encoder<Point>| {
+        out.write(&(p.1, p.0));
+        Ok(())
+    }), Options::default());
+    pt.open().unwrap();
+    pt.process_element(&rec("k", "1,-2", 0), 0).unwrap();
+    assert_eq!(outs(&pt), vec![("k".into(), "-2,1".into(), 0)]);
+    let e = pt.process_element(&rec("k", "12", 0), 0).unwrap_err();
+    assert!(e.is_rejection() && e.message() == "map_view: cannot decode the record value: no comma", "{}", e);
+
     // filter_view: unchanged records, nothing copied.
     let mut f = Harness::new(filter_view::<Str, _>(|s: &str| s.starts_with('a')), Options::default());
     f.open().unwrap();
