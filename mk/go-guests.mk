@@ -4,9 +4,11 @@
 GO_SDK_SRCS := $(filter-out %_test.go,$(wildcard sdk/go/*.go)) sdk/go/go.mod
 WINDOW_LINE_SRCS := $(filter-out %_test.go,$(wildcard examples/wasm/window-count/line/*.go))
 KEYBY_SRCS := $(filter-out %_test.go,$(wildcard examples/wasm/internal/keyby/*.go))
+UPPER_SRCS := $(filter-out %_test.go,$(wildcard examples/wasm/internal/upper/*.go))
 
 GO_GUESTS := \
 	examples/wasm/uppercase/uppercase.wasm \
+	examples/wasm/uppercase/typed.wasm \
 	examples/wasm/window-count/window-count.wasm \
 	examples/wasm/window-count/keyby.wasm \
 	internal/conformance/guests/go/conformance.wasm \
@@ -22,8 +24,12 @@ WASM_TARGETS += $(GO_GUESTS)
 .PHONY: go-guests
 go-guests: $(GO_GUESTS)
 
-examples/wasm/uppercase/uppercase.wasm: $(wildcard examples/wasm/uppercase/*.go) $(GO_SDK_SRCS) go.mod
+examples/wasm/uppercase/uppercase.wasm: $(wildcard examples/wasm/uppercase/*.go) $(UPPER_SRCS) $(GO_SDK_SRCS) go.mod
 	$(GO_WASM) -o $@ ./examples/wasm/uppercase
+
+# The same map with the typed helpers, MapOf(String, String) (internal/runtime BenchmarkTypedVsRaw).
+examples/wasm/uppercase/typed.wasm: $(wildcard examples/wasm/uppercase/typed/*.go) $(UPPER_SRCS) $(GO_SDK_SRCS) go.mod
+	$(GO_WASM) -o $@ ./examples/wasm/uppercase/typed
 
 examples/wasm/window-count/window-count.wasm: $(wildcard examples/wasm/window-count/*.go) $(WINDOW_LINE_SRCS) $(GO_SDK_SRCS) go.mod
 	$(GO_WASM) -o $@ ./examples/wasm/window-count

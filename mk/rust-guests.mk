@@ -29,12 +29,16 @@ $(eval $(call rust_guest,internal/conformance/guests/rust/conformance.wasm,inter
 $(eval $(call rust_guest,internal/conformance/guests/rust/mstate.wasm,internal/conformance/guests/rust/mstate,mstate_rust))
 $(eval $(call rust_guest,internal/conformance/guests/rust/sideout.wasm,internal/conformance/guests/rust/sideout,sideout_rust))
 $(eval $(call rust_guest,examples/wasm/topn-rust/topn_rust.wasm,examples/wasm/topn-rust,topn_rust))
+# The typed-helper twins of uppercase-rust (internal/runtime BenchmarkTypedVsRaw): map_view, map_typed.
+$(eval $(call rust_guest,internal/testguests/typedupper-rust/typedupper_rust.wasm,internal/testguests/typedupper-rust,typedupper_rust))
+$(eval $(call rust_guest,internal/testguests/typedupper-rust-owned/typedupper_rust_owned.wasm,internal/testguests/typedupper-rust-owned,typedupper_rust_owned))
 
 .PHONY: rust-guests test-rust-sdk
 rust-guests: examples/wasm/wordcount/split.wasm examples/wasm/wordcount/count.wasm \
 	examples/wasm/uppercase-rust/uppercase_rust.wasm internal/conformance/guests/rust/conformance.wasm \
 	examples/wasm/topn-rust/topn_rust.wasm internal/conformance/guests/rust/mstate.wasm \
-	internal/conformance/guests/rust/sideout.wasm
+	internal/conformance/guests/rust/sideout.wasm \
+	internal/testguests/typedupper-rust/typedupper_rust.wasm internal/testguests/typedupper-rust-owned/typedupper_rust_owned.wasm
 
 # Native unit tests of the SDK's codecs and helpers (against its fake host).
 test-rust-sdk:

@@ -134,6 +134,43 @@ func (o *outFrame) add(key, value []byte, ts int64) {
 	o.count++
 }
 
+// begin starts a record whose value the caller appends to o.buf itself
+// (a codec encoding straight into the frame) and returns where its value
+// length goes; end finishes it. It repeats add's header code on purpose:
+// add written as begin plus the value costs Emit 7% in Go's wasm code (the
+// uppercase example through the host).
+func (o *outFrame) begin(key []byte, ts int64) int {
+	off := len(o.buf)
+	if off == 0 {
+		off = 4 // room for the count
+	}
+	need := off + recordHeader + len(key)
+	if need > cap(o.buf) {
+		o.grow(need)
+	}
+	b := o.buf[:need]
+	binary.LittleEndian.PutUint64(b[off:], uint64(ts))
+	binary.LittleEndian.PutUint32(b[off+8:], uint32(len(key)))
+	off += 12
+	if len(key) > 0 {
+		off += copy(b[off:], key)
+	}
+	o.buf = b
+	return off
+}
+
+// end finishes the record begun at lenAt, whose value is what was appended
+// to the frame since: buf is the frame with the value appended (the result
+// of a Codec's Encode(o.buf, v)).
+func (o *outFrame) end(lenAt int, buf []byte) {
+	if len(buf) < lenAt+4 {
+		Fail("streamd: a Codec's Encode(dst, v) returned fewer bytes than dst: it must append to dst")
+	}
+	binary.LittleEndian.PutUint32(buf[lenAt:], uint32(len(buf)-lenAt-4))
+	o.buf = buf
+	o.count++
+}
+
 // grow makes room for need bytes, at least doubling the buffer.
 //
 //go:noinline

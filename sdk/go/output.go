@@ -24,12 +24,22 @@ var (
 // Finish. A side output nobody reads drops its records (the host counts
 // them).
 func EmitTo(output string, key, value []byte, ts int64) {
-	if !cur.canEmit() {
-		Fail("streamd: EmitTo(" + strconv.Quote(output) + ") called in " + cur.String() +
-			": records may be emitted only in ProcessElement, OnTimer, OnProcessingTime, OnWatermark, EndInput and Finish")
-	}
-	s := side(output)
+	s := sideFor("EmitTo", output)
 	s.frame.add(key, value, ts)
+	s.flushIfFull()
+}
+
+// sideFor is the frame of side output output for an emit (what), which
+// fails the subtask outside the phases that may emit.
+func sideFor(what, output string) *sideFrame {
+	if !cur.canEmit() {
+		emitOutside(what + "(" + strconv.Quote(output) + ")")
+	}
+	return side(output)
+}
+
+// flushIfFull sends the frame when it reached the flush threshold.
+func (s *sideFrame) flushIfFull() {
 	if s.frame.size() >= flushThreshold {
 		hostEmitTo(s.name, s.frame.frame())
 		s.frame.reset()

@@ -304,13 +304,21 @@ func alloc(size int) []byte {
 // EndInput and Finish; elsewhere it fails the subtask.
 func Emit(key, value []byte, ts int64) {
 	if !cur.canEmit() {
-		Fail("streamd: Emit called in " + cur.String() +
-			": records may be emitted only in ProcessElement, OnTimer, OnProcessingTime, OnWatermark, EndInput and Finish")
+		emitOutside("Emit")
 	}
 	out.add(key, value, ts)
 	if out.size() >= flushThreshold {
 		flush()
 	}
+}
+
+// emitOutside fails the subtask for an emit (what) outside the phases that
+// may emit; out of line, to keep the emit paths short.
+//
+//go:noinline
+func emitOutside(what string) {
+	Fail("streamd: " + what + " called in " + cur.String() +
+		": records may be emitted only in ProcessElement, OnTimer, OnProcessingTime, OnWatermark, EndInput and Finish")
 }
 
 // EmitRecord is Emit(r.Key, r.Value, r.Timestamp).

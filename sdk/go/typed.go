@@ -188,12 +188,12 @@ func (jsonCodec[T]) decodeInto(b []byte, v *T) error {
 
 // --- typed operators -------------------------------------------------------
 
-// Output emits values of type T, encoded with its codec into a reused
-// buffer. ProcessOf hands one to its function.
+// Output emits values of type T, encoded with its codec straight into the
+// output frame (no buffer in between, no allocation with the built-in
+// codecs). ProcessOf hands one to its function.
 type Output[T any] struct {
 	codec Codec[T]
 	kind  codecKind
-	buf   []byte
 }
 
 // NewOutput returns an Output that encodes with codec, for operators that
@@ -202,16 +202,25 @@ func NewOutput[T any](codec Codec[T]) *Output[T] {
 	return &Output[T]{codec: codec, kind: kindOf(codec)}
 }
 
-// Emit sends v downstream with key and event time ts (see Emit).
+// Emit sends v downstream with key and event time ts (see Emit). The
+// codec's Encode appends to the output frame and must not emit itself.
 func (o *Output[T]) Emit(key []byte, v T, ts int64) {
-	o.buf = appendValue(o.buf[:0], o.kind, o.codec, &v)
-	Emit(key, o.buf, ts)
+	if !cur.canEmit() {
+		emitOutside("Output.Emit")
+	}
+	at := out.begin(key, ts)
+	out.end(at, appendValue(out.buf, o.kind, o.codec, &v))
+	if out.size() >= flushThreshold {
+		flush()
+	}
 }
 
 // EmitTo sends v to the side output called output (see EmitTo).
 func (o *Output[T]) EmitTo(output string, key []byte, v T, ts int64) {
-	o.buf = appendValue(o.buf[:0], o.kind, o.codec, &v)
-	EmitTo(output, key, o.buf, ts)
+	s := sideFor("Output.EmitTo", output)
+	at := s.frame.begin(key, ts)
+	s.frame.end(at, appendValue(s.frame.buf, o.kind, o.codec, &v))
+	s.flushIfFull()
 }
 
 // undecodable is the error a typed operator returns for a record value its

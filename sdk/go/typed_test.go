@@ -6,6 +6,7 @@ import (
 	"bytes"
 	"encoding/binary"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 )
@@ -90,6 +91,52 @@ func TestTypedHelpersOutput(t *testing.T) {
 	doProcess(0, batch(rec("k", `{"X":1,"Y":2}`, 0), rec("k", `{"Y":5}`, 0)))
 	if got := h.emitted(); !sameRecords(got, []Record{rec("k", `{"X":2,"Y":1}`, 0), rec("k", `{"X":5,"Y":0}`, 0)}) {
 		t.Fatalf("JSON MapOf emitted %v (a reused value must start from zero)", got)
+	}
+}
+
+// decimal is a user codec: an int64 as decimal text, encoded with
+// strconv.AppendInt straight into dst.
+type decimal struct{}
+
+func (decimal) Encode(dst []byte, v int64) []byte { return strconv.AppendInt(dst, v, 10) }
+func (decimal) Decode(b []byte) (int64, error)    { return strconv.ParseInt(string(b), 10, 64) }
+
+// shortEncode breaks the Codec contract: it does not append to dst.
+type shortEncode struct{ decimal }
+
+func (shortEncode) Encode(dst []byte, v int64) []byte { return []byte("x") }
+
+// TestOutputEncodesIntoTheFrame: the generic path encodes every value
+// straight into the output frame, which flushes at its threshold as with
+// Emit; a codec whose Encode does not append fails the subtask.
+func TestOutputEncodesIntoTheFrame(t *testing.T) {
+	const n = 10000 // > 64 KiB of output: several frames
+	h := install(t, MapOf(Int64, decimal{}, func(v int64) (int64, error) { return v * 1000003, nil }))
+	if st := doProcess(0, int64Batch(n)); st != statusOK {
+		t.Fatalf("status %d, fails %q", st, h.fails)
+	}
+	got := h.emitted()
+	if len(h.frames) < 2 || len(got) != n {
+		t.Fatalf("%d records in %d frames, want %d in several", len(got), len(h.frames), n)
+	}
+	for i, r := range got {
+		if want := strconv.Itoa(i * 1000003); string(r.Value) != want || string(r.Key) != "key" || r.Timestamp != int64(i) {
+			t.Fatalf("record %d: %q %q %d, want key %q", i, r.Key, r.Value, r.Timestamp, want)
+		}
+	}
+	// ProcessOf's Output, and a key of its own per value.
+	h = install(t, ProcessOf(decimal{}, decimal{}, func(r Record, v int64, out *Output[int64]) error {
+		out.Emit(nil, v+1, r.Timestamp)
+		out.Emit([]byte("again"), -v, r.Timestamp)
+		return nil
+	}))
+	doProcess(0, batch(rec("k", "41", 7)))
+	if got := h.emitted(); !sameRecords(got, []Record{rec("", "42", 7), rec("again", "-41", 7)}) {
+		t.Fatalf("ProcessOf emitted %v", got)
+	}
+	h = install(t, MapOf(Int64, shortEncode{}, func(v int64) (int64, error) { return v, nil }))
+	if st := doProcess(0, int64Batch(1)); st == statusOK || len(h.fails) != 1 || !strings.Contains(h.fails[0], "must append to dst") {
+		t.Fatalf("an Encode that does not append: status %d, fails %q", st, h.fails)
 	}
 }
 

@@ -2,6 +2,7 @@
 //! sends with the host's `emit` import at the end of each lifecycle call, or
 //! earlier when the frame grows past [`FLUSH_BYTES`].
 
+use crate::codec::BytesWriter;
 use crate::frame::Record;
 use crate::sys;
 use core::cell::RefCell;
@@ -196,23 +197,21 @@ impl<'a> ValueWriter<'a> {
     pub(crate) fn vec(&mut self) -> &mut Vec<u8> {
         self.buf
     }
+}
 
-    /// Appends bytes.
+/// `write_bytes`, `push`, `reserve` and `append` are [`BytesWriter`]'s.
+impl<'a> core::ops::Deref for ValueWriter<'a> {
+    type Target = BytesWriter;
     #[inline]
-    pub fn write_bytes(&mut self, b: &[u8]) {
-        self.buf.extend_from_slice(b)
+    fn deref(&self) -> &BytesWriter {
+        BytesWriter::over_ref(self.buf)
     }
+}
 
-    /// Appends one byte.
+impl<'a> core::ops::DerefMut for ValueWriter<'a> {
     #[inline]
-    pub fn push(&mut self, b: u8) {
-        self.buf.push(b)
-    }
-
-    /// Reserves room for `n` more bytes.
-    #[inline]
-    pub fn reserve(&mut self, n: usize) {
-        self.buf.reserve(n)
+    fn deref_mut(&mut self) -> &mut BytesWriter {
+        BytesWriter::over(self.buf)
     }
 }
 

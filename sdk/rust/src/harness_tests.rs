@@ -505,6 +505,136 @@ fn typed_helpers() {
 }
 
 #[test]
+fn view_helpers() {
+    use core::fmt::Write;
+    // map_view: the value borrowed as &str, the result written into the frame.
+    let mut m = Harness::new(
+        map_view::<Str, Str, _>(|s: &str, out: &mut StrWriter| {
+            out.push_str(s).make_ascii_uppercase();
+            out.push('!');
+            write!(out, "{}", s.len())?;
+            out.push_ascii_uppercase(s);
+            out.push_ascii_lowercase("ÀB");
+            unsafe { out.as_mut_vec() }.push(b'.');
+            Ok(())
+        }),
+        Options::default(),
+    );
+    m.open().unwrap();
+    m.process_element(&rec("k", "héllo", 9), 0).unwrap();
+    m.process_element(&rec("", "", 3), 0).unwrap();
+    assert_eq!(outs(&m), vec![("k".into(), "HéLLO!6HéLLOÀb.".into(), 9), ("".into(), "!0Àb.".into(), 3)]);
+    let e = m.process_element(&Record::new(b"k", &[b'a', 0xff], 1), 0).unwrap_err();
+    assert!(e.is_rejection() && e.message().contains("map_view: cannot decode the record value: not UTF-8: invalid byte at 1"), "{}", e);
+    assert!(m.failure().is_none());
+    assert_eq!(m.output().len(), 2, "a value that does not decode emits nothing");
+
+    // An error of the function is returned as it is (a failure, not a rejection).
+    let mut bad = Harness::new(map_view::<I64, I64, _>(|_: &i64, _: &mut Encoder<I64>| Err(Error::new("no"))), Options::default());
+    bad.open().unwrap();
+    let e = bad.process_element(&Record::new(b"", &1i64.to_le_bytes(), 0), 0).unwrap_err();
+    assert!(!e.is_rejection() && e.message() == "no", "{:?}", e);
+
+    let mut n = Harness::new(map_view::<I64, F64, _>(|v: &i64, out: &mut Encoder<F64>| {
+        out.write(&(*v as f64 / 2.0));
+        Ok(())
+    }), Options::default());
+    n.open().unwrap();
+    n.process_element(&Record::new(b"", &5i64.to_le_bytes(), 0), 0).unwrap();
+    assert_eq!(n.output()[0].value, 2.5f64.to_bits().to_le_bytes());
+    let e = n.process_element(&Record::new(b"", b"abc", 0), 0).unwrap_err();
+    assert!(e.is_rejection() && e.message().contains("3 bytes, want 8"), "{}", e);
+
+    let mut b = Harness::new(map_view::<Bytes, Bytes, _>(|v: &[u8], out: &mut BytesWriter| {
+        out.append(v).reverse();
+        out.extend(b"..");
+        Ok(())
+    }), Options::default());
+    b.open().unwrap();
+    b.process_element(&Record::new(b"", &[1, 2, 0xff], 0), 0).unwrap();
+    assert_eq!(b.output()[0].value, vec![0xff, 2, 1, b'.', b'.']);
+
+    // A codec of one's own: the decoded value as its view, Encoder as its writer.
+    struct Point;
+    impl Codec for Point {
+        type Item = (i64, i64);
+        fn encode(v: &(i64, i64), out: &mut Vec<u8>) {
+            out.extend_from_slice(format!("{},{}", v.0, v.1).as_bytes())
+        }
+        fn decode(b: &[u8]) -> Result<(i64, i64)> {
+            let s = core::str::from_utf8(b)?;
+            let (x, y) = s.split_once(',').ok_or("no comma")?;
+            Ok((x.parse()?, y.parse()?))
+        }
+    }
+    impl ViewCodec for Point {
+        type View = (i64, i64);
+        fn with_view<R>(b: &[u8], f: impl FnOnce(&(i64, i64)) -> R) -> Result<R> {
+            Ok(f(&Self::decode(b)?))
+        }
+    }
+    impl WriteCodec for Point {
+        type Writer = Encoder<Self>;
+        fn writer(out: &mut Vec<u8>) -> &mut Encoder<Self> {
+            Encoder::over(out)
+        }
+    }
+    let mut pt = Harness::new(map_view::<Point, Point, _>(|p: &(i64, i64), out: &mut Encoder<Point>| {
+        out.write(&(p.1, p.0));
+        Ok(())
+    }), Options::default());
+    pt.open().unwrap();
+    pt.process_element(&rec("k", "1,-2", 0), 0).unwrap();
+    assert_eq!(outs(&pt), vec![("k".into(), "-2,1".into(), 0)]);
+    let e = pt.process_element(&rec("k", "12", 0), 0).unwrap_err();
+    assert!(e.is_rejection() && e.message() == "map_view: cannot decode the record value: no comma", "{}", e);
+
+    // filter_view: unchanged records, nothing copied.
+    let mut f = Harness::new(filter_view::<Str, _>(|s: &str| s.starts_with('a')), Options::default());
+    f.open().unwrap();
+    for v in ["ab", "ba", "a"] {
+        f.process_element(&rec("k", v, 1), 0).unwrap();
+    }
+    assert_eq!(outs(&f), vec![("k".into(), "ab".into(), 1), ("k".into(), "a".into(), 1)]);
+    let e = f.process_element(&Record::new(b"k", &[0xc3], 1), 0).unwrap_err();
+    assert!(e.is_rejection() && e.message().contains("filter_view: cannot decode"), "{}", e);
+
+    // flat_map_view: any number of values, each written into the frame.
+    let mut fm = Harness::new(
+        flat_map_view::<Str, Str, _>(|s: &str, out: &mut typed::ViewCollector<'_, Str>| {
+            for w in s.split_whitespace() {
+                out.emit_keyed(w.as_bytes(), |o| {
+                    o.push_str(w).make_ascii_uppercase();
+                });
+            }
+            out.emit(|o| o.extend("end".chars()));
+            Ok(())
+        }),
+        Options::default(),
+    );
+    fm.open().unwrap();
+    fm.process_element(&rec("x", "a bc", 5), 0).unwrap();
+    assert_eq!(outs(&fm), vec![("a".into(), "A".into(), 5), ("bc".into(), "BC".into(), 5), ("x".into(), "end".into(), 5)]);
+
+    // process_view: keyed state of the record's key.
+    let mut p = Harness::new(
+        process_view::<Str, _>(|s: &str, r: &Record<'_>| {
+            let c = ValueState::<Str>::new("last");
+            let prev = c.get().unwrap_or_default();
+            c.set(&s.to_string());
+            emit(r.key, format!("{}->{}", prev, s).as_bytes(), r.timestamp);
+            Ok(())
+        }),
+        Options::default(),
+    );
+    p.open().unwrap();
+    p.process_element(&rec("k", "a", 1), 0).unwrap();
+    p.process_element(&rec("k", "b", 2), 0).unwrap();
+    p.process_element(&rec("j", "c", 2), 0).unwrap();
+    assert_eq!(outs(&p).into_iter().map(|o| o.1).collect::<Vec<_>>(), vec!["->a", "a->b", "->c"]);
+}
+
+#[test]
 fn a_panic_becomes_the_failure_message() {
     struct Op;
     impl Operator for Op {

@@ -49,7 +49,7 @@ pub mod window;
 #[cfg(not(target_arch = "wasm32"))]
 pub mod testing;
 
-pub use codec::{Bytes, Codec, Str, F64, I64};
+pub use codec::{Bytes, BytesWriter, Codec, Encoder, Str, StrWriter, ViewCodec, WriteCodec, F64, I64};
 pub use context::Context;
 pub use emit::{emit, emit_record, emit_to, emit_with, flush, ValueWriter, FLUSH_BYTES};
 pub use frame::{Batch, Record, NO_TIMESTAMP};
@@ -57,7 +57,7 @@ pub use helpers::{Collector, Filter, FlatMap, Map, OwnedRecord};
 pub use keyed::{current_key, phase, with_key};
 pub use list_state::ListMode;
 pub use state::{AggregatingState, Aggregator, ListState, MapState, ReducingState, TtlUpdate, ValueState};
-pub use typed::{filter_typed, flat_map_typed, map_typed, process_typed};
+pub use typed::{filter_typed, filter_view, flat_map_typed, flat_map_view, map_typed, map_view, process_typed, process_view};
 pub use window::{TimeWindow, WindowAssigner, WindowOperator, WindowOutput, Windows};
 
 use core::fmt;

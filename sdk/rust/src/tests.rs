@@ -246,3 +246,19 @@ fn codecs_round_trip_and_reuse_buffers() {
     assert_eq!(Str::recycle(s).map(|b| b.as_ptr()), Some(p));
     assert_eq!(I64::recycle(3), None);
 }
+
+#[test]
+fn is_ascii_sees_every_byte() {
+    // Every length around the lane sizes, a high byte at every position
+    // (the overlapping last lane and the short paths included).
+    for n in 0..100 {
+        let mut b = vec![b'a'; n];
+        assert!(codec::is_ascii(&b), "all ASCII, {} bytes", n);
+        for i in 0..n {
+            b[i] = 0x80;
+            assert!(!codec::is_ascii(&b), "0x80 at {} of {}", i, n);
+            assert!(!codec::is_ascii(&b[..i + 1]) && codec::is_ascii(&b[..i]));
+            b[i] = 0x7f;
+        }
+    }
+}

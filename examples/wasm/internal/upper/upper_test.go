@@ -1,4 +1,4 @@
-package main
+package upper
 
 import (
 	"bytes"
@@ -6,13 +6,13 @@ import (
 	"testing"
 )
 
-func TestAppendUpper(t *testing.T) {
+func TestAppend(t *testing.T) {
 	for _, s := range []string{"", "a", "hello world", "MiXeD CaSe 123 with `{|}~ and @[\\]^_", "Grüße aus Köln", "abcdefgh", "abcdefghé", "zzzzzzzzzzzzzzzzz"} {
-		if got, want := appendUpper([]byte("pre:"), []byte(s)), "pre:"+string(bytes.ToUpper([]byte(s))); string(got) != want {
-			t.Errorf("appendUpper(%q) = %q, want %q", s, got, want)
+		if got, want := Append([]byte("pre:"), []byte(s)), "pre:"+string(bytes.ToUpper([]byte(s))); string(got) != want {
+			t.Errorf("Append(%q) = %q, want %q", s, got, want)
 		}
 	}
-	if got := appendUpper(nil, []byte("abcdefgh\xff\xfeabc")); string(got) != "ABCDEFGH\xff\xfeABC" {
+	if got := Append(nil, []byte("abcdefgh\xff\xfeabc")); string(got) != "ABCDEFGH\xff\xfeABC" {
 		t.Errorf("invalid UTF-8: got %q", got)
 	}
 	// Every ASCII byte in every position of a word agrees with bytes.ToUpper.
@@ -22,8 +22,8 @@ func TestAppendUpper(t *testing.T) {
 		for j := range b {
 			b[j] = byte(rng.IntN(128))
 		}
-		if got, want := appendUpper(nil, b), bytes.ToUpper(b); !bytes.Equal(got, want) {
-			t.Fatalf("appendUpper(%q) = %q, want %q", b, got, want)
+		if got, want := Append(nil, b), bytes.ToUpper(b); !bytes.Equal(got, want) {
+			t.Fatalf("Append(%q) = %q, want %q", b, got, want)
 		}
 	}
 }
