@@ -17,7 +17,9 @@ import (
 // the run and several checkpoints complete). Reported: the checkpointing
 // run's throughput as % of none's (target >= 80), the longest synchronous
 // snapshot pause of the keyed subtask (target <= 10 ms: the cut, not a
-// copy) and the state size per checkpoint.
+// copy) and the state size per checkpoint. Three turns per iteration, as
+// make bench runs one: single turns on the shared machine gave 70% to 94%
+// on the same code.
 func BenchmarkState1MKeysCheckpointVsNone(b *testing.B) {
 	const n, keys = 3_000_000, 1_000_000
 	mod := testwasm.Path(b, "internal/testguests/failonce/failonce.wasm")
@@ -46,7 +48,8 @@ func BenchmarkState1MKeysCheckpointVsNone(b *testing.B) {
 	var checkpoints int
 	var pause time.Duration
 	var size int64
-	alternate(b, n, []string{"none", "1s"}, func(i int) {
+	const rounds = 3
+	alternateRounds(b, rounds, n, []string{"none", "1s"}, func(i int) {
 		if i == 0 {
 			run(n, 0)
 			return
@@ -58,7 +61,7 @@ func BenchmarkState1MKeysCheckpointVsNone(b *testing.B) {
 			size = max(size, c.Size)
 		}
 	})
-	b.ReportMetric(float64(checkpoints)/float64(b.N), "checkpoints/run")
+	b.ReportMetric(float64(checkpoints)/float64(b.N*rounds), "checkpoints/run")
 	b.ReportMetric(float64(pause.Microseconds())/1000, "ms-max-sync-pause")
 	b.ReportMetric(float64(size)/(1<<20), "MiB-state")
 }
