@@ -105,4 +105,3 @@ func TestSideOutputs(t *testing.T) {
 		})
 	}
 }
-
