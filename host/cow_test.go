@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"fmt"
 	"log/slog"
+	"maps"
+	"math/rand/v2"
 	"path/filepath"
 	"testing"
 
@@ -174,34 +176,213 @@ func TestPebbleCloseAbandonsCuts(t *testing.T) {
 	}
 }
 
-// TestReleasedCutWritesInPlace: once every cut of the memory backend is
-// released, a write neither copies its key group nor allocates a new value.
+// TestReleasedCutWritesInPlace: a write after a cut of the memory backend
+// copies nothing (it goes to the group's overlay), and once every cut is
+// released the overlay is merged into the group's own maps in place, after
+// which a write neither copies nor allocates. A second cut taken while the
+// first is held copies the group once, and each cut keeps its values.
 func TestReleasedCutWritesInPlace(t *testing.T) {
 	const maxP = 128
 	s := newKeyedState(maxP, abi.KeyGroupRange{Start: 0, End: maxP - 1}, testNow)
 	kg := abi.KeyGroup([]byte("k"), maxP)
-	s.put(kg, []byte("count"), []byte("k"), []byte("v1"))
+	name, key := []byte("count"), []byte("k")
+	get := func() string {
+		v, ok, err := s.get(kg, name, key)
+		if err != nil || !ok {
+			t.Fatalf("get: %v %v", ok, err)
+		}
+		return string(v)
+	}
+	s.put(kg, name, []byte("gone"), []byte("x"))
+	s.put(kg, name, key, []byte("v1"))
 	cut, err := s.cut()
 	if err != nil {
 		t.Fatal(err)
 	}
-	s.put(kg, []byte("count"), []byte("k"), []byte("v2")) // copies the group: the cut holds it
-	if got := string(cut.KeyGroups[kg].Entries["count"]["k"]); got != "v1" {
-		t.Fatalf("cut holds %q, want v1", got)
-	}
 	g := &s.groups[kg]
-	if !g.shared {
-		t.Fatal("a group copied from a cut does not say its values are shared")
+	held := cut.KeyGroups[kg].Entries
+	s.put(kg, name, key, []byte("v2"))
+	s.del(kg, name, []byte("gone"))
+	if !g.frozen || len(g.ov) != 1 || len(g.ov["count"]) != 2 {
+		t.Fatalf("after a write to a cut group: frozen %v, overlay %v", g.frozen, g.ov)
+	}
+	if got := string(held["count"]["k"]); got != "v1" || len(held["count"]) != 2 {
+		t.Fatalf("the cut holds %q and %d keys, want v1 and 2", got, len(held["count"]))
+	}
+	if got := get(); got != "v2" {
+		t.Fatalf("get after the cut: %q, want v2", got)
+	}
+	if _, ok, _ := s.get(kg, name, []byte("gone")); ok {
+		t.Fatal("a key deleted after the cut is still read")
+	}
+	ov := g.ov["count"]["k"].v
+	s.put(kg, name, key, []byte("v3")) // the overlay's own value: in place
+	if &g.ov["count"]["k"].v[0] != &ov[0] || get() != "v3" {
+		t.Fatal("a second write during the cut was not made in place in the overlay")
+	}
+
+	// A second cut while the first is held: the overlay becomes a layer of
+	// the group, and the cut takes the maps and the layer, merged when it
+	// is loaded; nothing is copied on the instance's side.
+	base := g.m
+	cut2, err := s.cut()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(g.layers) != 1 || g.ov != nil || !g.frozen || g.shared {
+		t.Fatalf("after a second cut: %d layers, overlay %v, frozen %v, shared %v", len(g.layers), g.ov, g.frozen, g.shared)
+	}
+	s.put(kg, name, key, []byte("v4"))
+	if err := cut2.Load(); err != nil {
+		t.Fatal(err)
+	}
+	held2 := cut2.KeyGroups[kg].Entries
+	if got := string(held2["count"]["k"]); got != "v3" || len(held2["count"]) != 1 {
+		t.Fatalf("the second cut holds %q and %d keys, want v3 and 1", got, len(held2["count"]))
+	}
+	if string(held["count"]["k"]) != "v1" || get() != "v4" {
+		t.Fatalf("the second cut changed the first (%q), or the instance reads %q", held["count"]["k"], get())
 	}
 	cut.Release()
 	cut.Release() // idempotent
-	old := g.m["count"]["k"]
-	s.put(kg, []byte("count"), []byte("k"), []byte("v3"))
-	if g.frozen || g.shared || &g.m["count"]["k"][0] != &old[0] {
-		t.Fatalf("after release: frozen %v shared %v, the value was not written in place", g.frozen, g.shared)
+	s.put(kg, name, key, []byte("v5"))
+	if !g.frozen || string(held2["count"]["k"]) != "v3" {
+		t.Fatalf("releasing the first cut released the second (frozen %v, it holds %q)", g.frozen, held2["count"]["k"])
 	}
-	if got := string(cut.KeyGroups[kg].Entries["count"]["k"]); got != "v1" {
-		t.Fatalf("the released cut now holds %q (its value was reused before the release?)", got)
+
+	// Every cut released: the next access merges the overlay into the
+	// group's maps in place, and then writes go in place.
+	cut2.Release()
+	m := g.m
+	s.put(kg, name, key, []byte("v6"))
+	if g.frozen || g.shared || len(g.ov) != 0 || len(g.layers) != 0 || len(g.m) != len(m) {
+		t.Fatalf("after release: frozen %v shared %v overlay %v layers %d", g.frozen, g.shared, g.ov, len(g.layers))
+	}
+	old := g.m["count"]["k"]
+	s.put(kg, name, key, []byte("v7"))
+	if &g.m["count"]["k"][0] != &old[0] || get() != "v7" {
+		t.Fatal("after release the value was not written in place")
+	}
+	base["count"]["probe"] = nil // the group's maps are the ones it had: no copy was taken
+	if _, ok, _ := s.get(kg, name, []byte("probe")); !ok {
+		t.Fatal("the group copied its maps at a cut or at the merge")
+	}
+	if _, ok, _ := s.get(kg, name, []byte("gone")); ok {
+		t.Fatal("the merge brought back a deleted key")
+	}
+
+	// Cuts held past maxLayers: the next write copies the group once.
+	var held3 []*Snapshot
+	for i := 0; i <= maxLayers+1; i++ {
+		c, err := s.cut()
+		if err != nil {
+			t.Fatal(err)
+		}
+		held3 = append(held3, c)
+		s.put(kg, name, key, []byte{'a' + byte(i)})
+	}
+	if g.frozen || !g.shared || len(g.layers) != 0 {
+		t.Fatalf("past %d layers: frozen %v shared %v layers %d, want a copy", maxLayers, g.frozen, g.shared, len(g.layers))
+	}
+	for i, c := range held3 {
+		if err := c.Load(); err != nil {
+			t.Fatal(err)
+		}
+		want := "v7"
+		if i > 0 {
+			want = string([]byte{'a' + byte(i-1)})
+		}
+		if got := string(c.KeyGroups[kg].Entries["count"]["k"]); got != want {
+			t.Fatalf("cut %d holds %q, want %q", i, got, want)
+		}
+		c.Release()
+	}
+}
+
+// TestCutsUnderConcurrentWrites: random writes and deletes on the memory
+// backend while cuts (up to maxLayers+2 held at once) are loaded and
+// marshaled on other goroutines and released in random order: each cut
+// holds exactly the state at its time, and the live state is right after
+// every merge. Run with -race, it also checks that no cut's maps are
+// written while it is read.
+func TestCutsUnderConcurrentWrites(t *testing.T) {
+	const maxP, keys = 8, 300
+	s := newKeyedState(maxP, abi.KeyGroupRange{Start: 0, End: maxP - 1}, testNow)
+	rng := rand.New(rand.NewPCG(7, 8))
+	model := map[string]string{}
+	type held struct {
+		snap *Snapshot
+		want map[string]string
+		done chan error
+	}
+	var cuts []held
+	check := func(h held) {
+		if err := <-h.done; err != nil {
+			t.Fatal(err)
+		}
+		h.snap.Release()
+	}
+	for step := 0; step < 20000; step++ {
+		k := fmt.Sprintf("k%d", rng.IntN(keys))
+		kg := abi.KeyGroup([]byte(k), maxP)
+		switch r := rng.IntN(100); {
+		case r < 60:
+			v := fmt.Sprintf("v%d", rng.IntN(1000)) // same lengths often: in-place candidates
+			if err := s.put(kg, []byte("st"), []byte(k), []byte(v)); err != nil {
+				t.Fatal(err)
+			}
+			model[k] = v
+		case r < 75:
+			s.del(kg, []byte("st"), []byte(k))
+			delete(model, k)
+		case r < 95:
+			v, ok, _ := s.get(kg, []byte("st"), []byte(k))
+			if want, wok := model[k]; ok != wok || string(v) != want {
+				t.Fatalf("step %d: get %s = %q %v, want %q %v", step, k, v, ok, want, wok)
+			}
+		case r < 98 && len(cuts) < maxLayers+2:
+			snap, err := s.cut()
+			if err != nil {
+				t.Fatal(err)
+			}
+			h := held{snap, maps.Clone(model), make(chan error, 1)}
+			go func() {
+				if err := h.snap.Load(); err != nil {
+					h.done <- err
+					return
+				}
+				if _, err := h.snap.MarshalBinary(); err != nil {
+					h.done <- err
+					return
+				}
+				got := map[string]string{}
+				for _, g := range h.snap.KeyGroups {
+					for k, v := range g.Entries["st"] {
+						got[k] = string(v)
+					}
+				}
+				if !maps.Equal(got, h.want) {
+					h.done <- fmt.Errorf("a cut holds %d keys, want %d (or different values)", len(got), len(h.want))
+					return
+				}
+				h.done <- nil
+			}()
+			cuts = append(cuts, h)
+		default:
+			if len(cuts) > 0 {
+				i := rng.IntN(len(cuts))
+				check(cuts[i])
+				cuts = append(cuts[:i], cuts[i+1:]...)
+			}
+		}
+	}
+	for _, h := range cuts {
+		check(h)
+	}
+	for k, want := range model {
+		if v, ok, _ := s.get(abi.KeyGroup([]byte(k), maxP), []byte("st"), []byte(k)); !ok || string(v) != want {
+			t.Fatalf("after every release: %s = %q %v, want %q", k, v, ok, want)
+		}
 	}
 }
 

@@ -18,6 +18,8 @@ import (
 //	u32 group_count, then by ascending key group:
 //	  u32 key_group, u32 state_count, then by state name:
 //	    bytes name, u32 entry_count, then by key: bytes key, bytes value
+//	    (names and keys ascending; a checkpoint's encoder may write them
+//	    in any order, and UnmarshalBinary takes any)
 //	  u32 timer_count, then in (ts, key) order: bytes key, i64 ts
 //	  (version 2 only) u32 ptimer_count, then in (ts, key) order: bytes key, i64 ts
 //	u32 list_count, then by name: bytes name, u32 mode, u32 entry_count, entry_count times bytes entry

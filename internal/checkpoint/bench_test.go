@@ -45,11 +45,7 @@ func BenchmarkSnapshot1MKeys(b *testing.B) {
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
 		id := int64(i + 1)
-		data, err := EncodeState(&SubtaskState{Operator: snap})
-		if err != nil {
-			b.Fatal(err)
-		}
-		ref, err := d.WriteState(ctx, control.KindCheckpoint, id, control.SubtaskID{Operator: "agg"}, data)
+		ref, err := WriteSubtaskState(ctx, d, control.KindCheckpoint, id, control.SubtaskID{Operator: "agg"}, &SubtaskState{Operator: snap})
 		if err != nil {
 			b.Fatal(err)
 		}

@@ -7,6 +7,7 @@ import (
 	"hash/crc32"
 	"io"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -40,12 +41,13 @@ var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 func crc32c(b []byte) uint32 { return crc32.Checksum(b, castagnoli) }
 
 // EncodeState encodes s as a state blob: a versioned header, the sections and
-// a CRC32C.
-func EncodeState(s *SubtaskState) ([]byte, error) { return appendState(nil, s) }
+// a CRC32C. The encoding is canonical (keys sorted, as in a savepoint).
+func EncodeState(s *SubtaskState) ([]byte, error) { return appendState(nil, s, true) }
 
 // appendState is EncodeState appending to dst[:0] (reusing its memory when
-// it is large enough).
-func appendState(dst []byte, s *SubtaskState) ([]byte, error) {
+// it is large enough), with the keys of the operator snapshot sorted or in
+// map order (appendSnapshot).
+func appendState(dst []byte, s *SubtaskState, sorted bool) ([]byte, error) {
 	n, size := 0, len(blobMagic)+8+4
 	snapSize := 0
 	if err := s.Operator.Load(); err != nil { // a pebble cut: read it here, off the subtask's goroutine
@@ -85,7 +87,7 @@ func appendState(dst []byte, s *SubtaskState) ([]byte, error) {
 		b = append(b, tagOperator)
 		b = le.AppendUint64(b, uint64(snapSize))
 		var err error
-		if b, err = appendSnapshot(b, s.Operator); err != nil {
+		if b, err = appendSnapshot(b, s.Operator, sorted); err != nil {
 			return nil, err
 		}
 	}
@@ -283,12 +285,58 @@ func ParseBlobRef(s string) (BlobRef, error) {
 	return BlobRef{Name: u.Path, Size: size, CRC32C: uint32(crc), InFlight: inflight, Shared: shared}, nil
 }
 
-// blobBufs holds encoding buffers of WriteSubtaskState (*[]byte); a store's
-// WriteState does not keep the data it was given.
-var blobBufs sync.Pool
+// blobBufs holds encoding buffers of WriteSubtaskState; a store's
+// WriteState does not keep the data it was given. Not a sync.Pool: that
+// drops its buffers at every other garbage collection, and a state of 100
+// MiB checkpointed every second then allocated its size again at most
+// checkpoints (and drove the GC it was dropped by).
+var blobBufs bufList
 
-// maxPooledBlob caps the buffers kept for reuse.
-const maxPooledBlob = 1 << 30
+// maxPooledBlob caps the size of a buffer kept for reuse, maxPooledBlobs
+// their number (subtasks writing at once each take one).
+const (
+	maxPooledBlob  = 1 << 30
+	maxPooledBlobs = 4
+)
+
+// bufList is a bounded free list of buffers, largest first.
+type bufList struct {
+	mu   sync.Mutex
+	bufs [][]byte
+}
+
+// get returns a buffer to append to (the largest kept, or nil).
+func (l *bufList) get() []byte {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if len(l.bufs) == 0 {
+		return nil
+	}
+	b := l.bufs[0]
+	l.bufs = l.bufs[1:]
+	return b[:0]
+}
+
+// put keeps b for reuse unless it is too large, or the list is full of
+// larger ones.
+func (l *bufList) put(b []byte) {
+	if cap(b) > maxPooledBlob || cap(b) == 0 {
+		return
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	i := 0
+	for i < len(l.bufs) && cap(l.bufs[i]) >= cap(b) {
+		i++
+	}
+	if i == maxPooledBlobs {
+		return
+	}
+	l.bufs = slices.Insert(l.bufs, i, b[:0])
+	if len(l.bufs) > maxPooledBlobs {
+		l.bufs = l.bufs[:maxPooledBlobs]
+	}
+}
 
 // WriteSubtaskState encodes st (EncodeState), writes it to store as the blob
 // of subtask sub of checkpoint id and returns its ref with InFlight set to
@@ -297,10 +345,6 @@ const maxPooledBlob = 1 << 30
 func WriteSubtaskState(ctx context.Context, store Store, kind control.CheckpointKind, id int64, sub control.SubtaskID, st *SubtaskState) (BlobRef, error) {
 	// The encoding buffers are reused: a large state would otherwise
 	// allocate its size again at every checkpoint (and drive the GC).
-	buf, _ := blobBufs.Get().(*[]byte)
-	if buf == nil {
-		buf = new([]byte)
-	}
 	if ss, ok := store.(StreamStore); ok && st.Operator.Streamable() {
 		// A pebble cut, written as it is read: the blob is never in memory.
 		ref, err := ss.WriteStateFrom(ctx, kind, id, sub, func(w io.Writer) error { return encodeStateTo(w, st) })
@@ -317,13 +361,10 @@ func WriteSubtaskState(ctx context.Context, store Store, kind control.Checkpoint
 			return BlobRef{}, err
 		}
 	}
-	data, err := appendState(*buf, st)
-	defer func() {
-		if cap(data) <= maxPooledBlob {
-			*buf = data[:0]
-			blobBufs.Put(buf)
-		}
-	}()
+	// A checkpoint's keys go unsorted (cheaper by half); a savepoint is
+	// canonical.
+	data, err := appendState(blobBufs.get(), st, kind == control.KindSavepoint)
+	defer blobBufs.put(data)
 	if err != nil {
 		return BlobRef{}, err
 	}

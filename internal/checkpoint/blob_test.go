@@ -101,12 +101,55 @@ func TestSnapshotEncodingMatchesHost(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		got, err := appendSnapshot(nil, snap)
+		got, err := appendSnapshot(nil, snap, true)
 		if err != nil {
 			t.Fatal(err)
 		}
 		if !bytes.Equal(got, want) || snapshotSize(snap) != len(want) {
 			t.Fatalf("appendSnapshot differs from host.Snapshot.MarshalBinary (%d vs %d bytes, size %d)", len(got), len(want), snapshotSize(snap))
 		}
+		// A checkpoint's encoding (keys in map order) is as long and
+		// decodes to the same state.
+		unsorted, err := appendSnapshot(nil, snap, false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(unsorted) != len(want) {
+			t.Fatalf("unsorted encoding: %d bytes, sorted %d", len(unsorted), len(want))
+		}
+		var back host.Snapshot
+		if err := back.UnmarshalBinary(unsorted); err != nil {
+			t.Fatalf("unsorted encoding does not decode: %v", err)
+		}
+		again, err := back.MarshalBinary()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(again, want) {
+			t.Fatal("unsorted encoding decodes to a different state")
+		}
+	}
+}
+
+// The encoding buffers are kept, largest first, at most maxPooledBlobs.
+func TestBlobBufList(t *testing.T) {
+	var l bufList
+	if l.get() != nil {
+		t.Fatal("an empty list gave a buffer")
+	}
+	for _, n := range []int{10, 50, 20, 40, 30, 0} {
+		l.put(make([]byte, min(3, n), n))
+	}
+	if len(l.bufs) != maxPooledBlobs {
+		t.Fatalf("kept %d buffers, want %d", len(l.bufs), maxPooledBlobs)
+	}
+	for _, want := range []int{50, 40, 30, 20} {
+		b := l.get()
+		if cap(b) != want || len(b) != 0 {
+			t.Fatalf("got a buffer of len %d cap %d, want len 0 cap %d", len(b), cap(b), want)
+		}
+	}
+	if l.get() != nil {
+		t.Fatal("the list gave more buffers than it kept")
 	}
 }
