@@ -42,16 +42,21 @@ func crc32c(b []byte) uint32 { return crc32.Checksum(b, castagnoli) }
 
 // EncodeState encodes s as a state blob: a versioned header, the sections and
 // a CRC32C. The encoding is canonical (keys sorted, as in a savepoint).
-func EncodeState(s *SubtaskState) ([]byte, error) { return appendState(nil, s, true) }
+func EncodeState(s *SubtaskState) ([]byte, error) {
+	b, _, err := appendState(nil, s, true)
+	return b, err
+}
 
 // appendState is EncodeState appending to dst[:0] (reusing its memory when
 // it is large enough), with the keys of the operator snapshot sorted or in
-// map order (appendSnapshot).
-func appendState(dst []byte, s *SubtaskState, sorted bool) ([]byte, error) {
+// map order (appendSnapshot). It returns the blob's CRC32C (of all of it,
+// its own trailer included: BlobRef.CRC32C) too, reading the operator
+// snapshot once for both checksums.
+func appendState(dst []byte, s *SubtaskState, sorted bool) ([]byte, uint32, error) {
 	n, size := 0, len(blobMagic)+8+4
 	snapSize := 0
 	if err := s.Operator.Load(); err != nil { // a pebble cut: read it here, off the subtask's goroutine
-		return nil, fmt.Errorf("checkpoint: encode state: %w", err)
+		return nil, 0, fmt.Errorf("checkpoint: encode state: %w", err)
 	}
 	if s.Operator != nil {
 		snapSize = snapshotSize(s.Operator)
@@ -83,30 +88,38 @@ func appendState(dst []byte, s *SubtaskState, sorted bool) ([]byte, error) {
 	b = append(b, blobMagic...)
 	b = le.AppendUint32(b, version)
 	b = le.AppendUint32(b, uint32(n))
+	var sum uint32 // of b[:summed]
+	summed := 0
 	if s.Operator != nil {
 		b = append(b, tagOperator)
 		b = le.AppendUint64(b, uint64(snapSize))
+		at := len(b)
 		var err error
-		if b, err = appendSnapshot(b, s.Operator, sorted); err != nil {
-			return nil, err
+		var snapSum uint32
+		if b, snapSum, err = appendSnapshot(b, s.Operator, sorted); err != nil {
+			return nil, 0, err
 		}
+		summed = len(b) - 4 // all but the section's own checksum
+		sum = crc32cCombine(crc32c(b[:at]), snapSum, int64(summed-at))
 	}
 	b, err := appendMiddleSections(b, s, chanSize)
 	if err != nil {
-		return nil, err
+		return nil, 0, err
 	}
 	if filesSize > 0 {
 		b = append(b, tagStateFiles)
 		b = le.AppendUint64(b, uint64(filesSize))
 		var err error
 		if b, err = appendStateFiles(b, s.Operator.Files); err != nil {
-			return nil, err
+			return nil, 0, err
 		}
 	}
 	if len(b)+4 != size {
-		return nil, fmt.Errorf("checkpoint: encode state: %d bytes, computed %d (the snapshot changed while being encoded?)", len(b)+4, size)
+		return nil, 0, fmt.Errorf("checkpoint: encode state: %d bytes, computed %d (the snapshot changed while being encoded?)", len(b)+4, size)
 	}
-	return le.AppendUint32(b, crc32c(b)), nil
+	sum = crc32.Update(sum, castagnoli, b[summed:])
+	b = le.AppendUint32(b, sum)
+	return b, crc32.Update(sum, castagnoli, b[len(b)-4:]), nil
 }
 
 // appendMiddleSections appends the sections between the operator
@@ -285,6 +298,13 @@ func ParseBlobRef(s string) (BlobRef, error) {
 	return BlobRef{Name: u.Path, Size: size, CRC32C: uint32(crc), InFlight: inflight, Shared: shared}, nil
 }
 
+// summedWriter is a Store of this package that takes a blob's CRC32C from
+// WriteSubtaskState, which computed it while encoding, instead of reading
+// the blob once more.
+type summedWriter interface {
+	writeStateSummed(ctx context.Context, kind control.CheckpointKind, id int64, sub control.SubtaskID, data []byte, sum uint32) (BlobRef, error)
+}
+
 // blobBufs holds encoding buffers of WriteSubtaskState; a store's
 // WriteState does not keep the data it was given. Not a sync.Pool: that
 // drops its buffers at every other garbage collection, and a state of 100
@@ -363,12 +383,17 @@ func WriteSubtaskState(ctx context.Context, store Store, kind control.Checkpoint
 	}
 	// A checkpoint's keys go unsorted (cheaper by half); a savepoint is
 	// canonical.
-	data, err := appendState(blobBufs.get(), st, kind == control.KindSavepoint)
+	data, sum, err := appendState(blobBufs.get(), st, kind == control.KindSavepoint)
 	defer blobBufs.put(data)
 	if err != nil {
 		return BlobRef{}, err
 	}
-	ref, err := store.WriteState(ctx, kind, id, sub, data)
+	var ref BlobRef
+	if sw, ok := store.(summedWriter); ok {
+		ref, err = sw.writeStateSummed(ctx, kind, id, sub, data, sum)
+	} else {
+		ref, err = store.WriteState(ctx, kind, id, sub, data)
+	}
 	if err != nil {
 		return BlobRef{}, err
 	}

@@ -2,13 +2,17 @@ package checkpoint
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"math/rand/v2"
+	"os"
+	"path/filepath"
 	"reflect"
 	"strings"
 	"testing"
 
 	"github.com/streamd/streamd/abi"
+	"github.com/streamd/streamd/control"
 	"github.com/streamd/streamd/host"
 )
 
@@ -101,7 +105,7 @@ func TestSnapshotEncodingMatchesHost(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		got, err := appendSnapshot(nil, snap, true)
+		got, _, err := appendSnapshot(nil, snap, true)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -110,7 +114,7 @@ func TestSnapshotEncodingMatchesHost(t *testing.T) {
 		}
 		// A checkpoint's encoding (keys in map order) is as long and
 		// decodes to the same state.
-		unsorted, err := appendSnapshot(nil, snap, false)
+		unsorted, _, err := appendSnapshot(nil, snap, false)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -151,5 +155,44 @@ func TestBlobBufList(t *testing.T) {
 	}
 	if l.get() != nil {
 		t.Fatal("the list gave more buffers than it kept")
+	}
+}
+
+// WriteSubtaskState checksums the blob as it encodes it: the ref's CRC32C
+// is that of the file written, and the blob's own trailer verifies, with
+// and without other sections after the operator snapshot.
+func TestWriteSubtaskStateChecksum(t *testing.T) {
+	rng := rand.New(rand.NewPCG(3, 4))
+	snaps, _ := keyedSnapshots(rng, 1, 64, 2000)
+	d, err := OpenDir(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, st := range []*SubtaskState{
+		{Operator: snaps[0]},
+		{Operator: snaps[0], SourcePosition: []byte("pos"), SinkPending: []byte("pending")},
+		{SourcePosition: []byte("only")},
+	} {
+		for _, kind := range []control.CheckpointKind{control.KindCheckpoint, control.KindSavepoint} {
+			sub := control.SubtaskID{Operator: "op", Index: i}
+			ref, err := WriteSubtaskState(context.Background(), d, kind, int64(i+1), sub, st)
+			if err != nil {
+				t.Fatal(err)
+			}
+			dir, err := d.checkpointDir(kind, int64(i+1), false)
+			if err != nil {
+				t.Fatal(err)
+			}
+			data, err := os.ReadFile(filepath.Join(dir, ref.Name))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if crc32c(data) != ref.CRC32C || int64(len(data)) != ref.Size {
+				t.Fatalf("state %d (%s): ref says crc %08x size %d, the file has %08x %d", i, kind, ref.CRC32C, ref.Size, crc32c(data), len(data))
+			}
+			if _, err := DecodeState(data); err != nil {
+				t.Fatalf("state %d (%s): %v", i, kind, err)
+			}
+		}
 	}
 }

@@ -169,6 +169,11 @@ func (d *Dir) checkpointDir(kind control.CheckpointKind, id int64, create bool) 
 
 // WriteState writes a subtask's blob to DIR/op-UID-INDEX.state and fsyncs it.
 func (d *Dir) WriteState(ctx context.Context, kind control.CheckpointKind, id int64, sub control.SubtaskID, data []byte) (BlobRef, error) {
+	return d.writeStateSummed(ctx, kind, id, sub, data, crc32c(data))
+}
+
+// writeStateSummed is WriteState of data whose CRC32C is sum.
+func (d *Dir) writeStateSummed(ctx context.Context, kind control.CheckpointKind, id int64, sub control.SubtaskID, data []byte, sum uint32) (BlobRef, error) {
 	if err := ctx.Err(); err != nil {
 		return BlobRef{}, err
 	}
@@ -176,7 +181,7 @@ func (d *Dir) WriteState(ctx context.Context, kind control.CheckpointKind, id in
 	if err != nil {
 		return BlobRef{}, err
 	}
-	ref := BlobRef{Name: blobName(sub), Size: int64(len(data)), CRC32C: crc32c(data)}
+	ref := BlobRef{Name: blobName(sub), Size: int64(len(data)), CRC32C: sum}
 	if err := writeFileSync(filepath.Join(dir, ref.Name), data); err != nil {
 		return BlobRef{}, fmt.Errorf("checkpoint: write state of %v for %s %d: %w", sub, kindName(kind), id, err)
 	}

@@ -162,11 +162,16 @@ func (s *JetStream) object(dir, name string) string { return s.prefix + "/" + di
 
 // WriteState puts a subtask's blob as PREFIX/DIR/op-UID-INDEX.state.
 func (s *JetStream) WriteState(ctx context.Context, kind control.CheckpointKind, id int64, sub control.SubtaskID, data []byte) (BlobRef, error) {
+	return s.writeStateSummed(ctx, kind, id, sub, data, crc32c(data))
+}
+
+// writeStateSummed is WriteState of data whose CRC32C is sum.
+func (s *JetStream) writeStateSummed(ctx context.Context, kind control.CheckpointKind, id int64, sub control.SubtaskID, data []byte, sum uint32) (BlobRef, error) {
 	dir, err := s.checkpointDir(kind, id, true)
 	if err != nil {
 		return BlobRef{}, err
 	}
-	ref := BlobRef{Name: blobName(sub), Size: int64(len(data)), CRC32C: crc32c(data)}
+	ref := BlobRef{Name: blobName(sub), Size: int64(len(data)), CRC32C: sum}
 	info, err := s.obs.PutBytes(ctx, s.object(dir, ref.Name), data)
 	if err != nil {
 		return BlobRef{}, fmt.Errorf("checkpoint: write state of %v for %s %d to %s: %w", sub, kindName(kind), id, s.location(dir), err)

@@ -24,8 +24,8 @@ import (
 // key were two thirds of the encoding (BenchmarkSnapshot1MKeys). Key groups
 // stay ascending (restore streams them by range), timers and list state stay
 // sorted. A savepoint (sorted) is canonical: equal state, equal bytes, from
-// either backend.
-func appendSnapshot(b []byte, s *host.Snapshot, sorted bool) ([]byte, error) {
+// either backend. It returns the section's CRC32C too (its last 4 bytes).
+func appendSnapshot(b []byte, s *host.Snapshot, sorted bool) ([]byte, uint32, error) {
 	le := binary.LittleEndian
 	start := len(b)
 	b = append(b, "SDSS"...)
@@ -36,7 +36,7 @@ func appendSnapshot(b []byte, s *host.Snapshot, sorted bool) ([]byte, error) {
 	var keys []string
 	for _, kg := range kgs {
 		if kg < 0 {
-			return nil, fmt.Errorf("checkpoint: encode state: negative key group %d", kg)
+			return nil, 0, fmt.Errorf("checkpoint: encode state: negative key group %d", kg)
 		}
 		g := s.KeyGroups[kg]
 		if g == nil {
@@ -85,7 +85,8 @@ func appendSnapshot(b []byte, s *host.Snapshot, sorted bool) ([]byte, error) {
 			b = append(b, e...)
 		}
 	}
-	return le.AppendUint32(b, crc32.Checksum(b[start:], castagnoli)), nil
+	sum := crc32.Checksum(b[start:], castagnoli)
+	return le.AppendUint32(b, sum), sum, nil
 }
 
 // appendEntries appends a state's name, entry count and entries in map order.
