@@ -298,13 +298,6 @@ func ParseBlobRef(s string) (BlobRef, error) {
 	return BlobRef{Name: u.Path, Size: size, CRC32C: uint32(crc), InFlight: inflight, Shared: shared}, nil
 }
 
-// summedWriter is a Store of this package that takes a blob's CRC32C from
-// WriteSubtaskState, which computed it while encoding, instead of reading
-// the blob once more.
-type summedWriter interface {
-	writeStateSummed(ctx context.Context, kind control.CheckpointKind, id int64, sub control.SubtaskID, data []byte, sum uint32) (BlobRef, error)
-}
-
 // blobBufs holds encoding buffers of WriteSubtaskState; a store's
 // WriteState does not keep the data it was given. Not a sync.Pool: that
 // drops its buffers at every other garbage collection, and a state of 100
@@ -389,9 +382,12 @@ func WriteSubtaskState(ctx context.Context, store Store, kind control.Checkpoint
 		return BlobRef{}, err
 	}
 	var ref BlobRef
-	if sw, ok := store.(summedWriter); ok {
-		ref, err = sw.writeStateSummed(ctx, kind, id, sub, data, sum)
-	} else {
+	switch st := store.(type) {
+	case *Dir: // the stores themselves, not a type that embeds one to wrap its WriteState
+		ref, err = st.writeStateSummed(ctx, kind, id, sub, data, sum)
+	case *JetStream:
+		ref, err = st.writeStateSummed(ctx, kind, id, sub, data, sum)
+	default:
 		ref, err = store.WriteState(ctx, kind, id, sub, data)
 	}
 	if err != nil {
