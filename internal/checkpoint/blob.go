@@ -53,14 +53,12 @@ func EncodeState(s *SubtaskState) ([]byte, error) {
 // its own trailer included: BlobRef.CRC32C) too, reading the operator
 // snapshot once for both checksums.
 func appendState(dst []byte, s *SubtaskState, sorted bool) ([]byte, uint32, error) {
-	n, size := 0, len(blobMagic)+8+4
-	snapSize := 0
+	n, size := 0, len(blobMagic)+8+4 // size: all but the operator snapshot's bytes
 	if err := s.Operator.Load(); err != nil { // a pebble cut: read it here, off the subtask's goroutine
 		return nil, 0, fmt.Errorf("checkpoint: encode state: %w", err)
 	}
 	if s.Operator != nil {
-		snapSize = snapshotSize(s.Operator)
-		n, size = n+1, size+9+snapSize
+		n, size = n+1, size+9
 	}
 	if s.SourcePosition != nil {
 		n, size = n+1, size+9+len(s.SourcePosition)
@@ -81,10 +79,14 @@ func appendState(dst []byte, s *SubtaskState, sorted bool) ([]byte, uint32, erro
 		version = FormatVersionShared
 	}
 	le := binary.LittleEndian
+	// The operator snapshot is not sized first (a pass over every key of
+	// it): a reused buffer is large enough, as the state changes little
+	// between two checkpoints, and a new one grows.
 	b := dst[:0]
 	if cap(b) < size {
 		b = make([]byte, 0, size)
 	}
+	snapSize := 0
 	b = append(b, blobMagic...)
 	b = le.AppendUint32(b, version)
 	b = le.AppendUint32(b, uint32(n))
@@ -92,13 +94,15 @@ func appendState(dst []byte, s *SubtaskState, sorted bool) ([]byte, uint32, erro
 	summed := 0
 	if s.Operator != nil {
 		b = append(b, tagOperator)
-		b = le.AppendUint64(b, uint64(snapSize))
+		b = le.AppendUint64(b, 0) // the length, once known
 		at := len(b)
 		var err error
 		var snapSum uint32
 		if b, snapSum, err = appendSnapshot(b, s.Operator, sorted); err != nil {
 			return nil, 0, err
 		}
+		snapSize = len(b) - at
+		le.PutUint64(b[at-8:at], uint64(snapSize))
 		summed = len(b) - 4 // all but the section's own checksum
 		sum = crc32cCombine(crc32c(b[:at]), snapSum, int64(summed-at))
 	}
@@ -114,8 +118,8 @@ func appendState(dst []byte, s *SubtaskState, sorted bool) ([]byte, uint32, erro
 			return nil, 0, err
 		}
 	}
-	if len(b)+4 != size {
-		return nil, 0, fmt.Errorf("checkpoint: encode state: %d bytes, computed %d (the snapshot changed while being encoded?)", len(b)+4, size)
+	if len(b)+4 != size+snapSize {
+		return nil, 0, fmt.Errorf("checkpoint: encode state: %d bytes, computed %d", len(b)+4, size+snapSize)
 	}
 	sum = crc32.Update(sum, castagnoli, b[summed:])
 	b = le.AppendUint32(b, sum)

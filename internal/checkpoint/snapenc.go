@@ -124,43 +124,6 @@ func appendTimers(b []byte, ts []host.Timer) []byte {
 	return b
 }
 
-// snapshotSize is the length appendSnapshot appends.
-func snapshotSize(s *host.Snapshot) int {
-	n := 4 + 4 + 4 + 4 + 4 // magic, version, group count, list count, crc
-	v2 := host.SnapshotVersionFor(s) >= 2
-	for _, g := range s.KeyGroups {
-		n += 4 + 4 + 4 // group, state count, timer count
-		if v2 {
-			n += 4 // processing-time timer count
-		}
-		if g == nil {
-			continue
-		}
-		for _, t := range g.ProcTimers {
-			n += 4 + len(t.Key) + 8
-		}
-		for name, m := range g.Entries {
-			n += 4 + len(name) + 4
-			for k, v := range m {
-				n += 8 + len(k) + len(v)
-			}
-		}
-		for _, t := range g.Timers {
-			n += 4 + len(t.Key) + 8
-		}
-	}
-	for name, l := range s.Lists {
-		n += 4 + len(name) + 4 + 4
-		if l == nil {
-			continue
-		}
-		for _, e := range l.Entries {
-			n += 4 + len(e)
-		}
-	}
-	return n
-}
-
 // sortTimers sorts timers by (TS, Key), the order of the host format.
 func sortTimers(ts []host.Timer) {
 	slices.SortFunc(ts, func(a, b host.Timer) int {
