@@ -7,6 +7,7 @@ import (
 	"maps"
 	"math/rand/v2"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/streamd/streamd/abi"
@@ -307,6 +308,7 @@ func TestReleasedCutWritesInPlace(t *testing.T) {
 // written while it is read.
 func TestCutsUnderConcurrentWrites(t *testing.T) {
 	const maxP, keys = 8, 300
+	names := []string{"st", "few"} // "few" has 3 keys: it empties and comes back
 	s := newKeyedState(maxP, abi.KeyGroupRange{Start: 0, End: maxP - 1}, testNow)
 	rng := rand.New(rand.NewPCG(7, 8))
 	model := map[string]string{}
@@ -323,22 +325,27 @@ func TestCutsUnderConcurrentWrites(t *testing.T) {
 		h.snap.Release()
 	}
 	for step := 0; step < 20000; step++ {
+		name := names[rng.IntN(len(names))]
 		k := fmt.Sprintf("k%d", rng.IntN(keys))
+		if name == "few" {
+			k = fmt.Sprintf("k%d", rng.IntN(3))
+		}
 		kg := abi.KeyGroup([]byte(k), maxP)
+		mk := name + "/" + k
 		switch r := rng.IntN(100); {
 		case r < 60:
 			v := fmt.Sprintf("v%d", rng.IntN(1000)) // same lengths often: in-place candidates
-			if err := s.put(kg, []byte("st"), []byte(k), []byte(v)); err != nil {
+			if err := s.put(kg, []byte(name), []byte(k), []byte(v)); err != nil {
 				t.Fatal(err)
 			}
-			model[k] = v
+			model[mk] = v
 		case r < 75:
-			s.del(kg, []byte("st"), []byte(k))
-			delete(model, k)
+			s.del(kg, []byte(name), []byte(k))
+			delete(model, mk)
 		case r < 95:
-			v, ok, _ := s.get(kg, []byte("st"), []byte(k))
-			if want, wok := model[k]; ok != wok || string(v) != want {
-				t.Fatalf("step %d: get %s = %q %v, want %q %v", step, k, v, ok, want, wok)
+			v, ok, _ := s.get(kg, []byte(name), []byte(k))
+			if want, wok := model[mk]; ok != wok || string(v) != want {
+				t.Fatalf("step %d: get %s = %q %v, want %q %v", step, mk, v, ok, want, wok)
 			}
 		case r < 98 && len(cuts) < maxLayers+2:
 			snap, err := s.cut()
@@ -357,8 +364,14 @@ func TestCutsUnderConcurrentWrites(t *testing.T) {
 				}
 				got := map[string]string{}
 				for _, g := range h.snap.KeyGroups {
-					for k, v := range g.Entries["st"] {
-						got[k] = string(v)
+					for name, m := range g.Entries {
+						if len(m) == 0 {
+							h.done <- fmt.Errorf("a cut holds state %q without keys", name)
+							return
+						}
+						for k, v := range m {
+							got[name+"/"+k] = string(v)
+						}
 					}
 				}
 				if !maps.Equal(got, h.want) {
@@ -379,9 +392,10 @@ func TestCutsUnderConcurrentWrites(t *testing.T) {
 	for _, h := range cuts {
 		check(h)
 	}
-	for k, want := range model {
-		if v, ok, _ := s.get(abi.KeyGroup([]byte(k), maxP), []byte("st"), []byte(k)); !ok || string(v) != want {
-			t.Fatalf("after every release: %s = %q %v, want %q", k, v, ok, want)
+	for mk, want := range model {
+		name, k, _ := strings.Cut(mk, "/")
+		if v, ok, _ := s.get(abi.KeyGroup([]byte(k), maxP), []byte(name), []byte(k)); !ok || string(v) != want {
+			t.Fatalf("after every release: %s = %q %v, want %q", mk, v, ok, want)
 		}
 	}
 }
