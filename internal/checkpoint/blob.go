@@ -358,7 +358,8 @@ func (l *bufList) put(b []byte) {
 // WriteSubtaskState encodes st (EncodeState), writes it to store as the blob
 // of subtask sub of checkpoint id and returns its ref with InFlight set to
 // the channel-state bytes: put ref.String() into control.Ack.StateRef and
-// ref.Size into control.Ack.Size.
+// ref.Size into control.Ack.Size. It releases st.Operator's keyed state
+// (Snapshot.Release) once encoded, before writing it, unless it is files.
 func WriteSubtaskState(ctx context.Context, store Store, kind control.CheckpointKind, id int64, sub control.SubtaskID, st *SubtaskState) (BlobRef, error) {
 	// The encoding buffers are reused: a large state would otherwise
 	// allocate its size again at every checkpoint (and drive the GC).
@@ -381,6 +382,12 @@ func WriteSubtaskState(ctx context.Context, store Store, kind control.Checkpoint
 	// A checkpoint's keys go unsorted (cheaper by half); a savepoint is
 	// canonical.
 	data, sum, err := appendState(blobBufs.get(), st, kind == control.KindSavepoint)
+	if st.Operator != nil && len(st.Operator.Files) == 0 {
+		// Encoded: the keyed state's cut is no longer read, so the
+		// subtask may write its key groups in place again while the blob
+		// is written and synced.
+		st.Operator.Release()
+	}
 	defer blobBufs.put(data)
 	if err != nil {
 		return BlobRef{}, err
