@@ -62,7 +62,7 @@ func (c *cli) clusterFlags(cmd *cobra.Command, controller bool) []flagKey {
 	fl.String("controller-id", "", "name of this controller in the leader lease ("+keyControllerID+"; default: hostname and a random suffix)")
 	fl.String("controller-bucket", cluster.DefaultControllerBucket, "JetStream key-value bucket of the job table and the lease ("+keyControllerBucket+")")
 	fl.Int("controller-replicas", 0, "replicas of that bucket when it is created; 0 = the NATS cluster's size, at most 5 ("+keyControllerReplicas+")")
-	fl.Duration("job-retention", cluster.DefaultJobRetention, "how long finished, failed and canceled jobs stay in `streamd list` ("+keyJobRetention+")")
+	fl.Duration("job-retention", cluster.DefaultJobRetention, "how long finished, failed and canceled jobs stay in 'streamd list' ("+keyJobRetention+")")
 	return []flagKey{{"heartbeat-interval", keyHeartbeatInterval}, {"lost-after", keyLostAfter}, {"max-failovers", keyMaxFailovers},
 		{"checkpoint-storage", keyCheckpointStorage}, {"controller-id", keyControllerID}, {"controller-bucket", keyControllerBucket},
 		{"controller-replicas", keyControllerReplicas}, {"job-retention", keyJobRetention}}

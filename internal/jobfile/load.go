@@ -365,7 +365,20 @@ func (p *parser) parse(data []byte) *Job {
 		msg := err.Error()
 		if m := yamlLineRE.FindStringSubmatch(msg); m != nil {
 			line, _ := strconv.Atoi(m[1])
-			p.add("", line, "", "YAML: %s", m[2])
+			what := m[2]
+			// yaml.v3 counts lines from 0 in its parser's errors (all
+			// "did not find expected ..."), from 1 in its scanner's; the
+			// parser's line is where the unclosed construct began.
+			if strings.HasPrefix(what, "did not find expected") {
+				line++
+				switch {
+				case strings.HasSuffix(what, "'}'"):
+					what += " (the '{' on this line is not closed)"
+				case strings.HasSuffix(what, "']'"):
+					what += " (the '[' on this line is not closed)"
+				}
+			}
+			p.add("", line, "", "YAML: %s", what)
 		} else {
 			p.add("", 0, "", "YAML: %s", strings.TrimPrefix(msg, "yaml: "))
 		}

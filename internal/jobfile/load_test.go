@@ -339,6 +339,11 @@ operators:
     inputs: [lines]
 `, []string{`operator "out" (line 6): sink.path: `, `input.txt is a file; a file sink writes into a directory`}},
 		{"yaml syntax", "name: bad\noperators:\n  - uid: [\n", []string{`jobfile: wordcount.yaml: line `, `YAML: `}},
+		{"unclosed flow mapping", "name: x\noperators:\n  - uid: gen\n    source: {type: generator, count: 10\n  - uid: out\n    sink: {type: stdout}\n",
+			[]string{`jobfile: wordcount.yaml: line 4: YAML: did not find expected ',' or '}' (the '{' on this line is not closed)`}},
+		{"unclosed flow sequence", "name: x\noperators:\n  - uid: out\n    sink: {type: stdout}\n    inputs: [gen\n",
+			[]string{`jobfile: wordcount.yaml: line 5: YAML: did not find expected ',' or ']' (the '[' on this line is not closed)`}},
+		{"mapping value in a scalar", "name: x\noperators: a: b\n", []string{`jobfile: wordcount.yaml: line 2: YAML: mapping values are not allowed in this context`}},
 		{"empty", "", []string{`jobfile: wordcount.yaml: the job file is empty`}},
 		{"not a mapping", "- a\n- b\n", []string{`line 1: the job file must be a mapping`}},
 		{"no operators", "name: x\n", []string{`line 1: operators: missing: a job needs at least one operator`}},
