@@ -13,6 +13,7 @@ import (
 
 	"github.com/streamd/streamd/abi"
 	"github.com/streamd/streamd/host"
+	"github.com/streamd/streamd/internal/checkpoint"
 	"github.com/streamd/streamd/internal/jobfile"
 )
 
@@ -164,7 +165,10 @@ func printGraph(w io.Writer, job *jobfile.Job) {
 	}
 	tw.Flush()
 	if cp := job.Checkpoint; cp != nil {
-		fmt.Fprintf(w, "checkpoint: every %v into %s (retain %d, timeout %v, %s)\n", cp.Interval, cp.Dir, cp.Retain, cp.Timeout, cp.ModeString())
+		fmt.Fprintf(w, "checkpoint: every %v into %s (retain %d, timeout %v, %s)\n", cp.Interval, checkpointWhere(cp, job.Graph.Name), cp.Retain, cp.Timeout, cp.ModeString())
+		if cp.Storage == jobfile.StorageJetStream {
+			fmt.Fprintln(w, "  (the JetStream object store of the NATS server; a deployed job's checkpoints go under its job id)")
+		}
 	} else {
 		fmt.Fprintln(w, "checkpoint: none")
 	}
@@ -251,4 +255,18 @@ func describeSpec(spec any) string {
 		return d
 	}
 	return fmt.Sprintf("%T", spec)
+}
+
+// checkpointWhere says where streamd run keeps a job's checkpoints: its
+// directory, or the JetStream object store under the job's name (a cluster
+// keeps them under the job's id).
+func checkpointWhere(cp *jobfile.CheckpointSettings, name string) string {
+	if cp.Storage != jobfile.StorageJetStream {
+		return cp.Dir
+	}
+	bucket := cp.Bucket
+	if bucket == "" {
+		bucket = checkpoint.DefaultBucket
+	}
+	return fmt.Sprintf("%s%s/%s/", checkpoint.JetStreamScheme, bucket, name)
 }

@@ -29,3 +29,26 @@ func TestPrintGraphRestart(t *testing.T) {
 		}
 	}
 }
+
+// TestPrintGraphCheckpointStorage: validate says where checkpoints go, a
+// directory or the JetStream object store, never a local directory for a
+// job whose checkpoints go to JetStream.
+func TestPrintGraphCheckpointStorage(t *testing.T) {
+	const ops = "operators:\n  - uid: gen\n    source: {type: generator, count: 1}\n  - uid: out\n    sink: {type: discard}\n    inputs: [gen]\n"
+	dir := t.TempDir()
+	for _, tt := range []struct{ section, want, not string }{
+		{"checkpoint: {interval: 1s, dir: chk}\n", "checkpoint: every 1s into " + dir + "/chk (retain 1", "JetStream"},
+		{"checkpoint: {interval: 1s, storage: jetstream}\n", "checkpoint: every 1s into jetstream://STREAMD_CHECKPOINTS/j/ (retain 1", dir},
+		{"checkpoint: {interval: 1s, storage: jetstream, bucket: B_1}\n", "checkpoint: every 1s into jetstream://B_1/j/ (retain 1", dir},
+	} {
+		job, err := jobfile.ParseJob([]byte("name: j\n"+tt.section+ops), dir, jobfile.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var b strings.Builder
+		printGraph(&b, job)
+		if !strings.Contains(b.String(), tt.want) || strings.Contains(b.String(), tt.not) {
+			t.Errorf("%q: printGraph says\n%s\nwant %q, not %q", tt.section, b.String(), tt.want, tt.not)
+		}
+	}
+}
