@@ -1,6 +1,9 @@
 package main
 
 import (
+	"encoding/json"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -50,5 +53,39 @@ func TestPrintGraphCheckpointStorage(t *testing.T) {
 		if !strings.Contains(b.String(), tt.want) || strings.Contains(b.String(), tt.not) {
 			t.Errorf("%q: printGraph says\n%s\nwant %q, not %q", tt.section, b.String(), tt.want, tt.not)
 		}
+	}
+}
+
+// TestValidateJSON: validate --json prints the graph of a valid job, and
+// every problem of an invalid one (with exit status 1, the text on stderr).
+func TestValidateJSON(t *testing.T) {
+	dir := t.TempDir()
+	good := filepath.Join(dir, "good.yaml")
+	bad := filepath.Join(dir, "bad.yaml")
+	must := func(err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	must(os.WriteFile(good, []byte("name: j\ncheckpoint: {interval: 2s}\noperators:\n  - uid: gen\n    source: {type: generator, count: 1}\n  - uid: out\n    sink: {type: discard}\n    inputs: [{from: gen, partition: rebalance}]\n"), 0o644))
+	must(os.WriteFile(bad, []byte("name: j\noperators:\n  - uid: gen\n    source: {type: generatr}\n  - uid: out\n    sink: {type: discard}\n    inputs: [gne]\n"), 0o644))
+	code, _, out, errs := invoke(t, "validate", "--json", good)
+	var v validationJ
+	if code != 0 || json.Unmarshal([]byte(out), &v) != nil || !v.Valid || v.Job != "j" || len(v.Operators) != 2 ||
+		v.Operators[1].Inputs[0] != (inputJ{From: "gen", Partition: "rebalance"}) || v.Checkpoint == nil || v.Checkpoint.Interval != "2s" {
+		t.Fatalf("validate --json good.yaml: exit %d\nstdout: %s\nstderr: %s", code, out, errs)
+	}
+	code, _, out, errs = invoke(t, "validate", "--json", bad)
+	v = validationJ{}
+	if code != 1 || json.Unmarshal([]byte(out), &v) != nil || v.Valid || len(v.Problems) != 2 ||
+		v.Problems[0].Line != 4 || v.Problems[0].Field != "source.type" || !strings.Contains(v.Problems[0].Message, `unknown source type "generatr"`) ||
+		v.Problems[1].Operator != "out" || !strings.Contains(errs, "unknown operator") {
+		t.Fatalf("validate --json bad.yaml: exit %d\nstdout: %s\nstderr: %s", code, out, errs)
+	}
+	code, _, out, _ = invoke(t, "version", "--json")
+	var b buildInfo
+	if code != 0 || json.Unmarshal([]byte(out), &b) != nil || b.ABI != 1 || b.Go == "" || b.Version == "" {
+		t.Fatalf("version --json: exit %d: %s", code, out)
 	}
 }
