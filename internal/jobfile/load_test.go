@@ -343,6 +343,8 @@ operators:
 			[]string{`jobfile: wordcount.yaml: line 4: YAML: did not find expected ',' or '}' (the '{' on this line is not closed)`}},
 		{"unclosed flow sequence", "name: x\noperators:\n  - uid: out\n    sink: {type: stdout}\n    inputs: [gen\n",
 			[]string{`jobfile: wordcount.yaml: line 5: YAML: did not find expected ',' or ']' (the '[' on this line is not closed)`}},
+		{"bad indentation", "name: x\noperators:\n  - uid: out\n    sink: {type: stdout}\n   inputs: [gen]\n", []string{`jobfile: wordcount.yaml: line 3: YAML: did not find expected '-' indicator (in the list that begins on this line: check the indentation of the lines below)`}},
+		{"unclosed flow sequence at the end", "name: bad\noperators: [\n", []string{`jobfile: wordcount.yaml: line 2: YAML: did not find expected node content`}},
 		{"mapping value in a scalar", "name: x\noperators: a: b\n", []string{`jobfile: wordcount.yaml: line 2: YAML: mapping values are not allowed in this context`}},
 		{"empty", "", []string{`jobfile: wordcount.yaml: the job file is empty`}},
 		{"not a mapping", "- a\n- b\n", []string{`line 1: the job file must be a mapping`}},
