@@ -3,6 +3,9 @@ package main
 import (
 	"context"
 	"fmt"
+	"path/filepath"
+	"regexp"
+	"slices"
 	"strings"
 	"time"
 
@@ -20,6 +23,63 @@ type transformFlags struct {
 	outputs  []string // nats:SUBJECT
 	start    string
 	interval time.Duration
+	onError  string // skip | dead_letter[:SUBJECT]; "" or fail: fail
+}
+
+// parseOnError reads deploy's --on-error for a module named name: nil for
+// fail; a dead letter subject (a nats sink) only for a transform, by
+// default dead_letter.NAME.
+func parseOnError(v, name string, transform bool) (*jobfile.OnError, error) {
+	mode, subj, hasSubj := strings.Cut(v, ":")
+	switch mode {
+	case "", jobfile.OnErrorFail:
+		if hasSubj {
+			return nil, usagef("--on-error %q: fail takes no subject", v)
+		}
+		return nil, nil
+	case jobfile.OnErrorSkip:
+		if hasSubj {
+			return nil, usagef("--on-error %q: skip takes no subject (dead_letter:SUBJECT sends the failing records there)", v)
+		}
+		return &jobfile.OnError{Mode: jobfile.OnErrorSkip}, nil
+	case jobfile.OnErrorDeadLetter:
+		if !transform {
+			return nil, usagef("--on-error dead_letter: dead letters go to a NATS subject, so only a transform (--input) has them; use skip, or a job file's dead_letter sink")
+		}
+		if !hasSubj {
+			subj = "dead_letter." + notSubjectToken.ReplaceAllString(name, "_")
+		} else if subj == "" {
+			return nil, usagef("--on-error %q: no subject after dead_letter:", v)
+		}
+		if err := jobfile.CheckSubject(subj, false); err != nil {
+			return nil, usagef("--on-error: %v", err)
+		}
+		return &jobfile.OnError{Mode: jobfile.OnErrorDeadLetter, DeadLetter: &jobfile.SinkSpec{Type: "nats", Subject: subj}}, nil
+	}
+	return nil, usagef("--on-error %q: want fail, skip or dead_letter[:SUBJECT]", v)
+}
+
+var notSubjectToken = regexp.MustCompile(`[^A-Za-z0-9_-]+`)
+
+// checkOnError checks --on-error before anything connects: its form, and
+// that a transform's dead letters go to a subject of their own.
+func checkOnError(v, module string, f runFlags, transform bool, in transformInput, outs []string) error {
+	oe, err := parseOnError(v, filterName(jobfile.Filter{Module: module, Name: f.name}), transform)
+	if err != nil || oe == nil || oe.DeadLetter == nil {
+		return err
+	}
+	subj := oe.DeadLetter.Subject
+	if slices.Contains(outs, subj) {
+		return usagef("--on-error dead_letter:%s is also an --output: give the dead letters a subject of their own", subj)
+	}
+	read := in.subject
+	if in.stream != "" {
+		read = in.filter
+	}
+	if err := jobfile.CheckTransformOutput(read, subj); err != nil {
+		return usagef("--on-error dead_letter:%s: %v", subj, err)
+	}
+	return nil
 }
 
 // transformOnly are the flags that need --input.
@@ -108,6 +168,14 @@ func checkTransform(cmd *cobra.Command, f runFlags, t transformFlags) (transform
 // stderr, and builds its job: a nats source, the module, a nats sink per
 // output (else the --sink), checkpointed into the JetStream object store.
 func (c *cli) transformJob(ctx context.Context, cl *cluster.Client, module string, f runFlags, t transformFlags, in transformInput, outs []string) (*jobfile.Job, error) {
+	filter, err := c.moduleFilter(module, f)
+	if err != nil {
+		return nil, err
+	}
+	oe, err := parseOnError(t.onError, filterName(filter), true)
+	if err != nil {
+		return nil, err
+	}
 	js, err := jetstream.New(cl.Conn())
 	if err != nil {
 		return nil, err
@@ -134,7 +202,7 @@ func (c *cli) transformJob(ctx context.Context, cl *cluster.Client, module strin
 				notes = append(notes, fmt.Sprintf("input %s: stream %s%s", in.subject, use.Stream, createdNote(use.Created, "")))
 			}
 		}
-		for _, subj := range outs {
+		for _, subj := range append(slices.Clip(outs), deadLetterSubject(oe)...) {
 			use, err := connector.OutputStream(ctx, js, subj, "", check)
 			if err != nil {
 				return nil, err
@@ -142,7 +210,9 @@ func (c *cli) transformJob(ctx context.Context, cl *cluster.Client, module strin
 			if use.Stream == src.Stream && src.Subject == "" {
 				return nil, usagef("--output nats:%s goes to stream %s, which the input reads whole: the transform would read its own output", subj, use.Stream)
 			}
-			if !check {
+			if !check && oe != nil && oe.DeadLetter != nil && subj == oe.DeadLetter.Subject {
+				notes = append(notes, fmt.Sprintf("dead letters %s: stream %s%s", subj, use.Stream, createdNote(use.Created, "")))
+			} else if !check {
 				sinks = append(sinks, &jobfile.SinkSpec{Type: "nats", Subject: subj})
 				notes = append(notes, fmt.Sprintf("output %s: stream %s%s", subj, use.Stream,
 					createdNote(use.Created, ", atomic publish, commit markers on "+connector.DefaultCommitSubject(subj)+".>")))
@@ -165,16 +235,29 @@ func (c *cli) transformJob(ctx context.Context, cl *cluster.Client, module strin
 		ck.Mode = lo.CheckpointMode
 	}
 	ck.AlignedTimeout = lo.AlignedTimeout
-	filter, err := c.moduleFilter(module, f)
-	if err != nil {
-		return nil, err
-	}
-	filter.Source, filter.Input, filter.Outputs = "", src, sinks
+	filter.Source, filter.Input, filter.Outputs, filter.OnError = "", src, sinks, oe
 	if len(sinks) > 0 {
 		filter.Sink = ""
 	}
 	filter.Checkpoint, filter.Restart = ck, lo.Restart
 	return jobfile.FilterJob(filter)
+}
+
+// deadLetterSubject is the subject of oe's dead letters, if it has any.
+func deadLetterSubject(oe *jobfile.OnError) []string {
+	if oe == nil || oe.DeadLetter == nil {
+		return nil
+	}
+	return []string{oe.DeadLetter.Subject}
+}
+
+// filterName is the name of the job of f: its --name, else the module's
+// file name.
+func filterName(f jobfile.Filter) string {
+	if f.Name != "" {
+		return f.Name
+	}
+	return strings.TrimSuffix(filepath.Base(f.Module), filepath.Ext(f.Module))
 }
 
 func filterNote(filter string) string {

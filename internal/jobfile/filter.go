@@ -37,6 +37,9 @@ type Filter struct {
 	// restarts as a job file with one does (Restart, else exponential-delay).
 	Checkpoint *CheckpointSettings
 	Restart    *RestartSettings
+	// OnError is the operator's on_error (nil: fail); a dead-letter sink
+	// runs at the operator's parallelism.
+	OnError *OnError
 }
 
 // Uids of the vertices of a filter job; the operator's uid is derived from
@@ -200,7 +203,7 @@ func FilterJob(f Filter) (*Job, error) {
 	}
 	vertices := []*control.Vertex{
 		{UID: FilterSourceUID, Kind: control.KindSource, Parallelism: srcPar, Spec: src},
-		{UID: opUID, Kind: control.KindOperator, Parallelism: par, Spec: &WasmSpec{Path: module, Config: cfg, AllowClock: f.AllowClock},
+		{UID: opUID, Kind: control.KindOperator, Parallelism: par, Spec: &WasmSpec{Path: module, Config: cfg, AllowClock: f.AllowClock, OnError: f.OnError},
 			Inputs: []control.Edge{in}},
 	}
 	if len(f.Outputs) == 0 {
@@ -231,6 +234,23 @@ func FilterJob(f Filter) (*Job, error) {
 		c := *o
 		vertices = append(vertices, &control.Vertex{UID: uid, Kind: control.KindSink, Parallelism: par, Spec: &c,
 			Inputs: []control.Edge{{From: opUID, Partition: control.Forward}}})
+	}
+	if oe := f.OnError; oe != nil && oe.DeadLetter != nil {
+		dl := oe.DeadLetter
+		if dl.Type != "nats" {
+			return nil, fmt.Errorf("jobfile: a transform's dead letters go to a nats sink, got %+v", dl)
+		}
+		if err := CheckSubject(dl.Subject, false); err != nil {
+			return fail("--on-error", "dead_letter:%s: %v", dl.Subject, err)
+		}
+		if seen[dl.Subject] {
+			return fail("--on-error", "dead_letter:%s is also an --output: give the dead letters a subject of their own", dl.Subject)
+		}
+		if f.Input != nil {
+			if err := CheckTransformOutput(f.Input.Subject, dl.Subject); err != nil {
+				return fail("--on-error", "dead_letter:%s: %v", dl.Subject, err)
+			}
+		}
 	}
 	name := f.Name
 	if name == "" {
