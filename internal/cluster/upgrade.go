@@ -20,6 +20,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go/micro"
@@ -88,6 +89,10 @@ type UpgradeReply struct {
 	Reply
 	Savepoint string `json:"savepoint,omitempty"`
 	Version   int    `json:"version,omitempty"`
+	// Replaced: the job did not run (it restarted, or waited for slots), so
+	// no savepoint was taken: the new version started from the job's latest
+	// checkpoint, Savepoint, or from nothing when that is "".
+	Replaced bool `json:"replaced,omitempty"`
 }
 
 // upgradeState is a job's upgrade waiting for its version to run (kept in
@@ -107,15 +112,15 @@ func (c *Controller) handleUpgrade(msg micro.Request) {
 		reply(msg, UpgradeReply{Reply: Reply{Error: "cluster: upgrade: bad request: " + err.Error()}})
 		return
 	}
-	sp, version, err := c.upgrade(req)
-	reply(msg, UpgradeReply{Reply: errReply(err), Savepoint: sp, Version: version})
+	sp, version, replaced, err := c.upgrade(req)
+	reply(msg, UpgradeReply{Reply: errReply(err), Savepoint: sp, Version: version, Replaced: replaced})
 }
 
 // upgrade checks the new version against the running job and the state of
 // its latest checkpoint, stops the job with a savepoint, checks the
 // savepoint, and starts the new version from it (or the old one again if
 // the savepoint does not restore into the new version).
-func (c *Controller) upgrade(req UpgradeRequest) (string, int, error) {
+func (c *Controller) upgrade(req UpgradeRequest) (string, int, bool, error) {
 	c.catchUp(req.JobID)
 	timeout := req.StartTimeout
 	if timeout <= 0 {
@@ -125,14 +130,19 @@ func (c *Controller) upgrade(req UpgradeRequest) (string, int, error) {
 	j := c.jobs[req.JobID]
 	if j == nil {
 		c.mu.Unlock()
-		return "", 0, fmt.Errorf("cluster: no job %q (streamd list shows the jobs)", req.JobID)
+		return "", 0, false, fmt.Errorf("cluster: no job %q (streamd list shows the jobs)", req.JobID)
 	}
-	spec, err := c.newVersionLocked(j, req)
+	spec, replace, err := c.newVersionLocked(j, req)
 	if err != nil {
 		c.mu.Unlock()
-		return "", 0, fmt.Errorf("cluster: upgrade job %s: %w", j.id, err)
+		return "", 0, false, fmt.Errorf("cluster: upgrade job %s: %w", j.id, err)
 	}
 	j.upgrading = true
+	if replace {
+		c.mu.Unlock()
+		sp, v, err := c.replaceVersion(j, spec, timeout)
+		return sp, v, true, err
+	}
 	old, check := j.spec, j.restoreFrom()
 	c.mu.Unlock()
 	defer func() {
@@ -142,7 +152,7 @@ func (c *Controller) upgrade(req UpgradeRequest) (string, int, error) {
 	}()
 	g, err := spec.Graph(func(a Artifact) (string, error) { return "/" + a.Name, nil })
 	if err != nil {
-		return "", 0, fmt.Errorf("cluster: upgrade job %s: %w", j.id, err)
+		return "", 0, false, fmt.Errorf("cluster: upgrade job %s: %w", j.id, err)
 	}
 	// The restore checks of deploy --from, first against the job's latest
 	// checkpoint (the savepoint will have its operators): a new version that
@@ -150,11 +160,11 @@ func (c *Controller) upgrade(req UpgradeRequest) (string, int, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	if err := c.checkLatest(ctx, j, check, g); err != nil {
-		return "", 0, fmt.Errorf("cluster: upgrade job %s: the new version cannot restore the job's latest checkpoint, so the job was not stopped: %w", j.id, err)
+		return "", 0, false, fmt.Errorf("cluster: upgrade job %s: the new version cannot restore the job's latest checkpoint, so the job was not stopped: %w", j.id, err)
 	}
 	sp, err := c.distSavepoint(j.id, HostVerbStop, "", false)
 	if err != nil {
-		return "", 0, fmt.Errorf("cluster: upgrade job %s: %w", j.id, err)
+		return "", 0, false, fmt.Errorf("cluster: upgrade job %s: %w", j.id, err)
 	}
 	_, restoreErr := LoadRestore(ctx, c.nc, sp, g)
 	now := time.Now()
@@ -162,7 +172,7 @@ func (c *Controller) upgrade(req UpgradeRequest) (string, int, error) {
 	if j.state != JobStopped || c.jobs[j.id] != j {
 		st := j.state
 		c.mu.Unlock()
-		return sp, 0, fmt.Errorf("cluster: upgrade job %s: stopped with savepoint %s, then it became %s; start it with streamd deploy --from %s", j.id, sp, st, sp)
+		return sp, 0, false, fmt.Errorf("cluster: upgrade job %s: stopped with savepoint %s, then it became %s; start it with streamd deploy --from %s", j.id, sp, st, sp)
 	}
 	if len(j.versions) == 0 {
 		j.versions = []VersionStatus{newVersion(1, old, j.from, j.created, 0)}
@@ -184,10 +194,99 @@ func (c *Controller) upgrade(req UpgradeRequest) (string, int, error) {
 	// The new version (and the upgrade waiting for it) is in the bucket
 	// before the answer: a new leader carries it on.
 	if err := c.saved(j.id, ver); err != nil {
-		return sp, v.Version, fmt.Errorf("cluster: upgrade job %s: stopped with savepoint %s, but version %d was not saved before the controller stopped: %w (streamd status %s shows what the next leader runs; streamd deploy --from %s starts a stopped job)",
+		return sp, v.Version, false, fmt.Errorf("cluster: upgrade job %s: stopped with savepoint %s, but version %d was not saved before the controller stopped: %w (streamd status %s shows what the next leader runs; streamd deploy --from %s starts a stopped job)",
 			j.id, sp, v.Version, err, j.id, sp)
 	}
-	return sp, v.Version, nil
+	return sp, v.Version, false, nil
+}
+
+// replaceVersion upgrades job j, which does not run (it restarts, or waits
+// for slots), so cannot take a savepoint: its attempt (if one is placed) is
+// canceled, and the new version starts from the job's latest checkpoint,
+// or from nothing if it never completed one (the reply's Savepoint is then
+// ""). A new version that cannot restore that checkpoint is refused before
+// anything is canceled. The rollback, if the new version fails, starts the
+// old one from the same checkpoint.
+func (c *Controller) replaceVersion(j *ctlJob, spec JobSpec, timeout time.Duration) (string, int, error) {
+	defer func() {
+		c.mu.Lock()
+		j.upgrading = false
+		c.mu.Unlock()
+	}()
+	c.mu.Lock()
+	old, from := j.spec, j.restoreFrom()
+	c.mu.Unlock()
+	g, err := spec.Graph(func(a Artifact) (string, error) { return "/" + a.Name, nil })
+	if err != nil {
+		return "", 0, fmt.Errorf("cluster: upgrade job %s: %w", j.id, err)
+	}
+	if from != "" {
+		if spec.Checkpoint == nil {
+			return "", 0, fmt.Errorf("cluster: upgrade job %s: the new job has no checkpoint section: it cannot restore the job's latest checkpoint %s", j.id, from)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+		defer cancel()
+		if err := c.checkLatest(ctx, j, from, g); err != nil {
+			return "", 0, fmt.Errorf("cluster: upgrade job %s: the new version cannot restore the job's latest checkpoint, so the job was left as it was: %w", j.id, err)
+		}
+	}
+	c.mu.Lock()
+	var effects []effect
+	if j.placement != nil {
+		effects = c.cancelEffects(j, "")
+	}
+	j.canceling = true
+	c.mu.Unlock()
+	var wg sync.WaitGroup
+	for _, e := range effects {
+		wg.Add(1)
+		go func() { defer wg.Done(); e() }()
+	}
+	wg.Wait()
+	now := time.Now()
+	c.mu.Lock()
+	j.canceling = false
+	if c.jobs[j.id] != j || TerminalJobState(j.state) {
+		st := j.state
+		c.mu.Unlock()
+		return "", 0, fmt.Errorf("cluster: upgrade job %s: the job became %s while its attempt was canceled", j.id, st)
+	}
+	what := "from nothing (the job never completed a checkpoint)"
+	if from != "" {
+		what = "from its latest checkpoint " + from
+	}
+	c.endLocked(j, now, JobStopped, "replaced by an upgrade while it restarted, "+what)
+	if len(j.versions) == 0 {
+		j.versions = []VersionStatus{newVersion(1, old, j.from, j.created, 0)}
+	}
+	j.versions[len(j.versions)-1].State = VersionReplaced
+	v := newVersion(len(j.versions)+1, spec, from, now, j.attempt+1)
+	v.State, v.Timeout = VersionStarting, timeout.String()
+	j.versions = append(j.versions, v)
+	j.upgrade = &upgradeState{Version: v.Version, Savepoint: from, Previous: old, Timeout: timeout, Deadline: now.Add(timeout)}
+	c.log.Info("upgrade: replacing a job that does not run", "job", j.id, "version", v.Version, "from", from, "timeout", timeout)
+	c.startVersionLocked(j, spec, from, now, fmt.Sprintf("upgrading to version %d %s", v.Version, what))
+	ver := j.ver
+	effects = c.scheduleLocked(now)
+	c.mu.Unlock()
+	c.run(effects)
+	if err := c.saved(j.id, ver); err != nil {
+		return from, v.Version, fmt.Errorf("cluster: upgrade job %s: version %d was not saved before the controller stopped: %w (streamd status %s shows what the next leader runs)",
+			j.id, v.Version, err, j.id)
+	}
+	return from, v.Version, nil
+}
+
+// fromWhat says where a version starts: "from savepoint X" (or checkpoint),
+// or "from nothing".
+func StartsFrom(location string) string {
+	switch {
+	case location == "":
+		return "from nothing"
+	case strings.Contains(location, "savepoint-"):
+		return "from savepoint " + location
+	}
+	return "from checkpoint " + location
 }
 
 // checkLatest runs the restore checks of g against checkpoint check, the
@@ -221,17 +320,30 @@ func (c *Controller) checkLatest(ctx context.Context, j *ctlJob, check string, g
 // newVersionLocked is the spec of the version req asks for, checked as a
 // deploy checks its job; j must be running, with checkpoints, and not being
 // upgraded or deleted.
-func (c *Controller) newVersionLocked(j *ctlJob, req UpgradeRequest) (JobSpec, error) {
+//
+// replace says that j does not run (it restarts, or waits to be placed):
+// it cannot take a savepoint, so the new version replaces it from its
+// latest checkpoint, or from nothing (replaceVersion).
+func (c *Controller) newVersionLocked(j *ctlJob, req UpgradeRequest) (spec JobSpec, replace bool, err error) {
+	replace = j.state == JobRestarting || j.state == JobCreated
 	switch {
 	case j.upgrading || j.upgrade != nil:
-		return JobSpec{}, fmt.Errorf("an upgrade of the job is in progress (streamd status %s shows it)", j.id)
-	case j.placement == nil || j.dist == nil || (j.state != JobRunning && j.state != JobFinishing):
-		return JobSpec{}, fmt.Errorf("the job is %s, not running (an upgrade stops a running job with a savepoint; start a stopped one with streamd deploy --from)", j.state)
-	case !j.dist.ckpt:
-		return JobSpec{}, fmt.Errorf("the job has no checkpoints, so no savepoint to upgrade from (use streamd cancel and deploy)")
+		return JobSpec{}, false, fmt.Errorf("an upgrade of the job is in progress (streamd status %s shows it)", j.id)
+	case j.canceling || j.preparing:
+		return JobSpec{}, false, fmt.Errorf("the job is being %s", map[bool]string{true: "canceled", false: "prepared"}[j.canceling])
+	case !replace && (j.placement == nil || j.dist == nil || (j.state != JobRunning && j.state != JobFinishing)):
+		return JobSpec{}, false, fmt.Errorf("the job is %s, not running (an upgrade stops a running job with a savepoint; start a stopped one with streamd deploy --from)", j.state)
+	case !replace && !j.dist.ckpt:
+		return JobSpec{}, false, fmt.Errorf("the job has no checkpoints, so no savepoint to upgrade from (use streamd cancel and deploy)")
 	case (req.Job == nil) == (req.Module == nil):
-		return JobSpec{}, fmt.Errorf("want a new job or a new module, got %s", map[bool]string{true: "both", false: "neither"}[req.Job != nil])
+		return JobSpec{}, false, fmt.Errorf("want a new job or a new module, got %s", map[bool]string{true: "both", false: "neither"}[req.Job != nil])
 	}
+	spec, err = c.newSpecLocked(j, req, replace)
+	return spec, replace, err
+}
+
+// newSpecLocked is the spec of j's new version as req asks for it.
+func (c *Controller) newSpecLocked(j *ctlJob, req UpgradeRequest, replace bool) (JobSpec, error) {
 	var spec JobSpec
 	if req.Job != nil {
 		if req.Operator != "" {
@@ -249,7 +361,7 @@ func (c *Controller) newVersionLocked(j *ctlJob, req UpgradeRequest) (JobSpec, e
 			return JobSpec{}, err
 		}
 	}
-	if spec.Checkpoint == nil {
+	if spec.Checkpoint == nil && !replace {
 		return JobSpec{}, fmt.Errorf("the new job has no checkpoint section: it cannot restore the savepoint")
 	}
 	if _, err := spec.Graph(func(a Artifact) (string, error) { return "/" + a.Name, nil }); err != nil {
@@ -338,7 +450,7 @@ func (c *Controller) rollbackLocked(j *ctlJob, now time.Time, why string) {
 	c.log.Warn("upgrade failed; rolling back", "job", j.id, "failed_version", failed.Version, "version", v.Version,
 		"runs_again", rerun, "savepoint", u.Savepoint, "reason", why)
 	c.startVersionLocked(j, u.Previous, u.Savepoint, now,
-		fmt.Sprintf("rolling back to version %d from savepoint %s: version %d failed: %s", rerun, u.Savepoint, failed.Version, why))
+		fmt.Sprintf("rolling back to version %d %s: version %d failed: %s", rerun, StartsFrom(u.Savepoint), failed.Version, why))
 }
 
 // upgradeEndedLocked: job j ended (endLocked) while its upgrade waited for
@@ -357,7 +469,7 @@ func (c *Controller) upgradeEndedLocked(j *ctlJob, now time.Time, state, reason 
 		return
 	case state == JobFailed:
 		v.State, v.Reason = VersionFailed, reason
-		j.reason = fmt.Sprintf("the rollback to version %d from savepoint %s failed too: %s", v.Rerun, u.Savepoint, reason)
+		j.reason = fmt.Sprintf("the rollback to version %d %s failed too: %s", v.Rerun, StartsFrom(u.Savepoint), reason)
 	default:
 		v.State, v.Reason = state, reason
 	}

@@ -330,3 +330,64 @@ func TestUpgradeRollbackSurvivesLeaderChange(t *testing.T) {
 	}
 	countOnAndStop(t, env, js, id, oc, 100, 200, 0)
 }
+
+// TestUpgradeRestartingJob: a transform that restarts on a poison record
+// cannot take a savepoint, so upgrade cancels its attempt and starts the new
+// module from the job's latest checkpoint, says so, and the output holds
+// every record exactly once: those committed before as the old module wrote
+// them, the rest as the new one does.
+func TestUpgradeRestartingJob(t *testing.T) {
+	tc, env, js := transformCluster(t, "h1")
+	env = append(env, "STREAMD_RESTART_STRATEGY=fixed-delay", "STREAMD_RESTART_ATTEMPTS=1000", "STREAMD_RESTART_DELAY=100ms")
+	mod := testwasm.Path(t, "internal/testguests/failonce/failonce.wasm")
+	out, errs, code := streamd(t, env, "deploy", mod, "--input", "nats:raw", "--output", "nats:clean", "--name", "poisoned",
+		"--config", "poison=value-50", "--checkpoint-interval", "200ms")
+	if code != 0 {
+		t.Fatalf("deploy: exit %d\n%s\n%s", code, out, errs)
+	}
+	id := strings.TrimSpace(out)
+	oc := countOutput(t, js, "STREAMD_OUT_clean")
+	publishValues(t, js, "raw", 0, 50)
+	oc.wait(t, 50)
+	publishValues(t, js, "raw", 50, 100)
+	tc.waitJob(id, "restarting on the poison record", func(st *cluster.JobStatus) bool { return st.Attempt >= 2 })
+
+	upper := testwasm.Path(t, "examples/wasm/uppercase/uppercase.wasm")
+	out, errs, code = streamd(t, env, "upgrade", id, upper)
+	if code != 0 {
+		t.Fatalf("upgrade of a restarting job: exit %d\n%s\n%s", code, out, errs)
+	}
+	for _, want := range []string{"did not run (it restarted or waited for slots): its attempt was canceled; starting version 2 from checkpoint jetstream://STREAMD_CHECKPOINTS/" + id + "/chk-"} {
+		if !strings.Contains(errs, want) {
+			t.Errorf("upgrade's stderr lacks %q:\n%s", want, errs)
+		}
+	}
+	if !strings.Contains(out, "job "+id+" upgraded to version 2 (from checkpoint jetstream://") {
+		t.Errorf("upgrade's stdout: %q", out)
+	}
+	oc.wait(t, 100)
+	st := statusJSON(t, env, id)
+	if st.State != cluster.JobRunning || len(st.Versions) != 2 || st.Versions[0].State != cluster.VersionReplaced || st.Versions[1].State != cluster.VersionRunning {
+		t.Fatalf("after the upgrade: %s (%s), versions %+v", st.State, st.Reason, st.Versions)
+	}
+	if _, errs, code := streamd(t, env, "stop", id); code != 0 {
+		t.Fatalf("stop: exit %d: %s", code, errs)
+	}
+	// Each record once: lower case up to the checkpoint, upper case after.
+	seen := map[int]int{}
+	for _, v := range streamValues(t, js, "STREAMD_OUT_clean") {
+		var i int
+		if _, err := fmt.Sscanf(strings.ToLower(v), "value-%d", &i); err != nil {
+			t.Fatalf("output %q", v)
+		}
+		seen[i]++
+		if i >= 50 && v != strings.ToUpper(v) {
+			t.Errorf("%q: written by the old module after the poison record", v)
+		}
+	}
+	for i := 0; i < 100; i++ {
+		if seen[i] != 1 {
+			t.Errorf("value-%d in the output %d times, want once", i, seen[i])
+		}
+	}
+}
