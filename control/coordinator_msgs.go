@@ -342,6 +342,10 @@ const (
 	AbortNotReady          AbortReason = "not-ready"           // a subtask declined as not ready
 )
 
+// AbortReasons are every AbortReason (metrics export each from 0).
+var AbortReasons = []AbortReason{AbortDeclined, AbortTimeout, AbortTriggerFailed, AbortFinishedBeforeAck, AbortUnionState,
+	AbortSubsumed, AbortSupersededByStop, AbortPersistFailed, AbortJobFailover, AbortJobTerminated, AbortNotReady}
+
 // AbortCheckpoint says checkpoint ID will never complete. The driver sends
 // CancelCheckpoint(ID) to the subtasks in Tasks (those it waited for that
 // have not finished) and deletes the states in Discard (acknowledged, never
