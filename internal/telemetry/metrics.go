@@ -41,11 +41,11 @@ const (
 	MetricDeadLetters = "streamd.dead_letters"
 	// MetricSideOutputDropped counts the records a wasm operator emitted
 	// (emit_to) to a side output no edge reads, by attribute output.
-	MetricSideOutputDropped   = "streamd.side_output.dropped"
+	MetricSideOutputDropped = "streamd.side_output.dropped"
 	// Job-level totals of an operator's records over all its subtasks
 	// and attempts (the per-subtask counters start at 0 in every attempt).
-	MetricOperatorRecordsIn  = "streamd.operator.records.in"
-	MetricOperatorRecordsOut = "streamd.operator.records.out"
+	MetricOperatorRecordsIn   = "streamd.operator.records.in"
+	MetricOperatorRecordsOut  = "streamd.operator.records.out"
 	MetricCheckpointsFailed   = "streamd.checkpoints.failed"
 	MetricCheckpointsDeclined = "streamd.checkpoints.declined"
 	MetricLastCheckpointID    = "streamd.checkpoint.last.id"
@@ -301,9 +301,9 @@ type OperatorMetrics struct {
 	watermarkLag             atomic.Int64 // nanoseconds, when it advanced
 	hasLag                   atomic.Bool
 	sourceLag                atomic.Pointer[func() (int64, bool)]
-	deadSkip, deadLetter     atomic.Int64 // records taken out by on_error skip, dead_letter
+	deadSkip, deadLetter     atomic.Int64           // records taken out by on_error skip, dead_letter
 	onError                  atomic.Pointer[string] // the operator's on_error mode: its counter is exported from 0
-	sideDropped              sync.Map     // side-output name -> *atomic.Int64: records dropped (unread output)
+	sideDropped              sync.Map               // side-output name -> *atomic.Int64: records dropped (unread output)
 
 	batch, align, finalWait *histogram // nil until registered
 }
