@@ -42,6 +42,11 @@ by and take over, adopting the running jobs, when the lease is not renewed for
 			if err != nil {
 				return err
 			}
+			stopEvents, err := c.jobEvents(nc, &opts)
+			if err != nil {
+				return err
+			}
+			defer stopEvents()
 			return c.runController(cmd.Context(), nc, opts)
 		},
 	}
@@ -77,6 +82,18 @@ func (c *cli) runController(ctx context.Context, nc *nats.Conn, opts cluster.Con
 	}
 	defer stopAPI()
 	return cluster.RunController(ctx, nc, opts)
+}
+
+// jobEvents sets opts.Logs: the controller publishes its events about each
+// job to the job log stream (logs.* settings), as hosts publish theirs.
+// The returned function stops publishing.
+func (c *cli) jobEvents(nc *nats.Conn, opts *cluster.ControllerOptions) (func(), error) {
+	cfg, err := c.logStreamConfig()
+	if err != nil {
+		return nil, err
+	}
+	opts.Logs = cluster.NewLogPublisher(nc, cfg, c.log)
+	return opts.Logs.Close, nil
 }
 
 func (c *cli) controllerOptions() (cluster.ControllerOptions, error) {

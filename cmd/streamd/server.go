@@ -88,6 +88,11 @@ func (c *cli) server(ctx context.Context) error {
 		return fmt.Errorf("server: %w", err)
 	}
 	defer stopAPI()
+	stopEvents, err := c.jobEvents(nc, &opts)
+	if err != nil {
+		return err
+	}
+	defer stopEvents()
 	ctlDone := make(chan error, 1)
 	ctlCtx, stopCtl := context.WithCancel(ctx)
 	go func() { ctlDone <- cluster.RunController(ctlCtx, nc, opts) }()

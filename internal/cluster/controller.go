@@ -65,6 +65,11 @@ type ControllerOptions struct {
 	// the list (ListRequest without All); default DefaultJobRetention. The
 	// record stays until `streamd delete`.
 	JobRetention time.Duration
+	// Logs, when set, gets the controller's events about each job (its
+	// log lines with a job: deploys, failovers and their cause, restarts,
+	// upgrades and rollbacks, stops and their savepoints, ends), published
+	// on the job's log subject beside the hosts' lines (streamd logs).
+	Logs *LogPublisher
 	// Version is the build's version: the control API's micro service
 	// version (service.go) when it is a semantic version (a leading "v"
 	// dropped), else 0.0.0-dev; its "build" metadata as given.
@@ -276,7 +281,11 @@ func StartController(nc *nats.Conn, opts ControllerOptions) (*Controller, error)
 	if err != nil {
 		return nil, err
 	}
-	c := &Controller{nc: nc, opts: opts, id: opts.ID, kv: kv, log: opts.Logger.With("component", "controller", "controller", opts.ID),
+	logger := opts.Logger
+	if opts.Logs != nil {
+		logger = slog.New(&jobEventHandler{inner: logger.Handler(), pub: opts.Logs})
+	}
+	c := &Controller{nc: nc, opts: opts, id: opts.ID, kv: kv, log: logger.With("component", "controller", "controller", opts.ID),
 		jobs: map[string]*ctlJob{}, hosts: map[string]*ctlHost{}, done: make(chan struct{}), ended: make(chan struct{}),
 		queue: map[string]queuedRecord{}, durable: map[string]uint64{}, revs: map[string]uint64{}, taking: map[string]bool{}, awaiting: map[string]bool{},
 		savedCh: make(chan struct{}), saveWake: make(chan struct{}, 1), firstTry: make(chan struct{})}
@@ -818,7 +827,11 @@ func (c *Controller) endLocked(j *ctlJob, now time.Time, state, reason string) {
 	if state == JobFailed {
 		lvl = slog.LevelWarn
 	}
-	c.log.Log(context.Background(), lvl, "job "+state, "job", j.id, "attempt", j.attempt, "reason", reason)
+	attrs := []any{"job", j.id, "attempt", j.attempt, "reason", reason}
+	if j.savepoint != "" {
+		attrs = append(attrs, "savepoint", j.savepoint)
+	}
+	c.log.Log(context.Background(), lvl, "job "+state, attrs...)
 	c.upgradeEndedLocked(j, now, state, reason) // a failed new version is rolled back
 }
 
