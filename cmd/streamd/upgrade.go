@@ -85,7 +85,7 @@ savepoint, and how it went.`,
 				}
 				file = job.Path
 			}
-			return c.withClient(ctx, func(rctx context.Context, cl *cluster.Client) error {
+			return c.withSavepointClient(ctx, func(rctx context.Context, cl *cluster.Client) error {
 				rep, err := cl.Upgrade(rctx, id, job, file, module, operator, timeout)
 				if err != nil {
 					if ctx.Err() != nil {
@@ -122,7 +122,7 @@ savepoint, and how it went.`,
 	fl := cmd.Flags()
 	fl.BoolVar(&asJSON, "json", false, `print {"id", "version", "savepoint", "state", "reason", "versions"} (also when it was rolled back)`)
 	fl.StringVar(&operator, "operator", "", "module: the uid of the wasm operator whose module it replaces (default: the job's only one)")
-	fl.DurationVar(&timeout, "timeout", cluster.DefaultUpgradeStartTimeout, "how long the new version (and a rollback) may take to run before it counts as failed")
+	fl.DurationVar(&timeout, "timeout", cluster.DefaultUpgradeStartTimeout, "how long the new version may take to run before it counts as failed and is rolled back (a rollback has at least 2m)")
 	fl.IntVarP(&parallelism, "parallelism", "p", 0, "job file: replace its default parallelism")
 	c.clientFlags(cmd)
 	return cmd

@@ -39,8 +39,11 @@ const (
 	VersionFailed     = "failed"      // a rollback that did not start either
 )
 
-// DefaultUpgradeStartTimeout is how long a new version (and a rollback) may
-// take to run, by default (UpgradeRequest.StartTimeout).
+// DefaultUpgradeStartTimeout is how long a new version may take to run, by
+// default (UpgradeRequest.StartTimeout). A rollback, which starts the
+// version that ran before, has at least this long whatever the request
+// said: a short timeout meant for the new version must not fail the job
+// whose old version is merely slow to start again.
 const DefaultUpgradeStartTimeout = 2 * time.Minute
 
 // VersionStatus is one version of a job: what it ran, when it started,
@@ -77,7 +80,8 @@ type UpgradeRequest struct {
 	Module   *Artifact `json:"module,omitempty"`
 	Operator string    `json:"operator,omitempty"`
 	// StartTimeout bounds the time from the new version's start until it
-	// runs (and the same for a rollback); 0: DefaultUpgradeStartTimeout.
+	// runs (a rollback: at least DefaultUpgradeStartTimeout); 0:
+	// DefaultUpgradeStartTimeout.
 	StartTimeout time.Duration `json:"start_timeout,omitempty"`
 }
 
@@ -446,7 +450,7 @@ func (c *Controller) rollbackLocked(j *ctlJob, now time.Time, why string) {
 	v.State, v.Rerun = VersionStarting, rerun
 	j.versions = append(j.versions, v)
 	j.upgrade = &upgradeState{Version: v.Version, Savepoint: u.Savepoint, Previous: u.Previous, Rollback: true,
-		Timeout: u.Timeout, Deadline: now.Add(u.Timeout)}
+		Timeout: max(u.Timeout, DefaultUpgradeStartTimeout), Deadline: now.Add(max(u.Timeout, DefaultUpgradeStartTimeout))}
 	c.log.Warn("upgrade failed; rolling back", "job", j.id, "failed_version", failed.Version, "version", v.Version,
 		"runs_again", rerun, "savepoint", u.Savepoint, "reason", why)
 	c.startVersionLocked(j, u.Previous, u.Savepoint, now,
