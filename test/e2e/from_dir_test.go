@@ -149,4 +149,3 @@ operators:
 		t.Errorf("restoring checkpoint %d wrote nothing twice: the warning would be wrong", chkID)
 	}
 }
-
