@@ -42,8 +42,9 @@ that transform) and only the module of its wasm operator is replaced (--operator
 names it when the job has several). With a job file, the job file is the new
 version.
 
-If the new version fails to start or restore within its restart strategy, or does
-not run within --timeout, the controller starts the version before it again from
+If the new version fails to start or restore within its restart strategy, fails
+in open twice in a row with the same error (a module that does so fails every
+time: no need to wait), or does not run within --timeout, the controller starts the version before it again from
 the same savepoint and upgrade says so and exits 1. The controller does this
 whether upgrade still waits or not (Ctrl-C detaches). status shows every
 version: its modules' digests (or the job file's), when it started, from which

@@ -491,26 +491,68 @@ func (c *Controller) upgradeRunningLocked(j *ctlJob) {
 	}
 }
 
+// sameFailuresToRollBack is how many attempts in a row of a new version
+// must fail in open with the same error before the upgrade rolls back
+// without waiting for its start timeout: a module that fails that way
+// fails so every time.
+const sameFailuresToRollBack = 2
+
 // upgradeTimeoutsLocked fails the versions that upgrades started and that
-// do not run by their deadline: a new version is rolled back.
+// do not run by their deadline, and a new version whose attempts failed in
+// open the same way sameFailuresToRollBack times in a row: a new version is
+// rolled back.
 func (c *Controller) upgradeTimeoutsLocked(now time.Time) []effect {
 	var effects []effect
 	for _, id := range c.order {
 		j := c.jobs[id]
 		u := j.upgrade
-		if u == nil || TerminalJobState(j.state) || j.canceling || j.preparing || now.Before(u.Deadline) {
+		if u == nil || TerminalJobState(j.state) || j.canceling || j.preparing {
+			continue
+		}
+		var why string
+		switch same := repeatedOpenFailure(j, j.versions[u.Version-1].Attempt); {
+		case !u.Rollback && same != "":
+			why = fmt.Sprintf("its attempts failed in open %d times in a row the same way: %s", sameFailuresToRollBack, same)
+		case !now.Before(u.Deadline):
+			why = fmt.Sprintf("not running %s after it started", u.Timeout)
+			if f := lastFailure(j, j.versions[u.Version-1].Attempt); f != "" {
+				why += " (the last failure: " + f + ")"
+			}
+		default:
 			continue
 		}
 		if j.placement != nil {
 			effects = append(effects, c.cancelEffects(j, "")...)
 		}
-		why := fmt.Sprintf("not running %s after it started", u.Timeout)
-		if f := lastFailure(j, j.versions[u.Version-1].Attempt); f != "" {
-			why += " (the last failure: " + f + ")"
-		}
 		c.endLocked(j, now, JobFailed, why)
 	}
 	return effects
+}
+
+// repeatedOpenFailure is the failure, as "attempt N failed: why", of j's
+// latest sameFailuresToRollBack attempts from attempt `from` on when each
+// of them failed in open with the same error; else "".
+func repeatedOpenFailure(j *ctlJob, from int) string {
+	var reason string
+	n := 0
+	for i := len(j.attempts) - 1; i >= 0 && j.attempts[i].Attempt >= from && n < sameFailuresToRollBack; i-- {
+		a := j.attempts[i]
+		if a.State != SubtaskFailed {
+			if n == 0 && !TerminalJobState(a.State) {
+				continue // the attempt that runs now
+			}
+			return ""
+		}
+		if !strings.Contains(a.Reason, "phase open") || (n > 0 && a.Reason != reason) {
+			return ""
+		}
+		reason = a.Reason
+		n++
+	}
+	if n < sameFailuresToRollBack {
+		return ""
+	}
+	return reason
 }
 
 // lastFailure is the latest failure of j's attempts from attempt `from` on,
