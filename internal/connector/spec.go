@@ -2,9 +2,20 @@ package connector
 
 import "time"
 
-// SourceSpec is a built-in source (Vertex.Spec of a vertex without inputs).
+// SourceSpec is a source of a job (Vertex.Spec of a vertex without
+// inputs): its registered Type, the event-time settings every source has
+// and its values. A type registered with the registry keeps its values in
+// Config; the typed fields below are those of the built-in types (file,
+// generator, nats), kept as they were so that job specs and tests of
+// earlier versions read the same. Do not add fields for a new type: give
+// it a ConfigSpec.
 type SourceSpec struct {
-	Type string // "generator" | "file" | "nats"
+	Type string // a registered source type: "generator", "file", "nats", ...
+
+	// Config holds the values of a type that is not built in, by field
+	// name (see ConfigSpec); nil for the built-in types. (A pointer keeps
+	// SourceSpec comparable.) Conf reads it.
+	Config *Config `json:",omitempty"`
 
 	// file: one record per line (value = line without the newline, no key, no timestamp).
 	Path string // absolute (resolved against the job file's directory)
@@ -66,9 +77,14 @@ func (s *SourceSpec) Interval() time.Duration {
 	return DefaultWatermarkInterval
 }
 
-// SinkSpec is a built-in sink (Vertex.Spec of a vertex of type sink).
+// SinkSpec is a sink of a job (Vertex.Spec of a vertex of type sink), as
+// SourceSpec: Config for a registered type, the typed fields for the
+// built-in ones (file, stdout, discard, nats).
 type SinkSpec struct {
-	Type string // "file" | "stdout" | "discard" | "nats"
+	Type string // a registered sink type: "file", "stdout", "discard", "nats", ...
+
+	// Config: see SourceSpec.Config.
+	Config *Config `json:",omitempty"`
 	// file: a directory (absolute); subtask i writes part-<i> files into it, one line per record:
 	// the value, or "key<TAB>value" when Format is "kv".
 	Path   string
@@ -88,4 +104,20 @@ type SinkSpec struct {
 	URL           string // NATS server URL(s), comma-separated; "" = the runtime's default (config nats.url)
 	Subject       string // required; no wildcards
 	CommitSubject string // prefix of the commit-marker subjects; "" = Subject + ".streamd-commit"
+}
+
+// Conf is s.Config, nil (no values) when unset.
+func (s *SourceSpec) Conf() Config {
+	if s.Config == nil {
+		return nil
+	}
+	return *s.Config
+}
+
+// Conf is s.Config, nil (no values) when unset.
+func (s *SinkSpec) Conf() Config {
+	if s.Config == nil {
+		return nil
+	}
+	return *s.Config
 }
