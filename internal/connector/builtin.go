@@ -40,6 +40,7 @@ func registerBuiltins() bool {
 		DescribeSink(describeFileSink),
 		func(*SinkSpec, SinkEnv) (Sink, error) { return DiscardSink{}, nil })
 	MustRegisterSink("nats", natsSinkSpec(), newNATSSinkEnv)
+	registerNATSSchemes()
 	return true
 }
 

@@ -122,6 +122,8 @@ type ConfigSpec struct {
 	withArtifact    func(s *SourceSpec, local string)
 	rescale         func(positions [][]byte, parallelism int) ([][]byte, error)
 	restoreFinished func(s *SinkSpec, env SinkEnv, r FinishedRestore) error
+	transformInput  func(s *SourceSpec) (*SourceSpec, error)
+	transformOutput func(in *SourceSpec, out *SinkSpec) (string, error)
 }
 
 // FinishedRestore is what a sink subtask restored as finished (it runs no
