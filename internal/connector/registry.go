@@ -11,55 +11,6 @@ import (
 	"github.com/nats-io/nats.go"
 )
 
-// The connector registry. Every source and sink type a job file can name
-// is registered here, in the shape of Benthos' service.RegisterInput(name,
-// spec, ctor): a name, a ConfigSpec (its fields with their types,
-// defaults, docs and examples, plus the hooks below) and a constructor.
-// The job-file loader, streamd validate and deploy, dead letters, the REST
-// API and docs/connectors.md read the registry, so a connector is one file
-// that calls RegisterSource or RegisterSink from an init function, and its
-// test. Nothing here knows the job-file loader.
-//
-// Lifecycle of a source subtask, as the runtime drives it:
-//
-//  1. The job file is loaded: the loader checks the source's mapping
-//     against its ConfigSpec (unknown fields with "did you mean", types,
-//     Required, Enum; every problem with its line) and then runs the
-//     spec's Check hook; the values go into SourceSpec.Config.
-//  2. For a deployed job, Artifacts names the local files the hosts need
-//     (uploaded before the job starts; on the host the field holds the
-//     local copy's path).
-//  3. On every attempt of every subtask, the SourceConstructor is called
-//     with the subtask's SourceEnv: Position is nil on a first start and
-//     the Source.Position() of the same subtask's last checkpoint on a
-//     restore. A source that supports a new parallelism on restore sets
-//     RescalePositions on its spec (its splits, such as Kafka partitions,
-//     are then spread anew); without it the source's parallelism is fixed
-//     once a checkpoint holds its positions.
-//  4. Read, Watermark and Position are called by one goroutine (see
-//     Source); Position is taken at every checkpoint barrier and stored in
-//     the checkpoint as it is: its encoding is the connector's checkpoint
-//     format and must keep restoring across versions.
-//  5. Close is always called last, also after a failure.
-//
-// Lifecycle of a sink subtask:
-//
-//  1. and 2. as for a source (SinkSpec.Config).
-//  2. The SinkConstructor is called on the subtask's Open. A TwoPhaseSink
-//     first gets CommitPending with the pending states of the checkpoint
-//     it restores from (commits are idempotent), then Write for every
-//     batch, PreCommit at each checkpoint barrier (its result is the
-//     subtask's checkpointed sink state), Commit when a checkpoint
-//     completes, CommitFinal at the end of a job without checkpoints.
-//     A sink that is not a TwoPhaseSink is at least once.
-//  3. A subtask restored as finished runs no Write: RestoreFinished, when
-//     set, commits what the failed attempt left pending; without it, a
-//     TwoPhaseSink is opened, given CommitPending and closed.
-//  4. Close is always called last, also after a failure.
-//
-// Only a TwoPhaseSink whose spec is marked DeadLetters may be an
-// operator's dead_letter sink.
-
 // SourceEnv is what the runtime gives a source's constructor.
 type SourceEnv struct {
 	Context     context.Context
@@ -359,6 +310,13 @@ func WithSourceArtifact(s *SourceSpec, local string) error {
 	}
 	p.Spec.withArtifact(s, local)
 	return nil
+}
+
+// SourceRescales reports whether source type typ can restore at another
+// parallelism (its spec has RescalePositions).
+func SourceRescales(typ string) bool {
+	p, ok := LookupSource(typ)
+	return ok && p.Spec.rescale != nil
 }
 
 // RescaleSourcePositions spreads the positions of a source's old subtasks
