@@ -2,6 +2,7 @@ package jobfile
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 
 	"gopkg.in/yaml.v3"
@@ -33,49 +34,26 @@ func (p *parser) source(op, prefix string, n *yaml.Node) *SourceSpec {
 		return nil
 	}
 	names := connector.SourceNames()
-	t := findKey(n, "type")
-	var plugin *connector.Plugin
-	if t != nil && t.Kind == yaml.ScalarNode && t.Tag != "!!null" {
-		plugin, _ = connector.LookupSource(t.Value)
-	}
-	known, other := []string{"type"}, map[string]bool{}
-	if plugin != nil {
-		known = append(known, "watermark", "watermark_lag")
-		if plugin.Spec.TakesTimestamp() {
-			known = append(known, "timestamp")
+	t, plugin, known, other := connectorType(n, connector.Sources(), sourceCommon, func(p *connector.Plugin) []string {
+		if p.Spec.TakesTimestamp() {
+			return sourceCommon
 		}
-		known = append(known, fieldNames(plugin.Spec.Fields())...)
-	}
-	// Fields of the other types: "not a field of a T source" rather than
-	// unknown (and when the type is unknown or missing, any of them).
-	for _, q := range connector.Sources() {
-		if q == plugin {
-			continue
-		}
-		for _, k := range append(fieldNames(q.Spec.Fields()), sourceCommon...) {
-			if !contains(known, k) {
-				other[k] = true
-			}
-		}
-	}
+		return sourceCommon[1:]
+	})
 	f := p.connectorFields(op, prefix, n, known, other, plugin, "source")
 	if t == nil {
 		p.add(op, n.Line, prefix+"type", "missing (want %s)", orList(names))
 		return nil
 	}
 	s := &SourceSpec{Type: p.str(op, prefix+"type", t)}
+	p.eventTime(op, prefix, f, s)
 	if plugin == nil {
-		p.eventTime(op, prefix, f, s)
 		if s.Type != "" {
 			p.add(op, t.Line, prefix+"type", "unknown source type %q (want %s)", s.Type, orList(names))
 		}
 		return s
 	}
-	p.eventTime(op, prefix, f, s)
-	c := p.connectorConfig(op, prefix, n, f, plugin.Spec.Fields())
-	for _, fe := range plugin.Spec.CheckConfig(c) {
-		p.add(op, p.fieldLine(n, fe.Field), joinField(prefix, fe.Field), "%s", fe.Message)
-	}
+	c := p.checkedConfig(op, prefix, n, f, plugin)
 	wm := *s
 	plugin.BindSource(c, s)
 	s.TimestampField, s.WatermarkLag, s.IdleTimeout, s.WatermarkInterval = wm.TimestampField, wm.WatermarkLag, wm.IdleTimeout, wm.WatermarkInterval
@@ -93,22 +71,7 @@ func (p *parser) sinkAt(op, prefix string, n *yaml.Node) *SinkSpec {
 		return nil
 	}
 	names := connector.SinkNames()
-	t := findKey(n, "type")
-	var plugin *connector.Plugin
-	if t != nil && t.Kind == yaml.ScalarNode && t.Tag != "!!null" {
-		plugin, _ = connector.LookupSink(t.Value)
-	}
-	known, other := []string{"type"}, map[string]bool{}
-	if plugin != nil {
-		known = append(known, fieldNames(plugin.Spec.Fields())...)
-	}
-	for _, q := range connector.Sinks() {
-		for _, k := range fieldNames(q.Spec.Fields()) {
-			if q != plugin && !contains(known, k) {
-				other[k] = true
-			}
-		}
-	}
+	t, plugin, known, other := connectorType(n, connector.Sinks(), nil, func(*connector.Plugin) []string { return nil })
 	f := p.connectorFields(op, prefix, n, known, other, plugin, "sink")
 	if t == nil {
 		p.add(op, n.Line, prefix+"type", "missing (want %s)", strings.Join(names, ", "))
@@ -121,12 +84,37 @@ func (p *parser) sinkAt(op, prefix string, n *yaml.Node) *SinkSpec {
 		}
 		return s
 	}
-	c := p.connectorConfig(op, prefix, n, f, plugin.Spec.Fields())
-	for _, fe := range plugin.Spec.CheckConfig(c) {
-		p.add(op, p.fieldLine(n, fe.Field), joinField(prefix, fe.Field), "%s", fe.Message)
-	}
-	plugin.BindSink(c, s)
+	plugin.BindSink(p.checkedConfig(op, prefix, n, f, plugin), s)
 	return s
+}
+
+// connectorType finds the type of connector mapping n among plugins
+// (plugin nil: missing or not registered) and the keys the mapping may
+// have: known, its type's fields and those common gives it, and other,
+// the fields of the other types and every common one (allCommon), which
+// are "not a field of" this type rather than unknown.
+func connectorType(n *yaml.Node, plugins []*connector.Plugin, allCommon []string, common func(*connector.Plugin) []string) (
+	t *yaml.Node, plugin *connector.Plugin, known []string, other map[string]bool) {
+	if t = findKey(n, "type"); t != nil && t.Kind == yaml.ScalarNode && t.Tag != "!!null" {
+		if i := slices.IndexFunc(plugins, func(p *connector.Plugin) bool { return p.Name == t.Value }); i >= 0 {
+			plugin = plugins[i]
+		}
+	}
+	known, other = []string{"type"}, map[string]bool{}
+	if plugin != nil {
+		known = append(append(known, common(plugin)...), fieldNames(plugin.Spec.Fields())...)
+	}
+	for _, q := range plugins {
+		if q == plugin {
+			continue
+		}
+		for _, k := range append(fieldNames(q.Spec.Fields()), allCommon...) {
+			if !contains(known, k) {
+				other[k] = true
+			}
+		}
+	}
+	return t, plugin, known, other
 }
 
 // connectorFields returns the fields of connector mapping n by key. A key
@@ -182,6 +170,16 @@ func (p *parser) fieldLine(n *yaml.Node, field string) int {
 		line, n = c.Line, c
 	}
 	return line
+}
+
+// checkedConfig reads the values of plugin's fields from f (the keys of
+// mapping n) and runs its spec's Check, reporting each problem at its line.
+func (p *parser) checkedConfig(op, prefix string, n *yaml.Node, f map[string]*yaml.Node, plugin *connector.Plugin) connector.Config {
+	c := p.connectorConfig(op, prefix, n, f, plugin.Spec.Fields())
+	for _, fe := range plugin.Spec.CheckConfig(c) {
+		p.add(op, p.fieldLine(n, fe.Field), joinField(prefix, fe.Field), "%s", fe.Message)
+	}
+	return c
 }
 
 // connectorConfig reads the values of fields from f (the keys of mapping
