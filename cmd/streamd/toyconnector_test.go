@@ -12,6 +12,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net/http"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -19,11 +20,13 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/streamd/streamd/abi"
 	"github.com/streamd/streamd/internal/cluster"
 	"github.com/streamd/streamd/internal/connector"
 	"github.com/streamd/streamd/internal/jobfile"
+	"github.com/streamd/streamd/internal/webapi"
 )
 
 func init() {
@@ -33,6 +36,7 @@ func init() {
 			connector.NewIntField("count").Description("How far to count.").Require("a toy_counter counts up to count"),
 			connector.NewStringField("prefix").Description("Put before each number.").Default("n-"),
 			connector.NewStringField("case").Description("Of the prefix.").Default("lower").OneOf("case", "lower", "upper"),
+			connector.NewDurationField("delay").Description("Wait this long before each record.").Default(time.Duration(0)),
 		).
 		Check(func(c connector.Config) []connector.FieldError {
 			if n := c.Int("count"); n < 1 {
@@ -52,12 +56,13 @@ func init() {
 type toyCounter struct {
 	next, count, step int64
 	prefix            string
+	delay             time.Duration
 	buf               []byte
 }
 
 func newToyCounter(s *connector.SourceSpec, env connector.SourceEnv) (connector.Source, error) {
 	c := s.Conf()
-	t := &toyCounter{next: int64(env.Subtask), count: c.Int("count"), step: int64(env.Parallelism), prefix: c.String("prefix")}
+	t := &toyCounter{next: int64(env.Subtask), count: c.Int("count"), step: int64(env.Parallelism), prefix: c.String("prefix"), delay: c.Duration("delay")}
 	if c.String("case") == "upper" {
 		t.prefix = strings.ToUpper(t.prefix)
 	}
@@ -70,9 +75,17 @@ func newToyCounter(s *connector.SourceSpec, env connector.SourceEnv) (connector.
 	return t, nil
 }
 
-func (t *toyCounter) Read(_ context.Context, recs []abi.Record) (int, error) {
+func (t *toyCounter) Read(ctx context.Context, recs []abi.Record) (int, error) {
 	t.buf = t.buf[:0]
 	n := 0
+	if t.delay > 0 && t.next < t.count {
+		select {
+		case <-ctx.Done():
+			return 0, ctx.Err()
+		case <-time.After(t.delay):
+		}
+		recs = recs[:1]
+	}
 	for ; n < len(recs) && t.next < t.count; n++ {
 		at := len(t.buf)
 		t.buf = fmt.Appendf(t.buf, "%s%d", t.prefix, t.next)
@@ -122,6 +135,7 @@ operators:
 // TestToyConnector: the toy source and sink in a job file, validate,
 // streamd run and a deployed job's spec.
 func TestToyConnector(t *testing.T) {
+	toyReset("run")
 	dir := t.TempDir()
 	t.Chdir(dir)
 	must(t, os.WriteFile("job.yaml", []byte(fmt.Sprintf(toyJob, "run")), 0o644))
@@ -157,10 +171,7 @@ operators:
 	if code != exitOK {
 		t.Fatalf("run: exit %d\n%s%s", code, out, errs)
 	}
-	toyOut.Lock()
-	got := slices.Clone(toyOut.lines["run"])
-	toyOut.Unlock()
-	slices.Sort(got)
+	got := toyValues("run")
 	var want []string
 	for n := range 500 {
 		want = append(want, fmt.Sprintf("N-%d", n))
@@ -193,5 +204,73 @@ operators:
 	}
 	if s := g.Vertex("keep").Spec.(*jobfile.SinkSpec); s.Conf().String("name") != "run" {
 		t.Errorf("deployed sink spec %+v", s)
+	}
+}
+
+// toyReset forgets what the toy_lines sinks names kept (a test run again).
+func toyReset(names ...string) {
+	toyOut.Lock()
+	defer toyOut.Unlock()
+	for _, n := range names {
+		delete(toyOut.lines, n)
+	}
+}
+
+// toyValues are the values the toy_lines sink name kept, sorted.
+func toyValues(name string) []string {
+	toyOut.Lock()
+	defer toyOut.Unlock()
+	got := slices.Clone(toyOut.lines[name])
+	slices.Sort(got)
+	return got
+}
+
+// TestToyConnectorResumes: the toy source's positions go into a savepoint
+// and a run resumed from it continues where the first stopped, so the two
+// runs together keep every value once.
+func TestToyConnectorResumes(t *testing.T) {
+	const job = `name: toy
+parallelism: 2
+checkpoint: {interval: 50ms, dir: checkpoints}
+operators:
+  - uid: count
+    source: {type: toy_counter, count: 400, delay: %s}
+  - uid: keep
+    sink: {type: toy_lines, name: %s}
+    inputs: [count]
+`
+	toyReset("first", "second")
+	base, id, stderr, exit := startRun(t, fmt.Sprintf(job, "5ms", "first"))
+	deadline := time.Now().Add(30 * time.Second)
+	for len(toyValues("first")) < 20 {
+		if time.Now().After(deadline) {
+			t.Fatalf("the toy source wrote %d values in 30s: %s", len(toyValues("first")), stderr)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	var sp webapi.SavepointReply
+	if code, b := request(t, http.MethodPost, base+"/jobs/"+id+"/stop", `{"drain": false}`, &sp); code != 200 || sp.State != "stopped" {
+		t.Fatalf("stop: %d %s", code, b)
+	}
+	if code := <-exit; code != exitOK {
+		t.Fatalf("first run: exit %d: %s", code, stderr)
+	}
+	first := toyValues("first")
+	if len(first) >= 400 {
+		t.Fatalf("the first run read everything (%d) before it was stopped", len(first))
+	}
+	must(t, os.WriteFile("job.yaml", []byte(fmt.Sprintf(job, "0s", "second")), 0o644))
+	if code, _, out, errs := invoke(t, "run", "--progress", "off", "--from", sp.Location, "job.yaml"); code != exitOK {
+		t.Fatalf("resumed run: exit %d\n%s%s", code, out, errs)
+	}
+	all := append(first, toyValues("second")...)
+	slices.Sort(all)
+	var want []string
+	for n := range 400 {
+		want = append(want, fmt.Sprintf("n-%d", n))
+	}
+	slices.Sort(want)
+	if !reflect.DeepEqual(all, want) {
+		t.Errorf("first run %d values + resumed run %d: want n-0..n-399 once each", len(first), len(toyValues("second")))
 	}
 }
