@@ -70,11 +70,11 @@ It is resolved and checked against the job here before the job is submitted.
 			var file string
 			var err error
 			transform := t.input != "" && isModule(args[0])
-			in, outs, err := checkTransform(cmd, f, t)
+			ts, err := checkTransform(cmd, f, t)
 			if err != nil {
 				return err
 			}
-			if err := checkOnError(t.onError, args[0], f, transform, in, outs); err != nil {
+			if err := checkOnError(t.onError, args[0], f, transform, ts); err != nil {
 				return err
 			}
 			if !transform {
@@ -84,7 +84,7 @@ It is resolved and checked against the job here before the job is submitted.
 			}
 			return c.withClient(cmd.Context(), func(ctx context.Context, cl *cluster.Client) error {
 				if transform {
-					if job, err = c.transformJob(ctx, cl, args[0], f, t, in, outs); err != nil {
+					if job, err = c.transformJob(ctx, cl, args[0], f, t, ts); err != nil {
 						return err
 					}
 				}

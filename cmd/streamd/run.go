@@ -17,6 +17,7 @@ import (
 	"github.com/streamd/streamd/control"
 	"github.com/streamd/streamd/host"
 	"github.com/streamd/streamd/internal/checkpoint"
+	"github.com/streamd/streamd/internal/connector"
 	"github.com/streamd/streamd/internal/jobfile"
 	"github.com/streamd/streamd/internal/runtime"
 	"github.com/streamd/streamd/internal/webapi"
@@ -340,15 +341,11 @@ func (c *cli) stopOnSignal(ctx context.Context, done <-chan struct{}, stop chan<
 // nats.* settings.
 func usesNATS(g *control.JobGraph) bool {
 	for _, v := range g.Vertices {
-		switch s := v.Spec.(type) {
-		case *jobfile.SourceSpec:
-			if s.Type == "nats" {
-				return true
-			}
-		case *jobfile.SinkSpec:
-			if s.Type == "nats" {
-				return true
-			}
+		if connector.UsesNATS(v.Spec) {
+			return true
+		}
+		if w, ok := v.Spec.(*jobfile.WasmSpec); ok && w.OnError != nil && w.OnError.DeadLetter != nil && connector.UsesNATS(w.OnError.DeadLetter) {
+			return true
 		}
 	}
 	return false
@@ -374,6 +371,9 @@ func (c *cli) printOutputs(job *jobfile.Job) {
 			fmt.Fprintf(c.stderr, "%s of %q: standard output\n", what, v.UID)
 		case "nats":
 			fmt.Fprintf(c.stderr, "%s of %q: NATS subject %s\n", what, v.UID, s.Subject)
+		case "discard":
+		default:
+			fmt.Fprintf(c.stderr, "%s of %q: %s\n", what, v.UID, connector.DescribeSink(s))
 		}
 	}
 }

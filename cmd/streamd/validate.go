@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"path/filepath"
 	"sort"
 	"strings"
 	"text/tabwriter"
@@ -15,6 +14,7 @@ import (
 	"github.com/streamd/streamd/abi"
 	"github.com/streamd/streamd/host"
 	"github.com/streamd/streamd/internal/checkpoint"
+	"github.com/streamd/streamd/internal/connector"
 	"github.com/streamd/streamd/internal/jobfile"
 )
 
@@ -285,48 +285,9 @@ func printGraph(w io.Writer, job *jobfile.Job) {
 func describeSpec(spec any) string {
 	switch s := spec.(type) {
 	case *jobfile.SourceSpec:
-		switch s.Type {
-		case "file":
-			if s.Path == "-" {
-				return "source stdin"
-			}
-			return "source file " + s.Path
-		case "generator":
-			d := fmt.Sprintf("source generator count=%d", s.Count)
-			if s.Rate > 0 {
-				d += fmt.Sprintf(" rate=%g/s", s.Rate)
-			}
-			return d
-		case "nats":
-			d := "source nats stream " + s.Stream
-			if s.Subject != "" {
-				d += " subject " + s.Subject
-			}
-			if s.Bounded {
-				d += " bounded"
-			}
-			if s.URL != "" {
-				d += " at " + s.URL
-			}
-			return d
-		}
-		return "source " + s.Type
+		return connector.DescribeSource(s)
 	case *jobfile.SinkSpec:
-		d := "sink " + s.Type
-		if s.Type == "nats" {
-			d += " subject " + s.Subject
-			if s.URL != "" {
-				d += " at " + s.URL
-			}
-			return d
-		}
-		if s.Path != "" {
-			d += " " + s.Path + string(filepath.Separator)
-		}
-		if s.Format == "kv" {
-			d += " format=kv"
-		}
-		return d
+		return connector.DescribeSink(s)
 	case *jobfile.WasmSpec:
 		d := "wasm " + s.Path
 		keys := make([]string, 0, len(s.Config))

@@ -333,20 +333,6 @@ func (s *sinkOperator) Open(context.Context, SubtaskInfo) error {
 	return nil
 }
 
-// commitRestored opens the sink of a subtask deployed as finished only to
-// commit its restored pending data, and closes it.
-func (s *sinkOperator) commitRestored() error {
-	sink, err := s.open()
-	if err != nil {
-		return err
-	}
-	defer sink.Close()
-	if tp, ok := sink.(connector.TwoPhaseSink); ok {
-		return tp.CommitPending(s.pending)
-	}
-	return nil
-}
-
 func (s *sinkOperator) snapshot(_ context.Context, b control.Barrier) (*checkpoint.SubtaskState, error) {
 	if tp, ok := s.sink.(connector.TwoPhaseSink); ok {
 		st, err := tp.PreCommit(b.ID)

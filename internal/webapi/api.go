@@ -25,6 +25,7 @@ import (
 	"time"
 
 	"github.com/streamd/streamd/internal/cluster"
+	"github.com/streamd/streamd/internal/connector"
 )
 
 // Backend is what the API serves. *cluster.Client is one; Local is the
@@ -72,6 +73,7 @@ func New(b Backend, opts Options) http.Handler {
 	h := &handler{b: b, opts: opts}
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /config", h.config)
+	mux.HandleFunc("GET /connectors", h.connectors)
 	mux.HandleFunc("GET /jobs", h.jobs)
 	mux.HandleFunc("GET /jobs/overview", h.jobs)
 	mux.HandleFunc("GET /jobs/{id}", h.view(func(st *cluster.JobStatus) any { return detail(st) }))
@@ -158,6 +160,19 @@ type Config struct {
 func (h *handler) config(w http.ResponseWriter, _ *http.Request) {
 	writeJSON(w, http.StatusOK, Config{Mode: h.opts.Mode, Version: h.opts.Version,
 		TracingUIURL: strings.TrimRight(h.opts.TracingUIURL, "/"), Service: h.opts.Service, RefreshMS: 1000})
+}
+
+// ConnectorsReply is GET /connectors: the source and sink types of the
+// connector registry, with their fields (what docs/connectors.md shows).
+type ConnectorsReply struct {
+	Sources []connector.Info `json:"sources"`
+	Sinks   []connector.Info `json:"sinks"`
+}
+
+func (h *handler) connectors(w http.ResponseWriter, _ *http.Request) {
+	var r ConnectorsReply
+	r.Sources, r.Sinks = connector.Catalog()
+	writeJSON(w, http.StatusOK, r)
 }
 
 // JobsReply is GET /jobs.

@@ -360,3 +360,26 @@ func TestConfigAndConsole(t *testing.T) {
 	}
 	wantError(t, http.MethodGet, tc.url+"/nothing.js", "", 404, "no such resource")
 }
+
+// TestConnectorsFromRegistry: GET /connectors lists the connector
+// registry's types with their fields (no job needed).
+func TestConnectorsFromRegistry(t *testing.T) {
+	rec := httptest.NewRecorder()
+	webapi.New(nil, webapi.Options{Mode: "run"}).ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/connectors", nil))
+	var r webapi.ConnectorsReply
+	if err := json.Unmarshal(rec.Body.Bytes(), &r); rec.Code != 200 || err != nil {
+		t.Fatalf("GET /connectors: %d %v\n%s", rec.Code, err, rec.Body)
+	}
+	if len(r.Sources) < 3 || r.Sources[2].Type != "nats" || !r.Sources[2].UsesNATS || len(r.Sinks) < 4 || r.Sinks[0].Type != "file" || !r.Sinks[0].DeadLetters {
+		t.Fatalf("connectors %+v", r)
+	}
+	found := false
+	for _, f := range r.Sources[2].Fields {
+		if f.Name == "stream" && f.Required && f.Type == "string" {
+			found = true
+		}
+	}
+	if !found {
+		t.Errorf("nats source fields %+v: want a required stream", r.Sources[2].Fields)
+	}
+}
