@@ -5,11 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"os/signal"
 	"path/filepath"
 	"sort"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -54,7 +52,8 @@ A job file with a checkpoint section checkpoints (docs/checkpoints.md): a failed
 subtask restarts the job from the latest completed checkpoint, the file sink's
 output is exactly-once, and Ctrl-C (SIGINT or SIGTERM) stops the job with a
 savepoint and prints its path; resume with --from PATH (not after --drain: the
-input ended). --from also takes a
+input ended). When no savepoint can be taken (the job is restarting) or the
+stop fails, Ctrl-C cancels the job instead and says so. --from also takes a
 checkpoint directory (its newest completed checkpoint or savepoint, by id), at any parallelism.`,
 		Example: `  streamd run examples/wasm/wordcount/wordcount.yaml
   streamd run --parallelism 4 job.yaml
@@ -285,6 +284,11 @@ func (c *cli) run(ctx context.Context, cmd *cobra.Command, target string, f runF
 		return nil
 	case ctx.Err() != nil && errors.Is(err, ctx.Err()):
 		prog.finish(stats, "canceled")
+		if stopped != nil && err != ctx.Err() {
+			// The stop could not take a savepoint: say why it canceled.
+			fmt.Fprintf(c.stderr, "streamd: %v\n", err)
+			return errStopped
+		}
 		return ctx.Err()
 	case runCtx.Err() != nil && errors.Is(err, context.Canceled):
 		prog.finish(stats, "canceled")
@@ -295,14 +299,16 @@ func (c *cli) run(ctx context.Context, cmd *cobra.Command, target string, f runF
 	}
 }
 
-// errStopped is returned when Ctrl-C stopped the job with a savepoint: the
-// exit status is exitCanceled, and the savepoint was already reported.
-var errStopped = errors.New("stopped with a savepoint")
+// errStopped is returned when Ctrl-C stopped the job with a savepoint, or
+// canceled it when none could be taken: the exit status is exitCanceled,
+// and the savepoint or the cancel was already reported.
+var errStopped = errors.New("stopped by a signal")
 
 // stopOnSignal stops the job with a savepoint when ctx is canceled (Ctrl-C,
 // SIGTERM); a second signal kills the process (main restores the default
-// handlers). If that stop fails and the job goes on, the next signal stops
-// it again with a new savepoint, and one more kills.
+// handlers). The stop must end the job: when no savepoint can be taken (the
+// job restarts) or the stop fails, the job is canceled instead, and run
+// says which.
 func (c *cli) stopOnSignal(ctx context.Context, done <-chan struct{}, stop chan<- runtime.StopRequest, drain bool) {
 	select {
 	case <-ctx.Done():
@@ -310,28 +316,10 @@ func (c *cli) stopOnSignal(ctx context.Context, done <-chan struct{}, stop chan<
 		return
 	}
 	failed := make(chan error, 1)
-	fmt.Fprintf(c.stderr, "stopping with a savepoint (drain=%t); press Ctrl-C again to kill\n", drain)
-	stop <- runtime.StopRequest{Drain: drain, Failed: failed}
-	var err error
+	fmt.Fprintf(c.stderr, "stopping with a savepoint (drain=%t), or canceling if none can be taken; press Ctrl-C again to kill\n", drain)
+	stop <- runtime.StopRequest{Drain: drain, Failed: failed, Terminate: true}
 	select {
-	case err = <-failed:
-	case <-done:
-		return
-	}
-	sig := make(chan os.Signal, 1)
-	signal.Notify(sig, os.Interrupt, syscall.SIGTERM)
-	fmt.Fprintf(c.stderr, "streamd: %v\nthe job goes on; press Ctrl-C to stop it again with a new savepoint\n", err)
-	select {
-	case <-sig:
-	case <-done:
-		signal.Stop(sig)
-		return
-	}
-	signal.Stop(sig) // a further signal kills
-	fmt.Fprintf(c.stderr, "stopping with a savepoint (drain=%t); press Ctrl-C again to kill\n", drain)
-	stop <- runtime.StopRequest{Drain: drain, Failed: failed}
-	select {
-	case err = <-failed:
+	case err := <-failed:
 		fmt.Fprintf(c.stderr, "streamd: %v\n", err)
 	case <-done:
 	}

@@ -398,6 +398,10 @@ type HostEvent struct {
 	// host's. With state failed: the subtask whose failure failed the
 	// attempt, when the error names one.
 	Subtasks []SubtaskRef `json:"subtasks,omitempty"`
+	// Class, with state failed, says what a restart can do about the
+	// failure (control.FailureClass): "non-recoverable" (the job fails at
+	// once), "in-open" (it failed while opening); absent: restartable.
+	Class string `json:"class,omitempty"`
 	// Checkpoints are the latest completed checkpoints of a job the host
 	// runs whole (with its own coordinator), oldest first.
 	Checkpoints []runtime.CheckpointStats `json:"checkpoints,omitempty"`

@@ -692,6 +692,8 @@ type failure struct {
 	skip bool
 	// subtask is the subtask whose failure it is, when known.
 	subtask *control.SubtaskID
+	// class says what a restart can do about a task failure.
+	class control.FailureClass
 }
 
 // failLocked handles the failure of j's current attempt: it is canceled on
@@ -704,7 +706,7 @@ func (c *Controller) failLocked(j *ctlJob, now time.Time, f failure) []effect {
 	reason := f.reason
 	infra := f.kind == failInfra
 	if j.dist != nil && !(infra && j.failovers >= c.opts.MaxFailovers) {
-		j.dist.failover(reason, f.host, f.subtask, f.kind != failTask)
+		j.dist.failover(reason, f.host, f.subtask, f.kind != failTask, f.class)
 	}
 	if j.placement != nil {
 		skip := ""
@@ -1457,6 +1459,13 @@ func (c *Controller) hostEvent(ev HostEvent) {
 		}
 		if len(ev.Subtasks) > 0 {
 			f.subtask = &control.SubtaskID{Operator: ev.Subtasks[0].Operator, Index: ev.Subtasks[0].Subtask}
+		}
+		if ev.Class != "" {
+			if cl, err := control.ParseFailureClass(ev.Class); err == nil {
+				f.class = cl
+			} else {
+				c.log.Warn("host event with an unknown failure class: taken as restartable", "host", ev.HostID, "err", err)
+			}
 		}
 		effects = append(effects, c.failLocked(j, now, f)...)
 		effects = append(effects, c.scheduleLocked(now)...)

@@ -432,6 +432,9 @@ func (h *Host) execute(ctx context.Context, r *hostRun, a Assignment) {
 	default:
 		ev.State, ev.Error = SubtaskFailed, err.Error()
 		ev.Subtasks = failedSubtask(err)
+		if c := runtime.FailureClass(err); c != control.FailureRestartable {
+			ev.Class = c.String()
+		}
 		log.Warn("attempt failed", "err", err)
 	}
 	h.mu.Lock()
