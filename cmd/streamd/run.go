@@ -29,6 +29,7 @@ type runFlags struct {
 	from         string
 	drain        bool
 	name         string // deploy: the job's name
+	asJSON       bool   // run: print the result as JSON on stdout
 }
 
 func (c *cli) runCommand() *cobra.Command {
@@ -74,6 +75,7 @@ checkpoint directory (its newest completed checkpoint or savepoint, by id), at a
 	fl.StringArrayVar(&f.config, "config", nil, "module only: operator config entry KEY=VALUE (repeatable)")
 	fl.BoolVar(&f.allowClock, "allow-clock", false, "module only: give the guest the real wall clock")
 	fl.StringVar(&f.from, "from", "", "job: restore from a checkpoint, a savepoint, or a checkpoint directory (its newest completed checkpoint or savepoint)")
+	fl.BoolVar(&f.asJSON, "json", false, `print the result on stdout when the job ends: {"job", "state", "elapsed", "restarts", "checkpoints", "last_checkpoint", "savepoint", "error", "operators"} (not with a stdout sink)`)
 	fl.BoolVar(&f.drain, "drain", false, "job: on Ctrl-C (SIGINT, SIGTERM) stop with a savepoint after draining (end_input and finish run; timers fire)")
 	fl.String("progress", progressAuto, "progress display: auto, table, log or off ("+keyProgress+")")
 	fl.Int("batch-size", 1024, "records per batch on channels and into wasm ("+keyBatchSize+")")
@@ -101,7 +103,26 @@ func isModule(path string) bool {
 	return n == 4 && magic == [4]byte{0, 'a', 's', 'm'}
 }
 
-func (c *cli) run(ctx context.Context, cmd *cobra.Command, target string, f runFlags) error {
+// runResult is what run --json prints when the job ends.
+type runResult struct {
+	Job            string           `json:"job"`
+	State          string           `json:"state"` // finished, stopped, canceled or failed
+	Elapsed        string           `json:"elapsed"`
+	Restarts       int              `json:"restarts"`
+	Checkpoints    int              `json:"checkpoints"`
+	LastCheckpoint string           `json:"last_checkpoint,omitempty"`
+	Savepoint      string           `json:"savepoint,omitempty"`
+	Error          string           `json:"error,omitempty"`
+	Operators      []runOperatorRes `json:"operators"`
+}
+
+type runOperatorRes struct {
+	UID        string `json:"uid"`
+	RecordsIn  int64  `json:"records_in"`
+	RecordsOut int64  `json:"records_out"`
+}
+
+func (c *cli) run(ctx context.Context, cmd *cobra.Command, target string, f runFlags) (retErr error) {
 	filter := isModule(target)
 	var job *jobfile.Job
 	var err error
@@ -137,6 +158,13 @@ func (c *cli) run(ctx context.Context, cmd *cobra.Command, target string, f runF
 	}
 	if err != nil {
 		return err
+	}
+	if f.asJSON {
+		for _, v := range job.Graph.Vertices {
+			if s, ok := v.Spec.(*jobfile.SinkSpec); ok && s.Type == "stdout" {
+				return usagef("--json prints the result on standard output, where the sink %q writes: give it another sink (--sink file:DIR or discard for a module)", v.UID)
+			}
+		}
 	}
 
 	mode := c.v.GetString(keyProgress)
@@ -256,10 +284,28 @@ func (c *cli) run(ctx context.Context, cmd *cobra.Command, target string, f runF
 	prog := newProgress(mode, c.stderr, log)
 	opts.Progress = func(s runtime.Stats) { prog.update(s); local.Update(s) }
 	start := time.Now()
-	stats, err := runtime.Run(runCtx, g, opts)
+	var stats runtime.Stats
+	endState := ""
+	finish := func(state string) { prog.finish(stats, state); endState = state }
+	if f.asJSON {
+		defer func() {
+			res := runResult{Job: g.Name, State: endState, Elapsed: stats.Elapsed.Round(time.Millisecond).String(), Restarts: stats.Restarts,
+				Checkpoints: stats.Checkpoints, LastCheckpoint: stats.LastCheckpoint, Savepoint: stats.Savepoint, Operators: []runOperatorRes{}}
+			if retErr != nil && !errors.Is(retErr, errStopped) {
+				res.Error = retErr.Error()
+			}
+			for _, o := range stats.Operators {
+				res.Operators = append(res.Operators, runOperatorRes{UID: o.UID, RecordsIn: o.RecordsIn, RecordsOut: o.RecordsOut})
+			}
+			if jerr := c.printJSON(res); jerr != nil && retErr == nil {
+				retErr = jerr
+			}
+		}()
+	}
+	stats, err = runtime.Run(runCtx, g, opts)
 	endLocal(local, stats, err, runCtx.Err() != nil)
 	if stats.Savepoint != "" {
-		prog.finish(stats, "stopped")
+		finish("stopped")
 		if f.drain {
 			// The input ended and every operator finished: nothing is left to resume.
 			fmt.Fprintf(c.stderr, "drained and stopped with savepoint %s\n", stats.Savepoint)
@@ -276,14 +322,14 @@ func (c *cli) run(ctx context.Context, cmd *cobra.Command, target string, f runF
 	}
 	switch {
 	case err == nil:
-		prog.finish(stats, "finished")
+		finish("finished")
 		startLevel("job finished", "elapsed", stats.Elapsed.Round(time.Millisecond))
 		if !filter || mode == progressTable {
 			c.printOutputs(job)
 		}
 		return nil
 	case ctx.Err() != nil && errors.Is(err, ctx.Err()):
-		prog.finish(stats, "canceled")
+		finish("canceled")
 		if stopped != nil && err != ctx.Err() {
 			// The stop could not take a savepoint: say why it canceled.
 			fmt.Fprintf(c.stderr, "streamd: %v\n", err)
@@ -291,10 +337,10 @@ func (c *cli) run(ctx context.Context, cmd *cobra.Command, target string, f runF
 		}
 		return ctx.Err()
 	case runCtx.Err() != nil && errors.Is(err, context.Canceled):
-		prog.finish(stats, "canceled")
+		finish("canceled")
 		return fmt.Errorf("the job was canceled through the REST API: %w", context.Canceled)
 	default:
-		prog.finish(stats, "failed")
+		finish("failed")
 		return err
 	}
 }
