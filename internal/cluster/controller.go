@@ -842,7 +842,7 @@ func (c *Controller) endLocked(j *ctlJob, now time.Time, state, reason string) {
 func (c *Controller) handleDeploy(msg micro.Request) {
 	var req DeployRequest
 	if err := json.Unmarshal(msg.Data(), &req); err != nil {
-		reply(msg, DeployReply{Reply: Reply{Error: "cluster: deploy: bad request: " + err.Error()}})
+		reply(msg, DeployReply{Reply: Reply{Error: "cluster: deploy: bad request: " + err.Error(), Code: CodeBadRequest}})
 		return
 	}
 	if cs := req.Job.Checkpoint; cs != nil && cs.Storage == "" && c.opts.CheckpointStorage != "" {
@@ -978,11 +978,11 @@ func (c *Controller) handleDelete(msg micro.Request) {
 	switch {
 	case j == nil:
 		c.mu.Unlock()
-		reply(msg, JobReply{Reply: errReply(fmt.Errorf("cluster: no job %q (streamd list --all shows the jobs)", req.JobID))})
+		reply(msg, JobReply{Reply: errReply(notFoundf("cluster: no job %q (streamd list --all shows the jobs)", req.JobID))})
 		return
 	case !TerminalJobState(j.state) || j.canceling:
 		c.mu.Unlock()
-		reply(msg, JobReply{Reply: Reply{Error: fmt.Sprintf("cluster: job %s is %s: cancel it first (streamd cancel %s)", j.id, j.state, j.id)}})
+		reply(msg, JobReply{Reply: errReply(conflictf("cluster: job %s is %s: cancel it first (streamd cancel %s)", j.id, j.state, j.id))})
 		return
 	case j.deleting:
 		c.mu.Unlock()
@@ -1023,11 +1023,11 @@ func (c *Controller) handleDelete(msg micro.Request) {
 func (c *Controller) lookup(msg micro.Request) (*ctlJob, JobRequest, error) {
 	var req JobRequest
 	if err := json.Unmarshal(msg.Data(), &req); err != nil {
-		return nil, req, fmt.Errorf("cluster: bad request: %w", err)
+		return nil, req, badRequestf("cluster: bad request: %v", err)
 	}
 	j := c.jobs[req.JobID]
 	if j == nil {
-		return nil, req, fmt.Errorf("cluster: no job %q (streamd list shows the jobs)", req.JobID)
+		return nil, req, notFoundf("cluster: no job %q (streamd list shows the jobs)", req.JobID)
 	}
 	return j, req, nil
 }
@@ -1071,7 +1071,7 @@ func (c *Controller) handleCancel(msg micro.Request) {
 		if j.canceling {
 			what = "being canceled"
 		}
-		reply(msg, JobReply{Reply: Reply{Error: fmt.Sprintf("cluster: job %s is %s", j.id, what)}, Job: &st})
+		reply(msg, JobReply{Reply: errReply(conflictf("cluster: job %s is %s", j.id, what)), Job: &st})
 		return
 	}
 	var effects []effect
@@ -1100,7 +1100,7 @@ func (c *Controller) handleCancel(msg micro.Request) {
 func (c *Controller) handleSavepoint(msg micro.Request) {
 	var req SavepointRequest
 	if err := json.Unmarshal(msg.Data(), &req); err != nil {
-		reply(msg, SavepointReply{Reply: Reply{Error: "cluster: savepoint: bad request: " + err.Error()}})
+		reply(msg, SavepointReply{Reply: Reply{Error: "cluster: savepoint: bad request: " + err.Error(), Code: CodeBadRequest}})
 		return
 	}
 	path, err := c.forwardSavepoint(req.JobID, HostRequest{Dir: req.Dir}, HostVerbSavepoint)
@@ -1110,7 +1110,7 @@ func (c *Controller) handleSavepoint(msg micro.Request) {
 func (c *Controller) handleStop(msg micro.Request) {
 	var req StopRequest
 	if err := json.Unmarshal(msg.Data(), &req); err != nil {
-		reply(msg, SavepointReply{Reply: Reply{Error: "cluster: stop: bad request: " + err.Error()}})
+		reply(msg, SavepointReply{Reply: Reply{Error: "cluster: stop: bad request: " + err.Error(), Code: CodeBadRequest}})
 		return
 	}
 	path, err := c.forwardSavepoint(req.JobID, HostRequest{Dir: req.SavepointDir, Drain: req.Drain}, HostVerbStop)
@@ -1127,11 +1127,11 @@ func (c *Controller) forwardSavepoint(jobID string, hr HostRequest, verb string)
 	switch {
 	case j == nil:
 		c.mu.Unlock()
-		return "", fmt.Errorf("cluster: no job %q (streamd list shows the jobs)", jobID)
+		return "", notFoundf("cluster: no job %q (streamd list shows the jobs)", jobID)
 	case j.placement == nil || j.dist == nil || (j.state != JobRunning && j.state != JobFinishing):
 		st := j.state
 		c.mu.Unlock()
-		return "", fmt.Errorf("cluster: %s job %s: the job is %s, not running", verb, jobID, st)
+		return "", conflictf("cluster: %s job %s: the job is %s, not running", verb, jobID, st)
 	}
 	c.mu.Unlock()
 	return c.distSavepoint(jobID, verb, hr.Dir, hr.Drain)

@@ -948,7 +948,7 @@ func (c *Controller) distSavepoint(jobID, verb, dir string, drain bool) (string,
 	j := c.jobs[jobID]
 	if j == nil || j.dist == nil {
 		c.mu.Unlock()
-		return "", fmt.Errorf("cluster: no job %q spread over hosts", jobID)
+		return "", notFoundf("cluster: no job %q spread over hosts", jobID)
 	}
 	dj := j.dist
 	attempt := j.attempt

@@ -113,7 +113,7 @@ type upgradeState struct {
 func (c *Controller) handleUpgrade(msg micro.Request) {
 	var req UpgradeRequest
 	if err := json.Unmarshal(msg.Data(), &req); err != nil {
-		reply(msg, UpgradeReply{Reply: Reply{Error: "cluster: upgrade: bad request: " + err.Error()}})
+		reply(msg, UpgradeReply{Reply: Reply{Error: "cluster: upgrade: bad request: " + err.Error(), Code: CodeBadRequest}})
 		return
 	}
 	sp, version, replaced, err := c.upgrade(req)
@@ -134,7 +134,7 @@ func (c *Controller) upgrade(req UpgradeRequest) (string, int, bool, error) {
 	j := c.jobs[req.JobID]
 	if j == nil {
 		c.mu.Unlock()
-		return "", 0, false, fmt.Errorf("cluster: no job %q (streamd list shows the jobs)", req.JobID)
+		return "", 0, false, notFoundf("cluster: no job %q (streamd list shows the jobs)", req.JobID)
 	}
 	spec, replace, err := c.newVersionLocked(j, req)
 	if err != nil {
@@ -332,15 +332,15 @@ func (c *Controller) newVersionLocked(j *ctlJob, req UpgradeRequest) (spec JobSp
 	replace = j.state == JobRestarting || j.state == JobCreated
 	switch {
 	case j.upgrading || j.upgrade != nil:
-		return JobSpec{}, false, fmt.Errorf("an upgrade of the job is in progress (streamd status %s shows it)", j.id)
+		return JobSpec{}, false, conflictf("an upgrade of the job is in progress (streamd status %s shows it)", j.id)
 	case j.canceling || j.preparing:
-		return JobSpec{}, false, fmt.Errorf("the job is being %s", map[bool]string{true: "canceled", false: "prepared"}[j.canceling])
+		return JobSpec{}, false, conflictf("the job is being %s", map[bool]string{true: "canceled", false: "prepared"}[j.canceling])
 	case !replace && (j.placement == nil || j.dist == nil || (j.state != JobRunning && j.state != JobFinishing)):
-		return JobSpec{}, false, fmt.Errorf("the job is %s, not running (an upgrade stops a running job with a savepoint; start a stopped one with streamd deploy --from)", j.state)
+		return JobSpec{}, false, conflictf("the job is %s, not running (an upgrade stops a running job with a savepoint; start a stopped one with streamd deploy --from)", j.state)
 	case !replace && !j.dist.ckpt:
-		return JobSpec{}, false, fmt.Errorf("the job has no checkpoints, so no savepoint to upgrade from (use streamd cancel and deploy)")
+		return JobSpec{}, false, conflictf("the job has no checkpoints, so no savepoint to upgrade from (use streamd cancel and deploy)")
 	case (req.Job == nil) == (req.Module == nil):
-		return JobSpec{}, false, fmt.Errorf("want a new job or a new module, got %s", map[bool]string{true: "both", false: "neither"}[req.Job != nil])
+		return JobSpec{}, false, badRequestf("want a new job or a new module, got %s", map[bool]string{true: "both", false: "neither"}[req.Job != nil])
 	}
 	spec, err = c.newSpecLocked(j, req, replace)
 	return spec, replace, err
