@@ -196,6 +196,8 @@ func describeSpec(spec any) string {
 				d += fmt.Sprintf(" rate=%g/s", s.Rate)
 			}
 			return d
+		case "nexmark":
+			return fmt.Sprintf("source nexmark events=%d rate=%g/s", s.Nexmark.Events, s.Nexmark.Rate)
 		case "nats":
 			d := "source nats stream " + s.Stream
 			if s.Subject != "" {

@@ -709,7 +709,7 @@ func splitFrom(from string) (uid, output string) {
 }
 
 var (
-	sourceFields     = []string{"type", "path", "count", "rate", "key", "value", "keys", "value_size", "start_ts", "ts_step", "watermark_lag", "url", "stream", "subject", "bounded", "key_from", "start", "timestamp", "watermark"}
+	sourceFields     = []string{"type", "path", "count", "rate", "key", "value", "keys", "value_size", "start_ts", "ts_step", "watermark_lag", "url", "stream", "subject", "bounded", "key_from", "start", "timestamp", "watermark", "events", "event_rate", "base_time", "seed", "out_of_order_group_size"}
 	fileSourceOnly   = []string{"path", "timestamp", "watermark_lag", "watermark"}
 	generatorFields  = []string{"count", "rate", "key", "value", "keys", "value_size", "start_ts", "ts_step", "watermark_lag", "watermark"}
 	natsSourceFields = []string{"url", "stream", "subject", "bounded", "key_from", "watermark_lag", "start", "timestamp", "watermark"}
@@ -720,7 +720,7 @@ var (
 
 // SourceTypes and SinkTypes are the built-in connector types a job file may name.
 var (
-	SourceTypes = []string{"file", "generator", "nats"}
+	SourceTypes = []string{"file", "generator", "nats", "nexmark"}
 	SinkTypes   = []string{"file", "stdout", "discard", "nats"}
 )
 
@@ -816,6 +816,9 @@ func (p *parser) source(op, prefix string, n *yaml.Node) *SourceSpec {
 				s.TSStep = d.Milliseconds()
 			}
 		}
+	case "nexmark":
+		notFor(nexmarkFields)
+		s.Nexmark = p.nexmark(op, prefix, n.Line, f)
 	case "nats":
 		notFor(natsSourceFields)
 		if c := f["url"]; c != nil {

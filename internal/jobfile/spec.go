@@ -5,11 +5,16 @@ package jobfile
 import (
 	"strconv"
 	"time"
+
+	"github.com/streamd/streamd/internal/nexmark"
 )
 
 // SourceSpec is a built-in source (Vertex.Spec of a vertex without inputs).
 type SourceSpec struct {
-	Type string // "generator" | "file" | "nats"
+	Type string // "generator" | "file" | "nats" | "nexmark"
+
+	// nexmark: the Nexmark benchmark's events (docs/nexmark.md).
+	Nexmark *nexmark.Config `json:",omitempty"`
 
 	// file: one record per line (value = line without the newline, no key, no timestamp).
 	Path string // absolute (resolved against the job file's directory)

@@ -1,6 +1,10 @@
 package nexmark
 
-import "math"
+import (
+	"math"
+
+	sdk "github.com/streamd/streamd/sdk/go/nexmark"
+)
 
 var (
 	usStates   = []string{"AZ", "CA", "ID", "OR", "WA", "WY"}
@@ -156,8 +160,8 @@ func appendExtra(dst []byte, r *javaRandom, size, avg int) []byte {
 
 func (g *Generator) person(e *encoder, dst []byte, id int64, r *javaRandom, ts int64) {
 	e.begin(dst, KindPerson)
-	e.setInt(PersonID, lastBase0PersonID(id)+FirstPersonID)
-	e.setInt(PersonDateTime, ts)
+	e.setInt(sdk.PersonID, lastBase0PersonID(id)+FirstPersonID)
+	e.setInt(sdk.PersonDateTime, ts)
 	a := e.area()
 	e.dst = append(e.dst, firstNames[r.nextInt(int32(len(firstNames)))]...)
 	e.dst = append(e.dst, ' ')
@@ -184,29 +188,29 @@ func (g *Generator) person(e *encoder, dst []byte, id int64, r *javaRandom, ts i
 
 func (g *Generator) auction(e *encoder, dst []byte, n, id int64, r *javaRandom, ts int64) {
 	e.begin(dst, KindAuction)
-	e.setInt(AuctionID, lastBase0AuctionID(id)+FirstAuctionID)
+	e.setInt(sdk.AuctionID, lastBase0AuctionID(id)+FirstAuctionID)
 	var seller int64
 	if r.nextInt(HotSellersRatio) > 0 {
 		seller = lastBase0PersonID(id) / hotSellerBatch * hotSellerBatch
 	} else {
 		seller = nextBase0PersonID(id, r)
 	}
-	e.setInt(AuctionSeller, seller+FirstPersonID)
-	e.setInt(AuctionCategory, FirstCategoryID+int64(r.nextInt(NumCategories)))
+	e.setInt(sdk.AuctionSeller, seller+FirstPersonID)
+	e.setInt(sdk.AuctionCategory, FirstCategoryID+int64(r.nextInt(NumCategories)))
 	initial := nextPrice(r)
-	e.setInt(AuctionInitialBid, initial)
+	e.setInt(sdk.AuctionInitialBid, initial)
 	// nextAuctionLengthMs: on average twice the time until
 	// NumInFlightAuctions more auctions.
 	ahead := int64(NumInFlightAuctions * TotalProportion / AuctionProportion)
 	horizon := g.Timestamp(g.adjusted(n)+ahead) - ts
-	e.setInt(AuctionExpires, ts+1+r.nextLongN(max(horizon*2, 1)))
-	e.setInt(AuctionDateTime, ts)
+	e.setInt(sdk.AuctionExpires, ts+1+r.nextLongN(max(horizon*2, 1)))
+	e.setInt(sdk.AuctionDateTime, ts)
 	a := e.area()
 	e.dst = appendString(e.dst, r, 20)
 	e.endStr()
 	e.dst = appendString(e.dst, r, 100)
 	e.endStr()
-	e.setInt(AuctionReserve, initial+nextPrice(r))
+	e.setInt(sdk.AuctionReserve, initial+nextPrice(r))
 	e.dst = appendExtra(e.dst, r, 8+len(e.dst)-a+5*8, AvgAuctionByteSize)
 	e.endStr()
 }
@@ -224,10 +228,10 @@ func (g *Generator) bid(e *encoder, dst []byte, id int64, r *javaRandom, ts int6
 	} else {
 		bidder = nextBase0PersonID(id, r)
 	}
-	e.setInt(BidAuction, auction+FirstAuctionID)
-	e.setInt(BidBidder, bidder+FirstPersonID)
-	e.setInt(BidPrice, nextPrice(r))
-	e.setInt(BidDateTime, ts)
+	e.setInt(sdk.BidAuction, auction+FirstAuctionID)
+	e.setInt(sdk.BidBidder, bidder+FirstPersonID)
+	e.setInt(sdk.BidPrice, nextPrice(r))
+	e.setInt(sdk.BidDateTime, ts)
 	e.dst = appendExtra(e.dst, r, 8+8+8+8, AvgBidByteSize)
 	e.endStr()
 }

@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/streamd/streamd/abi"
+	sdk "github.com/streamd/streamd/sdk/go/nexmark"
 )
 
 // TestJavaRandom: the generator's Random is java.util.Random (values
@@ -266,7 +267,7 @@ func TestSourceSplitResume(t *testing.T) {
 func TestParseRejects(t *testing.T) {
 	b, _ := NewGenerator(Config{}).Append(nil, 5)
 	for _, bad := range [][]byte{nil, {3}, b[:10], b[:len(b)-1], append(append([]byte{}, b...), 0)} {
-		if _, err := Parse(bad); err == nil {
+		if _, err := sdk.Parse(bad); err == nil {
 			t.Errorf("Parse(%x) accepted", bad)
 		}
 	}

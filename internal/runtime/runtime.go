@@ -21,6 +21,7 @@ import (
 	"github.com/streamd/streamd/internal/connector"
 	"github.com/streamd/streamd/internal/jobfile"
 	"github.com/streamd/streamd/internal/natsutil"
+	"github.com/streamd/streamd/internal/nexmark"
 	"github.com/streamd/streamd/internal/telemetry"
 )
 
@@ -531,6 +532,10 @@ func (j *job) bindSpec(t *task, modules map[string]*host.Module) error {
 			}
 		case "nats":
 			t.newSource = j.natsSource(t, spec)
+		case "nexmark":
+			t.newSource = func(pos []byte) (connector.Source, error) {
+				return nexmark.NewSource(*spec.Nexmark, spec.WatermarkLag, t.sub, v.Parallelism, pos)
+			}
 		default:
 			return fmt.Errorf("unknown source type %q", spec.Type)
 		}
