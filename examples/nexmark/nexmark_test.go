@@ -9,7 +9,6 @@ package nexmark_test
 import (
 	"bytes"
 	"context"
-	"errors"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -20,6 +19,7 @@ import (
 	"time"
 
 	"github.com/streamd/streamd/internal/nexmark"
+	"github.com/streamd/streamd/internal/testout"
 	"github.com/streamd/streamd/internal/testwasm"
 )
 
@@ -96,32 +96,8 @@ func run(t *testing.T, dir string, args ...string) {
 	}
 }
 
-// committed is the sorted lines of the committed files in dir (pending
-// ones start with a dot).
-func committed(t *testing.T, dir string) []string {
-	t.Helper()
-	ents, err := os.ReadDir(dir)
-	if err != nil && !errors.Is(err, os.ErrNotExist) {
-		t.Fatal(err)
-	}
-	var lines []string
-	for _, e := range ents {
-		if strings.HasPrefix(e.Name(), ".") {
-			continue
-		}
-		b, err := os.ReadFile(filepath.Join(dir, e.Name()))
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, l := range strings.Split(strings.TrimSuffix(string(b), "\n"), "\n") {
-			if l != "" {
-				lines = append(lines, l)
-			}
-		}
-	}
-	sort.Strings(lines)
-	return lines
-}
+// committed is the sorted lines of the committed files in dir.
+func committed(t *testing.T, dir string) []string { return testout.Committed(t, dir) }
 
 var evsCache []nexmark.Event
 
