@@ -2,7 +2,7 @@
 # The Nexmark queries (examples/nexmark, docs/nexmark.md): one Rust module
 # for every query and one Go module for the stateless ones.
 
-NEXMARK_GO_SRCS := $(filter-out %_test.go,$(wildcard examples/nexmark/go/*.go)) $(wildcard sdk/go/nexmark/*.go)
+NEXMARK_GO_SRCS := $(filter-out %_test.go,$(wildcard examples/nexmark/go/*.go) $(wildcard sdk/go/nexmark/*.go))
 
 $(eval $(call rust_guest,examples/nexmark/nexmark_rust.wasm,examples/nexmark/rust,nexmark_rust))
 
