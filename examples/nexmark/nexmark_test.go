@@ -204,3 +204,20 @@ func TestStatefulQueriesKillResume(t *testing.T) {
 		})
 	}
 }
+
+// TestOutOfOrderEvents runs the windowed queries on a stream whose events
+// are permuted within groups of 500 (half a second of event time): the
+// source's watermark stays below every event still to come, so no event is
+// late and the output is still the reference's.
+func TestOutOfOrderEvents(t *testing.T) {
+	cfg := testConfig
+	cfg.OutOfOrderGroupSize = 500
+	evs := generate(cfg, events)
+	for _, q := range []string{"q4", "q5", "q7", "q8"} {
+		t.Run(q, func(t *testing.T) {
+			dir := setup(t, q, "source: {type: nexmark, events: 100000, event_rate: 1000, out_of_order_group_size: 500}", checkpointIn)
+			run(t, dir, "job.yaml")
+			same(t, q+" out of order", committed(t, filepath.Join(dir, "out")), reference(q, evs))
+		})
+	}
+}
