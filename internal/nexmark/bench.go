@@ -162,7 +162,7 @@ func count(n float64) string {
 
 // ParseCount reads an event count: 100000, 100K, 10M or 1G.
 func ParseCount(s string) (int64, error) {
-	mult := int64(1)
+	orig, mult := s, int64(1)
 	switch {
 	case strings.HasSuffix(s, "K"), strings.HasSuffix(s, "k"):
 		mult = 1e3
@@ -176,7 +176,7 @@ func ParseCount(s string) (int64, error) {
 	}
 	n, err := strconv.ParseInt(s, 10, 64)
 	if err != nil || n <= 0 {
-		return 0, fmt.Errorf("%q is not a positive count of events (e.g. 100000, 100K, 10M)", s)
+		return 0, fmt.Errorf("%q is not a positive count of events (e.g. 100000, 100K, 10M)", orig)
 	}
 	return n * mult, nil
 }

@@ -280,3 +280,16 @@ func BenchmarkAppend(b *testing.B) {
 		buf, _ = g.Append(buf[:0], int64(i))
 	}
 }
+
+func TestParseCount(t *testing.T) {
+	for s, want := range map[string]int64{"100000": 100000, "100K": 100000, "10M": 10_000_000, "1G": 1_000_000_000} {
+		if got, err := ParseCount(s); err != nil || got != want {
+			t.Errorf("ParseCount(%q) = %d, %v; want %d", s, got, err, want)
+		}
+	}
+	for _, s := range []string{"", "M", "-5", "0", "ten", "1.5M"} {
+		if _, err := ParseCount(s); err == nil {
+			t.Errorf("ParseCount(%q) accepted", s)
+		}
+	}
+}
