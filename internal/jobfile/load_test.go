@@ -263,7 +263,7 @@ operators:
 operators:
   - uid: k
     source: {type: kafka, path: x}
-`, []string{`operator "k" (line 4): source.type: unknown source type "kafka" (want file, generator or nats)`}},
+`, []string{`operator "k" (line 4): source.type: unknown source type "kafka" (want file, generator, nats or nexmark)`}},
 		{"unknown sink type", head + `
   - uid: out
     sink: {type: s3}
