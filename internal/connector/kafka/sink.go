@@ -416,6 +416,9 @@ func (s *Sink) readMarker(ctx context.Context, w int) (string, error) {
 				continue
 			}
 		}
+		if errors.Is(err, kerr.GroupIDNotFound) {
+			return "", nil // never committed (some brokers answer so, others with no offsets)
+		}
 		if err != nil {
 			return "", fmt.Errorf("kafka: %s subtask %d: read marker group %s: %w", s.name, s.subtask, group, err)
 		}
@@ -472,13 +475,13 @@ func (s *Sink) commitEntry(ctx context.Context, cl *kgo.Client, e *entry) (err e
 	if err != nil {
 		return fmt.Errorf("%s: produce: %w", where, err)
 	}
-	if err := s.hook(hookProduced, e); err != nil {
+	if err := s.hook(hookProduced, e, &ended); err != nil {
 		return err
 	}
 	if err := s.commitMarker(ctx, cl, e); err != nil {
 		return fmt.Errorf("%s: %w", where, err)
 	}
-	if err := s.hook(hookMarked, e); err != nil {
+	if err := s.hook(hookMarked, e, &ended); err != nil {
 		return err
 	}
 	ended = true
@@ -490,11 +493,17 @@ func (s *Sink) commitEntry(ctx context.Context, cl *kgo.Client, e *entry) (err e
 	return nil
 }
 
-func (s *Sink) hook(point string, e *entry) error {
+// hook calls failHook; its error leaves the transaction open, as a crash
+// would (the next holder of the transactional id aborts it).
+func (s *Sink) hook(point string, e *entry, ended *bool) error {
 	if s.failHook == nil {
 		return nil
 	}
-	return s.failHook(point, e)
+	err := s.failHook(point, e)
+	if err != nil {
+		*ended = true
+	}
+	return err
 }
 
 // commitMarker adds writer e.writer's marker group to cl's transaction and
