@@ -148,4 +148,3 @@ func pipe(b *testing.B, c *kafkatest.Cluster, in string, sink connector.Sink, n,
 	}
 	checkpoint()
 }
-
