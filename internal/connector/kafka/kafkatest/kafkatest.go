@@ -18,6 +18,9 @@ import (
 type Cluster struct {
 	*kfake.Cluster
 	Brokers []string
+	// ClientOpts are added to every client of the helpers (SASL and TLS
+	// options of a cluster started with them).
+	ClientOpts []kgo.Opt
 }
 
 // Start starts a one-broker cluster (more with kfake.NumBrokers) and
@@ -35,7 +38,8 @@ func Start(tb testing.TB, opts ...kfake.Opt) *Cluster {
 // Client is a franz-go client of the cluster, closed when tb ends.
 func (c *Cluster) Client(tb testing.TB, opts ...kgo.Opt) *kgo.Client {
 	tb.Helper()
-	cl, err := kgo.NewClient(append([]kgo.Opt{kgo.SeedBrokers(c.Brokers...)}, opts...)...)
+	all := append([]kgo.Opt{kgo.SeedBrokers(c.Brokers...)}, c.ClientOpts...)
+	cl, err := kgo.NewClient(append(all, opts...)...)
 	if err != nil {
 		tb.Fatalf("kafkatest: client: %v", err)
 	}
