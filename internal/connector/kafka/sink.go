@@ -433,6 +433,12 @@ func (s *Sink) readMarker(ctx context.Context, w int) (string, error) {
 // commitEntry produces e and its marker in one transaction of cl.
 func (s *Sink) commitEntry(ctx context.Context, cl *kgo.Client, e *entry) (err error) {
 	where := fmt.Sprintf("kafka: %s subtask %d: commit epoch %d of writer %d", s.name, s.subtask, e.epoch, e.writer)
+	// Records not acknowledged within the transaction timeout fail the
+	// commit (and the subtask) instead of waiting for ever; the restore
+	// commits them. (kgo's RecordDeliveryTimeout counts from the record's
+	// timestamp, an event time here, so a context bounds it instead.)
+	ctx, cancel := context.WithTimeout(ctx, s.cfg.TransactionTimeout)
+	defer cancel()
 	if err := cl.BeginTransaction(); err != nil {
 		return fmt.Errorf("%s: begin transaction: %w", where, err)
 	}

@@ -235,6 +235,9 @@ func (s *Source) resolve(ctx context.Context, ps []Partition, mode string) (map[
 		if err == nil {
 			err = group.Error()
 		}
+		if errors.Is(err, kerr.GroupIDNotFound) {
+			group, err = nil, nil // a new group: earliest everywhere
+		}
 		if err != nil {
 			return nil, fmt.Errorf("kafka: %s subtask %d: offsets of group %q: %w", s.name, s.subtask, s.cfg.Group, err)
 		}
@@ -505,6 +508,15 @@ func (s *Source) Lag() (int64, bool) {
 	}
 	return n, ok
 }
+
+// CheckpointListener is implemented by Source for the runtime: when
+// checkpoint id completes, it passes the position that checkpoint stored
+// for the subtask (its Position() at the barrier).
+type CheckpointListener interface {
+	NotifyCheckpointComplete(id int64, position []byte) error
+}
+
+var _ CheckpointListener = (*Source)(nil)
 
 // NotifyCheckpointComplete commits pos, the position the completed
 // checkpoint id stored for this subtask, to the consumer group (when one is

@@ -285,6 +285,11 @@ func TestSourceStartPositions(t *testing.T) {
 	// Group offsets: a source commits its checkpointed position on
 	// notifyCheckpointComplete; a new source with start group begins there.
 	gcfg := srcConfig(c, "in")
+	gcfg.Group, gcfg.Start = "new-group", StartGroup
+	if g := values(readN(t, open(gcfg, nil), 14)); !slices.Equal(g, wantValues(0, 14)) {
+		t.Errorf("group start of a group without offsets: %v", g)
+	}
+	gcfg = srcConfig(c, "in")
 	gcfg.Group = "monitor"
 	first := open(gcfg, nil)
 	readN(t, first, 5)
