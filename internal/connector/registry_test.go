@@ -1,38 +1,13 @@
 package connector
 
 import (
-	"bytes"
 	"encoding/json"
-	"flag"
-	"os"
 	"path/filepath"
 	"reflect"
 	"strings"
 	"testing"
 	"time"
 )
-
-var update = flag.Bool("update", false, "rewrite docs/connectors.md from the registry")
-
-// TestConnectorsDoc keeps docs/connectors.md what the registry generates
-// (go test -run TestConnectorsDoc -update ., or go generate, rewrites it).
-func TestConnectorsDoc(t *testing.T) {
-	path := filepath.Join("..", "..", "docs", "connectors.md")
-	want := append(Markdown(), '\n')
-	if *update {
-		if err := os.WriteFile(path, want, 0o644); err != nil {
-			t.Fatal(err)
-		}
-		return
-	}
-	got, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatalf("%v (go generate ./internal/connector writes it)", err)
-	}
-	if !bytes.Equal(got, want) {
-		t.Errorf("docs/connectors.md is not what the registry generates: run go generate ./internal/connector")
-	}
-}
 
 // TestBuiltinOrder: the built-in types come first, in the order the
 // job-file messages have always listed them.
