@@ -6,7 +6,6 @@ import (
 	"strings"
 )
 
-
 // Markdown is docs/connectors.md: every registered source and sink with
 // its summary, description, fields and example, generated from the specs
 // (internal/connector/all's TestConnectorsDoc, which sees every connector,
