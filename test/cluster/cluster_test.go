@@ -25,13 +25,16 @@ import (
 )
 
 // Heartbeats are frequent so that a host a test kills is noticed soon, but a
-// host is declared lost only after a second of silence: on a loaded machine
+// host is declared lost only after two seconds of silence: on a loaded machine
 // (CI, two CPU-bound processes beside the suite) a live host's heartbeat can
 // be late by a few hundred milliseconds, and a live host declared lost fails
 // a test that does not expect it.
 const (
 	hbInterval = 50 * time.Millisecond
-	lostAfter  = 20
+	lostAfter  = 40
+	// procLostAfter is the controller's --lost-after in the tests of
+	// streamd processes (heartbeats every 100ms): two seconds.
+	procLostAfter = "20"
 )
 
 type testCluster struct {

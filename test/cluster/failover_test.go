@@ -78,7 +78,7 @@ func newProcessCluster(t *testing.T, hosts, slots int, hostArgs ...string) *proc
 	t.Cleanup(srv.Shutdown)
 	pc := &processCluster{testCluster: &testCluster{t: t, srv: srv}, url: srv.URL(), hosts: map[string]*proc{}}
 	hb := "--heartbeat-interval=100ms"
-	startProc(t, "controller", "controller", "--nats", pc.url, hb, "--lost-after=4")
+	startProc(t, "controller", "controller", "--nats", pc.url, hb, "--lost-after="+procLostAfter)
 	for i := 1; i <= hosts; i++ {
 		id := fmt.Sprintf("h%d", i)
 		args := append([]string{"host", "--nats", pc.url, hb, "--host-id", id, "--slots", fmt.Sprint(slots), "--data-dir", t.TempDir()}, hostArgs...)

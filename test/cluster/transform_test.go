@@ -22,7 +22,7 @@ import (
 func publishValues(t *testing.T, js jetstream.JetStream, subject string, from, to int) {
 	t.Helper()
 	for i := from; i < to; i++ {
-		if _, err := js.PublishAsync(subject, fmt.Appendf(nil, "value-%d", i)); err != nil {
+		if _, err := js.PublishAsync(subject, fmt.Appendf(nil, "value-%d", i), jetstream.WithStallWait(time.Minute)); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -30,7 +30,7 @@ func publishKeyed(t *testing.T, js jetstream.JetStream, subject string, from, to
 		m := nats.NewMsg(subject)
 		m.Header.Set("Streamd-Key", fmt.Sprintf("k%d", i%upgradeKeys))
 		m.Data = fmt.Appendf(nil, "v%d", i)
-		if _, err := js.PublishMsgAsync(m); err != nil {
+		if _, err := js.PublishMsgAsync(m, jetstream.WithStallWait(time.Minute)); err != nil {
 			t.Fatal(err)
 		}
 	}
