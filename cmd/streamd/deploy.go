@@ -61,7 +61,7 @@ It is resolved and checked against the job here before the job is submitted.
 			var file string
 			var err error
 			transform := t.input != "" && isModule(args[0])
-			ts, err := checkTransform(cmd, f, t)
+			ts, err := c.checkTransform(cmd, f, t)
 			if err != nil {
 				return err
 			}
@@ -128,7 +128,7 @@ It is resolved and checked against the job here before the job is submitted.
 	fl.StringVar(&f.name, "name", "", "module: the job's name (default: the module's file name)")
 	fl.DurationVar(&t.interval, "checkpoint-interval", time.Second, "transform: time between checkpoints (output is published when one completes)")
 	dirFlags(cmd, "from")
-	c.clientFlags(cmd)
+	c.clientFlags(cmd, c.connectorFlags(cmd)...)
 	return cmd
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"regexp"
 	"slices"
 	"sort"
 	"sync"
@@ -26,6 +27,9 @@ type SourceEnv struct {
 	// NATS returns the runtime's shared connection to the servers url
 	// ("" = the configured nats.url), for a spec marked UsesNATS.
 	NATS func(url string) (*nats.Conn, error)
+	// Settings are the values of the registered configuration keys
+	// (RegisterSetting) that the process's configuration sets.
+	Settings map[string]string
 }
 
 // SinkEnv is what the runtime gives a sink's constructor.
@@ -43,6 +47,7 @@ type SinkEnv struct {
 	Stdout        io.Writer   // the process's standard output
 	StdoutMu      *sync.Mutex // held while writing Stdout
 	NATS          func(url string) (*nats.Conn, error)
+	Settings      map[string]string // see SourceEnv.Settings
 }
 
 // SourceConstructor makes one subtask of a source from its spec (the
@@ -360,3 +365,35 @@ func RestoreFinishedSink(s *SinkSpec, env SinkEnv, r FinishedRestore) error {
 	}
 	return err
 }
+
+// Setting is a configuration key a connector reads (kafka.brokers): the
+// CLI accepts it in the configuration file and as STREAMD_KAFKA_BROKERS,
+// and, when Flag is set, as a flag of streamd run and deploy
+// (--kafka-brokers); its value reaches SourceEnv.Settings,
+// SinkEnv.Settings and SchemeEnv.Settings.
+type Setting struct {
+	Key   string // "kafka.brokers": lower case, dotted
+	Flag  string // "kafka-brokers"; "" none
+	Usage string // the flag's help and the docs' line
+}
+
+var settings []Setting
+
+var settingKey = regexp.MustCompile(`^[a-z][a-z0-9_]*(\.[a-z][a-z0-9_]*)+$`)
+
+// RegisterSetting adds a configuration key (from an init function).
+func RegisterSetting(s Setting) error {
+	if !settingKey.MatchString(s.Key) || s.Usage == "" {
+		return fmt.Errorf("connector: setting %q: want a dotted lower-case key like kafka.brokers and a usage", s.Key)
+	}
+	for _, q := range settings {
+		if q.Key == s.Key || (s.Flag != "" && q.Flag == s.Flag) {
+			return fmt.Errorf("connector: setting %q (flag %q) is registered twice", s.Key, s.Flag)
+		}
+	}
+	settings = append(settings, s)
+	return nil
+}
+
+// Settings lists the registered configuration keys.
+func Settings() []Setting { return slices.Clone(settings) }
