@@ -111,7 +111,7 @@ func register(p *Plugin) error {
 	if p.Spec == nil {
 		return fmt.Errorf("connector: %s %q: no config spec", p.Kind, p.Name)
 	}
-	if err := p.Spec.check(p.Kind); err != nil {
+	if err := p.Spec.check(); err != nil {
 		return fmt.Errorf("connector: %s %q: %w", p.Kind, p.Name, err)
 	}
 	registry.Lock()
@@ -219,11 +219,6 @@ func NewSink(spec *SinkSpec, env SinkEnv) (Sink, error) {
 	}
 	return p.sink(spec, env)
 }
-
-// Builtin reports whether the type keeps its values in the typed fields of
-// SourceSpec or SinkSpec (the types from before the registry) rather than
-// in Config.
-func (p *Plugin) Builtin() bool { return p.Spec.builtin }
 
 // BindSource sets s (whose Type is p's) from the checked values c.
 func (p *Plugin) BindSource(c Config, s *SourceSpec) {
