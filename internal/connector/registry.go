@@ -129,8 +129,9 @@ func register(p *Plugin) error {
 	return nil
 }
 
-// unregister removes a type (tests that register a toy connector).
-func unregister(kind, name string) {
+// Unregister removes source or sink type name (kind "source" or "sink"):
+// for tests that register a type for a while.
+func Unregister(kind, name string) {
 	registry.Lock()
 	defer registry.Unlock()
 	list := &registry.sources
