@@ -253,6 +253,12 @@ operators:
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
+	// The REST API (and status --json) describe it as validate does.
+	var d webapi.JobDetail
+	if code, b := request(t, http.MethodGet, base+"/jobs/"+id, "", &d); code != 200 || len(d.Vertices) != 2 ||
+		d.Vertices[0].Connector != "source toy_counter count=400 delay=5ms" || d.Vertices[1].Connector != "sink toy_lines name=first" {
+		t.Errorf("GET /jobs/%s: %d %s", id, code, b)
+	}
 	var sp webapi.SavepointReply
 	if code, b := request(t, http.MethodPost, base+"/jobs/"+id+"/stop", `{"drain": false}`, &sp); code != 200 || sp.State != "stopped" {
 		t.Fatalf("stop: %d %s", code, b)

@@ -1542,6 +1542,11 @@ func (c *Controller) statusLocked(j *ctlJob) JobStatus {
 	for _, v := range j.spec.Vertices {
 		op := OperatorStatus{UID: v.UID, Parallelism: v.Parallelism, RecordsIn: stats[v.UID].RecordsIn, RecordsOut: stats[v.UID].RecordsOut,
 			UnionDeclines: stats[v.UID].UnionDeclines, Kind: string(v.Kind), Inputs: EdgeStatuses(v.Inputs)}
+		if v.Source != nil {
+			op.Connector = DescribeConnector(v.Source)
+		} else if v.Sink != nil {
+			op.Connector = DescribeConnector(v.Sink)
+		}
 		if j.dist != nil && j.dist.d != nil {
 			op.UnionDeclines = j.dist.d.UnionDeclines()[v.UID] // the controller drives its checkpoints
 		}

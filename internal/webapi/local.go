@@ -108,7 +108,8 @@ func (l *Local) status() cluster.JobStatus {
 			State: cluster.JobFailed, Reason: f.Error})
 	}
 	for i, v := range l.g.Vertices {
-		op := cluster.OperatorStatus{UID: v.UID, Parallelism: v.Parallelism, Kind: string(v.Kind), Inputs: cluster.EdgeStatuses(v.Inputs)}
+		op := cluster.OperatorStatus{UID: v.UID, Parallelism: v.Parallelism, Kind: string(v.Kind), Inputs: cluster.EdgeStatuses(v.Inputs),
+			Connector: cluster.DescribeConnector(v.Spec)}
 		var subs []string
 		var live []telemetry.SubtaskLive
 		if i < len(s.Operators) {
