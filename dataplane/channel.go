@@ -165,6 +165,8 @@ type LocalChannel struct {
 	ackMu sync.Mutex
 	acked bool   // the receiver acknowledged EndOfData
 	onAck func() // the sender's NotifyEndOfDataAck
+
+	onBlock func() // tests: called when a sender finds the channel full and waits
 }
 
 // NewLocalChannel returns a channel holding at most capacity messages
@@ -241,6 +243,9 @@ func (c *LocalChannel) put(ctx context.Context, m message, wait bool) error {
 	c.mu.Lock()
 	for wait && c.n >= c.cap {
 		c.mu.Unlock()
+		if c.onBlock != nil {
+			c.onBlock()
+		}
 		select {
 		case <-c.room:
 		case <-ctx.Done():

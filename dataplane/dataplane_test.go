@@ -189,6 +189,21 @@ func TestBackPressure(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	blocked := make(chan struct{}, 1)
+	c.onBlock = func() {
+		select {
+		case blocked <- struct{}{}:
+		default:
+		}
+	}
+	waitBlocked := func(what string) {
+		t.Helper()
+		select {
+		case <-blocked:
+		case <-time.After(30 * time.Second):
+			t.Fatalf("%s: no sender blocked on the full channel within 30s", what)
+		}
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	var emitted atomic.Int64
@@ -204,19 +219,16 @@ func TestBackPressure(t *testing.T) {
 		done <- w.Flush(ctx)
 	}()
 	// The producer fills the channel (capacity batches) plus one pending
-	// batch, then blocks.
-	deadline := time.Now().Add(2 * time.Second)
-	for emitted.Load() < capacity*10 && time.Now().Before(deadline) {
-		time.Sleep(time.Millisecond)
-	}
-	time.Sleep(50 * time.Millisecond)
-	if n := emitted.Load(); n > (capacity+1)*10 {
-		t.Fatalf("producer emitted %d records into a channel of %d batches of 10 without a consumer", n, capacity)
+	// batch, then blocks: once it waits for room, it can emit no more.
+	waitBlocked("producer")
+	if n := emitted.Load(); n > (capacity+1)*10 || n < capacity*10 {
+		t.Fatalf("producer emitted %d records into a channel of %d batches of 10 without a consumer before it blocked", n, capacity)
 	}
 	if c.Len() != capacity {
 		t.Fatalf("channel holds %d batches, want %d (full)", c.Len(), capacity)
 	}
 	// A slow consumer lets it advance, never past capacity.
+	c.onBlock = nil
 	g := NewInputGate([]GateChannel{{In: c.Input()}})
 	got := 0
 	for got < 1000 {
@@ -238,8 +250,9 @@ func TestBackPressure(t *testing.T) {
 		_ = c.Output().Send(ctx, WatermarkEvent(int64(i)))
 	}
 	errc := make(chan error)
+	c.onBlock = func() { blocked <- struct{}{} }
 	go func() { errc <- c.Output().Send(ctx, WatermarkEvent(99)) }()
-	time.Sleep(10 * time.Millisecond)
+	waitBlocked("send after the channel filled")
 	cancel()
 	if err := <-errc; !errors.Is(err, context.Canceled) {
 		t.Fatalf("blocked send after cancel: %v", err)

@@ -113,7 +113,7 @@ named by --config-file), then defaults. See docs/cli.md.`,
 		panic(err) // a programming error: a flag is missing
 	}
 
-	root.AddCommand(c.runCommand(), c.validateCommand(), c.versionCommand(), c.inspectCommand(), c.newCommand(), c.buildCommand())
+	root.AddCommand(c.runCommand(), c.validateCommand(), c.versionCommand(), c.inspectCommand(), c.newCommand(), c.buildCommand(), c.benchCommand())
 	root.AddCommand(c.clusterCommands()...)
 	// The commands that complete no argument take none (list, hosts, server, ...).
 	for _, cmd := range root.Commands() {

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"path/filepath"
+	"regexp"
 	"strings"
 	"time"
 
@@ -20,6 +22,78 @@ type transformFlags struct {
 	outputs  []string // nats:SUBJECT
 	start    string
 	interval time.Duration
+	onError  string // skip | dead_letter[:SUBJECT]; "" or fail: fail
+}
+
+// deadLetterScheme is the output scheme of a transform's dead letters.
+const deadLetterScheme = "nats"
+
+// parseOnError reads deploy's --on-error for a module named name: nil for
+// fail; a dead letter subject (a nats sink) only for a transform, by
+// default dead_letter.NAME.
+func parseOnError(v, name string, transform bool) (*jobfile.OnError, error) {
+	mode, subj, hasSubj := strings.Cut(v, ":")
+	switch mode {
+	case "", jobfile.OnErrorFail:
+		if hasSubj {
+			return nil, usagef("--on-error %q: fail takes no subject", v)
+		}
+		return nil, nil
+	case jobfile.OnErrorSkip:
+		if hasSubj {
+			return nil, usagef("--on-error %q: skip takes no subject (dead_letter:SUBJECT sends the failing records there)", v)
+		}
+		return &jobfile.OnError{Mode: jobfile.OnErrorSkip}, nil
+	case jobfile.OnErrorDeadLetter:
+		if !transform {
+			return nil, usagef("--on-error dead_letter: dead letters go to a NATS subject, so only a transform (--input) has them; use skip, or a job file's dead_letter sink")
+		}
+		if !hasSubj {
+			subj = "dead_letter." + notSubjectToken.ReplaceAllString(name, "_")
+		} else if subj == "" {
+			return nil, usagef("--on-error %q: no subject after dead_letter:", v)
+		}
+		sch, ok := connector.OutputScheme(deadLetterScheme)
+		if !ok {
+			return nil, fmt.Errorf("--on-error: no %s output scheme registered", deadLetterScheme)
+		}
+		dl, err := sch.Output(subj, connector.SchemeEnv{}) // the nats scheme reads no settings
+		if err != nil {
+			return nil, usagef("--on-error: %v", err)
+		}
+		return &jobfile.OnError{Mode: jobfile.OnErrorDeadLetter, DeadLetter: dl}, nil
+	}
+	return nil, usagef("--on-error %q: want fail, skip or dead_letter[:SUBJECT]", v)
+}
+
+var notSubjectToken = regexp.MustCompile(`[^A-Za-z0-9_-]+`)
+
+// checkOnError checks --on-error before anything connects: its form, and
+// that a transform's dead letters go to a subject of their own.
+func checkOnError(v, module string, f runFlags, transform bool, ts transformSpecs) error {
+	oe, err := parseOnError(v, filterName(jobfile.Filter{Module: module, Name: f.name}), transform)
+	if err != nil || oe == nil || oe.DeadLetter == nil {
+		return err
+	}
+	subj := oe.DeadLetter.Subject
+	for _, o := range ts.outputs {
+		if o.Subject == subj {
+			return usagef("--on-error dead_letter:%s is also an --output: give the dead letters a subject of their own", subj)
+		}
+	}
+	if _, err := connector.TransformOutput(ts.input, oe.DeadLetter); err != nil {
+		return usagef("--on-error dead_letter:%s: %v", subj, err)
+	}
+	return nil
+}
+
+// filterName is the name of the job of f: its --name, else the module's
+// file name.
+func filterName(f jobfile.Filter) string {
+	if f.Name != "" {
+		return f.Name
+	}
+	return strings.TrimSuffix(filepath.Base(f.Module), filepath.Ext(f.Module))
 }
 
 // transformOnly are the flags that need --input.
@@ -101,6 +175,15 @@ func orList(xs []string) string {
 // what on stderr, and builds its job: the source, the module, a sink per
 // output (else the --sink), checkpointed into the JetStream object store.
 func (c *cli) transformJob(ctx context.Context, cl *cluster.Client, module string, f runFlags, t transformFlags, ts transformSpecs) (*jobfile.Job, error) {
+	filter, err := c.moduleFilter(module, f)
+	if err != nil {
+		return nil, err
+	}
+	oe, err := parseOnError(t.onError, filterName(filter), true)
+	if err != nil {
+		return nil, err
+	}
+	dlScheme, _ := connector.OutputScheme(deadLetterScheme)
 	var notes []string
 	for _, create := range []bool{false, true} {
 		env := connector.DeployEnv{NATS: cl.Conn(), Input: ts.input}
@@ -130,6 +213,18 @@ func (c *cli) transformJob(ctx context.Context, cl *cluster.Client, module strin
 				return nil, err
 			}
 		}
+		if oe != nil && oe.DeadLetter != nil {
+			// The dead letters' stream, found or made as an output's,
+			// noted as theirs.
+			env.Output = oe.DeadLetter
+			n := len(notes)
+			if err := prepare(dlScheme); err != nil {
+				return nil, err
+			}
+			for i := n; i < len(notes); i++ {
+				notes[i] = "dead letters " + strings.TrimPrefix(notes[i], "output ")
+			}
+		}
 	}
 	for _, n := range notes {
 		fmt.Fprintln(c.stderr, n)
@@ -144,11 +239,7 @@ func (c *cli) transformJob(ctx context.Context, cl *cluster.Client, module strin
 		ck.Mode = lo.CheckpointMode
 	}
 	ck.AlignedTimeout = lo.AlignedTimeout
-	filter, err := c.moduleFilter(module, f)
-	if err != nil {
-		return nil, err
-	}
-	filter.Source, filter.Input, filter.Outputs = "", ts.input, ts.outputs
+	filter.Source, filter.Input, filter.Outputs, filter.OnError = "", ts.input, ts.outputs, oe
 	if len(ts.outputs) > 0 {
 		filter.Sink = ""
 	}

@@ -39,6 +39,9 @@ type Filter struct {
 	// restarts as a job file with one does (Restart, else exponential-delay).
 	Checkpoint *CheckpointSettings
 	Restart    *RestartSettings
+	// OnError is the operator's on_error (nil: fail); a dead-letter sink
+	// runs at the operator's parallelism.
+	OnError *OnError
 }
 
 // Uids of the vertices of a filter job; the operator's uid is derived from
@@ -194,7 +197,7 @@ func FilterJob(f Filter) (*Job, error) {
 	}
 	vertices := []*control.Vertex{
 		{UID: FilterSourceUID, Kind: control.KindSource, Parallelism: srcPar, Spec: src},
-		{UID: opUID, Kind: control.KindOperator, Parallelism: par, Spec: &WasmSpec{Path: module, Config: cfg, AllowClock: f.AllowClock},
+		{UID: opUID, Kind: control.KindOperator, Parallelism: par, Spec: &WasmSpec{Path: module, Config: cfg, AllowClock: f.AllowClock, OnError: f.OnError},
 			Inputs: []control.Edge{in}},
 	}
 	if len(f.Outputs) == 0 {
@@ -219,6 +222,15 @@ func FilterJob(f Filter) (*Job, error) {
 		c := *o
 		vertices = append(vertices, &control.Vertex{UID: uid, Kind: control.KindSink, Parallelism: par, Spec: &c,
 			Inputs: []control.Edge{{From: opUID, Partition: control.Forward}}})
+	}
+	if oe := f.OnError; oe != nil && oe.DeadLetter != nil {
+		name, err := connector.TransformOutput(f.Input, oe.DeadLetter)
+		if err != nil {
+			return fail("--on-error", "dead letters: %v", err)
+		}
+		if seen[name] {
+			return fail("--on-error", "dead letters to %s, which is also an --output: give the dead letters their own", name)
+		}
 	}
 	name := f.Name
 	if name == "" {

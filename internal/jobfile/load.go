@@ -364,7 +364,22 @@ func (p *parser) parse(data []byte) *Job {
 		msg := err.Error()
 		if m := yamlLineRE.FindStringSubmatch(msg); m != nil {
 			line, _ := strconv.Atoi(m[1])
-			p.add("", line, "", "YAML: %s", m[2])
+			what := m[2]
+			// yaml.v3 counts lines from 0 where its parser names the
+			// collection it was in (an unclosed '{' or '[': the line it
+			// began on; a block mapping or sequence), from 1 elsewhere.
+			if strings.HasPrefix(what, "did not find expected") && !strings.HasSuffix(what, "node content") {
+				line++
+				switch {
+				case strings.HasSuffix(what, "'}'"):
+					what += " (the '{' on this line is not closed)"
+				case strings.HasSuffix(what, "']'"):
+					what += " (the '[' on this line is not closed)"
+				case strings.HasSuffix(what, "'-' indicator"):
+					what += " (in the list that begins on this line: check the indentation of the lines below)"
+				}
+			}
+			p.add("", line, "", "YAML: %s", what)
 		} else {
 			p.add("", 0, "", "YAML: %s", strings.TrimPrefix(msg, "yaml: "))
 		}

@@ -118,6 +118,9 @@ func (w *wasmOperator) Open(ctx context.Context, _ SubtaskInfo) error {
 	start := time.Now()
 	inst, err := w.mod.NewInstance(ctx, w.cfg)
 	if err != nil {
+		if cannotInstantiate(err) {
+			err = control.NonRecoverable(err)
+		}
 		return err
 	}
 	if w.stats != nil {

@@ -160,6 +160,10 @@ type StopRequest struct {
 	// savepoint failed; the job restarts as its strategy says) or refused
 	// it. Run does not block on it. A stop that succeeds ends Run.
 	Failed chan<- error
+	// Terminate: the stop must end the job (Ctrl-C): when no savepoint can
+	// be taken (the job restarts) or the stop fails, the job is canceled
+	// and Run returns an error matching context.Canceled that says why.
+	Terminate bool
 }
 
 // SavepointRequest asks for a savepoint of a running job. Result must have

@@ -20,7 +20,6 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"slices"
 	"strings"
 	"time"
 
@@ -140,12 +139,27 @@ type ErrorBody struct {
 }
 
 func writeError(w http.ResponseWriter, err error) {
-	status := http.StatusInternalServerError
+	writeJSON(w, httpStatus(err), ErrorBody{Errors: []string{err.Error()}})
+}
+
+// httpStatus is the HTTP status of err: an *Error's own, else that of the
+// code a controller answered with (cluster.ErrNotFound and the others),
+// else 500.
+func httpStatus(err error) int {
 	var e *Error
-	if errors.As(err, &e) {
-		status = e.Status
+	switch {
+	case errors.As(err, &e):
+		return e.Status
+	case errors.Is(err, cluster.ErrNotFound):
+		return http.StatusNotFound
+	case errors.Is(err, cluster.ErrConflict):
+		return http.StatusConflict
+	case errors.Is(err, cluster.ErrBadRequest):
+		return http.StatusBadRequest
+	case errors.Is(err, cluster.ErrUnavailable):
+		return http.StatusServiceUnavailable
 	}
-	writeJSON(w, status, ErrorBody{Errors: []string{err.Error()}})
+	return http.StatusInternalServerError
 }
 
 // Config is GET /config.
@@ -233,15 +247,8 @@ func (h *handler) lookup(w http.ResponseWriter, r *http.Request) *cluster.JobSta
 	if err == nil && st != nil {
 		return st
 	}
-	var e *Error
-	if err != nil && !errors.As(err, &e) {
-		// A controller's error is text: the job is unknown when the
-		// list of every job does not have it either.
-		if jobs, lerr := h.b.List(r.Context(), true); lerr == nil &&
-			!slices.ContainsFunc(jobs, func(j cluster.JobStatus) bool { return j.ID == id }) {
-			err = &Error{Status: http.StatusNotFound, Msg: err.Error()}
-		}
-	}
+	// A controller's error carries its code (cluster.ErrNotFound ...):
+	// writeError maps it to the HTTP status.
 	if err == nil {
 		err = errorf(http.StatusNotFound, "no job %q", id)
 	}
@@ -526,9 +533,10 @@ func running(st *cluster.JobStatus) bool {
 // apply to, 500 otherwise.
 func (h *handler) refused(ctx context.Context, id string, err error, applies func(*cluster.JobStatus) bool) error {
 	var e *Error
-	if errors.As(err, &e) {
+	if errors.As(err, &e) || httpStatus(err) != http.StatusInternalServerError {
 		return err
 	}
+	// A controller without error codes: the job's state tells.
 	if st, serr := h.b.Status(ctx, id); serr == nil && st != nil && !applies(st) {
 		return &Error{Status: http.StatusConflict, Msg: err.Error()}
 	}

@@ -26,7 +26,7 @@ func startProcesses(t *testing.T, clientURL, ctlURL string, hostURLs []string, s
 	t.Helper()
 	pc := &processCluster{testCluster: &testCluster{t: t}, url: clientURL, hosts: map[string]*proc{}}
 	hb := "--heartbeat-interval=100ms"
-	startProc(t, "controller", "controller", "--nats", ctlURL, hb, "--lost-after=4")
+	pc.controller = startProc(t, "controller", "controller", "--nats", ctlURL, hb, "--lost-after=4")
 	for i, u := range hostURLs {
 		id := fmt.Sprintf("h%d", i+1)
 		pc.hosts[id] = startProc(t, id, "host", "--nats", u, hb, "--host-id", id, "--slots", fmt.Sprint(slots), "--data-dir", t.TempDir())
@@ -194,7 +194,9 @@ func natsRestart(t *testing.T, storage string) {
 	}
 	srv.Shutdown()
 	down := time.Now()
-	time.Sleep(time.Second) // long enough for the controller to miss heartbeats
+	// NATS stays down until the controller has declared a host lost (it
+	// checks heartbeats on its own clock, NATS or not).
+	pc.controller.waitOutput(t, "host lost", 60*time.Second)
 	srv = start()
 	t.Logf("NATS server down for %s", time.Since(down).Round(time.Millisecond))
 	st = pc.waitJobLoose(id, "a later attempt", 60*time.Second, func(st *cluster.JobStatus) bool {

@@ -384,7 +384,7 @@ func TestInvalidJobFiles(t *testing.T) {
 		{"missing module", head + "  - uid: count\n    wasm: nothere.wasm\n    inputs: [lines]\n  - uid: out\n    sink: {type: file, path: out/}\n    inputs: [count]\n",
 			`operator "count" (line 6): wasm: cannot read module`},
 		{"unknown source type", "name: bad\noperators:\n  - uid: k\n    source: {type: kafka}\n  - uid: out\n    sink: {type: file, path: out/}\n    inputs: [k]\n",
-			`operator "k" (line 4): source.type: unknown source type "kafka" (want file, generator or nats)`},
+			`operator "k" (line 4): source.type: unknown source type "kafka" (want file, generator, nats or nexmark)`},
 		{"unknown sink type", head + "  - uid: out\n    sink: {type: s3, path: out/}\n    inputs: [lines]\n",
 			`operator "out" (line 6): sink.type: unknown sink type "s3"`},
 		{"typo", head + "  - uid: out\n    sink: {type: file, path: out/}\n    inptus: [lines]\n",
