@@ -22,8 +22,6 @@ import (
 	"time"
 
 	"github.com/streamd/streamd/control"
-	"github.com/streamd/streamd/internal/connector"
-	"github.com/streamd/streamd/internal/jobfile"
 	"github.com/streamd/streamd/internal/runtime"
 	"github.com/streamd/streamd/internal/telemetry"
 )
@@ -337,20 +335,9 @@ type OperatorStatus struct {
 	Kind   string       `json:"kind,omitempty"`
 	Inputs []EdgeStatus `json:"inputs,omitempty"`
 	// Connector describes a source or sink as its connector does
-	// (connector.DescribeSource: "source nats stream ORDERS"); "" for a
-	// wasm operator.
+	// (connector.Describe: "source nats stream ORDERS"); "" for a wasm
+	// operator.
 	Connector string `json:"connector,omitempty"`
-}
-
-// DescribeConnector is OperatorStatus.Connector of a vertex spec.
-func DescribeConnector(spec any) string {
-	switch s := spec.(type) {
-	case *jobfile.SourceSpec:
-		return connector.DescribeSource(s)
-	case *jobfile.SinkSpec:
-		return connector.DescribeSink(s)
-	}
-	return ""
 }
 
 // EdgeStatus is one input edge of an operator.

@@ -260,6 +260,18 @@ func DescribeSink(s *SinkSpec) string {
 	return "sink " + s.Type + describeConfig(p, s.Conf())
 }
 
+// Describe is DescribeSource or DescribeSink of spec, "" when spec is
+// neither a *SourceSpec nor a *SinkSpec.
+func Describe(spec any) string {
+	switch s := spec.(type) {
+	case *SourceSpec:
+		return DescribeSource(s)
+	case *SinkSpec:
+		return DescribeSink(s)
+	}
+	return ""
+}
+
 // describeConfig lists the values that differ from their default, in the
 // spec's order.
 func describeConfig(p *Plugin, c Config) string {

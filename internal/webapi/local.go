@@ -12,6 +12,7 @@ import (
 
 	"github.com/streamd/streamd/control"
 	"github.com/streamd/streamd/internal/cluster"
+	"github.com/streamd/streamd/internal/connector"
 	"github.com/streamd/streamd/internal/runtime"
 	"github.com/streamd/streamd/internal/telemetry"
 )
@@ -109,7 +110,7 @@ func (l *Local) status() cluster.JobStatus {
 	}
 	for i, v := range l.g.Vertices {
 		op := cluster.OperatorStatus{UID: v.UID, Parallelism: v.Parallelism, Kind: string(v.Kind), Inputs: cluster.EdgeStatuses(v.Inputs),
-			Connector: cluster.DescribeConnector(v.Spec)}
+			Connector: connector.Describe(v.Spec)}
 		var subs []string
 		var live []telemetry.SubtaskLive
 		if i < len(s.Operators) {
