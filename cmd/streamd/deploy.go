@@ -9,7 +9,6 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/streamd/streamd/internal/cluster"
-	"github.com/streamd/streamd/internal/connector/kafka"
 	"github.com/streamd/streamd/internal/jobfile"
 )
 
@@ -71,8 +70,7 @@ It is resolved and checked against the job here before the job is submitted.
 			var file string
 			var err error
 			transform := t.input != "" && isModule(args[0])
-			kafka.SetDeployBrokers(c.kafkaBrokers())
-			ts, err := checkTransform(cmd, f, t)
+			ts, err := c.checkTransform(cmd, f, t)
 			if err != nil {
 				return err
 			}
@@ -141,18 +139,9 @@ It is resolved and checked against the job here before the job is submitted.
 	fl.StringVar(&t.start, "start", "", "transform: where the input starts at the first start: first (default), new, seq:N or time:RFC3339")
 	fl.StringVar(&f.name, "name", "", "module: the job's name (default: the module's file name)")
 	fl.DurationVar(&t.interval, "checkpoint-interval", time.Second, "transform: time between checkpoints (output is published when one completes)")
-	fl.StringSlice("kafka-brokers", nil, "transform: the Kafka cluster of kafka:TOPIC inputs and outputs, host:port,... ("+keyKafkaBrokers+")")
 	fl.StringVar(&t.onError, "on-error", "fail", "module: a record that makes the guest fail: fail (the job restarts), skip (dropped), or, for a transform, dead_letter[:SUBJECT] (published exactly once to SUBJECT, default dead_letter.NAME)")
 	dirFlags(cmd, "from")
-	c.clientFlags(cmd)
-	clientPreRun := cmd.PreRunE
-	cmd.PreRunE = func(cmd *cobra.Command, args []string) error {
-		if err := clientPreRun(cmd, args); err != nil {
-			return err
-		}
-		c.bind(cmd.Flags(), keyKafkaBrokers, "kafka-brokers")
-		return nil
-	}
+	c.clientFlags(cmd, c.connectorFlags(cmd)...)
 	return cmd
 }
 
@@ -272,33 +261,4 @@ func recordCounts(st *cluster.JobStatus) string {
 		parts = append(parts, fmt.Sprintf("%s in=%d out=%d", op.UID, op.RecordsIn, op.RecordsOut))
 	}
 	return strings.Join(parts, ", ")
-}
-
-// keyKafkaBrokers is the Kafka cluster of deploy's kafka:TOPIC inputs and
-// outputs (--kafka-brokers, STREAMD_KAFKA_BROKERS).
-const keyKafkaBrokers = "kafka.brokers"
-
-func init() { knownKeys = append(knownKeys, keyKafkaBrokers) }
-
-// kafkaBrokers is kafka.brokers: a list, or one string of host:port
-// separated by commas (the environment's form).
-func (c *cli) kafkaBrokers() []string {
-	var out []string
-	switch v := c.v.Get(keyKafkaBrokers).(type) {
-	case []string:
-		out = v
-	case []any:
-		for _, x := range v {
-			out = append(out, fmt.Sprint(x))
-		}
-	case string:
-		out = strings.Split(v, ",")
-	}
-	var brokers []string
-	for _, b := range out {
-		if b = strings.TrimSpace(b); b != "" {
-			brokers = append(brokers, b)
-		}
-	}
-	return brokers
 }

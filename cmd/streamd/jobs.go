@@ -283,9 +283,9 @@ func (c *cli) statusCommand() *cobra.Command {
 	return cmd
 }
 
-// clientFlags adds the NATS flags and --request-timeout.
-func (c *cli) clientFlags(cmd *cobra.Command) {
-	c.natsFlags(cmd, flagKey{"request-timeout", keyRequestTimeout})
+// clientFlags adds the NATS flags and --request-timeout (and binds extra).
+func (c *cli) clientFlags(cmd *cobra.Command, extra ...flagKey) {
+	c.natsFlags(cmd, append([]flagKey{{"request-timeout", keyRequestTimeout}}, extra...)...)
 	cmd.Flags().Duration("request-timeout", 30*time.Second, "how long to wait for the controller ("+keyRequestTimeout+"; stop, savepoint and upgrade wait at least 10m: they are answered once the savepoint is written)")
 }
 

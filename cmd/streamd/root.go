@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -151,6 +152,9 @@ func (c *cli) loadConfig() error {
 	for _, k := range append([]string{keyWasmCacheDir, keyMaxRecordBytes, keyCheckpointMode, keyAlignedTimeout, keyStateBackend, keyStateCacheMiB, keyRunDataDir}, restartKeys...) {
 		_ = v.BindEnv(k)
 	}
+	for _, k := range settingKeys() {
+		_ = v.BindEnv(k)
+	}
 
 	file := c.configFile
 	if file == "" {
@@ -196,13 +200,10 @@ func (c *cli) checkKnownKeys() error {
 	if c.v.ConfigFileUsed() == "" {
 		return nil
 	}
+	keys := append(slices.Clone(knownKeys), settingKeys()...)
 	for _, k := range c.v.AllKeys() {
-		known := false
-		for _, kk := range knownKeys {
-			known = known || k == kk
-		}
-		if !known {
-			return usagef("config file %s: unknown key %q (known: %s)", c.v.ConfigFileUsed(), k, strings.Join(knownKeys, ", "))
+		if !slices.Contains(keys, k) {
+			return usagef("config file %s: unknown key %q (known: %s)", c.v.ConfigFileUsed(), k, strings.Join(keys, ", "))
 		}
 	}
 	return nil

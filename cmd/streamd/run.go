@@ -80,6 +80,13 @@ checkpoint directory (its newest completed checkpoint or savepoint, by id), at a
 	fl.String("progress", progressAuto, "progress display: auto, table, log or off ("+keyProgress+")")
 	fl.Int("batch-size", 1024, "records per batch on channels and into wasm ("+keyBatchSize+")")
 	fl.Int("channel-capacity", 16, "batches queued per channel ("+keyChannelCapacity+")")
+	settings := c.connectorFlags(cmd)
+	cmd.PreRunE = func(cmd *cobra.Command, _ []string) error {
+		for _, b := range settings {
+			c.bind(cmd.Flags(), b.key, b.flag)
+		}
+		return nil
+	}
 	c.bind(fl, keyProgress, "progress")
 	c.bind(fl, keyBatchSize, "batch-size")
 	c.bind(fl, keyChannelCapacity, "channel-capacity")
@@ -223,6 +230,8 @@ func (c *cli) run(ctx context.Context, cmd *cobra.Command, target string, f runF
 		Stdout:          c.stdout,
 		Stdin:           c.stdin,
 		Restart:         job.Restart,
+
+		ConnectorSettings: c.connectorSettings(),
 	}
 	if usesNATS(g) {
 		c.clusterDefaults()

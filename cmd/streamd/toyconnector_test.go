@@ -30,6 +30,9 @@ import (
 )
 
 func init() {
+	if err := connector.RegisterSetting(connector.Setting{Key: "toy.suffix", Flag: "toy-suffix", Usage: "put after every toy_counter value"}); err != nil {
+		panic(err)
+	}
 	connector.MustRegisterSource("toy_counter", connector.NewConfigSpec().
 		Summary("Counts: subtask i of p emits prefix+n for n = i, i+p, ... below count.").
 		Field(
@@ -55,7 +58,7 @@ func init() {
 // toyCounter is the toy source; its position is the next n, 8 bytes.
 type toyCounter struct {
 	next, count, step int64
-	prefix            string
+	prefix, suffix    string
 	delay             time.Duration
 	buf               []byte
 }
@@ -66,6 +69,7 @@ func newToyCounter(s *connector.SourceSpec, env connector.SourceEnv) (connector.
 	if c.String("case") == "upper" {
 		t.prefix = strings.ToUpper(t.prefix)
 	}
+	t.suffix = env.Settings["toy.suffix"]
 	if env.Position != nil {
 		if len(env.Position) != 8 {
 			return nil, fmt.Errorf("toy_counter: bad position %x", env.Position)
@@ -88,7 +92,7 @@ func (t *toyCounter) Read(ctx context.Context, recs []abi.Record) (int, error) {
 	}
 	for ; n < len(recs) && t.next < t.count; n++ {
 		at := len(t.buf)
-		t.buf = fmt.Appendf(t.buf, "%s%d", t.prefix, t.next)
+		t.buf = fmt.Appendf(t.buf, "%s%d%s", t.prefix, t.next, t.suffix)
 		recs[n] = abi.Record{Value: t.buf[at:len(t.buf):len(t.buf)], Timestamp: abi.NoTimestamp}
 		t.next += t.step
 	}
@@ -167,18 +171,19 @@ operators:
 		}
 	}
 
-	code, _, out, errs = invoke(t, "run", "--progress", "off", "job.yaml")
+	// toy.suffix is a setting of the toy connector: a flag of streamd run.
+	code, _, out, errs = invoke(t, "run", "--progress", "off", "--toy-suffix", "!", "job.yaml")
 	if code != exitOK {
 		t.Fatalf("run: exit %d\n%s%s", code, out, errs)
 	}
 	got := toyValues("run")
 	var want []string
 	for n := range 500 {
-		want = append(want, fmt.Sprintf("N-%d", n))
+		want = append(want, fmt.Sprintf("N-%d!", n))
 	}
 	slices.Sort(want)
 	if !reflect.DeepEqual(got, want) {
-		t.Errorf("toy_lines got %d values, want N-0..N-499 once each", len(got))
+		t.Errorf("toy_lines got %d values, want N-0!..N-499! once each", len(got))
 	}
 	if cps, _ := filepath.Glob(filepath.Join(dir, "checkpoints", "*")); len(cps) == 0 {
 		t.Errorf("no checkpoint in %s", filepath.Join(dir, "checkpoints"))
@@ -247,6 +252,12 @@ operators:
 			t.Fatalf("the toy source wrote %d values in 30s: %s", len(toyValues("first")), stderr)
 		}
 		time.Sleep(10 * time.Millisecond)
+	}
+	// The REST API (and status --json) describe it as validate does.
+	var d webapi.JobDetail
+	if code, b := request(t, http.MethodGet, base+"/jobs/"+id, "", &d); code != 200 || len(d.Vertices) != 2 ||
+		d.Vertices[0].Connector != "source toy_counter count=400 delay=5ms" || d.Vertices[1].Connector != "sink toy_lines name=first" {
+		t.Errorf("GET /jobs/%s: %d %s", id, code, b)
 	}
 	var sp webapi.SavepointReply
 	if code, b := request(t, http.MethodPost, base+"/jobs/"+id+"/stop", `{"drain": false}`, &sp); code != 200 || sp.State != "stopped" {

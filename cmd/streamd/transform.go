@@ -57,7 +57,7 @@ func parseOnError(v, name string, transform bool) (*jobfile.OnError, error) {
 		if !ok {
 			return nil, fmt.Errorf("--on-error: no %s output scheme registered", deadLetterScheme)
 		}
-		dl, err := sch.Output(subj)
+		dl, err := sch.Output(subj, connector.SchemeEnv{}) // the nats scheme reads no settings
 		if err != nil {
 			return nil, usagef("--on-error: %v", err)
 		}
@@ -109,7 +109,7 @@ type transformSpecs struct {
 }
 
 // checkTransform checks the transform's flags before anything connects.
-func checkTransform(cmd *cobra.Command, f runFlags, t transformFlags) (transformSpecs, error) {
+func (c *cli) checkTransform(cmd *cobra.Command, f runFlags, t transformFlags) (transformSpecs, error) {
 	var ts transformSpecs
 	fl := cmd.Flags()
 	if t.input == "" {
@@ -137,7 +137,8 @@ func checkTransform(cmd *cobra.Command, f runFlags, t transformFlags) (transform
 	if !ok {
 		return ts, usagef("--input %q: want %s", t.input, orList(connector.InputUsages()))
 	}
-	src, err := sch.Input(arg, t.start)
+	env := connector.SchemeEnv{Start: t.start, Settings: c.connectorSettings()}
+	src, err := sch.Input(arg, env)
 	if err != nil {
 		return ts, usageError{err}
 	}
@@ -148,7 +149,7 @@ func checkTransform(cmd *cobra.Command, f runFlags, t transformFlags) (transform
 		if !ok {
 			return ts, usagef("--output %q: want %s", o, orList(connector.OutputUsages()))
 		}
-		sink, err := sch.Output(arg)
+		sink, err := sch.Output(arg, env)
 		if err != nil {
 			return ts, usageError{err}
 		}

@@ -283,11 +283,10 @@ func printGraph(w io.Writer, job *jobfile.Job) {
 }
 
 func describeSpec(spec any) string {
+	if d := connector.Describe(spec); d != "" {
+		return d
+	}
 	switch s := spec.(type) {
-	case *jobfile.SourceSpec:
-		return connector.DescribeSource(s)
-	case *jobfile.SinkSpec:
-		return connector.DescribeSink(s)
 	case *jobfile.WasmSpec:
 		d := "wasm " + s.Path
 		keys := make([]string, 0, len(s.Config))

@@ -334,6 +334,10 @@ type OperatorStatus struct {
 	// input order (the job graph, for the REST API's plan).
 	Kind   string       `json:"kind,omitempty"`
 	Inputs []EdgeStatus `json:"inputs,omitempty"`
+	// Connector describes a source or sink as its connector does
+	// (connector.Describe: "source nats stream ORDERS"); "" for a wasm
+	// operator.
+	Connector string `json:"connector,omitempty"`
 }
 
 // EdgeStatus is one input edge of an operator.

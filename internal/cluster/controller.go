@@ -19,6 +19,7 @@ import (
 	"github.com/nats-io/nats.go/micro"
 
 	"github.com/streamd/streamd/control"
+	"github.com/streamd/streamd/internal/connector"
 	"github.com/streamd/streamd/internal/jobfile"
 	"github.com/streamd/streamd/internal/runtime"
 	"github.com/streamd/streamd/internal/telemetry"
@@ -1564,6 +1565,11 @@ func (c *Controller) statusLocked(j *ctlJob) JobStatus {
 	for _, v := range j.spec.Vertices {
 		op := OperatorStatus{UID: v.UID, Parallelism: v.Parallelism, RecordsIn: stats[v.UID].RecordsIn, RecordsOut: stats[v.UID].RecordsOut,
 			UnionDeclines: stats[v.UID].UnionDeclines, Kind: string(v.Kind), Inputs: EdgeStatuses(v.Inputs)}
+		if v.Source != nil {
+			op.Connector = connector.Describe(v.Source)
+		} else if v.Sink != nil {
+			op.Connector = connector.Describe(v.Sink)
+		}
 		if j.dist != nil && j.dist.d != nil {
 			op.UnionDeclines = j.dist.d.UnionDeclines()[v.UID] // the controller drives its checkpoints
 		}

@@ -184,7 +184,7 @@ func (e *LocalExecutor) startDistributed(ctx context.Context, r ExecRequest) (Ex
 		Engine: e.Engine, Logger: r.Logger, GuestLog: guestLog, Attempt: r.Attempt, BatchSize: e.BatchSize, JobID: r.JobID, Host: r.HostID,
 		ChannelCapacity: e.ChannelCapacity, Stdout: e.Stdout, Stdin: eofReader{}, Progress: r.Progress, NATS: e.NATS,
 		MaxRecordBytes: cmp.Or(r.MaxRecordBytes, e.MaxRecordBytes),
-		State:          r.State, DataDir: e.DataDir,
+		State:          r.State, DataDir: e.DataDir, ConnectorSettings: e.ConnectorSettings,
 	}
 	if cs := r.Checkpoint; cs != nil {
 		store, err := openStoreRetry(ctx, r.Conn, cs, r.JobID, r.Logger)

@@ -58,6 +58,7 @@ func fileSourceSpec() *ConfigSpec {
 			"The position in a checkpoint is the byte offset and index of the next line.").
 		Field(NewPathField("path").Description(`The file to read, relative to the job file; "-" for standard input.`).
 			Example("input.txt").Require(`a file source reads the file at path ("-" for standard input)`)).
+		Example("source: {type: file, path: events.jsonl, timestamp: {field: ts}, watermark: {max_out_of_orderness: 2s}}").
 		EventTimestamp().
 		Check(func(c Config) []FieldError {
 			if p := c.String("path"); p != "" && p != "-" {
@@ -157,6 +158,7 @@ func generatorSpec() *ConfigSpec {
 			NewIntField("start_ts").Description("The timestamp of record 0, in ms.").Default(int64(0)),
 			NewMillisField("ts_step").Description("The timestamp step between records (a duration, or ms).").Default(time.Millisecond),
 		).
+		Example("source: {type: generator, count: 1000000, rate: 50000, key: \"user-{k}\", keys: 1000}").
 		Check(func(c Config) []FieldError {
 			var errs []FieldError
 			if n := c.Int("count"); n < 0 {
@@ -226,6 +228,7 @@ func natsSourceSpec() *ConfigSpec {
 			NewStringField("key_from").Description("Where the key comes from: header (the Streamd-Key header; left out) or subject (its last token)."),
 			NewStringField("start").Description("Where a first start begins: first (left out), new, seq:N or time:RFC3339; a restore resumes from the checkpoint.").Example("seq:42"),
 		).
+		Example("source: {type: nats, stream: ORDERS, subject: \"orders.eu.>\", start: new}").
 		EventTimestamp().
 		UsesNATS().
 		Check(func(c Config) []FieldError {
@@ -321,6 +324,7 @@ func fileSinkSpec() *ConfigSpec {
 				Require("a file sink writes part files into the directory at path"),
 			formatField(),
 		).
+		Example("sink: {type: file, path: out/, format: kv}").
 		DeadLetters().
 		Check(func(c Config) []FieldError {
 			if p := c.String("path"); p != "" {
@@ -353,6 +357,7 @@ func natsSinkSpec() *ConfigSpec {
 				Require("a nats sink publishes to subject (a JetStream stream must capture it)"),
 			NewStringField("commit_subject").Description("Prefix of the commit-marker subjects; left out: subject + \".streamd-commit\".").Example("commits.results"),
 		).
+		Example("sink: {type: nats, subject: results.upper}").
 		UsesNATS().
 		DeadLetters().
 		Check(func(c Config) []FieldError {

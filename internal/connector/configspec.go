@@ -217,14 +217,8 @@ func (c *ConfigSpec) bindSinkFields(fn func(Config, *SinkSpec)) *ConfigSpec {
 // Fields are the spec's fields in order.
 func (c *ConfigSpec) Fields() []*Field { return c.fields }
 
-// SummaryText is the summary.
-func (c *ConfigSpec) SummaryText() string { return c.summary }
-
 // TakesTimestamp reports EventTimestamp.
 func (c *ConfigSpec) TakesTimestamp() bool { return c.timestamp }
-
-// NeedsNATS reports UsesNATS.
-func (c *ConfigSpec) NeedsNATS() bool { return c.usesNATS }
 
 // TakesDeadLetters reports DeadLetters.
 func (c *ConfigSpec) TakesDeadLetters() bool { return c.deadLetters }
@@ -245,7 +239,7 @@ var (
 )
 
 // check validates the spec itself when it is registered.
-func (c *ConfigSpec) check(kind string) error {
+func (c *ConfigSpec) check() error {
 	if c.summary == "" {
 		return fmt.Errorf("no summary")
 	}

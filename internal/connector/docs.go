@@ -41,6 +41,23 @@ A connector is one Go file that registers itself (` + "`connector.RegisterSource
 			writePlugin(&b, p)
 		}
 	}
+	if ss := Settings(); len(ss) > 0 {
+		b.WriteString("## Configuration keys\n\n| key | variable | flag | meaning |\n| --- | --- | --- | --- |\n")
+		for _, s := range ss {
+			flag := ""
+			if s.Flag != "" {
+				flag = "`--" + s.Flag + "`"
+			}
+			env := "STREAMD_" + strings.ToUpper(strings.ReplaceAll(s.Key, ".", "_"))
+			fmt.Fprintf(&b, "| `%s` | `%s` | %s | %s |\n", s.Key, env, flag, cell(s.Usage))
+		}
+		b.WriteString("\n")
+	}
+	schemes := append(InputUsages(), OutputUsages()...)
+	if len(schemes) > 0 {
+		fmt.Fprintf(&b, "## Transform schemes\n\n`streamd deploy MODULE.wasm --input` takes %s; `--output` takes %s.\n",
+			"`"+strings.Join(InputUsages(), "`, `")+"`", "`"+strings.Join(OutputUsages(), "`, `")+"`")
+	}
 	return bytes.TrimRight(b.Bytes(), "\n")
 }
 

@@ -32,7 +32,7 @@ func ExampleRegisterSource() {
 		func(s *SourceSpec, env SourceEnv) (Source, error) {
 			return &ticks{count: s.Conf().Int("count")}, nil
 		})
-	defer unregister("source", "example_ticks")
+	defer Unregister("source", "example_ticks")
 
 	// What the loader makes of `source: {type: example_ticks, count: 2}`.
 	p, _ := LookupSource("example_ticks")

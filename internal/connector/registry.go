@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"regexp"
 	"slices"
 	"sort"
 	"sync"
@@ -26,6 +27,9 @@ type SourceEnv struct {
 	// NATS returns the runtime's shared connection to the servers url
 	// ("" = the configured nats.url), for a spec marked UsesNATS.
 	NATS func(url string) (*nats.Conn, error)
+	// Settings are the values of the registered configuration keys
+	// (RegisterSetting) that the process's configuration sets.
+	Settings map[string]string
 }
 
 // SinkEnv is what the runtime gives a sink's constructor.
@@ -43,6 +47,7 @@ type SinkEnv struct {
 	Stdout        io.Writer   // the process's standard output
 	StdoutMu      *sync.Mutex // held while writing Stdout
 	NATS          func(url string) (*nats.Conn, error)
+	Settings      map[string]string // see SourceEnv.Settings
 }
 
 // SourceConstructor makes one subtask of a source from its spec (the
@@ -106,7 +111,7 @@ func register(p *Plugin) error {
 	if p.Spec == nil {
 		return fmt.Errorf("connector: %s %q: no config spec", p.Kind, p.Name)
 	}
-	if err := p.Spec.check(p.Kind); err != nil {
+	if err := p.Spec.check(); err != nil {
 		return fmt.Errorf("connector: %s %q: %w", p.Kind, p.Name, err)
 	}
 	registry.Lock()
@@ -124,8 +129,9 @@ func register(p *Plugin) error {
 	return nil
 }
 
-// unregister removes a type (tests that register a toy connector).
-func unregister(kind, name string) {
+// Unregister removes source or sink type name (kind "source" or "sink"):
+// for tests that register a type for a while.
+func Unregister(kind, name string) {
 	registry.Lock()
 	defer registry.Unlock()
 	list := &registry.sources
@@ -215,11 +221,6 @@ func NewSink(spec *SinkSpec, env SinkEnv) (Sink, error) {
 	return p.sink(spec, env)
 }
 
-// Builtin reports whether the type keeps its values in the typed fields of
-// SourceSpec or SinkSpec (the types from before the registry) rather than
-// in Config.
-func (p *Plugin) Builtin() bool { return p.Spec.builtin }
-
 // BindSource sets s (whose Type is p's) from the checked values c.
 func (p *Plugin) BindSource(c Config, s *SourceSpec) {
 	if p.Spec.bindSource == nil {
@@ -257,6 +258,18 @@ func DescribeSink(s *SinkSpec) string {
 		return p.Spec.describeSink(s)
 	}
 	return "sink " + s.Type + describeConfig(p, s.Conf())
+}
+
+// Describe is DescribeSource or DescribeSink of spec, "" when spec is
+// neither a *SourceSpec nor a *SinkSpec.
+func Describe(spec any) string {
+	switch s := spec.(type) {
+	case *SourceSpec:
+		return DescribeSource(s)
+	case *SinkSpec:
+		return DescribeSink(s)
+	}
+	return ""
 }
 
 // describeConfig lists the values that differ from their default, in the
@@ -360,3 +373,35 @@ func RestoreFinishedSink(s *SinkSpec, env SinkEnv, r FinishedRestore) error {
 	}
 	return err
 }
+
+// Setting is a configuration key a connector reads (kafka.brokers): the
+// CLI accepts it in the configuration file and as STREAMD_KAFKA_BROKERS,
+// and, when Flag is set, as a flag of streamd run and deploy
+// (--kafka-brokers); its value reaches SourceEnv.Settings,
+// SinkEnv.Settings and SchemeEnv.Settings.
+type Setting struct {
+	Key   string // "kafka.brokers": lower case, dotted
+	Flag  string // "kafka-brokers"; "" none
+	Usage string // the flag's help and the docs' line
+}
+
+var settings []Setting
+
+var settingKey = regexp.MustCompile(`^[a-z][a-z0-9_]*(\.[a-z][a-z0-9_]*)+$`)
+
+// RegisterSetting adds a configuration key (from an init function).
+func RegisterSetting(s Setting) error {
+	if !settingKey.MatchString(s.Key) || s.Usage == "" {
+		return fmt.Errorf("connector: setting %q: want a dotted lower-case key like kafka.brokers and a usage", s.Key)
+	}
+	for _, q := range settings {
+		if q.Key == s.Key || (s.Flag != "" && q.Flag == s.Flag) {
+			return fmt.Errorf("connector: setting %q (flag %q) is registered twice", s.Key, s.Flag)
+		}
+	}
+	settings = append(settings, s)
+	return nil
+}
+
+// Settings lists the registered configuration keys.
+func Settings() []Setting { return slices.Clone(settings) }

@@ -43,7 +43,7 @@ func TestRegisterRefusesBadSpecs(t *testing.T) {
 		err := RegisterSource(tt.name, tt.spec, ctor)
 		if err == nil || !strings.Contains(err.Error(), tt.want) {
 			t.Errorf("%s: %v, want %q", tt.name, err, tt.want)
-			unregister("source", tt.name)
+			Unregister("source", tt.name)
 		}
 	}
 }
@@ -88,7 +88,7 @@ func TestDescribe(t *testing.T) {
 		NewIntField("count").Description("n").Require("count"),
 		NewStringField("prefix").Description("p").Default("n"))
 	MustRegisterSource("describe_toy", spec, func(*SourceSpec, SourceEnv) (Source, error) { return nil, nil })
-	defer unregister("source", "describe_toy")
+	defer Unregister("source", "describe_toy")
 	c := Config{"count": int64(3), "prefix": "n"}
 	if got := DescribeSource(&SourceSpec{Type: "describe_toy", Config: &c}); got != "source describe_toy count=3" {
 		t.Errorf("default describe: %q", got)

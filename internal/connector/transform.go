@@ -22,11 +22,11 @@ import (
 type Scheme struct {
 	Name  string // before the ':': "nats", "jetstream", "kafka"
 	Usage string // as help and errors spell it: "nats:SUBJECT"
-	// Input makes the transform's source from ARG and --start ("" when
-	// not given); nil: not an input scheme.
-	Input func(arg, start string) (*SourceSpec, error)
+	// Input makes the transform's source from ARG; nil: not an input
+	// scheme.
+	Input func(arg string, env SchemeEnv) (*SourceSpec, error)
 	// Output makes a sink from ARG; nil: not an output scheme.
-	Output func(arg string) (*SinkSpec, error)
+	Output func(arg string, env SchemeEnv) (*SinkSpec, error)
 	// Prepare, when set, readies what the spec needs before the job is
 	// deployed (finds or creates a stream): the deployer calls it for the
 	// input and every output first with create false (check only, may
@@ -34,6 +34,12 @@ type Scheme struct {
 	// refused deploy leaves nothing behind. The note (create true) is
 	// printed on stderr.
 	Prepare func(ctx context.Context, env DeployEnv, create bool) (note string, err error)
+}
+
+// SchemeEnv is what a Scheme's Input and Output get.
+type SchemeEnv struct {
+	Start    string            // --start; "" when not given
+	Settings map[string]string // the registered settings the configuration (or a flag) sets
 }
 
 // DeployEnv is what a Scheme's Prepare gets.
@@ -157,20 +163,20 @@ func registerNATSSchemes() {
 	q.Spec.TransformOutput(natsTransformOutput)
 }
 
-func natsInput(arg, start string) (*SourceSpec, error) {
+func natsInput(arg string, env SchemeEnv) (*SourceSpec, error) {
 	if arg == "" {
 		return nil, fmt.Errorf("--input nats:SUBJECT: no subject")
 	}
 	if err := CheckSubject(arg, true); err != nil {
 		return nil, fmt.Errorf("--input: %v", err)
 	}
-	if err := checkStartFlag(start); err != nil {
+	if err := checkStartFlag(env.Start); err != nil {
 		return nil, err
 	}
-	return &SourceSpec{Type: "nats", Subject: arg, Start: start}, nil
+	return &SourceSpec{Type: "nats", Subject: arg, Start: env.Start}, nil
 }
 
-func jetstreamInput(arg, start string) (*SourceSpec, error) {
+func jetstreamInput(arg string, env SchemeEnv) (*SourceSpec, error) {
 	stream, filter, _ := strings.Cut(arg, ":")
 	if stream == "" || strings.ContainsAny(stream, " \t.*>") {
 		return nil, fmt.Errorf("--input jetstream:STREAM[:FILTER]: %q is not a stream name (no spaces, '.', '*' or '>')", stream)
@@ -180,10 +186,10 @@ func jetstreamInput(arg, start string) (*SourceSpec, error) {
 			return nil, fmt.Errorf("--input: %v", err)
 		}
 	}
-	if err := checkStartFlag(start); err != nil {
+	if err := checkStartFlag(env.Start); err != nil {
 		return nil, err
 	}
-	return &SourceSpec{Type: "nats", Stream: stream, Subject: filter, Start: start}, nil
+	return &SourceSpec{Type: "nats", Stream: stream, Subject: filter, Start: env.Start}, nil
 }
 
 func checkStartFlag(start string) error {
@@ -193,7 +199,7 @@ func checkStartFlag(start string) error {
 	return nil
 }
 
-func natsOutput(arg string) (*SinkSpec, error) {
+func natsOutput(arg string, _ SchemeEnv) (*SinkSpec, error) {
 	if arg == "" {
 		return nil, fmt.Errorf("--output %q: want nats:SUBJECT", "nats:")
 	}

@@ -82,7 +82,7 @@ func (c *natsConns) close() {
 func (j *job) sourceEnv(t *task) connector.SourceEnv {
 	return connector.SourceEnv{
 		Operator: t.v.UID, Job: j.writerName(), Subtask: t.sub, Parallelism: t.v.Parallelism,
-		MaxRecordBytes: j.opts.MaxRecordBytes, Stdin: j.opts.Stdin, NATS: j.natsConn,
+		MaxRecordBytes: j.opts.MaxRecordBytes, Stdin: j.opts.Stdin, NATS: j.natsConn, Settings: j.opts.ConnectorSettings,
 	}
 }
 
@@ -95,7 +95,7 @@ func (j *job) sourceEnv(t *task) connector.SourceEnv {
 func (j *job) sinkEnv(t *task, operator string) connector.SinkEnv {
 	return connector.SinkEnv{
 		Operator: operator, Job: j.writerName(), Subtask: t.sub, Parallelism: t.v.Parallelism,
-		Checkpointing: t.ckpt, Stdout: j.opts.Stdout, StdoutMu: j.stdout, NATS: j.natsConn,
+		Checkpointing: t.ckpt, Stdout: j.opts.Stdout, StdoutMu: j.stdout, NATS: j.natsConn, Settings: j.opts.ConnectorSettings,
 	}
 }
 

@@ -90,6 +90,9 @@ type Options struct {
 	// a source or sink that names a url replaces the URLs. Every server is
 	// connected to once per Run, when a nats source or sink first opens.
 	NATS natsutil.ConnectOptions
+	// ConnectorSettings are the values of the connectors' configuration
+	// keys (connector.RegisterSetting), for their SourceEnv and SinkEnv.
+	ConnectorSettings map[string]string
 }
 
 // CheckpointOptions configure checkpointing.

@@ -275,7 +275,8 @@ type Vertex struct {
 	RecordsIn     int64          `json:"records_in"`
 	RecordsOut    int64          `json:"records_out"`
 	UnionDeclines int            `json:"union_declines,omitempty"`
-	Tasks         map[string]int `json:"tasks"` // subtasks by state
+	Connector     string         `json:"connector,omitempty"` // a source's or sink's description (connector registry)
+	Tasks         map[string]int `json:"tasks"`               // subtasks by state
 	Subtasks      []Subtask      `json:"subtasks"`
 }
 
@@ -327,7 +328,7 @@ func detail(st *cluster.JobStatus) JobDetail {
 		CheckpointMode: st.CheckpointMode, Vertices: []Vertex{}, Now: now.UnixMilli()}
 	for _, op := range st.Operators {
 		v := Vertex{ID: op.UID, Kind: op.Kind, Parallelism: op.Parallelism, RecordsIn: op.RecordsIn, RecordsOut: op.RecordsOut,
-			UnionDeclines: op.UnionDeclines, Tasks: map[string]int{}, Subtasks: []Subtask{}}
+			UnionDeclines: op.UnionDeclines, Connector: op.Connector, Tasks: map[string]int{}, Subtasks: []Subtask{}}
 		for _, s := range op.Subtasks {
 			v.Subtasks = append(v.Subtasks, subtask(s))
 			v.Tasks[s.State]++

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"slices"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/streamd/streamd/internal/connector"
@@ -98,6 +97,10 @@ func init() {
 			}
 			return NewAnySink(env.Context, cfg, env.Subtask, env.Parallelism)
 		})
+	if err := connector.RegisterSetting(connector.Setting{Key: SettingBrokers, Flag: "kafka-brokers",
+		Usage: "the Kafka cluster (host:port,...) of kafka:TOPIC transform inputs and outputs"}); err != nil {
+		panic(err)
+	}
 	for _, s := range []connector.Scheme{
 		{Name: "kafka", Usage: "kafka:TOPIC", Input: schemeInput},
 		{Name: "kafka", Usage: "kafka:TOPIC", Output: schemeOutput},
@@ -172,40 +175,34 @@ func fieldErrors(err error) []connector.FieldError {
 	return out
 }
 
-// deploy's --kafka-brokers (kafka.brokers): the cluster of kafka:TOPIC.
-var deployBrokers struct {
-	sync.Mutex
-	brokers []string
-}
+// SettingBrokers is the configuration key (flag --kafka-brokers,
+// STREAMD_KAFKA_BROKERS) of the Kafka cluster of deploy's kafka:TOPIC
+// inputs and outputs: host:port,... (a job file's kafka source or sink
+// names its brokers).
+const SettingBrokers = "kafka.brokers"
 
-// SetDeployBrokers sets the brokers the kafka:TOPIC scheme of streamd
-// deploy connects to (--kafka-brokers, kafka.brokers).
-func SetDeployBrokers(brokers []string) {
-	deployBrokers.Lock()
-	defer deployBrokers.Unlock()
-	deployBrokers.brokers = slices.Clone(brokers)
-}
-
-func brokersFor(flag string) ([]any, error) {
-	deployBrokers.Lock()
-	defer deployBrokers.Unlock()
-	if len(deployBrokers.brokers) == 0 {
-		return nil, &connector.FlagError{Flag: flag, Message: "kafka:TOPIC needs the cluster's brokers: --kafka-brokers host:port,... (kafka.brokers)"}
+// brokersFor is the brokers of settings (SettingBrokers) as Config values.
+func brokersFor(flag string, settings map[string]string) ([]any, error) {
+	var out []any
+	for _, b := range strings.Split(settings[SettingBrokers], ",") {
+		if b = strings.TrimSpace(b); b != "" {
+			out = append(out, b)
+		}
 	}
-	out := make([]any, len(deployBrokers.brokers))
-	for i, b := range deployBrokers.brokers {
-		out[i] = b
+	if len(out) == 0 {
+		return nil, &connector.FlagError{Flag: flag, Message: "kafka:TOPIC needs the cluster's brokers: --kafka-brokers host:port,... (kafka.brokers, STREAMD_KAFKA_BROKERS)"}
 	}
 	return out, nil
 }
 
 // schemeInput is --input kafka:TOPIC, from --start (first: earliest, new:
 // latest, time:RFC3339: that timestamp).
-func schemeInput(arg, start string) (*connector.SourceSpec, error) {
+func schemeInput(arg string, env connector.SchemeEnv) (*connector.SourceSpec, error) {
+	start := env.Start
 	if err := validTopic(arg); err != nil {
 		return nil, fmt.Errorf("--input kafka:TOPIC: %w", err)
 	}
-	brokers, err := brokersFor("--input")
+	brokers, err := brokersFor("--input", env.Settings)
 	if err != nil {
 		return nil, err
 	}
@@ -224,11 +221,11 @@ func schemeInput(arg, start string) (*connector.SourceSpec, error) {
 }
 
 // schemeOutput is --output kafka:TOPIC (exactly once).
-func schemeOutput(arg string) (*connector.SinkSpec, error) {
+func schemeOutput(arg string, env connector.SchemeEnv) (*connector.SinkSpec, error) {
 	if err := validTopic(arg); err != nil {
 		return nil, fmt.Errorf("--output kafka:TOPIC: %w", err)
 	}
-	brokers, err := brokersFor("--output")
+	brokers, err := brokersFor("--output", env.Settings)
 	if err != nil {
 		return nil, err
 	}
