@@ -99,7 +99,7 @@ func (c *Client) callTry(ctx context.Context, read bool, subject string, req, re
 		time.Now().Add(delay).Before(deadline) {
 		select {
 		case <-ctx.Done():
-			return c.unanswered(err, ctx.Err())
+			return ctx.Err()
 		case <-time.After(delay):
 		}
 		delay = min(2*delay, 500*time.Millisecond)
@@ -111,27 +111,12 @@ func (c *Client) callTry(ctx context.Context, read bool, subject string, req, re
 		return reply().Err()
 	}
 	if err != nil {
-		if errors.Is(err, nats.ErrNoResponders) || ctx.Err() != nil && (errors.Is(err, context.DeadlineExceeded) || errors.Is(err, nats.ErrTimeout)) {
-			return c.unanswered(err, ctx.Err())
+		if errors.Is(err, nats.ErrNoResponders) {
+			return fmt.Errorf("cluster: no controller answers on %s (is `streamd controller` or `streamd server` running on this NATS server?)", c.nc.ConnectedUrlRedacted())
 		}
 		return err
 	}
 	return reply().Err()
-}
-
-// unanswered is the error of a request that no controller answered: last
-// is the last try's error, ctxErr the caller's context's (nil while it
-// runs), which the result matches with errors.Is too.
-func (c *Client) unanswered(last, ctxErr error) error {
-	why := "no controller answered"
-	if errors.Is(last, nats.ErrNoResponders) {
-		why = "no controller listens"
-	}
-	if ctxErr != nil {
-		return fmt.Errorf("cluster: %s on %s before the request timed out (is `streamd controller` or `streamd server` running on this NATS server?): %w",
-			why, c.nc.ConnectedUrlRedacted(), ctxErr)
-	}
-	return fmt.Errorf("cluster: %s on %s (is `streamd controller` or `streamd server` running on this NATS server?)", why, c.nc.ConnectedUrlRedacted())
 }
 
 // Conn is the client's NATS connection.
