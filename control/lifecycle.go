@@ -183,8 +183,9 @@ type JobEnded struct {
 	State     JobState
 	Reason    string
 	Savepoint *RestorePoint
-	// GaveUp, of a failed job, says why it was not restarted ("no restart
-	// can fix it", "3 restarts, the limit of fixed-delay").
+	// GaveUp, of a job failed by a failure no restart can fix, says why
+	// ("no restart can fix it", "3 attempts in a row failed in open with
+	// this error"); "" when the restart strategy gave up (Reason says why).
 	GaveUp string
 }
 
@@ -530,7 +531,7 @@ func (l *Lifecycle) failed(sub SubtaskID, reason string, toCoord bool, err error
 		if l.coord != nil {
 			_ = l.stepCoord(RestartsExhausted{Reason: reason})
 		}
-		l.gaveUp = why
+		l.gaveUp = final
 		l.end(JobFailed, fmt.Sprintf("attempt %d failed: %s (%s)", l.attempt, reason, why), nil)
 		return
 	}

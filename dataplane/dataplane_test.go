@@ -373,7 +373,8 @@ func TestBatchReuseDoesNotAllocate(t *testing.T) {
 // TestLocalChannelOvertaking: on a full channel SendNow still queues a batch
 // and an unaligned barrier; the receiver takes the barrier ahead with the
 // records before it, then receives every record in order with no sequence
-// error; a wanted ordinary barrier is taken too, end-of-data stops a take.
+// error; a wanted ordinary barrier is taken too, and an unaligned one
+// overtakes end-of-data.
 func TestLocalChannelOvertaking(t *testing.T) {
 	ctx := context.Background()
 	c := NewLocalChannel("a[0]->b[0]", 2)
@@ -405,8 +406,10 @@ func TestLocalChannelOvertaking(t *testing.T) {
 	if in.Overtaking() {
 		t.Fatal("still flagged after the take")
 	}
-	// An ordinary barrier, wanted after it was queued; end-of-data ahead of
-	// a second one stops that take.
+	// An ordinary barrier, wanted after it was queued; an unaligned one
+	// overtakes the end-of-data queued before it (a finished sender's
+	// checkpoints go on while the receiver drains), which is still
+	// delivered in order after the records.
 	in.WantBarrier(8)
 	go func() { // the channel is over capacity: Send waits for the receiver
 		_ = out.Send(ctx, rec("r4"))
@@ -415,7 +418,7 @@ func TestLocalChannelOvertaking(t *testing.T) {
 		_ = out.Send(ctx, BarrierEvent(Barrier{ID: 9, Unaligned: true}))
 	}()
 	var got []string
-	for len(got) < 6 {
+	for !slices.Contains(got, "took 9") || !slices.Contains(got, "end-of-data(drain=true)") {
 		if in.Overtaking() {
 			if b, ok, err := in.TakeBarrier(func(Event) {}); err != nil {
 				t.Fatal(err)
@@ -438,18 +441,67 @@ func TestLocalChannelOvertaking(t *testing.T) {
 			got = append(got, ev.String())
 		}
 	}
-	// The barrier is queued behind r4 by another goroutine: it may be taken
-	// before or after r4 is received, or arrive in order when it reaches the
-	// head of the queue first; it comes once, before end-of-data.
-	recv := slices.DeleteFunc(slices.Clone(got), func(s string) bool { return s == "took 8" || strings.HasPrefix(s, "barrier(8,") })
-	if s := strings.Join(recv, ","); s != "r1,r2,r3,r4,end-of-data(drain=true)" || len(got) != 6 {
-		t.Fatalf("received %s, want r1..r4, barrier 8 once, end-of-data", strings.Join(got, ","))
+	// The barriers are queued behind r4 by another goroutine: barrier 8 may
+	// be taken before or after r4 is received, or arrive in order when it
+	// reaches the head of the queue first; it comes once, before
+	// end-of-data. Barrier 9 is taken once, never delivered in order.
+	recv := slices.DeleteFunc(slices.Clone(got), func(s string) bool {
+		return s == "took 8" || s == "took 9" || strings.HasPrefix(s, "barrier(8,")
+	})
+	if s := strings.Join(recv, ","); s != "r1,r2,r3,r4,end-of-data(drain=true)" || len(got) != 7 {
+		t.Fatalf("received %s, want r1..r4, barrier 8 once, barrier 9 taken, end-of-data", strings.Join(got, ","))
 	}
-	ev, ok, err := c.Input().TryRecv()
-	for !ok && err == nil {
-		ev, ok, err = c.Input().TryRecv()
+	if ev, ok, err := c.Input().TryRecv(); ok || err != nil {
+		t.Fatalf("after end-of-data: %v %v %v, want nothing (barrier 9 was taken)", ev, ok, err)
 	}
-	if err != nil || ev.Kind != KindBarrier || ev.Barrier.ID != 9 {
-		t.Fatalf("after end-of-data: %v %v, want barrier 9 in order", ev, err)
+}
+
+// TestLocalChannelAnnounces: with announcements on, an aligned barrier
+// queued behind records is announced at once (Flink's EventAnnouncement),
+// once, and still delivered in order; one queued at the head is not.
+func TestLocalChannelAnnounces(t *testing.T) {
+	ctx := context.Background()
+	c := NewLocalChannel("a->b", 8)
+	out, in := c.Output(), c.Input().(*localInput)
+	in.AnnounceBarriers()
+	must := func(err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	must(out.Send(ctx, BarrierEvent(Barrier{ID: 1})))
+	if _, ok := in.Announced(); ok || in.Overtaking() {
+		t.Fatal("a barrier at the head of the queue was announced")
+	}
+	if ev, ok, err := in.TryRecv(); err != nil || !ok || ev.Kind != KindBarrier {
+		t.Fatalf("got %v %v %v, want barrier 1", ev, ok, err)
+	}
+	b := GetBatch()
+	b.Append(abi.Record{Value: []byte("r")})
+	must(out.Send(ctx, RecordsEvent(b)))
+	must(out.Send(ctx, BarrierEvent(Barrier{ID: 2})))
+	if !in.Overtaking() {
+		t.Fatal("no announcement flagged")
+	}
+	if got, ok := in.Announced(); !ok || got.ID != 2 {
+		t.Fatalf("announced %+v %v, want barrier 2", got, ok)
+	}
+	if _, ok := in.Announced(); ok {
+		t.Fatal("announced twice")
+	}
+	if _, ok, _ := in.TakeBarrier(func(Event) {}); ok {
+		t.Fatal("an announced aligned barrier was taken ahead without being wanted")
+	}
+	var kinds []Kind
+	for len(kinds) < 2 {
+		if ev, ok, err := in.TryRecv(); err != nil {
+			t.Fatal(err)
+		} else if ok {
+			kinds = append(kinds, ev.Kind)
+		}
+	}
+	if kinds[0] != KindRecords || kinds[1] != KindBarrier {
+		t.Fatalf("delivered %v, want the records, then the barrier", kinds)
 	}
 }

@@ -232,6 +232,9 @@ func (c *cli) engineOptions() ([]host.Option, error) {
 	if err != nil {
 		return nil, err
 	}
+	if d > 0 && d < host.MinCallDeadline {
+		return nil, usagef("%s: %v is below %v, the least call deadline the guard can enforce (0: no deadline)", keyWasmDeadline, d, host.MinCallDeadline)
+	}
 	opts = append(opts, host.WithCallDeadline(d))
 	return opts, nil
 }

@@ -210,6 +210,11 @@ func (t *task) newMachine() error {
 	if co := t.j.opts.Checkpoint; co != nil {
 		cfg.Alignment, cfg.AlignedTimeout = co.Mode, co.AlignedTimeout
 		t.overtakes = t.gate != nil && (co.Mode == control.AlignUnaligned || co.AlignedTimeout > 0)
+		if t.gate != nil && co.Mode == control.AlignAligned && co.AlignedTimeout > 0 {
+			// The aligned timeout counts from when a barrier is queued,
+			// not from when it comes out of a back-pressured queue.
+			t.gate.AnnounceBarriers()
+		}
 	}
 	for c := 0; c < t.nData; c++ {
 		cfg.Channels = append(cfg.Channels, t.gate.Input(c))
@@ -371,6 +376,7 @@ func (t *task) endData(x control.EmitEndOfData) error {
 	if err := t.broadcast(dataplane.EndOfDataEvent(x.Drain)); err != nil {
 		return t.fail(phaseOutput, err)
 	}
+	t.j.log.Debug("end of data sent", "operator", t.v.UID, "subtask", t.sub, "drain", x.Drain)
 	t.watchAcks()
 	t.startFinalWait()
 	if !t.deployedFinished {
