@@ -4,7 +4,8 @@
 // the coordinator, and metrics served on a Prometheus endpoint.
 //
 // Everything is off by default. Off, the global providers stay OpenTelemetry's
-// no-ops, so starting a span costs a few nanoseconds and no exporter, batcher
+// no-ops (unless a Recorder keeps the checkpoint traces for the web console:
+// then only those are sampled), so starting a span costs a few nanoseconds and no exporter, batcher
 // or goroutine exists; the metric handles (*OperatorMetrics, *Metrics) are nil
 // and their methods return at once. Records are never traced one by one.
 package telemetry
@@ -78,11 +79,14 @@ func New(ctx context.Context, cfg Config) (*Telemetry, error) {
 			_ = exp.Shutdown(ctx)
 			return nil, err
 		}
-		t.tp = sdktrace.NewTracerProvider(
-			sdktrace.WithBatcher(exp),
-			sdktrace.WithSampler(sampler),
-			sdktrace.WithResource(res),
-		)
+		opts := []sdktrace.TracerProviderOption{sdktrace.WithBatcher(exp), sdktrace.WithSampler(sampler), sdktrace.WithResource(res)}
+		if cfg.Recorder != nil {
+			opts = append(opts, sdktrace.WithSpanProcessor(cfg.Recorder))
+		}
+		t.tp = sdktrace.NewTracerProvider(opts...)
+	} else if cfg.Recorder != nil {
+		t.tp = sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(cfg.Recorder),
+			sdktrace.WithSampler(RecorderSampler()), sdktrace.WithResource(res))
 	}
 	if cfg.PrometheusAddr != "" {
 		if err := t.startMetrics(res); err != nil {
