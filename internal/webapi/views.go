@@ -185,7 +185,7 @@ type SubtaskCheckpoint struct {
 	AckMS          float64 `json:"ack_ms"`
 	StateSize      int64   `json:"state_size"`
 	InFlightBytes  int64   `json:"inflight_bytes"`
-	Finished       bool    `json:"finished,omitempty"`         // it had finished (FLIP-147)
+	Finished       bool    `json:"finished,omitempty"`          // it had finished (FLIP-147)
 	AfterEndOfData bool    `json:"after_end_of_data,omitempty"` // acknowledged after its end of data
 	Declined       string  `json:"declined,omitempty"`          // why it declined
 }
