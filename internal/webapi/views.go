@@ -250,8 +250,12 @@ var explanations = []struct {
 	{regexp.MustCompile(`waiting for slots`), func(_ []string, _ int) string {
 		return "Waiting for hosts with enough free slots to run the job."
 	}},
-	{regexp.MustCompile(`operator "([^"]+)" subtask (\d+)/\d+ phase (\S+): guest trap(: ([^\n]*))?`), func(m []string, a int) string {
-		return fmt.Sprintf("The module of operator %s (subtask %s) crashed in %s during attempt %d%s.", m[1], m[2], m[3], a, colon(m[5]))
+	{regexp.MustCompile(`operator "([^"]+)" subtask (\d+)/\d+ phase (\S+): guest (trap|failed|exited)(: ([^\n]*))?`), func(m []string, a int) string {
+		how := map[string]string{"trap": "crashed", "failed": "failed", "exited": "exited"}[m[4]]
+		return fmt.Sprintf("The module of operator %s (subtask %s) %s in %s during attempt %d%s.", m[1], m[2], how, m[3], a, colon(m[6]))
+	}},
+	{regexp.MustCompile(`operator "([^"]+)" subtask (\d+)/\d+ phase (\S+): (call deadline exceeded|memory limit exceeded)`), func(m []string, a int) string {
+		return fmt.Sprintf("The module of operator %s (subtask %s) was stopped in %s during attempt %d: %s.", m[1], m[2], m[3], a, m[4])
 	}},
 	{regexp.MustCompile(`operator "([^"]+)" subtask (\d+)/\d+ phase (\S+): ([^:\n]+)(: ([^\n]*))?`), func(m []string, a int) string {
 		return fmt.Sprintf("Operator %s (subtask %s) failed in %s during attempt %d: %s%s.", m[1], m[2], m[3], a, m[4], colon(m[6]))
