@@ -22,8 +22,8 @@ import (
 	"github.com/streamd/streamd/internal/cluster"
 	"github.com/streamd/streamd/internal/jobfile"
 	"github.com/streamd/streamd/internal/natstest"
-	"github.com/streamd/streamd/internal/testwasm"
 	"github.com/streamd/streamd/internal/telemetry"
+	"github.com/streamd/streamd/internal/testwasm"
 	"github.com/streamd/streamd/internal/webapi"
 )
 
