@@ -19,7 +19,10 @@ import (
 	"github.com/streamd/streamd/internal/webapi"
 )
 
-var screenshot = flag.String("screenshot", "", "write the console's screenshot of a running job to this PNG file (docs/console.png)")
+var (
+	screenshot      = flag.String("screenshot", "", "write the console's screenshot of a running job to this PNG file (docs/console.png)")
+	traceScreenshot = flag.String("trace-screenshot", "", "write the console's screenshot of a checkpoint's trace to this PNG file (docs/console-trace.png)")
+)
 
 // chromium finds Debian's chromium (make deps installs it).
 func chromium(t *testing.T) string {
@@ -141,7 +144,7 @@ func TestConsoleInBrowser(t *testing.T) {
 	}
 	// With tracing.ui_url, links to the job's and each checkpoint's traces in Jaeger.
 	links, err := chromedp.Run(ctx, chromedp.Evaluate[[]string](`[document.querySelector('#job-trace').href,
-		document.querySelector('#checkpoints tbody tr[data-kind="checkpoint"] a').href]`))
+		document.querySelector('#checkpoints tbody tr[data-kind="checkpoint"] a.jaeger').href]`))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -164,6 +167,77 @@ func TestConsoleInBrowser(t *testing.T) {
 		if err := os.WriteFile(*screenshot, png, 0o644); err != nil {
 			t.Fatal(err)
 		}
+	}
+
+	// The job's logs, its versions (none upgraded) and checkpoint counts.
+	if err := chromedp.Do(ctx,
+		voidPoll(`[...document.querySelectorAll('#logs tbody tr[data-source="task"] td.msg')].some(td => td.textContent.startsWith('attempt started'))`),
+		chromedp.WaitVisible(`#no-versions`),
+		voidPoll(`+document.querySelector('#checkpoint-counts [data-count="completed"] b').textContent > 0 &&
+			document.querySelector('#checkpoint-counts [data-count="failed"] b').textContent === '0'`),
+	); err != nil {
+		page, _ := chromedp.Run(ctx, chromedp.Text(`#main`))
+		t.Fatalf("logs, versions, checkpoint counts: %v; the page shows:\n%s", err, page)
+	}
+	logLine, err := chromedp.Run(ctx, chromedp.Text(`#logs tbody tr`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("first log line on the page: %s", logLine)
+
+	// The hosts page: h1 running the job, linked.
+	if err := chromedp.Do(ctx,
+		chromedp.Click(`#nav-hosts`),
+		chromedp.WaitVisible(`#hosts tr[data-host="h1"] a[href="#/jobs/`+id+`"]`),
+	); err != nil {
+		t.Fatalf("hosts page: %v", err)
+	}
+	hostRow, err := chromedp.Run(ctx, chromedp.Text(`#hosts tr[data-host="h1"]`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(hostRow, "alive") {
+		t.Errorf("hosts page: h1 shows %q, want alive", hostRow)
+	}
+
+	// A checkpoint's trace as a waterfall, from the console's own recorder
+	// (no Jaeger): the checkpoint, each subtask's part, its persist, and
+	// the subtasks' snapshots; each subtask's part in a table.
+	if err := chromedp.Do(ctx,
+		chromedp.Click(`#hosts tr[data-host="h1"] a`),
+		chromedp.WaitVisible(`#checkpoints tbody tr[data-kind="checkpoint"] a.waterfall`),
+		chromedp.Click(`#checkpoints tbody tr[data-kind="checkpoint"] a.waterfall`),
+		chromedp.WaitVisible(`#trace-page #waterfall`),
+		voidPoll(`document.querySelectorAll('#waterfall .span-row[data-name="checkpoint"]').length == 1 &&
+			document.querySelectorAll('#waterfall .span-row[data-name="checkpoint.subtask"]').length == 4 &&
+			document.querySelectorAll('#waterfall .span-row[data-name="checkpoint.persist"]').length == 1 &&
+			document.querySelectorAll('#waterfall .span-row[data-name="task.snapshot"]').length > 0 &&
+			document.querySelectorAll('#trace-subtasks tbody tr').length == 4 &&
+			[...document.querySelectorAll('#trace-subtasks td.ack')].every(td => /^[0-9.]+ (ms|s)$/.test(td.textContent)) &&
+			document.querySelector('#trace-outcome').textContent === 'completed'`),
+	); err != nil {
+		page, _ := chromedp.Run(ctx, chromedp.Text(`#main`))
+		t.Fatalf("checkpoint trace: %v; the page shows:\n%s", err, page)
+	}
+	title, err := chromedp.Run(ctx, chromedp.Text(`#trace-page h1`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("trace page: %s", title)
+	if *traceScreenshot != "" {
+		png, err := chromedp.Run(ctx, chromedp.FullScreenshot(100))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(*traceScreenshot, png, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := chromedp.Do(ctx,
+		chromedp.Click(`#trace-page h1 a[href="#/jobs/`+id+`"]`),
+		chromedp.WaitVisible(`#job-page[data-id="`+id+`"] #btn-stop`),
+	); err != nil {
+		t.Fatalf("back to the job: %v", err)
 	}
 
 	// Stop with a savepoint from the page.
