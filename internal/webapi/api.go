@@ -440,6 +440,9 @@ func (h *handler) checkpoints(st *cluster.JobStatus) any {
 	out := CheckpointsReply{Mode: st.CheckpointMode, History: []CheckpointSummary{}, Failed: []telemetry.CheckpointFailure{}, Traced: []int64{}}
 	if h.opts.Traces != nil {
 		counts, failed, traced := h.opts.Traces.Checkpoints(st.ID, st.Name)
+		if cluster.TerminalJobState(st.State) {
+			counts.InProgress = 0 // a checkpoint pending when the job ended never ends
+		}
 		out.Counts = &counts
 		out.Failed = append(out.Failed, failed...)
 		out.Traced = append(out.Traced, traced...)
