@@ -8,6 +8,7 @@ import (
 	"net/url"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -16,6 +17,7 @@ import (
 	"github.com/chromedp/chromedp"
 
 	"github.com/streamd/streamd/internal/cluster"
+	"github.com/streamd/streamd/internal/testwasm"
 	"github.com/streamd/streamd/internal/webapi"
 )
 
@@ -42,7 +44,8 @@ func chromium(t *testing.T) string {
 func TestConsoleInBrowser(t *testing.T) {
 	bin := chromium(t)
 	tc := newCluster(t, webapi.Options{TracingUIURL: "http://127.0.0.1:16686", Service: "streamd-test"})
-	id := tc.deploy(foreverJob(t, "forever"))
+	jobPath := foreverJob(t, "forever")
+	id := tc.deploy(jobPath)
 
 	opts := append(chromedp.DefaultExecAllocatorOptions[:],
 		chromedp.ExecPath(bin),
@@ -240,6 +243,20 @@ func TestConsoleInBrowser(t *testing.T) {
 		t.Fatalf("back to the job: %v", err)
 	}
 
+	// An upgrade shows on the page as the job's second version.
+	uctx, ucancel := context.WithTimeout(ctx, time.Minute)
+	defer ucancel()
+	if _, err := tc.client.Upgrade(uctx, id, nil, "", filepath.Join(filepath.Dir(jobPath), "uppercase.wasm"), "upper", time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	if err := chromedp.Do(ctx,
+		chromedp.WaitVisible(`#versions tr[data-version="2"] [data-state="running"]`),
+		chromedp.WaitVisible(`#versions tr[data-version="1"] [data-state="replaced"]`),
+	); err != nil {
+		page, _ := chromedp.Run(ctx, chromedp.Text(`#version-section`))
+		t.Fatalf("versions after an upgrade: %v; the page shows:\n%s", err, page)
+	}
+
 	// Stop with a savepoint from the page.
 	if err := chromedp.Do(ctx,
 		chromedp.Click(`#btn-stop`, chromedp.NodeEnabled),
@@ -262,6 +279,25 @@ func TestConsoleInBrowser(t *testing.T) {
 	if _, err := os.Stat(job.Savepoint + "/_metadata"); err != nil {
 		t.Errorf("savepoint: %v", err)
 	}
+
+	// A job that fails: its failures in words, the raw message folded
+	// beneath (the guest's panic).
+	failing := tc.deploy(testwasm.FailingJob(t, t.TempDir()))
+	if err := chromedp.Do(ctx,
+		chromedp.Navigate(tc.url+"/#/jobs/"+failing),
+		chromedp.WaitVisible(`#job-state [data-state="failed"]`),
+		voidPoll(`[...document.querySelectorAll('#exceptions p.summary')].some(p => p.textContent.startsWith('The module of operator boom (subtask 0) failed in process during attempt 0: '))`),
+		voidPoll(`[...document.querySelectorAll('#exceptions details pre.exception')].some(p => p.textContent.includes('conformance panic'))`),
+	); err != nil {
+		page, _ := chromedp.Run(ctx, chromedp.Text(`#exception-section`))
+		t.Fatalf("failures in words: %v; the page shows:\n%s", err, page)
+	}
+	summary, err := chromedp.Run(ctx, chromedp.Text(`#exceptions p.summary`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("failure on the page: %s", summary)
+
 	mu.Lock()
 	defer mu.Unlock()
 	if len(jsErrors) > 0 {

@@ -1,12 +1,15 @@
 package webapi_test
 
 import (
+	"context"
 	"net/http"
 	"net/http/httptest"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/streamd/streamd/control"
 	"github.com/streamd/streamd/internal/cluster"
@@ -126,5 +129,29 @@ func TestExplain(t *testing.T) {
 	}
 	if !strings.HasPrefix(webapi.Explain("waiting for slots: need 4, have 2", 0), "Waiting for hosts") {
 		t.Error("waiting for slots: not explained")
+	}
+}
+
+// A job upgraded once has two versions: the deployed one, replaced, and
+// the new one started from the upgrade's savepoint.
+func TestVersionsAfterUpgrade(t *testing.T) {
+	tc := newCluster(t, webapi.Options{})
+	path := foreverJob(t, "forever")
+	id := tc.deploy(path)
+	base := tc.url + "/jobs/" + id
+	waitFor(t, base+"/checkpoints", "a checkpoint", func(r *webapi.CheckpointsReply) bool { return len(r.History) > 0 })
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	rep, err := tc.client.Upgrade(ctx, id, nil, "", filepath.Join(filepath.Dir(path), "uppercase.wasm"), "upper", time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	vs := waitFor(t, base+"/versions", "version 2 running", func(r *webapi.VersionsReply) bool {
+		return len(r.Versions) == 2 && r.Versions[1].State == cluster.VersionRunning
+	})
+	v1, v2 := vs.Versions[0], vs.Versions[1]
+	if v1.Version != 1 || v1.State != cluster.VersionReplaced || v2.Version != 2 || v2.From != rep.Savepoint || rep.Savepoint == "" ||
+		len(v2.Modules) != 1 || v2.Modules[0].Operator != "upper" {
+		t.Errorf("versions %+v after the upgrade to %+v", vs.Versions, rep)
 	}
 }
