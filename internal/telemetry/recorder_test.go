@@ -10,6 +10,7 @@ import (
 	"go.opentelemetry.io/otel/codes"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/trace"
+	"go.opentelemetry.io/otel/trace/noop"
 )
 
 // The recorder keeps each job's latest checkpoint traces with their child
@@ -99,4 +100,40 @@ func TestRecorderBesideExporter(t *testing.T) {
 	if spans, ok := rec.Trace("j", "j", 7); !ok || len(spans) != 1 || spans[0].Service != "streamd-test" {
 		t.Errorf("recorder: %+v %v", spans, ok)
 	}
+}
+
+// BenchmarkRecorderSpans: what a span costs once the recorder's provider is
+// installed (tracing off): a span it does not sample (a task's lifecycle)
+// against the no-op provider's, and one of a sampled checkpoint trace.
+func BenchmarkRecorderSpans(b *testing.B) {
+	rec := NewRecorder()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec), sdktrace.WithSampler(RecorderSampler()))
+	defer tp.Shutdown(context.Background())
+	tr := tp.Tracer(ScopeName)
+	attrs := trace.WithAttributes(SubtaskAttrs("j", "j", "op", 0, 0)...)
+	b.Run("noop", func(b *testing.B) {
+		nt := noop.NewTracerProvider().Tracer(ScopeName)
+		for i := 0; i < b.N; i++ {
+			_, s := nt.Start(context.Background(), SpanTaskOpen, attrs)
+			s.End()
+		}
+	})
+	b.Run("not-sampled", func(b *testing.B) {
+		for i := 0; i < b.N; i++ {
+			_, s := tr.Start(context.Background(), SpanTaskOpen, attrs)
+			s.End()
+		}
+	})
+	b.Run("checkpoint-span", func(b *testing.B) {
+		ctx, root := tr.Start(context.Background(), SpanCheckpoint, trace.WithAttributes(append(JobAttrs("j", "j"), CheckpointID(1))...))
+		for i := 0; i < b.N; i++ {
+			if i%RecorderSpans == RecorderSpans-1 { // a new trace: one keeps at most RecorderSpans
+				root.End()
+				ctx, root = tr.Start(context.Background(), SpanCheckpoint, trace.WithAttributes(append(JobAttrs("j", "j"), CheckpointID(int64(i)))...))
+			}
+			_, s := tr.Start(ctx, SpanCheckpointSubtask, attrs)
+			s.End()
+		}
+		root.End()
+	})
 }
