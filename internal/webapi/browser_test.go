@@ -187,6 +187,18 @@ func TestConsoleInBrowser(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Logf("first log line on the page: %s", logLine)
+	// Only upper's lines (it logs none), then all again.
+	choose := func(op string) chromedp.Action[chromedp.Void] {
+		return voidPoll(`(s => (s.value = '` + op + `', s.dispatchEvent(new Event('change')), true))(document.querySelector('#log-operator'))`)
+	}
+	if err := chromedp.Do(ctx,
+		choose("upper"),
+		voidPoll(`document.querySelectorAll('#logs tbody tr').length == 0 && document.querySelector('#log-note').textContent.startsWith('No log lines')`),
+		choose(""),
+		voidPoll(`document.querySelectorAll('#logs tbody tr[data-source="task"]').length > 0`),
+	); err != nil {
+		t.Fatalf("log filter by operator: %v", err)
+	}
 
 	// The hosts page: h1 running the job, linked.
 	if err := chromedp.Do(ctx,

@@ -51,6 +51,13 @@ func TestHostsLogsTraces(t *testing.T) {
 	if code, b := call(t, http.MethodGet, base+"/logs?since=1h&limit=1", "", &one); code != 200 || len(one.Records) != 1 || one.More != (len(logs.Records) > 1) {
 		t.Errorf("logs?limit=1: %d %s: want one record, and more when %d are stored", code, b, len(logs.Records))
 	}
+	var upper webapi.LogsReply
+	call(t, http.MethodGet, base+"/logs?operator=upper", "", &upper)
+	for _, l := range upper.Records {
+		if l.Operator != "upper" {
+			t.Errorf("logs?operator=upper: a line of %q: %+v", l.Operator, l)
+		}
+	}
 	wantError(t, http.MethodGet, base+"/logs?since=yesterday", "", 400, `since "yesterday"`)
 	wantError(t, http.MethodGet, base+"/logs?limit=0", "", 400, "limit")
 	wantError(t, http.MethodGet, base+"/logs?after=x", "", 400, "after")

@@ -416,7 +416,13 @@ async function renderJob(id) {
       el("h2", {}, "Checkpoints"), el("section", { id: "checkpoint-section" }),
       el("h2", {}, "Failures"), el("section", { id: "exception-section" }),
       el("h2", {}, "Versions"), el("section", { id: "version-section" }),
-      el("h2", {}, "Logs"), el("section", { id: "log-section" }, el("div", { id: "log-note", class: "muted" }),
+      el("h2", {}, "Logs"), el("section", { id: "log-section" },
+        el("label", {}, "Operator ", el("select", { id: "log-operator", onchange: e => {
+          state.logs = { id, next: 0, error: null, operator: e.target.value };
+          document.querySelector("#logs tbody").replaceChildren();
+          readLogs(id);
+        } }, el("option", { value: "" }, "all"), job.vertices.map(v => el("option", { value: v.id }, v.id)))),
+        el("div", { id: "log-note", class: "muted" }),
         el("div", { id: "logs-box" }, el("table", { id: "logs" }, el("tbody", {})))));
     setMain(page);
     state.logs = { id, next: 0, error: null };
@@ -469,16 +475,21 @@ const MAXLOG = 1000;
 // the last hour's at first, then what came since the previous poll.
 async function readLogs(id) {
   const lg = state.logs;
-  if (!lg || lg.id !== id || lg.error) return;
-  const q = lg.next ? "after=" + lg.next : "since=1h";
+  if (!lg || lg.id !== id || lg.error || lg.reading) return;
+  lg.reading = true; // one read at a time: a filter change and a poll may overlap
+  let q = lg.next ? "after=" + lg.next : "since=1h";
+  if (lg.operator) q += "&operator=" + encodeURIComponent(lg.operator);
   let r;
   try {
     r = await api("GET", `/jobs/${encodeURIComponent(id)}/logs?${q}&limit=500`);
   } catch (e) {
+    lg.reading = false;
     lg.error = e.message; // e.g. streamd run: no log stream; said once, not asked again
     document.getElementById("log-note").textContent = "No logs here: " + e.message;
     return;
   }
+  lg.reading = false;
+  if (state.logs !== lg) return; // the filter changed meanwhile
   lg.next = r.next;
   const body = document.querySelector("#logs tbody");
   for (const l of r.records) {
