@@ -247,6 +247,7 @@ func (h *handler) lookup(w http.ResponseWriter, r *http.Request) *cluster.JobSta
 type JobDetail struct {
 	JobOverview
 	Reason         string   `json:"reason,omitempty"`
+	ReasonSummary  string   `json:"reason_summary,omitempty"` // the reason in a user's words (Explain), when known
 	Savepoint      string   `json:"savepoint,omitempty"`
 	CheckpointMode string   `json:"checkpoint_mode,omitempty"`
 	Vertices       []Vertex `json:"vertices"`
@@ -310,7 +311,7 @@ func subtask(s cluster.SubtaskStatus) Subtask {
 
 func detail(st *cluster.JobStatus) JobDetail {
 	now := time.Now()
-	d := JobDetail{JobOverview: overview(st, now), Reason: st.Reason, Savepoint: st.Savepoint,
+	d := JobDetail{JobOverview: overview(st, now), Reason: st.Reason, ReasonSummary: Explain(st.Reason, st.Attempt), Savepoint: st.Savepoint,
 		CheckpointMode: st.CheckpointMode, Vertices: []Vertex{}, Now: now.UnixMilli()}
 	for _, op := range st.Operators {
 		v := Vertex{ID: op.UID, Kind: op.Kind, Parallelism: op.Parallelism, RecordsIn: op.RecordsIn, RecordsOut: op.RecordsOut,

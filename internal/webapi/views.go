@@ -271,6 +271,8 @@ var explanations = []struct {
 	}},
 }
 
+var attemptFailed = regexp.MustCompile(`^attempt (\d+) failed: `)
+
 func colon(s string) string {
 	if s = strings.TrimSpace(s); s == "" {
 		return ""
@@ -281,6 +283,10 @@ func colon(s string) string {
 // Explain says why attempt failed in words a user understands, from the
 // raw reason (which the API keeps beside it); "" when no rule knows it.
 func Explain(reason string, attempt int) string {
+	// A job's reason names the attempt that failed ("attempt 1 failed: ...").
+	if m := attemptFailed.FindStringSubmatch(reason); m != nil {
+		attempt, _ = strconv.Atoi(m[1])
+	}
 	for _, e := range explanations {
 		if m := e.re.FindStringSubmatch(reason); m != nil {
 			return e.say(m, attempt)

@@ -352,7 +352,10 @@ func TestExceptions(t *testing.T) {
 	}
 	id := tc.deploy(path)
 	base := tc.url + "/jobs/" + id
-	waitFor(t, base, "failed", func(j *webapi.JobDetail) bool { return j.State == cluster.JobFailed })
+	failed := waitFor(t, base, "failed", func(j *webapi.JobDetail) bool { return j.State == cluster.JobFailed })
+	if !strings.HasPrefix(failed.ReasonSummary, "The module of operator boom (subtask 0) failed in process during attempt 1: ") {
+		t.Errorf("reason_summary %q: want the module's failure in words", failed.ReasonSummary)
+	}
 	var ex webapi.ExceptionsReply
 	call(t, http.MethodGet, base+"/exceptions", "", &ex)
 	if !strings.Contains(ex.RootException, "conformance panic") || len(ex.Entries) == 0 {

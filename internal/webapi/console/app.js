@@ -443,7 +443,7 @@ async function renderJob(id) {
   }
   const kv = [["Id", job.id], ["State", job.state], ["Attempt", job.attempt], ["Started", new Date(job.start_time).toLocaleString()],
     ["Duration", fmtMS(job.duration_ms)], ["Hosts", (job.hosts || []).join(", ")],
-    ["Checkpoints", job.checkpoint_mode || "off"], ["Savepoint", job.savepoint], ["Reason", job.reason]];
+    ["Checkpoints", job.checkpoint_mode || "off"], ["Savepoint", job.savepoint], ["Reason", job.reason_summary || job.reason]];
   document.getElementById("summary").replaceChildren(...kv.filter(([, v]) => v !== undefined && v !== "")
     .flatMap(([k, v]) => [el("dt", {}, k), el("dd", { "data-key": k.toLowerCase() }, v)]));
   document.getElementById("graph").replaceChildren(drawGraph(plan.plan, job, rate));
