@@ -27,6 +27,8 @@ type Recorder struct {
 	traces map[trace.TraceID]*recTrace
 	jobs   map[string]*recJob // by "id:<job id>" and "name:<job name>"
 	order  []*recJob          // oldest first, for eviction
+	fifo   []trace.TraceID    // every kept trace, oldest first
+	spans  int                // spans kept in all traces
 }
 
 // Bounds of a Recorder.
@@ -35,6 +37,9 @@ const (
 	RecorderTraces = 20
 	// RecorderSpans is how many spans it keeps per trace.
 	RecorderSpans = 2000
+	// RecorderTotalSpans is how many spans it keeps in all: past it the
+	// oldest traces go, whatever their job.
+	RecorderTotalSpans = 50000
 	// RecorderJobs is how many jobs it keeps.
 	RecorderJobs = 100
 	// RecorderFailures is how many failed checkpoints it keeps per job.
@@ -124,18 +129,28 @@ func (r *Recorder) OnStart(_ context.Context, s sdktrace.ReadWriteSpan) {
 		return // a savepoint inside a stop's trace already kept
 	}
 	r.traces[tid] = &recTrace{job: j, id: cid}
+	r.fifo = append(r.fifo, tid)
 	j.byID[cid] = tid
 	j.traces = append(j.traces, tid)
 	for len(j.traces) > RecorderTraces {
-		r.dropTrace(j, j.traces[0])
-		j.traces = j.traces[1:]
+		r.dropTrace(j.traces[0])
 	}
 }
 
-func (r *Recorder) dropTrace(j *recJob, tid trace.TraceID) {
-	if t := r.traces[tid]; t != nil && j.byID[t.id] == tid {
+// dropTrace forgets trace tid.
+func (r *Recorder) dropTrace(tid trace.TraceID) {
+	t := r.traces[tid]
+	if t == nil {
+		return
+	}
+	j := t.job
+	if j.byID[t.id] == tid {
 		delete(j.byID, t.id)
 	}
+	if i := slices.Index(j.traces, tid); i >= 0 {
+		j.traces = slices.Delete(j.traces, i, i+1)
+	}
+	r.spans -= len(t.spans)
 	delete(r.traces, tid)
 }
 
@@ -160,8 +175,8 @@ func (r *Recorder) job(id, name string) *recJob {
 				delete(r.jobs, k)
 			}
 		}
-		for _, tid := range old.traces {
-			delete(r.traces, tid)
+		for _, tid := range slices.Clone(old.traces) {
+			r.dropTrace(tid)
 		}
 	}
 	return j
@@ -194,6 +209,19 @@ func (r *Recorder) OnEnd(s sdktrace.ReadOnlySpan) {
 	}
 	if len(t.spans) < RecorderSpans {
 		t.spans = append(t.spans, rs)
+		r.spans++
+		for n := len(r.fifo); r.spans > RecorderTotalSpans && n > 0; n-- {
+			old := r.fifo[0]
+			r.fifo = r.fifo[1:]
+			if old != tid {
+				r.dropTrace(old)
+			} else {
+				r.fifo = append(r.fifo, tid) // the trace being recorded stays
+			}
+		}
+	}
+	if len(r.fifo) > 2*len(r.traces)+64 { // forget the ids of traces dropped by their job's bound
+		r.fifo = slices.DeleteFunc(r.fifo, func(id trace.TraceID) bool { return r.traces[id] == nil })
 	}
 	if s.Name() != SpanCheckpoint {
 		return

@@ -2,6 +2,7 @@ package telemetry
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -136,4 +137,31 @@ func BenchmarkRecorderSpans(b *testing.B) {
 		}
 		root.End()
 	})
+}
+
+// Past RecorderTotalSpans the oldest trace goes, whatever its job.
+func TestRecorderTotalBound(t *testing.T) {
+	rec := NewRecorder()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec), sdktrace.WithSampler(RecorderSampler()))
+	defer tp.Shutdown(context.Background())
+	tr := tp.Tracer(ScopeName)
+	jobs := RecorderTotalSpans/RecorderSpans + 1
+	for j := 0; j < jobs; j++ {
+		name := fmt.Sprintf("j%d", j)
+		ctx, root := tr.Start(context.Background(), SpanCheckpoint, trace.WithAttributes(append(JobAttrs(name, name), CheckpointID(1))...))
+		for i := 0; i < RecorderSpans-1; i++ {
+			_, s := tr.Start(ctx, SpanCheckpointSubtask)
+			s.End()
+		}
+		root.End()
+	}
+	if _, ok := rec.Trace("j0", "", 1); ok {
+		t.Errorf("the oldest trace kept past %d spans in all", RecorderTotalSpans)
+	}
+	if spans, ok := rec.Trace(fmt.Sprintf("j%d", jobs-1), "", 1); !ok || len(spans) != RecorderSpans {
+		t.Errorf("the latest trace: %d spans, %v", len(spans), ok)
+	}
+	if counts, _, _ := rec.Checkpoints("j0", ""); counts.Completed != 1 {
+		t.Errorf("j0's counts %+v: a dropped trace still counts", counts)
+	}
 }
