@@ -4,10 +4,12 @@
 // the coordinator, and metrics served on a Prometheus endpoint.
 //
 // Everything is off by default. Off, the global providers stay OpenTelemetry's
-// no-ops (unless a Recorder keeps the checkpoint traces for the web console:
-// then only those are sampled), so starting a span costs a few nanoseconds and no exporter, batcher
+// no-ops, so starting a span costs a few nanoseconds and no exporter, batcher
 // or goroutine exists; the metric handles (*OperatorMetrics, *Metrics) are nil
-// and their methods return at once. Records are never traced one by one.
+// and their methods return at once. Records are never traced one by one. A
+// Recorder (Config.Recorder: the web console's checkpoint traces) is the one
+// exception: with tracing off it gets a provider that samples only the
+// checkpoint and stop-with-savepoint traces, for itself, and exports nothing.
 package telemetry
 
 import (
