@@ -29,8 +29,9 @@ type cli struct {
 	stdout, stderr io.Writer
 	v              *viper.Viper
 	log            *slog.Logger
-	configFile     string // --config-file
-	service        string // the tracing service name of this process (startTelemetry)
+	configFile     string              // --config-file
+	service        string              // the tracing service name of this process (startTelemetry)
+	traces         *telemetry.Recorder // the checkpoint traces the web console shows (startTelemetry; nil on a host)
 }
 
 // usageError marks errors of the command line or configuration (exit status 2).

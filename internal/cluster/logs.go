@@ -387,3 +387,85 @@ func (h *jobEventHandler) WithGroup(name string) slog.Handler {
 func validJobID(id string) bool {
 	return id != "" && !strings.ContainsAny(id, ". *>\t\r\n")
 }
+
+// StoredLog is one record of LogStream with its stream sequence.
+type StoredLog struct {
+	Seq uint64 `json:"seq"`
+	LogRecord
+}
+
+// LogQuery selects the stored lines of one job: of one operator ("": all),
+// after stream sequence After (0: from Since, zero: all kept), at most
+// Limit.
+type LogQuery struct {
+	Operator string
+	Since    time.Time
+	After    uint64
+	Limit    int
+}
+
+// Logs reads the job's stored log lines, oldest first (not following new
+// ones), and says whether more are stored past them. It is what
+// `streamd logs` prints, for the REST API.
+func (c *Client) Logs(ctx context.Context, jobID string, q LogQuery) ([]StoredLog, bool, error) {
+	if !validJobID(jobID) {
+		return nil, false, fmt.Errorf("job %q: not a job id", jobID)
+	}
+	js, err := jetstream.New(c.nc)
+	if err != nil {
+		return nil, false, err
+	}
+	stream, err := js.Stream(ctx, LogStream)
+	if errors.Is(err, jetstream.ErrStreamNotFound) {
+		return nil, false, fmt.Errorf("job %s: no log stream %s on the NATS server (the hosts create it when they start)", jobID, LogStream)
+	}
+	if err != nil {
+		return nil, false, fmt.Errorf("job %s: log stream %s: %w", jobID, LogStream, err)
+	}
+	op := "*"
+	if q.Operator != "" {
+		op = q.Operator
+	}
+	cfg := jetstream.OrderedConsumerConfig{FilterSubjects: []string{SubjectLogsPrefix + jobID + "." + op + ".*"}}
+	switch {
+	case q.After > 0:
+		cfg.DeliverPolicy, cfg.OptStartSeq = jetstream.DeliverByStartSequencePolicy, q.After+1
+	case !q.Since.IsZero():
+		cfg.DeliverPolicy, cfg.OptStartTime = jetstream.DeliverByStartTimePolicy, &q.Since
+	}
+	cons, err := stream.OrderedConsumer(ctx, cfg)
+	if err != nil {
+		return nil, false, fmt.Errorf("job %s: read log stream %s: %w", jobID, LogStream, err)
+	}
+	info, err := cons.Info(ctx)
+	if err != nil {
+		return nil, false, fmt.Errorf("job %s: read log stream %s: %w", jobID, LogStream, err)
+	}
+	n := min(int(info.NumPending), q.Limit)
+	if n <= 0 {
+		return nil, info.NumPending > 0, nil
+	}
+	wait := 5 * time.Second
+	if dl, ok := ctx.Deadline(); ok {
+		wait = time.Until(dl)
+	}
+	batch, err := cons.Fetch(n, jetstream.FetchMaxWait(wait))
+	if err != nil {
+		return nil, false, fmt.Errorf("job %s: read log stream %s: %w", jobID, LogStream, err)
+	}
+	var out []StoredLog
+	for m := range batch.Messages() {
+		rec := StoredLog{}
+		if md, err := m.Metadata(); err == nil {
+			rec.Seq = md.Sequence.Stream
+		}
+		if err := json.Unmarshal(m.Data(), &rec.LogRecord); err != nil {
+			rec.Msg, rec.Source = fmt.Sprintf("(not a log record: %q)", m.Data()), "stream"
+		}
+		out = append(out, rec)
+	}
+	if err := batch.Error(); err != nil && len(out) < n {
+		return out, true, fmt.Errorf("job %s: read log stream %s: %w", jobID, LogStream, err)
+	}
+	return out, int(info.NumPending) > len(out), nil
+}

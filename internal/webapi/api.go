@@ -25,6 +25,7 @@ import (
 
 	"github.com/streamd/streamd/internal/cluster"
 	"github.com/streamd/streamd/internal/connector"
+	"github.com/streamd/streamd/internal/telemetry"
 )
 
 // Backend is what the API serves. *cluster.Client is one; Local is the
@@ -62,6 +63,10 @@ type Options struct {
 	Service string
 	// Version is streamd's version (GET /config).
 	Version string
+	// Traces keeps the recent checkpoint traces of this process (GET
+	// /jobs/{id}/checkpoints/{cid}/trace, the checkpoint counts); nil:
+	// none.
+	Traces *telemetry.Recorder
 }
 
 // maxBody bounds a request body.
@@ -77,8 +82,12 @@ func New(b Backend, opts Options) http.Handler {
 	mux.HandleFunc("GET /jobs/overview", h.jobs)
 	mux.HandleFunc("GET /jobs/{id}", h.view(func(st *cluster.JobStatus) any { return detail(st) }))
 	mux.HandleFunc("GET /jobs/{id}/plan", h.view(plan))
-	mux.HandleFunc("GET /jobs/{id}/checkpoints", h.view(checkpoints))
+	mux.HandleFunc("GET /jobs/{id}/checkpoints", h.view(h.checkpoints))
+	mux.HandleFunc("GET /jobs/{id}/checkpoints/{cid}/trace", h.trace)
 	mux.HandleFunc("GET /jobs/{id}/exceptions", h.view(exceptions))
+	mux.HandleFunc("GET /jobs/{id}/versions", h.view(versions))
+	mux.HandleFunc("GET /jobs/{id}/logs", h.logs)
+	mux.HandleFunc("GET /hosts", h.hosts)
 	mux.HandleFunc("POST /jobs/{id}/stop", h.stop)
 	mux.HandleFunc("POST /jobs/{id}/savepoints", h.savepoint)
 	mux.HandleFunc("POST /jobs/{id}/cancel", h.cancel)
@@ -260,6 +269,7 @@ func (h *handler) lookup(w http.ResponseWriter, r *http.Request) *cluster.JobSta
 type JobDetail struct {
 	JobOverview
 	Reason         string   `json:"reason,omitempty"`
+	ReasonSummary  string   `json:"reason_summary,omitempty"` // the reason in a user's words (Explain), when known
 	Savepoint      string   `json:"savepoint,omitempty"`
 	CheckpointMode string   `json:"checkpoint_mode,omitempty"`
 	Vertices       []Vertex `json:"vertices"`
@@ -324,7 +334,7 @@ func subtask(s cluster.SubtaskStatus) Subtask {
 
 func detail(st *cluster.JobStatus) JobDetail {
 	now := time.Now()
-	d := JobDetail{JobOverview: overview(st, now), Reason: st.Reason, Savepoint: st.Savepoint,
+	d := JobDetail{JobOverview: overview(st, now), Reason: st.Reason, ReasonSummary: Explain(st.Reason, st.Attempt), Savepoint: st.Savepoint,
 		CheckpointMode: st.CheckpointMode, Vertices: []Vertex{}, Now: now.UnixMilli()}
 	for _, op := range st.Operators {
 		v := Vertex{ID: op.UID, Kind: op.Kind, Parallelism: op.Parallelism, RecordsIn: op.RecordsIn, RecordsOut: op.RecordsOut,
@@ -416,6 +426,15 @@ type CheckpointsReply struct {
 	// History are the latest completed checkpoints and savepoints (at most
 	// ten), newest first.
 	History []CheckpointSummary `json:"history"`
+	// Counts are the checkpoints (and savepoints) completed, failed and
+	// in progress since this process started; absent when it keeps no
+	// traces (Options.Traces).
+	Counts *telemetry.CheckpointCounts `json:"counts,omitempty"`
+	// Failed are the latest failed checkpoints, newest first, with why.
+	Failed []telemetry.CheckpointFailure `json:"failed"`
+	// Traced are the ids of the checkpoints whose trace is kept (GET
+	// /jobs/{id}/checkpoints/{cid}/trace), newest first.
+	Traced []int64 `json:"traced"`
 }
 
 // CheckpointSummary is one completed checkpoint or savepoint.
@@ -441,8 +460,17 @@ type CheckpointSummary struct {
 	IncrementalSize int64 `json:"incremental_size"`
 }
 
-func checkpoints(st *cluster.JobStatus) any {
-	out := CheckpointsReply{Mode: st.CheckpointMode, History: []CheckpointSummary{}}
+func (h *handler) checkpoints(st *cluster.JobStatus) any {
+	out := CheckpointsReply{Mode: st.CheckpointMode, History: []CheckpointSummary{}, Failed: []telemetry.CheckpointFailure{}, Traced: []int64{}}
+	if h.opts.Traces != nil {
+		counts, failed, traced := h.opts.Traces.Checkpoints(st.ID, st.Name)
+		if cluster.TerminalJobState(st.State) {
+			counts.InProgress = 0 // a checkpoint pending when the job ended never ends
+		}
+		out.Counts = &counts
+		out.Failed = append(out.Failed, failed...)
+		out.Traced = append(out.Traced, traced...)
+	}
 	for i := len(st.Checkpoints) - 1; i >= 0; i-- {
 		c := st.Checkpoints[i]
 		s := CheckpointSummary{ID: c.ID, Kind: c.Kind, Status: "completed", IsSavepoint: c.Kind == "savepoint",
@@ -463,8 +491,10 @@ func checkpoints(st *cluster.JobStatus) any {
 // ExceptionsReply is GET /jobs/{id}/exceptions.
 type ExceptionsReply struct {
 	// RootException is why the job failed (or, while it restarts, what it
-	// waits for); "" for a job that has not failed.
+	// waits for); "" for a job that has not failed. RootSummary says it in
+	// a user's words when a rule knows it (see Explain).
 	RootException string `json:"root_exception,omitempty"`
+	RootSummary   string `json:"root_summary,omitempty"`
 	// Entries are the attempts that ended with a reason, newest first.
 	Entries []ExceptionEntry `json:"entries"`
 }
@@ -475,19 +505,24 @@ type ExceptionEntry struct {
 	State     string   `json:"state"`
 	Hosts     []string `json:"hosts,omitempty"`
 	Exception string   `json:"exception"` // the cause: the guest's message and wasm stack for a trap
+	// Summary says the cause in a user's words ("the process running
+	// attempt 1 on host h1 died ..."); "" when no rule knows it.
+	Summary string `json:"summary,omitempty"`
 }
 
 func exceptions(st *cluster.JobStatus) any {
 	out := ExceptionsReply{Entries: []ExceptionEntry{}}
 	if st.State == cluster.JobFailed || st.State == cluster.JobRestarting {
 		out.RootException = st.Reason
+		out.RootSummary = Explain(st.Reason, st.Attempt)
 	}
 	for i := len(st.Attempts) - 1; i >= 0; i-- {
 		a := st.Attempts[i]
 		if a.Reason == "" {
 			continue
 		}
-		out.Entries = append(out.Entries, ExceptionEntry{Attempt: a.Attempt, State: a.State, Hosts: a.Hosts, Exception: a.Reason})
+		out.Entries = append(out.Entries, ExceptionEntry{Attempt: a.Attempt, State: a.State, Hosts: a.Hosts, Exception: a.Reason,
+			Summary: Explain(a.Reason, a.Attempt)})
 	}
 	return out
 }

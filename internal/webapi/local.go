@@ -252,3 +252,15 @@ func (l *Local) setStopping(on bool) {
 	l.stopping = on
 	l.mu.Unlock()
 }
+
+// Hosts is the one process of the run, "local": one slot, taken until the
+// job ends.
+func (l *Local) Hosts(context.Context) ([]cluster.HostStatus, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	free := 0
+	if l.ended != nil {
+		free = 1
+	}
+	return []cluster.HostStatus{{ID: "local", Slots: 1, Free: free, State: "alive", LastSeen: time.Now()}}, nil
+}
