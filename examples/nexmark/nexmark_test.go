@@ -35,7 +35,7 @@ const (
 	events       = 100_000
 	sourceInFile = "source: {type: nexmark, events: 1000000}"
 	testSource   = "source: {type: nexmark, events: 100000, event_rate: 1000}"
-	pacedSource  = "source: {type: nexmark, events: 100000, event_rate: 1000, rate: 20000}"
+	pacedSource  = "source: {type: nexmark, events: 100000, event_rate: 1000, rate: 10000}"
 	checkpointIn = "checkpoint: {interval: 10s, dir: checkpoints, mode: aligned}"
 	fastCheckpts = "checkpoint: {interval: 100ms, dir: checkpoints, mode: aligned}"
 )

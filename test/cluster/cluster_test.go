@@ -130,7 +130,7 @@ func (tc *testCluster) addHostWith(id string, slots int, exec *cluster.LocalExec
 
 func (tc *testCluster) waitHosts(n int) {
 	tc.t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
+	deadline := time.Now().Add(60 * time.Second)
 	for {
 		hs, err := tc.client.Hosts(context.Background())
 		alive := 0
@@ -143,7 +143,7 @@ func (tc *testCluster) waitHosts(n int) {
 			return
 		}
 		if time.Now().After(deadline) {
-			tc.t.Fatalf("%d hosts registered after 10s, want %d (err %v)", alive, n, err)
+			tc.t.Fatalf("%d hosts registered after 60s, want %d (err %v)", alive, n, err)
 		}
 		time.Sleep(10 * time.Millisecond)
 	}

@@ -42,7 +42,7 @@ func TestCheckpointTraceAcrossHosts(t *testing.T) {
 	t.Cleanup(func() { otel.SetTracerProvider(prev) })
 
 	tc := newCluster(t, 2, 2)
-	path := spreadJob(t, 6000, 6000, 4, "checkpoint: {interval: 150ms, dir: chk}\n")
+	path := spreadJob(t, 12000, 4000, 4, "checkpoint: {interval: 150ms, dir: chk}\n") // 3 s: periodic checkpoints before the final one, on a loaded machine too
 	id := deploy(t, tc, path, jobfile.Options{})
 	// Where each subtask runs, while it runs.
 	st := tc.waitJob(id, "running", func(st *cluster.JobStatus) bool {

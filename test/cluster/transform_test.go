@@ -229,7 +229,7 @@ func TestTransformDeployStreams(t *testing.T) {
 		{"own stream", []string{"--input", "jetstream:SELF", "--output", "nats:self.upper"}, 2,
 			"--output nats:self.upper goes to stream SELF, which the input reads whole: the transform would read its own output"},
 		{"output without input", []string{"--source", "generator:5", "--output", "nats:x"}, 2, "--output applies only to a transform"},
-		{"bad input", []string{"--input", "kafka:x"}, 2, `--input "kafka:x": want nats:SUBJECT or jetstream:STREAM[:FILTER]`},
+		{"bad input", []string{"--input", "kinesis:x"}, 2, `--input "kinesis:x": want nats:SUBJECT, jetstream:STREAM[:FILTER] or kafka:TOPIC`},
 		{"bad output", []string{"--input", "nats:a", "--output", "nats:o.*"}, 2, `--output: "o.*" has a wildcard`},
 		{"bad start", []string{"--input", "nats:a", "--start", "seq:0"}, 2, `--start "seq:0": seq:N needs a stream sequence N of at least 1`},
 		{"two sources", []string{"--input", "nats:a", "--source", "generator:5"}, 2, "--input and --source are two sources"},
