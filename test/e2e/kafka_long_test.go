@@ -1,3 +1,5 @@
+//go:build long
+
 package e2e
 
 import (
@@ -24,6 +26,11 @@ import (
 // its checkpoint directory, at parallelism 2, 3 and 1 in turn (a quarter of
 // the input arrives before each run); a read_committed consumer then sees
 // every count of every key exactly once.
+//
+// In make test-long: once in four runs on a loaded machine the
+// read_committed reader waited more than 2 minutes behind a transaction
+// that stayed open (kfake does not abort a transaction at its timeout; a
+// zombie's unfenced transaction would look the same): to be found out.
 func TestKafkaExactlyOnceThroughKills(t *testing.T) {
 	c := kafkatest.Start(t)
 	c.CreateTopic(t, "in", 4)
