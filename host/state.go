@@ -11,6 +11,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"unsafe"
 
 	"github.com/streamd/streamd/abi"
 )
@@ -25,8 +26,8 @@ import (
 // write again until the Snapshot is released (writes go to an overlay of
 // the key group, see cowMaps). So the cut takes no copy of the state, and
 // the Snapshot may be read, encoded and written on another goroutine while
-// the instance goes on processing. Nobody may write a Snapshot's maps, or
-// read them once it is released. The timers (and the values of a cut
+// the instance goes on processing. Nobody may write a Snapshot's maps or
+// its timers' keys, or read them once it is released. The timers (and the values of a cut
 // taken while an older one is held) are read into KeyGroups by Load.
 //
 // The keyed state of a Snapshot taken from a pebble instance is a pebble
@@ -734,21 +735,17 @@ func loadCutGroups(out map[int]*KeyGroupState, groups []cutGroup) map[int]*KeyGr
 }
 
 // timersOf reads timers held by a group's maps (appendGroupTimer keys), in
-// map order; their keys share one allocation.
+// map order. Their keys are the map keys' own bytes, not copies (copying a
+// million keys was two thirds of the loading, all cache misses): a frozen
+// map's keys are never written, and nobody writes a Snapshot's timers.
 func timersOf(m map[string][]byte) []Timer {
 	if len(m) == 0 {
 		return nil
 	}
-	n := 0
-	for k := range m {
-		n += len(k) - 8
-	}
-	keys := make([]byte, 0, n)
 	out := make([]Timer, 0, len(m))
 	for k := range m {
-		at := len(keys)
-		keys = append(keys, k[8:]...)
-		out = append(out, Timer{Key: keys[at:len(keys):len(keys)], TS: groupTimerTS(k)})
+		key := k[8:]
+		out = append(out, Timer{Key: unsafe.Slice(unsafe.StringData(key), len(key)), TS: groupTimerTS(k)})
 	}
 	return out
 }
