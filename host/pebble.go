@@ -90,13 +90,8 @@ type pebbleState struct {
 	log  *slog.Logger
 	db   *pebble.DB
 	w    pebble.Writer // db, or a batch while restoring
-	// pending is the writes not committed yet: an indexed batch, which the
-	// reads (get, scan, timers) see, committed once it holds pendingBytes
-	// and before anything reads the DB itself (a cut, the TTL sweep, a
-	// restore). One commit per batch of writes instead of one per write.
-	pending *pebble.Batch
-	kbuf    []byte
-	vbuf    []byte
+	kbuf []byte
+	vbuf []byte
 
 	mu     sync.Mutex // guards cuts and closed (loads run on other goroutines)
 	cuts   map[*deferredCut]struct{}
@@ -247,55 +242,9 @@ func splitStateKey(k []byte) (kg int, name, key []byte, ok bool) {
 // timerTS is the time of a key of appendTimerKey (at least 9 bytes).
 func timerTS(k []byte) int64 { return int64(binary.BigEndian.Uint64(k[1:9]) ^ (1 << 63)) }
 
-// pendingBytes is when the pending writes are committed: well below
-// pebble's large-batch threshold (half the memtable).
-const pendingBytes = 1 << 20
-
-// reader is what reads see: the pending writes over the DB.
-func (s *pebbleState) reader() pebble.Reader {
-	if s.pending != nil {
-		return s.pending
-	}
-	return s.db
-}
-
-// writer is where writes go: the restore's batch, or the pending writes.
-func (s *pebbleState) writer() pebble.Writer {
-	if s.w != pebble.Writer(s.db) {
-		return s.w
-	}
-	if s.pending == nil {
-		s.pending = s.db.NewIndexedBatch()
-	}
-	return s.pending
-}
-
-// wrote commits the pending writes, or the restore's batch, when large.
-func (s *pebbleState) wrote() error {
-	if s.w != pebble.Writer(s.db) {
-		return s.flushBatch()
-	}
-	if s.pending.Len() < pendingBytes {
-		return nil
-	}
-	return s.commit()
-}
-
-// commit commits the pending writes.
-func (s *pebbleState) commit() error {
-	if s.pending == nil || s.pending.Empty() {
-		return nil
-	}
-	if err := s.pending.Commit(noSync); err != nil {
-		return fmt.Errorf("pebble commit: %w", err)
-	}
-	s.pending.Reset()
-	return nil
-}
-
 func (s *pebbleState) get(kg int, name, key []byte) ([]byte, bool, error) {
 	s.kbuf = appendStateKey(s.kbuf[:0], kg, name, key)
-	v, closer, err := s.reader().Get(s.kbuf)
+	v, closer, err := s.db.Get(s.kbuf)
 	if errors.Is(err, pebble.ErrNotFound) {
 		return nil, false, nil
 	}
@@ -309,45 +258,45 @@ func (s *pebbleState) get(kg int, name, key []byte) ([]byte, bool, error) {
 
 func (s *pebbleState) put(kg int, name, key, val []byte) error {
 	s.kbuf = appendStateKey(s.kbuf[:0], kg, name, key)
-	if err := s.writer().Set(s.kbuf, val, noSync); err != nil {
+	if err := s.w.Set(s.kbuf, val, noSync); err != nil {
 		return fmt.Errorf("pebble set: %w", err)
 	}
-	return s.wrote()
+	return s.flushBatch()
 }
 
 func (s *pebbleState) del(kg int, name, key []byte) error {
 	s.kbuf = appendStateKey(s.kbuf[:0], kg, name, key)
-	if err := s.writer().Delete(s.kbuf, noSync); err != nil {
+	if err := s.w.Delete(s.kbuf, noSync); err != nil {
 		return fmt.Errorf("pebble delete: %w", err)
 	}
-	return s.wrote()
+	return nil
 }
 
 func (s *pebbleState) registerTimer(k timerKind, key []byte, ts int64) error {
 	s.kbuf = appendTimerKey(s.kbuf[:0], k, key, ts)
-	if err := s.writer().Set(s.kbuf, nil, noSync); err != nil {
+	if err := s.w.Set(s.kbuf, nil, noSync); err != nil {
 		return fmt.Errorf("pebble set timer: %w", err)
 	}
 	if c := &s.next[k]; c.known && (!c.ok || ts < c.ts) {
 		c.ok, c.ts = true, ts
 	}
-	return s.wrote()
+	return s.flushBatch()
 }
 
 func (s *pebbleState) deleteTimer(k timerKind, key []byte, ts int64) error {
 	s.kbuf = appendTimerKey(s.kbuf[:0], k, key, ts)
-	if err := s.writer().Delete(s.kbuf, noSync); err != nil {
+	if err := s.w.Delete(s.kbuf, noSync); err != nil {
 		return fmt.Errorf("pebble delete timer: %w", err)
 	}
 	if c := &s.next[k]; c.known && c.ok && ts == c.ts {
 		c.known = false
 	}
-	return s.wrote()
+	return nil
 }
 
 func (s *pebbleState) popDue(k timerKind, w int64, dst []timerID) ([]timerID, error) {
 	p := timerPrefix(k)
-	it, err := s.reader().NewIter(&pebble.IterOptions{LowerBound: []byte{p}, UpperBound: []byte{p + 1}})
+	it, err := s.db.NewIter(&pebble.IterOptions{LowerBound: []byte{p}, UpperBound: []byte{p + 1}})
 	if err != nil {
 		return dst, fmt.Errorf("pebble timers: %w", err)
 	}
@@ -367,7 +316,7 @@ func (s *pebbleState) popDue(k timerKind, w int64, dst []timerID) ([]timerID, er
 
 func (s *pebbleState) hasTimer(k timerKind, id timerID) (bool, error) {
 	s.kbuf = appendTimerKey(s.kbuf[:0], k, []byte(id.key), id.ts)
-	_, closer, err := s.reader().Get(s.kbuf)
+	_, closer, err := s.db.Get(s.kbuf)
 	if errors.Is(err, pebble.ErrNotFound) {
 		return false, nil
 	}
@@ -390,7 +339,7 @@ func (s *pebbleState) nextTimer(k timerKind) (int64, bool, error) {
 		return c.ts, c.ok, nil
 	}
 	p := timerPrefix(k)
-	it, err := s.reader().NewIter(&pebble.IterOptions{LowerBound: []byte{p}, UpperBound: []byte{p + 1}})
+	it, err := s.db.NewIter(&pebble.IterOptions{LowerBound: []byte{p}, UpperBound: []byte{p + 1}})
 	if err != nil {
 		return 0, false, fmt.Errorf("pebble timers: %w", err)
 	}
@@ -408,7 +357,7 @@ func (s *pebbleState) nextTimer(k timerKind) (int64, bool, error) {
 // scan iterates the stored keys with prefix (kg, name, prefix).
 func (s *pebbleState) scan(kg int, name, prefix []byte, fn func(ukey, val []byte) error) error {
 	lo := append(appendStateKey(nil, kg, name, nil), prefix...)
-	it, err := s.reader().NewIter(&pebble.IterOptions{LowerBound: lo, UpperBound: prefixEnd(lo)})
+	it, err := s.db.NewIter(&pebble.IterOptions{LowerBound: lo, UpperBound: prefixEnd(lo)})
 	if err != nil {
 		return fmt.Errorf("pebble scan: %w", err)
 	}
@@ -433,9 +382,6 @@ func (s *pebbleState) scan(kg int, name, prefix []byte, fn func(ukey, val []byte
 // wraps around at the end: the incremental cleanup of incremental
 // checkpoints, whose files hold whatever the DB holds.
 func (s *pebbleState) sweepExpired(limit int) error {
-	if err := s.commit(); err != nil {
-		return fmt.Errorf("pebble sweep: %w", err)
-	}
 	now := s.now()
 	lo := s.sweep
 	if lo == nil {
@@ -498,9 +444,6 @@ func (s *pebbleState) sweepExpired(limit int) error {
 // cut takes a pebble snapshot: a sequence number, no copy. Reading it into
 // KeyGroups is left to Snapshot.Load.
 func (s *pebbleState) cut() (*Snapshot, error) {
-	if err := s.commit(); err != nil {
-		return nil, fmt.Errorf("host: pebble state: %w", err)
-	}
 	snap := s.db.NewSnapshot()
 	empty, err := pebbleEmpty(snap)
 	if err != nil || empty {
@@ -530,9 +473,6 @@ func (s *pebbleState) cut() (*Snapshot, error) {
 // synchronous cost is the flush of what was written since the last cut.
 // The directory goes when the Snapshot is released (or the DB closes).
 func (s *pebbleState) fileCut() (*Snapshot, error) {
-	if err := s.commit(); err != nil {
-		return nil, fmt.Errorf("host: pebble state: %w", err)
-	}
 	empty, err := pebbleEmpty(s.db)
 	if err != nil || empty {
 		return &Snapshot{}, err
@@ -587,9 +527,6 @@ func (s *pebbleState) fileCut() (*Snapshot, error) {
 // backend restores), deletes what lies outside its key groups, and copies
 // the entries in its key groups of the other parts.
 func (s *pebbleState) importFiles(ctx context.Context, parts []*FileState) error {
-	if err := s.commit(); err != nil {
-		return fmt.Errorf("host: pebble state: restore: %w", err)
-	}
 	best, most := -1, 0
 	for i, p := range parts {
 		lo, hi := max(p.KeyGroups.Start, s.rng.Start), min(p.KeyGroups.End, s.rng.End)
@@ -625,10 +562,6 @@ func (s *pebbleState) importFiles(ctx context.Context, parts []*FileState) error
 // adopt replaces the (empty) DB by one opened on part's files, then deletes
 // the entries and timers outside the subtask's key groups.
 func (s *pebbleState) adopt(ctx context.Context, part *FileState) error {
-	if s.pending != nil { // committed (importFiles): a batch of the DB closed here
-		s.pending.Close()
-		s.pending = nil
-	}
 	if err := s.db.Close(); err != nil {
 		return fmt.Errorf("host: pebble state: %w", err)
 	}
@@ -769,9 +702,6 @@ func (s *pebbleState) readCut(snap *pebble.Snapshot, now int64) (map[int]*KeyGro
 const restoreBatchBytes = pebbleMemTableSize / 4
 
 func (s *pebbleState) restore(groups map[int]*KeyGroupState) error {
-	if err := s.commit(); err != nil {
-		return fmt.Errorf("host: pebble state: restore: %w", err)
-	}
 	b := s.db.NewBatch()
 	s.w = b
 	defer func() {
@@ -792,9 +722,6 @@ func (s *pebbleState) restore(groups map[int]*KeyGroupState) error {
 // restore leaves a part in the DB; the instance is discarded, which
 // removes it.
 func (s *pebbleState) restoreFrom(ctx context.Context, srcs []KeyedSource) error {
-	if err := s.commit(); err != nil {
-		return fmt.Errorf("host: pebble state: restore: %w", err)
-	}
 	b := s.db.NewBatch()
 	s.w = b
 	defer func() {
@@ -839,9 +766,6 @@ func (s *pebbleState) close() error {
 	s.mu.Unlock()
 	for _, c := range cuts {
 		c.abandon(errors.New("host: pebble state: the instance closed before its snapshot was read"))
-	}
-	if s.pending != nil {
-		s.pending.Close() // uncommitted writes go with the instance
 	}
 	err := s.db.Close()
 	if rerr := os.RemoveAll(s.dir); err == nil {
