@@ -1,5 +1,5 @@
 # streamd build. `make demo` runs the wordcount demo; `make test` runs the tests.
-# Both install what a fresh Debian machine lacks (Rust's wasm32 target, wabt, chromium) first.
+# Both install what a fresh Debian machine lacks (Rust's wasm32 target, wabt; chromium for the tests) first.
 
 SHELL := /bin/bash
 GO ?= go
@@ -11,14 +11,17 @@ BIN := bin/streamd
 all: build wasm
 
 # --- toolchain -------------------------------------------------------------
-# Debian's rustc/cargo with the wasm32 std, wabt for the WAT fixtures, and
-# chromium for the web console's browser test.
+# Debian's rustc/cargo with the wasm32 std and wabt for the WAT fixtures;
+# chromium for the web console's browser test only (deps-test).
 deps:
 	@if [ ! -x /usr/bin/cargo ] || [ ! -d /usr/lib/rustlib/wasm32-unknown-unknown ] || ! command -v wat2wasm >/dev/null; then \
 		echo "installing rustc cargo libstd-rust-dev-wasm32 wabt from Debian"; \
 		sudo=; [ "$$(id -u)" = 0 ] || sudo=sudo; \
 		$$sudo apt-get update -qq && $$sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq rustc cargo libstd-rust-dev-wasm32 wabt >/dev/null; \
 	fi
+
+.PHONY: deps-test
+deps-test: deps
 	@# The web console's browser test (internal/webapi) drives Debian's chromium, headless.
 	@if ! command -v chromium >/dev/null; then \
 		echo "installing chromium from Debian (for the web console's browser test)"; \
@@ -28,6 +31,13 @@ deps:
 
 build:
 	$(GO) build -o $(BIN) ./cmd/streamd
+
+# install puts streamd on PATH: `go install` into $(go env GOPATH)/bin
+# (add that directory to PATH if it is not there).
+.PHONY: install
+install:
+	$(GO) install ./cmd/streamd
+	@echo "installed $$($(GO) env GOPATH)/bin/streamd"
 
 # --- wasm guests -------------------------------------------------------------
 GO_WASM = GOOS=wasip1 GOARCH=wasm $(GO) build -buildmode=c-shared
@@ -40,7 +50,7 @@ include $(sort $(wildcard mk/*.mk))
 wasm: deps $(WASM_TARGETS)
 
 # --- tests and benchmarks ------------------------------------------------------
-test: deps wasm
+test: deps-test wasm
 	$(GO) vet ./...
 	$(GO) vet -tags long ./...
 	$(GO) test -count=1 -timeout 14m ./...
@@ -51,7 +61,7 @@ test: deps wasm
 test-go-sdk:
 	cd sdk/go && $(GO) vet ./... && GOOS=wasip1 GOARCH=wasm $(GO) vet ./... && $(GO) test -count=1 ./...
 
-test-long: deps wasm
+test-long: deps-test wasm
 	$(GO) test -count=1 -timeout 60m -tags long ./...
 	# Module loading under random bytes (seeded with real modules): no input may crash the process.
 	$(GO) test -run '^$$' -fuzz '^FuzzLoad$$' -fuzztime 5m ./host

@@ -153,7 +153,11 @@ type TriggerSavepoint struct{}
 // savepoint and then closes. With Drain the operators finish() (timers fire,
 // the job ends for good); without, no finish() runs and a job resumed from
 // the savepoint continues as if never stopped.
-type StopWithSavepoint struct{ Drain bool }
+//
+// With Terminate the stop must end the job (Ctrl-C on `streamd run`): when
+// no savepoint can be taken (the job restarts) or the stop fails, the
+// Lifecycle cancels the job instead of restarting it.
+type StopWithSavepoint struct{ Drain, Terminate bool }
 
 // Cancel cancels the job: pending checkpoints are aborted; the job ends
 // canceled.
@@ -216,8 +220,13 @@ func (e PersistFailed) String() string {
 func (TriggerSavepoint) String() string {
 	return "savepoint"
 }
-func (e StopWithSavepoint) String() string { return fmt.Sprintf("stop drain=%t", e.Drain) }
-func (Cancel) String() string              { return "cancel" }
+func (e StopWithSavepoint) String() string {
+	if e.Terminate {
+		return fmt.Sprintf("stop drain=%t terminate", e.Drain)
+	}
+	return fmt.Sprintf("stop drain=%t", e.Drain)
+}
+func (Cancel) String() string { return "cancel" }
 func (e RestartsExhausted) String() string {
 	return fmt.Sprintf("restarts-exhausted reason=%q", e.Reason)
 }
@@ -341,6 +350,10 @@ const (
 	AbortJobTerminated     AbortReason = "job-terminated"      // canceled, or failed for good
 	AbortNotReady          AbortReason = "not-ready"           // a subtask declined as not ready
 )
+
+// AbortReasons are every AbortReason (metrics export each from 0).
+var AbortReasons = []AbortReason{AbortDeclined, AbortTimeout, AbortTriggerFailed, AbortFinishedBeforeAck, AbortUnionState,
+	AbortSubsumed, AbortSupersededByStop, AbortPersistFailed, AbortJobFailover, AbortJobTerminated, AbortNotReady}
 
 // AbortCheckpoint says checkpoint ID will never complete. The driver sends
 // CancelCheckpoint(ID) to the subtasks in Tasks (those it waited for that

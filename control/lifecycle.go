@@ -45,7 +45,15 @@ type Lifecycle struct {
 	kinds   map[int64]CheckpointKind // of the checkpoints being persisted
 	stopReq *StopWithSavepoint       // a stop asked for before the job runs
 	stopID  int64                    // the stop's savepoint, once triggered
-	ready   []Action
+	// terminate: a stop that must end the job was asked for
+	// (StopWithSavepoint.Terminate): if it fails, the job is canceled.
+	terminate bool
+	// openReason, openStreak: the reason of the latest attempts that failed
+	// in open (FailureInOpen), and how many in a row failed with it.
+	openReason string
+	openStreak int
+	gaveUp     string // why a failed job was not restarted
+	ready      []Action
 }
 
 // LifecycleConfig configures a Lifecycle.
@@ -72,6 +80,10 @@ type LifecycleConfig struct {
 	// Restarts is the restart strategy's state carried over from the
 	// controller that ran the job before (RestartTracker.State); nil: none.
 	Restarts *RestartState
+	// OpenFailureLimit: the job fails once this many attempts in a row
+	// failed in open (FailureInOpen) with the same reason; 0:
+	// DefaultOpenFailureLimit.
+	OpenFailureLimit int
 }
 
 // RestorePoint is a completed checkpoint or savepoint an attempt restores.
@@ -95,11 +107,15 @@ type StartJob struct{}
 
 // AttemptFailed reports that attempt Attempt failed: a subtask failed (trap,
 // channel gap), a host was lost, or the attempt could not be deployed.
-// Subtask is the failing subtask when known.
+// Subtask is the failing subtask when known. Class says whether a restart
+// can fix it (ClassOf, at the edge where the error arose): a
+// non-recoverable failure fails the job at once, and a failure in open
+// fails it after OpenFailureLimit attempts in a row with the same Reason.
 type AttemptFailed struct {
 	Attempt int
 	Subtask SubtaskID
 	Reason  string
+	Class   FailureClass
 }
 
 // AttemptEnded reports that every subtask of attempt Attempt has ended
@@ -122,10 +138,14 @@ func (AttemptLost) isEvent()   {}
 
 func (StartJob) String() string { return "start" }
 func (e AttemptFailed) String() string {
-	if e.Subtask.Operator == "" {
-		return fmt.Sprintf("attempt-failed %d reason=%q", e.Attempt, e.Reason)
+	s := fmt.Sprintf("attempt-failed %d", e.Attempt)
+	if e.Subtask.Operator != "" {
+		s += " " + e.Subtask.String()
 	}
-	return fmt.Sprintf("attempt-failed %d %v reason=%q", e.Attempt, e.Subtask, e.Reason)
+	if e.Class != FailureRestartable {
+		s += " class=" + e.Class.String()
+	}
+	return s + fmt.Sprintf(" reason=%q", e.Reason)
 }
 func (e AttemptEnded) String() string { return fmt.Sprintf("attempt-ended %d", e.Attempt) }
 func (e AttemptLost) String() string {
@@ -163,6 +183,10 @@ type JobEnded struct {
 	State     JobState
 	Reason    string
 	Savepoint *RestorePoint
+	// GaveUp, of a job failed by a failure no restart can fix, says why
+	// ("no restart can fix it", "3 attempts in a row failed in open with
+	// this error"); "" when the restart strategy gave up (Reason says why).
+	GaveUp string
 }
 
 func (StartAttempt) isAction()  {}
@@ -315,7 +339,7 @@ func (l *Lifecycle) Step(ev Event) error {
 		if e.Attempt != l.attempt || !l.executing {
 			return nil // an earlier attempt's, or already handled
 		}
-		l.failed(e.Subtask, e.Reason, true, nil)
+		l.failed(e.Subtask, e.Reason, true, nil, l.noRestart(e))
 		return nil
 	case AttemptEnded:
 		if e.Attempt != l.attempt || !l.executing {
@@ -410,7 +434,7 @@ func (l *Lifecycle) stepCoord(ev Event) error {
 		l.emit(a)
 	}
 	if fail != nil && l.executing {
-		l.failed(SubtaskID{}, fail.Error(), false, fail)
+		l.failed(SubtaskID{}, fail.Error(), false, fail, l.noRestart(AttemptFailed{Reason: fail.Error(), Class: ClassOf(fail, false)}))
 	}
 	if err != nil {
 		return err
@@ -451,10 +475,37 @@ func (l *Lifecycle) adoptAttempt() {
 	}
 }
 
+// noRestart says why no restart can fix failure e ("" when one may): it is
+// non-recoverable, or the latest attempts all failed in open with its
+// reason, OpenFailureLimit of them. It counts e among those attempts.
+func (l *Lifecycle) noRestart(e AttemptFailed) string {
+	switch e.Class {
+	case FailureNonRecoverable:
+		return ErrNonRecoverable.Error()
+	case FailureInOpen:
+		if e.Reason == l.openReason {
+			l.openStreak++
+		} else {
+			l.openReason, l.openStreak = e.Reason, 1
+		}
+		limit := l.cfg.OpenFailureLimit
+		if limit <= 0 {
+			limit = DefaultOpenFailureLimit
+		}
+		if l.openStreak >= limit {
+			return fmt.Sprintf("%s in a row failed in open with this error", restartPlural(l.openStreak, "attempt"))
+		}
+		return ""
+	}
+	l.openReason, l.openStreak = "", 0
+	return ""
+}
+
 // failed handles the failure of the current attempt: the subtasks are torn
 // down, then the job restarts as the strategy says or fails. toCoord: tell
-// the coordinator (it did not decide the failure itself).
-func (l *Lifecycle) failed(sub SubtaskID, reason string, toCoord bool, err error) {
+// the coordinator (it did not decide the failure itself). final, when not
+// "", says why no restart can fix it: the job fails at once.
+func (l *Lifecycle) failed(sub SubtaskID, reason string, toCoord bool, err error, final string) {
 	stopping := l.coord != nil && (l.coord.State() == JobStopping || l.stopID != 0 || l.stopReq != nil)
 	if l.coord != nil && toCoord && l.coord.State() != JobRestarting {
 		if sub.Operator == "" || l.coord.subtasks[sub] == nil {
@@ -467,11 +518,20 @@ func (l *Lifecycle) failed(sub SubtaskID, reason string, toCoord bool, err error
 	if stopping {
 		l.stopFailed(reason)
 	}
-	delay, ok, why := l.restart.Failed(l.now)
+	if l.terminate && final == "" {
+		l.canceledAfterStop(reason)
+		return
+	}
+	var delay int64
+	ok, why := false, final
+	if final == "" {
+		delay, ok, why = l.restart.Failed(l.now)
+	}
 	if !ok {
 		if l.coord != nil {
 			_ = l.stepCoord(RestartsExhausted{Reason: reason})
 		}
+		l.gaveUp = final
 		l.end(JobFailed, fmt.Sprintf("attempt %d failed: %s (%s)", l.attempt, reason, why), nil)
 		return
 	}
@@ -505,8 +565,22 @@ func (l *Lifecycle) lost(reason string) {
 	if l.stopID != 0 || l.stopReq != nil {
 		l.stopFailed(reason)
 	}
+	if l.terminate {
+		l.canceledAfterStop(reason)
+		return
+	}
 	l.attempt++
 	l.startAttempt()
+}
+
+// canceledAfterStop ends the job canceled: a stop that must end it
+// (StopWithSavepoint.Terminate) failed with the attempt (reason), and the
+// job does not restart.
+func (l *Lifecycle) canceledAfterStop(reason string) {
+	if l.coord != nil {
+		_ = l.stepCoord(Cancel{})
+	}
+	l.end(JobCanceled, fmt.Sprintf("canceled without a savepoint: the stop-with-savepoint failed: %s", reason), nil)
 }
 
 // attemptEnded: every subtask of the current attempt ended without error.
@@ -527,7 +601,7 @@ func (l *Lifecycle) attemptEnded() {
 		// Every subtask ended, yet the coordinator has not finished the
 		// job: a subtask ended without reporting. A failure of the attempt.
 		l.executing = true
-		l.failed(SubtaskID{}, fmt.Sprintf("every subtask ended but the checkpoint coordinator has not finished the job (state %s)", l.coord.State()), true, nil)
+		l.failed(SubtaskID{}, fmt.Sprintf("every subtask ended but the checkpoint coordinator has not finished the job (state %s)", l.coord.State()), true, nil, "")
 	}
 }
 
@@ -537,15 +611,31 @@ func (l *Lifecycle) stopRequest(e StopWithSavepoint) error {
 	}
 	switch st := l.State(); {
 	case st == JobStopping || l.stopReq != nil:
+		if e.Terminate && !l.terminate {
+			l.terminate = true // the stop in progress must end the job now
+			return nil
+		}
 		return fmt.Errorf("control: job %q: a stop with a savepoint is already in progress: %w", l.g.Name, ErrUnexpectedEvent)
+	case e.Terminate && (st == JobRestarting || (st == JobCreated && l.attempt != l.cfg.FirstAttempt)):
+		// The job restarts: no savepoint can be taken, and none may ever be.
+		if l.coord != nil {
+			_ = l.stepCoord(Cancel{})
+		}
+		if l.executing {
+			l.emit(CancelAttempt{Attempt: l.attempt, Reason: "stopped while restarting"})
+		}
+		l.end(JobCanceled, fmt.Sprintf("canceled without a savepoint: the job was %s when the stop was asked for", st), nil)
+		return nil
 	case st == JobCreated || st == JobRestarting:
+		l.terminate = l.terminate || e.Terminate
 		l.stopReq = &e // once every subtask runs
 		return nil
 	}
+	l.terminate = l.terminate || e.Terminate
 	return l.stepCoord(e)
 }
 
 func (l *Lifecycle) end(st JobState, reason string, sp *RestorePoint) {
 	l.ended, l.executing, l.waiting, l.state = true, false, false, st
-	l.emit(JobEnded{State: st, Reason: reason, Savepoint: sp})
+	l.emit(JobEnded{State: st, Reason: reason, Savepoint: sp, GaveUp: l.gaveUp})
 }

@@ -36,7 +36,9 @@ import (
 //	                                 channel is skipped); from= picks the acknowledgement from
 //	                                 that receiver or the channel from that sender
 //	deliver coordinator [n=N]        deliver reports to the coordinator
-//	stabilize                        deliver everything until nothing is queued
+//	stabilize [except=UID]           deliver everything until nothing is queued (except: that
+//	                                 operator's subtasks get only their commands and
+//	                                 acknowledgements, their channels stay queued)
 //	queues                           what is queued, per receiver
 //	calls ID                         the operator calls of subtask ID so far
 //	status                           job state, subtask states, and each machine's phase
@@ -51,6 +53,10 @@ type protoMsg struct {
 	// overtaking: an unaligned barrier, which the receiver takes ahead of
 	// what is queued before it, as the runtime's input gate does.
 	overtaking bool
+	// announced: an aligned barrier queued behind other messages was
+	// announced to the receiver (ChannelAnnounced), as the runtime's
+	// channels do with an aligned timeout.
+	announced bool
 }
 
 type protoChannel struct {
@@ -101,6 +107,9 @@ type protocol struct {
 	ckpt   bool
 	union  map[string]bool // operators whose snapshots hold union list state
 	recSeq int
+	// announce: aligned barriers queued behind messages are announced
+	// (aligned-timeout=true).
+	announce bool
 }
 
 func newProtocol(t *testing.T, g *JobGraph, cfg Config, ckpt bool, deployedFinished map[string]bool, mode AlignmentMode, timeout bool) (*protocol, error) {
@@ -108,7 +117,7 @@ func newProtocol(t *testing.T, g *JobGraph, cfg Config, ckpt bool, deployedFinis
 	if err != nil {
 		return nil, err
 	}
-	p := &protocol{t: t, g: g, c: c, subs: map[SubtaskID]*protoSubtask{}, ckpt: ckpt}
+	p := &protocol{t: t, g: g, c: c, subs: map[SubtaskID]*protoSubtask{}, ckpt: ckpt, announce: timeout && mode == AlignAligned}
 	chanInputs := map[SubtaskID][]int{}
 	for _, v := range g.Vertices {
 		for i := 0; i < v.Parallelism; i++ {
@@ -179,8 +188,10 @@ func (p *protocol) overtake(s *protoSubtask, b Barrier) {
 
 // takeOvertaking takes, as the runtime's gate does, the first overtaking
 // barrier (or one a capture waits for) out of a channel of s, unless
-// end-of-data comes first there; the records it overtook are its
-// ChannelBarrier's copies (CaptureOvertaken).
+// end-of-partition comes first there (it overtakes end-of-data); the
+// records it overtook are its ChannelBarrier's copies (CaptureOvertaken).
+// With announcements it first announces an aligned barrier queued behind
+// other messages, once (ChannelAnnounced).
 func (p *protocol) takeOvertaking(s *protoSubtask, from string) (string, bool) {
 	for i, ch := range s.chans {
 		if from != "" && ch.from.String() != from {
@@ -189,9 +200,13 @@ func (p *protocol) takeOvertaking(s *protoSubtask, from string) (string, bool) {
 	scan:
 		for k, msg := range ch.q {
 			switch e := msg.ev.(type) {
-			case ChannelEndOfData, ChannelEndOfPartition:
+			case ChannelEndOfPartition:
 				break scan
 			case ChannelBarrier:
+				if p.announce && !msg.overtaking && !msg.announced && k > 0 {
+					ch.q[k].announced = true
+					return p.stepSubtask(s, ChannelAnnounced{Channel: e.Channel, B: e.B}, fmt.Sprintf("announced %s from %s (behind %d)", msg.text, msg.from, k)), true
+				}
 				if !msg.overtaking && (s.want[i] == 0 || e.B.ID != s.want[i]) {
 					continue
 				}
@@ -416,7 +431,10 @@ func (p *protocol) deliverOne(s *protoSubtask, from string) (string, bool) {
 	return "", false
 }
 
-func (p *protocol) stabilize() []string {
+// stabilize delivers everything until nothing is queued; the subtasks of
+// operator except (if not "") get their commands and acknowledgements only,
+// not their channels' messages.
+func (p *protocol) stabilize(except string) []string {
 	var out []string
 	for progress := true; progress; {
 		progress = false
@@ -427,7 +445,11 @@ func (p *protocol) stabilize() []string {
 			progress = true
 		}
 		for _, id := range p.order {
-			if line, ok := p.deliverOne(p.subs[id], ""); ok {
+			s := p.subs[id]
+			if id.Operator == except && len(s.cmds) == 0 && len(s.acks) == 0 {
+				continue
+			}
+			if line, ok := p.deliverOne(s, ""); ok {
 				out = append(out, line)
 				progress = true
 			}
@@ -556,7 +578,7 @@ func (r *scenario) protocolCmd(cmd string, args []string) ([]string, bool) {
 			}
 		}
 	case "stabilize":
-		out = p.stabilize()
+		out = p.stabilize(kv(args, "except", ""))
 	case "queues":
 		if len(p.inbox) > 0 {
 			var evs []string

@@ -205,7 +205,8 @@ func (r *scenario) run(input []string) (out []string) {
 		r.c, r.waits, r.acked, r.p, r.m, r.l = c, map[int64][]SubtaskID{}, map[int64]map[SubtaskID]bool{}, nil, c, nil
 		return []string{fmt.Sprintf("job: %s", c.State())}
 	case "lifecycle":
-		cfg := LifecycleConfig{Restart: r.restartConfig(args), Seed: 1, FirstAttempt: r.num(kv(args, "first-attempt", "0"))}
+		cfg := LifecycleConfig{Restart: r.restartConfig(args), Seed: 1, FirstAttempt: r.num(kv(args, "first-attempt", "0")),
+			OpenFailureLimit: r.num(kv(args, "open-failures", "0"))}
 		if kv(args, "checkpointing", "true") == "true" {
 			cc := DefaultConfig()
 			cc.IntervalTicks = int64(r.num(kv(args, "interval", "10")))
@@ -301,7 +302,11 @@ func (r *scenario) run(input []string) (out []string) {
 		if ids := r.ids(pos); len(ids) > 0 {
 			sub = ids[0]
 		}
-		events = append(events, AttemptFailed{Attempt: r.num(kv(args, "attempt", fmt.Sprint(r.l.Attempt()))), Subtask: sub, Reason: kv(args, "reason", "trap")})
+		class, err := ParseFailureClass(kv(args, "class", FailureRestartable.String()))
+		if err != nil {
+			return fail("%v", err)
+		}
+		events = append(events, AttemptFailed{Attempt: r.num(kv(args, "attempt", fmt.Sprint(r.l.Attempt()))), Subtask: sub, Reason: kv(args, "reason", "trap"), Class: class})
 	case "attempt-lost":
 		events = append(events, AttemptLost{Attempt: r.num(kv(args, "attempt", fmt.Sprint(r.l.Attempt()))), Reason: kv(args, "reason", "host lost")})
 	case "attempt-ended":
@@ -311,7 +316,7 @@ func (r *scenario) run(input []string) (out []string) {
 	case "savepoint":
 		events = append(events, TriggerSavepoint{})
 	case "stop":
-		events = append(events, StopWithSavepoint{Drain: has(args, "drain")})
+		events = append(events, StopWithSavepoint{Drain: has(args, "drain"), Terminate: has(args, "terminate")})
 	case "cancel":
 		events = append(events, Cancel{})
 	case "restarts-exhausted":

@@ -180,6 +180,18 @@ type ChannelBarrier struct {
 	Overtook bool
 }
 
+// ChannelAnnounced: the aligned barrier B was queued on input channel
+// Channel behind records not yet processed (Flink's EventAnnouncement). With
+// an aligned timeout the alignment of B starts now, and so does its timer:
+// a barrier stuck behind a back-pressured queue (a finished sender's
+// records draining, FLIP-147) is taken unaligned when the timer fires,
+// as it would be if it had arrived. The barrier itself still arrives later
+// (ChannelBarrier), in order or taken ahead.
+type ChannelAnnounced struct {
+	Channel int
+	B       Barrier
+}
+
 // ChannelCancel: CancelCheckpoint(ID) arrived on input channel Channel.
 type ChannelCancel struct {
 	Channel int
@@ -229,6 +241,7 @@ func (SourceEnded) isSubtaskEvent()            {}
 func (StopSource) isSubtaskEvent()             {}
 func (Trigger) isSubtaskEvent()                {}
 func (ChannelBarrier) isSubtaskEvent()         {}
+func (ChannelAnnounced) isSubtaskEvent()       {}
 func (ChannelCancel) isSubtaskEvent()          {}
 func (ChannelWatermark) isSubtaskEvent()       {}
 func (ChannelEndOfData) isSubtaskEvent()       {}
@@ -250,6 +263,9 @@ func (e ChannelBarrier) String() string {
 		return fmt.Sprintf("barrier ch=%d %s overtook", e.Channel, e.B)
 	}
 	return fmt.Sprintf("barrier ch=%d %s", e.Channel, e.B)
+}
+func (e ChannelAnnounced) String() string {
+	return fmt.Sprintf("announced ch=%d %s", e.Channel, e.B)
 }
 func (e ChannelCancel) String() string { return fmt.Sprintf("cancel ch=%d cp=%d", e.Channel, e.ID) }
 func (e ChannelWatermark) String() string {
@@ -662,6 +678,8 @@ func (m *SubtaskMachine) Step(ev SubtaskEvent) error {
 		m.trigger(e.B)
 	case ChannelBarrier:
 		m.channelBarrier(e.Channel, e.B, e.Overtook)
+	case ChannelAnnounced:
+		m.announced(e.B)
 	case ChannelCancel:
 		m.cancel(e.ID, true)
 	case CheckpointAborted:
@@ -709,6 +727,8 @@ func (m *SubtaskMachine) Step(ev SubtaskEvent) error {
 func ChannelOf(ev SubtaskEvent) (int, bool) {
 	switch e := ev.(type) {
 	case ChannelBarrier:
+		return e.Channel, true
+	case ChannelAnnounced:
 		return e.Channel, true
 	case ChannelCancel:
 		return e.Channel, true
@@ -939,6 +959,19 @@ func (m *SubtaskMachine) channelBarrier(ch int, b Barrier, overtook bool) {
 	}
 	m.emit(BlockChannel{ch})
 	m.maybeAligned()
+}
+
+// announced starts the alignment of aligned checkpoint b, whose barrier is
+// queued behind records on some channel, when an aligned timeout can switch
+// it to unaligned; nothing otherwise, nor while another checkpoint aligns
+// (its barriers decide, as before), nor when b is no newer than the
+// checkpoint in progress or the latest cancelled one.
+func (m *SubtaskMachine) announced(b Barrier) {
+	if m.cfg.AlignedTimeout <= 0 || !m.cfg.Checkpointing || b.Kind != KindCheckpoint || m.unalignedFor(b) ||
+		m.aligning || b.ID <= m.barrier.ID || b.ID <= m.lastCancel {
+		return
+	}
+	m.beginAlignment(b)
 }
 
 func (m *SubtaskMachine) maybeAligned() {

@@ -124,10 +124,26 @@ type Overtakable interface {
 	// TakeBarrier removes the first overtaking barrier from the queue and
 	// returns it, after calling visit with each records and watermark event
 	// queued before it, in order (visit must copy what it keeps: the
-	// batches stay queued and are delivered by TryRecv later). It takes
-	// nothing, and clears the flag, when end-of-data or end-of-partition
+	// batches stay queued and are delivered by TryRecv later). The barrier
+	// overtakes an end-of-data queued before it too (a finished sender's
+	// checkpoints go on while the receiver drains, FLIP-147): the
+	// end-of-data stays queued, after the records, and is delivered in
+	// order. It takes nothing, and clears the flag, when end-of-partition
 	// comes first: the barrier is then delivered in order.
 	TakeBarrier(visit func(Event)) (Barrier, bool, error)
+}
+
+// Announcer is an Overtakable input that announces an aligned barrier as
+// soon as it is queued behind records (Flink's EventAnnouncement), so that
+// the receiver's alignment, and its aligned timeout, start then rather
+// than when the barrier comes out of the queue.
+type Announcer interface {
+	// AnnounceBarriers turns announcements on (off by default). Then
+	// Overtaking also reports a pending announcement.
+	AnnounceBarriers()
+	// Announced returns the newest aligned barrier queued since the last
+	// call; false when none was.
+	Announced() (Barrier, bool)
 }
 
 // Channel is one point-to-point channel between two subtasks. The in-process
@@ -159,12 +175,18 @@ type LocalChannel struct {
 	n     int           // queued messages that count against cap
 	room  chan struct{} // poked when a message is taken
 	want  int64         // the barrier the receiver waits for (WantBarrier)
-	prio  atomic.Bool   // an overtaking barrier may be queued
+	prio  atomic.Bool   // an overtaking barrier (or an announcement) may be queued
 	ended bool
+	// announce: the receiver wants aligned barriers announced (Announcer);
+	// announced is the newest queued since it last looked, if any.
+	announce  bool
+	announced *Barrier
 
 	ackMu sync.Mutex
 	acked bool   // the receiver acknowledged EndOfData
 	onAck func() // the sender's NotifyEndOfDataAck
+
+	onBlock func() // tests: called when a sender finds the channel full and waits
 }
 
 // NewLocalChannel returns a channel holding at most capacity messages
@@ -241,6 +263,9 @@ func (c *LocalChannel) put(ctx context.Context, m message, wait bool) error {
 	c.mu.Lock()
 	for wait && c.n >= c.cap {
 		c.mu.Unlock()
+		if c.onBlock != nil {
+			c.onBlock()
+		}
 		select {
 		case <-c.room:
 		case <-ctx.Done():
@@ -251,6 +276,10 @@ func (c *LocalChannel) put(ctx context.Context, m message, wait bool) error {
 	c.q = append(c.q, m)
 	c.n++
 	if m.ev.Kind == KindBarrier && (m.ev.Barrier.Unaligned || m.ev.Barrier.ID == c.want && c.want != 0) {
+		c.prio.Store(true)
+	} else if m.ev.Kind == KindBarrier && c.announce && c.n > 1 {
+		b := m.ev.Barrier // behind what is queued: announce it
+		c.announced = &b
 		c.prio.Store(true)
 	}
 	c.mu.Unlock()
@@ -325,6 +354,26 @@ func (in *localInput) WantBarrier(id int64) {
 // Overtaking implements Overtakable.
 func (in *localInput) Overtaking() bool { return in.c.prio.Load() }
 
+// AnnounceBarriers implements Announcer.
+func (in *localInput) AnnounceBarriers() {
+	in.c.mu.Lock()
+	in.c.announce = true
+	in.c.mu.Unlock()
+}
+
+// Announced implements Announcer.
+func (in *localInput) Announced() (Barrier, bool) {
+	c := in.c
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.announced == nil {
+		return Barrier{}, false
+	}
+	b := *c.announced
+	c.announced = nil
+	return b, true
+}
+
 // TakeBarrier implements Overtakable.
 func (in *localInput) TakeBarrier(visit func(Event)) (Barrier, bool, error) {
 	c := in.c
@@ -338,7 +387,7 @@ func (in *localInput) TakeBarrier(visit func(Event)) (Barrier, bool, error) {
 			continue
 		}
 		switch m.ev.Kind {
-		case KindEndOfData, KindEndOfPartition:
+		case KindEndOfPartition:
 			return Barrier{}, false, nil
 		case KindBarrier:
 			if !m.ev.Barrier.Unaligned && (c.want == 0 || m.ev.Barrier.ID != c.want) {

@@ -189,6 +189,21 @@ func TestBackPressure(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	blocked := make(chan struct{}, 1)
+	c.onBlock = func() {
+		select {
+		case blocked <- struct{}{}:
+		default:
+		}
+	}
+	waitBlocked := func(what string) {
+		t.Helper()
+		select {
+		case <-blocked:
+		case <-time.After(30 * time.Second):
+			t.Fatalf("%s: no sender blocked on the full channel within 30s", what)
+		}
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	var emitted atomic.Int64
@@ -204,19 +219,16 @@ func TestBackPressure(t *testing.T) {
 		done <- w.Flush(ctx)
 	}()
 	// The producer fills the channel (capacity batches) plus one pending
-	// batch, then blocks.
-	deadline := time.Now().Add(2 * time.Second)
-	for emitted.Load() < capacity*10 && time.Now().Before(deadline) {
-		time.Sleep(time.Millisecond)
-	}
-	time.Sleep(50 * time.Millisecond)
-	if n := emitted.Load(); n > (capacity+1)*10 {
-		t.Fatalf("producer emitted %d records into a channel of %d batches of 10 without a consumer", n, capacity)
+	// batch, then blocks: once it waits for room, it can emit no more.
+	waitBlocked("producer")
+	if n := emitted.Load(); n > (capacity+1)*10 || n < capacity*10 {
+		t.Fatalf("producer emitted %d records into a channel of %d batches of 10 without a consumer before it blocked", n, capacity)
 	}
 	if c.Len() != capacity {
 		t.Fatalf("channel holds %d batches, want %d (full)", c.Len(), capacity)
 	}
 	// A slow consumer lets it advance, never past capacity.
+	c.onBlock = nil
 	g := NewInputGate([]GateChannel{{In: c.Input()}})
 	got := 0
 	for got < 1000 {
@@ -238,8 +250,9 @@ func TestBackPressure(t *testing.T) {
 		_ = c.Output().Send(ctx, WatermarkEvent(int64(i)))
 	}
 	errc := make(chan error)
+	c.onBlock = func() { blocked <- struct{}{} }
 	go func() { errc <- c.Output().Send(ctx, WatermarkEvent(99)) }()
-	time.Sleep(10 * time.Millisecond)
+	waitBlocked("send after the channel filled")
 	cancel()
 	if err := <-errc; !errors.Is(err, context.Canceled) {
 		t.Fatalf("blocked send after cancel: %v", err)
@@ -360,7 +373,8 @@ func TestBatchReuseDoesNotAllocate(t *testing.T) {
 // TestLocalChannelOvertaking: on a full channel SendNow still queues a batch
 // and an unaligned barrier; the receiver takes the barrier ahead with the
 // records before it, then receives every record in order with no sequence
-// error; a wanted ordinary barrier is taken too, end-of-data stops a take.
+// error; a wanted ordinary barrier is taken too, and an unaligned one
+// overtakes end-of-data.
 func TestLocalChannelOvertaking(t *testing.T) {
 	ctx := context.Background()
 	c := NewLocalChannel("a[0]->b[0]", 2)
@@ -392,8 +406,10 @@ func TestLocalChannelOvertaking(t *testing.T) {
 	if in.Overtaking() {
 		t.Fatal("still flagged after the take")
 	}
-	// An ordinary barrier, wanted after it was queued; end-of-data ahead of
-	// a second one stops that take.
+	// An ordinary barrier, wanted after it was queued; an unaligned one
+	// overtakes the end-of-data queued before it (a finished sender's
+	// checkpoints go on while the receiver drains), which is still
+	// delivered in order after the records.
 	in.WantBarrier(8)
 	go func() { // the channel is over capacity: Send waits for the receiver
 		_ = out.Send(ctx, rec("r4"))
@@ -402,7 +418,7 @@ func TestLocalChannelOvertaking(t *testing.T) {
 		_ = out.Send(ctx, BarrierEvent(Barrier{ID: 9, Unaligned: true}))
 	}()
 	var got []string
-	for len(got) < 6 {
+	for !slices.Contains(got, "took 9") || !slices.Contains(got, "end-of-data(drain=true)") {
 		if in.Overtaking() {
 			if b, ok, err := in.TakeBarrier(func(Event) {}); err != nil {
 				t.Fatal(err)
@@ -425,18 +441,67 @@ func TestLocalChannelOvertaking(t *testing.T) {
 			got = append(got, ev.String())
 		}
 	}
-	// The barrier is queued behind r4 by another goroutine: it may be taken
-	// before or after r4 is received, or arrive in order when it reaches the
-	// head of the queue first; it comes once, before end-of-data.
-	recv := slices.DeleteFunc(slices.Clone(got), func(s string) bool { return s == "took 8" || strings.HasPrefix(s, "barrier(8,") })
-	if s := strings.Join(recv, ","); s != "r1,r2,r3,r4,end-of-data(drain=true)" || len(got) != 6 {
-		t.Fatalf("received %s, want r1..r4, barrier 8 once, end-of-data", strings.Join(got, ","))
+	// The barriers are queued behind r4 by another goroutine: barrier 8 may
+	// be taken before or after r4 is received, or arrive in order when it
+	// reaches the head of the queue first; it comes once, before
+	// end-of-data. Barrier 9 is taken once, never delivered in order.
+	recv := slices.DeleteFunc(slices.Clone(got), func(s string) bool {
+		return s == "took 8" || s == "took 9" || strings.HasPrefix(s, "barrier(8,")
+	})
+	if s := strings.Join(recv, ","); s != "r1,r2,r3,r4,end-of-data(drain=true)" || len(got) != 7 {
+		t.Fatalf("received %s, want r1..r4, barrier 8 once, barrier 9 taken, end-of-data", strings.Join(got, ","))
 	}
-	ev, ok, err := c.Input().TryRecv()
-	for !ok && err == nil {
-		ev, ok, err = c.Input().TryRecv()
+	if ev, ok, err := c.Input().TryRecv(); ok || err != nil {
+		t.Fatalf("after end-of-data: %v %v %v, want nothing (barrier 9 was taken)", ev, ok, err)
 	}
-	if err != nil || ev.Kind != KindBarrier || ev.Barrier.ID != 9 {
-		t.Fatalf("after end-of-data: %v %v, want barrier 9 in order", ev, err)
+}
+
+// TestLocalChannelAnnounces: with announcements on, an aligned barrier
+// queued behind records is announced at once (Flink's EventAnnouncement),
+// once, and still delivered in order; one queued at the head is not.
+func TestLocalChannelAnnounces(t *testing.T) {
+	ctx := context.Background()
+	c := NewLocalChannel("a->b", 8)
+	out, in := c.Output(), c.Input().(*localInput)
+	in.AnnounceBarriers()
+	must := func(err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	must(out.Send(ctx, BarrierEvent(Barrier{ID: 1})))
+	if _, ok := in.Announced(); ok || in.Overtaking() {
+		t.Fatal("a barrier at the head of the queue was announced")
+	}
+	if ev, ok, err := in.TryRecv(); err != nil || !ok || ev.Kind != KindBarrier {
+		t.Fatalf("got %v %v %v, want barrier 1", ev, ok, err)
+	}
+	b := GetBatch()
+	b.Append(abi.Record{Value: []byte("r")})
+	must(out.Send(ctx, RecordsEvent(b)))
+	must(out.Send(ctx, BarrierEvent(Barrier{ID: 2})))
+	if !in.Overtaking() {
+		t.Fatal("no announcement flagged")
+	}
+	if got, ok := in.Announced(); !ok || got.ID != 2 {
+		t.Fatalf("announced %+v %v, want barrier 2", got, ok)
+	}
+	if _, ok := in.Announced(); ok {
+		t.Fatal("announced twice")
+	}
+	if _, ok, _ := in.TakeBarrier(func(Event) {}); ok {
+		t.Fatal("an announced aligned barrier was taken ahead without being wanted")
+	}
+	var kinds []Kind
+	for len(kinds) < 2 {
+		if ev, ok, err := in.TryRecv(); err != nil {
+			t.Fatal(err)
+		} else if ok {
+			kinds = append(kinds, ev.Kind)
+		}
+	}
+	if kinds[0] != KindRecords || kinds[1] != KindBarrier {
+		t.Fatalf("delivered %v, want the records, then the barrier", kinds)
 	}
 }

@@ -189,6 +189,30 @@ func (g *InputGate) TakeOvertaking(visit func(ch int, ev Event)) (ch int, b Barr
 	return 0, Barrier{}, false, nil
 }
 
+// AnnounceBarriers asks every channel that can (Announcer) to announce
+// aligned barriers as soon as they are queued.
+func (g *InputGate) AnnounceBarriers() {
+	for i := range g.chans {
+		if a, ok := g.chans[i].in.(Announcer); ok {
+			a.AnnounceBarriers()
+		}
+	}
+}
+
+// Announced calls f with each barrier announced (Announcer.Announced) on
+// a channel that has not ended, in channel order.
+func (g *InputGate) Announced(f func(ch int, b Barrier)) {
+	for c := range g.chans {
+		a, ok := g.chans[c].in.(Announcer)
+		if !ok || g.chans[c].ended {
+			continue
+		}
+		if b, ok := a.Announced(); ok {
+			f(c, b)
+		}
+	}
+}
+
 // WantBarrier asks channel ch to flag checkpoint id's barrier as overtaking
 // once it is queued (Overtakable.WantBarrier); nothing for a channel that
 // cannot.

@@ -41,6 +41,12 @@ type config struct {
 // DefaultCallDeadline bounds a guest call unless WithCallDeadline says otherwise.
 const DefaultCallDeadline = time.Minute
 
+// MinCallDeadline is the least positive call deadline WithCallDeadline
+// takes: the guard (guard.go) looks at the clock only every guardInterval
+// loop iterations (~5-50 µs apart), and the deadline counts from a call's
+// first look, so a shorter bound could not be kept to within its size.
+const MinCallDeadline = time.Millisecond
+
 // Option configures an Engine. Options validate their argument.
 type Option func(*config) error
 
@@ -73,6 +79,9 @@ func WithCallDeadline(d time.Duration) Option {
 	return func(c *config) error {
 		if d < 0 {
 			return fmt.Errorf("host: negative call deadline %v", d)
+		}
+		if d > 0 && d < MinCallDeadline {
+			return fmt.Errorf("host: call deadline %v is below %v, the least the guard can enforce (it checks the clock every %d loop iterations, every ~5-50 µs, from a call's first check on); use 0 for no deadline", d, MinCallDeadline, guardInterval)
 		}
 		c.callDeadline = d
 		return nil

@@ -132,6 +132,11 @@ func TestOptionsValidate(t *testing.T) {
 			t.Errorf("option accepted, want an error")
 		}
 	}
+	// A deadline below what the guard can enforce is refused, naming the minimum.
+	_, err := host.NewEngine(ctx, host.WithCacheDir(""), host.WithCallDeadline(100*time.Microsecond))
+	if err == nil || !strings.Contains(err.Error(), host.MinCallDeadline.String()) {
+		t.Errorf("deadline of 100µs: %v, want an error naming the minimum %v", err, host.MinCallDeadline)
+	}
 }
 
 // TestCompilationCache: a second engine (a new wazero cache object, as in a

@@ -63,8 +63,11 @@ spans=$(grep -c . <<<"$names" || true)
 checkpoints=$(grep -cx checkpoint <<<"$names" || true)
 echo "== traces: $(cd "$(dirname "$TRACES")" && pwd)/$(basename "$TRACES") ($spans spans, $checkpoints checkpoint trace(s); one JSON object per line)"
 echo "   spans by name: $(sort <<<"$names" | uniq -c | sort -rn | awk '{printf "%s x%s, ", $2, $1}' | sed 's/, $//')"
-echo "   To see them in Jaeger instead: make bin/jaeger; bin/jaeger --config tools/jaeger/jaeger-loopback.yaml &"
-echo "   then streamd run --tracing --tracing-endpoint http://127.0.0.1:4317 ... and open http://127.0.0.1:16686 (docs/observability.md)"
+echo "   To see a checkpoint's spans as a waterfall, no Jaeger needed: the web console of streamd run or streamd server"
+echo "   (its URL is logged at start; --http 127.0.0.1:8081 for a fixed port): open a job, then a checkpoint's 'waterfall' link"
+echo "   (GET /jobs/{id}/checkpoints/{cid}/trace; docs/observability.md, \"Web console\")."
+echo "   Optionally, in Jaeger: make bin/jaeger; bin/jaeger --config tools/jaeger/jaeger-loopback.yaml &"
+echo "   then streamd run --tracing --tracing-endpoint http://127.0.0.1:4317 ... and open http://127.0.0.1:16686"
 
 # The cluster recipe, checked before it is printed: a server on a free port
 # with its own data directory, the job deployed from a copy of the example
@@ -143,5 +146,6 @@ cat <<EOF
                  $STREAMD deploy $JOB --wait
                  $STREAMD list                  # the job, finished
                  $STREAMD status JOB_ID         # per operator: records, subtasks and their host
+                 open the console URL the server logged: jobs, hosts, logs, checkpoint waterfalls
    More: docs/cli.md ("Cluster").
 EOF

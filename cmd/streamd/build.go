@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"os"
 	"os/exec"
@@ -181,6 +182,35 @@ func rustToolchain() (cargo string, env []string, err error) {
 	return "", nil, errors.New("build: cargo is not installed: on Debian `apt-get install rustc cargo libstd-rust-dev-wasm32`; with rustup (https://rustup.rs) `rustup target add wasm32-unknown-unknown`")
 }
 
+// downgradeCargoLock rewrites a version-4 Cargo.lock, which cargo 1.78
+// and later write for a new project, as version 3: Debian's cargo (1.65)
+// cannot read version 4, and a newer cargo keeps a lock file's version.
+// The two versions differ only in how git sources are written, so a lock
+// file without git sources changes in its version line alone; one with
+// them is left alone, with an error that says what to do.
+func downgradeCargoLock(lock string, stderr io.Writer) error {
+	b, err := os.ReadFile(lock)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("build: %w", err)
+	}
+	const v4, v3 = "\nversion = 4\n", "\nversion = 3\n"
+	if !bytes.Contains(b, []byte(v4)) {
+		return nil
+	}
+	if bytes.Contains(b, []byte(`source = "git+`)) {
+		return fmt.Errorf("build: %s is a version-4 lock file (written by cargo 1.78 or later) with git sources, which Debian's cargo %s cannot read: delete it, or set `version = 3` in it and run a newer `cargo update`", lock, debianCargo)
+	}
+	b = bytes.Replace(b, []byte(v4), []byte(v3), 1)
+	if err := writeFileAtomic(lock, b); err != nil {
+		return fmt.Errorf("build: %w", err)
+	}
+	fmt.Fprintf(stderr, "build: %s was a version-4 lock file (a newer cargo wrote it); rewrote it as version 3, which Debian's cargo reads and newer ones keep\n", lock)
+	return nil
+}
+
 // rustHints explain the failures of a Rust toolchain that cargo's own
 // message leaves obscure.
 var rustHints = []struct{ in, hint string }{
@@ -195,6 +225,11 @@ func (c *cli) buildRust(ctx context.Context, dir, out string) error {
 		return err
 	}
 	manifest := filepath.Join(dir, "Cargo.toml")
+	if cargo == debianCargo {
+		if err := downgradeCargoLock(filepath.Join(dir, "Cargo.lock"), c.stderr); err != nil {
+			return err
+		}
+	}
 	args := []string{"build", "--release", "--target", "wasm32-unknown-unknown", "--offline",
 		"--message-format=json-render-diagnostics", "--manifest-path", manifest}
 	fmt.Fprintf(c.stderr, "%s%s %s\n", strings.Join(append(env, ""), " "), cargo, strings.Join(args, " "))
@@ -239,13 +274,22 @@ func (c *cli) buildRust(ctx context.Context, dir, out string) error {
 	if err := os.MkdirAll(filepath.Dir(out), 0o755); err != nil {
 		return fmt.Errorf("build: %w", err)
 	}
-	tmp := out + ".tmp"
-	if err := os.WriteFile(tmp, b, 0o644); err != nil {
+	if err := writeFileAtomic(out, b); err != nil {
 		return fmt.Errorf("build: %w", err)
 	}
-	if err := os.Rename(tmp, out); err != nil {
+	return nil
+}
+
+// writeFileAtomic writes path through a temporary file and a rename, so a
+// failure leaves the old file as it was.
+func writeFileAtomic(path string, b []byte) error {
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, b, 0o644); err != nil {
+		return err
+	}
+	if err := os.Rename(tmp, path); err != nil {
 		os.Remove(tmp)
-		return fmt.Errorf("build: %w", err)
+		return err
 	}
 	return nil
 }

@@ -4,11 +4,15 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 )
 
 // invoke runs the CLI in-process and returns its exit status, the cli (for its
@@ -254,4 +258,25 @@ func TestParallelismAtLeastOne(t *testing.T) {
 	if code, _, _, errb := invoke(t, "validate", "-p", "2", "job.yaml"); code != 0 {
 		t.Errorf("-p 2: exit %d, %s", code, errb)
 	}
+}
+
+// TestFlagUsageNamesNoBackquotedWord: pflag takes a back-quoted word in a
+// flag's usage as the name of its value in --help ("--job-retention
+// streamd list"), so no flag's usage quotes with back-quotes by accident:
+// the value name --help shows is the flag's type or a word chosen for it.
+func TestFlagUsageNamesNoBackquotedWord(t *testing.T) {
+	var walk func(*cobra.Command)
+	walk = func(cmd *cobra.Command) {
+		check := func(f *pflag.Flag) {
+			if name, _ := pflag.UnquoteUsage(f); strings.ContainsAny(name, " \"'") {
+				t.Errorf("%s --%s: --help shows its value as %q", cmd.CommandPath(), f.Name, name)
+			}
+		}
+		cmd.LocalFlags().VisitAll(check)
+		cmd.PersistentFlags().VisitAll(check)
+		for _, sub := range cmd.Commands() {
+			walk(sub)
+		}
+	}
+	walk(newCLI(strings.NewReader(""), io.Discard, io.Discard).rootCommand())
 }

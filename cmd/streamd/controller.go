@@ -42,6 +42,11 @@ by and take over, adopting the running jobs, when the lease is not renewed for
 			if err != nil {
 				return err
 			}
+			stopEvents, err := c.jobEvents(nc, &opts)
+			if err != nil {
+				return err
+			}
+			defer stopEvents()
 			return c.runController(cmd.Context(), nc, opts)
 		},
 	}
@@ -62,7 +67,7 @@ func (c *cli) clusterFlags(cmd *cobra.Command, controller bool) []flagKey {
 	fl.String("controller-id", "", "name of this controller in the leader lease ("+keyControllerID+"; default: hostname and a random suffix)")
 	fl.String("controller-bucket", cluster.DefaultControllerBucket, "JetStream key-value bucket of the job table and the lease ("+keyControllerBucket+")")
 	fl.Int("controller-replicas", 0, "replicas of that bucket when it is created; 0 = the NATS cluster's size, at most 5 ("+keyControllerReplicas+")")
-	fl.Duration("job-retention", cluster.DefaultJobRetention, "how long finished, failed and canceled jobs stay in `streamd list` ("+keyJobRetention+")")
+	fl.Duration("job-retention", cluster.DefaultJobRetention, "how long finished, failed and canceled jobs stay in 'streamd list' ("+keyJobRetention+")")
 	return []flagKey{{"heartbeat-interval", keyHeartbeatInterval}, {"lost-after", keyLostAfter}, {"max-failovers", keyMaxFailovers},
 		{"checkpoint-storage", keyCheckpointStorage}, {"controller-id", keyControllerID}, {"controller-bucket", keyControllerBucket},
 		{"controller-replicas", keyControllerReplicas}, {"job-retention", keyJobRetention}}
@@ -77,6 +82,18 @@ func (c *cli) runController(ctx context.Context, nc *nats.Conn, opts cluster.Con
 	}
 	defer stopAPI()
 	return cluster.RunController(ctx, nc, opts)
+}
+
+// jobEvents sets opts.Logs: the controller publishes its events about each
+// job to the job log stream (logs.* settings), as hosts publish theirs.
+// The returned function stops publishing.
+func (c *cli) jobEvents(nc *nats.Conn, opts *cluster.ControllerOptions) (func(), error) {
+	cfg, err := c.logStreamConfig()
+	if err != nil {
+		return nil, err
+	}
+	opts.Logs = cluster.NewLogPublisher(nc, cfg, c.log)
+	return opts.Logs.Close, nil
 }
 
 func (c *cli) controllerOptions() (cluster.ControllerOptions, error) {

@@ -41,6 +41,14 @@ STREAMD_OUT_<subject> created so). It checkpoints every --checkpoint-interval
 into the JetStream object store, so stop, savepoint, cancel, failover and
 deploy --from work as for a job file. deploy names the streams on stderr.
 
+--on-error says what a record that makes the module fail does: fail (default:
+the job restarts from its last checkpoint, and fails on that record again),
+skip (the record is dropped and counted), or, for a transform,
+dead_letter[:SUBJECT]: the record goes exactly once to SUBJECT (default
+dead_letter.NAME, in the stream that captures it, else one created) as a JSON
+object with the record and the error, as a job file's on_error dead_letter does
+(docs/job-file.md, Dead letters).
+
 --from PATH starts the job from a checkpoint or savepoint: a jetstream://BUCKET/...
 location (from streamd stop or status of a job with checkpoint.storage jetstream)
 or a directory as run --from takes it, which the hosts must see at the same path.
@@ -53,6 +61,7 @@ It is resolved and checked against the job here before the job is submitted.
   streamd deploy upper.wasm --source file:in.txt --sink file:out/
   streamd deploy upper.wasm --input nats:orders --output nats:orders.upper -p 2
   streamd deploy upper.wasm --input jetstream:ORDERS:orders.eu --output nats:eu.upper --start new
+  streamd deploy parse.wasm --input nats:raw --output nats:parsed --on-error dead_letter:raw.bad
   id=$(streamd deploy job.yaml) && streamd status --json "$id"`,
 		Args:              exactArgs(1),
 		ValidArgsFunction: completeJobFile,
@@ -61,18 +70,21 @@ It is resolved and checked against the job here before the job is submitted.
 			var file string
 			var err error
 			transform := t.input != "" && isModule(args[0])
-			in, outs, err := checkTransform(cmd, f, t)
+			ts, err := c.checkTransform(cmd, f, t)
 			if err != nil {
 				return err
 			}
+			if err := checkOnError(t.onError, args[0], f, transform, ts); err != nil {
+				return err
+			}
 			if !transform {
-				if job, file, err = c.loadForDeploy(cmd, args[0], f); err != nil {
+				if job, file, err = c.loadForDeploy(cmd, args[0], f, t.onError); err != nil {
 					return err
 				}
 			}
 			return c.withClient(cmd.Context(), func(ctx context.Context, cl *cluster.Client) error {
 				if transform {
-					if job, err = c.transformJob(ctx, cl, args[0], f, t, in, outs); err != nil {
+					if job, err = c.transformJob(ctx, cl, args[0], f, t, ts); err != nil {
 						return err
 					}
 				}
@@ -127,16 +139,17 @@ It is resolved and checked against the job here before the job is submitted.
 	fl.StringVar(&t.start, "start", "", "transform: where the input starts at the first start: first (default), new, seq:N or time:RFC3339")
 	fl.StringVar(&f.name, "name", "", "module: the job's name (default: the module's file name)")
 	fl.DurationVar(&t.interval, "checkpoint-interval", time.Second, "transform: time between checkpoints (output is published when one completes)")
+	fl.StringVar(&t.onError, "on-error", "fail", "module: a record that makes the guest fail: fail (the job restarts), skip (dropped), or, for a transform, dead_letter[:SUBJECT] (published exactly once to SUBJECT, default dead_letter.NAME)")
 	dirFlags(cmd, "from")
-	c.clientFlags(cmd)
+	c.clientFlags(cmd, c.connectorFlags(cmd)...)
 	return cmd
 }
 
 // loadForDeploy loads and checks the job like run does; it returns the job
 // and the job file to upload ("" for a module).
-func (c *cli) loadForDeploy(cmd *cobra.Command, target string, f runFlags) (*jobfile.Job, string, error) {
+func (c *cli) loadForDeploy(cmd *cobra.Command, target string, f runFlags, onError string) (*jobfile.Job, string, error) {
 	if !isModule(target) {
-		for _, name := range append([]string{"source", "sink", "config", "allow-clock", "input", "name"}, transformOnly...) {
+		for _, name := range append([]string{"source", "sink", "config", "allow-clock", "input", "name", "on-error"}, transformOnly...) {
 			if cmd.Flags().Changed(name) {
 				return nil, "", usagef("--%s applies only when deploying a .wasm module; %s is a job file (set it in the file)", name, target)
 			}
@@ -159,6 +172,9 @@ func (c *cli) loadForDeploy(cmd *cobra.Command, target string, f runFlags) (*job
 	}
 	filter, err := c.moduleFilter(target, f)
 	if err != nil {
+		return nil, "", err
+	}
+	if filter.OnError, err = parseOnError(onError, filterName(filter), false); err != nil {
 		return nil, "", err
 	}
 	job, err := jobfile.FilterJob(filter)

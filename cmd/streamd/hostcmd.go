@@ -64,8 +64,8 @@ func (c *cli) hostFlags(cmd *cobra.Command) []flagKey {
 	fl.String("data-dir", "", "directory for the artifact cache, the pebble state of subtasks (and the NATS store of server) ("+keyDataDir+"; default: the user cache dir + /streamd)")
 	fl.Int("batch-size", 1024, "records per batch on channels and into wasm ("+keyBatchSize+")")
 	fl.Int("channel-capacity", 16, "batches queued per channel ("+keyChannelCapacity+")")
-	return []flagKey{{"slots", keySlots}, {"host-id", keyHostID}, {"data-dir", keyDataDir},
-		{"batch-size", keyBatchSize}, {"channel-capacity", keyChannelCapacity}}
+	return append([]flagKey{{"slots", keySlots}, {"host-id", keyHostID}, {"data-dir", keyDataDir},
+		{"batch-size", keyBatchSize}, {"channel-capacity", keyChannelCapacity}}, c.connectorFlags(cmd)...)
 }
 
 // startHost starts a host agent with the host.* settings; defaultID is used
@@ -121,7 +121,7 @@ func (c *cli) startHost(ctx context.Context, nc *nats.Conn, defaultID string) (*
 	h, err := cluster.StartHost(nc, cluster.HostOptions{
 		ID: id, Slots: slots, DataDir: filepath.Join(dir, "host"), HeartbeatInterval: hb, Logger: c.log,
 		Executor: &cluster.LocalExecutor{Engine: eng, Stdout: c.stdout, BatchSize: batch, ChannelCapacity: chanCap, MaxRecordBytes: mrb, NATS: natsOpts,
-			DataDir: filepath.Join(dir, "state"), Logs: cluster.NewLogPublisher(nc, logCfg, c.log)},
+			DataDir: filepath.Join(dir, "state"), ConnectorSettings: c.connectorSettings(), Logs: cluster.NewLogPublisher(nc, logCfg, c.log)},
 	})
 	if err != nil {
 		eng.Close(context.WithoutCancel(ctx))

@@ -164,8 +164,25 @@ func credentialsUsed(o natsutil.ConnectOptions) string {
 	return "no credentials; set nats.user and nats.password, nats.token, nats.nkey or nats.creds"
 }
 
+// savepointRequestTimeout is the least time stop, savepoint and upgrade
+// wait for the controller's answer, which comes once the savepoint is
+// written (the default checkpoint timeout): on a loaded cluster that takes
+// longer than the request timeout of other commands.
+const savepointRequestTimeout = 10 * time.Minute
+
+// withSavepointClient is withClient for a request answered after a
+// savepoint: its timeout is at least savepointRequestTimeout.
+func (c *cli) withSavepointClient(ctx context.Context, fn func(ctx context.Context, cl *cluster.Client) error) error {
+	return c.withClientTimeout(ctx, savepointRequestTimeout, fn)
+}
+
 // withClient connects and runs fn with a control API client.
 func (c *cli) withClient(ctx context.Context, fn func(ctx context.Context, cl *cluster.Client) error) error {
+	return c.withClientTimeout(ctx, 0, fn)
+}
+
+// withClientTimeout is withClient with a timeout of at least least.
+func (c *cli) withClientTimeout(ctx context.Context, least time.Duration, fn func(ctx context.Context, cl *cluster.Client) error) error {
 	nc, err := c.connectNATS("streamd cli")
 	if err != nil {
 		return err
@@ -179,6 +196,9 @@ func (c *cli) withClient(ctx context.Context, fn func(ctx context.Context, cl *c
 	timeout, err := c.duration(keyRequestTimeout)
 	if err != nil {
 		return err
+	}
+	if timeout > 0 && timeout < least {
+		timeout = least
 	}
 	if timeout > 0 {
 		var cancel context.CancelFunc
@@ -263,10 +283,10 @@ func (c *cli) statusCommand() *cobra.Command {
 	return cmd
 }
 
-// clientFlags adds the NATS flags and --request-timeout.
-func (c *cli) clientFlags(cmd *cobra.Command) {
-	c.natsFlags(cmd, flagKey{"request-timeout", keyRequestTimeout})
-	cmd.Flags().Duration("request-timeout", 30*time.Second, "how long to wait for the controller ("+keyRequestTimeout+")")
+// clientFlags adds the NATS flags and --request-timeout (and binds extra).
+func (c *cli) clientFlags(cmd *cobra.Command, extra ...flagKey) {
+	c.natsFlags(cmd, append([]flagKey{{"request-timeout", keyRequestTimeout}}, extra...)...)
+	cmd.Flags().Duration("request-timeout", 30*time.Second, "how long to wait for the controller ("+keyRequestTimeout+"; stop, savepoint and upgrade wait at least 10m: they are answered once the savepoint is written)")
 }
 
 func (c *cli) printStatus(st *cluster.JobStatus) {
@@ -398,7 +418,7 @@ func (c *cli) savepointCommand() *cobra.Command {
 			if cmd.Flags().Changed("dir") {
 				fmt.Fprintln(c.stderr, "streamd: --dir is deprecated; use --savepoint-dir")
 			}
-			return c.withClient(cmd.Context(), func(ctx context.Context, cl *cluster.Client) error {
+			return c.withSavepointClient(cmd.Context(), func(ctx context.Context, cl *cluster.Client) error {
 				path, err := cl.Savepoint(ctx, args[0], absIfSet(dir))
 				if err != nil {
 					return err
@@ -428,7 +448,7 @@ func (c *cli) stopCommand() *cobra.Command {
 		Short:             "Stop a job with a savepoint (--drain: finish its input first)",
 		Args:              exactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return c.withClient(cmd.Context(), func(ctx context.Context, cl *cluster.Client) error {
+			return c.withSavepointClient(cmd.Context(), func(ctx context.Context, cl *cluster.Client) error {
 				path, err := cl.Stop(ctx, args[0], absIfSet(dir), drain)
 				if err != nil {
 					return err

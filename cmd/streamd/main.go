@@ -8,6 +8,8 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
+
+	_ "github.com/streamd/streamd/internal/connector/all" // the connectors in packages of their own (kafka)
 )
 
 func main() {

@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -28,8 +29,9 @@ type cli struct {
 	stdout, stderr io.Writer
 	v              *viper.Viper
 	log            *slog.Logger
-	configFile     string // --config-file
-	service        string // the tracing service name of this process (startTelemetry)
+	configFile     string              // --config-file
+	service        string              // the tracing service name of this process (startTelemetry)
+	traces         *telemetry.Recorder // the checkpoint traces the web console shows (startTelemetry; nil on a host)
 }
 
 // usageError marks errors of the command line or configuration (exit status 2).
@@ -112,7 +114,7 @@ named by --config-file), then defaults. See docs/cli.md.`,
 		panic(err) // a programming error: a flag is missing
 	}
 
-	root.AddCommand(c.runCommand(), c.validateCommand(), c.versionCommand(), c.inspectCommand(), c.newCommand(), c.buildCommand())
+	root.AddCommand(c.runCommand(), c.validateCommand(), c.versionCommand(), c.inspectCommand(), c.newCommand(), c.buildCommand(), c.benchCommand())
 	root.AddCommand(c.clusterCommands()...)
 	// The commands that complete no argument take none (list, hosts, server, ...).
 	for _, cmd := range root.Commands() {
@@ -149,6 +151,9 @@ func (c *cli) loadConfig() error {
 	v.AutomaticEnv()
 	// AutomaticEnv only answers keys viper knows; make sure every key is known.
 	for _, k := range append([]string{keyWasmCacheDir, keyMaxRecordBytes, keyCheckpointMode, keyAlignedTimeout, keyStateBackend, keyStateCacheMiB, keyRunDataDir}, restartKeys...) {
+		_ = v.BindEnv(k)
+	}
+	for _, k := range settingKeys() {
 		_ = v.BindEnv(k)
 	}
 
@@ -196,13 +201,10 @@ func (c *cli) checkKnownKeys() error {
 	if c.v.ConfigFileUsed() == "" {
 		return nil
 	}
+	keys := append(slices.Clone(knownKeys), settingKeys()...)
 	for _, k := range c.v.AllKeys() {
-		known := false
-		for _, kk := range knownKeys {
-			known = known || k == kk
-		}
-		if !known {
-			return usagef("config file %s: unknown key %q (known: %s)", c.v.ConfigFileUsed(), k, strings.Join(knownKeys, ", "))
+		if !slices.Contains(keys, k) {
+			return usagef("config file %s: unknown key %q (known: %s)", c.v.ConfigFileUsed(), k, strings.Join(keys, ", "))
 		}
 	}
 	return nil
@@ -230,6 +232,9 @@ func (c *cli) engineOptions() ([]host.Option, error) {
 	d, err := c.duration(keyWasmDeadline)
 	if err != nil {
 		return nil, err
+	}
+	if d > 0 && d < host.MinCallDeadline {
+		return nil, usagef("%s: %v is below %v, the least call deadline the guard can enforce (0: no deadline)", keyWasmDeadline, d, host.MinCallDeadline)
 	}
 	opts = append(opts, host.WithCallDeadline(d))
 	return opts, nil

@@ -5,11 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"os/signal"
 	"path/filepath"
 	"sort"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -17,6 +15,7 @@ import (
 	"github.com/streamd/streamd/control"
 	"github.com/streamd/streamd/host"
 	"github.com/streamd/streamd/internal/checkpoint"
+	"github.com/streamd/streamd/internal/connector"
 	"github.com/streamd/streamd/internal/jobfile"
 	"github.com/streamd/streamd/internal/runtime"
 	"github.com/streamd/streamd/internal/webapi"
@@ -30,6 +29,7 @@ type runFlags struct {
 	from         string
 	drain        bool
 	name         string // deploy: the job's name
+	asJSON       bool   // run: print the result as JSON on stdout
 }
 
 func (c *cli) runCommand() *cobra.Command {
@@ -53,7 +53,8 @@ A job file with a checkpoint section checkpoints (docs/checkpoints.md): a failed
 subtask restarts the job from the latest completed checkpoint, the file sink's
 output is exactly-once, and Ctrl-C (SIGINT or SIGTERM) stops the job with a
 savepoint and prints its path; resume with --from PATH (not after --drain: the
-input ended). --from also takes a
+input ended). When no savepoint can be taken (the job is restarting) or the
+stop fails, Ctrl-C cancels the job instead and says so. --from also takes a
 checkpoint directory (its newest completed checkpoint or savepoint, by id), at any parallelism.`,
 		Example: `  streamd run examples/wasm/wordcount/wordcount.yaml
   streamd run --parallelism 4 job.yaml
@@ -74,10 +75,18 @@ checkpoint directory (its newest completed checkpoint or savepoint, by id), at a
 	fl.StringArrayVar(&f.config, "config", nil, "module only: operator config entry KEY=VALUE (repeatable)")
 	fl.BoolVar(&f.allowClock, "allow-clock", false, "module only: give the guest the real wall clock")
 	fl.StringVar(&f.from, "from", "", "job: restore from a checkpoint, a savepoint, or a checkpoint directory (its newest completed checkpoint or savepoint)")
+	fl.BoolVar(&f.asJSON, "json", false, `print the result on stdout when the job ends: {"job", "state", "elapsed", "restarts", "checkpoints", "last_checkpoint", "savepoint", "error", "operators"} (not with a stdout sink)`)
 	fl.BoolVar(&f.drain, "drain", false, "job: on Ctrl-C (SIGINT, SIGTERM) stop with a savepoint after draining (end_input and finish run; timers fire)")
 	fl.String("progress", progressAuto, "progress display: auto, table, log or off ("+keyProgress+")")
 	fl.Int("batch-size", 1024, "records per batch on channels and into wasm ("+keyBatchSize+")")
 	fl.Int("channel-capacity", 16, "batches queued per channel ("+keyChannelCapacity+")")
+	settings := c.connectorFlags(cmd)
+	cmd.PreRunE = func(cmd *cobra.Command, _ []string) error {
+		for _, b := range settings {
+			c.bind(cmd.Flags(), b.key, b.flag)
+		}
+		return nil
+	}
 	c.bind(fl, keyProgress, "progress")
 	c.bind(fl, keyBatchSize, "batch-size")
 	c.bind(fl, keyChannelCapacity, "channel-capacity")
@@ -101,7 +110,26 @@ func isModule(path string) bool {
 	return n == 4 && magic == [4]byte{0, 'a', 's', 'm'}
 }
 
-func (c *cli) run(ctx context.Context, cmd *cobra.Command, target string, f runFlags) error {
+// runResult is what run --json prints when the job ends.
+type runResult struct {
+	Job            string           `json:"job"`
+	State          string           `json:"state"` // finished, stopped, canceled or failed
+	Elapsed        string           `json:"elapsed"`
+	Restarts       int              `json:"restarts"`
+	Checkpoints    int              `json:"checkpoints"`
+	LastCheckpoint string           `json:"last_checkpoint,omitempty"`
+	Savepoint      string           `json:"savepoint,omitempty"`
+	Error          string           `json:"error,omitempty"`
+	Operators      []runOperatorRes `json:"operators"`
+}
+
+type runOperatorRes struct {
+	UID        string `json:"uid"`
+	RecordsIn  int64  `json:"records_in"`
+	RecordsOut int64  `json:"records_out"`
+}
+
+func (c *cli) run(ctx context.Context, cmd *cobra.Command, target string, f runFlags) (retErr error) {
 	filter := isModule(target)
 	var job *jobfile.Job
 	var err error
@@ -137,6 +165,13 @@ func (c *cli) run(ctx context.Context, cmd *cobra.Command, target string, f runF
 	}
 	if err != nil {
 		return err
+	}
+	if f.asJSON {
+		for _, v := range job.Graph.Vertices {
+			if s, ok := v.Spec.(*jobfile.SinkSpec); ok && s.Type == "stdout" {
+				return usagef("--json prints the result on standard output, where the sink %q writes: give it another sink (--sink file:DIR or discard for a module)", v.UID)
+			}
+		}
 	}
 
 	mode := c.v.GetString(keyProgress)
@@ -195,6 +230,8 @@ func (c *cli) run(ctx context.Context, cmd *cobra.Command, target string, f runF
 		Stdout:          c.stdout,
 		Stdin:           c.stdin,
 		Restart:         job.Restart,
+
+		ConnectorSettings: c.connectorSettings(),
 	}
 	if usesNATS(g) {
 		c.clusterDefaults()
@@ -256,10 +293,28 @@ func (c *cli) run(ctx context.Context, cmd *cobra.Command, target string, f runF
 	prog := newProgress(mode, c.stderr, log)
 	opts.Progress = func(s runtime.Stats) { prog.update(s); local.Update(s) }
 	start := time.Now()
-	stats, err := runtime.Run(runCtx, g, opts)
+	var stats runtime.Stats
+	endState := ""
+	finish := func(state string) { prog.finish(stats, state); endState = state }
+	if f.asJSON {
+		defer func() {
+			res := runResult{Job: g.Name, State: endState, Elapsed: stats.Elapsed.Round(time.Millisecond).String(), Restarts: stats.Restarts,
+				Checkpoints: stats.Checkpoints, LastCheckpoint: stats.LastCheckpoint, Savepoint: stats.Savepoint, Operators: []runOperatorRes{}}
+			if retErr != nil && !errors.Is(retErr, errStopped) {
+				res.Error = retErr.Error()
+			}
+			for _, o := range stats.Operators {
+				res.Operators = append(res.Operators, runOperatorRes{UID: o.UID, RecordsIn: o.RecordsIn, RecordsOut: o.RecordsOut})
+			}
+			if jerr := c.printJSON(res); jerr != nil && retErr == nil {
+				retErr = jerr
+			}
+		}()
+	}
+	stats, err = runtime.Run(runCtx, g, opts)
 	endLocal(local, stats, err, runCtx.Err() != nil)
 	if stats.Savepoint != "" {
-		prog.finish(stats, "stopped")
+		finish("stopped")
 		if f.drain {
 			// The input ended and every operator finished: nothing is left to resume.
 			fmt.Fprintf(c.stderr, "drained and stopped with savepoint %s\n", stats.Savepoint)
@@ -276,32 +331,39 @@ func (c *cli) run(ctx context.Context, cmd *cobra.Command, target string, f runF
 	}
 	switch {
 	case err == nil:
-		prog.finish(stats, "finished")
+		finish("finished")
 		startLevel("job finished", "elapsed", stats.Elapsed.Round(time.Millisecond))
 		if !filter || mode == progressTable {
 			c.printOutputs(job)
 		}
 		return nil
 	case ctx.Err() != nil && errors.Is(err, ctx.Err()):
-		prog.finish(stats, "canceled")
+		finish("canceled")
+		if stopped != nil && err != ctx.Err() {
+			// The stop could not take a savepoint: say why it canceled.
+			fmt.Fprintf(c.stderr, "streamd: %v\n", err)
+			return errStopped
+		}
 		return ctx.Err()
 	case runCtx.Err() != nil && errors.Is(err, context.Canceled):
-		prog.finish(stats, "canceled")
+		finish("canceled")
 		return fmt.Errorf("the job was canceled through the REST API: %w", context.Canceled)
 	default:
-		prog.finish(stats, "failed")
+		finish("failed")
 		return err
 	}
 }
 
-// errStopped is returned when Ctrl-C stopped the job with a savepoint: the
-// exit status is exitCanceled, and the savepoint was already reported.
-var errStopped = errors.New("stopped with a savepoint")
+// errStopped is returned when Ctrl-C stopped the job with a savepoint, or
+// canceled it when none could be taken: the exit status is exitCanceled,
+// and the savepoint or the cancel was already reported.
+var errStopped = errors.New("stopped by a signal")
 
 // stopOnSignal stops the job with a savepoint when ctx is canceled (Ctrl-C,
 // SIGTERM); a second signal kills the process (main restores the default
-// handlers). If that stop fails and the job goes on, the next signal stops
-// it again with a new savepoint, and one more kills.
+// handlers). The stop must end the job: when no savepoint can be taken (the
+// job restarts) or the stop fails, the job is canceled instead, and run
+// says which.
 func (c *cli) stopOnSignal(ctx context.Context, done <-chan struct{}, stop chan<- runtime.StopRequest, drain bool) {
 	select {
 	case <-ctx.Done():
@@ -309,28 +371,10 @@ func (c *cli) stopOnSignal(ctx context.Context, done <-chan struct{}, stop chan<
 		return
 	}
 	failed := make(chan error, 1)
-	fmt.Fprintf(c.stderr, "stopping with a savepoint (drain=%t); press Ctrl-C again to kill\n", drain)
-	stop <- runtime.StopRequest{Drain: drain, Failed: failed}
-	var err error
+	fmt.Fprintf(c.stderr, "stopping with a savepoint (drain=%t), or canceling if none can be taken; press Ctrl-C again to kill\n", drain)
+	stop <- runtime.StopRequest{Drain: drain, Failed: failed, Terminate: true}
 	select {
-	case err = <-failed:
-	case <-done:
-		return
-	}
-	sig := make(chan os.Signal, 1)
-	signal.Notify(sig, os.Interrupt, syscall.SIGTERM)
-	fmt.Fprintf(c.stderr, "streamd: %v\nthe job goes on; press Ctrl-C to stop it again with a new savepoint\n", err)
-	select {
-	case <-sig:
-	case <-done:
-		signal.Stop(sig)
-		return
-	}
-	signal.Stop(sig) // a further signal kills
-	fmt.Fprintf(c.stderr, "stopping with a savepoint (drain=%t); press Ctrl-C again to kill\n", drain)
-	stop <- runtime.StopRequest{Drain: drain, Failed: failed}
-	select {
-	case err = <-failed:
+	case err := <-failed:
 		fmt.Fprintf(c.stderr, "streamd: %v\n", err)
 	case <-done:
 	}
@@ -340,15 +384,11 @@ func (c *cli) stopOnSignal(ctx context.Context, done <-chan struct{}, stop chan<
 // nats.* settings.
 func usesNATS(g *control.JobGraph) bool {
 	for _, v := range g.Vertices {
-		switch s := v.Spec.(type) {
-		case *jobfile.SourceSpec:
-			if s.Type == "nats" {
-				return true
-			}
-		case *jobfile.SinkSpec:
-			if s.Type == "nats" {
-				return true
-			}
+		if connector.UsesNATS(v.Spec) {
+			return true
+		}
+		if w, ok := v.Spec.(*jobfile.WasmSpec); ok && w.OnError != nil && w.OnError.DeadLetter != nil && connector.UsesNATS(w.OnError.DeadLetter) {
+			return true
 		}
 	}
 	return false
@@ -374,6 +414,9 @@ func (c *cli) printOutputs(job *jobfile.Job) {
 			fmt.Fprintf(c.stderr, "%s of %q: standard output\n", what, v.UID)
 		case "nats":
 			fmt.Fprintf(c.stderr, "%s of %q: NATS subject %s\n", what, v.UID, s.Subject)
+		case "discard":
+		default:
+			fmt.Fprintf(c.stderr, "%s of %q: %s\n", what, v.UID, connector.DescribeSink(s))
 		}
 	}
 }

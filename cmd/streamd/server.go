@@ -7,6 +7,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/streamd/streamd/internal/cluster"
 	"github.com/streamd/streamd/internal/natsutil"
 )
 
@@ -80,9 +81,21 @@ func (c *cli) server(ctx context.Context) error {
 	}
 	// The controller's bucket is in the NATS store under data_dir: a server
 	// started again finds its jobs there and adopts those still running.
+	// The REST API listens before anything runs, so a busy --http port
+	// fails the server before it says it is ready.
+	stopAPI, err := c.startControllerAPI(nc)
+	if err != nil {
+		return fmt.Errorf("server: %w", err)
+	}
+	defer stopAPI()
+	stopEvents, err := c.jobEvents(nc, &opts)
+	if err != nil {
+		return err
+	}
+	defer stopEvents()
 	ctlDone := make(chan error, 1)
 	ctlCtx, stopCtl := context.WithCancel(ctx)
-	go func() { ctlDone <- c.runController(ctlCtx, nc, opts) }()
+	go func() { ctlDone <- cluster.RunController(ctlCtx, nc, opts) }()
 	defer func() { stopCtl(); <-ctlDone }()
 	h, eng, err := c.startHost(ctx, nc, "local")
 	if err != nil {

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"strings"
 	"time"
 
 	"github.com/streamd/streamd/internal/telemetry"
@@ -14,7 +15,8 @@ const telemetryShutdownTimeout = 5 * time.Second
 // startTelemetry sets up tracing and metrics (tracing.*, metrics.*; both off
 // by default) for this process under service (e.g. "streamd-run") unless
 // tracing.service_name names one. The returned function flushes and stops
-// them; call it before exiting.
+// them; call it before exiting. A controller, server or run also keeps its
+// recent checkpoint traces for the web console (c.traces).
 func (c *cli) startTelemetry(ctx context.Context, service string) (func(), error) {
 	cfg, err := telemetry.FromViper(c.v)
 	if err != nil {
@@ -22,6 +24,12 @@ func (c *cli) startTelemetry(ctx context.Context, service string) (func(), error
 	}
 	if c.v.GetString(telemetry.KeyTracingService) == "" {
 		cfg.ServiceName = service
+	}
+	if !strings.HasPrefix(service, "streamd-host") {
+		// The web console's trace view: this process keeps its recent
+		// checkpoint traces, with or without a trace backend.
+		cfg.Recorder = telemetry.NewRecorder()
+		c.traces = cfg.Recorder
 	}
 	t, err := telemetry.New(ctx, cfg)
 	if err != nil {

@@ -2,11 +2,13 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"path/filepath"
+	"regexp"
 	"strings"
 	"time"
 
-	"github.com/nats-io/nats.go/jetstream"
 	"github.com/spf13/cobra"
 
 	"github.com/streamd/streamd/internal/cluster"
@@ -20,137 +22,209 @@ type transformFlags struct {
 	outputs  []string // nats:SUBJECT
 	start    string
 	interval time.Duration
+	onError  string // skip | dead_letter[:SUBJECT]; "" or fail: fail
+}
+
+// deadLetterScheme is the output scheme of a transform's dead letters.
+const deadLetterScheme = "nats"
+
+// parseOnError reads deploy's --on-error for a module named name: nil for
+// fail; a dead letter subject (a nats sink) only for a transform, by
+// default dead_letter.NAME.
+func parseOnError(v, name string, transform bool) (*jobfile.OnError, error) {
+	mode, subj, hasSubj := strings.Cut(v, ":")
+	switch mode {
+	case "", jobfile.OnErrorFail:
+		if hasSubj {
+			return nil, usagef("--on-error %q: fail takes no subject", v)
+		}
+		return nil, nil
+	case jobfile.OnErrorSkip:
+		if hasSubj {
+			return nil, usagef("--on-error %q: skip takes no subject (dead_letter:SUBJECT sends the failing records there)", v)
+		}
+		return &jobfile.OnError{Mode: jobfile.OnErrorSkip}, nil
+	case jobfile.OnErrorDeadLetter:
+		if !transform {
+			return nil, usagef("--on-error dead_letter: dead letters go to a NATS subject, so only a transform (--input) has them; use skip, or a job file's dead_letter sink")
+		}
+		if !hasSubj {
+			subj = "dead_letter." + notSubjectToken.ReplaceAllString(name, "_")
+		} else if subj == "" {
+			return nil, usagef("--on-error %q: no subject after dead_letter:", v)
+		}
+		sch, ok := connector.OutputScheme(deadLetterScheme)
+		if !ok {
+			return nil, fmt.Errorf("--on-error: no %s output scheme registered", deadLetterScheme)
+		}
+		dl, err := sch.Output(subj, connector.SchemeEnv{}) // the nats scheme reads no settings
+		if err != nil {
+			return nil, usagef("--on-error: %v", err)
+		}
+		return &jobfile.OnError{Mode: jobfile.OnErrorDeadLetter, DeadLetter: dl}, nil
+	}
+	return nil, usagef("--on-error %q: want fail, skip or dead_letter[:SUBJECT]", v)
+}
+
+var notSubjectToken = regexp.MustCompile(`[^A-Za-z0-9_-]+`)
+
+// checkOnError checks --on-error before anything connects: its form, and
+// that a transform's dead letters go to a subject of their own.
+func checkOnError(v, module string, f runFlags, transform bool, ts transformSpecs) error {
+	oe, err := parseOnError(v, filterName(jobfile.Filter{Module: module, Name: f.name}), transform)
+	if err != nil || oe == nil || oe.DeadLetter == nil {
+		return err
+	}
+	subj := oe.DeadLetter.Subject
+	for _, o := range ts.outputs {
+		if o.Subject == subj {
+			return usagef("--on-error dead_letter:%s is also an --output: give the dead letters a subject of their own", subj)
+		}
+	}
+	if _, err := connector.TransformOutput(ts.input, oe.DeadLetter); err != nil {
+		return usagef("--on-error dead_letter:%s: %v", subj, err)
+	}
+	return nil
+}
+
+// filterName is the name of the job of f: its --name, else the module's
+// file name.
+func filterName(f jobfile.Filter) string {
+	if f.Name != "" {
+		return f.Name
+	}
+	return strings.TrimSuffix(filepath.Base(f.Module), filepath.Ext(f.Module))
 }
 
 // transformOnly are the flags that need --input.
 var transformOnly = []string{"output", "start", "checkpoint-interval"}
 
-// transformInput is --input parsed: a subject to find or create a stream
-// for, or a stream named with an optional filter.
-type transformInput struct {
-	subject string // nats:SUBJECT
-	stream  string // jetstream:STREAM
-	filter  string // jetstream:STREAM:FILTER
+// transformSpecs are --input and --output made into specs by the
+// connector registry's schemes (connector.Scheme).
+type transformSpecs struct {
+	input   *jobfile.SourceSpec
+	inputS  *connector.Scheme
+	outputs []*jobfile.SinkSpec
+	outputS []*connector.Scheme
 }
 
 // checkTransform checks the transform's flags before anything connects.
-func checkTransform(cmd *cobra.Command, f runFlags, t transformFlags) (transformInput, []string, error) {
-	var in transformInput
+func (c *cli) checkTransform(cmd *cobra.Command, f runFlags, t transformFlags) (transformSpecs, error) {
+	var ts transformSpecs
 	fl := cmd.Flags()
 	if t.input == "" {
 		for _, name := range transformOnly {
 			if fl.Changed(name) {
-				return in, nil, usagef("--%s applies only to a transform: deploy MODULE.wasm --input nats:SUBJECT", name)
+				return ts, usagef("--%s applies only to a transform: deploy MODULE.wasm --input nats:SUBJECT", name)
 			}
 		}
-		return in, nil, nil
+		return ts, nil
 	}
 	if fl.Changed("source") {
-		return in, nil, usagef("--input and --source are two sources; give one")
+		return ts, usagef("--input and --source are two sources; give one")
 	}
 	if len(t.outputs) > 0 && fl.Changed("sink") {
-		return in, nil, usagef("--output and --sink are two kinds of output; give nats outputs or one --sink")
+		return ts, usagef("--output and --sink are two kinds of output; give transform outputs or one --sink")
 	}
 	if f.from != "" && fl.Changed("start") {
-		return in, nil, usagef("--start applies to a first start; --from resumes where the savepoint's sources stopped")
+		return ts, usagef("--start applies to a first start; --from resumes where the savepoint's sources stopped")
 	}
 	if t.interval <= 0 {
-		return in, nil, usagef("--checkpoint-interval must be positive, got %v", t.interval)
+		return ts, usagef("--checkpoint-interval must be positive, got %v", t.interval)
 	}
 	kind, arg, _ := strings.Cut(t.input, ":")
-	switch kind {
-	case "nats":
-		in.subject = arg
-		if arg == "" {
-			return in, nil, usagef("--input nats:SUBJECT: no subject")
-		}
-		if err := jobfile.CheckSubject(arg, true); err != nil {
-			return in, nil, usagef("--input: %v", err)
-		}
-	case "jetstream":
-		in.stream, in.filter, _ = strings.Cut(arg, ":")
-		if in.stream == "" || strings.ContainsAny(in.stream, " \t.*>") {
-			return in, nil, usagef("--input jetstream:STREAM[:FILTER]: %q is not a stream name (no spaces, '.', '*' or '>')", in.stream)
-		}
-		if in.filter != "" {
-			if err := jobfile.CheckSubject(in.filter, true); err != nil {
-				return in, nil, usagef("--input: %v", err)
-			}
-		}
-	default:
-		return in, nil, usagef("--input %q: want nats:SUBJECT or jetstream:STREAM[:FILTER]", t.input)
+	sch, ok := connector.InputScheme(kind)
+	if !ok {
+		return ts, usagef("--input %q: want %s", t.input, orList(connector.InputUsages()))
 	}
-	var outs []string
+	env := connector.SchemeEnv{Start: t.start, Settings: c.connectorSettings()}
+	src, err := sch.Input(arg, env)
+	if err != nil {
+		return ts, usageError{err}
+	}
+	ts.input, ts.inputS = src, sch
 	for _, o := range t.outputs {
-		subj, ok := strings.CutPrefix(o, "nats:")
-		if !ok || subj == "" {
-			return in, nil, usagef("--output %q: want nats:SUBJECT", o)
+		kind, arg, _ := strings.Cut(o, ":")
+		sch, ok := connector.OutputScheme(kind)
+		if !ok {
+			return ts, usagef("--output %q: want %s", o, orList(connector.OutputUsages()))
 		}
-		if err := jobfile.CheckSubject(subj, false); err != nil {
-			return in, nil, usagef("--output: %v", err)
+		sink, err := sch.Output(arg, env)
+		if err != nil {
+			return ts, usageError{err}
 		}
-		read := in.subject
-		if in.stream != "" {
-			read = in.filter
+		if _, err := connector.TransformOutput(src, sink); err != nil {
+			return ts, usageError{err}
 		}
-		if err := jobfile.CheckTransformOutput(read, subj); err != nil {
-			return in, nil, usagef("--output: %v", err)
-		}
-		outs = append(outs, subj)
+		ts.outputs, ts.outputS = append(ts.outputs, sink), append(ts.outputS, sch)
 	}
-	if _, err := jobfile.ParseNATSStart(t.start); err != nil {
-		return in, nil, usagef("--start %v", err)
-	}
-	return in, outs, nil
+	return ts, nil
 }
 
-// transformJob finds or creates the streams of a transform, says which on
-// stderr, and builds its job: a nats source, the module, a nats sink per
+// orList is "a, b or c".
+func orList(xs []string) string {
+	if len(xs) < 2 {
+		return strings.Join(xs, "")
+	}
+	return strings.Join(xs[:len(xs)-1], ", ") + " or " + xs[len(xs)-1]
+}
+
+// transformJob readies what the transform's input and outputs need (their
+// schemes' Prepare: find or create streams, checked for all of them before
+// anything is created, so a refused deploy leaves nothing behind), says
+// what on stderr, and builds its job: the source, the module, a sink per
 // output (else the --sink), checkpointed into the JetStream object store.
-func (c *cli) transformJob(ctx context.Context, cl *cluster.Client, module string, f runFlags, t transformFlags, in transformInput, outs []string) (*jobfile.Job, error) {
-	js, err := jetstream.New(cl.Conn())
+func (c *cli) transformJob(ctx context.Context, cl *cluster.Client, module string, f runFlags, t transformFlags, ts transformSpecs) (*jobfile.Job, error) {
+	filter, err := c.moduleFilter(module, f)
 	if err != nil {
 		return nil, err
 	}
-	src := &jobfile.SourceSpec{Type: "nats", Subject: in.subject, Start: t.start}
-	if in.stream != "" {
-		if _, err := js.Stream(ctx, in.stream); err != nil {
-			return nil, fmt.Errorf("--input jetstream:%s: %w", in.stream, err)
-		}
-		src.Stream, src.Subject = in.stream, in.filter
+	oe, err := parseOnError(t.onError, filterName(filter), true)
+	if err != nil {
+		return nil, err
 	}
-	// Every stream is checked before one is created: a refused deploy
-	// leaves none behind.
-	var sinks []*jobfile.SinkSpec
+	dlScheme, _ := connector.OutputScheme(deadLetterScheme)
 	var notes []string
-	for _, check := range []bool{true, false} {
-		if in.stream == "" {
-			use, err := connector.InputStream(ctx, js, in.subject, check)
+	for _, create := range []bool{false, true} {
+		env := connector.DeployEnv{NATS: cl.Conn(), Input: ts.input}
+		prepare := func(s *connector.Scheme) error {
+			if s.Prepare == nil {
+				return nil
+			}
+			note, err := s.Prepare(ctx, env, create)
+			var fe *connector.FlagError
+			if errors.As(err, &fe) {
+				return usagef("%s %s", fe.Flag, fe.Message)
+			}
 			if err != nil {
+				return err
+			}
+			if note != "" {
+				notes = append(notes, note)
+			}
+			return nil
+		}
+		if err := prepare(ts.inputS); err != nil {
+			return nil, err
+		}
+		for i, sink := range ts.outputs {
+			env.Output = sink
+			if err := prepare(ts.outputS[i]); err != nil {
 				return nil, err
 			}
-			src.Stream = use.Stream
-			if !check {
-				notes = append(notes, fmt.Sprintf("input %s: stream %s%s", in.subject, use.Stream, createdNote(use.Created, "")))
-			}
 		}
-		for _, subj := range outs {
-			use, err := connector.OutputStream(ctx, js, subj, "", check)
-			if err != nil {
+		if oe != nil && oe.DeadLetter != nil {
+			// The dead letters' stream, found or made as an output's,
+			// noted as theirs.
+			env.Output = oe.DeadLetter
+			n := len(notes)
+			if err := prepare(dlScheme); err != nil {
 				return nil, err
 			}
-			if use.Stream == src.Stream && src.Subject == "" {
-				return nil, usagef("--output nats:%s goes to stream %s, which the input reads whole: the transform would read its own output", subj, use.Stream)
-			}
-			if !check {
-				sinks = append(sinks, &jobfile.SinkSpec{Type: "nats", Subject: subj})
-				notes = append(notes, fmt.Sprintf("output %s: stream %s%s", subj, use.Stream,
-					createdNote(use.Created, ", atomic publish, commit markers on "+connector.DefaultCommitSubject(subj)+".>")))
+			for i := n; i < len(notes); i++ {
+				notes[i] = "dead letters " + strings.TrimPrefix(notes[i], "output ")
 			}
 		}
-	}
-	if in.stream != "" {
-		notes = append([]string{fmt.Sprintf("input: stream %s%s", in.stream, filterNote(in.filter))}, notes...)
 	}
 	for _, n := range notes {
 		fmt.Fprintln(c.stderr, n)
@@ -165,28 +239,10 @@ func (c *cli) transformJob(ctx context.Context, cl *cluster.Client, module strin
 		ck.Mode = lo.CheckpointMode
 	}
 	ck.AlignedTimeout = lo.AlignedTimeout
-	filter, err := c.moduleFilter(module, f)
-	if err != nil {
-		return nil, err
-	}
-	filter.Source, filter.Input, filter.Outputs = "", src, sinks
-	if len(sinks) > 0 {
+	filter.Source, filter.Input, filter.Outputs, filter.OnError = "", ts.input, ts.outputs, oe
+	if len(ts.outputs) > 0 {
 		filter.Sink = ""
 	}
 	filter.Checkpoint, filter.Restart = ck, lo.Restart
 	return jobfile.FilterJob(filter)
-}
-
-func filterNote(filter string) string {
-	if filter == "" {
-		return ""
-	}
-	return " (filter " + filter + ")"
-}
-
-func createdNote(created bool, what string) string {
-	if !created {
-		return ""
-	}
-	return " (created" + what + ")"
 }

@@ -22,6 +22,10 @@ func (c *cli) upgradeCommand() *cobra.Command {
 		Use:   "upgrade JOB NEW.wasm | JOB.yaml",
 		Short: "Upgrade a running job through a savepoint to a new module or job file; roll back if it does not start",
 		Long: `Upgrade a running job to a new version through a savepoint, under the same job id.
+A job that does not run (it restarts, say on a record its module fails on, or
+waits for slots) cannot take a savepoint: its attempt is canceled and the new
+version starts from the job's latest checkpoint, or from nothing if it has none;
+upgrade says which.
 
 The new version is checked first, before anything stops: the module (or every
 module of the job file) is compiled and its exports and ABI version checked, as
@@ -38,8 +42,9 @@ that transform) and only the module of its wasm operator is replaced (--operator
 names it when the job has several). With a job file, the job file is the new
 version.
 
-If the new version fails to start or restore within its restart strategy, or does
-not run within --timeout, the controller starts the version before it again from
+If the new version fails to start or restore within its restart strategy, fails
+in open twice in a row with the same error (a module that does so fails every
+time: no need to wait), or does not run within --timeout, the controller starts the version before it again from
 the same savepoint and upgrade says so and exits 1. The controller does this
 whether upgrade still waits or not (Ctrl-C detaches). status shows every
 version: its modules' digests (or the job file's), when it started, from which
@@ -81,7 +86,7 @@ savepoint, and how it went.`,
 				}
 				file = job.Path
 			}
-			return c.withClient(ctx, func(rctx context.Context, cl *cluster.Client) error {
+			return c.withSavepointClient(ctx, func(rctx context.Context, cl *cluster.Client) error {
 				rep, err := cl.Upgrade(rctx, id, job, file, module, operator, timeout)
 				if err != nil {
 					if ctx.Err() != nil {
@@ -89,7 +94,12 @@ savepoint, and how it went.`,
 					}
 					return err
 				}
-				fmt.Fprintf(c.stderr, "job %s stopped with savepoint %s; starting version %d (Ctrl-C detaches; the controller finishes the upgrade)\n", id, rep.Savepoint, rep.Version)
+				if rep.Replaced {
+					fmt.Fprintf(c.stderr, "job %s did not run (it restarted or waited for slots): its attempt was canceled; starting version %d %s (Ctrl-C detaches; the controller finishes the upgrade)\n",
+						id, rep.Version, cluster.StartsFrom(rep.Savepoint))
+				} else {
+					fmt.Fprintf(c.stderr, "job %s stopped with savepoint %s; starting version %d (Ctrl-C detaches; the controller finishes the upgrade)\n", id, rep.Savepoint, rep.Version)
+				}
 				st, err := c.waitStatus(ctx, cl, id, func(st *cluster.JobStatus) bool { return upgradeDecided(st, rep.Version) })
 				if err != nil {
 					if ctx.Err() != nil {
@@ -104,7 +114,7 @@ savepoint, and how it went.`,
 						return jerr
 					}
 				} else if err == nil {
-					fmt.Fprintf(c.stdout, "job %s upgraded to version %d (from savepoint %s)\n", id, rep.Version, rep.Savepoint)
+					fmt.Fprintf(c.stdout, "job %s upgraded to version %d (%s)\n", id, rep.Version, cluster.StartsFrom(rep.Savepoint))
 				}
 				return err
 			})
@@ -113,7 +123,7 @@ savepoint, and how it went.`,
 	fl := cmd.Flags()
 	fl.BoolVar(&asJSON, "json", false, `print {"id", "version", "savepoint", "state", "reason", "versions"} (also when it was rolled back)`)
 	fl.StringVar(&operator, "operator", "", "module: the uid of the wasm operator whose module it replaces (default: the job's only one)")
-	fl.DurationVar(&timeout, "timeout", cluster.DefaultUpgradeStartTimeout, "how long the new version (and a rollback) may take to run before it counts as failed")
+	fl.DurationVar(&timeout, "timeout", cluster.DefaultUpgradeStartTimeout, "how long the new version may take to run before it counts as failed and is rolled back (a rollback has at least 2m)")
 	fl.IntVarP(&parallelism, "parallelism", "p", 0, "job file: replace its default parallelism")
 	c.clientFlags(cmd)
 	return cmd
@@ -168,13 +178,20 @@ func upgradeOutcome(st *cluster.JobStatus, rep cluster.UpgradeReply) (upgradeRes
 	case cluster.VersionRolledBack:
 		back := st.Versions[len(st.Versions)-1]
 		if back.State == cluster.VersionRunning {
-			return res, fmt.Errorf("job %s: version %d failed: %s; rolled back: version %d runs again (as version %d) from savepoint %s",
-				st.ID, v.Version, v.Reason, back.Rerun, back.Version, rep.Savepoint)
+			return res, fmt.Errorf("job %s: version %d failed: %s; rolled back: version %d runs again (as version %d) %s",
+				st.ID, v.Version, v.Reason, back.Rerun, back.Version, cluster.StartsFrom(rep.Savepoint))
 		}
-		return res, fmt.Errorf("job %s: version %d failed: %s; the rollback to version %d from savepoint %s did not run either (%s: %s); the job is %s (streamd deploy --from %s starts it)",
-			st.ID, v.Version, v.Reason, back.Rerun, rep.Savepoint, back.State, back.Reason, st.State, rep.Savepoint)
+		return res, fmt.Errorf("job %s: version %d failed: %s; the rollback to version %d %s did not run either (%s: %s); the job is %s%s",
+			st.ID, v.Version, v.Reason, back.Rerun, cluster.StartsFrom(rep.Savepoint), back.State, back.Reason, st.State, deployFromHint(rep.Savepoint))
 	}
 	return res, fmt.Errorf("job %s: version %d %s before it ran: %s", st.ID, v.Version, v.State, v.Reason)
+}
+
+func deployFromHint(location string) string {
+	if location == "" {
+		return ""
+	}
+	return " (streamd deploy --from " + location + " starts it)"
 }
 
 // printVersions writes a job's version history (status): a table, then

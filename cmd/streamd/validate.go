@@ -2,9 +2,9 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
-	"path/filepath"
 	"sort"
 	"strings"
 	"text/tabwriter"
@@ -13,11 +13,14 @@ import (
 
 	"github.com/streamd/streamd/abi"
 	"github.com/streamd/streamd/host"
+	"github.com/streamd/streamd/internal/checkpoint"
+	"github.com/streamd/streamd/internal/connector"
 	"github.com/streamd/streamd/internal/jobfile"
 )
 
 func (c *cli) validateCommand() *cobra.Command {
 	var parallelism int
+	var asJSON bool
 	cmd := &cobra.Command{
 		Use:   "validate JOB.yaml | MODULE.wasm",
 		Short: "Check a job file and its modules (or one module) without running anything, and print the job graph",
@@ -39,22 +42,33 @@ Exit status 0 when the job or module is valid, 1 when it is not.`,
 				}
 				return c.validateModule(cmd.Context(), args[0])
 			}
+			if asJSON && isModule(args[0]) {
+				return usagef("--json applies only to a job file")
+			}
 			lo, err := c.loadOptions(parallelism)
 			if err != nil {
 				return err
 			}
 			job, err := jobfile.LoadJob(args[0], lo)
+			if err == nil {
+				err = c.checkModules(cmd.Context(), job)
+			}
+			if asJSON {
+				if jerr := c.printJSON(validation(job, err)); jerr != nil {
+					return jerr
+				}
+			}
 			if err != nil {
 				return err
 			}
-			if err := c.checkModules(cmd.Context(), job); err != nil {
-				return err
+			if !asJSON {
+				printGraph(c.stdout, job)
 			}
-			printGraph(c.stdout, job)
 			return nil
 		},
 	}
 	cmd.Flags().IntVarP(&parallelism, "parallelism", "p", 0, "replace the job's default parallelism, as run would")
+	cmd.Flags().BoolVar(&asJSON, "json", false, `print {"valid", "problems"} or, when valid, {"valid", "job", "operators", "checkpoint", "restart", "state"} (the exit status as without it)`)
 	return cmd
 }
 
@@ -133,6 +147,90 @@ func (c *cli) loadModules(ctx context.Context, mods ...namedModule) error {
 	return nil
 }
 
+// validationJ is what validate --json prints.
+type validationJ struct {
+	Valid      bool            `json:"valid"`
+	Problems   []problemJ      `json:"problems,omitempty"`
+	Job        string          `json:"job,omitempty"`
+	Path       string          `json:"path,omitempty"`
+	Operators  []operatorJ     `json:"operators,omitempty"`
+	Checkpoint *checkpointJ    `json:"checkpoint,omitempty"`
+	Restart    string          `json:"restart,omitempty"`
+	State      *stateSettingsJ `json:"state,omitempty"`
+}
+
+type problemJ struct {
+	Operator string `json:"operator,omitempty"`
+	Line     int    `json:"line,omitempty"`
+	Field    string `json:"field,omitempty"`
+	Message  string `json:"message"`
+}
+
+type operatorJ struct {
+	UID            string   `json:"uid"`
+	Parallelism    int      `json:"parallelism"`
+	MaxParallelism int      `json:"max_parallelism"`
+	Inputs         []inputJ `json:"inputs,omitempty"`
+	Runs           string   `json:"runs"`
+}
+
+type inputJ struct {
+	From      string `json:"from"`
+	Output    string `json:"output,omitempty"`
+	Partition string `json:"partition"`
+}
+
+type checkpointJ struct {
+	Interval string `json:"interval"`
+	Into     string `json:"into"`
+	Retain   int    `json:"retain"`
+	Timeout  string `json:"timeout"`
+	Mode     string `json:"mode"`
+}
+
+type stateSettingsJ struct {
+	Backend     string `json:"backend"`
+	CacheMiB    int    `json:"cache_mib,omitempty"`
+	Incremental bool   `json:"incremental,omitempty"`
+}
+
+// validation is validate's verdict on job (nil when it did not load) with
+// err, for --json: every problem of an invalid job file, else the graph.
+func validation(job *jobfile.Job, err error) validationJ {
+	if err != nil {
+		v := validationJ{}
+		var je *jobfile.Error
+		if errors.As(err, &je) {
+			for _, p := range je.Problems {
+				v.Problems = append(v.Problems, problemJ{Operator: p.Operator, Line: p.Line, Field: p.Field, Message: p.Message})
+			}
+		} else {
+			v.Problems = []problemJ{{Message: err.Error()}}
+		}
+		return v
+	}
+	v := validationJ{Valid: true, Job: job.Graph.Name, Path: job.Path, Restart: job.Restart.String(),
+		State: &stateSettingsJ{Backend: job.State.Backend}}
+	if v.State.Backend == "" {
+		v.State.Backend = jobfile.StateMemory
+	}
+	if v.State.Backend == jobfile.StatePebble {
+		v.State.CacheMiB, v.State.Incremental = job.State.CacheMiB, job.State.Incremental
+	}
+	for _, vx := range job.Graph.Vertices {
+		o := operatorJ{UID: vx.UID, Parallelism: vx.Parallelism, MaxParallelism: vx.MaxParallelism, Runs: describeSpec(vx.Spec)}
+		for _, e := range vx.Inputs {
+			o.Inputs = append(o.Inputs, inputJ{From: e.From, Output: e.Output, Partition: fmt.Sprint(e.Partition)})
+		}
+		v.Operators = append(v.Operators, o)
+	}
+	if cp := job.Checkpoint; cp != nil {
+		v.Checkpoint = &checkpointJ{Interval: cp.Interval.String(), Into: checkpointWhere(cp, job.Graph.Name), Retain: cp.Retain,
+			Timeout: cp.Timeout.String(), Mode: cp.ModeString()}
+	}
+	return v
+}
+
 // printGraph writes the job's operators in topological order.
 func printGraph(w io.Writer, job *jobfile.Job) {
 	g := job.Graph
@@ -164,7 +262,10 @@ func printGraph(w io.Writer, job *jobfile.Job) {
 	}
 	tw.Flush()
 	if cp := job.Checkpoint; cp != nil {
-		fmt.Fprintf(w, "checkpoint: every %v into %s (retain %d, timeout %v, %s)\n", cp.Interval, cp.Dir, cp.Retain, cp.Timeout, cp.ModeString())
+		fmt.Fprintf(w, "checkpoint: every %v into %s (retain %d, timeout %v, %s)\n", cp.Interval, checkpointWhere(cp, job.Graph.Name), cp.Retain, cp.Timeout, cp.ModeString())
+		if cp.Storage == jobfile.StorageJetStream {
+			fmt.Fprintln(w, "  (the JetStream object store of the NATS server; a deployed job's checkpoints go under its job id)")
+		}
 	} else {
 		fmt.Fprintln(w, "checkpoint: none")
 	}
@@ -182,50 +283,10 @@ func printGraph(w io.Writer, job *jobfile.Job) {
 }
 
 func describeSpec(spec any) string {
-	switch s := spec.(type) {
-	case *jobfile.SourceSpec:
-		switch s.Type {
-		case "file":
-			if s.Path == "-" {
-				return "source stdin"
-			}
-			return "source file " + s.Path
-		case "generator":
-			d := fmt.Sprintf("source generator count=%d", s.Count)
-			if s.Rate > 0 {
-				d += fmt.Sprintf(" rate=%g/s", s.Rate)
-			}
-			return d
-		case "nats":
-			d := "source nats stream " + s.Stream
-			if s.Subject != "" {
-				d += " subject " + s.Subject
-			}
-			if s.Bounded {
-				d += " bounded"
-			}
-			if s.URL != "" {
-				d += " at " + s.URL
-			}
-			return d
-		}
-		return "source " + s.Type
-	case *jobfile.SinkSpec:
-		d := "sink " + s.Type
-		if s.Type == "nats" {
-			d += " subject " + s.Subject
-			if s.URL != "" {
-				d += " at " + s.URL
-			}
-			return d
-		}
-		if s.Path != "" {
-			d += " " + s.Path + string(filepath.Separator)
-		}
-		if s.Format == "kv" {
-			d += " format=kv"
-		}
+	if d := connector.Describe(spec); d != "" {
 		return d
+	}
+	switch s := spec.(type) {
 	case *jobfile.WasmSpec:
 		d := "wasm " + s.Path
 		keys := make([]string, 0, len(s.Config))
@@ -251,4 +312,18 @@ func describeSpec(spec any) string {
 		return d
 	}
 	return fmt.Sprintf("%T", spec)
+}
+
+// checkpointWhere says where streamd run keeps a job's checkpoints: its
+// directory, or the JetStream object store under the job's name (a cluster
+// keeps them under the job's id).
+func checkpointWhere(cp *jobfile.CheckpointSettings, name string) string {
+	if cp.Storage != jobfile.StorageJetStream {
+		return cp.Dir
+	}
+	bucket := cp.Bucket
+	if bucket == "" {
+		bucket = checkpoint.DefaultBucket
+	}
+	return fmt.Sprintf("%s%s/%s/", checkpoint.JetStreamScheme, bucket, name)
 }

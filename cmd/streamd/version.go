@@ -14,15 +14,50 @@ import (
 var version = "dev"
 
 func (c *cli) versionCommand() *cobra.Command {
-	return &cobra.Command{
+	var asJSON bool
+	cmd := &cobra.Command{
 		Use:   "version",
 		Short: "Print streamd's version, the guest ABI version and the wazero version",
 		Args:  exactArgs(0),
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if asJSON {
+				return c.printJSON(versionInfo())
+			}
 			_, err := fmt.Fprintln(c.stdout, versionString())
 			return err
 		},
 	}
+	cmd.Flags().BoolVar(&asJSON, "json", false, `print {"version", "commit", "abi", "go", "wazero"}`)
+	return cmd
+}
+
+// buildInfo is what version says, as `version --json` prints it.
+type buildInfo struct {
+	Version string `json:"version"`
+	Commit  string `json:"commit,omitempty"` // 12 hex digits, "+dirty" for a modified tree
+	ABI     int    `json:"abi"`
+	Go      string `json:"go"`
+	Wazero  string `json:"wazero"`
+}
+
+func versionInfo() buildInfo {
+	info := buildInfo{Version: buildVersion(), ABI: abi.Version, Go: runtime.Version(), Wazero: "unknown"}
+	if bi, ok := debug.ReadBuildInfo(); ok {
+		for _, s := range bi.Settings {
+			if s.Key == "vcs.revision" && len(s.Value) >= 12 {
+				info.Commit = s.Value[:12]
+			}
+			if s.Key == "vcs.modified" && s.Value == "true" && info.Commit != "" {
+				info.Commit += "+dirty"
+			}
+		}
+		for _, d := range bi.Deps {
+			if d.Path == "github.com/tetratelabs/wazero" {
+				info.Wazero = d.Version
+			}
+		}
+	}
+	return info
 }
 
 // buildVersion is the version set at build time, else the module's
@@ -35,25 +70,10 @@ func buildVersion() string {
 }
 
 func versionString() string {
-	v, commit, wazero := buildVersion(), "", "unknown"
-	if bi, ok := debug.ReadBuildInfo(); ok {
-		for _, s := range bi.Settings {
-			if s.Key == "vcs.revision" && len(s.Value) >= 12 {
-				commit = s.Value[:12]
-			}
-			if s.Key == "vcs.modified" && s.Value == "true" && commit != "" {
-				commit += "+dirty"
-			}
-		}
-		for _, d := range bi.Deps {
-			if d.Path == "github.com/tetratelabs/wazero" {
-				wazero = d.Version
-			}
-		}
+	info := versionInfo()
+	s := "streamd " + info.Version
+	if info.Commit != "" {
+		s += " (" + info.Commit + ")"
 	}
-	s := "streamd " + v
-	if commit != "" {
-		s += " (" + commit + ")"
-	}
-	return fmt.Sprintf("%s abi v%d %s wazero %s", s, abi.Version, runtime.Version(), wazero)
+	return fmt.Sprintf("%s abi v%d %s wazero %s", s, info.ABI, info.Go, info.Wazero)
 }

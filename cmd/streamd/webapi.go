@@ -3,6 +3,8 @@ package main
 import (
 	"context"
 	"errors"
+	"fmt"
+	"syscall"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -49,8 +51,11 @@ func (c *cli) startAPI(key, mode string, b webapi.Backend, log func(string, ...a
 		return func() {}, nil
 	}
 	h := webapi.New(b, webapi.Options{Mode: mode, TracingUIURL: c.v.GetString(telemetry.KeyTracingUIURL),
-		Service: c.service, Version: version})
+		Service: c.service, Version: version, Traces: c.traces})
 	srv, err := webapi.Listen(addr, h)
+	if errors.Is(err, syscall.EADDRINUSE) {
+		return nil, fmt.Errorf("%s: %s is in use by another process: choose another address, or port 0 for a free one: %w", key, addr, err)
+	}
 	if err != nil {
 		return nil, usagef("%s: %w", key, err)
 	}

@@ -3,15 +3,18 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/streamd/streamd/internal/telemetry"
 	"github.com/streamd/streamd/internal/testlog"
 	"github.com/streamd/streamd/internal/webapi"
 )
@@ -89,6 +92,27 @@ func TestRunServesItsJob(t *testing.T) {
 		}
 		request(t, http.MethodGet, job+"/checkpoints", "", &cps)
 		time.Sleep(20 * time.Millisecond)
+	}
+	// The run keeps its checkpoint traces for the console (tracing is off):
+	// the checkpoint, both subtasks' parts and their snapshots (in process).
+	for cps.Counts == nil || cps.Counts.Completed == 0 || len(cps.Traced) == 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("no checkpoint counted and traced in 20s: %+v", cps)
+		}
+		request(t, http.MethodGet, job+"/checkpoints", "", &cps)
+		time.Sleep(20 * time.Millisecond)
+	}
+	var tr webapi.TraceReply
+	if code, b := request(t, http.MethodGet, fmt.Sprintf("%s/checkpoints/%d/trace", job, cps.Traced[0]), "", &tr); code != 200 ||
+		len(tr.Subtasks) != 2 || !slices.ContainsFunc(tr.Spans, func(s telemetry.RecordedSpan) bool { return s.Name == telemetry.SpanTaskSnapshot }) {
+		t.Errorf("trace of checkpoint %d: %d %s", cps.Traced[0], code, b)
+	}
+	var hosts webapi.HostsReply
+	if code, b := request(t, http.MethodGet, base+"/hosts", "", &hosts); code != 200 || len(hosts.Hosts) != 1 || hosts.Hosts[0].ID != "local" {
+		t.Errorf("GET /hosts: %d %s", code, b)
+	}
+	if code, b := request(t, http.MethodGet, job+"/logs", "", nil); code != 404 || !strings.Contains(b, "on its stderr") {
+		t.Errorf("GET logs of a run: %d %s: want 404 saying where the lines are", code, b)
 	}
 	var d webapi.JobDetail
 	if code, b := request(t, http.MethodGet, job, "", &d); code != 200 || d.State != "running" || d.Name != "forever" ||

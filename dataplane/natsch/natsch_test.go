@@ -607,8 +607,14 @@ func TestFailedSendLeavesTheBatchToTheCaller(t *testing.T) {
 
 // TestReceiverAfterSender: the receiver's first grant is missed by nobody:
 // a sender that starts first asks for credit until the receiver answers.
+// The receiver starts only after the sender's first two requests went
+// unanswered (seen on the data subject).
 func TestReceiverAfterSender(t *testing.T) {
 	s := startServer(t, 0)
+	asks, err := connect(t, s).SubscribeSync(testID.DataSubject())
+	if err != nil {
+		t.Fatal(err)
+	}
 	st := transport(t, connect(t, s), CreditRetry(20*time.Millisecond))
 	snd, err := st.NewSender(testID)
 	if err != nil {
@@ -620,7 +626,11 @@ func TestReceiverAfterSender(t *testing.T) {
 	go func() {
 		done <- snd.Send(ctx, dataplane.EndOfPartitionEvent())
 	}()
-	time.Sleep(50 * time.Millisecond)
+	for i := 0; i < 2; i++ {
+		if _, err := asks.NextMsgWithContext(ctx); err != nil {
+			t.Fatalf("credit request %d of the sender: %v", i+1, err)
+		}
+	}
 	r, err := transport(t, connect(t, s)).NewReceiver(testID)
 	if err != nil {
 		t.Fatal(err)

@@ -509,7 +509,8 @@ func (r *Receiver) Overtaking() bool { return r.prio.Load() }
 
 // TakeBarrier implements dataplane.Overtakable, on the receiving goroutine
 // (that of TryRecv). It takes the first overtaking barrier queued, unless
-// end-of-data or end-of-partition comes before it, after calling visit with
+// end-of-partition comes before it (it overtakes an end-of-data, which
+// stays queued and is delivered in order), after calling visit with
 // each records and watermark event before it, in order: the batches queued,
 // and a record whose parts are all queued before the barrier, reassembled
 // (from the parts TryRecv has taken so far, r.part, and the parts queued,
@@ -537,7 +538,7 @@ func (r *Receiver) TakeBarrier(visit func(dataplane.Event)) (dataplane.Barrier, 
 		for i := range q {
 			switch e := &q[i]; {
 			case e.taken:
-			case e.kind == wireEndOfData || e.kind == wireEndOfPartition:
+			case e.kind == wireEndOfPartition:
 				break scan
 			case r.overtakes(e):
 				at = i

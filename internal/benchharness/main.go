@@ -60,6 +60,7 @@ func main() {
 	out := flag.String("o", "BENCHMARKS.md", "where to write the table")
 	compileOnce := flag.String("compile-once", "", "internal: load this module once and print the seconds it took")
 	cacheDir := flag.String("cache-dir", "", "internal: compilation cache for -compile-once")
+	nexmarkEvents := flag.Int64("nexmark-events", 1_000_000, "events per Nexmark query run; 0 skips Nexmark")
 	flag.Parse()
 	if *compileOnce != "" {
 		os.Exit(runCompileOnce(*compileOnce, *cacheDir))
@@ -80,6 +81,14 @@ func main() {
 		os.Exit(1)
 	}
 	report := render(results, cold, cached)
+	if *nexmarkEvents > 0 {
+		nx, err := nexmarkSection(*nexmarkEvents)
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "benchharness: %v\n", err)
+			os.Exit(1)
+		}
+		report += nx
+	}
 	fmt.Print(report)
 	if err := os.WriteFile(*out, []byte(report), 0o644); err != nil {
 		fmt.Fprintf(os.Stderr, "benchharness: %v\n", err)

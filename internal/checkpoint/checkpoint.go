@@ -119,9 +119,14 @@ type OperatorSnapshot struct {
 	// subtask or one without state.
 	Subtasks []*SubtaskState
 	// Source: the operator is a source (from the job graph). A source's
-	// parallelism cannot change. An operator whose state holds a source
-	// position counts as a source too.
+	// parallelism cannot change, unless RescalePositions is set. An
+	// operator whose state holds a source position counts as a source too.
 	Source bool
+	// RescalePositions, when set (the source's connector registered
+	// connector.ConfigSpec.RescalePositions: its splits can move between
+	// subtasks), spreads the old subtasks' positions (nil for a finished
+	// subtask or one without a position) over newParallelism subtasks.
+	RescalePositions func(positions [][]byte, newParallelism int) ([][]byte, error)
 }
 
 // SubtaskRestore is what one new subtask restores.

@@ -9,6 +9,7 @@ import (
 	"github.com/streamd/streamd/abi"
 	"github.com/streamd/streamd/control"
 	"github.com/streamd/streamd/host"
+	"github.com/streamd/streamd/internal/connector"
 )
 
 // Reassign redistributes one operator's state to newParallelism subtasks
@@ -25,9 +26,10 @@ import (
 //     subtasks;
 //   - broadcast list state: new subtask i gets the entries of the i mod n-th
 //     of the n old subtasks that reported the list;
-//   - source positions: only at unchanged parallelism (error naming the
-//     operator otherwise); a subtask that had finished restores as
-//     SourceFinished;
+//   - source positions: at unchanged parallelism each subtask its own (a
+//     subtask that had finished restores as SourceFinished); at another
+//     one only through op.RescalePositions (error naming the operator
+//     otherwise);
 //   - sink pending-commit data of old subtask j goes to new subtask
 //     j mod newParallelism (commits are idempotent).
 //
@@ -69,6 +71,23 @@ func Reassign(op *OperatorSnapshot, newParallelism, newMaxParallelism int) ([]*S
 	if source && fully {
 		for i := range out {
 			out[i].SourceFinished = true // deployed as finished: reads nothing
+		}
+	} else if source && oldP != newParallelism && op.RescalePositions != nil {
+		old := make([][]byte, oldP)
+		for j, s := range op.Subtasks {
+			if s != nil && !finished(j) {
+				old[j] = s.SourcePosition
+			}
+		}
+		pos, err := op.RescalePositions(old, newParallelism)
+		if err != nil {
+			return nil, fmt.Errorf("checkpoint: operator %q: rescale the source from %d to %d subtasks: %w", uid, oldP, newParallelism, err)
+		}
+		if len(pos) != newParallelism {
+			return nil, fmt.Errorf("checkpoint: operator %q: rescale the source: %d positions for %d subtasks", uid, len(pos), newParallelism)
+		}
+		for i, p := range pos {
+			out[i].SourcePosition = p
 		}
 	} else if source && oldP != newParallelism {
 		return nil, fmt.Errorf("checkpoint: operator %q is a source: its parallelism cannot change on restore (%d in the checkpoint, %d now) because each subtask resumes its own position", uid, oldP, newParallelism)
@@ -273,6 +292,18 @@ func LoadRestore(ctx context.Context, path string, g *control.JobGraph) (*Restor
 	return LoadRestoreFrom(ctx, fileReader{}, md, g)
 }
 
+// rescaler is the RescalePositions of a source of type typ, nil when its
+// connector has none.
+func rescaler(typ string) func([][]byte, int) ([][]byte, error) {
+	if !connector.SourceRescales(typ) {
+		return nil
+	}
+	return func(positions [][]byte, n int) ([][]byte, error) {
+		out, _, err := connector.RescaleSourcePositions(typ, positions, n)
+		return out, err
+	}
+}
+
 // LoadRestoreFrom prepares the restore of job graph g from checkpoint md:
 // it checks the finished states against g (control.CheckRestore), refuses
 // state of an operator g does not have, loads every blob through r and
@@ -306,6 +337,9 @@ func LoadRestoreFrom(ctx context.Context, r StateReader, md *Metadata, g *contro
 		}
 		res.Finished[v.UID] = om.Finished
 		snap := &OperatorSnapshot{Meta: *om, Subtasks: make([]*SubtaskState, om.Parallelism), Source: v.IsSource()}
+		if src, ok := v.Spec.(*connector.SourceSpec); ok {
+			snap.RescalePositions = rescaler(src.Type)
+		}
 		for _, s := range om.Subtasks {
 			var st *SubtaskState
 			var err error

@@ -373,3 +373,36 @@ func TestLoadRestore(t *testing.T) {
 	_, err = LoadRestore(ctx, d.Root(), g)
 	wantErr(t, err, ErrCorrupt, blob, "checksum mismatch", `operator "count"`)
 }
+
+// A source whose connector can move its splits (RescalePositions) restores
+// at another parallelism: the hook gets the old positions (nil for a
+// finished subtask) and gives each new subtask its own.
+func TestReassignRescalableSource(t *testing.T) {
+	var gotOld [][]byte
+	src := &OperatorSnapshot{
+		Meta:     OperatorMeta{UID: "topic", Parallelism: 3, Finished: control.OperatorPartiallyFinished, Subtasks: []SubtaskMeta{{Index: 0}, {Index: 1, Finished: true}, {Index: 2}}},
+		Subtasks: []*SubtaskState{{SourcePosition: []byte("a")}, {SourcePosition: []byte("done")}, {SourcePosition: []byte("c")}},
+		Source:   true,
+		RescalePositions: func(old [][]byte, n int) ([][]byte, error) {
+			gotOld = old
+			out := make([][]byte, n)
+			for i := range out {
+				out[i] = fmt.Appendf(nil, "%d/%d", i, n)
+			}
+			return out, nil
+		},
+	}
+	rs, err := Reassign(src, 2, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(gotOld, [][]byte{[]byte("a"), nil, []byte("c")}) {
+		t.Errorf("the hook got %q", gotOld)
+	}
+	if len(rs) != 2 || string(rs[0].SourcePosition) != "0/2" || string(rs[1].SourcePosition) != "1/2" || rs[0].SourceFinished || rs[1].SourceFinished {
+		t.Errorf("restores %+v %+v", rs[0], rs[1])
+	}
+	src.RescalePositions = func([][]byte, int) ([][]byte, error) { return nil, fmt.Errorf("no partitions") }
+	_, err = Reassign(src, 4, 0)
+	wantErr(t, err, nil, `operator "topic": rescale the source from 3 to 4 subtasks: no partitions`)
+}

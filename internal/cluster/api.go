@@ -17,6 +17,8 @@
 package cluster
 
 import (
+	"errors"
+	"fmt"
 	"time"
 
 	"github.com/streamd/streamd/control"
@@ -113,6 +115,10 @@ func TerminalJobState(s string) bool { return control.JobState(s).Terminal() }
 // Reply is embedded in every reply: a non-empty Error means the request failed.
 type Reply struct {
 	Error string `json:"error,omitempty"`
+	// Code classifies Error (one of the Code* words; "" for none, as from
+	// a controller before codes): the client matches it with errors.Is
+	// against ErrNotFound, ErrConflict, ErrBadRequest, ErrUnavailable.
+	Code string `json:"code,omitempty"`
 	// Retry: the controller stopped before it acted on the request (it lost
 	// the lead); send it again (to the new leader).
 	Retry bool `json:"retry,omitempty"`
@@ -121,20 +127,81 @@ type Reply struct {
 	NewerTerm uint64 `json:"newer_term,omitempty"`
 }
 
-// Err returns the reply's error, or nil.
+// Err returns the reply's error, or nil: a *RemoteError, which matches
+// (errors.Is) the sentinel of its code.
 func (r Reply) Err() error {
 	if r.Error == "" {
 		return nil
 	}
-	return remoteError(r.Error)
+	return &RemoteError{Code: r.Code, Msg: r.Error}
+}
+
+// Error codes of a Reply (the wire's words) and the errors they match.
+const (
+	CodeNotFound    = "not_found"   // no such job (or host)
+	CodeConflict    = "conflict"    // the job is in a state the request does not apply to
+	CodeBadRequest  = "bad_request" // the request itself is wrong
+	CodeUnavailable = "unavailable" // no controller could act on it now
+)
+
+var (
+	ErrNotFound    = errors.New("cluster: not found")
+	ErrConflict    = errors.New("cluster: the job is in the wrong state")
+	ErrBadRequest  = errors.New("cluster: bad request")
+	ErrUnavailable = errors.New("cluster: unavailable")
+)
+
+var codeErrors = map[string]error{CodeNotFound: ErrNotFound, CodeConflict: ErrConflict, CodeBadRequest: ErrBadRequest, CodeUnavailable: ErrUnavailable}
+
+// RemoteError is an error a controller or host answered, with its code.
+type RemoteError struct {
+	Code string
+	Msg  string
+}
+
+func (e *RemoteError) Error() string { return e.Msg }
+
+// Is matches the sentinel of the error's code.
+func (e *RemoteError) Is(target error) bool {
+	sentinel, ok := codeErrors[e.Code]
+	return ok && target == sentinel
+}
+
+// codeOf is the wire code of err: that of the first sentinel it wraps.
+func codeOf(err error) string {
+	for code, sentinel := range codeErrors {
+		if errors.Is(err, sentinel) {
+			return code
+		}
+	}
+	return ""
+}
+
+// codedError is an error with a sentinel for its code and its own text.
+type codedError struct {
+	sentinel error
+	msg      string
+}
+
+func (e *codedError) Error() string        { return e.msg }
+func (e *codedError) Is(target error) bool { return target == e.sentinel }
+
+// notFoundf, conflictf and badRequestf are fmt.Errorf for errors that cross
+// the wire with a code.
+func notFoundf(format string, args ...any) error {
+	return &codedError{ErrNotFound, fmt.Sprintf(format, args...)}
+}
+
+func conflictf(format string, args ...any) error {
+	return &codedError{ErrConflict, fmt.Sprintf(format, args...)}
+}
+
+func badRequestf(format string, args ...any) error {
+	return &codedError{ErrBadRequest, fmt.Sprintf(format, args...)}
 }
 
 // base is the reply itself (promoted to every reply that embeds it).
 func (r Reply) base() Reply { return r }
-
-type remoteError string
-
-func (e remoteError) Error() string { return string(e) }
 
 // DeployRequest (streamd.v1.ctl.deploy) submits a job.
 type DeployRequest struct {
@@ -267,6 +334,10 @@ type OperatorStatus struct {
 	// input order (the job graph, for the REST API's plan).
 	Kind   string       `json:"kind,omitempty"`
 	Inputs []EdgeStatus `json:"inputs,omitempty"`
+	// Connector describes a source or sink as its connector does
+	// (connector.Describe: "source nats stream ORDERS"); "" for a wasm
+	// operator.
+	Connector string `json:"connector,omitempty"`
 }
 
 // EdgeStatus is one input edge of an operator.
@@ -398,6 +469,10 @@ type HostEvent struct {
 	// host's. With state failed: the subtask whose failure failed the
 	// attempt, when the error names one.
 	Subtasks []SubtaskRef `json:"subtasks,omitempty"`
+	// Class, with state failed, says what a restart can do about the
+	// failure (control.FailureClass): "non-recoverable" (the job fails at
+	// once), "in-open" (it failed while opening); absent: restartable.
+	Class string `json:"class,omitempty"`
 	// Checkpoints are the latest completed checkpoints of a job the host
 	// runs whole (with its own coordinator), oldest first.
 	Checkpoints []runtime.CheckpointStats `json:"checkpoints,omitempty"`

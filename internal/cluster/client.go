@@ -99,6 +99,9 @@ func (c *Client) callTry(ctx context.Context, read bool, subject string, req, re
 		time.Now().Add(delay).Before(deadline) {
 		select {
 		case <-ctx.Done():
+			if errors.Is(err, nats.ErrNoResponders) {
+				return c.noController(ctx.Err())
+			}
 			return ctx.Err()
 		case <-time.After(delay):
 		}
@@ -112,11 +115,21 @@ func (c *Client) callTry(ctx context.Context, read bool, subject string, req, re
 	}
 	if err != nil {
 		if errors.Is(err, nats.ErrNoResponders) {
-			return fmt.Errorf("cluster: no controller answers on %s (is `streamd controller` or `streamd server` running on this NATS server?)", c.nc.ConnectedUrlRedacted())
+			return c.noController(nil)
 		}
 		return err
 	}
 	return reply().Err()
+}
+
+// noController is the error of a request no controller answered (matches
+// ErrUnavailable; why, if set, is why the client stopped asking).
+func (c *Client) noController(why error) error {
+	msg := fmt.Sprintf("cluster: no controller answers on %s (is `streamd controller` or `streamd server` running on this NATS server?)", c.nc.ConnectedUrlRedacted())
+	if why != nil {
+		msg = fmt.Sprintf("cluster: no controller answered on %s before the request timed out (%v): is `streamd controller` or `streamd server` running on this NATS server?", c.nc.ConnectedUrlRedacted(), why)
+	}
+	return &codedError{ErrUnavailable, msg}
 }
 
 // Conn is the client's NATS connection.

@@ -19,6 +19,7 @@ import (
 	"github.com/nats-io/nats.go/micro"
 
 	"github.com/streamd/streamd/control"
+	"github.com/streamd/streamd/internal/connector"
 	"github.com/streamd/streamd/internal/jobfile"
 	"github.com/streamd/streamd/internal/runtime"
 	"github.com/streamd/streamd/internal/telemetry"
@@ -65,6 +66,11 @@ type ControllerOptions struct {
 	// the list (ListRequest without All); default DefaultJobRetention. The
 	// record stays until `streamd delete`.
 	JobRetention time.Duration
+	// Logs, when set, gets the controller's events about each job (its
+	// log lines with a job: deploys, failovers and their cause, restarts,
+	// upgrades and rollbacks, stops and their savepoints, ends), published
+	// on the job's log subject beside the hosts' lines (streamd logs).
+	Logs *LogPublisher
 	// Version is the build's version: the control API's micro service
 	// version (service.go) when it is a semantic version (a leading "v"
 	// dropped), else 0.0.0-dev; its "build" metadata as given.
@@ -276,7 +282,11 @@ func StartController(nc *nats.Conn, opts ControllerOptions) (*Controller, error)
 	if err != nil {
 		return nil, err
 	}
-	c := &Controller{nc: nc, opts: opts, id: opts.ID, kv: kv, log: opts.Logger.With("component", "controller", "controller", opts.ID),
+	logger := opts.Logger
+	if opts.Logs != nil {
+		logger = slog.New(&jobEventHandler{inner: logger.Handler(), pub: opts.Logs})
+	}
+	c := &Controller{nc: nc, opts: opts, id: opts.ID, kv: kv, log: logger.With("component", "controller", "controller", opts.ID),
 		jobs: map[string]*ctlJob{}, hosts: map[string]*ctlHost{}, done: make(chan struct{}), ended: make(chan struct{}),
 		queue: map[string]queuedRecord{}, durable: map[string]uint64{}, revs: map[string]uint64{}, taking: map[string]bool{}, awaiting: map[string]bool{},
 		savedCh: make(chan struct{}), saveWake: make(chan struct{}, 1), firstTry: make(chan struct{})}
@@ -683,6 +693,8 @@ type failure struct {
 	skip bool
 	// subtask is the subtask whose failure it is, when known.
 	subtask *control.SubtaskID
+	// class says what a restart can do about a task failure.
+	class control.FailureClass
 }
 
 // failLocked handles the failure of j's current attempt: it is canceled on
@@ -695,7 +707,7 @@ func (c *Controller) failLocked(j *ctlJob, now time.Time, f failure) []effect {
 	reason := f.reason
 	infra := f.kind == failInfra
 	if j.dist != nil && !(infra && j.failovers >= c.opts.MaxFailovers) {
-		j.dist.failover(reason, f.host, f.subtask, f.kind != failTask)
+		j.dist.failover(reason, f.host, f.subtask, f.kind != failTask, f.class)
 	}
 	if j.placement != nil {
 		skip := ""
@@ -818,7 +830,11 @@ func (c *Controller) endLocked(j *ctlJob, now time.Time, state, reason string) {
 	if state == JobFailed {
 		lvl = slog.LevelWarn
 	}
-	c.log.Log(context.Background(), lvl, "job "+state, "job", j.id, "attempt", j.attempt, "reason", reason)
+	attrs := []any{"job", j.id, "attempt", j.attempt, "reason", reason}
+	if j.savepoint != "" {
+		attrs = append(attrs, "savepoint", j.savepoint)
+	}
+	c.log.Log(context.Background(), lvl, "job "+state, attrs...)
 	c.upgradeEndedLocked(j, now, state, reason) // a failed new version is rolled back
 }
 
@@ -827,7 +843,7 @@ func (c *Controller) endLocked(j *ctlJob, now time.Time, state, reason string) {
 func (c *Controller) handleDeploy(msg micro.Request) {
 	var req DeployRequest
 	if err := json.Unmarshal(msg.Data(), &req); err != nil {
-		reply(msg, DeployReply{Reply: Reply{Error: "cluster: deploy: bad request: " + err.Error()}})
+		reply(msg, DeployReply{Reply: Reply{Error: "cluster: deploy: bad request: " + err.Error(), Code: CodeBadRequest}})
 		return
 	}
 	if cs := req.Job.Checkpoint; cs != nil && cs.Storage == "" && c.opts.CheckpointStorage != "" {
@@ -963,11 +979,11 @@ func (c *Controller) handleDelete(msg micro.Request) {
 	switch {
 	case j == nil:
 		c.mu.Unlock()
-		reply(msg, JobReply{Reply: errReply(fmt.Errorf("cluster: no job %q (streamd list --all shows the jobs)", req.JobID))})
+		reply(msg, JobReply{Reply: errReply(notFoundf("cluster: no job %q (streamd list --all shows the jobs)", req.JobID))})
 		return
 	case !TerminalJobState(j.state) || j.canceling:
 		c.mu.Unlock()
-		reply(msg, JobReply{Reply: Reply{Error: fmt.Sprintf("cluster: job %s is %s: cancel it first (streamd cancel %s)", j.id, j.state, j.id)}})
+		reply(msg, JobReply{Reply: errReply(conflictf("cluster: job %s is %s: cancel it first (streamd cancel %s)", j.id, j.state, j.id))})
 		return
 	case j.deleting:
 		c.mu.Unlock()
@@ -1008,11 +1024,11 @@ func (c *Controller) handleDelete(msg micro.Request) {
 func (c *Controller) lookup(msg micro.Request) (*ctlJob, JobRequest, error) {
 	var req JobRequest
 	if err := json.Unmarshal(msg.Data(), &req); err != nil {
-		return nil, req, fmt.Errorf("cluster: bad request: %w", err)
+		return nil, req, badRequestf("cluster: bad request: %v", err)
 	}
 	j := c.jobs[req.JobID]
 	if j == nil {
-		return nil, req, fmt.Errorf("cluster: no job %q (streamd list shows the jobs)", req.JobID)
+		return nil, req, notFoundf("cluster: no job %q (streamd list shows the jobs)", req.JobID)
 	}
 	return j, req, nil
 }
@@ -1056,7 +1072,7 @@ func (c *Controller) handleCancel(msg micro.Request) {
 		if j.canceling {
 			what = "being canceled"
 		}
-		reply(msg, JobReply{Reply: Reply{Error: fmt.Sprintf("cluster: job %s is %s", j.id, what)}, Job: &st})
+		reply(msg, JobReply{Reply: errReply(conflictf("cluster: job %s is %s", j.id, what)), Job: &st})
 		return
 	}
 	var effects []effect
@@ -1085,7 +1101,7 @@ func (c *Controller) handleCancel(msg micro.Request) {
 func (c *Controller) handleSavepoint(msg micro.Request) {
 	var req SavepointRequest
 	if err := json.Unmarshal(msg.Data(), &req); err != nil {
-		reply(msg, SavepointReply{Reply: Reply{Error: "cluster: savepoint: bad request: " + err.Error()}})
+		reply(msg, SavepointReply{Reply: Reply{Error: "cluster: savepoint: bad request: " + err.Error(), Code: CodeBadRequest}})
 		return
 	}
 	path, err := c.forwardSavepoint(req.JobID, HostRequest{Dir: req.Dir}, HostVerbSavepoint)
@@ -1095,7 +1111,7 @@ func (c *Controller) handleSavepoint(msg micro.Request) {
 func (c *Controller) handleStop(msg micro.Request) {
 	var req StopRequest
 	if err := json.Unmarshal(msg.Data(), &req); err != nil {
-		reply(msg, SavepointReply{Reply: Reply{Error: "cluster: stop: bad request: " + err.Error()}})
+		reply(msg, SavepointReply{Reply: Reply{Error: "cluster: stop: bad request: " + err.Error(), Code: CodeBadRequest}})
 		return
 	}
 	path, err := c.forwardSavepoint(req.JobID, HostRequest{Dir: req.SavepointDir, Drain: req.Drain}, HostVerbStop)
@@ -1112,11 +1128,11 @@ func (c *Controller) forwardSavepoint(jobID string, hr HostRequest, verb string)
 	switch {
 	case j == nil:
 		c.mu.Unlock()
-		return "", fmt.Errorf("cluster: no job %q (streamd list shows the jobs)", jobID)
+		return "", notFoundf("cluster: no job %q (streamd list shows the jobs)", jobID)
 	case j.placement == nil || j.dist == nil || (j.state != JobRunning && j.state != JobFinishing):
 		st := j.state
 		c.mu.Unlock()
-		return "", fmt.Errorf("cluster: %s job %s: the job is %s, not running", verb, jobID, st)
+		return "", conflictf("cluster: %s job %s: the job is %s, not running", verb, jobID, st)
 	}
 	c.mu.Unlock()
 	return c.distSavepoint(jobID, verb, hr.Dir, hr.Drain)
@@ -1445,6 +1461,13 @@ func (c *Controller) hostEvent(ev HostEvent) {
 		if len(ev.Subtasks) > 0 {
 			f.subtask = &control.SubtaskID{Operator: ev.Subtasks[0].Operator, Index: ev.Subtasks[0].Subtask}
 		}
+		if ev.Class != "" {
+			if cl, err := control.ParseFailureClass(ev.Class); err == nil {
+				f.class = cl
+			} else {
+				c.log.Warn("host event with an unknown failure class: taken as restartable", "host", ev.HostID, "err", err)
+			}
+		}
 		effects = append(effects, c.failLocked(j, now, f)...)
 		effects = append(effects, c.scheduleLocked(now)...)
 	}
@@ -1542,6 +1565,11 @@ func (c *Controller) statusLocked(j *ctlJob) JobStatus {
 	for _, v := range j.spec.Vertices {
 		op := OperatorStatus{UID: v.UID, Parallelism: v.Parallelism, RecordsIn: stats[v.UID].RecordsIn, RecordsOut: stats[v.UID].RecordsOut,
 			UnionDeclines: stats[v.UID].UnionDeclines, Kind: string(v.Kind), Inputs: EdgeStatuses(v.Inputs)}
+		if v.Source != nil {
+			op.Connector = connector.Describe(v.Source)
+		} else if v.Sink != nil {
+			op.Connector = connector.Describe(v.Sink)
+		}
 		if j.dist != nil && j.dist.d != nil {
 			op.UnionDeclines = j.dist.d.UnionDeclines()[v.UID] // the controller drives its checkpoints
 		}

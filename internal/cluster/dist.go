@@ -184,7 +184,7 @@ func (e *LocalExecutor) startDistributed(ctx context.Context, r ExecRequest) (Ex
 		Engine: e.Engine, Logger: r.Logger, GuestLog: guestLog, Attempt: r.Attempt, BatchSize: e.BatchSize, JobID: r.JobID, Host: r.HostID,
 		ChannelCapacity: e.ChannelCapacity, Stdout: e.Stdout, Stdin: eofReader{}, Progress: r.Progress, NATS: e.NATS,
 		MaxRecordBytes: cmp.Or(r.MaxRecordBytes, e.MaxRecordBytes),
-		State:          r.State, DataDir: e.DataDir,
+		State:          r.State, DataDir: e.DataDir, ConnectorSettings: e.ConnectorSettings,
 	}
 	if cs := r.Checkpoint; cs != nil {
 		store, err := openStoreRetry(ctx, r.Conn, cs, r.JobID, r.Logger)
@@ -755,7 +755,7 @@ func (dj *distJob) deploy(attempt int, p control.Placement) string {
 // Called with c.mu held: the attempt's commands stop at once, the driver
 // hears of it in the loop (before the next attempt's deploy, which is
 // queued after it).
-func (dj *distJob) failover(reason, host string, subtask *control.SubtaskID, lost bool) {
+func (dj *distJob) failover(reason, host string, subtask *control.SubtaskID, lost bool, class control.FailureClass) {
 	dj.mu.Lock()
 	if !dj.active {
 		dj.mu.Unlock()
@@ -774,7 +774,7 @@ func (dj *distJob) failover(reason, host string, subtask *control.SubtaskID, los
 		if lost {
 			dj.step(control.AttemptLost{Attempt: lc.Attempt(), Reason: why})
 		} else {
-			dj.step(control.AttemptFailed{Attempt: lc.Attempt(), Subtask: id, Reason: why})
+			dj.step(control.AttemptFailed{Attempt: lc.Attempt(), Subtask: id, Reason: why, Class: class})
 		}
 	})
 }
@@ -948,7 +948,7 @@ func (c *Controller) distSavepoint(jobID, verb, dir string, drain bool) (string,
 	j := c.jobs[jobID]
 	if j == nil || j.dist == nil {
 		c.mu.Unlock()
-		return "", fmt.Errorf("cluster: no job %q spread over hosts", jobID)
+		return "", notFoundf("cluster: no job %q spread over hosts", jobID)
 	}
 	dj := j.dist
 	attempt := j.attempt

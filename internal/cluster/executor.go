@@ -85,6 +85,9 @@ type LocalExecutor struct {
 	// NATS is how the jobs' nats sources and sinks connect when they name
 	// no url (runtime.Options.NATS): normally the host's own NATS settings.
 	NATS natsutil.ConnectOptions
+	// ConnectorSettings are the host's values of the connectors'
+	// configuration keys (runtime.Options.ConnectorSettings).
+	ConnectorSettings map[string]string
 	// ChannelOptions configure the NATS channels between hosts
 	// (natsch.NewTransport), e.g. the credit window; default none.
 	ChannelOptions []natsch.Option

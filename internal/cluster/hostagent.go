@@ -419,13 +419,22 @@ func (h *Host) execute(ctx context.Context, r *hostRun, a Assignment) {
 	switch {
 	case err == nil:
 		ev.State, ev.Savepoint = SubtaskFinished, stats.Savepoint
-		log.Info("attempt finished", "elapsed", stats.Elapsed, "savepoint", stats.Savepoint)
+		// A spread job's savepoint is the controller's (its "job stopped"
+		// line names it): the host names one only when it took it.
+		if stats.Savepoint != "" {
+			log.Info("attempt finished", "elapsed", stats.Elapsed, "savepoint", stats.Savepoint)
+		} else {
+			log.Info("attempt finished", "elapsed", stats.Elapsed)
+		}
 	case ctx.Err() != nil:
 		ev.State = SubtaskCanceled
 		log.Info("attempt canceled")
 	default:
 		ev.State, ev.Error = SubtaskFailed, err.Error()
 		ev.Subtasks = failedSubtask(err)
+		if c := runtime.FailureClass(err); c != control.FailureRestartable {
+			ev.Class = c.String()
+		}
 		log.Warn("attempt failed", "err", err)
 	}
 	h.mu.Lock()

@@ -52,7 +52,7 @@ func errReply(err error) Reply {
 	if err == nil {
 		return Reply{}
 	}
-	r := Reply{Error: err.Error()}
+	r := Reply{Error: err.Error(), Code: codeOf(err)}
 	var f *fencedError
 	if errors.As(err, &f) {
 		r.NewerTerm = f.current

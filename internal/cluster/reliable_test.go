@@ -20,8 +20,11 @@ func TestReliableQueueResendsUntilAnswered(t *testing.T) {
 	var got []uint64
 	calls, last := 0, uint64(0)
 	done := make(chan struct{})
-	// Nobody answers at first: the queue waits (no responders) and sends later.
-	q := newReliableQueue(nc, "test.reliable", slog.New(slog.DiscardHandler))
+	// Nobody answers at first: the queue waits (no responders) and sends
+	// later. The receiver subscribes once the queue has logged that its
+	// first request went unanswered.
+	unanswered := make(notifyWriter, 1)
+	q := newReliableQueue(nc, "test.reliable", slog.New(slog.NewTextHandler(unanswered, nil)))
 	q.timeout = 50 * time.Millisecond
 	defer q.stop()
 	for i := 0; i < n; i++ {
@@ -29,7 +32,11 @@ func TestReliableQueueResendsUntilAnswered(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	time.Sleep(150 * time.Millisecond)
+	select {
+	case <-unanswered:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the queue logged no unanswered request within 30s")
+	}
 	sub, err := nc.Subscribe("test.reliable", func(m *nats.Msg) {
 		mu.Lock()
 		defer mu.Unlock()
@@ -68,4 +75,15 @@ func TestReliableQueueResendsUntilAnswered(t *testing.T) {
 		t.Fatalf("%d requests for %d messages: want repeats after the lost answers", calls, n)
 	}
 	t.Logf("%d messages in %d requests", n, calls)
+}
+
+// notifyWriter signals each write (a log line) without blocking.
+type notifyWriter chan struct{}
+
+func (w notifyWriter) Write(p []byte) (int, error) {
+	select {
+	case w <- struct{}{}:
+	default:
+	}
+	return len(p), nil
 }

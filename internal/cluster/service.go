@@ -119,8 +119,15 @@ func reply(req micro.Request, v any) {
 		return
 	}
 	code := "500"
-	if r.base().Retry {
+	switch {
+	case r.base().Retry || r.base().Code == CodeUnavailable:
 		code = "503"
+	case r.base().Code == CodeNotFound:
+		code = "404"
+	case r.base().Code == CodeConflict:
+		code = "409"
+	case r.base().Code == CodeBadRequest:
+		code = "400"
 	}
 	_ = req.Error(code, headerValue(r.base().Error), data)
 }

@@ -82,15 +82,16 @@ func TestControlAPIIsAMicroService(t *testing.T) {
 	if _, err := client.Status(ctx, "no-such-job"); err == nil || !strings.Contains(err.Error(), `no job "no-such-job"`) {
 		t.Fatalf("status of no job: %v, want its error", err)
 	}
-	// The error reply's body is the one it always was; micro's headers
-	// come with it.
+	// The error reply's body is the one it always was, with the error's
+	// code added; micro's headers come with it, their code the HTTP word
+	// of the error's.
 	data, _ := json.Marshal(JobRequest{JobID: "no-such-job"})
 	msg, err := nc.Request(SubjectStatus, data, 5*time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}
-	body, _ := json.Marshal(JobReply{Reply: Reply{Error: `cluster: no job "no-such-job" (streamd list shows the jobs)`}})
-	if string(msg.Data) != string(body) || msg.Header.Get(micro.ErrorCodeHeader) != "500" || !strings.Contains(msg.Header.Get(micro.ErrorHeader), "no-such-job") {
+	body, _ := json.Marshal(JobReply{Reply: Reply{Error: `cluster: no job "no-such-job" (streamd list shows the jobs)`, Code: CodeNotFound}})
+	if string(msg.Data) != string(body) || msg.Header.Get(micro.ErrorCodeHeader) != "404" || !strings.Contains(msg.Header.Get(micro.ErrorHeader), "no-such-job") {
 		t.Fatalf("error reply: %s, headers %v; want body %s and micro's error headers", msg.Data, msg.Header, body)
 	}
 

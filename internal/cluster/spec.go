@@ -3,10 +3,10 @@ package cluster
 import (
 	"errors"
 	"fmt"
-	"os"
 	"time"
 
 	"github.com/streamd/streamd/control"
+	"github.com/streamd/streamd/internal/connector"
 	"github.com/streamd/streamd/internal/jobfile"
 )
 
@@ -37,7 +37,7 @@ type VertexSpec struct {
 	Inputs         []control.Edge `json:"inputs,omitempty"`
 
 	Source     *jobfile.SourceSpec `json:"source,omitempty"`
-	SourceFile *Artifact           `json:"source_file,omitempty"` // a file source's input; replaces Source.Path on the host
+	SourceFile *Artifact           `json:"source_file,omitempty"` // the file the source reads (connector.SourceArtifact); its local copy replaces it on the host
 	Sink       *jobfile.SinkSpec   `json:"sink,omitempty"`
 	Wasm       *WasmSpec           `json:"wasm,omitempty"`
 }
@@ -62,13 +62,14 @@ func (s *JobSpec) pinNewStart(at time.Time) {
 	}
 }
 
-// ownFiles makes the output of job id its own: every file sink (dead-letter
-// sinks too) puts the job id into its file names and every nats sink into
-// its writer name (jobfile.SinkSpec.Job). Checkpoints are the job's own by OpenStore. The
-// sink specs are copied, not changed in place.
+// ownFiles makes the output of job id its own: every sink (dead-letter
+// sinks too) gets it as jobfile.SinkSpec.Job (and the connector's
+// SinkEnv.Job): a file sink puts it into its file names, a nats sink into
+// its writer name. Checkpoints are the job's own by OpenStore. The sink
+// specs are copied, not changed in place.
 func (s *JobSpec) ownFiles(id string) {
 	for i := range s.Vertices {
-		if sk := s.Vertices[i].Sink; sk != nil && (sk.Type == "file" || sk.Type == "nats") {
+		if sk := s.Vertices[i].Sink; sk != nil {
 			own := *sk
 			own.Job = id
 			s.Vertices[i].Sink = &own
@@ -126,16 +127,14 @@ func NewJobSpec(job *jobfile.Job, jobFile string, upload Uploader) (JobSpec, err
 		switch sp := v.Spec.(type) {
 		case *jobfile.SourceSpec:
 			c := *sp
-			if c.Type == "file" {
-				if c.Path == "-" {
-					return JobSpec{}, fmt.Errorf("cluster: operator %q: a deployed job cannot read standard input; use a file or generator source", v.UID)
-				}
-				// The input is uploaded whole: a stream (a FIFO, a device
-				// such as /dev/zero) would never end.
-				if fi, err := os.Stat(c.Path); err == nil && !fi.Mode().IsRegular() {
-					return JobSpec{}, fmt.Errorf("cluster: operator %q: input file %s is not a regular file (%s): a deployed job's input is uploaded to the hosts, so it must be a file, not a stream", v.UID, c.Path, fi.Mode().Type())
-				}
-				a, err := up(c.Path)
+			// A file the source reads on the hosts (a file source's
+			// input), as its connector says.
+			path, err := connector.SourceArtifact(&c)
+			if err != nil {
+				return JobSpec{}, fmt.Errorf("cluster: operator %q: %w", v.UID, err)
+			}
+			if path != "" {
+				a, err := up(path)
 				if err != nil {
 					return JobSpec{}, fmt.Errorf("cluster: operator %q: input file: %w", v.UID, err)
 				}
@@ -194,7 +193,9 @@ func (s *JobSpec) Graph(resolve Resolver) (*control.JobGraph, error) {
 				if err != nil {
 					return nil, fmt.Errorf("cluster: operator %q: input file: %w", v.UID, err)
 				}
-				c.Path = p
+				if err := connector.WithSourceArtifact(&c, p); err != nil {
+					return nil, fmt.Errorf("cluster: operator %q: %w", v.UID, err)
+				}
 			}
 			cv.Spec = &c
 		}

@@ -20,6 +20,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go/micro"
@@ -38,8 +39,11 @@ const (
 	VersionFailed     = "failed"      // a rollback that did not start either
 )
 
-// DefaultUpgradeStartTimeout is how long a new version (and a rollback) may
-// take to run, by default (UpgradeRequest.StartTimeout).
+// DefaultUpgradeStartTimeout is how long a new version may take to run, by
+// default (UpgradeRequest.StartTimeout). A rollback, which starts the
+// version that ran before, has at least this long whatever the request
+// said: a short timeout meant for the new version must not fail the job
+// whose old version is merely slow to start again.
 const DefaultUpgradeStartTimeout = 2 * time.Minute
 
 // VersionStatus is one version of a job: what it ran, when it started,
@@ -76,7 +80,8 @@ type UpgradeRequest struct {
 	Module   *Artifact `json:"module,omitempty"`
 	Operator string    `json:"operator,omitempty"`
 	// StartTimeout bounds the time from the new version's start until it
-	// runs (and the same for a rollback); 0: DefaultUpgradeStartTimeout.
+	// runs (a rollback: at least DefaultUpgradeStartTimeout); 0:
+	// DefaultUpgradeStartTimeout.
 	StartTimeout time.Duration `json:"start_timeout,omitempty"`
 }
 
@@ -88,6 +93,10 @@ type UpgradeReply struct {
 	Reply
 	Savepoint string `json:"savepoint,omitempty"`
 	Version   int    `json:"version,omitempty"`
+	// Replaced: the job did not run (it restarted, or waited for slots), so
+	// no savepoint was taken: the new version started from the job's latest
+	// checkpoint, Savepoint, or from nothing when that is "".
+	Replaced bool `json:"replaced,omitempty"`
 }
 
 // upgradeState is a job's upgrade waiting for its version to run (kept in
@@ -104,18 +113,18 @@ type upgradeState struct {
 func (c *Controller) handleUpgrade(msg micro.Request) {
 	var req UpgradeRequest
 	if err := json.Unmarshal(msg.Data(), &req); err != nil {
-		reply(msg, UpgradeReply{Reply: Reply{Error: "cluster: upgrade: bad request: " + err.Error()}})
+		reply(msg, UpgradeReply{Reply: Reply{Error: "cluster: upgrade: bad request: " + err.Error(), Code: CodeBadRequest}})
 		return
 	}
-	sp, version, err := c.upgrade(req)
-	reply(msg, UpgradeReply{Reply: errReply(err), Savepoint: sp, Version: version})
+	sp, version, replaced, err := c.upgrade(req)
+	reply(msg, UpgradeReply{Reply: errReply(err), Savepoint: sp, Version: version, Replaced: replaced})
 }
 
 // upgrade checks the new version against the running job and the state of
 // its latest checkpoint, stops the job with a savepoint, checks the
 // savepoint, and starts the new version from it (or the old one again if
 // the savepoint does not restore into the new version).
-func (c *Controller) upgrade(req UpgradeRequest) (string, int, error) {
+func (c *Controller) upgrade(req UpgradeRequest) (string, int, bool, error) {
 	c.catchUp(req.JobID)
 	timeout := req.StartTimeout
 	if timeout <= 0 {
@@ -125,14 +134,19 @@ func (c *Controller) upgrade(req UpgradeRequest) (string, int, error) {
 	j := c.jobs[req.JobID]
 	if j == nil {
 		c.mu.Unlock()
-		return "", 0, fmt.Errorf("cluster: no job %q (streamd list shows the jobs)", req.JobID)
+		return "", 0, false, notFoundf("cluster: no job %q (streamd list shows the jobs)", req.JobID)
 	}
-	spec, err := c.newVersionLocked(j, req)
+	spec, replace, err := c.newVersionLocked(j, req)
 	if err != nil {
 		c.mu.Unlock()
-		return "", 0, fmt.Errorf("cluster: upgrade job %s: %w", j.id, err)
+		return "", 0, false, fmt.Errorf("cluster: upgrade job %s: %w", j.id, err)
 	}
 	j.upgrading = true
+	if replace {
+		c.mu.Unlock()
+		sp, v, err := c.replaceVersion(j, spec, timeout)
+		return sp, v, true, err
+	}
 	old, check := j.spec, j.restoreFrom()
 	c.mu.Unlock()
 	defer func() {
@@ -142,7 +156,7 @@ func (c *Controller) upgrade(req UpgradeRequest) (string, int, error) {
 	}()
 	g, err := spec.Graph(func(a Artifact) (string, error) { return "/" + a.Name, nil })
 	if err != nil {
-		return "", 0, fmt.Errorf("cluster: upgrade job %s: %w", j.id, err)
+		return "", 0, false, fmt.Errorf("cluster: upgrade job %s: %w", j.id, err)
 	}
 	// The restore checks of deploy --from, first against the job's latest
 	// checkpoint (the savepoint will have its operators): a new version that
@@ -150,11 +164,11 @@ func (c *Controller) upgrade(req UpgradeRequest) (string, int, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	if err := c.checkLatest(ctx, j, check, g); err != nil {
-		return "", 0, fmt.Errorf("cluster: upgrade job %s: the new version cannot restore the job's latest checkpoint, so the job was not stopped: %w", j.id, err)
+		return "", 0, false, fmt.Errorf("cluster: upgrade job %s: the new version cannot restore the job's latest checkpoint, so the job was not stopped: %w", j.id, err)
 	}
 	sp, err := c.distSavepoint(j.id, HostVerbStop, "", false)
 	if err != nil {
-		return "", 0, fmt.Errorf("cluster: upgrade job %s: %w", j.id, err)
+		return "", 0, false, fmt.Errorf("cluster: upgrade job %s: %w", j.id, err)
 	}
 	_, restoreErr := LoadRestore(ctx, c.nc, sp, g)
 	now := time.Now()
@@ -162,7 +176,7 @@ func (c *Controller) upgrade(req UpgradeRequest) (string, int, error) {
 	if j.state != JobStopped || c.jobs[j.id] != j {
 		st := j.state
 		c.mu.Unlock()
-		return sp, 0, fmt.Errorf("cluster: upgrade job %s: stopped with savepoint %s, then it became %s; start it with streamd deploy --from %s", j.id, sp, st, sp)
+		return sp, 0, false, fmt.Errorf("cluster: upgrade job %s: stopped with savepoint %s, then it became %s; start it with streamd deploy --from %s", j.id, sp, st, sp)
 	}
 	if len(j.versions) == 0 {
 		j.versions = []VersionStatus{newVersion(1, old, j.from, j.created, 0)}
@@ -184,10 +198,99 @@ func (c *Controller) upgrade(req UpgradeRequest) (string, int, error) {
 	// The new version (and the upgrade waiting for it) is in the bucket
 	// before the answer: a new leader carries it on.
 	if err := c.saved(j.id, ver); err != nil {
-		return sp, v.Version, fmt.Errorf("cluster: upgrade job %s: stopped with savepoint %s, but version %d was not saved before the controller stopped: %w (streamd status %s shows what the next leader runs; streamd deploy --from %s starts a stopped job)",
+		return sp, v.Version, false, fmt.Errorf("cluster: upgrade job %s: stopped with savepoint %s, but version %d was not saved before the controller stopped: %w (streamd status %s shows what the next leader runs; streamd deploy --from %s starts a stopped job)",
 			j.id, sp, v.Version, err, j.id, sp)
 	}
-	return sp, v.Version, nil
+	return sp, v.Version, false, nil
+}
+
+// replaceVersion upgrades job j, which does not run (it restarts, or waits
+// for slots), so cannot take a savepoint: its attempt (if one is placed) is
+// canceled, and the new version starts from the job's latest checkpoint,
+// or from nothing if it never completed one (the reply's Savepoint is then
+// ""). A new version that cannot restore that checkpoint is refused before
+// anything is canceled. The rollback, if the new version fails, starts the
+// old one from the same checkpoint.
+func (c *Controller) replaceVersion(j *ctlJob, spec JobSpec, timeout time.Duration) (string, int, error) {
+	defer func() {
+		c.mu.Lock()
+		j.upgrading = false
+		c.mu.Unlock()
+	}()
+	c.mu.Lock()
+	old, from := j.spec, j.restoreFrom()
+	c.mu.Unlock()
+	g, err := spec.Graph(func(a Artifact) (string, error) { return "/" + a.Name, nil })
+	if err != nil {
+		return "", 0, fmt.Errorf("cluster: upgrade job %s: %w", j.id, err)
+	}
+	if from != "" {
+		if spec.Checkpoint == nil {
+			return "", 0, fmt.Errorf("cluster: upgrade job %s: the new job has no checkpoint section: it cannot restore the job's latest checkpoint %s", j.id, from)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+		defer cancel()
+		if err := c.checkLatest(ctx, j, from, g); err != nil {
+			return "", 0, fmt.Errorf("cluster: upgrade job %s: the new version cannot restore the job's latest checkpoint, so the job was left as it was: %w", j.id, err)
+		}
+	}
+	c.mu.Lock()
+	var effects []effect
+	if j.placement != nil {
+		effects = c.cancelEffects(j, "")
+	}
+	j.canceling = true
+	c.mu.Unlock()
+	var wg sync.WaitGroup
+	for _, e := range effects {
+		wg.Add(1)
+		go func() { defer wg.Done(); e() }()
+	}
+	wg.Wait()
+	now := time.Now()
+	c.mu.Lock()
+	j.canceling = false
+	if c.jobs[j.id] != j || TerminalJobState(j.state) {
+		st := j.state
+		c.mu.Unlock()
+		return "", 0, fmt.Errorf("cluster: upgrade job %s: the job became %s while its attempt was canceled", j.id, st)
+	}
+	what := "from nothing (the job never completed a checkpoint)"
+	if from != "" {
+		what = "from its latest checkpoint " + from
+	}
+	c.endLocked(j, now, JobStopped, "replaced by an upgrade while it restarted, "+what)
+	if len(j.versions) == 0 {
+		j.versions = []VersionStatus{newVersion(1, old, j.from, j.created, 0)}
+	}
+	j.versions[len(j.versions)-1].State = VersionReplaced
+	v := newVersion(len(j.versions)+1, spec, from, now, j.attempt+1)
+	v.State, v.Timeout = VersionStarting, timeout.String()
+	j.versions = append(j.versions, v)
+	j.upgrade = &upgradeState{Version: v.Version, Savepoint: from, Previous: old, Timeout: timeout, Deadline: now.Add(timeout)}
+	c.log.Info("upgrade: replacing a job that does not run", "job", j.id, "version", v.Version, "from", from, "timeout", timeout)
+	c.startVersionLocked(j, spec, from, now, fmt.Sprintf("upgrading to version %d %s", v.Version, what))
+	ver := j.ver
+	effects = c.scheduleLocked(now)
+	c.mu.Unlock()
+	c.run(effects)
+	if err := c.saved(j.id, ver); err != nil {
+		return from, v.Version, fmt.Errorf("cluster: upgrade job %s: version %d was not saved before the controller stopped: %w (streamd status %s shows what the next leader runs)",
+			j.id, v.Version, err, j.id)
+	}
+	return from, v.Version, nil
+}
+
+// fromWhat says where a version starts: "from savepoint X" (or checkpoint),
+// or "from nothing".
+func StartsFrom(location string) string {
+	switch {
+	case location == "":
+		return "from nothing"
+	case strings.Contains(location, "savepoint-"):
+		return "from savepoint " + location
+	}
+	return "from checkpoint " + location
 }
 
 // checkLatest runs the restore checks of g against checkpoint check, the
@@ -221,17 +324,30 @@ func (c *Controller) checkLatest(ctx context.Context, j *ctlJob, check string, g
 // newVersionLocked is the spec of the version req asks for, checked as a
 // deploy checks its job; j must be running, with checkpoints, and not being
 // upgraded or deleted.
-func (c *Controller) newVersionLocked(j *ctlJob, req UpgradeRequest) (JobSpec, error) {
+//
+// replace says that j does not run (it restarts, or waits to be placed):
+// it cannot take a savepoint, so the new version replaces it from its
+// latest checkpoint, or from nothing (replaceVersion).
+func (c *Controller) newVersionLocked(j *ctlJob, req UpgradeRequest) (spec JobSpec, replace bool, err error) {
+	replace = j.state == JobRestarting || j.state == JobCreated
 	switch {
 	case j.upgrading || j.upgrade != nil:
-		return JobSpec{}, fmt.Errorf("an upgrade of the job is in progress (streamd status %s shows it)", j.id)
-	case j.placement == nil || j.dist == nil || (j.state != JobRunning && j.state != JobFinishing):
-		return JobSpec{}, fmt.Errorf("the job is %s, not running (an upgrade stops a running job with a savepoint; start a stopped one with streamd deploy --from)", j.state)
-	case !j.dist.ckpt:
-		return JobSpec{}, fmt.Errorf("the job has no checkpoints, so no savepoint to upgrade from (use streamd cancel and deploy)")
+		return JobSpec{}, false, conflictf("an upgrade of the job is in progress (streamd status %s shows it)", j.id)
+	case j.canceling || j.preparing:
+		return JobSpec{}, false, conflictf("the job is being %s", map[bool]string{true: "canceled", false: "prepared"}[j.canceling])
+	case !replace && (j.placement == nil || j.dist == nil || (j.state != JobRunning && j.state != JobFinishing)):
+		return JobSpec{}, false, conflictf("the job is %s, not running (an upgrade stops a running job with a savepoint; start a stopped one with streamd deploy --from)", j.state)
+	case !replace && !j.dist.ckpt:
+		return JobSpec{}, false, conflictf("the job has no checkpoints, so no savepoint to upgrade from (use streamd cancel and deploy)")
 	case (req.Job == nil) == (req.Module == nil):
-		return JobSpec{}, fmt.Errorf("want a new job or a new module, got %s", map[bool]string{true: "both", false: "neither"}[req.Job != nil])
+		return JobSpec{}, false, badRequestf("want a new job or a new module, got %s", map[bool]string{true: "both", false: "neither"}[req.Job != nil])
 	}
+	spec, err = c.newSpecLocked(j, req, replace)
+	return spec, replace, err
+}
+
+// newSpecLocked is the spec of j's new version as req asks for it.
+func (c *Controller) newSpecLocked(j *ctlJob, req UpgradeRequest, replace bool) (JobSpec, error) {
 	var spec JobSpec
 	if req.Job != nil {
 		if req.Operator != "" {
@@ -249,7 +365,7 @@ func (c *Controller) newVersionLocked(j *ctlJob, req UpgradeRequest) (JobSpec, e
 			return JobSpec{}, err
 		}
 	}
-	if spec.Checkpoint == nil {
+	if spec.Checkpoint == nil && !replace {
 		return JobSpec{}, fmt.Errorf("the new job has no checkpoint section: it cannot restore the savepoint")
 	}
 	if _, err := spec.Graph(func(a Artifact) (string, error) { return "/" + a.Name, nil }); err != nil {
@@ -334,11 +450,11 @@ func (c *Controller) rollbackLocked(j *ctlJob, now time.Time, why string) {
 	v.State, v.Rerun = VersionStarting, rerun
 	j.versions = append(j.versions, v)
 	j.upgrade = &upgradeState{Version: v.Version, Savepoint: u.Savepoint, Previous: u.Previous, Rollback: true,
-		Timeout: u.Timeout, Deadline: now.Add(u.Timeout)}
+		Timeout: max(u.Timeout, DefaultUpgradeStartTimeout), Deadline: now.Add(max(u.Timeout, DefaultUpgradeStartTimeout))}
 	c.log.Warn("upgrade failed; rolling back", "job", j.id, "failed_version", failed.Version, "version", v.Version,
 		"runs_again", rerun, "savepoint", u.Savepoint, "reason", why)
 	c.startVersionLocked(j, u.Previous, u.Savepoint, now,
-		fmt.Sprintf("rolling back to version %d from savepoint %s: version %d failed: %s", rerun, u.Savepoint, failed.Version, why))
+		fmt.Sprintf("rolling back to version %d %s: version %d failed: %s", rerun, StartsFrom(u.Savepoint), failed.Version, why))
 }
 
 // upgradeEndedLocked: job j ended (endLocked) while its upgrade waited for
@@ -357,7 +473,7 @@ func (c *Controller) upgradeEndedLocked(j *ctlJob, now time.Time, state, reason 
 		return
 	case state == JobFailed:
 		v.State, v.Reason = VersionFailed, reason
-		j.reason = fmt.Sprintf("the rollback to version %d from savepoint %s failed too: %s", v.Rerun, u.Savepoint, reason)
+		j.reason = fmt.Sprintf("the rollback to version %d %s failed too: %s", v.Rerun, StartsFrom(u.Savepoint), reason)
 	default:
 		v.State, v.Reason = state, reason
 	}
@@ -375,26 +491,68 @@ func (c *Controller) upgradeRunningLocked(j *ctlJob) {
 	}
 }
 
+// sameFailuresToRollBack is how many attempts in a row of a new version
+// must fail in open with the same error before the upgrade rolls back
+// without waiting for its start timeout: a module that fails that way
+// fails so every time.
+const sameFailuresToRollBack = 2
+
 // upgradeTimeoutsLocked fails the versions that upgrades started and that
-// do not run by their deadline: a new version is rolled back.
+// do not run by their deadline, and a new version whose attempts failed in
+// open the same way sameFailuresToRollBack times in a row: a new version is
+// rolled back.
 func (c *Controller) upgradeTimeoutsLocked(now time.Time) []effect {
 	var effects []effect
 	for _, id := range c.order {
 		j := c.jobs[id]
 		u := j.upgrade
-		if u == nil || TerminalJobState(j.state) || j.canceling || j.preparing || now.Before(u.Deadline) {
+		if u == nil || TerminalJobState(j.state) || j.canceling || j.preparing {
+			continue
+		}
+		var why string
+		switch same := repeatedOpenFailure(j, j.versions[u.Version-1].Attempt); {
+		case !u.Rollback && same != "":
+			why = fmt.Sprintf("its attempts failed in open %d times in a row the same way: %s", sameFailuresToRollBack, same)
+		case !now.Before(u.Deadline):
+			why = fmt.Sprintf("not running %s after it started", u.Timeout)
+			if f := lastFailure(j, j.versions[u.Version-1].Attempt); f != "" {
+				why += " (the last failure: " + f + ")"
+			}
+		default:
 			continue
 		}
 		if j.placement != nil {
 			effects = append(effects, c.cancelEffects(j, "")...)
 		}
-		why := fmt.Sprintf("not running %s after it started", u.Timeout)
-		if f := lastFailure(j, j.versions[u.Version-1].Attempt); f != "" {
-			why += " (the last failure: " + f + ")"
-		}
 		c.endLocked(j, now, JobFailed, why)
 	}
 	return effects
+}
+
+// repeatedOpenFailure is the failure, as "attempt N failed: why", of j's
+// latest sameFailuresToRollBack attempts from attempt `from` on when each
+// of them failed in open with the same error; else "".
+func repeatedOpenFailure(j *ctlJob, from int) string {
+	var reason string
+	n := 0
+	for i := len(j.attempts) - 1; i >= 0 && j.attempts[i].Attempt >= from && n < sameFailuresToRollBack; i-- {
+		a := j.attempts[i]
+		if a.State != SubtaskFailed {
+			if n == 0 && !TerminalJobState(a.State) {
+				continue // the attempt that runs now
+			}
+			return ""
+		}
+		if !strings.Contains(a.Reason, "phase open") || (n > 0 && a.Reason != reason) {
+			return ""
+		}
+		reason = a.Reason
+		n++
+	}
+	if n < sameFailuresToRollBack {
+		return ""
+	}
+	return reason
 }
 
 // lastFailure is the latest failure of j's attempts from attempt `from` on,

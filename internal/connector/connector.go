@@ -1,11 +1,3 @@
-// Package connector holds streamd's built-in sources (generator, file) and
-// sinks (file, stdout, discard). The task runtime drives them: a source
-// subtask calls Read in a loop and sends what it returns downstream; a sink
-// subtask calls Write for every batch it receives and Close last; the file
-// sink commits with two phases (TwoPhaseSink) so its output is exactly-once.
-//
-// Sources report their position (Position) so a checkpoint can store it, and
-// their constructors take a position to resume from.
 package connector
 
 import (

@@ -15,11 +15,10 @@ import (
 	"time"
 
 	"github.com/streamd/streamd/abi"
-	"github.com/streamd/streamd/internal/jobfile"
 )
 
-func genSpec() *jobfile.SourceSpec {
-	return &jobfile.SourceSpec{Type: "generator", KeyPattern: "key-{k}", ValuePattern: "value-{n}", Keys: 7, TSStep: 1}
+func genSpec() *SourceSpec {
+	return &SourceSpec{Type: "generator", KeyPattern: "key-{k}", ValuePattern: "value-{n}", Keys: 7, TSStep: 1}
 }
 
 // readAll reads src to the end with a buffer of bufSize records and renders
@@ -72,7 +71,7 @@ func TestGeneratorRecords(t *testing.T) {
 	}
 
 	// No key pattern: records without key; literal braces stay.
-	spec = &jobfile.SourceSpec{Count: 2, ValuePattern: "{x}{n}/{k}", Keys: 1}
+	spec = &SourceSpec{Count: 2, ValuePattern: "{x}{n}/{k}", Keys: 1}
 	g, _ = NewGenerator(spec, 0, 1, nil)
 	buf := make([]abi.Record, 4)
 	n, _ := g.Read(context.Background(), buf)

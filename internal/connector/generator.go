@@ -10,10 +10,9 @@ import (
 	"time"
 
 	"github.com/streamd/streamd/abi"
-	"github.com/streamd/streamd/internal/jobfile"
 )
 
-// Generator is the deterministic generator source (jobfile.SourceSpec with
+// Generator is the deterministic generator source (SourceSpec with
 // Type "generator"). Subtask i of p produces records n = i, i+p, i+2p, ...,
 // each a pure function of n, so a run, a rescaled run and a resumed run all
 // produce the same records. Its position is the next n.
@@ -80,7 +79,7 @@ const positionVersion = 1
 // NewGenerator returns subtask's generator. pos is nil to start at the
 // beginning, or a Position() of an earlier generator subtask with the same
 // index and parallelism.
-func NewGenerator(spec *jobfile.SourceSpec, subtask, parallelism int, pos []byte) (*Generator, error) {
+func NewGenerator(spec *SourceSpec, subtask, parallelism int, pos []byte) (*Generator, error) {
 	if parallelism < 1 || subtask < 0 || subtask >= parallelism {
 		return nil, fmt.Errorf("connector: generator: subtask %d of parallelism %d", subtask, parallelism)
 	}

@@ -15,7 +15,6 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/streamd/streamd/abi"
-	"github.com/streamd/streamd/internal/jobfile"
 	"github.com/streamd/streamd/internal/natsutil"
 )
 
@@ -53,7 +52,7 @@ type NATSSourceOptions struct {
 	TimestampField string
 	// Start is where a source without a position starts (the zero value:
 	// the first message); a position resumes where it says instead.
-	Start jobfile.NATSStart
+	Start NATSStart
 }
 
 // NATSSource reads a JetStream stream with an ordered consumer (ephemeral,
@@ -235,16 +234,16 @@ func boundedName(b bool) string {
 // startSeq is the stream sequence a source starting at st reads first. The
 // server resolves new and time: for a short-lived consumer, whose first
 // sequence to deliver its info tells.
-func startSeq(ctx context.Context, stream jetstream.Stream, st jobfile.NATSStart, filter []string) (uint64, error) {
+func startSeq(ctx context.Context, stream jetstream.Stream, st NATSStart, filter []string) (uint64, error) {
 	cfg := jetstream.ConsumerConfig{FilterSubjects: filter, AckPolicy: jetstream.AckNonePolicy, InactiveThreshold: 10 * time.Second}
 	switch st.Kind {
-	case "", jobfile.StartFirst:
+	case "", StartFirst:
 		return 1, nil
-	case jobfile.StartSeq:
+	case StartSeq:
 		return st.Seq, nil
-	case jobfile.StartNew:
+	case StartNew:
 		cfg.DeliverPolicy = jetstream.DeliverNewPolicy
-	case jobfile.StartTime:
+	case StartTime:
 		cfg.DeliverPolicy = jetstream.DeliverByStartTimePolicy
 		t := st.Time
 		cfg.OptStartTime = &t

@@ -13,7 +13,6 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/streamd/streamd/abi"
-	"github.com/streamd/streamd/internal/jobfile"
 	"github.com/streamd/streamd/internal/natstest"
 	"github.com/streamd/streamd/internal/natsutil"
 )
@@ -292,20 +291,20 @@ func TestNATSSourceStart(t *testing.T) {
 	}
 	cut := m10.Time
 	for _, tt := range []struct {
-		start jobfile.NATSStart
+		start NATSStart
 		from  int // the first order read
 	}{
-		{jobfile.NATSStart{}, 0},
-		{jobfile.NATSStart{Kind: jobfile.StartFirst}, 0},
-		{jobfile.NATSStart{Kind: jobfile.StartSeq, Seq: 15}, 14},
-		{jobfile.NATSStart{Kind: jobfile.StartTime, Time: cut}, 10},
-		{jobfile.NATSStart{Kind: jobfile.StartNew}, 20},
+		{NATSStart{}, 0},
+		{NATSStart{Kind: StartFirst}, 0},
+		{NATSStart{Kind: StartSeq, Seq: 15}, 14},
+		{NATSStart{Kind: StartTime, Time: cut}, 10},
+		{NATSStart{Kind: StartNew}, 20},
 	} {
 		s, err := NewNATSSource(ctx, NATSSourceOptions{Conn: co, Stream: "ORDERS", Start: tt.start}, 0, 1, nil)
 		if err != nil {
 			t.Fatalf("start %s: %v", tt.start, err)
 		}
-		if tt.start.Kind == jobfile.StartNew {
+		if tt.start.Kind == StartNew {
 			publishOrders(t, js, 20, 6) // after the source opened
 		}
 		got, _ := readSome(t, s, 4, 5)
@@ -315,7 +314,7 @@ func TestNATSSourceStart(t *testing.T) {
 		pos := s.Position()
 		s.Close()
 		// Resuming ignores the start: it goes on after what was read.
-		r, err := NewNATSSource(ctx, NATSSourceOptions{Conn: co, Stream: "ORDERS", Start: jobfile.NATSStart{Kind: jobfile.StartNew}}, 0, 1, pos)
+		r, err := NewNATSSource(ctx, NATSSourceOptions{Conn: co, Stream: "ORDERS", Start: NATSStart{Kind: StartNew}}, 0, 1, pos)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -326,7 +325,7 @@ func TestNATSSourceStart(t *testing.T) {
 		}
 	}
 	// A bounded source that starts new has nothing to read.
-	s, err := NewNATSSource(ctx, NATSSourceOptions{Conn: co, Stream: "ORDERS", Bounded: true, Start: jobfile.NATSStart{Kind: jobfile.StartNew}}, 0, 1, nil)
+	s, err := NewNATSSource(ctx, NATSSourceOptions{Conn: co, Stream: "ORDERS", Bounded: true, Start: NATSStart{Kind: StartNew}}, 0, 1, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -358,7 +357,7 @@ func TestNATSSourceLag(t *testing.T) {
 	if n, _ := s.Lag(); n != 0 {
 		t.Fatalf("lag after all 50: %d, want 0", n)
 	}
-	b, err := NewNATSSource(context.Background(), NATSSourceOptions{Conn: co, Stream: "ORDERS", Bounded: true, Start: jobfile.NATSStart{Kind: jobfile.StartSeq, Seq: 21}}, 0, 1, nil)
+	b, err := NewNATSSource(context.Background(), NATSSourceOptions{Conn: co, Stream: "ORDERS", Bounded: true, Start: NATSStart{Kind: StartSeq, Seq: 21}}, 0, 1, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -12,8 +12,10 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 
 	"github.com/streamd/streamd/abi"
+	"github.com/streamd/streamd/control"
 )
 
 // FileSink is the exactly-once file sink of one subtask: it writes one line
@@ -83,7 +85,11 @@ func NewFileSink(dir, job string, subtask int, format string) (*FileSink, error)
 		return nil, fmt.Errorf("connector: file sink %s: unknown format %q (want %q or %q)", dir, format, FormatValue, FormatKV)
 	}
 	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return nil, fmt.Errorf("connector: file sink: %w", err)
+		err = fmt.Errorf("connector: file sink: %w", err)
+		if badPath(err) {
+			err = control.NonRecoverable(err)
+		}
+		return nil, err
 	}
 	return &FileSink{dir: dir, prefix: PartPrefix(job), subtask: subtask, kv: format == FormatKV}, nil
 }
@@ -208,7 +214,7 @@ func (s *FileSink) CommitPending(states [][]byte) error {
 	for _, st := range states {
 		ps, err := DecodePending(st)
 		if err != nil {
-			return fmt.Errorf("connector: file sink %s subtask %d: restore: %w", s.dir, s.subtask, err)
+			return control.NonRecoverable(fmt.Errorf("connector: file sink %s subtask %d: restore: %w", s.dir, s.subtask, err))
 		}
 		all = append(all, ps...)
 	}
@@ -277,6 +283,14 @@ func commitFiles(dir string, ps []PendingFile) error {
 		}
 	}
 	return syncDir(dir)
+}
+
+// badPath reports whether err says that a path cannot be used whatever the
+// attempt: it does not exist under a parent that cannot be written (/proc),
+// it is not a directory, it is read-only, or permission is denied.
+func badPath(err error) bool {
+	return errors.Is(err, fs.ErrNotExist) || errors.Is(err, fs.ErrPermission) || errors.Is(err, fs.ErrExist) ||
+		errors.Is(err, syscall.ENOTDIR) || errors.Is(err, syscall.EROFS)
 }
 
 func syncDir(dir string) error {

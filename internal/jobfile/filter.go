@@ -1,6 +1,7 @@
 package jobfile
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -8,10 +9,9 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/nats-io/nats-server/v2/server"
-
 	"github.com/streamd/streamd/abi"
 	"github.com/streamd/streamd/control"
+	"github.com/streamd/streamd/internal/connector"
 )
 
 // Filter describes a job without a job file: one wasm operator between a
@@ -26,9 +26,11 @@ type Filter struct {
 	// MaxRecordBytes is the job's max_record_bytes; 0 means abi.DefaultMaxRecordBytes.
 	MaxRecordBytes int
 
-	// A transform (streamd deploy MODULE.wasm --input): Input, a nats
-	// source, replaces Source and Outputs, nats sinks, replace Sink; the
-	// source, the operator and the sinks all run with Parallelism.
+	// A transform (streamd deploy MODULE.wasm --input): Input replaces
+	// Source and Outputs replace Sink, as the connector schemes made them
+	// (connector.Scheme; their types' TransformInput and TransformOutput
+	// check them); the source, the operator and the sinks all run with
+	// Parallelism.
 	Input   *SourceSpec
 	Outputs []*SinkSpec
 	// Name names the job; default the operator's uid.
@@ -37,6 +39,9 @@ type Filter struct {
 	// restarts as a job file with one does (Restart, else exponential-delay).
 	Checkpoint *CheckpointSettings
 	Restart    *RestartSettings
+	// OnError is the operator's on_error (nil: fail); a dead-letter sink
+	// runs at the operator's parallelism.
+	OnError *OnError
 }
 
 // Uids of the vertices of a filter job; the operator's uid is derived from
@@ -47,6 +52,10 @@ const (
 	FilterSourceUID = "source"
 	FilterSinkUID   = "sink"
 )
+
+// transformKind stands for Input or Outputs in FilterJob's switches (no
+// --source or --sink can spell it).
+const transformKind = "\x00transform"
 
 var notUIDChar = regexp.MustCompile(`[^A-Za-z0-9_-]+`)
 
@@ -84,31 +93,20 @@ func FilterJob(f Filter) (*Job, error) {
 	srcPar := 1
 	kind, arg, _ := strings.Cut(f.Source, ":")
 	if f.Input != nil {
-		kind = "nats"
+		kind = transformKind
 	}
 	switch kind {
-	case "nats":
-		if f.Input == nil {
-			return fail("--source", "%q: a module reads NATS as a transform: streamd deploy MODULE.wasm --input nats:SUBJECT (or jetstream:STREAM[:FILTER])", f.Source)
-		}
+	case transformKind:
 		if f.Source != "" {
 			return fail("--input", "a transform reads its input; --source %q is a second source", f.Source)
 		}
-		if f.Input.Type != "nats" || f.Input.Stream == "" || f.Input.Bounded {
-			return nil, fmt.Errorf("jobfile: a transform's input is an unbounded nats source with a stream, got %+v", f.Input)
-		}
-		if f.Input.Subject != "" {
-			if err := CheckSubject(f.Input.Subject, true); err != nil {
-				return fail("--input", "%v", err)
-			}
-		}
-		st, err := ParseNATSStart(f.Input.Start)
+		in, err := connector.TransformInput(f.Input)
 		if err != nil {
-			return fail("--start", "%v", err)
+			return transformError(err)
 		}
-		c := *f.Input
-		c.Start = st.String()
-		src, srcPar = &c, par
+		src, srcPar = in, par
+	case "nats":
+		return fail("--source", "%q: a module reads NATS as a transform: streamd deploy MODULE.wasm --input nats:SUBJECT (or jetstream:STREAM[:FILTER])", f.Source)
 	case "", "stdin":
 		if arg != "" {
 			return fail("--source", "stdin takes no argument, got %q", f.Source)
@@ -140,16 +138,15 @@ func FilterJob(f Filter) (*Job, error) {
 	sinkPar := 1
 	kind, arg, _ = strings.Cut(f.Sink, ":")
 	if len(f.Outputs) > 0 {
-		kind = "nats"
+		kind = transformKind
 	}
 	switch kind {
-	case "nats":
-		if len(f.Outputs) == 0 {
-			return fail("--sink", "%q: a module writes to NATS as a transform: streamd deploy MODULE.wasm --input ... --output nats:SUBJECT", f.Sink)
-		}
+	case transformKind:
 		if f.Sink != "" {
-			return fail("--output", "--sink %q is a second kind of output; give nats outputs or one --sink", f.Sink)
+			return fail("--output", "--sink %q is a second kind of output; give transform outputs or one --sink", f.Sink)
 		}
+	case "nats":
+		return fail("--sink", "%q: a module writes to NATS as a transform: streamd deploy MODULE.wasm --input ... --output nats:SUBJECT", f.Sink)
 	case "", "stdout":
 		if arg != "" {
 			return fail("--sink", "stdout takes no argument, got %q", f.Sink)
@@ -200,7 +197,7 @@ func FilterJob(f Filter) (*Job, error) {
 	}
 	vertices := []*control.Vertex{
 		{UID: FilterSourceUID, Kind: control.KindSource, Parallelism: srcPar, Spec: src},
-		{UID: opUID, Kind: control.KindOperator, Parallelism: par, Spec: &WasmSpec{Path: module, Config: cfg, AllowClock: f.AllowClock},
+		{UID: opUID, Kind: control.KindOperator, Parallelism: par, Spec: &WasmSpec{Path: module, Config: cfg, AllowClock: f.AllowClock, OnError: f.OnError},
 			Inputs: []control.Edge{in}},
 	}
 	if len(f.Outputs) == 0 {
@@ -209,28 +206,31 @@ func FilterJob(f Filter) (*Job, error) {
 	}
 	seen := map[string]bool{}
 	for _, o := range f.Outputs {
-		if o.Type != "nats" {
-			return nil, fmt.Errorf("jobfile: a transform's output is a nats sink, got %+v", o)
+		name, err := connector.TransformOutput(f.Input, o)
+		if err != nil {
+			return transformError(err)
 		}
-		if err := CheckSubject(o.Subject, false); err != nil {
-			return fail("--output", "%v", err)
+		if seen[name] {
+			return fail("--output", "%s given twice", name)
 		}
-		if seen[o.Subject] {
-			return fail("--output", "nats:%s given twice", o.Subject)
-		}
-		seen[o.Subject] = true
-		if f.Input != nil {
-			if err := CheckTransformOutput(f.Input.Subject, o.Subject); err != nil {
-				return fail("--output", "%v", err)
-			}
-		}
-		uid := FilterSinkUID + "-" + notUIDChar.ReplaceAllString(o.Subject, "_")
+		seen[name] = true
+		_, arg, _ := strings.Cut(name, ":")
+		uid := FilterSinkUID + "-" + notUIDChar.ReplaceAllString(arg, "_")
 		if len(uid) > control.MaxUIDLength {
-			return fail("--output", "nats:%s: the subject is too long to name the sink (%s is over %d characters)", o.Subject, uid, control.MaxUIDLength)
+			return fail("--output", "%s: the name is too long to name the sink (%s is over %d characters)", name, uid, control.MaxUIDLength)
 		}
 		c := *o
 		vertices = append(vertices, &control.Vertex{UID: uid, Kind: control.KindSink, Parallelism: par, Spec: &c,
 			Inputs: []control.Edge{{From: opUID, Partition: control.Forward}}})
+	}
+	if oe := f.OnError; oe != nil && oe.DeadLetter != nil {
+		name, err := connector.TransformOutput(f.Input, oe.DeadLetter)
+		if err != nil {
+			return fail("--on-error", "dead letters: %v", err)
+		}
+		if seen[name] {
+			return fail("--on-error", "dead letters to %s, which is also an --output: give the dead letters their own", name)
+		}
 	}
 	name := f.Name
 	if name == "" {
@@ -250,12 +250,12 @@ func FilterJob(f Filter) (*Job, error) {
 	return job, nil
 }
 
-// CheckTransformOutput refuses a transform's output subject that its input
-// filter (wildcards allowed; "" reads the whole stream and is not checked
-// here) also matches: the transform would read its own output.
-func CheckTransformOutput(input, output string) error {
-	if input != "" && server.SubjectsCollide(input, output) {
-		return fmt.Errorf("nats:%s is also read by the input %s: the transform would read its own output", output, input)
+// transformError is the error of FilterJob for a transform's input or
+// output its connector refused (a *connector.FlagError names the flag).
+func transformError(err error) (*Job, error) {
+	var fe *connector.FlagError
+	if errors.As(err, &fe) {
+		return nil, &Error{Problems: []Problem{{Field: fe.Flag, Message: fe.Message}}}
 	}
-	return nil
+	return nil, fmt.Errorf("jobfile: %w", err)
 }

@@ -20,7 +20,6 @@ import (
 
 	"github.com/streamd/streamd/abi"
 	"github.com/streamd/streamd/control"
-	"github.com/streamd/streamd/internal/natsutil"
 )
 
 // Job is a loaded, validated job file: the graph to run and the job-wide settings.
@@ -365,7 +364,22 @@ func (p *parser) parse(data []byte) *Job {
 		msg := err.Error()
 		if m := yamlLineRE.FindStringSubmatch(msg); m != nil {
 			line, _ := strconv.Atoi(m[1])
-			p.add("", line, "", "YAML: %s", m[2])
+			what := m[2]
+			// yaml.v3 counts lines from 0 where its parser names the
+			// collection it was in (an unclosed '{' or '[': the line it
+			// began on; a block mapping or sequence), from 1 elsewhere.
+			if strings.HasPrefix(what, "did not find expected") && !strings.HasSuffix(what, "node content") {
+				line++
+				switch {
+				case strings.HasSuffix(what, "'}'"):
+					what += " (the '{' on this line is not closed)"
+				case strings.HasSuffix(what, "']'"):
+					what += " (the '[' on this line is not closed)"
+				case strings.HasSuffix(what, "'-' indicator"):
+					what += " (in the list that begins on this line: check the indentation of the lines below)"
+				}
+			}
+			p.add("", line, "", "YAML: %s", what)
 		} else {
 			p.add("", 0, "", "YAML: %s", strings.TrimPrefix(msg, "yaml: "))
 		}
@@ -708,157 +722,6 @@ func splitFrom(from string) (uid, output string) {
 	return uid, output
 }
 
-var (
-	sourceFields     = []string{"type", "path", "count", "rate", "key", "value", "keys", "value_size", "start_ts", "ts_step", "watermark_lag", "url", "stream", "subject", "bounded", "key_from", "start", "timestamp", "watermark"}
-	fileSourceOnly   = []string{"path", "timestamp", "watermark_lag", "watermark"}
-	generatorFields  = []string{"count", "rate", "key", "value", "keys", "value_size", "start_ts", "ts_step", "watermark_lag", "watermark"}
-	natsSourceFields = []string{"url", "stream", "subject", "bounded", "key_from", "watermark_lag", "start", "timestamp", "watermark"}
-	watermarkFields  = []string{"max_out_of_orderness", "idle_timeout", "interval"}
-	sinkFields       = []string{"type", "path", "format", "url", "subject", "commit_subject"}
-	sinkTypeFields   = map[string][]string{"file": {"path", "format"}, "stdout": {"format"}, "discard": {}, "nats": {"url", "subject", "commit_subject"}}
-)
-
-// SourceTypes and SinkTypes are the built-in connector types a job file may name.
-var (
-	SourceTypes = []string{"file", "generator", "nats"}
-	SinkTypes   = []string{"file", "stdout", "discard", "nats"}
-)
-
-func (p *parser) source(op, prefix string, n *yaml.Node) *SourceSpec {
-	prefix += "source."
-	if n.Kind != yaml.MappingNode {
-		p.add(op, n.Line, strings.TrimSuffix(prefix, "."), "want a mapping like {type: file, path: input.txt}")
-		return nil
-	}
-	f := p.fields(op, prefix, n, sourceFields)
-	s := &SourceSpec{KeyPattern: "key-{k}", ValuePattern: "value-{n}", Keys: 100, TSStep: 1}
-	t := f["type"]
-	if t == nil {
-		p.add(op, n.Line, prefix+"type", "missing (want %s)", orList(SourceTypes))
-		return nil
-	}
-	s.Type = p.str(op, prefix+"type", t)
-	notFor := func(allowed []string) {
-		for _, k := range sourceFields {
-			if c := f[k]; c != nil && k != "type" && !contains(allowed, k) {
-				p.add(op, c.Line, prefix+k, "not a field of a %s source", s.Type)
-			}
-		}
-	}
-	p.eventTime(op, prefix, f, s)
-	switch s.Type {
-	case "file":
-		notFor(fileSourceOnly)
-		c := f["path"]
-		if c == nil {
-			p.add(op, n.Line, prefix+"path", "missing: a file source reads the file at path (\"-\" for standard input)")
-			return s
-		}
-		if c.Value == "-" {
-			s.Path = "-"
-			return s
-		}
-		s.Path = p.path(op, prefix+"path", c)
-		if s.Path != "" {
-			p.checkInput(op, prefix+"path", c.Line, s.Path)
-		}
-	case "generator":
-		notFor(generatorFields)
-		if c := f["count"]; c != nil {
-			if x, ok := p.int64(op, prefix+"count", c); ok {
-				if x < 0 {
-					p.add(op, c.Line, prefix+"count", "must not be negative, got %d", x)
-				}
-				s.Count = x
-			}
-		}
-		if c := f["rate"]; c != nil {
-			if x, ok := p.float(op, prefix+"rate", c); ok {
-				if x < 0 || math.IsNaN(x) || math.IsInf(x, 0) {
-					p.add(op, c.Line, prefix+"rate", "must be a non-negative number of records per second, got %v", c.Value)
-				}
-				s.Rate = x
-			}
-		}
-		if s.Count == 0 && s.Rate == 0 {
-			p.add(op, n.Line, prefix+"count", "a generator needs count (records in total) or rate (records per second; unbounded without count)")
-		}
-		if c := f["key"]; c != nil {
-			s.KeyPattern = p.str(op, prefix+"key", c)
-		}
-		if c := f["value"]; c != nil {
-			s.ValuePattern = p.str(op, prefix+"value", c)
-		}
-		if c := f["keys"]; c != nil {
-			if x, ok := p.int64(op, prefix+"keys", c); ok {
-				if x < 1 {
-					p.add(op, c.Line, prefix+"keys", "must be at least 1, got %d", x)
-				}
-				s.Keys = x
-			}
-		}
-		if c := f["value_size"]; c != nil {
-			if x, ok := p.int(op, prefix+"value_size", c); ok {
-				if x < 0 {
-					p.add(op, c.Line, prefix+"value_size", "must not be negative, got %d", x)
-				}
-				s.ValueSize = x
-			}
-		}
-		if c := f["start_ts"]; c != nil {
-			s.StartTS, _ = p.int64(op, prefix+"start_ts", c)
-		}
-		if c := f["ts_step"]; c != nil {
-			if d, ok := p.durationOrMillis(op, prefix+"ts_step", c); ok {
-				if d%time.Millisecond != 0 {
-					p.add(op, c.Line, prefix+"ts_step", "timestamps are in milliseconds: %v is not a whole number of them", d)
-				}
-				s.TSStep = d.Milliseconds()
-			}
-		}
-	case "nats":
-		notFor(natsSourceFields)
-		if c := f["url"]; c != nil {
-			s.URL = p.natsURL(op, prefix+"url", c)
-		}
-		if c := f["stream"]; c == nil {
-			p.add(op, n.Line, prefix+"stream", "missing: a nats source reads the JetStream stream named by stream")
-		} else if s.Stream = p.str(op, prefix+"stream", c); s.Stream == "" && c.Tag != "!!null" {
-			p.add(op, c.Line, prefix+"stream", "empty: name the JetStream stream to read")
-		} else if strings.ContainsAny(s.Stream, " \t.*>") {
-			p.add(op, c.Line, prefix+"stream", "%q is not a stream name (no spaces, '.', '*' or '>')", s.Stream)
-		}
-		if c := f["subject"]; c != nil {
-			if s.Subject = p.str(op, prefix+"subject", c); s.Subject != "" {
-				p.checkSubject(op, prefix+"subject", c.Line, s.Subject, true)
-			}
-		}
-		if c := f["bounded"]; c != nil {
-			s.Bounded = p.bool(op, prefix+"bounded", c)
-		}
-		if c := f["key_from"]; c != nil {
-			s.KeyFrom = p.str(op, prefix+"key_from", c)
-			if s.KeyFrom != "header" && s.KeyFrom != "subject" && s.KeyFrom != "" {
-				p.add(op, c.Line, prefix+"key_from", "unknown key source %q (want header or subject)", s.KeyFrom)
-			}
-		}
-		if c := f["start"]; c != nil {
-			if s.Start = p.str(op, prefix+"start", c); s.Start == "" && c.Tag != "!!null" {
-				p.add(op, c.Line, prefix+"start", "empty: want first, new, seq:N or time:RFC3339 (leave start out for first)")
-			} else if s.Start != "" {
-				if st, err := ParseNATSStart(s.Start); err != nil {
-					p.add(op, c.Line, prefix+"start", "%v", err)
-				} else {
-					s.Start = st.String()
-				}
-			}
-		}
-	default:
-		p.add(op, t.Line, prefix+"type", "unknown source type %q (want %s)", s.Type, orList(SourceTypes))
-	}
-	return s
-}
-
 // orList is "a, b or c".
 func orList(xs []string) string {
 	if len(xs) < 2 {
@@ -913,120 +776,6 @@ func (p *parser) eventTime(op, prefix string, f map[string]*yaml.Node, s *Source
 	}
 	p.opDurationAtLeast(op, wf, prefix+"watermark.", "idle_timeout", 0, "must not be negative", &s.IdleTimeout)
 	p.opDurationAtLeast(op, wf, prefix+"watermark.", "interval", time.Nanosecond, "must be positive", &s.WatermarkInterval)
-}
-
-// natsURL checks a comma-separated list of NATS server URLs.
-func (p *parser) natsURL(op, field string, n *yaml.Node) string {
-	s := p.str(op, field, n)
-	if s == "" {
-		if n.Kind == yaml.ScalarNode && n.Tag != "!!null" {
-			p.add(op, n.Line, field, "empty: leave url out to use the configured nats.url")
-		}
-		return ""
-	}
-	if err := natsutil.URLs(s)(&natsutil.ConnectOptions{}); err != nil {
-		p.add(op, n.Line, field, "%s", strings.TrimPrefix(err.Error(), "natsutil: "))
-	}
-	return s
-}
-
-// checkSubject checks a NATS subject: dot-separated non-empty tokens without
-// spaces; wildcards ('*' tokens, a last '>') only where a filter is allowed.
-func (p *parser) checkSubject(op, field string, line int, subj string, wildcards bool) {
-	if err := CheckSubject(subj, wildcards); err != nil {
-		p.add(op, line, field, "%v", err)
-	}
-}
-
-// CheckSubject checks a NATS subject: dot-separated non-empty tokens
-// without spaces; wildcards ('*' tokens, a last '>') only if wildcards
-// (a source's filter, not a sink's subject).
-func CheckSubject(subj string, wildcards bool) error {
-	toks := strings.Split(subj, ".")
-	for i, tok := range toks {
-		switch {
-		case tok == "" || strings.ContainsAny(tok, " \t\r\n"):
-			return fmt.Errorf("%q is not a NATS subject (dot-separated tokens without spaces)", subj)
-		case tok == "*" || (tok == ">" && i == len(toks)-1):
-			if !wildcards {
-				return fmt.Errorf("%q has a wildcard; a sink publishes to one subject", subj)
-			}
-		case strings.ContainsAny(tok, "*>"):
-			return fmt.Errorf("%q is not a NATS subject ('*' and '>' are whole tokens, '>' only last)", subj)
-		}
-	}
-	return nil
-}
-
-func (p *parser) sink(op, prefix string, n *yaml.Node) *SinkSpec {
-	return p.sinkAt(op, prefix+"sink.", n)
-}
-
-// sinkAt parses the sink mapping n whose fields are named prefix+field.
-func (p *parser) sinkAt(op, prefix string, n *yaml.Node) *SinkSpec {
-	if n.Kind != yaml.MappingNode {
-		p.add(op, n.Line, strings.TrimSuffix(prefix, "."), "want a mapping like {type: file, path: out/}")
-		return nil
-	}
-	f := p.fields(op, prefix, n, sinkFields)
-	s := &SinkSpec{Format: "value"}
-	t := f["type"]
-	if t == nil {
-		p.add(op, n.Line, prefix+"type", "missing (want %s)", strings.Join(SinkTypes, ", "))
-		return nil
-	}
-	s.Type = p.str(op, prefix+"type", t)
-	if allowed, known := sinkTypeFields[s.Type]; known {
-		for _, k := range sinkFields {
-			if c := f[k]; c != nil && k != "type" && !contains(allowed, k) {
-				p.add(op, c.Line, prefix+k, "not a field of a %s sink", s.Type)
-				delete(f, k)
-			}
-		}
-	}
-	if c := f["format"]; c != nil {
-		s.Format = p.str(op, prefix+"format", c)
-		if s.Format != "value" && s.Format != "kv" {
-			p.add(op, c.Line, prefix+"format", "unknown format %q (want value or kv)", s.Format)
-		}
-	}
-	switch s.Type {
-	case "file":
-		c := f["path"]
-		if c == nil {
-			p.add(op, n.Line, prefix+"path", "missing: a file sink writes part files into the directory at path")
-			return s
-		}
-		s.Path = p.path(op, prefix+"path", c)
-		if s.Path != "" {
-			if fi, err := os.Stat(s.Path); err == nil && !fi.IsDir() {
-				p.add(op, c.Line, prefix+"path", "%s is a file; a file sink writes into a directory", s.Path)
-			}
-		}
-	case "stdout", "discard":
-	case "nats":
-		if c := f["url"]; c != nil {
-			s.URL = p.natsURL(op, prefix+"url", c)
-		}
-		c := f["subject"]
-		if c == nil {
-			p.add(op, n.Line, prefix+"subject", "missing: a nats sink publishes to subject (a JetStream stream must capture it)")
-			return s
-		}
-		if s.Subject = p.str(op, prefix+"subject", c); s.Subject == "" && c.Tag != "!!null" {
-			p.add(op, c.Line, prefix+"subject", "empty: name the subject to publish to")
-		} else if s.Subject != "" {
-			p.checkSubject(op, prefix+"subject", c.Line, s.Subject, false)
-		}
-		if c := f["commit_subject"]; c != nil {
-			if s.CommitSubject = p.str(op, prefix+"commit_subject", c); s.CommitSubject != "" {
-				p.checkSubject(op, prefix+"commit_subject", c.Line, s.CommitSubject, false)
-			}
-		}
-	default:
-		p.add(op, t.Line, prefix+"type", "unknown sink type %q (want %s)", s.Type, strings.Join(SinkTypes, ", "))
-	}
-	return s
 }
 
 // NewCheckpointSettings is a checkpoint section with interval, dir and
@@ -1499,43 +1248,6 @@ func (p *parser) path(op, field string, n *yaml.Node) string {
 		s = filepath.Join(p.baseDir, s)
 	}
 	return filepath.Clean(s)
-}
-
-// checkInput checks a file source's path: a regular file must be readable;
-// a FIFO or a character device (a named pipe, /dev/stdin) is a stream the
-// source may read, so it is accepted without being opened (opening a FIFO
-// blocks until a writer comes). The runtime reads every input with bounded
-// memory, so a stream without newlines such as /dev/zero fails the job at
-// its first line longer than max_record_bytes. A directory, a socket or a
-// block device is refused.
-func (p *parser) checkInput(op, field string, line int, path string) {
-	fi, err := os.Stat(path)
-	if err != nil {
-		p.add(op, line, field, "cannot read input file %s: %v", path, unwrapPathError(err))
-		return
-	}
-	switch m := fi.Mode(); {
-	case m.IsRegular():
-		p.checkReadableFile(op, field, line, path, "input file")
-	case m&fs.ModeNamedPipe != 0, m&fs.ModeCharDevice != 0:
-	case m.IsDir():
-		p.add(op, line, field, "input file %s is a directory", path)
-	default:
-		p.add(op, line, field, "input file %s is a %s, not a file, a named pipe or a character device", path, fileKind(m))
-	}
-}
-
-// fileKind names the type of a file that is neither regular nor a directory.
-func fileKind(m fs.FileMode) string {
-	switch {
-	case m&fs.ModeSocket != 0:
-		return "socket"
-	case m&fs.ModeDevice != 0:
-		return "block device"
-	case m&fs.ModeIrregular != 0:
-		return "irregular file"
-	}
-	return "special file"
 }
 
 func (p *parser) checkReadableFile(op, field string, line int, path, what string) bool {

@@ -263,7 +263,7 @@ operators:
 operators:
   - uid: k
     source: {type: kafka, path: x}
-`, []string{`operator "k" (line 4): source.type: unknown source type "kafka" (want file, generator or nats)`}},
+`, []string{`operator "k" (line 4): source.type: unknown source type "kafka" (want file, generator, nats or nexmark)`}},
 		{"unknown sink type", head + `
   - uid: out
     sink: {type: s3}
@@ -339,6 +339,13 @@ operators:
     inputs: [lines]
 `, []string{`operator "out" (line 6): sink.path: `, `input.txt is a file; a file sink writes into a directory`}},
 		{"yaml syntax", "name: bad\noperators:\n  - uid: [\n", []string{`jobfile: wordcount.yaml: line `, `YAML: `}},
+		{"unclosed flow mapping", "name: x\noperators:\n  - uid: gen\n    source: {type: generator, count: 10\n  - uid: out\n    sink: {type: stdout}\n",
+			[]string{`jobfile: wordcount.yaml: line 4: YAML: did not find expected ',' or '}' (the '{' on this line is not closed)`}},
+		{"unclosed flow sequence", "name: x\noperators:\n  - uid: out\n    sink: {type: stdout}\n    inputs: [gen\n",
+			[]string{`jobfile: wordcount.yaml: line 5: YAML: did not find expected ',' or ']' (the '[' on this line is not closed)`}},
+		{"bad indentation", "name: x\noperators:\n  - uid: out\n    sink: {type: stdout}\n   inputs: [gen]\n", []string{`jobfile: wordcount.yaml: line 3: YAML: did not find expected '-' indicator (in the list that begins on this line: check the indentation of the lines below)`}},
+		{"unclosed flow sequence at the end", "name: bad\noperators: [\n", []string{`jobfile: wordcount.yaml: line 2: YAML: did not find expected node content`}},
+		{"mapping value in a scalar", "name: x\noperators: a: b\n", []string{`jobfile: wordcount.yaml: line 2: YAML: mapping values are not allowed in this context`}},
 		{"empty", "", []string{`jobfile: wordcount.yaml: the job file is empty`}},
 		{"not a mapping", "- a\n- b\n", []string{`line 1: the job file must be a mapping`}},
 		{"no operators", "name: x\n", []string{`line 1: operators: missing: a job needs at least one operator`}},

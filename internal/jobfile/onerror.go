@@ -40,9 +40,10 @@ func (p *parser) onError(op, prefix string, f map[string]*yaml.Node) *OnError {
 		p.add(op, dl.Line, prefix+"dead_letter", "only with on_error: dead_letter (on_error skip drops the failing records)")
 	case dl != nil:
 		field := prefix + "dead_letter"
-		if oe.DeadLetter = p.sinkAt(op, field+".", dl); oe.DeadLetter != nil && oe.DeadLetter.Type != "" && contains(SinkTypes, oe.DeadLetter.Type) &&
-			oe.DeadLetter.Type != "file" && oe.DeadLetter.Type != "nats" {
-			p.add(op, dl.Line, field+".type", "a %s sink cannot take dead letters: they are written exactly once, by a file or nats sink", oe.DeadLetter.Type)
+		if oe.DeadLetter = p.sinkAt(op, field+".", dl); oe.DeadLetter != nil && oe.DeadLetter.Type != "" {
+			if known, ok, which := sinkTakesDeadLetters(oe.DeadLetter.Type); known && !ok {
+				p.add(op, dl.Line, field+".type", "a %s sink cannot take dead letters: they are written exactly once, by a %s sink", oe.DeadLetter.Type, orList(which))
+			}
 		}
 	}
 	if max != nil {

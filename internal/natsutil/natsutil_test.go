@@ -270,9 +270,16 @@ func TestKeepReconnecting(t *testing.T) {
 		t.Fatal(err)
 	}
 	port := srv.Addr().(*net.TCPAddr).Port
-	reconnected := make(chan struct{}, 1)
+	reconnected, failed := make(chan struct{}, 1), make(chan struct{}, 16)
 	co := ConnectOptions{URLs: []string{srv.URL()}}
-	nc, err := co.Connect(append(KeepReconnecting(), nats.ReconnectHandler(func(*nats.Conn) { reconnected <- struct{}{} }))...)
+	nc, err := co.Connect(append(KeepReconnecting(),
+		nats.ReconnectHandler(func(*nats.Conn) { reconnected <- struct{}{} }),
+		nats.ReconnectErrHandler(func(*nats.Conn, error) {
+			select {
+			case failed <- struct{}{}:
+			default:
+			}
+		}))...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -282,7 +289,13 @@ func TestKeepReconnecting(t *testing.T) {
 		t.Fatal(err)
 	}
 	srv.Shutdown()
-	time.Sleep(time.Second) // several reconnect attempts fail
+	for i := 0; i < 3; i++ { // several reconnect attempts fail
+		select {
+		case <-failed:
+		case <-time.After(30 * time.Second):
+			t.Fatalf("%d failed reconnect attempts in 30s, want 3", i)
+		}
+	}
 	srv, err = StartEmbedded(EmbeddedOptions{Port: port, NoLog: true, NoJetStream: true})
 	if err != nil {
 		t.Fatal(err)
@@ -290,8 +303,8 @@ func TestKeepReconnecting(t *testing.T) {
 	defer srv.Shutdown()
 	select {
 	case <-reconnected:
-	case <-time.After(5 * time.Second):
-		t.Fatalf("not reconnected 5s after the restart (status %v)", nc.Status())
+	case <-time.After(30 * time.Second):
+		t.Fatalf("not reconnected 30s after the restart (status %v)", nc.Status())
 	}
 	if err := nc.Publish("x", []byte("hi")); err != nil {
 		t.Fatal(err)

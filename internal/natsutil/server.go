@@ -8,7 +8,10 @@ package natsutil
 import (
 	"errors"
 	"fmt"
+	"net"
 	"os"
+	"strconv"
+	"syscall"
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
@@ -85,6 +88,20 @@ func StartEmbedded(o EmbeddedOptions) (*Server, error) {
 	}
 	if o.Configure != nil {
 		o.Configure(so)
+	}
+	if so.Port > 0 {
+		// The server would only log that it cannot listen (and
+		// ReadyForConnections wait in vain): try the address first.
+		addr := net.JoinHostPort(so.Host, strconv.Itoa(so.Port))
+		ln, err := net.Listen("tcp", addr)
+		if err != nil {
+			s.removeTmp()
+			if errors.Is(err, syscall.EADDRINUSE) {
+				return nil, fmt.Errorf("natsutil: embedded server: %s is in use by another process (another NATS server or streamd server?): %w", addr, err)
+			}
+			return nil, fmt.Errorf("natsutil: embedded server: %w", err)
+		}
+		ln.Close()
 	}
 	ns, err := server.NewServer(so)
 	if err != nil {

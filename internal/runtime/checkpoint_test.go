@@ -15,34 +15,12 @@ import (
 	"github.com/streamd/streamd/host"
 	"github.com/streamd/streamd/internal/checkpoint"
 	"github.com/streamd/streamd/internal/jobfile"
+	"github.com/streamd/streamd/internal/testout"
 	"github.com/streamd/streamd/internal/testwasm"
 )
 
 // committed returns the lines of every visible (committed) file of dir, sorted.
-func committed(t testing.TB, dir string) []string {
-	t.Helper()
-	ents, err := os.ReadDir(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var lines []string
-	for _, e := range ents {
-		if strings.HasPrefix(e.Name(), ".") {
-			continue
-		}
-		b, err := os.ReadFile(filepath.Join(dir, e.Name()))
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, l := range strings.Split(strings.TrimSuffix(string(b), "\n"), "\n") {
-			if l != "" {
-				lines = append(lines, l)
-			}
-		}
-	}
-	sort.Strings(lines)
-	return lines
-}
+func committed(t testing.TB, dir string) []string { return testout.Committed(t, dir) }
 
 // checkExactlyOnce compares sorted lines with the sorted expected lines and
 // reports duplicates and losses.

@@ -28,7 +28,8 @@ import (
 // a dead letter (skipped, or written to the dead-letter sink with its
 // error) and the instance is replaced again before the next record.
 //
-// The dead-letter sink is a two-phase-commit sink (file or nats) of the
+// The dead-letter sink is a two-phase-commit sink (a registered type marked
+// connector.ConfigSpec.DeadLetters: file or nats) of the
 // operator's subtask: it pre-commits at the subtask's snapshot, its pending
 // data is part of the subtask's state (checkpoint.SubtaskState.SinkPending
 // beside the operator state) and it commits when the checkpoint is
@@ -293,12 +294,8 @@ func (j *job) newDeadLetters(t *task, oe *jobfile.OnError, pending [][]byte) *de
 		d.checkpoint = j.restore.Metadata.ID
 	}
 	if s := oe.DeadLetter; s != nil && oe.Mode == jobfile.OnErrorDeadLetter {
-		switch s.Type {
-		case "file":
-			d.open = func() (connector.Sink, error) { return connector.NewFileSink(s.Path, s.Job, t.sub, s.Format) }
-		case "nats":
-			d.open = j.natsSink(t, s, t.v.UID+".dead_letter")
-		}
+		env := j.sinkEnv(t, t.v.UID+".dead_letter")
+		d.open = func() (connector.Sink, error) { return connector.NewSink(s, env) }
 	}
 	return d
 }

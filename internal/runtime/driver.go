@@ -49,6 +49,7 @@ type runner struct {
 	lastErr      error                 // of the latest failed attempt
 	fatalErr     error                 // ends the job without a restart
 	stopFailed   chan<- error          // the stop request's Failed
+	terminate    bool                  // a stop that must end the job was asked for
 	jl           *JobLoop              // the job's loop
 	canceled     bool                  // ctx ended: the job was canceled
 	failures     []AttemptFailure      // failed attempts, for Stats; guarded by Driver.mu
@@ -445,8 +446,12 @@ func (r *runner) requests(ctx context.Context, done <-chan struct{}) {
 			r.jl.Post(func() {
 				r.log.Info("stopping with a savepoint", "drain", req.Drain)
 				r.stopFailed = req.Failed
-				if err := r.Driver.Step(r.target(), control.StopWithSavepoint{Drain: req.Drain}); err != nil {
+				r.terminate = r.terminate || req.Terminate
+				if err := r.Driver.Step(r.target(), control.StopWithSavepoint{Drain: req.Drain, Terminate: req.Terminate}); err != nil {
 					r.tellStopFailed(fmt.Errorf("runtime: job %q: no stop with a savepoint: %w", r.g.Name, err))
+					if req.Terminate {
+						r.step(control.Cancel{}) // it must end the job all the same
+					}
 				}
 			})
 		case req := <-r.opts.Savepoint:
@@ -500,7 +505,7 @@ func (r *runner) attemptDone(j *job) {
 		if r.lastErr == nil || !errors.Is(j.err, r.lastErr) {
 			r.lastErr = j.err
 		}
-		r.step(control.AttemptFailed{Attempt: j.attempt, Subtask: j.failed, Reason: j.err.Error()})
+		r.step(control.AttemptFailed{Attempt: j.attempt, Subtask: j.failed, Reason: j.err.Error(), Class: FailureClass(j.err)})
 	} else {
 		r.step(control.AttemptEnded{Attempt: j.attempt})
 	}
@@ -547,7 +552,11 @@ func (r *runner) StopFailed(x control.StopFailed) {
 	if x.Savepoint != nil {
 		what = fmt.Sprintf("its savepoint %s (id %d) was written, but the job failed before it stopped", x.Savepoint.Location, x.SavepointID)
 	}
-	err := fmt.Errorf("runtime: job %q: stop-with-savepoint failed: %s: %s; the job restarts as its restart strategy says", r.g.Name, what, x.Reason)
+	next := "the job restarts as its restart strategy says"
+	if r.terminate {
+		next = "the job is canceled"
+	}
+	err := fmt.Errorf("runtime: job %q: stop-with-savepoint failed: %s: %s; %s", r.g.Name, what, x.Reason, next)
 	r.log.Error("stop-with-savepoint failed", "savepoint", x.SavepointID, "err", err)
 	r.tellStopFailed(err)
 }
@@ -685,12 +694,20 @@ func (r *runner) result(ctx context.Context, canceled bool) error {
 		return nil
 	case canceled:
 		return ctx.Err()
+	case x.State == control.JobCanceled:
+		// A stop that had to end the job could not take its savepoint.
+		return fmt.Errorf("runtime: job %q %s: %w", r.g.Name, x.Reason, context.Canceled)
 	case x.State == control.JobFailed:
 		err := r.lastErr
 		if err == nil {
 			err = errors.New(x.Reason)
 		}
-		if n := r.lc.Restarts(); n > 0 {
+		switch n := r.lc.Restarts(); {
+		case x.GaveUp != "" && n > 0:
+			return fmt.Errorf("runtime: job %q failed after %d restarts (%s): %w", r.g.Name, n, x.GaveUp, err)
+		case x.GaveUp != "":
+			return fmt.Errorf("runtime: job %q failed (%s): %w", r.g.Name, x.GaveUp, err)
+		case n > 0:
 			return fmt.Errorf("runtime: job %q failed after %d restarts: %w", r.g.Name, n, err)
 		}
 		return err

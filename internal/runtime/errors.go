@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"sync"
 
+	"github.com/streamd/streamd/abi"
+	"github.com/streamd/streamd/control"
 	"github.com/streamd/streamd/host"
 )
 
@@ -55,6 +57,30 @@ func (g *group) Go(fn func() error) {
 func (g *group) Wait() { g.wg.Wait() }
 
 // isHostError reports whether err is (or wraps) a *host.Error.
+// FailureClass is what a restart can do about an attempt that failed with
+// err (control.ClassOf): non-recoverable when the edge where it arose
+// marked it so (control.NonRecoverable), in open when the failing subtask
+// was opening (phase open, or loading its module), else restartable.
+func FailureClass(err error) control.FailureClass {
+	var te *TaskError
+	var he *host.Error
+	inOpen := (errors.As(err, &te) && te.Phase == string(abi.PhaseOpen)) ||
+		(errors.As(err, &he) && (he.Phase == abi.PhaseOpen || he.Phase == abi.PhaseLoad))
+	return control.ClassOf(err, inOpen)
+}
+
+// cannotInstantiate reports whether err, from instantiating a module, says
+// that the module cannot be instantiated under this configuration whatever
+// the attempt: its instantiation or _initialize trapped, exited or ran out
+// of the memory limit (not a cancel, a deadline or a state restore).
+func cannotInstantiate(err error) bool {
+	var he *host.Error
+	if !errors.As(err, &he) || he.Phase != abi.PhaseLoad {
+		return false
+	}
+	return errors.Is(err, host.ErrTrap) || errors.Is(err, host.ErrMemoryLimit) || errors.Is(err, host.ErrExit) || errors.Is(err, host.ErrBadModule)
+}
+
 func isHostError(err error) bool {
 	var he *host.Error
 	return errors.As(err, &he)

@@ -1,23 +1,15 @@
 package runtime
 
 import (
-	"context"
 	"errors"
-	"fmt"
 	"strings"
 	"sync"
-	"time"
 
 	"github.com/nats-io/nats.go"
 
 	"github.com/streamd/streamd/internal/connector"
-	"github.com/streamd/streamd/internal/jobfile"
 	"github.com/streamd/streamd/internal/natsutil"
 )
-
-// natsSetupTimeout bounds what a nats source or sink does when it opens
-// (stream lookups, creating the consumer).
-const natsSetupTimeout = 30 * time.Second
 
 // natsConns are the NATS connections of one Run: one per server URL list,
 // made the first time a nats source or sink of the job needs it (so jobs
@@ -85,57 +77,35 @@ func (c *natsConns) close() {
 	}
 }
 
-// natsSource returns the newSource function of a nats source subtask.
-func (j *job) natsSource(t *task, spec *jobfile.SourceSpec) func(pos []byte) (connector.Source, error) {
-	return func(pos []byte) (connector.Source, error) {
-		nc, err := j.nats.get(j.natsOptions(spec.URL))
-		if err != nil {
-			return nil, fmt.Errorf("nats source: %w", err)
-		}
-		start, err := jobfile.ParseNATSStart(spec.Start)
-		if err != nil {
-			return nil, fmt.Errorf("nats source: start %w", err)
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), natsSetupTimeout)
-		defer cancel()
-		src, err := connector.NewNATSSourceConn(ctx, nc, connector.NATSSourceOptions{
-			Stream: spec.Stream, Subject: spec.Subject, Bounded: spec.Bounded,
-			KeyFrom: spec.KeyFrom, WatermarkLag: spec.WatermarkLag, TimestampField: spec.TimestampField, Start: start,
-		}, t.sub, t.v.Parallelism, pos)
-		if err != nil {
-			return nil, err
-		}
-		return src, nil
+// sourceEnv is what the connector registry gives source subtask t's
+// constructor (Position is set per call).
+func (j *job) sourceEnv(t *task) connector.SourceEnv {
+	return connector.SourceEnv{
+		Operator: t.v.UID, Job: j.writerName(), Subtask: t.sub, Parallelism: t.v.Parallelism,
+		MaxRecordBytes: j.opts.MaxRecordBytes, Stdin: j.opts.Stdin, NATS: j.natsConn, Settings: j.opts.ConnectorSettings,
 	}
 }
 
-// natsSink returns the open function of a nats sink subtask. Its writer
-// (the commit-marker subjects) is named by the job's id when it is deployed
-// (stable across failovers, apart for two deployments of one job file) or
-// by the job's name for streamd run, and by operator (the sink's uid, or a
-// dead-letter sink's "<uid>.dead_letter"). Without
-// checkpointing it publishes at once (Direct).
-func (j *job) natsSink(t *task, spec *jobfile.SinkSpec, operator string) func() (connector.Sink, error) {
-	return func() (connector.Sink, error) {
-		nc, err := j.nats.get(j.natsOptions(spec.URL))
-		if err != nil {
-			return nil, fmt.Errorf("nats sink: %w", err)
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), natsSetupTimeout)
-		defer cancel()
-		writer := j.g.Name
-		switch {
-		case spec.Job != "":
-			writer = spec.Job
-		case j.remote != nil:
-			writer = j.remote.JobID
-		}
-		sink, err := connector.NewNATSSinkConn(ctx, nc, connector.NATSSinkOptions{
-			Subject: spec.Subject, CommitSubject: spec.CommitSubject, Job: writer, Operator: operator, Direct: !t.ckpt,
-		}, t.sub, t.v.Parallelism)
-		if err != nil {
-			return nil, err
-		}
-		return sink, nil
+// sinkEnv is what the registry gives the constructor of a sink of subtask
+// t named operator (the sink's uid, or a dead-letter sink's
+// "<uid>.dead_letter"). Its Job names the writer of a nats sink (the
+// commit-marker subjects): the job's id when it is deployed (stable across
+// failovers, apart for two deployments of one job file), else the job's
+// name (streamd run); a spec's own Job (set by the controller) wins.
+func (j *job) sinkEnv(t *task, operator string) connector.SinkEnv {
+	return connector.SinkEnv{
+		Operator: operator, Job: j.writerName(), Subtask: t.sub, Parallelism: t.v.Parallelism,
+		Checkpointing: t.ckpt, Stdout: j.opts.Stdout, StdoutMu: j.stdout, NATS: j.natsConn, Settings: j.opts.ConnectorSettings,
 	}
 }
+
+func (j *job) writerName() string {
+	if j.remote != nil {
+		return j.remote.JobID
+	}
+	return j.g.Name
+}
+
+// natsConn is the job's shared connection to url ("" the configured
+// nats.url), for the registry's SourceEnv.NATS and SinkEnv.NATS.
+func (j *job) natsConn(url string) (*nats.Conn, error) { return j.nats.get(j.natsOptions(url)) }

@@ -123,7 +123,7 @@ operators:
 func publishValues(t *testing.T, js jetstream.JetStream, n int) {
 	t.Helper()
 	for i := 0; i < n; i++ {
-		if _, err := js.PublishAsync(fmt.Sprintf("in.k%d", i%7), fmt.Appendf(nil, "value-%d", i)); err != nil {
+		if _, err := js.PublishAsync(fmt.Sprintf("in.k%d", i%7), fmt.Appendf(nil, "value-%d", i), jetstream.WithStallWait(time.Minute)); err != nil {
 			t.Fatal(err)
 		}
 	}

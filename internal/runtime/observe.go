@@ -16,6 +16,7 @@ import (
 	"github.com/streamd/streamd/control"
 	"github.com/streamd/streamd/dataplane"
 	"github.com/streamd/streamd/internal/checkpoint"
+	"github.com/streamd/streamd/internal/jobfile"
 	"github.com/streamd/streamd/internal/telemetry"
 )
 
@@ -242,6 +243,9 @@ func (t *task) initMetrics() {
 	if t.om == nil {
 		t.om = t.j.metrics().Operator(telemetry.SubtaskLabels{JobID: t.info.JobID, Job: t.info.Job, Attempt: t.info.Attempt,
 			Host: t.j.opts.Host, Operator: t.v.UID, Subtask: t.sub})
+		if ws, ok := t.v.Spec.(*jobfile.WasmSpec); ok && ws.OnError != nil {
+			t.om.OnError(ws.OnError.Mode)
+		}
 	}
 }
 
@@ -330,6 +334,7 @@ func (d *Driver) Observe(ctx context.Context, tp trace.TracerProvider, m *teleme
 		d.obs.tracer = tp.Tracer(telemetry.ScopeName)
 	}
 	d.obs.metrics, d.obs.parent = m, ctx
+	d.obs.meter().StartJob(d.jobID(), d.g.Name) // its counters exist from the start, at 0
 }
 
 // meter is the driver's metrics (the global ones when none were given).

@@ -118,6 +118,9 @@ func (w *wasmOperator) Open(ctx context.Context, _ SubtaskInfo) error {
 	start := time.Now()
 	inst, err := w.mod.NewInstance(ctx, w.cfg)
 	if err != nil {
+		if cannotInstantiate(err) {
+			err = control.NonRecoverable(err)
+		}
 		return err
 	}
 	if w.stats != nil {
@@ -327,20 +330,6 @@ func (s *sinkOperator) Open(context.Context, SubtaskInfo) error {
 		return err
 	}
 	s.sink = sink
-	if tp, ok := sink.(connector.TwoPhaseSink); ok {
-		return tp.CommitPending(s.pending)
-	}
-	return nil
-}
-
-// commitRestored opens the sink of a subtask deployed as finished only to
-// commit its restored pending data, and closes it.
-func (s *sinkOperator) commitRestored() error {
-	sink, err := s.open()
-	if err != nil {
-		return err
-	}
-	defer sink.Close()
 	if tp, ok := sink.(connector.TwoPhaseSink); ok {
 		return tp.CommitPending(s.pending)
 	}

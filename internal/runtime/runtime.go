@@ -90,6 +90,9 @@ type Options struct {
 	// a source or sink that names a url replaces the URLs. Every server is
 	// connected to once per Run, when a nats source or sink first opens.
 	NATS natsutil.ConnectOptions
+	// ConnectorSettings are the values of the connectors' configuration
+	// keys (connector.RegisterSetting), for their SourceEnv and SinkEnv.
+	ConnectorSettings map[string]string
 }
 
 // CheckpointOptions configure checkpointing.
@@ -157,6 +160,10 @@ type StopRequest struct {
 	// savepoint failed; the job restarts as its strategy says) or refused
 	// it. Run does not block on it. A stop that succeeds ends Run.
 	Failed chan<- error
+	// Terminate: the stop must end the job (Ctrl-C): when no savepoint can
+	// be taken (the job restarts) or the stop fails, the job is canceled
+	// and Run returns an error matching context.Canceled that says why.
+	Terminate bool
 }
 
 // SavepointRequest asks for a savepoint of a running job. Result must have
@@ -516,39 +523,22 @@ func (j *job) bindSpec(t *task, modules map[string]*host.Module) error {
 		if len(v.Inputs) > 0 {
 			return fmt.Errorf("a source cannot have inputs")
 		}
-		switch spec.Type {
-		case "generator":
-			t.newSource = func(pos []byte) (connector.Source, error) {
-				return connector.NewGenerator(spec, t.sub, v.Parallelism, pos)
-			}
-		case "file":
-			t.newSource = func(pos []byte) (connector.Source, error) {
-				fs, err := connector.NewFileSource(spec.Path, j.opts.Stdin, t.sub, v.Parallelism, pos, j.opts.MaxRecordBytes)
-				if err == nil && spec.TimestampField != "" {
-					fs.SetEventTime(spec.TimestampField, spec.WatermarkLag)
-				}
-				return fs, err
-			}
-		case "nats":
-			t.newSource = j.natsSource(t, spec)
-		default:
+		if _, ok := connector.LookupSource(spec.Type); !ok {
 			return fmt.Errorf("unknown source type %q", spec.Type)
+		}
+		env := j.sourceEnv(t)
+		t.newSource = func(pos []byte) (connector.Source, error) {
+			env := env
+			env.Position = pos
+			return connector.NewSource(spec, env)
 		}
 		return nil
 	case *jobfile.SinkSpec:
-		var open func() (connector.Sink, error)
-		switch spec.Type {
-		case "file":
-			open = func() (connector.Sink, error) { return connector.NewFileSink(spec.Path, spec.Job, t.sub, spec.Format) }
-		case "stdout":
-			open = func() (connector.Sink, error) { return connector.NewStdoutSink(j.opts.Stdout, j.stdout), nil }
-		case "discard":
-			open = func() (connector.Sink, error) { return connector.DiscardSink{}, nil }
-		case "nats":
-			open = j.natsSink(t, spec, v.UID)
-		default:
+		if _, ok := connector.LookupSink(spec.Type); !ok {
 			return fmt.Errorf("unknown sink type %q", spec.Type)
 		}
+		env := j.sinkEnv(t, v.UID)
+		open := func() (connector.Sink, error) { return connector.NewSink(spec, env) }
 		so := &sinkOperator{open: open, ckpt: t.ckpt}
 		if rs != nil {
 			so.pending = rs.SinkPending

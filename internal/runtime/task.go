@@ -210,6 +210,11 @@ func (t *task) newMachine() error {
 	if co := t.j.opts.Checkpoint; co != nil {
 		cfg.Alignment, cfg.AlignedTimeout = co.Mode, co.AlignedTimeout
 		t.overtakes = t.gate != nil && (co.Mode == control.AlignUnaligned || co.AlignedTimeout > 0)
+		if t.gate != nil && co.Mode == control.AlignAligned && co.AlignedTimeout > 0 {
+			// The aligned timeout counts from when a barrier is queued,
+			// not from when it comes out of a back-pressured queue.
+			t.gate.AnnounceBarriers()
+		}
 	}
 	for c := 0; c < t.nData; c++ {
 		cfg.Channels = append(cfg.Channels, t.gate.Input(c))
@@ -371,6 +376,7 @@ func (t *task) endData(x control.EmitEndOfData) error {
 	if err := t.broadcast(dataplane.EndOfDataEvent(x.Drain)); err != nil {
 		return t.fail(phaseOutput, err)
 	}
+	t.j.log.Debug("end of data sent", "operator", t.v.UID, "subtask", t.sub, "drain", x.Drain)
 	t.watchAcks()
 	t.startFinalWait()
 	if !t.deployedFinished {
@@ -818,13 +824,15 @@ func (t *task) runOperator(ctx context.Context) (err error) {
 	g := t.gate
 	nc := t.nData
 	if t.deployedFinished {
-		// Restored as finished: no user code. A file sink's last pending
-		// files may not have been committed before the failure, and a fully
-		// finished operator keeps no state: commit them.
-		if spec, ok := t.v.Spec.(*jobfile.SinkSpec); ok && spec.Type == "file" && t.sub == 0 && t.j.restore != nil {
-			// The files are those of the job that wrote the checkpoint.
+		// Restored as finished: no user code. A sink's last pending data
+		// may not have been committed before the failure, and a fully
+		// finished operator keeps no state: its connector commits them
+		// (connector.RestoreFinishedSink).
+		if so, ok := t.op.(*sinkOperator); ok && t.j.restore != nil {
+			spec := t.v.Spec.(*jobfile.SinkSpec)
 			md := t.j.restore.Metadata
-			if err := connector.CommitPendingUpTo(spec.Path, connector.PartPrefix(md.JobID), md.ID); err != nil {
+			r := connector.FinishedRestore{JobID: md.JobID, CheckpointID: md.ID, Pending: so.pending}
+			if err := connector.RestoreFinishedSink(spec, t.j.sinkEnv(t, t.v.UID), r); err != nil {
 				return t.fail(string(abi.PhaseOpen), err)
 			}
 		}
@@ -832,14 +840,6 @@ func (t *task) runOperator(ctx context.Context) (err error) {
 		if wo, ok := t.op.(*wasmOperator); ok && wo.dl != nil {
 			if err := wo.dl.commitRestored(); err != nil {
 				return t.fail(string(abi.PhaseOpen), err)
-			}
-		}
-		// A nats sink's final epochs are in its restored state: commit them.
-		if so, ok := t.op.(*sinkOperator); ok && len(so.pending) > 0 {
-			if spec, ok := t.v.Spec.(*jobfile.SinkSpec); ok && spec.Type == "nats" {
-				if err := so.commitRestored(); err != nil {
-					return t.fail(string(abi.PhaseOpen), err)
-				}
 			}
 		}
 	} else {

@@ -182,13 +182,25 @@ func (t *task) takeOvertaking() (bool, error) {
 	if err != nil {
 		return false, t.fail(phaseInput, fmt.Errorf("%s: %w", t.gate.Name(ch), err))
 	}
-	if !ok {
-		return false, nil
+	if ok {
+		err = t.step(control.ChannelBarrier{Channel: ch, B: fromDataplaneBarrier(b), Overtook: true})
+		clear(u.overtaken)
+		u.overtaken = u.overtaken[:0]
+		if err != nil {
+			return true, err
+		}
 	}
-	err = t.step(control.ChannelBarrier{Channel: ch, B: fromDataplaneBarrier(b), Overtook: true})
-	clear(u.overtaken)
-	u.overtaken = u.overtaken[:0]
-	return true, err
+	// Aligned barriers queued behind records (with an aligned timeout):
+	// their alignment starts now. After TakeOvertaking, which cleared the
+	// flag: an announcement queued since sets it again.
+	took := ok
+	t.gate.Announced(func(ch int, b dataplane.Barrier) {
+		if err == nil {
+			took = true
+			err = t.step(control.ChannelAnnounced{Channel: ch, B: fromDataplaneBarrier(b)})
+		}
+	})
+	return took, err
 }
 
 // finishUnaligned writes unaligned checkpoint id, its state with the channel

@@ -62,6 +62,10 @@ type Config struct {
 	// UIURL is the trace UI (Jaeger) the web console links to
 	// (tracing.ui_url), e.g. http://127.0.0.1:16686; "": no links.
 	UIURL string
+	// Recorder (nil: none) also gets the spans, for the web console's
+	// trace view. With tracing off, New then makes a provider that samples
+	// only the checkpoint traces, for the recorder alone (no exporter).
+	Recorder *Recorder
 }
 
 // Configuration keys (viper), flags and STREAMD_ environment variables.

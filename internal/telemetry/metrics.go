@@ -14,6 +14,8 @@ import (
 	"go.opentelemetry.io/otel/sdk/instrumentation"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
+
+	"github.com/streamd/streamd/control"
 )
 
 // Metric names (OpenTelemetry; the Prometheus exporter turns dots into
@@ -39,7 +41,11 @@ const (
 	MetricDeadLetters = "streamd.dead_letters"
 	// MetricSideOutputDropped counts the records a wasm operator emitted
 	// (emit_to) to a side output no edge reads, by attribute output.
-	MetricSideOutputDropped   = "streamd.side_output.dropped"
+	MetricSideOutputDropped = "streamd.side_output.dropped"
+	// Job-level totals of an operator's records over all its subtasks
+	// and attempts (the per-subtask counters start at 0 in every attempt).
+	MetricOperatorRecordsIn   = "streamd.operator.records.in"
+	MetricOperatorRecordsOut  = "streamd.operator.records.out"
 	MetricCheckpointsFailed   = "streamd.checkpoints.failed"
 	MetricCheckpointsDeclined = "streamd.checkpoints.declined"
 	MetricLastCheckpointID    = "streamd.checkpoint.last.id"
@@ -91,6 +97,22 @@ type Metrics struct {
 	// once more.
 	endedSubtasks []*OperatorMetrics
 	endedJobs     []*jobMetrics
+	// ops are the job-level totals of each operator: the records of its
+	// ended subtasks (live ones are added at collection).
+	ops      map[opKey]*opTotals
+	endedOps map[opKey]*opTotals
+}
+
+type opKey struct {
+	job jobKey
+	op  string
+}
+
+// opTotals are the records of an operator's ended subtasks.
+type opTotals struct {
+	attrs   attribute.Set
+	start   time.Time
+	in, out int64
 }
 
 var _ sdkmetric.Producer = (*Metrics)(nil)
@@ -101,7 +123,7 @@ type jobKey struct{ id, name string }
 // exports them (sdkmetric.WithProducer, the Prometheus exporter's
 // WithProducer).
 func NewMetrics() *Metrics {
-	return &Metrics{subtasks: map[*OperatorMetrics]struct{}{}, jobs: map[jobKey]*jobMetrics{}}
+	return &Metrics{subtasks: map[*OperatorMetrics]struct{}{}, jobs: map[jobKey]*jobMetrics{}, ops: map[opKey]*opTotals{}, endedOps: map[opKey]*opTotals{}}
 }
 
 // Operator returns the live handle of one operator subtask, its series
@@ -124,6 +146,9 @@ func (m *Metrics) Register(o *OperatorMetrics) {
 		return
 	}
 	o.m = m
+	if _, ok := m.ops[o.key]; !ok {
+		m.ops[o.key] = &opTotals{attrs: attribute.NewSet(append(JobAttrs(o.key.job.id, o.key.job.name), Operator(o.key.op))...), start: time.Now()}
+	}
 	o.batch = newHistogram(latencyBuckets)
 	o.align = newHistogram(durationBuckets)
 	o.finalWait = newHistogram(durationBuckets)
@@ -152,9 +177,24 @@ func (m *Metrics) job(id, name string) *jobMetrics {
 	if j == nil {
 		j = &jobMetrics{attrs: attribute.NewSet(JobAttrs(id, name)...), start: time.Now(),
 			dur: newHistogram(durationBuckets), size: newHistogram(sizeBuckets), failed: map[string]int64{}}
+		for _, r := range control.AbortReasons { // exported at 0 from the start
+			j.failed[string(r)] = 0
+		}
 		m.jobs[k] = j
 	}
 	return j
+}
+
+// StartJob makes the job-level series of job (id, name), so its counters
+// (restarts, checkpoints failed by each reason, declined) are exported from
+// 0 before their first increment.
+func (m *Metrics) StartJob(id, name string) {
+	if m == nil {
+		return
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.job(id, name)
 }
 
 // EndJob removes the job-level series of job (id, name): it finished,
@@ -172,6 +212,12 @@ func (m *Metrics) EndJob(id, name string) {
 	if j := m.jobs[jobKey{id, name}]; j != nil {
 		delete(m.jobs, jobKey{id, name})
 		m.endedJobs = append(m.endedJobs, j)
+	}
+	for k, t := range m.ops {
+		if k.job == (jobKey{id, name}) {
+			delete(m.ops, k)
+			m.endedOps[k] = t
+		}
 	}
 }
 
@@ -243,6 +289,7 @@ type jobMetrics struct {
 // *OperatorMetrics does nothing. It is safe for concurrent use.
 type OperatorMetrics struct {
 	attrs    attribute.Set
+	key      opKey // the job and operator (job-level totals)
 	start    time.Time
 	m        *Metrics    // set by Register (under its mu)
 	exported atomic.Bool // registered: record the histograms
@@ -254,8 +301,9 @@ type OperatorMetrics struct {
 	watermarkLag             atomic.Int64 // nanoseconds, when it advanced
 	hasLag                   atomic.Bool
 	sourceLag                atomic.Pointer[func() (int64, bool)]
-	deadSkip, deadLetter     atomic.Int64 // records taken out by on_error skip, dead_letter
-	sideDropped              sync.Map     // side-output name -> *atomic.Int64: records dropped (unread output)
+	deadSkip, deadLetter     atomic.Int64           // records taken out by on_error skip, dead_letter
+	onError                  atomic.Pointer[string] // the operator's on_error mode: its counter is exported from 0
+	sideDropped              sync.Map               // side-output name -> *atomic.Int64: records dropped (unread output)
 
 	batch, align, finalWait *histogram // nil until registered
 }
@@ -263,7 +311,11 @@ type OperatorMetrics struct {
 // NewOperatorMetrics returns the counters of the subtask l names,
 // exported by no Metrics yet (Metrics.Register).
 func NewOperatorMetrics(l SubtaskLabels) *OperatorMetrics {
-	o := &OperatorMetrics{attrs: l.set(), start: time.Now()}
+	id := l.JobID
+	if id == "" {
+		id = l.Job
+	}
+	o := &OperatorMetrics{attrs: l.set(), start: time.Now(), key: opKey{jobKey{id, l.Job}, l.Operator}}
 	o.watermark.Store(math.MinInt64)
 	o.outWatermark.Store(math.MinInt64)
 	return o
@@ -281,6 +333,14 @@ func (o *OperatorMetrics) Close() {
 	if _, ok := m.subtasks[o]; ok {
 		delete(m.subtasks, o)
 		m.endedSubtasks = append(m.endedSubtasks, o)
+		t := m.ops[o.key]
+		if t == nil {
+			t = m.endedOps[o.key]
+		}
+		if t != nil {
+			t.in += o.in.Load()
+			t.out += o.out.Load()
+		}
 	}
 }
 
@@ -495,7 +555,29 @@ func (m *Metrics) Produce(context.Context) ([]metricdata.ScopeMetrics, error) {
 		c.job(j, now)
 	}
 	m.endedJobs = nil
+	type total struct {
+		t       *opTotals
+		in, out int64
+	}
+	totals := map[opKey]*total{}
+	for k, t := range m.ops {
+		totals[k] = &total{t: t, in: t.in, out: t.out}
+	}
+	for k, t := range m.endedOps {
+		totals[k] = &total{t: t, in: t.in, out: t.out}
+	}
+	clear(m.endedOps)
+	for o := range m.subtasks {
+		if t := totals[o.key]; t != nil {
+			t.in += o.in.Load()
+			t.out += o.out.Load()
+		}
+	}
 	m.mu.Unlock()
+	for _, t := range totals {
+		c.sumI(MetricOperatorRecordsIn, t.t.attrs, t.t.start, now, t.in)
+		c.sumI(MetricOperatorRecordsOut, t.t.attrs, t.t.start, now, t.out)
+	}
 	for _, o := range subs {
 		c.subtask(o, now)
 	}
@@ -607,7 +689,7 @@ func (c *collection) subtask(o *OperatorMetrics, now time.Time) {
 		mode string
 		n    int64
 	}{{"skip", o.deadSkip.Load()}, {"dead_letter", o.deadLetter.Load()}} {
-		if d.n > 0 {
+		if mode := o.onError.Load(); d.n > 0 || (mode != nil && *mode == d.mode) {
 			c.sumI(MetricDeadLetters, attribute.NewSet(append(a.ToSlice(), attribute.String("streamd.on_error", d.mode))...), start, now, d.n)
 		}
 	}
@@ -641,6 +723,14 @@ func (o *OperatorMetrics) SideOutputDroppedCount(output string) int64 {
 	return 0
 }
 
+// OnError says that the operator takes failing records out with on_error
+// mode (skip or dead_letter): its dead-letter counter is exported from 0.
+func (o *OperatorMetrics) OnError(mode string) {
+	if o != nil {
+		o.onError.Store(&mode)
+	}
+}
+
 // DeadLetter counts one record taken out of the stream by on_error mode
 // (skip or dead_letter).
 func (o *OperatorMetrics) DeadLetter(_ context.Context, mode string) {
@@ -672,6 +762,8 @@ var descriptions = map[string][2]string{
 	MetricIdleTime:            {"s", "Time a subtask waited for input (idle)."},
 	MetricDeadLetters:         {"{record}", "Records that made an operator's guest fail or that it rejected, skipped or sent to its dead-letter sink."},
 	MetricSideOutputDropped:   {"{record}", "Records a wasm operator emitted to a side output that no edge reads (dropped), by output."},
+	MetricOperatorRecordsIn:   {"{record}", "Records received by all subtasks of an operator, over all attempts of the job."},
+	MetricOperatorRecordsOut:  {"{record}", "Records emitted by all subtasks of an operator, over all attempts of the job."},
 	MetricSourceLag:           {"{message}", "Messages a source subtask has yet to read (a nats source: of its stream, after its position)."},
 	MetricCheckpointsFailed:   {"{checkpoint}", "Checkpoints aborted, by reason."},
 	MetricCheckpointsDeclined: {"{decline}", "Checkpoints declined by a subtask."},

@@ -181,3 +181,72 @@ func TestEndedSeriesRemoved(t *testing.T) {
 		t.Errorf("%d subtasks exported, want 1", n)
 	}
 }
+
+// TestCountersFromZeroAndJobTotals: the counters a user alerts on exist
+// before their first increment (failed checkpoints by every reason, dead
+// letters of an operator with on_error), and an operator's records are
+// also counted over all subtasks and attempts: the per-attempt series start
+// at 0 after a restart, the job-level total goes on.
+func TestCountersFromZeroAndJobTotals(t *testing.T) {
+	ctx := context.Background()
+	tel, err := telemetry.New(ctx, telemetry.Config{PrometheusAddr: "127.0.0.1:0"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tel.Shutdown(ctx)
+	m := tel.Metrics()
+	scrape := func() string {
+		_, text := get(t, "http://"+tel.MetricsAddr()+"/metrics")
+		return text
+	}
+	job := `streamd_job="j",streamd_job_id="j-1",streamd_job_name="j"`
+	a0s0 := m.Operator(telemetry.SubtaskLabels{JobID: "j-1", Job: "j", Attempt: 0, Operator: "parse", Subtask: 0})
+	a0s1 := m.Operator(telemetry.SubtaskLabels{JobID: "j-1", Job: "j", Attempt: 0, Operator: "parse", Subtask: 1})
+	a0s0.OnError("dead_letter")
+	m.Restart(ctx, "j-1", "j")
+	a0s0.Batch(ctx, 10, 9, time.Millisecond)
+	a0s1.Batch(ctx, 5, 5, time.Millisecond)
+	text := scrape()
+	for _, want := range []string{
+		`streamd_checkpoints_failed_total{` + job + `,streamd_reason="timeout"} 0`,
+		`streamd_checkpoints_failed_total{` + job + `,streamd_reason="declined"} 0`,
+		`streamd_dead_letters_total{streamd_attempt="0",` + job + `,streamd_on_error="dead_letter",streamd_operator="parse",streamd_subtask="0"} 0`,
+		`streamd_operator_records_in_total{` + job + `,streamd_operator="parse"} 15`,
+		`streamd_operator_records_out_total{` + job + `,streamd_operator="parse"} 14`,
+	} {
+		if !strings.Contains(text, want) {
+			t.Errorf("/metrics lacks %q", want)
+		}
+	}
+	if strings.Contains(text, `streamd_dead_letters_total{streamd_attempt="0",`+job+`,streamd_on_error="dead_letter",streamd_operator="parse",streamd_subtask="1"}`) {
+		t.Errorf("a subtask without on_error exports dead letters")
+	}
+	// A failover: attempt 0 ends, attempt 1 starts from 0; the totals go on.
+	a0s0.Close()
+	a0s1.Close()
+	a1s0 := m.Operator(telemetry.SubtaskLabels{JobID: "j-1", Job: "j", Attempt: 1, Operator: "parse", Subtask: 0})
+	a1s0.Batch(ctx, 4, 4, time.Millisecond)
+	text = scrape()
+	for _, want := range []string{
+		`streamd_records_in_total{streamd_attempt="1",` + job + `,streamd_operator="parse",streamd_subtask="0"} 4`,
+		`streamd_operator_records_in_total{` + job + `,streamd_operator="parse"} 19`,
+		`streamd_operator_records_out_total{` + job + `,streamd_operator="parse"} 18`,
+	} {
+		if !strings.Contains(text, want) {
+			t.Errorf("after the failover, /metrics lacks %q", want)
+		}
+	}
+	// The job ends: its totals are reported once more, then go.
+	a1s0.Batch(ctx, 1, 1, time.Millisecond)
+	a1s0.Close()
+	m.EndJob("j-1", "j")
+	if text = scrape(); !strings.Contains(text, `streamd_operator_records_in_total{`+job+`,streamd_operator="parse"} 20`) {
+		t.Errorf("the scrape after the end lacks the final total:\n%s", grepStreamd(text))
+	}
+	if text = scrape(); strings.Contains(text, "streamd_operator_records_in_total") {
+		t.Errorf("the totals of an ended job are still exported:\n%s", grepStreamd(text))
+	}
+	if t.Failed() {
+		t.Logf("/metrics:\n%s", grepStreamd(text))
+	}
+}

@@ -6,7 +6,10 @@
 // Everything is off by default. Off, the global providers stay OpenTelemetry's
 // no-ops, so starting a span costs a few nanoseconds and no exporter, batcher
 // or goroutine exists; the metric handles (*OperatorMetrics, *Metrics) are nil
-// and their methods return at once. Records are never traced one by one.
+// and their methods return at once. Records are never traced one by one. A
+// Recorder (Config.Recorder: the web console's checkpoint traces) is the one
+// exception: with tracing off it gets a provider that samples only the
+// checkpoint and stop-with-savepoint traces, for itself, and exports nothing.
 package telemetry
 
 import (
@@ -78,11 +81,14 @@ func New(ctx context.Context, cfg Config) (*Telemetry, error) {
 			_ = exp.Shutdown(ctx)
 			return nil, err
 		}
-		t.tp = sdktrace.NewTracerProvider(
-			sdktrace.WithBatcher(exp),
-			sdktrace.WithSampler(sampler),
-			sdktrace.WithResource(res),
-		)
+		opts := []sdktrace.TracerProviderOption{sdktrace.WithBatcher(exp), sdktrace.WithSampler(sampler), sdktrace.WithResource(res)}
+		if cfg.Recorder != nil {
+			opts = append(opts, sdktrace.WithSpanProcessor(cfg.Recorder))
+		}
+		t.tp = sdktrace.NewTracerProvider(opts...)
+	} else if cfg.Recorder != nil {
+		t.tp = sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(cfg.Recorder),
+			sdktrace.WithSampler(RecorderSampler()), sdktrace.WithResource(res))
 	}
 	if cfg.PrometheusAddr != "" {
 		if err := t.startMetrics(res); err != nil {

@@ -20,11 +20,12 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"slices"
 	"strings"
 	"time"
 
 	"github.com/streamd/streamd/internal/cluster"
+	"github.com/streamd/streamd/internal/connector"
+	"github.com/streamd/streamd/internal/telemetry"
 )
 
 // Backend is what the API serves. *cluster.Client is one; Local is the
@@ -62,6 +63,10 @@ type Options struct {
 	Service string
 	// Version is streamd's version (GET /config).
 	Version string
+	// Traces keeps the recent checkpoint traces of this process (GET
+	// /jobs/{id}/checkpoints/{cid}/trace, the checkpoint counts); nil:
+	// none.
+	Traces *telemetry.Recorder
 }
 
 // maxBody bounds a request body.
@@ -72,12 +77,17 @@ func New(b Backend, opts Options) http.Handler {
 	h := &handler{b: b, opts: opts}
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /config", h.config)
+	mux.HandleFunc("GET /connectors", h.connectors)
 	mux.HandleFunc("GET /jobs", h.jobs)
 	mux.HandleFunc("GET /jobs/overview", h.jobs)
 	mux.HandleFunc("GET /jobs/{id}", h.view(func(st *cluster.JobStatus) any { return detail(st) }))
 	mux.HandleFunc("GET /jobs/{id}/plan", h.view(plan))
-	mux.HandleFunc("GET /jobs/{id}/checkpoints", h.view(checkpoints))
+	mux.HandleFunc("GET /jobs/{id}/checkpoints", h.view(h.checkpoints))
+	mux.HandleFunc("GET /jobs/{id}/checkpoints/{cid}/trace", h.trace)
 	mux.HandleFunc("GET /jobs/{id}/exceptions", h.view(exceptions))
+	mux.HandleFunc("GET /jobs/{id}/versions", h.view(versions))
+	mux.HandleFunc("GET /jobs/{id}/logs", h.logs)
+	mux.HandleFunc("GET /hosts", h.hosts)
 	mux.HandleFunc("POST /jobs/{id}/stop", h.stop)
 	mux.HandleFunc("POST /jobs/{id}/savepoints", h.savepoint)
 	mux.HandleFunc("POST /jobs/{id}/cancel", h.cancel)
@@ -138,12 +148,27 @@ type ErrorBody struct {
 }
 
 func writeError(w http.ResponseWriter, err error) {
-	status := http.StatusInternalServerError
+	writeJSON(w, httpStatus(err), ErrorBody{Errors: []string{err.Error()}})
+}
+
+// httpStatus is the HTTP status of err: an *Error's own, else that of the
+// code a controller answered with (cluster.ErrNotFound and the others),
+// else 500.
+func httpStatus(err error) int {
 	var e *Error
-	if errors.As(err, &e) {
-		status = e.Status
+	switch {
+	case errors.As(err, &e):
+		return e.Status
+	case errors.Is(err, cluster.ErrNotFound):
+		return http.StatusNotFound
+	case errors.Is(err, cluster.ErrConflict):
+		return http.StatusConflict
+	case errors.Is(err, cluster.ErrBadRequest):
+		return http.StatusBadRequest
+	case errors.Is(err, cluster.ErrUnavailable):
+		return http.StatusServiceUnavailable
 	}
-	writeJSON(w, status, ErrorBody{Errors: []string{err.Error()}})
+	return http.StatusInternalServerError
 }
 
 // Config is GET /config.
@@ -158,6 +183,19 @@ type Config struct {
 func (h *handler) config(w http.ResponseWriter, _ *http.Request) {
 	writeJSON(w, http.StatusOK, Config{Mode: h.opts.Mode, Version: h.opts.Version,
 		TracingUIURL: strings.TrimRight(h.opts.TracingUIURL, "/"), Service: h.opts.Service, RefreshMS: 1000})
+}
+
+// ConnectorsReply is GET /connectors: the source and sink types of the
+// connector registry, with their fields (what docs/connectors.md shows).
+type ConnectorsReply struct {
+	Sources []connector.Info `json:"sources"`
+	Sinks   []connector.Info `json:"sinks"`
+}
+
+func (h *handler) connectors(w http.ResponseWriter, _ *http.Request) {
+	var r ConnectorsReply
+	r.Sources, r.Sinks = connector.Catalog()
+	writeJSON(w, http.StatusOK, r)
 }
 
 // JobsReply is GET /jobs.
@@ -218,15 +256,8 @@ func (h *handler) lookup(w http.ResponseWriter, r *http.Request) *cluster.JobSta
 	if err == nil && st != nil {
 		return st
 	}
-	var e *Error
-	if err != nil && !errors.As(err, &e) {
-		// A controller's error is text: the job is unknown when the
-		// list of every job does not have it either.
-		if jobs, lerr := h.b.List(r.Context(), true); lerr == nil &&
-			!slices.ContainsFunc(jobs, func(j cluster.JobStatus) bool { return j.ID == id }) {
-			err = &Error{Status: http.StatusNotFound, Msg: err.Error()}
-		}
-	}
+	// A controller's error carries its code (cluster.ErrNotFound ...):
+	// writeError maps it to the HTTP status.
 	if err == nil {
 		err = errorf(http.StatusNotFound, "no job %q", id)
 	}
@@ -238,6 +269,7 @@ func (h *handler) lookup(w http.ResponseWriter, r *http.Request) *cluster.JobSta
 type JobDetail struct {
 	JobOverview
 	Reason         string   `json:"reason,omitempty"`
+	ReasonSummary  string   `json:"reason_summary,omitempty"` // the reason in a user's words (Explain), when known
 	Savepoint      string   `json:"savepoint,omitempty"`
 	CheckpointMode string   `json:"checkpoint_mode,omitempty"`
 	Vertices       []Vertex `json:"vertices"`
@@ -253,7 +285,8 @@ type Vertex struct {
 	RecordsIn     int64          `json:"records_in"`
 	RecordsOut    int64          `json:"records_out"`
 	UnionDeclines int            `json:"union_declines,omitempty"`
-	Tasks         map[string]int `json:"tasks"` // subtasks by state
+	Connector     string         `json:"connector,omitempty"` // a source's or sink's description (connector registry)
+	Tasks         map[string]int `json:"tasks"`               // subtasks by state
 	Subtasks      []Subtask      `json:"subtasks"`
 }
 
@@ -301,11 +334,11 @@ func subtask(s cluster.SubtaskStatus) Subtask {
 
 func detail(st *cluster.JobStatus) JobDetail {
 	now := time.Now()
-	d := JobDetail{JobOverview: overview(st, now), Reason: st.Reason, Savepoint: st.Savepoint,
+	d := JobDetail{JobOverview: overview(st, now), Reason: st.Reason, ReasonSummary: Explain(st.Reason, st.Attempt), Savepoint: st.Savepoint,
 		CheckpointMode: st.CheckpointMode, Vertices: []Vertex{}, Now: now.UnixMilli()}
 	for _, op := range st.Operators {
 		v := Vertex{ID: op.UID, Kind: op.Kind, Parallelism: op.Parallelism, RecordsIn: op.RecordsIn, RecordsOut: op.RecordsOut,
-			UnionDeclines: op.UnionDeclines, Tasks: map[string]int{}, Subtasks: []Subtask{}}
+			UnionDeclines: op.UnionDeclines, Connector: op.Connector, Tasks: map[string]int{}, Subtasks: []Subtask{}}
 		for _, s := range op.Subtasks {
 			v.Subtasks = append(v.Subtasks, subtask(s))
 			v.Tasks[s.State]++
@@ -393,6 +426,15 @@ type CheckpointsReply struct {
 	// History are the latest completed checkpoints and savepoints (at most
 	// ten), newest first.
 	History []CheckpointSummary `json:"history"`
+	// Counts are the checkpoints (and savepoints) completed, failed and
+	// in progress since this process started; absent when it keeps no
+	// traces (Options.Traces).
+	Counts *telemetry.CheckpointCounts `json:"counts,omitempty"`
+	// Failed are the latest failed checkpoints, newest first, with why.
+	Failed []telemetry.CheckpointFailure `json:"failed"`
+	// Traced are the ids of the checkpoints whose trace is kept (GET
+	// /jobs/{id}/checkpoints/{cid}/trace), newest first.
+	Traced []int64 `json:"traced"`
 }
 
 // CheckpointSummary is one completed checkpoint or savepoint.
@@ -418,8 +460,17 @@ type CheckpointSummary struct {
 	IncrementalSize int64 `json:"incremental_size"`
 }
 
-func checkpoints(st *cluster.JobStatus) any {
-	out := CheckpointsReply{Mode: st.CheckpointMode, History: []CheckpointSummary{}}
+func (h *handler) checkpoints(st *cluster.JobStatus) any {
+	out := CheckpointsReply{Mode: st.CheckpointMode, History: []CheckpointSummary{}, Failed: []telemetry.CheckpointFailure{}, Traced: []int64{}}
+	if h.opts.Traces != nil {
+		counts, failed, traced := h.opts.Traces.Checkpoints(st.ID, st.Name)
+		if cluster.TerminalJobState(st.State) {
+			counts.InProgress = 0 // a checkpoint pending when the job ended never ends
+		}
+		out.Counts = &counts
+		out.Failed = append(out.Failed, failed...)
+		out.Traced = append(out.Traced, traced...)
+	}
 	for i := len(st.Checkpoints) - 1; i >= 0; i-- {
 		c := st.Checkpoints[i]
 		s := CheckpointSummary{ID: c.ID, Kind: c.Kind, Status: "completed", IsSavepoint: c.Kind == "savepoint",
@@ -440,8 +491,10 @@ func checkpoints(st *cluster.JobStatus) any {
 // ExceptionsReply is GET /jobs/{id}/exceptions.
 type ExceptionsReply struct {
 	// RootException is why the job failed (or, while it restarts, what it
-	// waits for); "" for a job that has not failed.
+	// waits for); "" for a job that has not failed. RootSummary says it in
+	// a user's words when a rule knows it (see Explain).
 	RootException string `json:"root_exception,omitempty"`
+	RootSummary   string `json:"root_summary,omitempty"`
 	// Entries are the attempts that ended with a reason, newest first.
 	Entries []ExceptionEntry `json:"entries"`
 }
@@ -452,19 +505,24 @@ type ExceptionEntry struct {
 	State     string   `json:"state"`
 	Hosts     []string `json:"hosts,omitempty"`
 	Exception string   `json:"exception"` // the cause: the guest's message and wasm stack for a trap
+	// Summary says the cause in a user's words ("the process running
+	// attempt 1 on host h1 died ..."); "" when no rule knows it.
+	Summary string `json:"summary,omitempty"`
 }
 
 func exceptions(st *cluster.JobStatus) any {
 	out := ExceptionsReply{Entries: []ExceptionEntry{}}
 	if st.State == cluster.JobFailed || st.State == cluster.JobRestarting {
 		out.RootException = st.Reason
+		out.RootSummary = Explain(st.Reason, st.Attempt)
 	}
 	for i := len(st.Attempts) - 1; i >= 0; i-- {
 		a := st.Attempts[i]
 		if a.Reason == "" {
 			continue
 		}
-		out.Entries = append(out.Entries, ExceptionEntry{Attempt: a.Attempt, State: a.State, Hosts: a.Hosts, Exception: a.Reason})
+		out.Entries = append(out.Entries, ExceptionEntry{Attempt: a.Attempt, State: a.State, Hosts: a.Hosts, Exception: a.Reason,
+			Summary: Explain(a.Reason, a.Attempt)})
 	}
 	return out
 }
@@ -510,9 +568,10 @@ func running(st *cluster.JobStatus) bool {
 // apply to, 500 otherwise.
 func (h *handler) refused(ctx context.Context, id string, err error, applies func(*cluster.JobStatus) bool) error {
 	var e *Error
-	if errors.As(err, &e) {
+	if errors.As(err, &e) || httpStatus(err) != http.StatusInternalServerError {
 		return err
 	}
+	// A controller without error codes: the job's state tells.
 	if st, serr := h.b.Status(ctx, id); serr == nil && st != nil && !applies(st) {
 		return &Error{Status: http.StatusConflict, Msg: err.Error()}
 	}

@@ -8,6 +8,7 @@ import (
 	"net/url"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -16,10 +17,14 @@ import (
 	"github.com/chromedp/chromedp"
 
 	"github.com/streamd/streamd/internal/cluster"
+	"github.com/streamd/streamd/internal/testwasm"
 	"github.com/streamd/streamd/internal/webapi"
 )
 
-var screenshot = flag.String("screenshot", "", "write the console's screenshot of a running job to this PNG file (docs/console.png)")
+var (
+	screenshot      = flag.String("screenshot", "", "write the console's screenshot of a running job to this PNG file (docs/console.png)")
+	traceScreenshot = flag.String("trace-screenshot", "", "write the console's screenshot of a checkpoint's trace to this PNG file (docs/console-trace.png)")
+)
 
 // chromium finds Debian's chromium (make deps installs it).
 func chromium(t *testing.T) string {
@@ -39,7 +44,8 @@ func chromium(t *testing.T) string {
 func TestConsoleInBrowser(t *testing.T) {
 	bin := chromium(t)
 	tc := newCluster(t, webapi.Options{TracingUIURL: "http://127.0.0.1:16686", Service: "streamd-test"})
-	id := tc.deploy(foreverJob(t, "forever"))
+	jobPath := foreverJob(t, "forever")
+	id := tc.deploy(jobPath)
 
 	opts := append(chromedp.DefaultExecAllocatorOptions[:],
 		chromedp.ExecPath(bin),
@@ -141,7 +147,7 @@ func TestConsoleInBrowser(t *testing.T) {
 	}
 	// With tracing.ui_url, links to the job's and each checkpoint's traces in Jaeger.
 	links, err := chromedp.Run(ctx, chromedp.Evaluate[[]string](`[document.querySelector('#job-trace').href,
-		document.querySelector('#checkpoints tbody tr[data-kind="checkpoint"] a').href]`))
+		document.querySelector('#checkpoints tbody tr[data-kind="checkpoint"] a.jaeger').href]`))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -166,6 +172,103 @@ func TestConsoleInBrowser(t *testing.T) {
 		}
 	}
 
+	// The job's logs, its versions (none upgraded) and checkpoint counts.
+	if err := chromedp.Do(ctx,
+		voidPoll(`[...document.querySelectorAll('#logs tbody tr[data-source="task"] td.msg')].some(td => td.textContent.startsWith('attempt started'))`),
+		chromedp.WaitVisible(`#no-versions`),
+		voidPoll(`+document.querySelector('#checkpoint-counts [data-count="completed"] b').textContent > 0 &&
+			document.querySelector('#checkpoint-counts [data-count="failed"] b').textContent === '0'`),
+	); err != nil {
+		page, _ := chromedp.Run(ctx, chromedp.Text(`#main`))
+		t.Fatalf("logs, versions, checkpoint counts: %v; the page shows:\n%s", err, page)
+	}
+	logLine, err := chromedp.Run(ctx, chromedp.Text(`#logs tbody tr`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("first log line on the page: %s", logLine)
+	// Only upper's lines (it logs none), then all again.
+	choose := func(op string) chromedp.Action[chromedp.Void] {
+		return voidPoll(`(s => (s.value = '` + op + `', s.dispatchEvent(new Event('change')), true))(document.querySelector('#log-operator'))`)
+	}
+	if err := chromedp.Do(ctx,
+		choose("upper"),
+		voidPoll(`document.querySelectorAll('#logs tbody tr').length == 0 && document.querySelector('#log-note').textContent.startsWith('No log lines')`),
+		choose(""),
+		voidPoll(`document.querySelectorAll('#logs tbody tr[data-source="task"]').length > 0`),
+	); err != nil {
+		t.Fatalf("log filter by operator: %v", err)
+	}
+
+	// The hosts page: h1 running the job, linked.
+	if err := chromedp.Do(ctx,
+		chromedp.Click(`#nav-hosts`),
+		chromedp.WaitVisible(`#hosts tr[data-host="h1"] a[href="#/jobs/`+id+`"]`),
+	); err != nil {
+		t.Fatalf("hosts page: %v", err)
+	}
+	hostRow, err := chromedp.Run(ctx, chromedp.Text(`#hosts tr[data-host="h1"]`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(hostRow, "alive") {
+		t.Errorf("hosts page: h1 shows %q, want alive", hostRow)
+	}
+
+	// A checkpoint's trace as a waterfall, from the console's own recorder
+	// (no Jaeger): the checkpoint, each subtask's part, its persist, and
+	// the subtasks' snapshots; each subtask's part in a table.
+	if err := chromedp.Do(ctx,
+		chromedp.Click(`#hosts tr[data-host="h1"] a`),
+		chromedp.WaitVisible(`#checkpoints tbody tr[data-kind="checkpoint"] a.waterfall`),
+		chromedp.Click(`#checkpoints tbody tr[data-kind="checkpoint"] a.waterfall`),
+		chromedp.WaitVisible(`#trace-page #waterfall`),
+		voidPoll(`document.querySelectorAll('#waterfall .span-row[data-name="checkpoint"]').length == 1 &&
+			document.querySelectorAll('#waterfall .span-row[data-name="checkpoint.subtask"]').length == 4 &&
+			document.querySelectorAll('#waterfall .span-row[data-name="checkpoint.persist"]').length == 1 &&
+			document.querySelectorAll('#waterfall .span-row[data-name="task.snapshot"]').length > 0 &&
+			document.querySelectorAll('#trace-subtasks tbody tr').length == 4 &&
+			[...document.querySelectorAll('#trace-subtasks td.ack')].every(td => /^[0-9.]+ (ms|s)$/.test(td.textContent)) &&
+			document.querySelector('#trace-outcome').textContent === 'completed'`),
+	); err != nil {
+		page, _ := chromedp.Run(ctx, chromedp.Text(`#main`))
+		t.Fatalf("checkpoint trace: %v; the page shows:\n%s", err, page)
+	}
+	title, err := chromedp.Run(ctx, chromedp.Text(`#trace-page h1`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("trace page: %s", title)
+	if *traceScreenshot != "" {
+		png, err := chromedp.Run(ctx, chromedp.FullScreenshot(100))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(*traceScreenshot, png, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := chromedp.Do(ctx,
+		chromedp.Click(`#trace-page h1 a[href="#/jobs/`+id+`"]`),
+		chromedp.WaitVisible(`#job-page[data-id="`+id+`"] #btn-stop`),
+	); err != nil {
+		t.Fatalf("back to the job: %v", err)
+	}
+
+	// An upgrade shows on the page as the job's second version.
+	uctx, ucancel := context.WithTimeout(ctx, time.Minute)
+	defer ucancel()
+	if _, err := tc.client.Upgrade(uctx, id, nil, "", filepath.Join(filepath.Dir(jobPath), "uppercase.wasm"), "upper", time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	if err := chromedp.Do(ctx,
+		chromedp.WaitVisible(`#versions tr[data-version="2"] [data-state="running"]`),
+		chromedp.WaitVisible(`#versions tr[data-version="1"] [data-state="replaced"]`),
+	); err != nil {
+		page, _ := chromedp.Run(ctx, chromedp.Text(`#version-section`))
+		t.Fatalf("versions after an upgrade: %v; the page shows:\n%s", err, page)
+	}
+
 	// Stop with a savepoint from the page.
 	if err := chromedp.Do(ctx,
 		chromedp.Click(`#btn-stop`, chromedp.NodeEnabled),
@@ -188,6 +291,25 @@ func TestConsoleInBrowser(t *testing.T) {
 	if _, err := os.Stat(job.Savepoint + "/_metadata"); err != nil {
 		t.Errorf("savepoint: %v", err)
 	}
+
+	// A job that fails: its failures in words, the raw message folded
+	// beneath (the guest's panic).
+	failing := tc.deploy(testwasm.FailingJob(t, t.TempDir()))
+	if err := chromedp.Do(ctx,
+		chromedp.Navigate(tc.url+"/#/jobs/"+failing),
+		chromedp.WaitVisible(`#job-state [data-state="failed"]`),
+		voidPoll(`[...document.querySelectorAll('#exceptions p.summary')].some(p => p.textContent.startsWith('The module of operator boom (subtask 0) failed in process during attempt 0: '))`),
+		voidPoll(`[...document.querySelectorAll('#exceptions details pre.exception')].some(p => p.textContent.includes('conformance panic'))`),
+	); err != nil {
+		page, _ := chromedp.Run(ctx, chromedp.Text(`#exception-section`))
+		t.Fatalf("failures in words: %v; the page shows:\n%s", err, page)
+	}
+	summary, err := chromedp.Run(ctx, chromedp.Text(`#exceptions p.summary`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("failure on the page: %s", summary)
+
 	mu.Lock()
 	defer mu.Unlock()
 	if len(jsErrors) > 0 {

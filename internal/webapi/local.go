@@ -12,6 +12,7 @@ import (
 
 	"github.com/streamd/streamd/control"
 	"github.com/streamd/streamd/internal/cluster"
+	"github.com/streamd/streamd/internal/connector"
 	"github.com/streamd/streamd/internal/runtime"
 	"github.com/streamd/streamd/internal/telemetry"
 )
@@ -108,7 +109,8 @@ func (l *Local) status() cluster.JobStatus {
 			State: cluster.JobFailed, Reason: f.Error})
 	}
 	for i, v := range l.g.Vertices {
-		op := cluster.OperatorStatus{UID: v.UID, Parallelism: v.Parallelism, Kind: string(v.Kind), Inputs: cluster.EdgeStatuses(v.Inputs)}
+		op := cluster.OperatorStatus{UID: v.UID, Parallelism: v.Parallelism, Kind: string(v.Kind), Inputs: cluster.EdgeStatuses(v.Inputs),
+			Connector: connector.Describe(v.Spec)}
 		var subs []string
 		var live []telemetry.SubtaskLive
 		if i < len(s.Operators) {
@@ -249,4 +251,16 @@ func (l *Local) setStopping(on bool) {
 	l.mu.Lock()
 	l.stopping = on
 	l.mu.Unlock()
+}
+
+// Hosts is the one process of the run, "local": one slot, taken until the
+// job ends.
+func (l *Local) Hosts(context.Context) ([]cluster.HostStatus, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	free := 0
+	if l.ended != nil {
+		free = 1
+	}
+	return []cluster.HostStatus{{ID: "local", Slots: 1, Free: free, State: "alive", LastSeen: time.Now()}}, nil
 }

@@ -11,14 +11,18 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
+
+	"go.opentelemetry.io/otel"
 
 	"github.com/streamd/streamd/host"
 	"github.com/streamd/streamd/internal/cluster"
 	"github.com/streamd/streamd/internal/jobfile"
 	"github.com/streamd/streamd/internal/natstest"
+	"github.com/streamd/streamd/internal/telemetry"
 	"github.com/streamd/streamd/internal/testwasm"
 	"github.com/streamd/streamd/internal/webapi"
 )
@@ -56,8 +60,11 @@ func newCluster(t *testing.T, opts webapi.Options) *testCluster {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { eng.Close(context.Background()) })
+	// The host publishes the job logs, as streamd host does.
+	logs := cluster.NewLogPublisher(natstest.Connect(t, srv.URL()), cluster.LogStreamConfig{}, nil)
+	t.Cleanup(logs.Close)
 	h, err := cluster.StartHost(natstest.Connect(t, srv.URL()), cluster.HostOptions{ID: "h1", Slots: 4, DataDir: t.TempDir(),
-		HeartbeatInterval: hb, Executor: &cluster.LocalExecutor{Engine: eng}, Logger: slog.New(slog.DiscardHandler)})
+		HeartbeatInterval: hb, Executor: &cluster.LocalExecutor{Engine: eng, Logs: logs}, Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -67,9 +74,31 @@ func newCluster(t *testing.T, opts webapi.Options) *testCluster {
 		t.Fatal(err)
 	}
 	opts.Mode = "controller"
+	if opts.Traces == nil {
+		opts.Traces = installRecorder(t)
+	}
 	api := httptest.NewServer(webapi.New(client, opts))
 	t.Cleanup(api.Close)
 	return &testCluster{t: t, client: client, url: api.URL}
+}
+
+// installRecorder installs a tracer provider that keeps the checkpoint
+// traces in a recorder, as streamd controller does without a trace backend;
+// the controller and the host of the test share it (one process).
+func installRecorder(t *testing.T) *telemetry.Recorder {
+	t.Helper()
+	rec := telemetry.NewRecorder()
+	tel, err := telemetry.New(context.Background(), telemetry.Config{ServiceName: "streamd-test", Recorder: rec})
+	if err != nil {
+		t.Fatal(err)
+	}
+	prev := otel.GetTracerProvider()
+	tel.Install()
+	t.Cleanup(func() {
+		otel.SetTracerProvider(prev)
+		_ = tel.Shutdown(context.Background())
+	})
+	return rec
 }
 
 // foreverJob writes a checkpointing job whose generator never ends:
@@ -323,7 +352,10 @@ func TestExceptions(t *testing.T) {
 	}
 	id := tc.deploy(path)
 	base := tc.url + "/jobs/" + id
-	waitFor(t, base, "failed", func(j *webapi.JobDetail) bool { return j.State == cluster.JobFailed })
+	failed := waitFor(t, base, "failed", func(j *webapi.JobDetail) bool { return j.State == cluster.JobFailed })
+	if !strings.HasPrefix(failed.ReasonSummary, "The module of operator boom (subtask 0) failed in process during attempt 1: ") {
+		t.Errorf("reason_summary %q: want the module's failure in words", failed.ReasonSummary)
+	}
 	var ex webapi.ExceptionsReply
 	call(t, http.MethodGet, base+"/exceptions", "", &ex)
 	if !strings.Contains(ex.RootException, "conformance panic") || len(ex.Entries) == 0 {
@@ -332,6 +364,10 @@ func TestExceptions(t *testing.T) {
 	for _, e := range ex.Entries {
 		if !strings.Contains(e.Exception, "conformance panic") || e.State != cluster.JobFailed {
 			t.Errorf("entry %+v: want the guest's panic message", e)
+		}
+		// In words, with the raw text kept beside.
+		if !strings.HasPrefix(e.Summary, "The module of operator ") || !strings.Contains(e.Summary, "attempt "+strconv.Itoa(e.Attempt)) {
+			t.Errorf("entry %d: summary %q: want the module's crash in words", e.Attempt, e.Summary)
 		}
 	}
 	wantError(t, http.MethodPost, base+"/stop", "", 409, "failed, not running")
@@ -359,4 +395,27 @@ func TestConfigAndConsole(t *testing.T) {
 		}
 	}
 	wantError(t, http.MethodGet, tc.url+"/nothing.js", "", 404, "no such resource")
+}
+
+// TestConnectorsFromRegistry: GET /connectors lists the connector
+// registry's types with their fields (no job needed).
+func TestConnectorsFromRegistry(t *testing.T) {
+	rec := httptest.NewRecorder()
+	webapi.New(nil, webapi.Options{Mode: "run"}).ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/connectors", nil))
+	var r webapi.ConnectorsReply
+	if err := json.Unmarshal(rec.Body.Bytes(), &r); rec.Code != 200 || err != nil {
+		t.Fatalf("GET /connectors: %d %v\n%s", rec.Code, err, rec.Body)
+	}
+	if len(r.Sources) < 3 || r.Sources[2].Type != "nats" || !r.Sources[2].UsesNATS || len(r.Sinks) < 4 || r.Sinks[0].Type != "file" || !r.Sinks[0].DeadLetters {
+		t.Fatalf("connectors %+v", r)
+	}
+	found := false
+	for _, f := range r.Sources[2].Fields {
+		if f.Name == "stream" && f.Required && f.Type == "string" {
+			found = true
+		}
+	}
+	if !found {
+		t.Errorf("nats source fields %+v: want a required stream", r.Sources[2].Fields)
+	}
 }

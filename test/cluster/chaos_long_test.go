@@ -109,7 +109,7 @@ func TestChaos(t *testing.T) {
 	hb := "--heartbeat-interval=100ms"
 	ctls := map[string]*chaosProc{}
 	for _, id := range []string{"c1", "c2"} {
-		ctls[id] = newChaosProc(t, "controller "+id, streamdBin(t), "controller", "--nats", url, hb, "--lost-after=4", "--controller-id", id)
+		ctls[id] = newChaosProc(t, "controller "+id, streamdBin(t), "controller", "--nats", url, hb, "--lost-after="+procLostAfter, "--controller-id", id)
 	}
 	hosts := map[string]*chaosProc{}
 	for i := 1; i <= 3; i++ {

@@ -455,3 +455,33 @@ func TestBinaryDeleteJob(t *testing.T) {
 		t.Errorf("delete of a deleted job: exit %d: %s", code, errs)
 	}
 }
+
+// TestServerBusyPorts: streamd server on a NATS port or an --http address
+// that another process holds exits 1 at once, saying the address is in use,
+// and never says it is ready.
+func TestServerBusyPorts(t *testing.T) {
+	busy, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer busy.Close()
+	addr := busy.Addr().String()
+	port := busy.Addr().(*net.TCPAddr).Port
+	for _, tt := range []struct {
+		name string
+		args []string
+	}{
+		{"nats", []string{"--nats-port", fmt.Sprint(port)}},
+		{"http", []string{"--nats-port", fmt.Sprint(freePort(t)), "--http", addr}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			start := time.Now()
+			out, errs, code := streamd(t, nil, append([]string{"server", "--data-dir", t.TempDir()}, tt.args...)...)
+			if code != 1 || !strings.Contains(errs, addr+" is in use by another process") || strings.Contains(errs+out, "server ready") {
+				t.Fatalf("streamd server %v: exit %d after %s\nstdout: %s\nstderr: %s\nwant exit 1, %q, no \"server ready\"",
+					tt.args, code, time.Since(start).Round(time.Millisecond), out, errs, addr+" is in use by another process")
+			}
+			t.Logf("exit %d after %s: %s", code, time.Since(start).Round(time.Millisecond), strings.TrimSpace(errs))
+		})
+	}
+}

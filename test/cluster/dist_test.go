@@ -220,3 +220,63 @@ func TestSavepointAndStopAcrossHosts(t *testing.T) {
 	}
 	sameLines(t, outputLines(t, filepath.Join(filepath.Dir(path), "out")), runLocally(t, path))
 }
+
+// TestDrainCheckpointsOverNATS: a job spread over two hosts whose slow stage
+// (2 ms a record) reads hash-partitioned channels, so half of them cross
+// NATS. The generator has no rate: its records are all queued in the
+// channels (the NATS credit windows) at once and it ends, so nearly the
+// whole run is the drain. Unaligned checkpoints keep completing meanwhile
+// (a barrier waits only for the slow stage's current batch of 10 records),
+// with the queued records as channel state (received over NATS on the
+// crossing channels), and the output is what streamd run writes.
+func TestDrainCheckpointsOverNATS(t *testing.T) {
+	mod := testwasm.Path(t, "internal/testguests/failonce/failonce.wasm")
+	dir := t.TempDir()
+	const n = 2000 // 1000 a slow subtask: at least 2 s of drain
+	job := fmt.Sprintf(`name: drain
+parallelism: 2
+checkpoint: {interval: 100ms, dir: chk, mode: unaligned}
+operators:
+  - uid: gen
+    source: {type: generator, count: %d, keys: 100, value: "v-{n}"}
+  - uid: slow
+    wasm: %s
+    allow_clock: true
+    config: {sleep_us: 2000}
+    inputs: [{from: gen, partition: hash}]
+  - uid: out
+    sink: {type: file, path: out/}
+    inputs: [slow]
+`, n, mod)
+	path := filepath.Join(dir, "drain.yaml")
+	if err := os.WriteFile(path, []byte(job), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	// One slot each: the two subtasks go to different hosts. Batches of 10
+	// records: the slow stage takes a barrier between two process calls.
+	// In-process channels of 200 batches hold all the records, as the NATS
+	// credit windows do: the generator ends at once.
+	tc := newCluster(t)
+	for _, h := range []string{"h1", "h2"} {
+		tc.addHostWith(h, 1, &cluster.LocalExecutor{Engine: tc.engine, BatchSize: 10, ChannelCapacity: 200})
+	}
+	tc.waitHosts(2)
+	id := deploy(t, tc, path, jobfile.Options{})
+	st := tc.waitJob(id, "finished", state(cluster.JobFinished))
+	if st.State != cluster.JobFinished {
+		t.Fatalf("job %s: %s", st.State, st.Reason)
+	}
+	if !slices.Equal(st.Hosts, []string{"h1", "h2"}) {
+		t.Fatalf("hosts %v, want [h1 h2]", st.Hosts)
+	}
+	withInFlight := 0
+	for _, c := range st.Checkpoints {
+		if c.InFlight > 0 {
+			withInFlight++
+		}
+	}
+	if withInFlight < 3 {
+		t.Errorf("%d of the %d recent checkpoints carry in-flight records, want >= 3 completed during the drain: %+v", withInFlight, len(st.Checkpoints), st.Checkpoints)
+	}
+	sameLines(t, outputLines(t, filepath.Join(dir, "out")), runLocally(t, path))
+}

@@ -1,7 +1,6 @@
 package cluster_test
 
 import (
-	"bytes"
 	"fmt"
 	"os"
 	"os/exec"
@@ -19,7 +18,18 @@ import (
 // proc is a streamd process of a test.
 type proc struct {
 	cmd *exec.Cmd
-	out *bytes.Buffer
+	out *lockedBuffer // stdout and stderr, read while the process runs
+}
+
+// waitOutput waits until the process has printed want, or fails the test
+// after d.
+func (p *proc) waitOutput(t testing.TB, want string, d time.Duration) {
+	t.Helper()
+	for deadline := time.Now().Add(d); !strings.Contains(p.out.String(), want); time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the process did not print %q within %s", want, d)
+		}
+	}
 }
 
 // startProc runs `streamd args...` until the test ends (SIGINT, then kill).
@@ -27,12 +37,12 @@ func startProc(t testing.TB, name string, args ...string) *proc {
 	t.Helper()
 	cmd := exec.Command(streamdBin(t), args...)
 	cmd.Dir = t.TempDir()
-	var out bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &out
+	out := &lockedBuffer{}
+	cmd.Stdout, cmd.Stderr = out, out
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	p := &proc{cmd: cmd, out: &out}
+	p := &proc{cmd: cmd, out: out}
 	done := make(chan struct{})
 	go func() { cmd.Wait(); close(done) }()
 	t.Cleanup(func() {
@@ -54,8 +64,9 @@ func startProc(t testing.TB, name string, args ...string) *proc {
 // controller` and `streamd host` processes on it.
 type processCluster struct {
 	*testCluster
-	url   string
-	hosts map[string]*proc
+	url        string
+	hosts      map[string]*proc
+	controller *proc // set by startProcesses
 }
 
 func newProcessCluster(t *testing.T, hosts, slots int, hostArgs ...string) *processCluster {
@@ -67,7 +78,7 @@ func newProcessCluster(t *testing.T, hosts, slots int, hostArgs ...string) *proc
 	t.Cleanup(srv.Shutdown)
 	pc := &processCluster{testCluster: &testCluster{t: t, srv: srv}, url: srv.URL(), hosts: map[string]*proc{}}
 	hb := "--heartbeat-interval=100ms"
-	startProc(t, "controller", "controller", "--nats", pc.url, hb, "--lost-after=4")
+	startProc(t, "controller", "controller", "--nats", pc.url, hb, "--lost-after="+procLostAfter)
 	for i := 1; i <= hosts; i++ {
 		id := fmt.Sprintf("h%d", i)
 		args := append([]string{"host", "--nats", pc.url, hb, "--host-id", id, "--slots", fmt.Sprint(slots), "--data-dir", t.TempDir()}, hostArgs...)

@@ -108,7 +108,7 @@ func testKeyedFailovers(t *testing.T, section string) {
 	url := srv.URL()
 	hb := "--heartbeat-interval=100ms"
 	procs := map[string][]*loggedProc{} // every process of each name, the killed ones too
-	procs["controller"] = append(procs["controller"], startLogged(t, "controller", "controller", "--nats", url, hb, "--lost-after=4"))
+	procs["controller"] = append(procs["controller"], startLogged(t, "controller", "controller", "--nats", url, hb, "--lost-after="+procLostAfter))
 	startHost := func(id string) {
 		procs[id] = append(procs[id], startLogged(t, fmt.Sprintf("%s (run %d)", id, len(procs[id])+1),
 			"host", "--nats", url, hb, "--host-id", id, "--slots", "6", "--data-dir", t.TempDir()))

@@ -174,3 +174,48 @@ func TestBinaryLogs(t *testing.T) {
 		t.Fatalf("logs without the stream: exit %d: %s", code, errs)
 	}
 }
+
+// TestBinaryLogsControllerEvents: streamd logs shows the controller's
+// decisions about the job beside the hosts' lines: its deploy, placement,
+// and a stop with the savepoint's path; the host does not claim an empty
+// savepoint.
+func TestBinaryLogsControllerEvents(t *testing.T) {
+	url := startServer(t, nil)
+	env := []string{"STREAMD_NATS_URL=" + url}
+	out, errs, code := streamd(t, env, "deploy", logsJob(t))
+	if code != 0 {
+		t.Fatalf("deploy: exit %d: %s", code, errs)
+	}
+	id := strings.TrimSpace(out)
+	sp, errs, code := "", "", 0
+	for deadline := time.Now().Add(60 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		if sp, errs, code = streamd(t, env, "stop", id); code == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("stop: exit %d: %s", code, errs)
+		}
+	}
+	sp = strings.TrimSpace(sp)
+	want := []string{" job@controller attempt 0 INFO job deployed ", " job@controller attempt 0 INFO job scheduled ",
+		" job@controller attempt 0 INFO job stopped ", "savepoint=" + sp}
+	var got string
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		got, errs, code = streamd(t, env, "logs", id)
+		missing := ""
+		for _, w := range want {
+			if !strings.Contains(got, w) {
+				missing = w
+			}
+		}
+		if code == 0 && missing == "" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("logs (exit %d, %s) lacks %q:\n%s", code, errs, missing, got)
+		}
+	}
+	if strings.Contains(got, `savepoint=""`) {
+		t.Errorf("a line claims an empty savepoint:\n%s", got)
+	}
+}

@@ -23,10 +23,15 @@ import (
 // connected to that URL) with slots slots, and a client on clientURL. The
 // URLs may name different servers of one NATS cluster.
 func startProcesses(t *testing.T, clientURL, ctlURL string, hostURLs []string, slots int) *processCluster {
+	return startProcessesLost(t, clientURL, ctlURL, hostURLs, slots, procLostAfter)
+}
+
+// startProcessesLost is startProcesses with the controller's --lost-after.
+func startProcessesLost(t *testing.T, clientURL, ctlURL string, hostURLs []string, slots int, lostAfter string) *processCluster {
 	t.Helper()
 	pc := &processCluster{testCluster: &testCluster{t: t}, url: clientURL, hosts: map[string]*proc{}}
 	hb := "--heartbeat-interval=100ms"
-	startProc(t, "controller", "controller", "--nats", ctlURL, hb, "--lost-after=4")
+	pc.controller = startProc(t, "controller", "controller", "--nats", ctlURL, hb, "--lost-after="+lostAfter)
 	for i, u := range hostURLs {
 		id := fmt.Sprintf("h%d", i+1)
 		pc.hosts[id] = startProc(t, id, "host", "--nats", u, hb, "--host-id", id, "--slots", fmt.Sprint(slots), "--data-dir", t.TempDir())
@@ -181,7 +186,11 @@ func natsRestart(t *testing.T, storage string) {
 	srv := start()
 	t.Cleanup(func() { srv.Shutdown() })
 	url := srv.URL()
-	pc := startProcesses(t, url, url, []string{url, url, url}, 1)
+	// The controller must notice the hosts' silence (400ms) before its own
+	// lease, unrenewable without NATS, lapses and it stands by: a host it
+	// declares lost by mistake under load costs a failover this test
+	// expects anyway.
+	pc := startProcessesLost(t, url, url, []string{url, url, url}, 1, "4")
 	const n = 7000
 	path := spreadJob(t, n, 2000, 3, "checkpoint: {interval: 200ms, dir: chk, storage: "+storage+"}\n")
 	id := deploy(t, pc.testCluster, path, jobfile.Options{})
@@ -194,7 +203,9 @@ func natsRestart(t *testing.T, storage string) {
 	}
 	srv.Shutdown()
 	down := time.Now()
-	time.Sleep(time.Second) // long enough for the controller to miss heartbeats
+	// NATS stays down until the controller has declared a host lost (it
+	// checks heartbeats on its own clock, NATS or not).
+	pc.controller.waitOutput(t, "host lost", 60*time.Second)
 	srv = start()
 	t.Logf("NATS server down for %s", time.Since(down).Round(time.Millisecond))
 	st = pc.waitJobLoose(id, "a later attempt", 60*time.Second, func(st *cluster.JobStatus) bool {

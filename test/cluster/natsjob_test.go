@@ -40,7 +40,7 @@ func natsStreams(t *testing.T, url string, n int) jetstream.JetStream {
 		}
 	}
 	for i := 0; i < n; i++ {
-		if _, err := js.PublishAsync(fmt.Sprintf("in.k%d", i%7), fmt.Appendf(nil, "value-%d", i)); err != nil {
+		if _, err := js.PublishAsync(fmt.Sprintf("in.k%d", i%7), fmt.Appendf(nil, "value-%d", i), jetstream.WithStallWait(time.Minute)); err != nil {
 			t.Fatal(err)
 		}
 	}

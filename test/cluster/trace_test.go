@@ -42,7 +42,7 @@ func TestCheckpointTraceAcrossHosts(t *testing.T) {
 	t.Cleanup(func() { otel.SetTracerProvider(prev) })
 
 	tc := newCluster(t, 2, 2)
-	path := spreadJob(t, 6000, 6000, 4, "checkpoint: {interval: 150ms, dir: chk}\n")
+	path := spreadJob(t, 12000, 4000, 4, "checkpoint: {interval: 150ms, dir: chk}\n") // 3 s: periodic checkpoints before the final one, on a loaded machine too
 	id := deploy(t, tc, path, jobfile.Options{})
 	// Where each subtask runs, while it runs.
 	st := tc.waitJob(id, "running", func(st *cluster.JobStatus) bool {
@@ -253,7 +253,7 @@ func TestFailoverAndStopTraceAcrossHosts(t *testing.T) {
 	t.Cleanup(func() { otel.SetTracerProvider(prev) })
 
 	tc := newCluster(t, 2, 2, 2)
-	path := spreadJob(t, 60000, 4000, 4, "checkpoint: {interval: 150ms, dir: chk}\n")
+	path := spreadJob(t, 400000, 4000, 4, "checkpoint: {interval: 150ms, dir: chk}\n") // runs until the stop below, however slow the failover
 	id := deploy(t, tc, path, jobfile.Options{})
 	st := tc.waitJob(id, "a checkpoint", func(st *cluster.JobStatus) bool {
 		return cluster.TerminalJobState(st.State) || st.State == cluster.JobRunning && len(st.Checkpoints) > 0

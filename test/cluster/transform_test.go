@@ -2,7 +2,9 @@ package cluster_test
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -20,7 +22,7 @@ import (
 func publishValues(t *testing.T, js jetstream.JetStream, subject string, from, to int) {
 	t.Helper()
 	for i := from; i < to; i++ {
-		if _, err := js.PublishAsync(subject, fmt.Appendf(nil, "value-%d", i)); err != nil {
+		if _, err := js.PublishAsync(subject, fmt.Appendf(nil, "value-%d", i), jetstream.WithStallWait(time.Minute)); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -227,7 +229,7 @@ func TestTransformDeployStreams(t *testing.T) {
 		{"own stream", []string{"--input", "jetstream:SELF", "--output", "nats:self.upper"}, 2,
 			"--output nats:self.upper goes to stream SELF, which the input reads whole: the transform would read its own output"},
 		{"output without input", []string{"--source", "generator:5", "--output", "nats:x"}, 2, "--output applies only to a transform"},
-		{"bad input", []string{"--input", "kafka:x"}, 2, `--input "kafka:x": want nats:SUBJECT or jetstream:STREAM[:FILTER]`},
+		{"bad input", []string{"--input", "kinesis:x"}, 2, `--input "kinesis:x": want nats:SUBJECT, jetstream:STREAM[:FILTER] or kafka:TOPIC`},
 		{"bad output", []string{"--input", "nats:a", "--output", "nats:o.*"}, 2, `--output: "o.*" has a wildcard`},
 		{"bad start", []string{"--input", "nats:a", "--start", "seq:0"}, 2, `--start "seq:0": seq:N needs a stream sequence N of at least 1`},
 		{"two sources", []string{"--input", "nats:a", "--source", "generator:5"}, 2, "--input and --source are two sources"},
@@ -246,5 +248,86 @@ func TestTransformDeployStreams(t *testing.T) {
 	}
 	if _, err := js.Stream(ctx, "STREAMD_IN_in_a"); err == nil {
 		t.Errorf("a refused deploy left the input stream it created") // the check order: outputs are checked first
+	}
+}
+
+// TestTransformDeployOnError: a transform deployed with --on-error
+// dead_letter:SUBJECT does not restart on a poison record: the record goes to
+// SUBJECT (its stream created and named by deploy) and every other record to
+// the output, each exactly once; --on-error skip drops it. Bad --on-error
+// values are refused before anything is deployed.
+func TestTransformDeployOnError(t *testing.T) {
+	tc, env, js := transformCluster(t, "h1")
+	mod := testwasm.Path(t, "internal/testguests/failonce/failonce.wasm")
+	for _, tt := range []struct{ flag, want string }{
+		{"--on-error=retry", `--on-error "retry": want fail, skip or dead_letter[:SUBJECT]`},
+		{"--on-error=skip:x", `skip takes no subject`},
+		{"--on-error=dead_letter:in.>", `"in.>" has a wildcard; a sink publishes to one subject`},
+		{"--on-error=dead_letter:in.a", "dead_letter:in.a: "},
+		{"--on-error=dead_letter:out", "dead_letter:out is also an --output"},
+	} {
+		_, errs, code := streamd(t, env, "deploy", mod, "--input", "nats:in.a", "--output", "nats:out", tt.flag)
+		if code != 2 || !strings.Contains(errs, tt.want) {
+			t.Errorf("deploy %s: exit %d, stderr %q; want exit 2 and %q", tt.flag, code, errs, tt.want)
+		}
+	}
+	if _, errs, code := streamd(t, env, "deploy", mod, "--source", "generator:10", "--on-error", "dead_letter:x"); code != 2 || !strings.Contains(errs, "only a transform (--input) has them") {
+		t.Errorf("deploy --source --on-error dead_letter: exit %d, stderr %q", code, errs)
+	}
+	if ids, err := tc.client.List(context.Background(), false); err != nil || len(ids) != 0 {
+		t.Fatalf("after the refused deploys: jobs %v (%v), want none", ids, err)
+	}
+
+	const n = 300
+	poison := map[string]bool{"value-7": true, "value-150": true}
+	for _, mode := range []string{"dead_letter:dlq.orders", "skip"} {
+		in, outSubj := "in."+mode[:4], "out."+mode[:4]
+		outStream := "STREAMD_OUT_" + strings.ReplaceAll(outSubj, ".", "_")
+		out, errs, code := streamd(t, env, "deploy", mod, "--input", "nats:"+in, "--output", "nats:"+outSubj, "--checkpoint-interval", "200ms",
+			"--config", "poison=value-7,value-150", "--on-error", mode, "--name", "onerr-"+mode[:4])
+		if code != 0 {
+			t.Fatalf("deploy --on-error %s: exit %d\n%s\n%s", mode, code, out, errs)
+		}
+		id := strings.TrimSpace(out)
+		if mode != "skip" && !strings.Contains(errs, "dead letters dlq.orders: stream STREAMD_OUT_dlq_orders (created") {
+			t.Errorf("deploy's stderr does not name the dead letters' stream:\n%s", errs)
+		}
+		oc := countOutput(t, js, outStream)
+		publishValues(t, js, in, 0, n)
+		oc.wait(t, n-int64(len(poison)))
+		st := tc.waitJob(id, "running", state(cluster.JobRunning))
+		if st.Attempt != 0 {
+			t.Errorf("--on-error %s: attempt %d, want 0: a poison record restarted the job", mode, st.Attempt)
+		}
+		if _, errs, code := streamd(t, env, "stop", id); code != 0 {
+			t.Fatalf("stop: exit %d: %s", code, errs)
+		}
+		var want []string
+		for i := 0; i < n; i++ {
+			if v := fmt.Sprintf("value-%d", i); !poison[v] {
+				want = append(want, v)
+			}
+		}
+		got := streamValues(t, js, outStream)
+		slices.Sort(got)
+		slices.Sort(want)
+		if !slices.Equal(got, want) {
+			lost, twice := lostAndTwice(got, want)
+			t.Errorf("--on-error %s: output %d records, want %d: %d lost, %d twice", mode, len(got), len(want), lost, twice)
+		}
+		if mode == "skip" {
+			continue
+		}
+		dead := map[string]int{}
+		for _, v := range streamValues(t, js, "STREAMD_OUT_dlq_orders") {
+			var dl struct{ Value, Error string }
+			if err := json.Unmarshal([]byte(v), &dl); err != nil || dl.Error == "" {
+				t.Fatalf("dead letter %q: not the JSON of a failed record (%v)", v, err)
+			}
+			dead[dl.Value]++
+		}
+		if len(dead) != len(poison) || dead["value-7"] != 1 || dead["value-150"] != 1 {
+			t.Errorf("dead letters %v, want value-7 and value-150 once each", dead)
+		}
 	}
 }

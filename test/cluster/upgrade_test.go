@@ -30,7 +30,7 @@ func publishKeyed(t *testing.T, js jetstream.JetStream, subject string, from, to
 		m := nats.NewMsg(subject)
 		m.Header.Set("Streamd-Key", fmt.Sprintf("k%d", i%upgradeKeys))
 		m.Data = fmt.Appendf(nil, "v%d", i)
-		if _, err := js.PublishMsgAsync(m); err != nil {
+		if _, err := js.PublishMsgAsync(m, jetstream.WithStallWait(time.Minute)); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -68,11 +68,15 @@ func checkCounts(t *testing.T, js jetstream.JetStream, name string, n, v2From in
 
 // deployCounter deploys failonce as a keyed counter transform from nats:events
 // to nats:counts and returns its id and the output's counter.
-func deployCounter(t *testing.T, env []string, js jetstream.JetStream) (string, *outputCounter) {
+func deployCounter(t *testing.T, env []string, js jetstream.JetStream, config ...string) (string, *outputCounter) {
 	t.Helper()
 	counter := testwasm.Path(t, "internal/testguests/failonce/failonce.wasm")
-	out, errs, code := streamd(t, env, "deploy", counter, "--input", "nats:events", "--output", "nats:counts",
-		"--config", "mode=count", "--name", "counter", "--checkpoint-interval", "200ms")
+	args := []string{"deploy", counter, "--input", "nats:events", "--output", "nats:counts",
+		"--config", "mode=count", "--name", "counter", "--checkpoint-interval", "200ms"}
+	for _, kv := range config {
+		args = append(args, "--config", kv)
+	}
+	out, errs, code := streamd(t, env, args...)
 	if code != 0 {
 		t.Fatalf("deploy: exit %d\n%s\n%s", code, out, errs)
 	}
@@ -85,9 +89,15 @@ func deployCounter(t *testing.T, env []string, js jetstream.JetStream) (string, 
 // id and its output's counter.
 func runningCounter(t *testing.T, n int, env ...string) ([]string, jetstream.JetStream, string, *outputCounter, *cluster.JobStatus) {
 	t.Helper()
+	return runningCounterWith(t, n, nil, env...)
+}
+
+// runningCounterWith is runningCounter with more config of the counter.
+func runningCounterWith(t *testing.T, n int, config []string, env ...string) ([]string, jetstream.JetStream, string, *outputCounter, *cluster.JobStatus) {
+	t.Helper()
 	tc, base, js := transformCluster(t, "h1")
 	env = append(base, env...)
-	id, oc := deployCounter(t, env, js)
+	id, oc := deployCounter(t, env, js, config...)
 	publishKeyed(t, js, "events", 0, n)
 	oc.wait(t, int64(n))
 	st := tc.waitJob(id, "running", state(cluster.JobRunning))
@@ -197,11 +207,13 @@ func TestUpgradeKeepsState(t *testing.T) {
 }
 
 // TestUpgradeRollsBack upgrades the counter to a module that fails in open
-// (failopen): its restart strategy gives up, the controller starts the
-// counter again from the same savepoint, upgrade says so and exits 1, and
-// the counter counts on with its state intact, every count exactly once.
+// (failopen, differently each time): its restart strategy gives up, the
+// controller starts the counter again from the same savepoint, upgrade says
+// so and exits 1, and the counter counts on with its state intact, every
+// count exactly once.
 func TestUpgradeRollsBack(t *testing.T) {
-	env, js, id, oc, _ := runningCounter(t, 300, "STREAMD_RESTART_STRATEGY=fixed-delay", "STREAMD_RESTART_ATTEMPTS=2", "STREAMD_RESTART_DELAY=100ms")
+	env, js, id, oc, _ := runningCounterWith(t, 300, []string{"failopen_vary=1"},
+		"STREAMD_RESTART_STRATEGY=fixed-delay", "STREAMD_RESTART_ATTEMPTS=2", "STREAMD_RESTART_DELAY=100ms")
 
 	bad := testwasm.Path(t, "internal/testguests/failopen/failopen.wasm")
 	out, errs, code := streamd(t, env, "upgrade", id, bad)
@@ -270,11 +282,12 @@ func TestUpgradeRefused(t *testing.T) {
 }
 
 // TestUpgradeRollsBackAfterTimeout: under the transform's default restart
-// strategy (exponential-delay, unlimited) a module that fails in open never
-// makes the job fail; the controller rolls it back when it does not run
-// within --timeout, and the counter runs on from the savepoint.
+// strategy (exponential-delay, unlimited) a module that fails in open, each
+// time differently (failopen_vary), never makes the job fail; the
+// controller rolls it back when it does not run within --timeout, and the
+// counter runs on from the savepoint.
 func TestUpgradeRollsBackAfterTimeout(t *testing.T) {
-	env, js, id, oc, _ := runningCounter(t, 100)
+	env, js, id, oc, _ := runningCounterWith(t, 100, []string{"failopen_vary=1"})
 
 	bad := testwasm.Path(t, "internal/testguests/failopen/failopen.wasm")
 	out, errs, code := streamd(t, env, "upgrade", id, bad, "--timeout", "3s")
@@ -307,7 +320,7 @@ func TestUpgradeRollbackSurvivesLeaderChange(t *testing.T) {
 		t.Fatal(err)
 	}
 	env := []string{"STREAMD_NATS_URL=" + hc.srv.URL()}
-	id, oc := deployCounter(t, env, js)
+	id, oc := deployCounter(t, env, js, "failopen_vary=1") // no two failures alike: only the deadline rolls it back
 	publishKeyed(t, js, "events", 0, 100)
 	oc.wait(t, 100)
 	hc.waitJob(id, "running", state(cluster.JobRunning))
@@ -328,5 +341,84 @@ func TestUpgradeRollbackSurvivesLeaderChange(t *testing.T) {
 		!strings.Contains(st.Versions[rep.Version-1].Reason, "not running 3s after it started") {
 		t.Fatalf("after the takeover: %s (%s), versions %+v", st.State, st.Reason, st.Versions)
 	}
+	countOnAndStop(t, env, js, id, oc, 100, 200, 0)
+}
+
+// TestUpgradeRestartingJob: a transform that restarts on a poison record
+// cannot take a savepoint, so upgrade cancels its attempt and starts the new
+// module from the job's latest checkpoint, says so, and the output holds
+// every record exactly once: those committed before as the old module wrote
+// them, the rest as the new one does.
+func TestUpgradeRestartingJob(t *testing.T) {
+	tc, env, js := transformCluster(t, "h1")
+	env = append(env, "STREAMD_RESTART_STRATEGY=fixed-delay", "STREAMD_RESTART_ATTEMPTS=1000", "STREAMD_RESTART_DELAY=100ms")
+	mod := testwasm.Path(t, "internal/testguests/failonce/failonce.wasm")
+	out, errs, code := streamd(t, env, "deploy", mod, "--input", "nats:raw", "--output", "nats:clean", "--name", "poisoned",
+		"--config", "poison=value-50", "--checkpoint-interval", "200ms")
+	if code != 0 {
+		t.Fatalf("deploy: exit %d\n%s\n%s", code, out, errs)
+	}
+	id := strings.TrimSpace(out)
+	oc := countOutput(t, js, "STREAMD_OUT_clean")
+	publishValues(t, js, "raw", 0, 50)
+	oc.wait(t, 50)
+	publishValues(t, js, "raw", 50, 100)
+	tc.waitJob(id, "restarting on the poison record", func(st *cluster.JobStatus) bool { return st.Attempt >= 2 })
+
+	upper := testwasm.Path(t, "examples/wasm/uppercase/uppercase.wasm")
+	out, errs, code = streamd(t, env, "upgrade", id, upper)
+	if code != 0 {
+		t.Fatalf("upgrade of a restarting job: exit %d\n%s\n%s", code, out, errs)
+	}
+	for _, want := range []string{"did not run (it restarted or waited for slots): its attempt was canceled; starting version 2 from checkpoint jetstream://STREAMD_CHECKPOINTS/" + id + "/chk-"} {
+		if !strings.Contains(errs, want) {
+			t.Errorf("upgrade's stderr lacks %q:\n%s", want, errs)
+		}
+	}
+	if !strings.Contains(out, "job "+id+" upgraded to version 2 (from checkpoint jetstream://") {
+		t.Errorf("upgrade's stdout: %q", out)
+	}
+	oc.wait(t, 100)
+	st := statusJSON(t, env, id)
+	if st.State != cluster.JobRunning || len(st.Versions) != 2 || st.Versions[0].State != cluster.VersionReplaced || st.Versions[1].State != cluster.VersionRunning {
+		t.Fatalf("after the upgrade: %s (%s), versions %+v", st.State, st.Reason, st.Versions)
+	}
+	if _, errs, code := streamd(t, env, "stop", id); code != 0 {
+		t.Fatalf("stop: exit %d: %s", code, errs)
+	}
+	// Each record once: lower case up to the checkpoint, upper case after.
+	seen := map[int]int{}
+	for _, v := range streamValues(t, js, "STREAMD_OUT_clean") {
+		var i int
+		if _, err := fmt.Sscanf(strings.ToLower(v), "value-%d", &i); err != nil {
+			t.Fatalf("output %q", v)
+		}
+		seen[i]++
+		if i >= 50 && v != strings.ToUpper(v) {
+			t.Errorf("%q: written by the old module after the poison record", v)
+		}
+	}
+	for i := 0; i < 100; i++ {
+		if seen[i] != 1 {
+			t.Errorf("value-%d in the output %d times, want once", i, seen[i])
+		}
+	}
+}
+
+// TestUpgradeRollsBackOnRepeatedOpenFailure: under the transform's default
+// restart strategy (unlimited), a new version whose attempts fail in open
+// twice in a row with the same error is rolled back at once, long before
+// its --timeout, and upgrade says why.
+func TestUpgradeRollsBackOnRepeatedOpenFailure(t *testing.T) {
+	env, js, id, oc, _ := runningCounter(t, 100)
+	bad := testwasm.Path(t, "internal/testguests/failopen/failopen.wasm")
+	start := time.Now()
+	out, errs, code := streamd(t, env, "upgrade", id, bad, "--timeout", "10m")
+	took := time.Since(start)
+	if want := "version 2 failed: its attempts failed in open 2 times in a row the same way: "; code != 1 || !strings.Contains(errs, want) ||
+		!strings.Contains(errs, "failopen: this version fails in open") || !strings.Contains(errs, "rolled back: version 1 runs again (as version 3)") {
+		t.Fatalf("upgrade: exit %d after %s, want 1 with %q and the rollback\n%s\n%s", code, took, want, out, errs)
+	}
+	t.Logf("rolled back after %s (--timeout 10m)", took.Round(time.Millisecond))
 	countOnAndStop(t, env, js, id, oc, 100, 200, 0)
 }

@@ -13,35 +13,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/streamd/streamd/internal/testout"
 	"github.com/streamd/streamd/internal/testwasm"
 )
 
 // committedLines returns the lines of the visible files of dir (hidden files
 // are in-progress or pending data), sorted.
-func committedLines(t *testing.T, dir string) []string {
-	t.Helper()
-	ents, err := os.ReadDir(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var lines []string
-	for _, e := range ents {
-		if strings.HasPrefix(e.Name(), ".") {
-			continue
-		}
-		b, err := os.ReadFile(filepath.Join(dir, e.Name()))
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, l := range strings.Split(strings.TrimSuffix(string(b), "\n"), "\n") {
-			if l != "" {
-				lines = append(lines, l)
-			}
-		}
-	}
-	sort.Strings(lines)
-	return lines
-}
+func committedLines(t *testing.T, dir string) []string { return testout.Committed(t, dir) }
 
 func exactlyOnce(t *testing.T, got, want []string) {
 	t.Helper()

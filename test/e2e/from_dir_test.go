@@ -37,13 +37,14 @@ var savepointIDRE = regexp.MustCompile(`savepoint-(\d+)-[^/]*$`)
 // older chk-N by its path still works, with a warning naming both.
 func TestResumeFromDirAfterSavepoint(t *testing.T) {
 	dir := t.TempDir()
-	const n = 3000
+	const n = 8000
 	// Only built-in connectors: the generator (throttled, released every
 	// 10ms) and the exactly-once file sink. retain 5 keeps chk-N after the
-	// savepoint for the explicit restore below.
+	// savepoint for the explicit restore below. The interval leaves the
+	// stop room to come between two checkpoints on a loaded machine.
 	job := fmt.Sprintf(`name: fromdir
 parallelism: 2
-checkpoint: {interval: 100ms, dir: chk, retain: 5}
+checkpoint: {interval: 500ms, dir: chk, retain: 5}
 operators:
   - uid: gen
     parallelism: 1

@@ -87,6 +87,38 @@ func TestScaffoldRust(t *testing.T) {
 		test = []string{"env", "RUSTC=/usr/bin/rustc", "/usr/bin/cargo", "test", "--offline"}
 	}
 	proj := scaffoldAndRun(t, "rust", test)
+	lock := filepath.Join(proj, "Cargo.lock")
+	if b, err := os.ReadFile(lock); err != nil || !strings.Contains(string(b), "\nversion = 3\n") {
+		t.Fatalf("the new project's Cargo.lock (%v):\n%s\nwant version 3 (Debian's cargo 1.65 reads no later one)", err, b)
+	}
+
+	// A newer cargo first on PATH (rustup's): its cargo test keeps the lock
+	// file streamd build's Debian cargo reads.
+	if p, err := exec.LookPath("cargo"); err == nil && p != "/usr/bin/cargo" {
+		cmd := exec.Command(p, "test", "--offline")
+		cmd.Dir = proj
+		cmd.Env = append(append(os.Environ(), offline...), "CARGO_TARGET_DIR="+filepath.Join(proj, "target-newer"))
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Fatalf("%s test: %v\n%s", p, err, out)
+		}
+		if r := runEnv(t, filepath.Dir(proj), "", offline, "build", "myop"); r.code != 0 {
+			t.Fatalf("streamd build after %s test: exit %d\n%s", p, r.code, r.stderr)
+		}
+	}
+	// A version-4 lock file (a newer cargo writes one for a project that has
+	// none) is rewritten as version 3 when Debian's cargo builds.
+	if _, err := os.Stat("/usr/bin/cargo"); err == nil {
+		b, err := os.ReadFile(lock)
+		must(t, err)
+		must(t, os.WriteFile(lock, []byte(strings.Replace(string(b), "\nversion = 3\n", "\nversion = 4\n", 1)), 0o644))
+		r := runEnv(t, filepath.Dir(proj), "", offline, "build", "myop")
+		if r.code != 0 || !strings.Contains(r.stderr, "was a version-4 lock file") {
+			t.Fatalf("streamd build with a version-4 Cargo.lock: exit %d\nstderr: %s", r.code, r.stderr)
+		}
+		if b, err := os.ReadFile(lock); err != nil || !strings.Contains(string(b), "\nversion = 3\n") {
+			t.Fatalf("Cargo.lock after the build (%v):\n%s\nwant version 3", err, b)
+		}
+	}
 
 	// A compile error: cargo's rendered message, and the module left as it was.
 	lib := filepath.Join(proj, "src", "lib.rs")

@@ -21,6 +21,9 @@
 // proc_exit) or "reject" (streamd.Reject, no failure): a test guest for
 // on_error and dead letters.
 //
+// With sleep_us N each record takes at least N microseconds (time.Sleep; the
+// operator needs allow_clock): a slow stage for back-pressure tests.
+//
 // It also keeps a split list state "seen" (records processed by the subtask
 // since the first attempt), restored on open, so list state survives
 // checkpoints too.
@@ -34,6 +37,7 @@ import (
 	"fmt"
 	"os"
 	"strings"
+	"time"
 
 	streamd "github.com/streamd/streamd/sdk/go"
 )
@@ -53,6 +57,7 @@ type failOnce struct {
 	state   []byte // state_bytes > 8: the value written per key
 	poison  map[string]bool
 	how     string
+	sleep   time.Duration // sleep_us per record
 }
 
 func (f *failOnce) Open(ctx *streamd.Context) error {
@@ -67,6 +72,11 @@ func (f *failOnce) Open(ctx *streamd.Context) error {
 		return err
 	} else if n > 8 {
 		f.state = make([]byte, n)
+	}
+	if us, err := ctx.Config.Int("sleep_us", 0); err != nil {
+		return err
+	} else {
+		f.sleep = time.Duration(us) * time.Microsecond
 	}
 	f.attempt = ctx.Attempt
 	if p := ctx.Config.String("poison", ""); p != "" {
@@ -100,6 +110,9 @@ func (f *failOnce) Open(ctx *streamd.Context) error {
 func (f *failOnce) ProcessElement(r streamd.Record, _ int) error {
 	f.n++
 	f.seen++
+	if f.sleep > 0 {
+		time.Sleep(f.sleep)
+	}
 	if f.attempt == 0 && f.failAt > 0 && f.n == f.failAt {
 		return fmt.Errorf("failonce: injected failure at record %d of attempt 0", f.n)
 	}

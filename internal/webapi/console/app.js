@@ -2,12 +2,13 @@
 // the job list or one job's page. Plain JavaScript, no dependencies.
 "use strict";
 
-const state = { config: { refresh_interval_ms: 1000 }, timer: null, prev: null, route: "", busy: false };
+const state = { config: { refresh_interval_ms: 1000 }, timer: null, prev: null, route: "", busy: false, logs: null };
 
 function el(tag, attrs, ...children) {
   const e = document.createElement(tag);
   for (const [k, v] of Object.entries(attrs || {})) {
     if (k === "class") e.className = v;
+    else if (k === "style") Object.assign(e.style, v); // through the CSSOM: the CSP forbids style attributes
     else if (k.startsWith("on")) e.addEventListener(k.slice(2), v);
     else if (v !== undefined && v !== null && v !== false) e.setAttribute(k, v === true ? "" : v);
   }
@@ -285,12 +286,29 @@ function subtaskTable(job, rate) {
     el("tbody", {}, rows));
 }
 
+// checkpointCounts says how many checkpoints completed, failed and are in
+// progress, and why the latest failed.
+function checkpointCounts(cps) {
+  const c = cps.counts;
+  if (!c) return null;
+  const failed = cps.failed || [];
+  return el("div", { id: "checkpoint-counts" },
+    el("p", {}, ["completed", "failed", "in_progress"].map(k => el("span", { class: "count " + k, "data-count": k },
+      el("b", {}, c[k]), " " + k.replace("_", " ") + "  ")), el("span", { class: "muted" }, " (since this process started)")),
+    failed.length ? el("table", { id: "failed-checkpoints" },
+      el("thead", {}, el("tr", {}, ["Failed", "Kind", "At", "Why"].map(h => el("th", {}, h)))),
+      el("tbody", {}, failed.map(f => el("tr", { "data-id": f.id },
+        el("td", {}, f.id), el("td", {}, f.kind || "checkpoint"), el("td", {}, fmtTime(f.time)), el("td", { class: "reason" }, f.reason))))) : null);
+}
+
 function checkpointTable(job, cps) {
   if (!job.checkpoint_mode) return el("p", { class: "muted" }, "The job does not checkpoint (no checkpoint section).");
   if (!cps.history.length) return el("p", { class: "muted", id: "no-checkpoints" }, "No checkpoint completed yet.");
+  const traced = new Set(cps.traced || []);
   const link = c => {
     const u = traceURL({ "streamd.job": job.name, "streamd.checkpoint_id": String(c.id) });
-    return u ? el("a", { href: u, target: "_blank", rel: "noopener" }, "trace") : "";
+    return [traced.has(c.id) ? el("a", { class: "waterfall", href: "#/jobs/" + encodeURIComponent(job.id) + "/checkpoints/" + c.id }, "waterfall") : "",
+      u ? " " : "", u ? el("a", { class: "jaeger", href: u, target: "_blank", rel: "noopener" }, "Jaeger") : ""];
   };
   return el("table", { id: "checkpoints" },
     el("thead", {}, el("tr", {}, ["Id", "Kind", "Status", "Completed", "Duration", "Size", "In-flight", "Location", "", "Finished"]
@@ -299,7 +317,7 @@ function checkpointTable(job, cps) {
       el("td", {}, c.id), el("td", {}, c.kind + (c.unaligned ? " (unaligned)" : "")), el("td", {}, c.status),
       el("td", {}, fmtTime(c.completed_at)), el("td", { class: "num" }, fmtMS(c.duration_ms)),
       el("td", { class: "num" }, fmtBytes(c.state_size)), el("td", { class: "num" }, fmtBytes(c.inflight_bytes)),
-      el("td", { class: "muted" }, c.external_path || ""), el("td", {}, link(c)),
+      el("td", { class: "muted" }, c.external_path || ""), el("td", { class: "links" }, link(c)),
       el("td", { class: "finished" }, finishedText(c))))));
 }
 
@@ -316,10 +334,18 @@ function finishedText(c) {
 function exceptionList(ex) {
   if (!ex.root_exception && !ex.entries.length) return el("p", { class: "muted", id: "no-exceptions" }, "No failures.");
   return el("div", { id: "exceptions" },
-    ex.root_exception ? [el("h3", {}, "Root cause"), el("pre", { class: "exception" }, ex.root_exception)] : null,
-    ex.entries.map(e => el("div", { class: "entry" },
+    ex.root_exception ? [el("h3", {}, "Root cause"), failure(ex.root_summary, ex.root_exception)] : null,
+    ex.entries.map(e => el("div", { class: "entry", "data-attempt": e.attempt },
       el("div", {}, "Attempt " + e.attempt + " ", stateBadge(e.state), e.hosts ? " on " + e.hosts.join(", ") : ""),
-      el("pre", { class: "exception" }, e.exception))));
+      failure(e.summary, e.exception))));
+}
+
+// failure shows a cause in words when the API has them, the raw text
+// (the guest's message and wasm stack) folded beneath.
+function failure(summary, raw) {
+  if (!summary) return el("pre", { class: "exception" }, raw);
+  const d = el("details", {}, el("summary", {}, "Details"), el("pre", { class: "exception" }, raw));
+  return el("div", {}, el("p", { class: "summary" }, summary), d);
 }
 
 function message(text, kind) {
@@ -374,8 +400,8 @@ function actions(job) {
 // that the buttons and the message stay while the data refreshes.
 async function renderJob(id) {
   const p = encodeURIComponent(id);
-  const [job, plan, cps, ex] = await Promise.all([api("GET", `/jobs/${p}`), api("GET", `/jobs/${p}/plan`),
-    api("GET", `/jobs/${p}/checkpoints`), api("GET", `/jobs/${p}/exceptions`)]);
+  const [job, plan, cps, ex, vs] = await Promise.all([api("GET", `/jobs/${p}`), api("GET", `/jobs/${p}/plan`),
+    api("GET", `/jobs/${p}/checkpoints`), api("GET", `/jobs/${p}/exceptions`), api("GET", `/jobs/${p}/versions`)]);
   const rate = rates(job);
   let page = document.getElementById("job-page");
   if (!page || page.dataset.id !== id) {
@@ -388,8 +414,18 @@ async function renderJob(id) {
       el("h2", {}, "Operators"), el("section", { id: "vertex-table" }),
       el("h2", {}, "Subtasks"), el("section", { id: "subtask-table" }),
       el("h2", {}, "Checkpoints"), el("section", { id: "checkpoint-section" }),
-      el("h2", {}, "Failures"), el("section", { id: "exception-section" }));
+      el("h2", {}, "Failures"), el("section", { id: "exception-section" }),
+      el("h2", {}, "Versions"), el("section", { id: "version-section" }),
+      el("h2", {}, "Logs"), el("section", { id: "log-section" },
+        el("label", {}, "Operator ", el("select", { id: "log-operator", onchange: e => {
+          state.logs = { id, next: 0, error: null, operator: e.target.value };
+          document.querySelector("#logs tbody").replaceChildren();
+          readLogs(id);
+        } }, el("option", { value: "" }, "all"), job.vertices.map(v => el("option", { value: v.id }, v.id)))),
+        el("div", { id: "log-note", class: "muted" }),
+        el("div", { id: "logs-box" }, el("table", { id: "logs" }, el("tbody", {})))));
     setMain(page);
+    state.logs = { id, next: 0, error: null };
   }
   const st = document.getElementById("job-state");
   if (st.dataset.state !== job.state) {
@@ -407,14 +443,163 @@ async function renderJob(id) {
   }
   const kv = [["Id", job.id], ["State", job.state], ["Attempt", job.attempt], ["Started", new Date(job.start_time).toLocaleString()],
     ["Duration", fmtMS(job.duration_ms)], ["Hosts", (job.hosts || []).join(", ")],
-    ["Checkpoints", job.checkpoint_mode || "off"], ["Savepoint", job.savepoint], ["Reason", job.reason]];
+    ["Checkpoints", job.checkpoint_mode || "off"], ["Savepoint", job.savepoint], ["Reason", job.reason_summary || job.reason]];
   document.getElementById("summary").replaceChildren(...kv.filter(([, v]) => v !== undefined && v !== "")
     .flatMap(([k, v]) => [el("dt", {}, k), el("dd", { "data-key": k.toLowerCase() }, v)]));
   document.getElementById("graph").replaceChildren(drawGraph(plan.plan, job, rate));
   document.getElementById("vertex-table").replaceChildren(vertexTable(job, rate));
   document.getElementById("subtask-table").replaceChildren(subtaskTable(job, rate));
-  document.getElementById("checkpoint-section").replaceChildren(checkpointTable(job, cps));
+  document.getElementById("checkpoint-section").replaceChildren(checkpointCounts(cps) || "", checkpointTable(job, cps));
   document.getElementById("exception-section").replaceChildren(exceptionList(ex));
+  document.getElementById("version-section").replaceChildren(versionTable(vs));
+  await readLogs(id);
+}
+
+// versionTable is the job's version history (streamd upgrade).
+function versionTable(vs) {
+  if (!vs.versions.length) return el("p", { class: "muted", id: "no-versions" }, "Version 1, as deployed: no upgrade yet (streamd upgrade).");
+  return el("table", { id: "versions" },
+    el("thead", {}, el("tr", {}, ["Version", "State", "Started", "First attempt", "From", "Modules", "Why"].map(h => el("th", {}, h)))),
+    el("tbody", {}, vs.versions.slice().reverse().map(v => el("tr", { "data-version": v.version },
+      el("td", {}, v.version + (v.rerun ? " (runs " + v.rerun + " again)" : "")), el("td", {}, stateBadge(v.state)),
+      el("td", {}, new Date(v.started).toLocaleString()), el("td", { class: "num" }, v.attempt),
+      el("td", { class: "muted" }, v.from || ""),
+      el("td", {}, (v.modules || []).map(m => el("div", { title: m.digest }, m.operator + ": " + m.name + " " + m.digest.slice(0, 12)))),
+      el("td", {}, v.reason || "")))));
+}
+
+// MAXLOG is how many log lines the page keeps.
+const MAXLOG = 1000;
+
+// readLogs appends the job's new log lines (GET /jobs/{id}/logs?after=):
+// the last hour's at first, then what came since the previous poll.
+async function readLogs(id) {
+  const lg = state.logs;
+  if (!lg || lg.id !== id || lg.error || lg.reading) return;
+  lg.reading = true; // one read at a time: a filter change and a poll may overlap
+  let q = lg.next ? "after=" + lg.next : "since=1h";
+  if (lg.operator) q += "&operator=" + encodeURIComponent(lg.operator);
+  let r;
+  try {
+    r = await api("GET", `/jobs/${encodeURIComponent(id)}/logs?${q}&limit=500`);
+  } catch (e) {
+    lg.reading = false;
+    lg.error = e.message; // e.g. streamd run: no log stream; said once, not asked again
+    document.getElementById("log-note").textContent = "No logs here: " + e.message;
+    return;
+  }
+  lg.reading = false;
+  if (state.logs !== lg) return; // the filter changed meanwhile
+  lg.next = r.next;
+  const body = document.querySelector("#logs tbody");
+  for (const l of r.records) {
+    const where = l.operator !== undefined && l.subtask !== undefined ? l.operator + "[" + l.subtask + "]" : "job";
+    const attrs = Object.entries(l.attrs || {}).map(([k, v]) => k + "=" + v).join(" ");
+    body.append(el("tr", { class: "log " + (l.level || "").toLowerCase(), "data-seq": l.seq, "data-source": l.source },
+      el("td", { class: "muted" }, new Date(l.time).toLocaleTimeString()), el("td", {}, where + "@" + l.host),
+      el("td", { class: "num" }, l.attempt), el("td", {}, l.level), el("td", {}, l.source),
+      el("td", { class: "msg" }, l.msg + (attrs ? " " + attrs : ""))));
+  }
+  while (body.children.length > MAXLOG) body.firstChild.remove();
+  document.getElementById("log-note").textContent = body.children.length ? "" : "No log lines in the last hour.";
+}
+
+// --- hosts page ---------------------------------------------------------------
+
+async function renderHosts() {
+  const data = await api("GET", "/hosts");
+  const rows = data.hosts.map(h => el("tr", { "data-host": h.id },
+    el("td", {}, h.id), el("td", {}, el("span", { class: "state " + (h.state === "alive" ? "running" : "failed"), "data-state": h.state }, h.state)),
+    el("td", { class: "num" }, h.slots), el("td", { class: "num slots-free" }, h.free),
+    el("td", {}, new Date(h.last_seen).toLocaleTimeString()),
+    el("td", {}, h.jobs.map(j => el("a", { href: "#/jobs/" + encodeURIComponent(j) }, j, " ")))));
+  setMain(el("h1", {}, "Hosts"),
+    el("section", {}, rows.length ? el("table", { id: "hosts" },
+      el("thead", {}, el("tr", {}, ["Host", "State", "Slots", "Free", "Last heartbeat", "Jobs"].map((h, i) => el("th", { class: i === 2 || i === 3 ? "num" : "" }, h)))),
+      el("tbody", {}, rows)) : el("p", { class: "muted" }, "No hosts. Start one with: streamd host")));
+}
+
+// --- checkpoint trace (waterfall) ----------------------------------------------
+
+// spanLabel names a span and what it ran on.
+function spanLabel(s) {
+  const a = s.attributes || {};
+  const who = a["streamd.operator"] !== undefined ? " " + a["streamd.operator"] + "[" + a["streamd.subtask"] + "]" : "";
+  return s.name + who;
+}
+
+// treeOrder lists spans depth first (children by start), with their depth.
+function treeOrder(spans) {
+  const ids = new Set(spans.map(s => s.span_id));
+  const kids = {};
+  const roots = [];
+  for (const s of spans) {
+    if (s.parent_id && ids.has(s.parent_id)) (kids[s.parent_id] = kids[s.parent_id] || []).push(s);
+    else roots.push(s);
+  }
+  const out = [];
+  const walk = (s, d) => {
+    out.push([s, d]);
+    for (const c of (kids[s.span_id] || []).sort((a, b) => new Date(a.start) - new Date(b.start))) walk(c, d + 1);
+  };
+  roots.sort((a, b) => new Date(a.start) - new Date(b.start)).forEach(s => walk(s, 0));
+  return out;
+}
+
+// tms is a time of the API in milliseconds with its fraction (a Date keeps
+// whole milliseconds only; spans are often shorter).
+function tms(t) {
+  const m = /\.(\d+)/.exec(t);
+  return Date.parse(t.replace(/\.\d+/, "")) + (m ? parseFloat("0." + m[1]) * 1000 : 0);
+}
+
+// waterfall draws the spans of a trace on one time axis.
+function waterfall(spans) {
+  const t0 = Math.min(...spans.map(s => tms(s.start)));
+  const t1 = Math.max(...spans.map(s => tms(s.end)));
+  const total = Math.max(t1 - t0, 0.001);
+  const rows = treeOrder(spans).map(([s, d]) => {
+    const st = tms(s.start) - t0, dur = tms(s.end) - tms(s.start);
+    const kind = s.name.split(".")[0];
+    const title = Object.entries(s.attributes || {}).map(([k, v]) => k + "=" + v).join("\n") + (s.error ? "\nerror: " + s.error : "");
+    return el("div", { class: "span-row" + (s.error ? " error" : ""), "data-name": s.name, title },
+      el("div", { class: "span-name", style: { paddingLeft: (d * 14) + "px" } }, spanLabel(s)),
+      el("div", { class: "span-track" },
+        el("div", { class: "span-bar " + kind, style: { left: (st / total * 100).toFixed(3) + "%", width: Math.max(dur / total * 100, 0.3).toFixed(3) + "%" } }),
+        el("span", { class: "span-dur" + ((st + dur) / total > 0.86 && dur / total > 0.2 ? " inside" : ""), style: { left: Math.min((st + dur) / total * 100, 86).toFixed(3) + "%" } }, fmtMS(dur) + (s.error ? " — " + s.error : ""))));
+  });
+  return el("div", { id: "waterfall" },
+    el("div", { class: "span-row axis" }, el("div", { class: "span-name muted" }, spans.length + " spans"),
+      el("div", { class: "span-track muted" }, "0", el("span", { class: "axis-end" }, fmtMS(total)))), rows);
+}
+
+// renderTrace draws a checkpoint's trace once (it does not change after the
+// checkpoint ended).
+async function renderTrace(id, cid) {
+  const key = id + "/" + cid;
+  if (document.getElementById("trace-page") && document.getElementById("trace-page").dataset.key === key) return;
+  const p = encodeURIComponent(id);
+  const job = await api("GET", `/jobs/${p}`);
+  const tr = await api("GET", `/jobs/${p}/checkpoints/${cid}/trace`);
+  const root = tr.spans.find(s => s.name === "checkpoint") || tr.spans[0];
+  const a = (root && root.attributes) || {};
+  const subs = tr.subtasks.map(s => el("tr", { "data-id": s.operator, "data-subtask": s.subtask },
+    el("td", {}, s.operator), el("td", { class: "num" }, s.subtask), el("td", { class: "num" }, s.attempt),
+    el("td", { class: "num ack" }, fmtMS(s.ack_ms)), el("td", { class: "num" }, fmtBytes(s.state_size)),
+    el("td", { class: "num" }, fmtBytes(s.inflight_bytes)),
+    el("td", {}, s.declined ? "declined: " + s.declined : s.finished ? "finished (FLIP-147)" : s.after_end_of_data ? "after end of data" : "acknowledged")));
+  setMain(el("div", { id: "trace-page", "data-key": key },
+    el("h1", {}, el("a", { href: "#/" }, "Jobs"), " / ", el("a", { href: "#/jobs/" + p }, job.name), " / ",
+      (a["streamd.checkpoint_kind"] || "checkpoint") + " " + cid),
+    el("section", {}, el("dl", { class: "kv" },
+      el("dt", {}, "Duration"), el("dd", {}, root ? fmtMS(tms(root.end) - tms(root.start)) : ""),
+      el("dt", {}, "Outcome"), el("dd", { id: "trace-outcome" }, root && root.error ? root.error : "completed"),
+      el("dt", {}, "Subtasks"), el("dd", {}, tr.subtasks.length + " answered"))),
+    el("h2", {}, "Waterfall"), el("section", {}, waterfall(tr.spans)),
+    el("h2", {}, "Subtasks"), el("section", {}, el("table", { id: "trace-subtasks" },
+      el("thead", {}, el("tr", {}, ["Operator", "Subtask", "Attempt", "Trigger to ack", "State", "In-flight", "Outcome"]
+        .map((h, i) => el("th", { class: i >= 1 && i <= 5 ? "num" : "" }, h)))),
+      el("tbody", {}, subs)))));
 }
 
 // --- routing and polling -------------------------------------------------------
@@ -424,12 +609,15 @@ async function tick() {
   const route = location.hash.replace(/^#/, "") || "/";
   try {
     const m = route.match(/^\/jobs\/([^/]+)$/);
+    const t = route.match(/^\/jobs\/([^/]+)\/checkpoints\/([0-9]+)$/);
     if (m) await renderJob(decodeURIComponent(m[1]));
+    else if (t) await renderTrace(decodeURIComponent(t[1]), t[2]);
+    else if (route === "/hosts") await renderHosts();
     else await renderList();
     setUpdated(true);
   } catch (e) {
     setUpdated(false, "not updated: " + e.message);
-    if (!document.getElementById("job-page") && !document.getElementById("jobs")) {
+    if (!document.getElementById("job-page") && !document.getElementById("jobs") && !document.getElementById("hosts")) {
       setMain(el("p", { class: "error" }, e.message), el("p", {}, el("a", { href: "#/" }, "Back to the jobs")));
     }
   }

@@ -41,6 +41,7 @@ pub mod helpers;
 mod keyed;
 pub mod list_state;
 pub mod log;
+pub mod nexmark;
 pub mod state;
 mod sys;
 pub mod typed;

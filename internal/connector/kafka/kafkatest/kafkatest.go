@@ -1,0 +1,154 @@
+// Package kafkatest starts an in-process Kafka cluster (franz-go's kfake)
+// for tests, with helpers to create topics, produce, and read what a
+// read_committed consumer sees. The kafka connector's tests and the
+// end-to-end tests share it.
+package kafkatest
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
+)
+
+// Cluster is an in-process Kafka cluster, closed when the test ends.
+type Cluster struct {
+	*kfake.Cluster
+	Brokers []string
+	// ClientOpts are added to every client of the helpers (SASL and TLS
+	// options of a cluster started with them).
+	ClientOpts []kgo.Opt
+}
+
+// Start starts a one-broker cluster (more with kfake.NumBrokers) and
+// closes it when tb ends.
+func Start(tb testing.TB, opts ...kfake.Opt) *Cluster {
+	tb.Helper()
+	c, err := kfake.NewCluster(append([]kfake.Opt{kfake.NumBrokers(1)}, opts...)...)
+	if err != nil {
+		tb.Fatalf("kafkatest: start kfake: %v", err)
+	}
+	tb.Cleanup(c.Close)
+	return &Cluster{Cluster: c, Brokers: c.ListenAddrs()}
+}
+
+// Client is a franz-go client of the cluster, closed when tb ends.
+func (c *Cluster) Client(tb testing.TB, opts ...kgo.Opt) *kgo.Client {
+	tb.Helper()
+	all := append([]kgo.Opt{kgo.SeedBrokers(c.Brokers...)}, c.ClientOpts...)
+	cl, err := kgo.NewClient(append(all, opts...)...)
+	if err != nil {
+		tb.Fatalf("kafkatest: client: %v", err)
+	}
+	tb.Cleanup(cl.Close)
+	return cl
+}
+
+func ctx(tb testing.TB) context.Context {
+	c, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	tb.Cleanup(cancel)
+	return c
+}
+
+// CreateTopic creates topic with partitions partitions.
+func (c *Cluster) CreateTopic(tb testing.TB, topic string, partitions int32) {
+	tb.Helper()
+	adm := kadm.NewClient(c.Client(tb))
+	r, err := adm.CreateTopic(ctx(tb), partitions, 1, nil, topic)
+	if err == nil {
+		err = r.Err
+	}
+	if err != nil {
+		tb.Fatalf("kafkatest: create topic %s: %v", topic, err)
+	}
+}
+
+// AddPartitions adds n partitions to topic.
+func (c *Cluster) AddPartitions(tb testing.TB, topic string, n int) {
+	tb.Helper()
+	adm := kadm.NewClient(c.Client(tb))
+	r, err := adm.CreatePartitions(ctx(tb), n, topic)
+	if err == nil {
+		err = r.Error()
+	}
+	if err != nil {
+		tb.Fatalf("kafkatest: add %d partitions to %s: %v", n, topic, err)
+	}
+}
+
+// Produce produces recs, each to its Partition (of its Topic, or topic),
+// and waits for them.
+func (c *Cluster) Produce(tb testing.TB, topic string, recs ...*kgo.Record) {
+	tb.Helper()
+	cl := c.Client(tb, kgo.DefaultProduceTopic(topic), kgo.RecordPartitioner(kgo.ManualPartitioner()))
+	if err := cl.ProduceSync(ctx(tb), recs...).FirstErr(); err != nil {
+		tb.Fatalf("kafkatest: produce to %s: %v", topic, err)
+	}
+}
+
+// sentinelHeader marks the records ReadCommitted appends to know where
+// the end is; ReadCommitted leaves them out.
+const sentinelHeader = "kafkatest-sentinel"
+
+// ReadCommitted returns every record of topic that a read_committed
+// consumer sees, in partition then offset order. To know where the end is
+// it appends a sentinel record to every partition (left out of the result,
+// and of later calls): call it on a topic that only sinks and tests read,
+// after the transactions to see have ended (an open one holds it back until
+// it ends).
+func (c *Cluster) ReadCommitted(tb testing.TB, topic string) []*kgo.Record {
+	tb.Helper()
+	ctx := ctx(tb)
+	adm := kadm.NewClient(c.Client(tb))
+	tds, err := adm.ListTopics(ctx, topic)
+	if err == nil {
+		err = tds.Error()
+	}
+	if err != nil {
+		tb.Fatalf("kafkatest: partitions of %s: %v", topic, err)
+	}
+	pcl := c.Client(tb, kgo.RecordPartitioner(kgo.ManualPartitioner()), kgo.DefaultProduceTopic(topic))
+	parts := map[int32]kgo.Offset{}
+	for _, pd := range tds[topic].Partitions {
+		parts[pd.Partition] = kgo.NewOffset().AtStart()
+		r := &kgo.Record{Partition: pd.Partition, Headers: []kgo.RecordHeader{{Key: sentinelHeader}}}
+		if err := pcl.ProduceSync(ctx, r).FirstErr(); err != nil {
+			tb.Fatalf("kafkatest: sentinel to %s/%d: %v", topic, pd.Partition, err)
+		}
+	}
+	sentinels := map[int32]int64{} // the last sentinel's offset per partition
+	lastSentinel := func(r *kgo.Record) bool {
+		return len(r.Headers) == 1 && r.Headers[0].Key == sentinelHeader
+	}
+	cl := c.Client(tb, kgo.FetchIsolationLevel(kgo.ReadCommitted()),
+		kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{topic: parts}))
+	ends, err := adm.ListEndOffsets(ctx, topic)
+	if err != nil {
+		tb.Fatalf("kafkatest: end offsets of %s: %v", topic, err)
+	}
+	byPart := map[int32][]*kgo.Record{}
+	for len(sentinels) < len(parts) {
+		fs := cl.PollFetches(ctx)
+		if ctx.Err() != nil {
+			tb.Fatalf("kafkatest: read %s: %v (%d of %d partitions read to the end)", topic, ctx.Err(), len(sentinels), len(parts))
+		}
+		fs.EachError(func(t string, p int32, err error) { tb.Fatalf("kafkatest: read %s/%d: %v", t, p, err) })
+		fs.EachRecord(func(r *kgo.Record) {
+			if lastSentinel(r) {
+				if o, _ := ends.Lookup(topic, r.Partition); r.Offset+1 >= o.Offset {
+					sentinels[r.Partition] = r.Offset
+				}
+				return
+			}
+			byPart[r.Partition] = append(byPart[r.Partition], r)
+		})
+	}
+	var out []*kgo.Record
+	for p := int32(0); int(p) < len(parts); p++ {
+		out = append(out, byPart[p]...)
+	}
+	return out
+}
