@@ -7,6 +7,7 @@ import (
 	"maps"
 	"math/rand/v2"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -402,3 +403,202 @@ func TestCutsUnderConcurrentWrites(t *testing.T) {
 
 // testNow is the processing time of backends made by the tests: fixed.
 func testNow() int64 { return 1_000_000 }
+
+// TestTimerCutsUnderConcurrentWrites: timers of both kinds registered,
+// deleted and fired (popDue) on the memory backend while cuts (up to
+// maxLayers+2 held at once, so some groups are copied) are loaded on other
+// goroutines and released in random order: each cut holds exactly the
+// timers of its time, and the live timers fire in (ts, key) order once
+// each. With -race, it also checks that no cut's maps are written while it
+// is read.
+func TestTimerCutsUnderConcurrentWrites(t *testing.T) {
+	const maxP, keys = 8, 200
+	s := newKeyedState(maxP, abi.KeyGroupRange{Start: 0, End: maxP - 1}, testNow)
+	rng := rand.New(rand.NewPCG(9, 10))
+	type tm struct {
+		kind timerKind
+		key  string
+		ts   int64
+	}
+	model := map[tm]bool{}
+	type held struct {
+		snap *Snapshot
+		want map[tm]bool
+		done chan error
+	}
+	var cuts []held
+	check := func(h held) {
+		t.Helper()
+		if err := <-h.done; err != nil {
+			t.Fatal(err)
+		}
+		h.snap.Release()
+	}
+	var watermark [numTimerKinds]int64
+	for step := 0; step < 30000; step++ {
+		kind := timerKind(rng.IntN(2))
+		id := tm{kind, fmt.Sprintf("k%d", rng.IntN(keys)), watermark[kind] + int64(rng.IntN(50))}
+		switch r := rng.IntN(100); {
+		case r < 50:
+			if err := s.registerTimer(kind, []byte(id.key), id.ts); err != nil {
+				t.Fatal(err)
+			}
+			model[id] = true
+		case r < 70:
+			if err := s.deleteTimer(kind, []byte(id.key), id.ts); err != nil {
+				t.Fatal(err)
+			}
+			delete(model, id)
+		case r < 80:
+			if ok, _ := s.hasTimer(kind, timerID{id.key, id.ts}); ok != model[id] {
+				t.Fatalf("step %d: hasTimer %v = %v, want %v", step, id, ok, model[id])
+			}
+		case r < 83: // fire what is due, as Instance.fireDue does
+			watermark[kind] += 10
+			due, err := s.popDue(kind, watermark[kind], nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var want []timerID
+			for m := range model {
+				if m.kind == kind && m.ts <= watermark[kind] {
+					want = append(want, timerID{m.key, m.ts})
+				}
+			}
+			slices.SortFunc(want, compareTimerIDs)
+			if !slices.Equal(due, want) {
+				t.Fatalf("step %d: popDue(%d) = %v, want %v", step, watermark[kind], due, want)
+			}
+			for _, d := range due {
+				if err := s.removeTimer(kind, d); err != nil {
+					t.Fatal(err)
+				}
+				delete(model, tm{kind, d.key, d.ts})
+			}
+			if next, ok, _ := s.nextTimer(kind); ok {
+				if ok, _ := s.hasTimer(kind, s.heaps[kind].heap[0]); !ok || next <= watermark[kind] {
+					t.Fatalf("step %d: next timer %d after firing up to %d", step, next, watermark[kind])
+				}
+			}
+		case r < 96 && len(cuts) < maxLayers+2:
+			snap, err := s.cut()
+			if err != nil {
+				t.Fatal(err)
+			}
+			h := held{snap, maps.Clone(model), make(chan error, 1)}
+			go func() {
+				if err := h.snap.Load(); err != nil {
+					h.done <- err
+					return
+				}
+				got := map[tm]bool{}
+				for kg, g := range h.snap.KeyGroups {
+					for kind, ts := range [numTimerKinds][]Timer{eventTime: g.Timers, procTime: g.ProcTimers} {
+						for _, x := range ts {
+							if abi.KeyGroup(x.Key, maxP) != kg {
+								h.done <- fmt.Errorf("timer %q in key group %d", x.Key, kg)
+								return
+							}
+							got[tm{timerKind(kind), string(x.Key), x.TS}] = true
+						}
+					}
+				}
+				if !maps.Equal(got, h.want) {
+					h.done <- fmt.Errorf("a cut holds %d timers, want %d (or others)", len(got), len(h.want))
+					return
+				}
+				h.done <- nil
+			}()
+			cuts = append(cuts, h)
+		default:
+			if len(cuts) > 0 {
+				i := rng.IntN(len(cuts))
+				check(cuts[i])
+				cuts = append(cuts[:i], cuts[i+1:]...)
+			}
+		}
+	}
+	for _, h := range cuts {
+		check(h)
+	}
+	if got := s.heaps[eventTime].live + s.heaps[procTime].live; got != len(model) {
+		t.Fatalf("%d live timers counted, want %d", got, len(model))
+	}
+}
+
+// TestTimerCutTakesNoCopy: cutting the memory backend with 100k timers
+// allocates nothing per timer on the instance's goroutine (the groups'
+// timer maps are frozen, not copied), and a write after the cut goes to
+// the group's overlay; the timers are read when the cut is loaded, and a
+// restore from it (into another key-group split: a rescale) has them all.
+func TestTimerCutTakesNoCopy(t *testing.T) {
+	const maxP, n = 128, 100_000
+	s := newKeyedState(maxP, abi.KeyGroupRange{Start: 0, End: maxP - 1}, testNow)
+	for i := range n {
+		key := []byte(fmt.Sprintf("key-%d", i))
+		if err := s.registerTimer(eventTime, key, int64(i%1000)); err != nil {
+			t.Fatal(err)
+		}
+		if i%7 == 0 {
+			if err := s.registerTimer(procTime, key, int64(i)); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	var cut *Snapshot
+	allocs := testing.AllocsPerRun(1, func() {
+		var err error
+		if cut, err = s.cut(); err != nil {
+			t.Fatal(err)
+		}
+	})
+	if allocs > 3*maxP {
+		t.Fatalf("a cut of %d timers made %.0f allocations, want at most %d (a few per key group)", n, allocs, 3*maxP)
+	}
+	kg := abi.KeyGroup([]byte("key-0"), maxP)
+	frozen := s.groups[kg].timers.m
+	if err := s.deleteTimer(eventTime, []byte("key-0"), 0); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := frozen[string(timerNames[eventTime])][string(appendGroupTimer(nil, []byte("key-0"), 0))]; !ok {
+		t.Fatal("a delete after the cut wrote the cut's timer map")
+	}
+	if err := cut.Load(); err != nil {
+		t.Fatal(err)
+	}
+	events, procs := 0, 0
+	for _, g := range cut.KeyGroups {
+		events += len(g.Timers)
+		procs += len(g.ProcTimers)
+	}
+	if want := (n + 6) / 7; events != n || procs != want {
+		t.Fatalf("the cut holds %d and %d timers, want %d and %d", events, procs, n, want)
+	}
+	// Restore into two subtasks of half the key groups each: every timer
+	// lands in the subtask of its key group, and fires there.
+	fired := 0
+	for _, rng := range []abi.KeyGroupRange{{Start: 0, End: 63}, {Start: 64, End: 127}} {
+		r := newKeyedState(maxP, rng, testNow)
+		part := map[int]*KeyGroupState{}
+		for kg, g := range cut.KeyGroups {
+			if rng.Contains(kg) {
+				part[kg] = g
+			}
+		}
+		if err := r.restore(part); err != nil {
+			t.Fatal(err)
+		}
+		due, err := r.popDue(eventTime, 1000, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !slices.IsSortedFunc(due, compareTimerIDs) {
+			t.Fatal("restored timers fire out of (ts, key) order")
+		}
+		fired += len(due)
+	}
+	cut.Release()
+	if fired != n {
+		t.Fatalf("the restored subtasks fire %d timers, want %d", fired, n)
+	}
+}

@@ -82,6 +82,10 @@ func dump(t *testing.T, s stateBackend) map[int]*KeyGroupState {
 	if out == nil {
 		out = map[int]*KeyGroupState{}
 	}
+	for _, g := range out { // a cut of the memory backend holds them in any order
+		sortTimers(g.Timers)
+		sortTimers(g.ProcTimers)
+	}
 	return out
 }
 

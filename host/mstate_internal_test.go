@@ -19,6 +19,9 @@ func TestMemoryCutDropsExpired(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	if err := cut.Load(); err != nil { // the timers are read here
+		t.Fatal(err)
+	}
 	checkStructuredAndProcTimers(t, cut.KeyGroups)
 	key := []byte("m0")
 	kg := abi.KeyGroup(key, maxP)

@@ -22,6 +22,7 @@ import (
 //	    in any order, and UnmarshalBinary takes any)
 //	  u32 timer_count, then in (ts, key) order: bytes key, i64 ts
 //	  (version 2 only) u32 ptimer_count, then in (ts, key) order: bytes key, i64 ts
+//	  (a checkpoint's encoder may write timers in any order too)
 //	u32 list_count, then by name: bytes name, u32 mode, u32 entry_count, entry_count times bytes entry
 //	u32 crc32c of everything before it
 //

@@ -4,11 +4,14 @@ import (
 	"bytes"
 	"cmp"
 	"context"
+	"encoding/binary"
 	"errors"
 	"maps"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
+	"unsafe"
 
 	"github.com/streamd/streamd/abi"
 )
@@ -17,20 +20,21 @@ import (
 // by key group (only non-empty groups), and the operator list state the guest
 // wrote in snapshot_state. A Snapshot never aliases instance memory.
 //
-// The keyed state of a Snapshot taken by Instance.SnapshotState is a
-// copy-on-write cut: its maps are the instance's own at the time of the
-// snapshot, which the instance does not write again until the Snapshot is
-// released (writes go to an overlay of the key group, see group). So the
-// cut takes no copy of the state, and the Snapshot may be read, encoded and
-// written on another goroutine while the instance goes on processing.
-// Nobody may write a Snapshot's maps, or read them once it is released. A
-// cut taken while an older one is held is loaded (Load) first.
+// The keyed state and timers of a Snapshot taken by Instance.SnapshotState
+// from the memory backend are a copy-on-write cut: its maps are the
+// instance's own at the time of the snapshot, which the instance does not
+// write again until the Snapshot is released (writes go to an overlay of
+// the key group, see cowMaps). So the cut takes no copy of the state, and
+// the Snapshot may be read, encoded and written on another goroutine while
+// the instance goes on processing. Nobody may write a Snapshot's maps or
+// its timers' keys, or read them once it is released. The timers (and the values of a cut
+// taken while an older one is held) are read into KeyGroups by Load.
 //
 // The keyed state of a Snapshot taken from a pebble instance is a pebble
-// snapshot (a cut, too), read into KeyGroups by Load: call Load before
-// reading KeyGroups of a Snapshot from Instance.SnapshotState (MarshalBinary
-// and Clone do). Load may run on another goroutine while the instance goes
-// on processing.
+// snapshot (a cut, too), read into KeyGroups by Load. So call Load before
+// reading KeyGroups of a Snapshot from Instance.SnapshotState
+// (MarshalBinary and Clone do). Load may run on another goroutine while the
+// instance goes on processing.
 type Snapshot struct {
 	KeyGroups map[int]*KeyGroupState
 	Lists     map[string]*ListState
@@ -114,9 +118,12 @@ func (s *Snapshot) Empty() bool {
 
 // KeyGroupState is the keyed state and timers of one key group.
 type KeyGroupState struct {
-	Entries    map[string]map[string][]byte // state name -> key -> value
-	Timers     []Timer                      // event-time timers, sorted by (TS, Key)
-	ProcTimers []Timer                      // processing-time timers, sorted by (TS, Key)
+	Entries map[string]map[string][]byte // state name -> key -> value
+	// Timers and ProcTimers are the event-time and processing-time
+	// timers: in (TS, Key) order, but in any order in a cut of the memory
+	// backend (the encoders sort a savepoint's).
+	Timers     []Timer
+	ProcTimers []Timer
 }
 
 // Timer is an event-time or processing-time timer of a key.
@@ -136,7 +143,8 @@ type keyedState struct {
 	maxP   int
 	rng    abi.KeyGroupRange
 	groups []group // [kg-rng.Start]
-	timers [numTimerKinds]timerSet
+	heaps  [numTimerKinds]timerHeap
+	tbuf   []byte // a timer's key in its group's maps (appendGroupTimer)
 	// cuts is the number of snapshot cuts not released yet (Snapshot.Release).
 	cuts *atomic.Int32
 	// expiring: some structured entry carries an expiry (TTL): a cut drops
@@ -145,43 +153,57 @@ type keyedState struct {
 	now      func() int64 // the host's processing time in ms (TTL)
 }
 
-// timerSet is the timers of one kind: a set, and a min-heap by (ts, key)
-// that may hold deleted timers (lazy deletion).
-type timerSet struct {
-	set  map[timerID]struct{}
+// timerHeap orders the timers of one kind, which their key groups hold
+// (group.timers): a min-heap by (ts, key) that may hold deleted timers and
+// duplicates (lazy deletion). live is the number of timers.
+type timerHeap struct {
 	heap []timerID
+	live int
 }
 
-// group is the keyed state of one key group.
-//
-// Copy-on-write without copying: a cut takes m as it is and freezes it;
-// from then on writes go to the overlay ov (read before m), and m is never
-// written while a cut may hold it. Once every cut is released, the
-// instance merges the overlay into m in place at the group's next access
-// (settle): a cost of the writes made since the cut, not of the group's
-// size. A cut taken while an older one still holds m freezes the overlay
-// too, as a layer, and takes m and its layers, which the snapshot merges on
-// the goroutine that loads it (Snapshot.Load); past maxLayers layers the
-// group's next write copies them into new maps.
+// group is the keyed state and the timers of one key group, each in maps
+// cut copy-on-write (cowMaps).
 type group struct {
+	cowMaps // the keyed state: state name -> key -> value
+	// timers are the group's timers, timerNames[kind] -> appendGroupTimer
+	// key -> nil, cut as the values are: a cut's synchronous part does not
+	// grow with the number of timers, and the goroutine that loads it reads
+	// them into KeyGroupState.Timers.
+	timers cowMaps
+	// idx indexes the structured entries (stored names starting with NUL):
+	// stored name -> entry prefix (key and namespace) -> user keys. Only
+	// the instance reads it (cuts take the maps alone), so it is never
+	// frozen.
+	idx map[string]map[string]map[string]struct{}
+}
+
+// timerNames name the timers of each kind in group.timers.
+var timerNames = [numTimerKinds][]byte{eventTime: []byte("event"), procTime: []byte("processing")}
+
+// cowMaps is name -> key -> value maps, cut copy-on-write without copying:
+// a cut takes m as it is and freezes it; from then on writes go to the
+// overlay ov (read before m), and m is never written while a cut may hold
+// it. Once every cut is released, the instance merges the overlay into m in
+// place at the next access (settle): a cost of the writes made since the
+// cut, not of the maps' size. A cut taken while an older one still holds m
+// freezes the overlay too, as a layer, and takes m and its layers, which
+// the snapshot merges on the goroutine that loads it (Snapshot.Load); past
+// maxLayers layers the next write copies them into new maps.
+type cowMaps struct {
 	m map[string]map[string][]byte // name -> key -> value
 	// frozen: m (and its maps) belong to a snapshot cut: writes go to ov.
 	frozen bool
 	// layers are overlays frozen by cuts (bottom first), between m and ov.
 	layers []overlay
-	// ov is the writes since the last cut of a frozen group: read first.
-	// Its values are the instance's own (never in a cut).
+	// ov is the writes since the last cut of frozen maps: read first. Its
+	// values are the instance's own (never in a cut).
 	ov overlay
 	// shared: values of m may be held by a cut: store new values in new
 	// memory instead of overwriting old ones.
 	shared bool
-	// idx indexes the structured entries (stored names starting with NUL):
-	// stored name -> entry prefix (key and namespace) -> user keys. Only
-	// the instance reads it (cuts take m alone), so it is never frozen.
-	idx map[string]map[string]map[string]struct{}
 }
 
-// overlay is writes made over a frozen group: name -> key -> value or
+// overlay is writes made over frozen maps: name -> key -> value or
 // deletion.
 type overlay map[string]map[string]ovEntry
 
@@ -196,13 +218,13 @@ type ovEntry struct {
 // each into a group of 8,000 keys).
 const settleAtCut = 4096
 
-// pending is the number of writes in the group's layers and overlay.
-func (g *group) pending() int {
+// pending is the number of writes in the layers and overlay.
+func (c *cowMaps) pending() int {
 	n := 0
-	for _, w := range g.ov {
+	for _, w := range c.ov {
 		n += len(w)
 	}
-	for _, l := range g.layers {
+	for _, l := range c.layers {
 		for _, w := range l {
 			n += len(w)
 		}
@@ -214,39 +236,55 @@ func (g *group) pending() int {
 // ones were held, which reads look through).
 const maxLayers = 3
 
-// settle merges the layers and overlay of a frozen group into its maps in
-// place once no cut holds them any more; past maxLayers (cuts still held)
-// it copies them into new maps.
-func (s *keyedState) settle(g *group) {
-	if !g.frozen {
+// settle merges the layers and overlay of frozen maps into them in place
+// once no cut holds them any more; past maxLayers (cuts still held) it
+// copies them into new maps.
+func (s *keyedState) settle(c *cowMaps) {
+	if !c.frozen {
 		return
 	}
 	if s.cuts.Load() == 0 {
-		for _, l := range g.layers {
-			l.applyTo(g.m)
+		for _, l := range c.layers {
+			l.applyTo(c.m)
 		}
-		g.ov.applyTo(g.m)
-		g.layers, g.ov, g.frozen, g.shared = nil, nil, false, false
+		c.ov.applyTo(c.m)
+		c.layers, c.ov, c.frozen, c.shared = nil, nil, false, false
 		return
 	}
-	if len(g.layers) > maxLayers {
-		g.m, g.frozen, g.shared = g.merged(), false, true
-		g.layers, g.ov = nil, nil
+	if len(c.layers) > maxLayers {
+		c.m, c.frozen, c.shared = c.merged(), false, true
+		c.layers, c.ov = nil, nil
 	}
 }
 
 // merged is a copy of m with the layers and overlay applied (the values
 // are shared).
-func (g *group) merged() map[string]map[string][]byte {
-	m := make(map[string]map[string][]byte, len(g.m))
-	for name, vals := range g.m {
+func (c *cowMaps) merged() map[string]map[string][]byte {
+	m := make(map[string]map[string][]byte, len(c.m))
+	for name, vals := range c.m {
 		m[name] = maps.Clone(vals)
 	}
-	for _, l := range g.layers {
+	for _, l := range c.layers {
 		l.applyTo(m)
 	}
-	g.ov.applyTo(m)
+	c.ov.applyTo(m)
 	return m
+}
+
+// freeze cuts c: it returns the maps and the layers (nil: none) a cut
+// takes, which are not written again while the cut is held.
+func (c *cowMaps) freeze() (map[string]map[string][]byte, []overlay) {
+	if !c.frozen {
+		if len(c.m) == 0 {
+			return nil, nil
+		}
+		c.frozen = true
+		return c.m, nil
+	}
+	if len(c.ov) > 0 {
+		c.layers, c.ov = append(c.layers, c.ov), nil
+	}
+	return c.m, slices.Clone(c.layers)
 }
 
 // applyTo applies the overlay to m.
@@ -271,34 +309,64 @@ func (o overlay) applyTo(m map[string]map[string][]byte) {
 	}
 }
 
-// lookup reads an entry of a settled group: the overlay, the layers from
-// the top, then its maps.
-func (g *group) lookup(name, key []byte) ([]byte, bool) {
-	if g.ov != nil {
-		if e, ok := g.ov[string(name)][string(key)]; ok {
+// lookup reads an entry of settled maps: the overlay, the layers from the
+// top, then m.
+func (c *cowMaps) lookup(name, key []byte) ([]byte, bool) {
+	if c.ov != nil {
+		if e, ok := c.ov[string(name)][string(key)]; ok {
 			return e.v, !e.del
 		}
 	}
-	for i := len(g.layers) - 1; i >= 0; i-- {
-		if e, ok := g.layers[i][string(name)][string(key)]; ok {
+	for i := len(c.layers) - 1; i >= 0; i-- {
+		if e, ok := c.layers[i][string(name)][string(key)]; ok {
 			return e.v, !e.del
 		}
 	}
-	v, ok := g.m[string(name)][string(key)]
+	v, ok := c.m[string(name)][string(key)]
 	return v, ok
 }
 
-// writes returns the overlay's writes of name of a frozen group.
-func (g *group) writes(name []byte) map[string]ovEntry {
-	if g.ov == nil {
-		g.ov = make(overlay)
+// writes returns the overlay's writes of name of frozen maps.
+func (c *cowMaps) writes(name []byte) map[string]ovEntry {
+	if c.ov == nil {
+		c.ov = make(overlay)
 	}
-	o := g.ov[string(name)]
+	o := c.ov[string(name)]
 	if o == nil {
 		o = make(map[string]ovEntry)
-		g.ov[string(name)] = o
+		c.ov[string(name)] = o
 	}
 	return o
+}
+
+// remove deletes the entry (name, key) of settled maps.
+func (c *cowMaps) remove(name, key []byte) {
+	if c.frozen {
+		c.writes(name)[string(key)] = ovEntry{del: true}
+		return
+	}
+	m := c.m[string(name)]
+	delete(m, string(key))
+	if len(m) == 0 {
+		delete(c.m, string(name))
+	}
+}
+
+// add sets the entry (name, key) of settled maps to nil (a timer).
+func (c *cowMaps) add(name []byte, key string) {
+	if c.frozen {
+		c.writes(name)[key] = ovEntry{}
+		return
+	}
+	if c.m == nil {
+		c.m = make(map[string]map[string][]byte)
+	}
+	m := c.m[string(name)]
+	if m == nil {
+		m = make(map[string][]byte)
+		c.m[string(name)] = m
+	}
+	m[key] = nil
 }
 
 type timerID struct {
@@ -313,6 +381,27 @@ func timerLess(a, b timerID) bool {
 	return a.key < b.key
 }
 
+func compareTimerIDs(a, b timerID) int {
+	if c := cmp.Compare(a.ts, b.ts); c != 0 {
+		return c
+	}
+	return strings.Compare(a.key, b.key)
+}
+
+// appendGroupTimer appends the key of timer (key, ts) in its group's
+// maps: ts (8 bytes, big-endian), then the key.
+func appendGroupTimer(b []byte, key []byte, ts int64) []byte {
+	return append(binary.BigEndian.AppendUint64(b, uint64(ts)), key...)
+}
+
+// groupTimerTS is the ts of a key of appendGroupTimer.
+func groupTimerTS(k string) int64 {
+	var u uint64
+	for i := range 8 {
+		u = u<<8 | uint64(k[i])
+	}
+	return int64(u)
+}
 func newKeyedState(maxP int, rng abi.KeyGroupRange, now func() int64) keyedState {
 	s := keyedState{
 		maxP:   maxP,
@@ -321,15 +410,12 @@ func newKeyedState(maxP int, rng abi.KeyGroupRange, now func() int64) keyedState
 		cuts:   new(atomic.Int32),
 		now:    now,
 	}
-	for k := range s.timers {
-		s.timers[k].set = make(map[timerID]struct{})
-	}
 	return s
 }
 
 func (s *keyedState) get(kg int, name, key []byte) ([]byte, bool, error) {
 	g := &s.groups[kg-s.rng.Start]
-	s.settle(g)
+	s.settle(&g.cowMaps)
 	v, ok := g.lookup(name, key)
 	return v, ok, nil
 }
@@ -338,7 +424,7 @@ func (s *keyedState) get(kg int, name, key []byte) ([]byte, bool, error) {
 // and no snapshot cut may hold it.
 func (s *keyedState) put(kg int, name, key, val []byte) error {
 	gr := &s.groups[kg-s.rng.Start]
-	s.settle(gr)
+	s.settle(&gr.cowMaps)
 	structured := isStructured(name)
 	if structured && !s.expiring && valueExpires(val) {
 		s.expiring = true
@@ -431,7 +517,7 @@ func (s *keyedState) scan(kg int, name, prefix []byte, fn func(ukey, val []byte)
 	if len(ukeys) == 0 {
 		return nil
 	}
-	s.settle(g)
+	s.settle(&g.cowMaps)
 	sorted := slices.Sorted(maps.Keys(ukeys))
 	key := slices.Clone(prefix)
 	for _, uk := range sorted {
@@ -447,75 +533,93 @@ func (s *keyedState) scan(kg int, name, prefix []byte, fn func(ukey, val []byte)
 
 func (s *keyedState) del(kg int, name, key []byte) error {
 	gr := &s.groups[kg-s.rng.Start]
-	s.settle(gr)
+	s.settle(&gr.cowMaps)
 	if _, ok := gr.lookup(name, key); !ok {
 		return nil
 	}
-	if gr.frozen {
-		gr.writes(name)[string(key)] = ovEntry{del: true}
-	} else {
-		m := gr.m[string(name)]
-		delete(m, string(key))
-		if len(m) == 0 {
-			delete(gr.m, string(name))
-		}
-	}
+	gr.remove(name, key)
 	if isStructured(name) {
 		gr.unindex(name, key)
 	}
 	return nil
 }
 
+// findTimer looks up the timer of kind k whose group key (appendGroupTimer)
+// is in s.tbuf: its group, and whether it is set.
+func (s *keyedState) findTimer(k timerKind) (*group, bool) {
+	g := &s.groups[abi.KeyGroup(s.tbuf[8:], s.maxP)-s.rng.Start]
+	s.settle(&g.timers)
+	_, ok := g.timers.lookup(timerNames[k], s.tbuf)
+	return g, ok
+}
+
 func (s *keyedState) registerTimer(k timerKind, key []byte, ts int64) error {
-	t := &s.timers[k]
-	id := timerID{string(key), ts}
-	if _, ok := t.set[id]; ok {
+	s.tbuf = appendGroupTimer(s.tbuf[:0], key, ts)
+	g, ok := s.findTimer(k)
+	if ok {
 		return nil
 	}
-	t.set[id] = struct{}{}
-	t.push(id)
+	tk := string(s.tbuf)
+	g.timers.add(timerNames[k], tk)
+	h := &s.heaps[k]
+	h.live++
+	h.push(timerID{tk[8:], ts}) // shares the group key's memory
 	return nil
 }
 
 func (s *keyedState) deleteTimer(k timerKind, key []byte, ts int64) error {
-	t := &s.timers[k]
-	delete(t.set, timerID{string(key), ts})
-	// Rebuild the heap when deleted timers dominate it.
-	if len(t.heap) > 64 && len(t.heap) > 2*len(t.set) {
-		t.heap = t.heap[:0]
-		for id := range t.set {
-			t.heap = append(t.heap, id)
-		}
-		slices.SortFunc(t.heap, func(a, b timerID) int {
-			if timerLess(a, b) {
-				return -1
-			}
-			if timerLess(b, a) {
-				return 1
-			}
-			return 0
-		}) // a sorted slice is a valid heap
+	s.tbuf = appendGroupTimer(s.tbuf[:0], key, ts)
+	return s.removeFound(k)
+}
+
+// removeFound removes the timer of kind k whose group key is in s.tbuf.
+func (s *keyedState) removeFound(k timerKind) error {
+	g, ok := s.findTimer(k)
+	if !ok {
+		return nil
+	}
+	g.timers.remove(timerNames[k], s.tbuf)
+	h := &s.heaps[k]
+	h.live--
+	if len(h.heap) > 64 && len(h.heap) > 2*h.live {
+		s.compactHeap(k) // deleted timers dominate the heap
 	}
 	return nil
 }
 
+// compactHeap drops the deleted timers and the duplicates from the heap of
+// kind k.
+func (s *keyedState) compactHeap(k timerKind) {
+	h := &s.heaps[k]
+	live := h.heap[:0]
+	for _, id := range h.heap {
+		if ok, _ := s.hasTimer(k, id); ok {
+			live = append(live, id)
+		}
+	}
+	clear(h.heap[len(live):])
+	slices.SortFunc(live, compareTimerIDs)
+	h.heap = slices.Compact(live) // a sorted slice is a valid heap
+}
+
 func (s *keyedState) hasTimer(k timerKind, id timerID) (bool, error) {
-	_, ok := s.timers[k].set[id]
+	s.tbuf = append(binary.BigEndian.AppendUint64(s.tbuf[:0], uint64(id.ts)), id.key...)
+	_, ok := s.findTimer(k)
 	return ok, nil
 }
 
 func (s *keyedState) removeTimer(k timerKind, id timerID) error {
-	delete(s.timers[k].set, id)
-	return nil
+	s.tbuf = append(binary.BigEndian.AppendUint64(s.tbuf[:0], uint64(id.ts)), id.key...)
+	return s.removeFound(k)
 }
 
 // popDue moves every heap entry with ts <= w to dst in (ts, key) order. The
 // caller checks hasTimer before firing each (it may have been deleted).
 func (s *keyedState) popDue(k timerKind, w int64, dst []timerID) ([]timerID, error) {
-	t := &s.timers[k]
-	for len(t.heap) > 0 && t.heap[0].ts <= w {
-		id := t.pop()
-		if _, ok := t.set[id]; !ok {
+	h := &s.heaps[k]
+	for len(h.heap) > 0 && h.heap[0].ts <= w {
+		id := h.pop()
+		if ok, _ := s.hasTimer(k, id); !ok {
 			continue
 		}
 		if n := len(dst); n > 0 && dst[n-1] == id {
@@ -528,35 +632,36 @@ func (s *keyedState) popDue(k timerKind, w int64, dst []timerID) ([]timerID, err
 
 // nextTimer is the earliest timer of kind k.
 func (s *keyedState) nextTimer(k timerKind) (int64, bool, error) {
-	t := &s.timers[k]
-	for len(t.heap) > 0 {
-		if _, ok := t.set[t.heap[0]]; ok {
-			return t.heap[0].ts, true, nil
+	h := &s.heaps[k]
+	for len(h.heap) > 0 {
+		if ok, _ := s.hasTimer(k, h.heap[0]); ok {
+			return h.heap[0].ts, true, nil
 		}
-		t.pop() // deleted
+		h.pop() // deleted
 	}
 	return 0, false, nil
 }
 
-func (t *timerSet) push(id timerID) {
-	t.heap = append(t.heap, id)
-	i := len(t.heap) - 1
+func (h *timerHeap) push(id timerID) {
+	h.heap = append(h.heap, id)
+	i := len(h.heap) - 1
 	for i > 0 {
 		p := (i - 1) / 2
-		if !timerLess(t.heap[i], t.heap[p]) {
+		if !timerLess(h.heap[i], h.heap[p]) {
 			break
 		}
-		t.heap[i], t.heap[p] = t.heap[p], t.heap[i]
+		h.heap[i], h.heap[p] = h.heap[p], h.heap[i]
 		i = p
 	}
 }
 
-func (t *timerSet) pop() timerID {
-	h := t.heap
-	top := h[0]
-	n := len(h) - 1
-	h[0] = h[n]
-	h = h[:n]
+func (h *timerHeap) pop() timerID {
+	hp := h.heap
+	top := hp[0]
+	n := len(hp) - 1
+	hp[0] = hp[n]
+	hp[n] = timerID{}
+	hp = hp[:n]
 	i := 0
 	for {
 		l := 2*i + 1
@@ -564,58 +669,103 @@ func (t *timerSet) pop() timerID {
 			break
 		}
 		m := l
-		if r := l + 1; r < n && timerLess(h[r], h[l]) {
+		if r := l + 1; r < n && timerLess(hp[r], hp[l]) {
 			m = r
 		}
-		if !timerLess(h[m], h[i]) {
+		if !timerLess(hp[m], hp[i]) {
 			break
 		}
-		h[i], h[m] = h[m], h[i]
+		hp[i], hp[m] = hp[m], hp[i]
 		i = m
 	}
-	t.heap = h
+	h.heap = hp
 	return top
 }
 
-// cut cuts the keyed state (copy-on-write: the groups' maps go into the
-// snapshot as they are and are frozen) and copies the timers, by key group.
-// A group with layers (an older cut still holds its maps) goes in merged by
-// Snapshot.Load. The cut counts until the Snapshot is released.
+// cut cuts the keyed state and the timers copy-on-write: the groups' maps
+// go into the snapshot as they are and are frozen. The values of a group
+// without layers go in at once; the timers, and the values of a group with
+// layers (an older cut still holds its maps), are read into KeyGroupState
+// by Snapshot.Load, on the goroutine that encodes the snapshot. The cut
+// counts until the Snapshot is released.
 func (s *keyedState) cut() (*Snapshot, error) {
-	kgs, layered := s.snapshot()
+	kgs, later := s.snapshot()
 	var once sync.Once
 	cuts := s.cuts
 	snap := &Snapshot{KeyGroups: kgs, release: func() { once.Do(func() { cuts.Add(-1) }) }}
-	if len(layered) > 0 {
+	if len(later) > 0 {
 		snap.KeyGroups = nil
 		snap.deferred = &deferredCut{release: func() {}, read: func() (map[int]*KeyGroupState, error) {
-			for kg, g := range layered {
-				if m := g.merged(); len(m) > 0 {
-					groupIn(kgs, kg).Entries = m
-				} else if g := kgs[kg]; g != nil && len(g.Timers) == 0 && len(g.ProcTimers) == 0 {
-					delete(kgs, kg)
-				}
-			}
-			return kgs, nil
+			return loadCutGroups(kgs, later), nil
 		}}
 	}
 	return snap, nil
 }
 
-// snapshot freezes the groups and returns their maps and timers by key
-// group, and the groups that go in with their layers (copies of the
-// groups' fields: the maps and layers they refer to are frozen).
-func (s *keyedState) snapshot() (map[int]*KeyGroupState, map[int]*group) {
+// cutGroup is what a cut took of a group that it reads when it is loaded:
+// its values with their layers (values.layers nil: the values went in at
+// once, or there are none) and its timers (timers.m and timers.layers nil:
+// none).
+type cutGroup struct {
+	kg             int
+	values, timers cowMaps
+}
+
+// loadCutGroups merges the layers of groups and reads their timers into
+// out, which holds the groups whose values went in at once.
+func loadCutGroups(out map[int]*KeyGroupState, groups []cutGroup) map[int]*KeyGroupState {
+	for i := range groups {
+		c := &groups[i]
+		if len(c.values.layers) > 0 {
+			if m := c.values.merged(); len(m) > 0 {
+				groupIn(out, c.kg).Entries = m
+			}
+		}
+		tm := c.timers.m
+		if len(c.timers.layers) > 0 {
+			tm = c.timers.merged()
+		}
+		ev, proc := tm[string(timerNames[eventTime])], tm[string(timerNames[procTime])]
+		if len(ev)+len(proc) > 0 {
+			g := groupIn(out, c.kg)
+			g.Timers, g.ProcTimers = timersOf(ev), timersOf(proc)
+		}
+	}
+	return out
+}
+
+// timersOf reads timers held by a group's maps (appendGroupTimer keys), in
+// map order. Their keys are the map keys' own bytes, not copies (copying a
+// million keys was two thirds of the loading, all cache misses): a frozen
+// map's keys are never written, and nobody writes a Snapshot's timers.
+func timersOf(m map[string][]byte) []Timer {
+	if len(m) == 0 {
+		return nil
+	}
+	out := make([]Timer, 0, len(m))
+	for k := range m {
+		key := k[8:]
+		out = append(out, Timer{Key: unsafe.Slice(unsafe.StringData(key), len(key)), TS: groupTimerTS(k)})
+	}
+	return out
+}
+
+// snapshot freezes the groups' maps: it returns the values of the groups
+// without layers by key group, and what the cut reads when it is loaded
+// (the groups' fields: the maps and layers they refer to are frozen).
+func (s *keyedState) snapshot() (map[int]*KeyGroupState, []cutGroup) {
 	if s.cuts.Load() == 0 {
-		// Merge what no cut holds any more, up to settleAtCut writes: a
-		// group not touched since the last cut was released keeps its
-		// writes as a layer instead (the cut's loader merges them).
+		// Merge what no cut holds any more, up to settleAtCut writes: maps
+		// not touched since the last cut was released keep their writes as
+		// a layer instead (the cut's loader merges them).
 		budget := settleAtCut
 		for idx := range s.groups {
 			g := &s.groups[idx]
-			if n := g.pending(); g.frozen && n <= budget {
-				budget -= n
-				s.settle(g)
+			for _, c := range [2]*cowMaps{&g.cowMaps, &g.timers} {
+				if n := c.pending(); c.frozen && n <= budget {
+					budget -= n
+					s.settle(c)
+				}
 			}
 		}
 	}
@@ -623,42 +773,24 @@ func (s *keyedState) snapshot() (map[int]*KeyGroupState, map[int]*group) {
 		s.dropExpired()
 	}
 	out := make(map[int]*KeyGroupState)
-	var layered map[int]*group
-	groupOf := func(kg int) *KeyGroupState { return groupIn(out, kg) }
+	var later []cutGroup
 	for idx := range s.groups {
 		g := &s.groups[idx]
+		c := cutGroup{kg: s.rng.Start + idx}
+		m, layers := g.cowMaps.freeze()
 		switch {
-		case g.frozen:
-			if len(g.ov) > 0 {
-				g.layers, g.ov = append(g.layers, g.ov), nil
-			}
-			if len(g.layers) == 0 {
-				out[s.rng.Start+idx] = &KeyGroupState{Entries: g.m}
-				continue
-			}
-			if layered == nil {
-				layered = make(map[int]*group)
-			}
-			layered[s.rng.Start+idx] = &group{m: g.m, layers: slices.Clone(g.layers)}
-		case len(g.m) > 0:
-			out[s.rng.Start+idx] = &KeyGroupState{Entries: g.m}
-			g.frozen = true
+		case len(layers) > 0:
+			c.values = cowMaps{m: m, layers: layers}
+		case len(m) > 0:
+			out[c.kg] = &KeyGroupState{Entries: m}
+		}
+		c.timers.m, c.timers.layers = g.timers.freeze()
+		if c.values.layers != nil || c.timers.m != nil || c.timers.layers != nil {
+			later = append(later, c)
 		}
 	}
 	s.cuts.Add(1)
-	for id := range s.timers[eventTime].set {
-		g := groupOf(abi.KeyGroup([]byte(id.key), s.maxP))
-		g.Timers = append(g.Timers, Timer{Key: []byte(id.key), TS: id.ts})
-	}
-	for id := range s.timers[procTime].set {
-		g := groupOf(abi.KeyGroup([]byte(id.key), s.maxP))
-		g.ProcTimers = append(g.ProcTimers, Timer{Key: []byte(id.key), TS: id.ts})
-	}
-	for _, g := range out {
-		sortTimers(g.Timers)
-		sortTimers(g.ProcTimers)
-	}
-	return out, layered
+	return out, later
 }
 
 // dropExpired deletes the expired structured entries and list elements

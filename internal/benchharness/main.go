@@ -44,7 +44,7 @@ var suites = []suite{
 	{"./internal/webapi", "^BenchmarkConsolePolledVsNone$", "3x", nil},
 	// State that scales (16M keys on pebble; 100k to 16M keys on both
 	// backends): minutes per op, so once, in a suite of its own.
-	{"./internal/runtime", "^(BenchmarkPebbleStateCheckpointVsNone|BenchmarkStateScaling)$", "1x", []string{bigStateEnv + "=1"}},
+	{"./internal/runtime", "^(BenchmarkPebbleStateCheckpointVsNone|BenchmarkStateScaling|BenchmarkState4MKeysTimersCheckpointVsNone)$", "1x", []string{bigStateEnv + "=1"}},
 }
 
 // bigStateEnv enables the large-state benchmarks (internal/runtime).
@@ -308,6 +308,10 @@ var values = []value{
 	{"checkpoint of 1M keys of 100-byte state, written to disk", "BenchmarkSnapshot1MKeys", "s/checkpoint", "<= 2 s"},
 	{"memory state, 1M keys x 100 B through a keyed wasm counter, checkpoint every 1 s as % of none, alternating", "BenchmarkState1MKeysCheckpointVsNone", "1s-%-of-none", ">= 80"},
 	{"memory state, 1M keys: longest synchronous snapshot pause of the keyed subtask", "BenchmarkState1MKeysCheckpointVsNone", "ms-max-sync-pause", "<= 10 ms"},
+	{"memory state, 1M keys with a timer per key (wordcount's count.wasm), checkpoint every 1 s as % of none, alternating", "BenchmarkState1MKeysTimersCheckpointVsNone", "1s-%-of-none", ">= 85"},
+	{"memory state, 1M keys with a timer per key: longest synchronous snapshot pause of the keyed subtask", "BenchmarkState1MKeysTimersCheckpointVsNone", "ms-max-sync-pause", "<= 20 ms"},
+	{"memory state, 4M keys with a timer per key, checkpoint every 1 s as % of none, alternating", "BenchmarkState4MKeysTimersCheckpointVsNone", "1s-%-of-none", ">= 80"},
+	{"pebble without checkpoints as % of memory, keyed counter (100k keys), alternating", "BenchmarkStateBackendsNoCheckpoint", "pebble-%-of-memory", ">= 60"},
 	{"pebble state, 16M keys x 100 B, 256 MiB cache, incremental checkpoints every 1 s as % of none, alternating", "BenchmarkPebbleStateCheckpointVsNone", "1s-%-of-none", ">= 50"},
 	{"pebble state, 16M keys: peak RSS of the benchmark process", "BenchmarkPebbleStateCheckpointVsNone", "MiB-peak-rss", "<= 1024 MiB"},
 	{"pebble state, 16M keys, up to 1% of the keys changed per 1 s checkpoint: bytes a checkpoint writes as % of the full state, mean over the run's checkpoints (the compactions' uploads included)", "BenchmarkPebbleStateCheckpointVsNone", "1pct-written-%-of-full-mean", "<= 5"},

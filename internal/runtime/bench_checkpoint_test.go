@@ -289,3 +289,28 @@ func benchFinalCheckpoint(b *testing.B, depth int, mode control.AlignmentMode) {
 func BenchmarkFinalCheckpointDepth1(b *testing.B) { benchFinalCheckpoint(b, 1, control.AlignAligned) }
 func BenchmarkFinalCheckpointDepth4(b *testing.B) { benchFinalCheckpoint(b, 4, control.AlignAligned) }
 func BenchmarkFinalCheckpointDepth8(b *testing.B) { benchFinalCheckpoint(b, 8, control.AlignAligned) }
+
+// BenchmarkStateBackendsNoCheckpoint is BenchmarkStateBackends without
+// checkpoints: the backends' hot path alone, pebble's throughput as a
+// percentage of memory's (target >= 60):
+//
+//	go test -run '^$' -bench StateBackendsNoCheckpoint -benchtime 2x ./internal/runtime/
+func BenchmarkStateBackendsNoCheckpoint(b *testing.B) {
+	const n, keys = 1_000_000, 100_000
+	backend := func(name string) func(*Options, *jobfile.SourceSpec) {
+		return func(o *Options, s *jobfile.SourceSpec) {
+			o.State, o.DataDir, s.Keys = jobfile.StateSettings{Backend: name, CacheMiB: 64}, b.TempDir(), keys
+		}
+	}
+	mem := checkpointRunner(b, 0, control.AlignAligned, backend(jobfile.StateMemory))
+	peb := checkpointRunner(b, 0, control.AlignAligned, backend(jobfile.StatePebble))
+	mem(10000)
+	peb(10000)
+	alternate(b, n, []string{"memory", "pebble"}, func(i int) {
+		if i == 0 {
+			mem(n)
+			return
+		}
+		peb(n)
+	})
+}

@@ -189,6 +189,9 @@ func TestWordCountOnHost(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		if err := s.Load(); err != nil { // a cut: its timers are read here
+			t.Fatal(err)
+		}
 		for kg, st := range s.KeyGroups {
 			merged.KeyGroups[kg] = st
 		}
