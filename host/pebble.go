@@ -92,6 +92,7 @@ type pebbleState struct {
 	w    pebble.Writer // db, or a batch while restoring
 	kbuf []byte
 	vbuf []byte
+	rows rowCache // the values read and written last (rowcache.go)
 
 	mu     sync.Mutex // guards cuts and closed (loads run on other goroutines)
 	cuts   map[*deferredCut]struct{}
@@ -135,7 +136,7 @@ func openPebble(maxP int, rng abi.KeyGroupRange, cfg StateConfig, o pebbleOption
 	if now == nil {
 		now = func() int64 { return time.Now().UnixMilli() }
 	}
-	s := &pebbleState{maxP: maxP, rng: rng, dir: dir, lock: lock, cfg: cfg, log: o.logger, cuts: map[*deferredCut]struct{}{}, now: now}
+	s := &pebbleState{maxP: maxP, rng: rng, dir: dir, lock: lock, cfg: cfg, log: o.logger, cuts: map[*deferredCut]struct{}{}, now: now, rows: newRowCache(rowCacheBytes)}
 	if err := s.open(); err != nil {
 		os.RemoveAll(dir)
 		lock.release()
@@ -244,8 +245,12 @@ func timerTS(k []byte) int64 { return int64(binary.BigEndian.Uint64(k[1:9]) ^ (1
 
 func (s *pebbleState) get(kg int, name, key []byte) ([]byte, bool, error) {
 	s.kbuf = appendStateKey(s.kbuf[:0], kg, name, key)
+	if v, ok, known := s.rows.get(s.kbuf); known {
+		return v, ok, nil
+	}
 	v, closer, err := s.db.Get(s.kbuf)
 	if errors.Is(err, pebble.ErrNotFound) {
+		s.rows.set(s.kbuf, nil, true)
 		return nil, false, nil
 	}
 	if err != nil {
@@ -253,24 +258,38 @@ func (s *pebbleState) get(kg int, name, key []byte) ([]byte, bool, error) {
 	}
 	s.vbuf = append(s.vbuf[:0], v...)
 	closer.Close()
+	s.rows.set(s.kbuf, s.vbuf, false)
 	return s.vbuf, true, nil
 }
 
 func (s *pebbleState) put(kg int, name, key, val []byte) error {
 	s.kbuf = appendStateKey(s.kbuf[:0], kg, name, key)
 	if err := s.w.Set(s.kbuf, val, noSync); err != nil {
+		s.rows.drop(s.kbuf)
 		return fmt.Errorf("pebble set: %w", err)
 	}
-	return s.flushBatch()
+	if s.restoring() {
+		return s.flushBatch()
+	}
+	s.rows.set(s.kbuf, val, false)
+	return nil
 }
 
 func (s *pebbleState) del(kg int, name, key []byte) error {
 	s.kbuf = appendStateKey(s.kbuf[:0], kg, name, key)
 	if err := s.w.Delete(s.kbuf, noSync); err != nil {
+		s.rows.drop(s.kbuf)
 		return fmt.Errorf("pebble delete: %w", err)
+	}
+	if !s.restoring() {
+		s.rows.set(s.kbuf, nil, true)
 	}
 	return nil
 }
+
+// restoring: writes go to a restore batch (which clears the row cache when
+// it is applied), not to the DB.
+func (s *pebbleState) restoring() bool { return s.w != pebble.Writer(s.db) }
 
 func (s *pebbleState) registerTimer(k timerKind, key []byte, ts int64) error {
 	s.kbuf = appendTimerKey(s.kbuf[:0], k, key, ts)
@@ -418,8 +437,10 @@ func (s *pebbleState) sweepExpired(limit int) error {
 		switch {
 		case !keep:
 			err = b.Delete(k, noSync)
+			s.rows.drop(k)
 		case len(live) != len(v):
 			err = b.Set(k, live, noSync)
+			s.rows.drop(k)
 		}
 		if err != nil {
 			it.Close()
@@ -553,6 +574,7 @@ func (s *pebbleState) importFiles(ctx context.Context, parts []*FileState) error
 	if err := importParts(ctx, rest, s.cfg.DataDir, s.rng, s.maxP, s.put, s.registerTimer); err != nil {
 		return err
 	}
+	s.rows.clear()
 	if err := s.db.Apply(b, noSync); err != nil {
 		return fmt.Errorf("host: pebble state: restore: %w", err)
 	}
@@ -586,6 +608,7 @@ func (s *pebbleState) adopt(ctx context.Context, part *FileState) error {
 	}
 	s.adopted = part
 	s.next = [numTimerKinds]nextCache{}
+	s.rows.clear()
 	if part.KeyGroups.Start < s.rng.Start {
 		if err := s.db.DeleteRange([]byte{prefixState}, []byte{prefixState, byte(s.rng.Start >> 8), byte(s.rng.Start)}, noSync); err != nil {
 			return fmt.Errorf("host: pebble state: clip: %w", err)
@@ -711,6 +734,7 @@ func (s *pebbleState) restore(groups map[int]*KeyGroupState) error {
 	if err := checkRestored(groups, s.rng, s.maxP, s.put, s.registerTimer); err != nil {
 		return err
 	}
+	s.rows.clear()
 	if err := s.db.Apply(b, noSync); err != nil {
 		return fmt.Errorf("host: pebble state: restore: %w", err)
 	}
@@ -731,6 +755,7 @@ func (s *pebbleState) restoreFrom(ctx context.Context, srcs []KeyedSource) error
 	if err := readSources(ctx, srcs, s.rng, s.maxP, s.put, s.registerTimer); err != nil {
 		return err
 	}
+	s.rows.clear()
 	if err := s.db.Apply(b, noSync); err != nil {
 		return fmt.Errorf("host: pebble state: restore: %w", err)
 	}
