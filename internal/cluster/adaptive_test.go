@@ -30,7 +30,9 @@ func TestScaleSpec(t *testing.T) {
 		t.Errorf("fixed sources %q, want gen 2", fs)
 	}
 	j.scaleLocked(2)
-	pars := func(s JobSpec) [3]int { return [3]int{s.Vertices[0].Parallelism, s.Vertices[1].Parallelism, s.Vertices[2].Parallelism} }
+	pars := func(s JobSpec) [3]int {
+		return [3]int{s.Vertices[0].Parallelism, s.Vertices[1].Parallelism, s.Vertices[2].Parallelism}
+	}
 	if got := pars(j.spec); got != [3]int{2, 2, 2} || j.slots != 2 {
 		t.Fatalf("scaled to 2: %v on %d slots, want [2 2 2] on 2", got, j.slots)
 	}
