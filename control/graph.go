@@ -43,6 +43,10 @@ type Vertex struct {
 	UID            string
 	Parallelism    int
 	MaxParallelism int
+	// MinParallelism is the least parallelism a controller may run the
+	// vertex at when fewer slots are free than the job needs (adaptive
+	// scheduling, AdaptiveSlots); 0 means 1. At most Parallelism.
+	MinParallelism int
 	Kind           Kind   // source, operator or sink; checked by NewJobGraph
 	Inputs         []Edge // in declaration order; Inputs[i].Input == i
 	Spec           any    // what runs: a source, a sink or a wasm operator spec (set by the job file loader)

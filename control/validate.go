@@ -84,7 +84,8 @@ const MaxUIDLength = 128
 //
 // It reports every problem it finds as an *InvalidGraphError: an empty job
 // name, no vertices, an empty, malformed or duplicate uid, parallelism below 1
-// or above max parallelism, an input from an unknown operator or from a sink,
+// or above max parallelism, a min parallelism below 0 or above the
+// parallelism, an input from an unknown operator or from a sink,
 // an unknown partitioning, forward between different parallelisms, a source
 // with inputs, an operator or sink without inputs, and cycles (each named by
 // its operators).
@@ -136,6 +137,10 @@ func NewJobGraph(name string, vertices []*Vertex) (*JobGraph, error) {
 			add(v.UID, "parallelism", "must be at least 1, got %d", v.Parallelism)
 		case v.Parallelism > v.MaxParallelism:
 			add(v.UID, "parallelism", "%d is above max_parallelism %d", v.Parallelism, v.MaxParallelism)
+		case v.MinParallelism < 0:
+			add(v.UID, "min_parallelism", "must be at least 1, got %d", v.MinParallelism)
+		case v.MinParallelism > v.Parallelism:
+			add(v.UID, "min_parallelism", "%d is above the operator's parallelism %d", v.MinParallelism, v.Parallelism)
 		}
 		switch v.Kind {
 		case KindSource:

@@ -68,9 +68,11 @@ func (c *cli) clusterFlags(cmd *cobra.Command, controller bool) []flagKey {
 	fl.String("controller-bucket", cluster.DefaultControllerBucket, "JetStream key-value bucket of the job table and the lease ("+keyControllerBucket+")")
 	fl.Int("controller-replicas", 0, "replicas of that bucket when it is created; 0 = the NATS cluster's size, at most 5 ("+keyControllerReplicas+")")
 	fl.Duration("job-retention", cluster.DefaultJobRetention, "how long finished, failed and canceled jobs stay in 'streamd list' ("+keyJobRetention+")")
+	fl.Duration("slot-wait", cluster.DefaultSlotWait, "how long slots must stay free before a job runs on fewer than it declares, or scales back up ("+keySlotWait+")")
+	fl.Duration("rescale-interval", cluster.DefaultRescaleInterval, "least time between a job's rescales before it scales up again ("+keyRescaleInterval+")")
 	return []flagKey{{"heartbeat-interval", keyHeartbeatInterval}, {"lost-after", keyLostAfter}, {"max-failovers", keyMaxFailovers},
 		{"checkpoint-storage", keyCheckpointStorage}, {"controller-id", keyControllerID}, {"controller-bucket", keyControllerBucket},
-		{"controller-replicas", keyControllerReplicas}, {"job-retention", keyJobRetention}}
+		{"controller-replicas", keyControllerReplicas}, {"job-retention", keyJobRetention}, {"slot-wait", keySlotWait}, {"rescale-interval", keyRescaleInterval}}
 }
 
 // runController runs a controller until ctx ends (cluster.RunController),
@@ -119,13 +121,21 @@ func (c *cli) controllerOptions() (cluster.ControllerOptions, error) {
 	if err != nil {
 		return cluster.ControllerOptions{}, err
 	}
+	slotWait, err := c.positiveDuration(keySlotWait)
+	if err != nil {
+		return cluster.ControllerOptions{}, err
+	}
+	rescaleInterval, err := c.positiveDuration(keyRescaleInterval)
+	if err != nil {
+		return cluster.ControllerOptions{}, err
+	}
 	replicas, err := castInt(c.v.Get(keyControllerReplicas))
 	if err != nil || replicas < 0 || replicas > 5 {
 		return cluster.ControllerOptions{}, usagef("%s: want 0 (follow the NATS cluster) to 5, got %v", keyControllerReplicas, c.v.Get(keyControllerReplicas))
 	}
 	return cluster.ControllerOptions{Logger: c.log, HeartbeatInterval: hb, LostAfter: lost, MaxFailovers: fo, CheckpointStorage: storage,
 		ID: c.v.GetString(keyControllerID), Bucket: c.v.GetString(keyControllerBucket), Replicas: replicas, JobRetention: retention,
-		Version: buildVersion()}, nil
+		SlotWait: slotWait, RescaleInterval: rescaleInterval, Version: buildVersion()}, nil
 }
 
 func (c *cli) positiveDuration(key string) (time.Duration, error) {

@@ -40,6 +40,8 @@ const (
 	keyControllerBucket   = "controller.bucket"
 	keyControllerReplicas = "controller.replicas"
 	keyJobRetention       = "controller.job_retention"
+	keySlotWait           = "controller.slot_wait"
+	keyRescaleInterval    = "controller.rescale_interval"
 
 	keyHostID   = "host.id"
 	keySlots    = "host.slots"
@@ -53,7 +55,7 @@ const defaultNATSURL = "nats://127.0.0.1:4222"
 
 var clusterKeys = []string{keyNATSURL, keyNATSUser, keyNATSPassword, keyNATSToken, keyNATSNKey, keyNATSCreds,
 	keyNATSTLSCA, keyNATSTLSCert, keyNATSTLSKey, keyHeartbeatInterval, keyLostAfter, keyMaxFailovers,
-	keyRequestTimeout, keyCheckpointStorage, keyControllerID, keyControllerBucket, keyControllerReplicas, keyJobRetention, keyHostID, keySlots, keyDataDir, keyNATSPort, keyNATSHost}
+	keyRequestTimeout, keyCheckpointStorage, keyControllerID, keyControllerBucket, keyControllerReplicas, keyJobRetention, keySlotWait, keyRescaleInterval, keyHostID, keySlots, keyDataDir, keyNATSPort, keyNATSHost}
 
 func init() { knownKeys = append(knownKeys, clusterKeys...) }
 
@@ -295,6 +297,9 @@ func (c *cli) printStatus(st *cluster.JobStatus) {
 	if st.Reason != "" {
 		fmt.Fprintf(w, "reason: %s\n", st.Reason)
 	}
+	if st.DeclaredParallelism > 0 {
+		fmt.Fprintf(w, "parallelism: %d (declared %d, min %d)\n", st.Parallelism, st.DeclaredParallelism, st.MinParallelism)
+	}
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "  OPERATOR\tPARALLELISM\tRECORDS IN\tRECORDS OUT\tSUBTASKS")
 	for _, op := range st.Operators {
@@ -302,7 +307,11 @@ func (c *cli) printStatus(st *cluster.JobStatus) {
 		for _, s := range op.Subtasks {
 			subs = append(subs, fmt.Sprintf("%d:%s@%s", s.Index, s.State, orDash(s.Host)))
 		}
-		fmt.Fprintf(tw, "  %s\t%d\t%d\t%d\t%s\n", op.UID, op.Parallelism, op.RecordsIn, op.RecordsOut, strings.Join(subs, " "))
+		par := fmt.Sprint(op.Parallelism)
+		if op.DeclaredParallelism != 0 && op.DeclaredParallelism != op.Parallelism {
+			par += fmt.Sprintf(" of %d", op.DeclaredParallelism)
+		}
+		fmt.Fprintf(tw, "  %s\t%s\t%d\t%d\t%s\n", op.UID, par, op.RecordsIn, op.RecordsOut, strings.Join(subs, " "))
 	}
 	tw.Flush()
 	for _, op := range st.Operators {
@@ -324,6 +333,13 @@ func (c *cli) printStatus(st *cluster.JobStatus) {
 		tw.Flush()
 	}
 	c.printVersions(st)
+	for _, r := range st.Rescales {
+		line := fmt.Sprintf("rescaled %s: parallelism %d -> %d from attempt %d: %s", r.Time.Local().Format("15:04:05"), r.From, r.To, r.Attempt, r.Reason)
+		if r.Restore != "" {
+			line += " (from savepoint " + r.Restore + ")"
+		}
+		fmt.Fprintln(w, line)
+	}
 	for _, a := range st.Attempts {
 		line := fmt.Sprintf("attempt %d on %s: %s", a.Attempt, orDash(strings.Join(a.Hosts, ",")), a.State)
 		if a.Reason != "" {

@@ -169,6 +169,7 @@ type problemJ struct {
 type operatorJ struct {
 	UID            string   `json:"uid"`
 	Parallelism    int      `json:"parallelism"`
+	MinParallelism int      `json:"min_parallelism"`
 	MaxParallelism int      `json:"max_parallelism"`
 	Inputs         []inputJ `json:"inputs,omitempty"`
 	Runs           string   `json:"runs"`
@@ -218,7 +219,7 @@ func validation(job *jobfile.Job, err error) validationJ {
 		v.State.CacheMiB, v.State.Incremental = job.State.CacheMiB, job.State.Incremental
 	}
 	for _, vx := range job.Graph.Vertices {
-		o := operatorJ{UID: vx.UID, Parallelism: vx.Parallelism, MaxParallelism: vx.MaxParallelism, Runs: describeSpec(vx.Spec)}
+		o := operatorJ{UID: vx.UID, Parallelism: vx.Parallelism, MinParallelism: max(vx.MinParallelism, 1), MaxParallelism: vx.MaxParallelism, Runs: describeSpec(vx.Spec)}
 		for _, e := range vx.Inputs {
 			o.Inputs = append(o.Inputs, inputJ{From: e.From, Output: e.Output, Partition: fmt.Sprint(e.Partition)})
 		}
@@ -255,6 +256,9 @@ func printGraph(w io.Writer, job *jobfile.Job) {
 			in = "-"
 		}
 		par := fmt.Sprint(v.Parallelism)
+		if v.MinParallelism > 1 {
+			par += fmt.Sprintf(" (min %d)", v.MinParallelism)
+		}
 		if v.MaxParallelism != 128 {
 			par += fmt.Sprintf(" (max %d)", v.MaxParallelism)
 		}

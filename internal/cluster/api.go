@@ -290,18 +290,26 @@ type HostStatus struct {
 
 // JobStatus is what `streamd status --json` prints.
 type JobStatus struct {
-	ID        string     `json:"id"`
-	Name      string     `json:"name"`
-	State     string     `json:"state"`
-	Reason    string     `json:"reason,omitempty"` // why it failed, or what it waits for
-	Attempt   int        `json:"attempt"`          // current attempt, 0-based
-	Slots     int        `json:"slots"`            // slots the job needs
-	Hosts     []string   `json:"hosts,omitempty"`  // hosts of the current attempt
-	Created   time.Time  `json:"created"`
-	Updated   time.Time  `json:"updated"`
-	Ended     *time.Time `json:"ended,omitempty"`
-	Elapsed   string     `json:"elapsed,omitempty"`   // of the current attempt's run, as the host measured it
-	Savepoint string     `json:"savepoint,omitempty"` // where a stopped job's savepoint is
+	ID      string `json:"id"`
+	Name    string `json:"name"`
+	State   string `json:"state"`
+	Reason  string `json:"reason,omitempty"` // why it failed, or what it waits for
+	Attempt int    `json:"attempt"`          // current attempt, 0-based
+	Slots   int    `json:"slots"`            // slots the job needs
+	// Parallelism is the parallelism (slots) the job runs at, or will
+	// when placed; DeclaredParallelism the one its job file declares (the
+	// largest of its operators'), MinParallelism the least it runs at. The
+	// adaptive scheduler runs it below its declared parallelism while fewer
+	// slots are free (docs/job-file.md "Adaptive scheduling").
+	Parallelism         int        `json:"parallelism"`
+	DeclaredParallelism int        `json:"declared_parallelism"`
+	MinParallelism      int        `json:"min_parallelism"`
+	Hosts               []string   `json:"hosts,omitempty"` // hosts of the current attempt
+	Created             time.Time  `json:"created"`
+	Updated             time.Time  `json:"updated"`
+	Ended               *time.Time `json:"ended,omitempty"`
+	Elapsed             string     `json:"elapsed,omitempty"`   // of the current attempt's run, as the host measured it
+	Savepoint           string     `json:"savepoint,omitempty"` // where a stopped job's savepoint is
 	// CheckpointMode is how checkpoints align: "aligned", "unaligned" or
 	// "aligned, unaligned after D" (checkpoint.aligned_timeout); "" without
 	// checkpointing.
@@ -318,14 +326,20 @@ type JobStatus struct {
 	// Versions is the job's version history, oldest first, from its first
 	// upgrade on (streamd upgrade); none before.
 	Versions []VersionStatus `json:"versions,omitempty"`
+	// Rescales are the adaptive scheduler's latest rescales of the job,
+	// oldest first.
+	Rescales []RescaleStatus `json:"rescales,omitempty"`
 }
 
 // OperatorStatus is one operator of a job.
 type OperatorStatus struct {
 	UID         string `json:"uid"`
-	Parallelism int    `json:"parallelism"`
-	RecordsIn   int64  `json:"records_in"`
-	RecordsOut  int64  `json:"records_out"`
+	Parallelism int    `json:"parallelism"` // as it runs (or will run), as many as Subtasks
+	// DeclaredParallelism is the operator's parallelism in the job file
+	// (above Parallelism while the job runs on fewer slots).
+	DeclaredParallelism int   `json:"declared_parallelism"`
+	RecordsIn           int64 `json:"records_in"`
+	RecordsOut          int64 `json:"records_out"`
 	// UnionDeclines counts the checkpoints declined because the operator
 	// has union list state and was partially finished (FLIP-147).
 	UnionDeclines int             `json:"union_declines,omitempty"`
@@ -370,10 +384,11 @@ type SubtaskStatus struct {
 
 // AttemptStatus is the history of one attempt.
 type AttemptStatus struct {
-	Attempt int      `json:"attempt"`
-	Hosts   []string `json:"hosts,omitempty"`
-	State   string   `json:"state"`
-	Reason  string   `json:"reason,omitempty"`
+	Attempt     int      `json:"attempt"`
+	Parallelism int      `json:"parallelism,omitempty"` // the slots it ran on
+	Hosts       []string `json:"hosts,omitempty"`
+	State       string   `json:"state"`
+	Reason      string   `json:"reason,omitempty"`
 }
 
 // Heartbeat is what a host publishes every heartbeat interval.

@@ -8,7 +8,9 @@ import (
 	"errors"
 	"fmt"
 	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/trace"
 	"log/slog"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -71,6 +73,18 @@ type ControllerOptions struct {
 	// upgrades and rollbacks, stops and their savepoints, ends), published
 	// on the job's log subject beside the hosts' lines (streamd logs).
 	Logs *LogPublisher
+	// SlotWait is the adaptive scheduler's resource stabilization (as Flink's
+	// jobmanager.adaptive-scheduler.resource-stabilization-timeout): how
+	// long at least a job's min_parallelism of slots must be free, when
+	// fewer than it declares are, before it runs on them; and how long more
+	// slots must stay free before a job that runs below its declared
+	// parallelism scales up (adaptive.go). Default DefaultSlotWait.
+	SlotWait time.Duration
+	// RescaleInterval is the least time between a job's rescales before it
+	// scales up again (Flink's
+	// jobmanager.adaptive-scheduler.scaling-interval.min); default
+	// DefaultRescaleInterval.
+	RescaleInterval time.Duration
 	// Version is the build's version: the control API's micro service
 	// version (service.go) when it is a semantic version (a leading "v"
 	// dropped), else 0.0.0-dev; its "build" metadata as given.
@@ -228,6 +242,28 @@ type ctlJob struct {
 	endedOn    map[string]bool
 	unlisted   map[string]int
 	asking     map[string]bool
+
+	// Adaptive scheduling (adaptive.go). declared is each operator's
+	// declared parallelism while spec runs at another (nil: as declared);
+	// slotWait since when fewer slots than it runs on (but its minimum)
+	// are free while it waits to be placed; moreSince since when more are
+	// free while it runs below its declared parallelism; rescaledAt when it
+	// was last rescaled; rescale the scale-up in progress; rescales the
+	// latest rescales; rescaleCtx and rescaleSpan the latest rescale's
+	// trace until its controller side takes it; carryRestarts: the next
+	// controller side carries the restart strategy's state over (a
+	// rescale); noRescale why the job runs only as declared (its state does
+	// not restore at another parallelism).
+	declared      map[string]int
+	slotWait      time.Time
+	moreSince     time.Time
+	rescaledAt    time.Time
+	rescale       *rescaleUp
+	rescales      []RescaleStatus
+	rescaleCtx    context.Context
+	rescaleSpan   trace.Span
+	carryRestarts bool
+	noRescale     string
 }
 
 // StartController starts a controller on nc: it opens (or creates) the
@@ -256,6 +292,12 @@ func StartController(nc *nats.Conn, opts ControllerOptions) (*Controller, error)
 	}
 	if opts.JobRetention <= 0 {
 		opts.JobRetention = DefaultJobRetention
+	}
+	if opts.SlotWait <= 0 {
+		opts.SlotWait = DefaultSlotWait
+	}
+	if opts.RescaleInterval <= 0 {
+		opts.RescaleInterval = DefaultRescaleInterval
 	}
 	if opts.Bucket == "" {
 		opts.Bucket = DefaultControllerBucket
@@ -455,6 +497,7 @@ func (c *Controller) tickLocked(now time.Time) []effect {
 		}
 	}
 	effects = append(effects, c.upgradeTimeoutsLocked(now)...)
+	effects = append(effects, c.scaleUpLocked(now)...)
 	return append(effects, c.scheduleLocked(now)...)
 }
 
@@ -579,12 +622,22 @@ func (c *Controller) scheduleLocked(now time.Time) []effect {
 		if j.placement != nil || j.canceling || j.preparing || (j.state != JobCreated && j.state != JobRestarting) || now.Before(j.restartAt) {
 			continue
 		}
-		p, err := control.Schedule(c.freeSlotsLocked(), j.slots, false)
+		free := c.freeSlotsLocked()
+		rescaled, why := c.adaptLocked(j, now, free)
+		if rescaled {
+			free = c.freeSlotsLocked()
+		}
+		p, err := control.Schedule(free, j.slots, false)
 		switch {
 		case err != nil:
 			reason := fmt.Sprintf("waiting for slots: %v", err)
+			if why != "" {
+				reason += "; " + why
+			}
 			if j.reason != reason {
-				c.log.Info("job waits for slots", "job", j.id, "reason", err)
+				if !strings.HasPrefix(j.reason, "waiting for slots") {
+					c.log.Info("job waits for slots", "job", j.id, "reason", reason)
+				}
 				j.reason, j.updated = reason, now
 			}
 			continue
@@ -598,6 +651,7 @@ func (c *Controller) scheduleLocked(now time.Time) []effect {
 		}
 		j.placement = &p
 		j.lastPlaced = &p
+		j.slotWait = time.Time{}
 		c.holdLocked(j, p)
 		j.placed[j.attempt] = p
 		j.hostStats = map[string][]runtime.OperatorStats{}
@@ -605,7 +659,7 @@ func (c *Controller) scheduleLocked(now time.Time) []effect {
 		j.subtaskState = SubtaskDeploying
 		j.reason = ""
 		j.updated = now
-		j.attempts = append(j.attempts, AttemptStatus{Attempt: j.attempt, Hosts: p.Hosts(), State: SubtaskDeploying})
+		j.attempts = append(j.attempts, AttemptStatus{Attempt: j.attempt, Hosts: p.Hosts(), State: SubtaskDeploying, Parallelism: j.slots})
 		c.log.Info("job scheduled", "job", j.id, "attempt", j.attempt, "hosts", p.Hosts(), "slots", j.slots)
 		effects = append(effects, c.assignEffects(j, c.saveLocked(j))...)
 	}
@@ -615,22 +669,40 @@ func (c *Controller) scheduleLocked(now time.Time) []effect {
 // prepareDist returns the effect that sets up the controller side of job j,
 // which the scheduler found must be spread over hosts (j.preparing is set).
 func (c *Controller) prepareDist(j *ctlJob) effect {
-	id, spec, from, attempt, resumed := j.id, j.spec, j.restoreFrom(), j.attempt, j.resumed
+	id, spec, from, attempt, resumed, takeover := j.id, j.spec, j.restoreFrom(), j.attempt, j.resumed, j.rescaleTakeover()
+	scaled := takeover != nil && j.declared != nil
 	return func() {
-		dj, err := c.newDistJob(id, spec, from, attempt, resumed, nil)
+		var dj *distJob
+		err := c.checkRescaled(j, spec, from, scaled)
+		if err == nil {
+			dj, err = c.newDistJob(id, spec, from, attempt, resumed, takeover)
+		}
 		now := time.Now()
 		c.mu.Lock()
 		j.preparing = false
 		var effects []effect
+		var notFit *rescaleMisfit
 		switch {
 		case TerminalJobState(j.state) || j.canceling:
 			if dj != nil {
 				dj.close(control.Cancel{})
 			}
+		case errors.As(err, &notFit):
+			// Its state does not restore at this parallelism: it runs
+			// only as declared from now on, waiting for the slots.
+			j.noRescale = notFit.Error()
+			c.log.Warn("the job runs only at its declared parallelism", "job", j.id, "err", notFit.err)
+			j.scaleLocked(j.declaredSlots())
+			if j.rescaleSpan != nil {
+				telemetry.EndSpan(j.rescaleSpan, notFit)
+				j.rescaleCtx, j.rescaleSpan = nil, nil
+			}
 		case err != nil:
 			c.endLocked(j, now, JobFailed, err.Error())
 		default:
 			j.dist = dj
+			j.carryRestarts = false
+			j.rescaleTrace(dj)
 		}
 		effects = c.scheduleLocked(now)
 		c.mu.Unlock()
@@ -1135,7 +1207,7 @@ func (c *Controller) forwardSavepoint(jobID string, hr HostRequest, verb string)
 		return "", conflictf("cluster: %s job %s: the job is %s, not running", verb, jobID, st)
 	}
 	c.mu.Unlock()
-	return c.distSavepoint(jobID, verb, hr.Dir, hr.Drain)
+	return c.distSavepoint(jobID, verb, hr.Dir, hr.Drain, false)
 }
 
 func (c *Controller) handleHosts(msg micro.Request) {
@@ -1543,8 +1615,9 @@ func (c *Controller) setAttemptState(j *ctlJob, state, reason string) {
 
 // statusLocked builds the JobStatus of j.
 func (c *Controller) statusLocked(j *ctlJob) JobStatus {
+	_, declared, least := control.AdaptiveSlots(j.bounds(), 0)
 	st := JobStatus{ID: j.id, Name: j.spec.Name, State: j.state, Reason: j.reason, Attempt: j.attempt,
-		Slots: j.slots, Created: j.created, Updated: j.updated, Ended: j.ended, Elapsed: j.elapsed, Savepoint: j.savepoint,
+		Slots: j.slots, Parallelism: j.slots, DeclaredParallelism: declared, MinParallelism: least, Rescales: slices.Clone(j.rescales), Created: j.created, Updated: j.updated, Ended: j.ended, Elapsed: j.elapsed, Savepoint: j.savepoint,
 		Attempts: append([]AttemptStatus(nil), j.attempts...), Checkpoints: append([]runtime.CheckpointStats(nil), j.checkpoints...),
 		Leader: c.id, Term: c.term, Versions: versionsLocked(j)}
 	if j.dist != nil && j.dist.d != nil {
@@ -1563,7 +1636,7 @@ func (c *Controller) statusLocked(j *ctlJob) JobStatus {
 		stats[s.UID] = s
 	}
 	for _, v := range j.spec.Vertices {
-		op := OperatorStatus{UID: v.UID, Parallelism: v.Parallelism, RecordsIn: stats[v.UID].RecordsIn, RecordsOut: stats[v.UID].RecordsOut,
+		op := OperatorStatus{UID: v.UID, Parallelism: v.Parallelism, DeclaredParallelism: j.declaredOf(v), RecordsIn: stats[v.UID].RecordsIn, RecordsOut: stats[v.UID].RecordsOut,
 			UnionDeclines: stats[v.UID].UnionDeclines, Kind: string(v.Kind), Inputs: EdgeStatuses(v.Inputs)}
 		if v.Source != nil {
 			op.Connector = connector.Describe(v.Source)
@@ -1575,8 +1648,11 @@ func (c *Controller) statusLocked(j *ctlJob) JobStatus {
 		}
 		for i := 0; i < v.Parallelism; i++ {
 			s := SubtaskStatus{Index: i, State: j.subtaskState}
-			if sub := stats[v.UID].Subtasks; i < len(sub) && sub[i] != "" && !TerminalJobState(j.state) {
-				s.State = sub[i] // as the subtask's host reported it
+			if sub := stats[v.UID].Subtasks; i < len(sub) && sub[i] != "" && !TerminalJobState(j.state) && j.placement != nil {
+				// As the subtask's host reported it, while its attempt is
+				// placed: between attempts (a lost host, a rescale) the
+				// last attempt's states are stale.
+				s.State = sub[i]
 			} else if i < len(sub) && sub[i] == runtime.StateDeployedFinished {
 				s.State = sub[i]
 			}

@@ -332,6 +332,7 @@ type distJob struct {
 	cmds         map[string]*reliableQueue // per host, the commands of the attempt
 	spWait       chan string               // a savepoint request waits for the savepoint's location
 	stopping     bool                      // a stop with a savepoint was asked for in this attempt
+	rescaleStop  bool                      // that stop is the adaptive scheduler's, to rescale the job (adaptive.go)
 	awaitRestart bool                      // a task failure: the controller waits for the lifecycle to restart the job
 	stopSP       string                    // the location of that stop's savepoint, once complete
 	closed       bool
@@ -421,7 +422,7 @@ func (c *Controller) newDistJob(id string, spec JobSpec, from string, attempt in
 	}
 	dj.jl = runtime.NewJobLoop(dj.d, dj, dj.tick, c.done)
 	dj.d.Step(nil, control.StartJob{}) // the loop has not started: its first StartAttempt sets restore
-	dj.adopted = takeover != nil
+	dj.adopted = takeover != nil && !takeover.Start
 	dj.sub, err = c.nc.Subscribe(PrefixTask+"."+id+".*.events", dj.onEvent)
 	if err != nil {
 		return nil, fmt.Errorf("cluster: job %s: subscribe to subtask events: %w", id, err)
@@ -736,7 +737,7 @@ func (dj *distJob) deploy(attempt int, p control.Placement) string {
 		dj.adopted = false
 	}
 	dj.attempt, dj.placement, dj.active = attempt, p, true
-	dj.stopping = false // stopSP stays: a failed stop's error names it
+	dj.stopping, dj.rescaleStop = false, false // stopSP stays: a failed stop's error names it
 	dj.finished = map[string]bool{}
 	dj.evSeq = map[string]uint64{}
 	dj.stopCommands()
@@ -914,7 +915,7 @@ func (c *Controller) maybeEndDist(jobID string) {
 		all = all && dj.finished[h]
 	}
 	done, savepoint := dj.done, dj.savepath
-	adopted := dj.adopted
+	adopted, rescale := dj.adopted, dj.rescaleStop
 	dj.mu.Unlock()
 	if all && dj.ckpt && done == nil && adopted {
 		// Taken over from another controller, and every host's part ended
@@ -923,6 +924,10 @@ func (c *Controller) maybeEndDist(jobID string) {
 		// after its final checkpoint, so the job is done.
 		c.log.Info("every host finished its part of the adopted attempt", "job", j.id, "attempt", j.attempt)
 	} else if !all || (dj.ckpt && done == nil) {
+		return
+	}
+	if done != nil && done.State == control.JobStopped && rescale && j.rescale != nil {
+		c.rescaleStoppedLocked(j, now, savepoint, done.SavepointID)
 		return
 	}
 	if done != nil && done.State == control.JobStopped {
@@ -942,8 +947,11 @@ func (c *Controller) maybeEndDist(jobID string) {
 // fails (its savepoint aborted, or the attempt failed before the job
 // stopped, e.g. in notify_checkpoint_complete of the savepoint) returns an
 // error as soon as the attempt ended; the job is restarting by then (or
-// failed), never left stopping.
-func (c *Controller) distSavepoint(jobID, verb, dir string, drain bool) (string, error) {
+// failed), never left stopping. rescale: the stop is the adaptive
+// scheduler's (scaleUpLocked): the job starts again at another parallelism
+// once stopped, so the request ends with an error then, the job no longer
+// being on the attempt it stopped.
+func (c *Controller) distSavepoint(jobID, verb, dir string, drain, rescale bool) (string, error) {
 	c.mu.Lock()
 	j := c.jobs[jobID]
 	if j == nil || j.dist == nil {
@@ -972,12 +980,12 @@ func (c *Controller) distSavepoint(jobID, verb, dir string, drain bool) (string,
 		}
 		if verb == HostVerbStop {
 			dj.mu.Lock()
-			dj.stopping, dj.stopSP = true, ""
+			dj.stopping, dj.stopSP, dj.rescaleStop = true, "", rescale
 			dj.mu.Unlock()
 			dj.step(control.StopWithSavepoint{Drain: drain})
 			if st := dj.d.State(); st != control.JobStopping {
 				dj.mu.Lock()
-				dj.stopping = false
+				dj.stopping, dj.rescaleStop = false, false
 				dj.mu.Unlock()
 				taken <- fmt.Errorf("cluster: stop job %s: the checkpoint coordinator did not take the stop (it is %s)", jobID, st)
 				return

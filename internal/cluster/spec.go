@@ -30,10 +30,14 @@ type JobSpec struct {
 
 // VertexSpec is one operator. Exactly one of Source, Sink and Wasm is set.
 type VertexSpec struct {
-	UID            string         `json:"uid"`
-	Kind           control.Kind   `json:"kind"`
-	Parallelism    int            `json:"parallelism"`
-	MaxParallelism int            `json:"max_parallelism"`
+	UID            string       `json:"uid"`
+	Kind           control.Kind `json:"kind"`
+	Parallelism    int          `json:"parallelism"`
+	MaxParallelism int          `json:"max_parallelism"`
+	// MinParallelism is the least parallelism the controller runs the
+	// operator at when fewer slots are free than the job needs (adaptive.go);
+	// 0 (none declared, or a spec of an older client): 1.
+	MinParallelism int            `json:"min_parallelism,omitempty"`
 	Inputs         []control.Edge `json:"inputs,omitempty"`
 
 	Source     *jobfile.SourceSpec `json:"source,omitempty"`
@@ -123,7 +127,7 @@ func NewJobSpec(job *jobfile.Job, jobFile string, upload Uploader) (JobSpec, err
 		return a, nil
 	}
 	for _, v := range g.Vertices {
-		vs := VertexSpec{UID: v.UID, Kind: v.Kind, Parallelism: v.Parallelism, MaxParallelism: v.MaxParallelism, Inputs: v.Inputs}
+		vs := VertexSpec{UID: v.UID, Kind: v.Kind, Parallelism: v.Parallelism, MaxParallelism: v.MaxParallelism, MinParallelism: v.MinParallelism, Inputs: v.Inputs}
 		switch sp := v.Spec.(type) {
 		case *jobfile.SourceSpec:
 			c := *sp
@@ -180,7 +184,7 @@ func (s *JobSpec) Graph(resolve Resolver) (*control.JobGraph, error) {
 	}
 	vs := make([]*control.Vertex, 0, len(s.Vertices))
 	for _, v := range s.Vertices {
-		cv := &control.Vertex{UID: v.UID, Kind: v.Kind, Parallelism: v.Parallelism, MaxParallelism: v.MaxParallelism}
+		cv := &control.Vertex{UID: v.UID, Kind: v.Kind, Parallelism: v.Parallelism, MaxParallelism: v.MaxParallelism, MinParallelism: v.MinParallelism}
 		for _, e := range v.Inputs {
 			cv.Inputs = append(cv.Inputs, control.Edge{From: e.From, Partition: e.Partition, Output: e.Output})
 		}

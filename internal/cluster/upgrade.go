@@ -147,7 +147,7 @@ func (c *Controller) upgrade(req UpgradeRequest) (string, int, bool, error) {
 		sp, v, err := c.replaceVersion(j, spec, timeout)
 		return sp, v, true, err
 	}
-	old, check := j.spec, j.restoreFrom()
+	old, check := j.declaredSpec(), j.restoreFrom()
 	c.mu.Unlock()
 	defer func() {
 		c.mu.Lock()
@@ -166,7 +166,7 @@ func (c *Controller) upgrade(req UpgradeRequest) (string, int, bool, error) {
 	if err := c.checkLatest(ctx, j, check, g); err != nil {
 		return "", 0, false, fmt.Errorf("cluster: upgrade job %s: the new version cannot restore the job's latest checkpoint, so the job was not stopped: %w", j.id, err)
 	}
-	sp, err := c.distSavepoint(j.id, HostVerbStop, "", false)
+	sp, err := c.distSavepoint(j.id, HostVerbStop, "", false, false)
 	if err != nil {
 		return "", 0, false, fmt.Errorf("cluster: upgrade job %s: %w", j.id, err)
 	}
@@ -218,7 +218,7 @@ func (c *Controller) replaceVersion(j *ctlJob, spec JobSpec, timeout time.Durati
 		c.mu.Unlock()
 	}()
 	c.mu.Lock()
-	old, from := j.spec, j.restoreFrom()
+	old, from := j.declaredSpec(), j.restoreFrom()
 	c.mu.Unlock()
 	g, err := spec.Graph(func(a Artifact) (string, error) { return "/" + a.Name, nil })
 	if err != nil {
@@ -335,6 +335,8 @@ func (c *Controller) newVersionLocked(j *ctlJob, req UpgradeRequest) (spec JobSp
 		return JobSpec{}, false, conflictf("an upgrade of the job is in progress (streamd status %s shows it)", j.id)
 	case j.canceling || j.preparing:
 		return JobSpec{}, false, conflictf("the job is being %s", map[bool]string{true: "canceled", false: "prepared"}[j.canceling])
+	case j.rescale != nil:
+		return JobSpec{}, false, conflictf("the job is being rescaled (stopped with a savepoint to run at parallelism %d); try again once it runs", j.rescale.To)
 	case !replace && (j.placement == nil || j.dist == nil || (j.state != JobRunning && j.state != JobFinishing)):
 		return JobSpec{}, false, conflictf("the job is %s, not running (an upgrade stops a running job with a savepoint; start a stopped one with streamd deploy --from)", j.state)
 	case !replace && !j.dist.ckpt:
@@ -361,7 +363,7 @@ func (c *Controller) newSpecLocked(j *ctlJob, req UpgradeRequest, replace bool) 
 		}
 	} else {
 		var err error
-		if spec, err = j.spec.withModule(req.Operator, *req.Module); err != nil {
+		if spec, err = j.declaredSpec().withModule(req.Operator, *req.Module); err != nil {
 			return JobSpec{}, err
 		}
 	}
@@ -426,6 +428,9 @@ func newVersion(n int, spec JobSpec, from string, when time.Time, attempt int) V
 func (c *Controller) startVersionLocked(j *ctlJob, spec JobSpec, from string, now time.Time, why string) {
 	spec.ownFiles(j.id)
 	j.spec, j.slots, j.from = spec, spec.slotsNeeded(), from
+	// The new version runs as declared; the adaptive scheduler rescales it
+	// as the slots call for (adaptive.go).
+	j.declared, j.noRescale, j.carryRestarts, j.slotWait, j.moreSince = nil, "", false, time.Time{}, time.Time{}
 	j.latest, j.restarts, j.resumed, j.failovers = nil, nil, false, 0
 	j.state, j.reason, j.ended, j.savepoint = JobCreated, why, nil, ""
 	j.dist, j.placement = nil, nil

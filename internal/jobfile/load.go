@@ -343,7 +343,7 @@ func (p *parser) add(op string, line int, field, format string, args ...any) {
 
 var yamlLineRE = regexp.MustCompile(`^yaml: line (\d+): (.*)$`)
 
-var jobFields = []string{"name", "parallelism", "max_parallelism", "max_record_bytes", "checkpoint", "restart", "state", "operators"}
+var jobFields = []string{"name", "parallelism", "min_parallelism", "max_parallelism", "max_record_bytes", "checkpoint", "restart", "state", "operators"}
 
 // operator is one parsed operators[] entry.
 type operator struct {
@@ -441,6 +441,19 @@ func (p *parser) parse(data []byte) *Job {
 	} else if o < 0 {
 		p.add("", 0, "parallelism", "the override must be at least 1, got %d", o)
 	}
+	minPar := 0 // the operators' default min parallelism; 0: 1
+	if n := f["min_parallelism"]; n != nil {
+		if v, ok := p.int("", "min_parallelism", n); ok {
+			switch {
+			case v < 1:
+				p.add("", n.Line, "min_parallelism", "must be at least 1, got %d", v)
+			case v > par:
+				p.add("", n.Line, "min_parallelism", "%d is above the job's parallelism %d", v, par)
+			default:
+				minPar = v
+			}
+		}
+	}
 
 	job.MaxRecordBytes = abi.DefaultMaxRecordBytes
 	if o := p.opts.MaxRecordBytes; o > 0 {
@@ -476,7 +489,7 @@ func (p *parser) parse(data []byte) *Job {
 		p.add("", n.Line, "operators", "empty: a job needs at least one operator")
 	} else {
 		for i, c := range n.Content {
-			if op := p.operator(i, resolve(c), par, maxPar); op != nil {
+			if op := p.operator(i, resolve(c), par, minPar, maxPar); op != nil {
 				ops = append(ops, op)
 			}
 		}
@@ -539,12 +552,14 @@ func (p *parser) parse(data []byte) *Job {
 	return job
 }
 
-var operatorFields = []string{"uid", "parallelism", "max_parallelism", "source", "sink", "wasm", "config", "allow_clock", "on_error", "dead_letter", "max_dead_letters", "inputs"}
+var operatorFields = []string{"uid", "parallelism", "min_parallelism", "max_parallelism", "source", "sink", "wasm", "config", "allow_clock", "on_error", "dead_letter", "max_dead_letters", "inputs"}
 
 // wasmOnlyFields are the fields only a wasm operator takes.
 var wasmOnlyFields = []string{"config", "allow_clock", "on_error", "dead_letter", "max_dead_letters"}
 
-func (p *parser) operator(i int, n *yaml.Node, defaultPar, maxPar int) *operator {
+// operator parses operators[i]; defaultPar, defaultMin and maxPar are the
+// job's parallelism, min_parallelism (0: none) and max_parallelism.
+func (p *parser) operator(i int, n *yaml.Node, defaultPar, defaultMin, maxPar int) *operator {
 	where := fmt.Sprintf("operators[%d]", i)
 	if n.Kind != yaml.MappingNode {
 		p.add("", n.Line, where, "want a mapping with uid and one of source, sink or wasm")
@@ -592,6 +607,20 @@ func (p *parser) operator(i int, n *yaml.Node, defaultPar, maxPar int) *operator
 			v.Parallelism = x
 			op.pinned = true
 		}
+	}
+	// The job's min_parallelism holds for the operators that set none, up
+	// to their own parallelism (a sink at 1 runs at 1); one an operator sets
+	// is checked against its parallelism (control.NewJobGraph).
+	if c := f["min_parallelism"]; c != nil {
+		if x, ok := p.int(label, prefix+"min_parallelism", c); ok {
+			v.MinParallelism = x
+			if x < 1 {
+				p.add(label, c.Line, prefix+"min_parallelism", "must be at least 1, got %d", x)
+				v.MinParallelism = 0
+			}
+		}
+	} else if defaultMin > 0 {
+		v.MinParallelism = min(defaultMin, v.Parallelism)
 	}
 
 	var kinds []string

@@ -144,6 +144,46 @@ operators:
 	}
 }
 
+// TestMinParallelism: the job's min_parallelism holds for the operators that
+// set none, up to their own parallelism; an operator's own replaces it; none
+// declared is 0 (runs at 1 and up).
+func TestMinParallelism(t *testing.T) {
+	path := fixture(t, `
+name: p
+parallelism: 4
+min_parallelism: 2
+operators:
+  - uid: gen
+    source: {type: generator, count: 10}
+  - uid: op
+    min_parallelism: 3
+    wasm: mods/count.wasm
+    inputs: [{from: gen, partition: rebalance}]
+  - uid: out
+    parallelism: 1
+    sink: {type: discard}
+    inputs: [{from: op, partition: rebalance}]
+`)
+	job, err := LoadJob(path, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := job.Graph
+	if got := [3]int{g.Vertex("gen").MinParallelism, g.Vertex("op").MinParallelism, g.Vertex("out").MinParallelism}; got != [3]int{2, 3, 1} {
+		t.Errorf("min parallelisms %v, want [2 3 1]", got)
+	}
+	if slots, declared, least := control.AdaptiveSlots(control.VertexBounds(g), 2); slots != 0 || declared != 4 || least != 3 {
+		t.Errorf("on 2 slots: %d slots (declared %d, least %d), want 0 (4, 3)", slots, declared, least)
+	}
+	job, err = LoadJob(fixture(t, "name: q\nparallelism: 3\noperators:\n  - uid: gen\n    source: {type: generator, count: 1}\n"), Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m := job.Graph.Vertex("gen").MinParallelism; m != 0 {
+		t.Errorf("none declared: %d, want 0", m)
+	}
+}
+
 func TestGeneratorAndSinkFields(t *testing.T) {
 	path := fixture(t, `
 name: gen
@@ -249,6 +289,20 @@ operators:
     sink: {type: discard}
     inputs: [{from: g, partition: rebalance}]
 `, []string{`line 3: parallelism: 9 is above max_parallelism 8`, `operator "o" (line 8): parallelism: 20 is above max_parallelism 8`}},
+		{"min parallelism out of range", `name: bad
+parallelism: 2
+min_parallelism: 3
+operators:
+  - uid: g
+    min_parallelism: 0
+    source: {type: generator, count: 1}
+  - uid: o
+    parallelism: 4
+    min_parallelism: 5
+    sink: {type: discard}
+    inputs: [{from: g, partition: rebalance}]
+`, []string{`line 3: min_parallelism: 3 is above the job's parallelism 2`, `operator "g" (line 6): min_parallelism: must be at least 1, got 0`,
+			`operator "o" (line 10): min_parallelism: 5 is above the operator's parallelism 4`}},
 		{"missing module", head + `
   - uid: count
     wasm: mods/nope.wasm

@@ -279,7 +279,7 @@ func NewJobDriver(ctx context.Context, g *control.JobGraph, co *CheckpointOption
 	tick := DefaultTick
 	lcfg := control.LifecycleConfig{FirstAttempt: firstAttempt, Seed: seed}
 	if takeover != nil {
-		lcfg.Adopt, lcfg.Restarts = true, takeover.Restarts
+		lcfg.Adopt, lcfg.Restarts = !takeover.Start, takeover.Restarts
 	}
 	if co != nil {
 		cfg, err := d.config(ctx, g, co, from, log)
@@ -306,6 +306,10 @@ func NewJobDriver(ctx context.Context, g *control.JobGraph, co *CheckpointOption
 type Takeover struct {
 	// Restarts is the restart strategy's state the job had; nil: none.
 	Restarts *control.RestartState
+	// Start: no attempt runs (the controller rescaled the job, on a new
+	// graph): StartJob deploys attempt firstAttempt as usual; only Restarts
+	// carries over.
+	Start bool
 }
 
 // Lifecycle is the job's lifecycle (nil for a driver of a bare coordinator).

@@ -70,6 +70,7 @@ const (
 	SpanStopWithSavepoint = "stop_with_savepoint"
 	SpanRestore           = "restore"
 	SpanFailover          = "failover"
+	SpanRescale           = "rescale" // the adaptive scheduler ran a job at another parallelism
 
 	// guest exports (package host)
 	SpanGuestOpen             = "guest.open"

@@ -268,12 +268,20 @@ func (h *handler) lookup(w http.ResponseWriter, r *http.Request) *cluster.JobSta
 // JobDetail is GET /jobs/{id}.
 type JobDetail struct {
 	JobOverview
-	Reason         string   `json:"reason,omitempty"`
-	ReasonSummary  string   `json:"reason_summary,omitempty"` // the reason in a user's words (Explain), when known
-	Savepoint      string   `json:"savepoint,omitempty"`
-	CheckpointMode string   `json:"checkpoint_mode,omitempty"`
-	Vertices       []Vertex `json:"vertices"`
-	Now            int64    `json:"now"` // the server's time, Unix ms: rates are per its clock
+	Reason         string `json:"reason,omitempty"`
+	ReasonSummary  string `json:"reason_summary,omitempty"` // the reason in a user's words (Explain), when known
+	Savepoint      string `json:"savepoint,omitempty"`
+	CheckpointMode string `json:"checkpoint_mode,omitempty"`
+	// Parallelism is the parallelism the job runs at (its slots),
+	// DeclaredParallelism the one it declares, MinParallelism the least it
+	// runs at; Rescales the adaptive scheduler's latest rescales
+	// (docs/job-file.md "Adaptive scheduling").
+	Parallelism         int                     `json:"parallelism"`
+	DeclaredParallelism int                     `json:"declared_parallelism"`
+	MinParallelism      int                     `json:"min_parallelism"`
+	Rescales            []cluster.RescaleStatus `json:"rescales,omitempty"`
+	Vertices            []Vertex                `json:"vertices"`
+	Now                 int64                   `json:"now"` // the server's time, Unix ms: rates are per its clock
 }
 
 // Vertex is one operator of a job.
@@ -281,7 +289,8 @@ type Vertex struct {
 	ID            string         `json:"id"`
 	Kind          string         `json:"kind,omitempty"`
 	Parallelism   int            `json:"parallelism"`
-	State         string         `json:"state"` // the state most of its subtasks are in
+	Declared      int            `json:"declared_parallelism"` // its parallelism in the job file
+	State         string         `json:"state"`                // the state most of its subtasks are in
 	RecordsIn     int64          `json:"records_in"`
 	RecordsOut    int64          `json:"records_out"`
 	UnionDeclines int            `json:"union_declines,omitempty"`
@@ -335,9 +344,10 @@ func subtask(s cluster.SubtaskStatus) Subtask {
 func detail(st *cluster.JobStatus) JobDetail {
 	now := time.Now()
 	d := JobDetail{JobOverview: overview(st, now), Reason: st.Reason, ReasonSummary: Explain(st.Reason, st.Attempt), Savepoint: st.Savepoint,
-		CheckpointMode: st.CheckpointMode, Vertices: []Vertex{}, Now: now.UnixMilli()}
+		CheckpointMode: st.CheckpointMode, Parallelism: st.Parallelism, DeclaredParallelism: st.DeclaredParallelism, MinParallelism: st.MinParallelism,
+		Rescales: st.Rescales, Vertices: []Vertex{}, Now: now.UnixMilli()}
 	for _, op := range st.Operators {
-		v := Vertex{ID: op.UID, Kind: op.Kind, Parallelism: op.Parallelism, RecordsIn: op.RecordsIn, RecordsOut: op.RecordsOut,
+		v := Vertex{ID: op.UID, Kind: op.Kind, Parallelism: op.Parallelism, Declared: op.DeclaredParallelism, RecordsIn: op.RecordsIn, RecordsOut: op.RecordsOut,
 			UnionDeclines: op.UnionDeclines, Connector: op.Connector, Tasks: map[string]int{}, Subtasks: []Subtask{}}
 		for _, s := range op.Subtasks {
 			v.Subtasks = append(v.Subtasks, subtask(s))

@@ -104,12 +104,14 @@ func (l *Local) status() cluster.JobStatus {
 	if l.stopping && l.ended == nil {
 		st.State = cluster.JobStopping
 	}
+	slots := control.SlotsNeeded(l.g) // streamd run runs a job as declared
+	st.Parallelism, st.DeclaredParallelism, st.MinParallelism = slots, slots, slots
 	for _, f := range s.Failures {
 		st.Attempts = append(st.Attempts, cluster.AttemptStatus{Attempt: f.Attempt, Hosts: []string{"local"},
 			State: cluster.JobFailed, Reason: f.Error})
 	}
 	for i, v := range l.g.Vertices {
-		op := cluster.OperatorStatus{UID: v.UID, Parallelism: v.Parallelism, Kind: string(v.Kind), Inputs: cluster.EdgeStatuses(v.Inputs),
+		op := cluster.OperatorStatus{UID: v.UID, Parallelism: v.Parallelism, DeclaredParallelism: v.Parallelism, Kind: string(v.Kind), Inputs: cluster.EdgeStatuses(v.Inputs),
 			Connector: connector.Describe(v.Spec)}
 		var subs []string
 		var live []telemetry.SubtaskLive

@@ -5,6 +5,7 @@
 package cluster_test
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"log/slog"
@@ -71,12 +72,20 @@ func newCluster(t *testing.T, slots ...int) *testCluster {
 // and the leader step down.
 func newClusterHB(t *testing.T, hb time.Duration, slots ...int) *testCluster {
 	t.Helper()
+	return newClusterOpts(t, cluster.ControllerOptions{HeartbeatInterval: hb}, slots...)
+}
+
+// newClusterOpts is newCluster with the controller's options opts (its
+// heartbeat interval is the hosts' too; LostAfter and Logger as
+// startController's when not set).
+func newClusterOpts(t *testing.T, opts cluster.ControllerOptions, slots ...int) *testCluster {
+	t.Helper()
 	srv, err := natsutil.StartEmbedded(natsutil.EmbeddedOptions{Port: -1, NoLog: true, StoreDir: t.TempDir()})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(srv.Shutdown)
-	tc := startControllerHB(t, srv, connect(t, srv.URL()), hb)
+	tc := startControllerOpts(t, srv, connect(t, srv.URL()), opts)
 	for i, n := range slots {
 		tc.addHost(fmt.Sprintf("h%d", i+1), n)
 	}
@@ -90,20 +99,27 @@ func newClusterHB(t *testing.T, hb time.Duration, slots ...int) *testCluster {
 
 // startController starts a controller on nc and an engine for the hosts.
 func startController(t *testing.T, srv *natsutil.Server, nc *nats.Conn) *testCluster {
-	return startControllerHB(t, srv, nc, hbInterval)
+	return startControllerOpts(t, srv, nc, cluster.ControllerOptions{})
 }
 
-func startControllerHB(t *testing.T, srv *natsutil.Server, nc *nats.Conn, hb time.Duration) *testCluster {
+// startControllerOpts is startController with opts: a heartbeat interval
+// (default hbInterval), LostAfter (default lostAfter), a Logger (default
+// logger(t)).
+func startControllerOpts(t *testing.T, srv *natsutil.Server, nc *nats.Conn, opts cluster.ControllerOptions) *testCluster {
 	t.Helper()
-	tc := &testCluster{t: t, srv: srv, hosts: map[string]*cluster.Host{}, hb: hb}
+	opts.HeartbeatInterval = cmp.Or(opts.HeartbeatInterval, hbInterval)
+	opts.LostAfter = cmp.Or(opts.LostAfter, lostAfter)
+	if opts.Logger == nil {
+		opts.Logger = logger(t)
+	}
+	tc := &testCluster{t: t, srv: srv, hosts: map[string]*cluster.Host{}, hb: opts.HeartbeatInterval}
 	var err error
 	// As streamd controller does: a controller deposed under load (a
 	// renewal too late) stands by again and can lead again.
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() {
-		done <- cluster.RunController(ctx, nc, cluster.ControllerOptions{
-			Logger: logger(t), HeartbeatInterval: hb, LostAfter: lostAfter})
+		done <- cluster.RunController(ctx, nc, opts)
 	}()
 	t.Cleanup(func() {
 		cancel()

@@ -443,6 +443,7 @@ async function renderJob(id) {
   }
   const kv = [["Id", job.id], ["State", job.state], ["Attempt", job.attempt], ["Started", new Date(job.start_time).toLocaleString()],
     ["Duration", fmtMS(job.duration_ms)], ["Hosts", (job.hosts || []).join(", ")],
+    ["Parallelism", parallelismText(job)],
     ["Checkpoints", job.checkpoint_mode || "off"], ["Savepoint", job.savepoint], ["Reason", job.reason_summary || job.reason]];
   document.getElementById("summary").replaceChildren(...kv.filter(([, v]) => v !== undefined && v !== "")
     .flatMap(([k, v]) => [el("dt", {}, k), el("dd", { "data-key": k.toLowerCase() }, v)]));
@@ -453,6 +454,16 @@ async function renderJob(id) {
   document.getElementById("exception-section").replaceChildren(exceptionList(ex));
   document.getElementById("version-section").replaceChildren(versionTable(vs));
   await readLogs(id);
+}
+
+// parallelismText is the parallelism the job runs at, the one it declares
+// and the least it runs at, and its latest rescale (adaptive scheduling).
+function parallelismText(job) {
+  if (!job.declared_parallelism) return undefined;
+  let s = job.parallelism + " (declared " + job.declared_parallelism + ", min " + job.min_parallelism + ")";
+  const r = (job.rescales || []).at(-1);
+  if (r) s += "; rescaled " + r.from + " \u2192 " + r.to + " at " + new Date(r.time).toLocaleTimeString() + ": " + r.reason;
+  return s;
 }
 
 // versionTable is the job's version history (streamd upgrade).
