@@ -38,7 +38,7 @@ const (
 )
 
 type testCluster struct {
-	t      *testing.T
+	t      testing.TB
 	srv    *natsutil.Server
 	client *cluster.Client
 	engine *host.Engine
@@ -46,7 +46,7 @@ type testCluster struct {
 	hb     time.Duration // heartbeat interval of the controller and the hosts
 }
 
-func logger(t *testing.T) *slog.Logger {
+func logger(t testing.TB) *slog.Logger {
 	if testing.Verbose() {
 		return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	}
@@ -59,7 +59,7 @@ func connect(t testing.TB, url string) *nats.Conn {
 }
 
 // newCluster starts a NATS server, a controller and one host per slot count.
-func newCluster(t *testing.T, slots ...int) *testCluster {
+func newCluster(t testing.TB, slots ...int) *testCluster {
 	t.Helper()
 	return newClusterHB(t, hbInterval, slots...)
 }
@@ -69,7 +69,7 @@ func newCluster(t *testing.T, slots ...int) *testCluster {
 // longer than the short default (a guest call on tens of MiB keeps the Go
 // runtime from stopping the world) would otherwise see hosts declared lost
 // and the leader step down.
-func newClusterHB(t *testing.T, hb time.Duration, slots ...int) *testCluster {
+func newClusterHB(t testing.TB, hb time.Duration, slots ...int) *testCluster {
 	t.Helper()
 	srv, err := natsutil.StartEmbedded(natsutil.EmbeddedOptions{Port: -1, NoLog: true, StoreDir: t.TempDir()})
 	if err != nil {
@@ -89,11 +89,11 @@ func newClusterHB(t *testing.T, hb time.Duration, slots ...int) *testCluster {
 }
 
 // startController starts a controller on nc and an engine for the hosts.
-func startController(t *testing.T, srv *natsutil.Server, nc *nats.Conn) *testCluster {
+func startController(t testing.TB, srv *natsutil.Server, nc *nats.Conn) *testCluster {
 	return startControllerHB(t, srv, nc, hbInterval)
 }
 
-func startControllerHB(t *testing.T, srv *natsutil.Server, nc *nats.Conn, hb time.Duration) *testCluster {
+func startControllerHB(t testing.TB, srv *natsutil.Server, nc *nats.Conn, hb time.Duration) *testCluster {
 	t.Helper()
 	tc := &testCluster{t: t, srv: srv, hosts: map[string]*cluster.Host{}, hb: hb}
 	var err error
@@ -208,7 +208,7 @@ func readFile(t *testing.T, path string) string {
 	return string(b)
 }
 
-func deploy(t *testing.T, tc *testCluster, path string, opts jobfile.Options) string {
+func deploy(t testing.TB, tc *testCluster, path string, opts jobfile.Options) string {
 	t.Helper()
 	job, err := jobfile.LoadJob(path, opts)
 	if err != nil {
