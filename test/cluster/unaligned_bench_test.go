@@ -22,16 +22,18 @@ import (
 // The back-pressured unaligned checkpoint across two hosts (issue 24): a
 // generator (parallelism 1) at bp2SourceRate records/s, rebalanced over two
 // subtasks of a slow wasm stage (failonce with sleep_us: bp2SleepUS a
-// record, so the stage keeps up with about a third of the source), then a
-// discard sink. Batches of bp2Batch records: a barrier waits at most for
-// the batch being processed. On two hosts of one slot each, slot 0 (the
+// record, and more under load: the stage keeps up with a third of the
+// source at most), then a
+// discard sink (one-process-slow-records/s shows the pace). Batches of
+// bp2Batch records: an unaligned barrier waits for about two batches at the
+// slow pace (the sender's blocked send, the receiver's current batch). On two hosts of one slot each, slot 0 (the
 // generator, slow[0], out[0]) is on one host and slot 1 (slow[1], out[1]) on
 // the other: the channel to slow[1] crosses NATS, where the barrier
 // overtakes the credit window's records.
 const (
 	bp2SourceRate = 12000
 	bp2SleepUS    = 500
-	bp2Batch      = 100
+	bp2Batch      = 25
 	bp2Interval   = 500 * time.Millisecond
 	bp2PerRun     = 5 // completed periodic checkpoints per run; the first is not counted
 )
@@ -67,8 +69,9 @@ operators:
 }
 
 // bp2InProcess runs the job in this process (in-process channels, as
-// streamd run does) until bp2PerRun checkpoints are complete.
-func bp2InProcess(b *testing.B, j *jobfile.Job) []runtime.CheckpointStats {
+// streamd run does) until bp2PerRun checkpoints are complete, and returns
+// them with the slow stage's records/s.
+func bp2InProcess(b *testing.B, j *jobfile.Job) ([]runtime.CheckpointStats, float64) {
 	store, err := checkpoint.OpenDir(b.TempDir())
 	if err != nil {
 		b.Fatal(err)
@@ -92,7 +95,7 @@ func bp2InProcess(b *testing.B, j *jobfile.Job) []runtime.CheckpointStats {
 	if len(st.Recent) < bp2PerRun {
 		b.Fatalf("in-process run: %d checkpoints, want %d", len(st.Recent), bp2PerRun)
 	}
-	return st.Recent[1:bp2PerRun]
+	return st.Recent[1:bp2PerRun], float64(st.Operators[1].RecordsIn) / st.Elapsed.Seconds()
 }
 
 // bp2TwoHosts deploys the job on two hosts of one slot each and cancels it
@@ -119,8 +122,9 @@ func bp2TwoHosts(b *testing.B, tc *testCluster, path string) []runtime.Checkpoin
 // in one process and spread over two hosts (embedded NATS, in-process
 // hosts), unaligned, and reports each side's median and slowest checkpoint
 // duration (trigger to complete), the in-flight bytes the two-host
-// checkpoints carry (median), and two hosts' median as a multiple of one
-// process's (target <= 2, and under 1 s).
+// checkpoints carry (median), two hosts' median as a multiple of one
+// process's (target <= 2, and under 1 s), and the slow stage's records/s in
+// one process (the source makes bp2SourceRate).
 func BenchmarkUnalignedBackpressureTwoHosts(b *testing.B) {
 	path, j := bp2Job(b)
 	tc := newCluster(b)
@@ -129,9 +133,11 @@ func BenchmarkUnalignedBackpressureTwoHosts(b *testing.B) {
 	}
 	tc.waitHosts(2)
 	var one, two []runtime.CheckpointStats
+	var rate float64
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
-		one = append(one, bp2InProcess(b, j)...)
+		cs, r := bp2InProcess(b, j)
+		one, rate = append(one, cs...), rate+r
 		two = append(two, bp2TwoHosts(b, tc, path)...)
 	}
 	b.StopTimer()
@@ -156,4 +162,5 @@ func BenchmarkUnalignedBackpressureTwoHosts(b *testing.B) {
 	b.ReportMetric(twoMax, "two-hosts-ms-max")
 	b.ReportMetric(float64(inflight[len(inflight)/2]), "two-hosts-inflight-B-median")
 	b.ReportMetric(twoMed/oneMed, "two-hosts-x-one-process")
+	b.ReportMetric(rate/float64(b.N), "one-process-slow-records/s")
 }
