@@ -2,6 +2,7 @@ package dataplane
 
 import (
 	"sync"
+	"sync/atomic"
 
 	"github.com/streamd/streamd/abi"
 )
@@ -13,6 +14,8 @@ type Batch struct {
 	Records []abi.Record
 	arena   []byte
 	bytes   int // bytes of keys and values appended since the last reset
+	// holds counts the Retain calls not matched by a Release yet.
+	holds atomic.Int32
 }
 
 const minArena = 64 << 10
@@ -22,9 +25,20 @@ var batchPool = sync.Pool{New: func() any { return new(Batch) }}
 // GetBatch returns an empty batch from the pool.
 func GetBatch() *Batch { return batchPool.Get().(*Batch) }
 
-// Release resets b and returns it to the pool. The records of b must not be
-// used afterwards.
+// Retain keeps b's records valid after its owner's Release: b goes back to the
+// pool only at the Release that matches the last Retain. Who retains reads the
+// records only and releases b once. An unaligned checkpoint holds the batches
+// it captures as channel state this way until they are written, instead of
+// copying them.
+func (b *Batch) Retain() { b.holds.Add(1) }
+
+// Release resets b and returns it to the pool, unless a Retain holds it (then
+// it drops that hold). The records of b must not be used afterwards.
 func (b *Batch) Release() {
+	if b.holds.Add(-1) >= 0 {
+		return
+	}
+	b.holds.Store(0)
 	b.Reset()
 	batchPool.Put(b)
 }

@@ -31,7 +31,8 @@ type SubtaskInfo struct {
 // NativeOperator is an operator written in Go, with the lifecycle of a wasm
 // instance; tests and benchmarks use it. The runtime calls, from the
 // subtask's goroutine only: Open once; then Process (once per input batch;
-// recs are valid only during the call) and AdvanceWatermark (with strictly
+// recs are valid only during the call and read-only: an unaligned checkpoint
+// may hold them as channel state) and AdvanceWatermark (with strictly
 // increasing timestamps) any number of times; EndInput once per input that
 // ended with drain; Finish once, after all inputs ended with drain, after
 // which nothing may be emitted; Close always last, also after a failure or

@@ -413,7 +413,7 @@ func (t *task) snapshot(x control.TakeSnapshot) error {
 		telemetry.EndSpan(span, err)
 		return err
 	}
-	t.writeSnapshot(x, st, span)
+	t.writeSnapshot(x, st, span, nil)
 	return nil
 }
 
@@ -441,17 +441,25 @@ func (t *task) takeState(ctx context.Context, b control.Barrier) (*checkpoint.Su
 // operator's state (a copy-on-write cut, see host.Snapshot) and channel
 // state are encoded and written in the background, while the subtask goes
 // on processing: the barrier has gone on already, and the checkpoint
-// completes only once the Ack is in, i.e. when the write is durable.
-func (t *task) writeSnapshot(x control.TakeSnapshot, st *checkpoint.SubtaskState, span trace.Span) {
+// completes only once the Ack is in, i.e. when the write is durable. written
+// (nil: none) runs once the write is done or failed: the channel state's
+// batches are released then.
+func (t *task) writeSnapshot(x control.TakeSnapshot, st *checkpoint.SubtaskState, span trace.Span, written func()) {
 	if st != nil && (st.Operator != nil || !st.Channels.Empty()) {
 		t.bg.Add(1)
 		go func() {
 			defer t.bg.Done()
 			t.writeSnapshotNow(x, st, span)
+			if written != nil {
+				written()
+			}
 		}()
 		return
 	}
 	t.writeSnapshotNow(x, st, span)
+	if written != nil {
+		written()
+	}
 }
 
 func (t *task) writeSnapshotNow(x control.TakeSnapshot, st *checkpoint.SubtaskState, span trace.Span) {

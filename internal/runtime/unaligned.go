@@ -7,7 +7,6 @@ import (
 
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/streamd/streamd/abi"
 	"github.com/streamd/streamd/control"
 	"github.com/streamd/streamd/dataplane"
 	"github.com/streamd/streamd/internal/checkpoint"
@@ -22,9 +21,11 @@ import (
 // its output buffers and the barrier into the channels without waiting for
 // room (RecordWriter.BroadcastNow), and the receiver's input gate takes the
 // barrier out of the queue as soon as it is there (InputGate.TakeOvertaking),
-// with copies of the records and watermarks queued before it. Those copies
-// are the channel's state in the checkpoint (CaptureOvertaken); the records
-// stay queued and are processed as usual afterwards. On a channel whose
+// visiting the records and watermarks queued before it. Those are the
+// channel's state in the checkpoint (CaptureOvertaken), held, not copied: the
+// state refers to the records in their batches, which it retains
+// (dataplane.Batch.Retain) until the write is done; the records stay queued
+// and are processed as usual afterwards. On a channel whose
 // barrier has not arrived when the subtask takes its snapshot, what it
 // processes until the barrier arrives (or the channel's end of data) is
 // captured too (StartCapture .. StopCapture), and the channel is asked to
@@ -50,47 +51,46 @@ type unalignedState struct {
 	span      trace.Span
 	chans     [][]checkpoint.Element // per data channel
 	capturing []bool                 // per data channel
-	arena     arena
-	// overtaken holds the copies of what the barrier being taken (by
-	// takeOvertaking) overtook, for CaptureOvertaken.
-	overtaken   []checkpoint.Element
-	overtakenAt arena
-	timers      []*time.Timer
+	// held are the batches whose records chans refers to: retained
+	// (dataplane.Batch.Retain) instead of copied, released once the
+	// channel state is written or dropped.
+	held heldBatches
+	// overtaken holds what the barrier being taken (by takeOvertaking)
+	// overtook, for CaptureOvertaken.
+	overtaken     []checkpoint.Element
+	overtakenHeld heldBatches
+	timers        []*time.Timer
 }
 
-// arena copies record bytes into chunks, so channel state does not hold on
-// to batches (which go back to the pool once processed).
-type arena struct{ buf []byte }
+// heldBatches are retained batches that records of channel state point into.
+type heldBatches []*dataplane.Batch
 
-func (a *arena) copy(b []byte) []byte {
-	if len(b) == 0 {
-		return nil
-	}
-	if cap(a.buf)-len(a.buf) < len(b) {
-		a.buf = make([]byte, 0, max(64<<10, len(b)))
-	}
-	n := len(a.buf)
-	a.buf = append(a.buf, b...)
-	return a.buf[n:len(a.buf):len(a.buf)]
-}
-
-func (a *arena) record(r abi.Record) checkpoint.Element {
-	return checkpoint.RecordElement(abi.Record{Key: a.copy(r.Key), Value: a.copy(r.Value), Timestamp: r.Timestamp})
-}
-
-// appendEvent appends the records or watermark of ev, copied, to elems.
-func (a *arena) appendEvent(elems []checkpoint.Element, ev dataplane.Event) []checkpoint.Element {
+// appendEvent appends the records (retaining their batch, not copying them)
+// or the watermark of ev to elems.
+func (h *heldBatches) appendEvent(elems []checkpoint.Element, ev dataplane.Event) []checkpoint.Element {
 	switch ev.Kind {
 	case dataplane.KindRecords:
-		if ev.Batch != nil {
-			for _, r := range ev.Batch.Records {
-				elems = append(elems, a.record(r))
+		if b := ev.Batch; b != nil && b.Len() > 0 {
+			b.Retain()
+			*h = append(*h, b)
+			for _, r := range b.Records {
+				elems = append(elems, checkpoint.RecordElement(r))
 			}
 		}
 	case dataplane.KindWatermark:
 		elems = append(elems, checkpoint.WatermarkElement(ev.Watermark.TS))
 	}
 	return elems
+}
+
+// release lets go of the batches (the records pointing into them are no
+// longer read).
+func (h *heldBatches) release() {
+	for i, b := range *h {
+		b.Release()
+		(*h)[i] = nil
+	}
+	*h = (*h)[:0]
 }
 
 // broadcastNow sends ev (an overtaking barrier) on every output edge, behind
@@ -135,7 +135,7 @@ func (u *unalignedState) dropCheckpoint() {
 		u.chans[i] = nil
 		u.capturing[i] = false
 	}
-	u.arena = arena{}
+	u.held.release()
 }
 
 func (t *task) startCapture(ch int, id int64) {
@@ -160,14 +160,18 @@ func (t *task) capturing(ch int) bool {
 
 // capture adds what channel ch delivered to the channel state.
 func (t *task) capture(ch int, ev dataplane.Event) {
-	t.ua.chans[ch] = t.ua.arena.appendEvent(t.ua.chans[ch], ev)
+	t.ua.chans[ch] = t.ua.held.appendEvent(t.ua.chans[ch], ev)
 }
 
 func (t *task) captureOvertaken(ch int, id int64) {
 	u := &t.ua
 	if u.id == id && ch < len(u.chans) {
 		u.chans[ch] = append(u.chans[ch], u.overtaken...)
+		u.held = append(u.held, u.overtakenHeld...)
+		clear(u.overtakenHeld)
+		u.overtakenHeld = u.overtakenHeld[:0]
 	}
+	clear(u.overtaken)
 	u.overtaken = u.overtaken[:0]
 }
 
@@ -175,17 +179,20 @@ func (t *task) captureOvertaken(ch int, id int64) {
 // one is queued, and feeds it to the machine; false when there was none.
 func (t *task) takeOvertaking() (bool, error) {
 	u := &t.ua
-	u.overtaken, u.overtakenAt = u.overtaken[:0], arena{}
+	u.overtaken = u.overtaken[:0]
 	ch, b, ok, err := t.gate.TakeOvertaking(func(_ int, ev dataplane.Event) {
-		u.overtaken = u.overtakenAt.appendEvent(u.overtaken, ev)
+		u.overtaken = u.overtakenHeld.appendEvent(u.overtaken, ev)
 	})
 	if err != nil {
+		u.overtakenHeld.release()
 		return false, t.fail(phaseInput, fmt.Errorf("%s: %w", t.gate.Name(ch), err))
 	}
 	if ok {
 		err = t.step(control.ChannelBarrier{Channel: ch, B: fromDataplaneBarrier(b), Overtook: true})
+		// What CaptureOvertaken did not take is not channel state.
 		clear(u.overtaken)
 		u.overtaken = u.overtaken[:0]
+		u.overtakenHeld.release()
 		if err != nil {
 			return true, err
 		}
@@ -225,9 +232,10 @@ func (t *task) finishUnaligned(id int64) error {
 		st.Channels = &cs
 	}
 	x, span := u.x, u.span
-	u.span, u.st = nil, nil
+	held := u.held
+	u.span, u.st, u.held = nil, nil, nil
 	u.dropCheckpoint()
-	t.writeSnapshot(x, st, span)
+	t.writeSnapshot(x, st, span, held.release)
 	return nil
 }
 

@@ -407,3 +407,71 @@ func TestTimedOutputOvertakes(t *testing.T) {
 		t.Fatalf("%d queued, want 2 (past the capacity of 1)", c.Len())
 	}
 }
+
+// TestUnalignedLargeRecordsInFlight is issue 24's pipeline: 20 KB records,
+// generator -hash-> Rust uppercase -> discard, p=2, unaligned checkpoints,
+// the source unthrottled so records queue. A checkpoint completes with
+// in-flight records, and its channel state holds them intact: the records
+// are held in their batches, not copied, until written, so a batch reused
+// too early would show as a foreign record. Every record is a generator
+// record (value-N padded with dots, upper-cased after the map), on a channel
+// from a generator subtask in increasing order, and the in-flight bytes
+// cover the records stored.
+func TestUnalignedLargeRecordsInFlight(t *testing.T) {
+	const valueSize = 20000
+	wasm := testwasm.Path(t, "examples/wasm/uppercase-rust/uppercase_rust.wasm")
+	g := graph(t,
+		src("gen", 2, &jobfile.SourceSpec{Type: "generator", Count: 1_000_000, KeyPattern: "key-{k}", ValuePattern: "value-{n}",
+			Keys: 1000, ValueSize: valueSize, TSStep: 1}),
+		op("upper", 2, &jobfile.WasmSpec{Path: wasm}, in("gen", control.Hash)),
+		sink("out", 2, &jobfile.SinkSpec{Type: "discard"}, in("upper", control.Forward)),
+	)
+	ctx, cancel := context.WithCancelCause(context.Background())
+	defer cancel(nil)
+	stop := errors.New("test: a checkpoint with in-flight records")
+	var taken *checkpoint.Metadata
+	_, err := Run(ctx, g, Options{Engine: cachedEngine(t), BatchSize: 16, ChannelCapacity: 4,
+		Checkpoint: &CheckpointOptions{Store: openStore(t, t.TempDir()), Interval: 100 * time.Millisecond, Mode: control.AlignUnaligned,
+			OnComplete: func(md *checkpoint.Metadata) {
+				if taken == nil && md.InFlightBytes() > 0 {
+					taken = md
+					cancel(stop)
+				}
+			}}})
+	if taken == nil {
+		t.Fatalf("no checkpoint with in-flight records before the run ended: %v", err)
+	}
+	rs, err := checkpoint.LoadRestore(context.Background(), taken.Location, g)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var records, bytes int64
+	for to, sr := range rs.Subtasks {
+		for _, cd := range sr.InFlight {
+			last := int64(-1)
+			for i, e := range cd.Elements {
+				if e.Kind != checkpoint.ElementRecord {
+					continue
+				}
+				records++
+				bytes += int64(len(e.Record.Key) + len(e.Record.Value))
+				v := string(e.Record.Value)
+				digits := strings.TrimRight(strings.TrimPrefix(strings.TrimPrefix(v, "value-"), "VALUE-"), ".")
+				n, perr := strconv.ParseInt(digits, 10, 64)
+				if len(v) != valueSize || perr != nil || !strings.HasPrefix(strings.ToLower(v), "value-") {
+					t.Fatalf("checkpoint %d, channel %s[%d] -> %v: element %d is not a generator record: %.40q... (%d bytes)", taken.ID, cd.Operator, cd.Subtask, to, i, v, len(v))
+				}
+				// A channel from a generator subtask carries its records
+				// in order (a map subtask's output interleaves two).
+				if cd.Operator == "gen" && n <= last {
+					t.Fatalf("checkpoint %d, channel %s[%d] -> %v: element %d is record %d after %d: the channel state is not the channel's records in order", taken.ID, cd.Operator, cd.Subtask, to, i, n, last)
+				}
+				last = n
+			}
+		}
+	}
+	if records == 0 || taken.InFlightBytes() < bytes {
+		t.Fatalf("checkpoint %d: %d in-flight bytes, %d records (%d bytes) in its channel state", taken.ID, taken.InFlightBytes(), records, bytes)
+	}
+	t.Logf("checkpoint %d: %d records, %d bytes in flight", taken.ID, records, taken.InFlightBytes())
+}

@@ -39,7 +39,7 @@ const (
 )
 
 type testCluster struct {
-	t      *testing.T
+	t      testing.TB
 	srv    *natsutil.Server
 	client *cluster.Client
 	engine *host.Engine
@@ -47,7 +47,7 @@ type testCluster struct {
 	hb     time.Duration // heartbeat interval of the controller and the hosts
 }
 
-func logger(t *testing.T) *slog.Logger {
+func logger(t testing.TB) *slog.Logger {
 	if testing.Verbose() {
 		return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	}
@@ -60,7 +60,7 @@ func connect(t testing.TB, url string) *nats.Conn {
 }
 
 // newCluster starts a NATS server, a controller and one host per slot count.
-func newCluster(t *testing.T, slots ...int) *testCluster {
+func newCluster(t testing.TB, slots ...int) *testCluster {
 	t.Helper()
 	return newClusterHB(t, hbInterval, slots...)
 }
@@ -70,7 +70,7 @@ func newCluster(t *testing.T, slots ...int) *testCluster {
 // longer than the short default (a guest call on tens of MiB keeps the Go
 // runtime from stopping the world) would otherwise see hosts declared lost
 // and the leader step down.
-func newClusterHB(t *testing.T, hb time.Duration, slots ...int) *testCluster {
+func newClusterHB(t testing.TB, hb time.Duration, slots ...int) *testCluster {
 	t.Helper()
 	return newClusterOpts(t, cluster.ControllerOptions{HeartbeatInterval: hb}, slots...)
 }
@@ -78,7 +78,7 @@ func newClusterHB(t *testing.T, hb time.Duration, slots ...int) *testCluster {
 // newClusterOpts is newCluster with the controller's options opts (its
 // heartbeat interval is the hosts' too; LostAfter and Logger as
 // startController's when not set).
-func newClusterOpts(t *testing.T, opts cluster.ControllerOptions, slots ...int) *testCluster {
+func newClusterOpts(t testing.TB, opts cluster.ControllerOptions, slots ...int) *testCluster {
 	t.Helper()
 	srv, err := natsutil.StartEmbedded(natsutil.EmbeddedOptions{Port: -1, NoLog: true, StoreDir: t.TempDir()})
 	if err != nil {
@@ -98,14 +98,14 @@ func newClusterOpts(t *testing.T, opts cluster.ControllerOptions, slots ...int) 
 }
 
 // startController starts a controller on nc and an engine for the hosts.
-func startController(t *testing.T, srv *natsutil.Server, nc *nats.Conn) *testCluster {
+func startController(t testing.TB, srv *natsutil.Server, nc *nats.Conn) *testCluster {
 	return startControllerOpts(t, srv, nc, cluster.ControllerOptions{})
 }
 
 // startControllerOpts is startController with opts: a heartbeat interval
 // (default hbInterval), LostAfter (default lostAfter), a Logger (default
 // logger(t)).
-func startControllerOpts(t *testing.T, srv *natsutil.Server, nc *nats.Conn, opts cluster.ControllerOptions) *testCluster {
+func startControllerOpts(t testing.TB, srv *natsutil.Server, nc *nats.Conn, opts cluster.ControllerOptions) *testCluster {
 	t.Helper()
 	opts.HeartbeatInterval = cmp.Or(opts.HeartbeatInterval, hbInterval)
 	opts.LostAfter = cmp.Or(opts.LostAfter, lostAfter)
@@ -224,7 +224,7 @@ func readFile(t *testing.T, path string) string {
 	return string(b)
 }
 
-func deploy(t *testing.T, tc *testCluster, path string, opts jobfile.Options) string {
+func deploy(t testing.TB, tc *testCluster, path string, opts jobfile.Options) string {
 	t.Helper()
 	job, err := jobfile.LoadJob(path, opts)
 	if err != nil {
