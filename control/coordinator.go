@@ -193,11 +193,19 @@ type Coordinator struct {
 	nextDue  int64
 	lastEnd  int64
 	ended    bool
-	failures int // consecutive counted failures
-	latest   int64
-	stop     *stopRequest
-	attempt  int // incremented on every failover
-	ready    []Action
+	// triggerFailedAt is the tick of the latest checkpoint aborted
+	// because its trigger failed (anyTriggerFailed: there was one). The final
+	// checkpoint is not triggered again in that tick: a trigger that fails
+	// at once (the attempt's subtasks gone) would otherwise trigger the
+	// next one within the same step, forever, and the executor's loop
+	// would never see the events that end the attempt.
+	triggerFailedAt  int64
+	anyTriggerFailed bool
+	failures         int // consecutive counted failures
+	latest           int64
+	stop             *stopRequest
+	attempt          int // incremented on every failover
+	ready            []Action
 }
 
 // NewCoordinator returns a coordinator for g in state created, with every
@@ -609,6 +617,9 @@ func (c *Coordinator) abortAbout(p *pendingCheckpoint, reason AbortReason, detai
 	counted = counted && p.kind == KindCheckpoint
 	c.remove(p)
 	c.lastEnd, c.ended = c.now, true
+	if reason == AbortTriggerFailed {
+		c.triggerFailedAt, c.anyTriggerFailed = c.now, true
+	}
 	a := AbortCheckpoint{ID: p.id, Kind: p.kind, Reason: reason, Detail: detail, Counted: counted, Operator: op}
 	for _, id := range p.plan.Wait {
 		if c.subtasks[id].state != SubtaskFinished && c.subtasks[id].state != SubtaskDeploying {
@@ -732,7 +743,7 @@ func (c *Coordinator) maybeTrigger() {
 	if !free || !anyActive {
 		return
 	}
-	if c.cfg.FinalCheckpointImmediately && !anyClosing && c.needFinal() {
+	if c.cfg.FinalCheckpointImmediately && !anyClosing && c.needFinal() && (!c.anyTriggerFailed || c.now > c.triggerFailedAt) {
 		c.trigger(KindCheckpoint, false, false)
 		c.nextDue = c.now + c.cfg.IntervalTicks
 		return

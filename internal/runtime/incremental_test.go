@@ -85,7 +85,7 @@ func TestIncrementalCheckpointCrash(t *testing.T) {
 			dir := t.TempDir()
 			out, data, root := filepath.Join(dir, "out"), filepath.Join(dir, "data"), filepath.Join(dir, "chk")
 			job := func(p int) *control.JobGraph {
-				gen := &jobfile.SourceSpec{Type: "generator", Count: n, Rate: 5000, KeyPattern: "key-{k}", ValuePattern: "value-{n}", Keys: keys, TSStep: 1}
+				gen := &jobfile.SourceSpec{Type: "generator", Count: n, Rate: 2000, KeyPattern: "key-{k}", ValuePattern: "value-{n}", Keys: keys, TSStep: 1}
 				return graph(t,
 					src("src", 2, gen),
 					op("op", p, &jobfile.WasmSpec{Path: mod, Config: map[string]string{"mode": "count"}}, in("src", control.Hash)),
@@ -107,14 +107,14 @@ func TestIncrementalCheckpointCrash(t *testing.T) {
 			ctx, cancel := context.WithCancel(context.Background())
 			defer cancel()
 			dirStore := openStore(t, root)
-			cs := &crashStore{Dir: dirStore, at: c.at, id: 6, crash: cancel, fired: make(chan struct{})}
+			cs := &crashStore{Dir: dirStore, at: c.at, id: 3, crash: cancel, fired: make(chan struct{})}
 			var cps int
 			_, err := Run(ctx, job(2), Options{Engine: eng, BatchSize: 64,
 				State: jobfile.StateSettings{Backend: jobfile.StatePebble, CacheMiB: 8, Incremental: true}, DataDir: data,
 				Checkpoint: &CheckpointOptions{Store: cs, Interval: 40 * time.Millisecond, Tick: 5 * time.Millisecond, TolerableFailures: new(-1),
 					OnComplete: func(md *checkpoint.Metadata) {
 						onComplete(md)
-						if cps++; cps == 8 && c.at == "none" {
+						if cps++; cps == 3 && c.at == "none" {
 							cs.fire() // right after a completed checkpoint
 						}
 					}}})
