@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
 	"slices"
 	"strings"
 	"sync/atomic"
@@ -368,6 +369,48 @@ func TestBatchReuseDoesNotAllocate(t *testing.T) {
 		t.Fatalf("record without key: %+v", b.Records[0])
 	}
 	b.Release()
+}
+
+// TestBatchPoolKeepsArenasAcrossGC: a batch released and taken again keeps
+// its arena across garbage collections (which empty a sync.Pool), so a
+// channel that collects often still fills batches without allocating; and a
+// batch whose records aliased a decoded frame drops those references when
+// released.
+func TestBatchPoolKeepsArenasAcrossGC(t *testing.T) {
+	r := rec("key-42", strings.Repeat("x", 100), 1)
+	cycle := func() {
+		b := GetBatch()
+		for i := 0; i < 1024; i++ {
+			b.Append(r)
+		}
+		b.Release()
+		runtime.GC()
+		runtime.GC()
+	}
+	cycle()
+	cycle()
+	if n := testing.AllocsPerRun(5, cycle); n != 0 {
+		t.Fatalf("a batch taken again after two collections allocates %v times", n)
+	}
+
+	frame := abi.AppendBatch(nil, []abi.Record{r, r})
+	b := GetBatch()
+	if err := b.DecodeFrame(frame); err != nil {
+		t.Fatal(err)
+	}
+	if b.Len() != 2 || string(b.Records[1].Value) != string(r.Value) {
+		t.Fatalf("decoded %d records, want 2 of %q", b.Len(), r.Value)
+	}
+	recs := b.Records
+	b.Release()
+	for i, x := range recs {
+		if x.Key != nil || x.Value != nil {
+			t.Fatalf("record %d still points into the decoded frame after Release", i)
+		}
+	}
+	if err := GetBatch().DecodeFrame(frame[:len(frame)-1]); !errors.Is(err, abi.ErrFrame) {
+		t.Fatalf("truncated frame: got %v, want abi.ErrFrame", err)
+	}
 }
 
 // TestLocalChannelOvertaking: on a full channel SendNow still queues a batch

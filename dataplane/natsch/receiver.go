@@ -414,9 +414,7 @@ func (r *Receiver) continuePart(cur []byte, partSeq, seq, total, off uint64, n i
 // a batch whose record aliases buf.
 func (r *Receiver) decodeParts(buf []byte, partSeq, seq uint64) (*dataplane.Batch, error) {
 	b := dataplane.GetBatch()
-	recs, err := abi.DecodeBatch(buf, b.Records[:0])
-	b.Records = recs
-	if err != nil {
+	if err := b.DecodeFrame(buf); err != nil {
 		b.Release()
 		return nil, fmt.Errorf("natsch: %s: %w: the record of parts %d to %d: %w", r.name, ErrWire, partSeq, seq, err)
 	}

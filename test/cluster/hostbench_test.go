@@ -129,7 +129,7 @@ operators:
 // twoHosts runs the graph with the generator on host A and every other
 // operator on host B, each host with its own NATS connection to a server on
 // loopback, so every record crosses NATS once.
-func twoHostRunner(b *testing.B, withMap bool) func() {
+func twoHostRunner(b *testing.B, withMap bool, opts ...natsch.Option) func() {
 	g, eng := twoHostGraph(b, withMap), engine(b)
 	srv, err := natsutil.StartEmbedded(natsutil.EmbeddedOptions{Port: -1, NoLog: true, NoJetStream: true})
 	if err != nil {
@@ -138,7 +138,7 @@ func twoHostRunner(b *testing.B, withMap bool) func() {
 	b.Cleanup(srv.Shutdown)
 	var trs [2]*natsch.Transport
 	for h := range trs {
-		if trs[h], err = natsch.NewTransport(connect(b, srv.URL())); err != nil {
+		if trs[h], err = natsch.NewTransport(connect(b, srv.URL()), opts...); err != nil {
 			b.Fatal(err)
 		}
 	}
