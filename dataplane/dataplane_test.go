@@ -183,6 +183,46 @@ func TestSequenceGapAndDuplicate(t *testing.T) {
 	}
 }
 
+// TestFlushExpired: a pending batch goes out not full once its first
+// record is the buffer timeout old (as of the time FlushExpired is given),
+// not before; with a negative timeout, only when full or flushed.
+func TestFlushExpired(t *testing.T) {
+	ctx := context.Background()
+	for _, timeout := range []time.Duration{50 * time.Millisecond, -1} {
+		c := NewLocalChannel("slow", 16)
+		w, err := NewRecordWriter([]Output{c.Output()}, Hash, WriterOptions{BatchSize: 100, BufferTimeout: timeout, MaxParallelism: 4})
+		if err != nil {
+			t.Fatal(err)
+		}
+		start := time.Now()
+		if err := w.Emit(ctx, rec("k", "v1", 1)); err != nil {
+			t.Fatal(err)
+		}
+		if err := w.Emit(ctx, rec("k", "v2", 2)); err != nil {
+			t.Fatal(err)
+		}
+		if err := w.FlushExpired(ctx, start); err != nil {
+			t.Fatal(err)
+		}
+		if _, ok, _ := c.Input().TryRecv(); ok {
+			t.Fatalf("timeout %v: a batch went out before its first record was the timeout old", timeout)
+		}
+		if err := w.FlushExpired(ctx, time.Now().Add(50*time.Millisecond)); err != nil {
+			t.Fatal(err)
+		}
+		ev, ok, err := c.Input().TryRecv()
+		if err != nil {
+			t.Fatal(err)
+		}
+		switch {
+		case timeout > 0 && (!ok || ev.Batch.Len() != 2):
+			t.Fatalf("timeout %v: after the timeout got %v (ok %v), want the batch of 2 records", timeout, ev, ok)
+		case timeout < 0 && ok:
+			t.Fatalf("no timeout: a batch of %d records went out not full", ev.Batch.Len())
+		}
+	}
+}
+
 func TestBackPressure(t *testing.T) {
 	const capacity = 3
 	c := NewLocalChannel("slow", capacity)
