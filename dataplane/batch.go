@@ -16,14 +16,48 @@ type Batch struct {
 	bytes   int // bytes of keys and values appended since the last reset
 	// holds counts the Retain calls not matched by a Release yet.
 	holds atomic.Int32
+	// foreign: some records may point outside the arena (an older arena,
+	// or memory DecodeFrame aliased), so Reset must clear them.
+	foreign bool
 }
 
 const minArena = 64 << 10
 
-var batchPool = sync.Pool{New: func() any { return new(Batch) }}
+// Batches move between goroutines (a writer fills, a receiver releases), so
+// they are pooled. A sync.Pool drops its contents at every other garbage
+// collection, and a busy channel allocates tens of megabytes per second
+// (NATS copies every message it delivers), which collects often: the free
+// list keeps up to freeBatches batches with their arenas across
+// collections, so that steady-state fills allocate nothing; the pool takes
+// what does not fit, and batches whose arena grew past freeArenaMax.
+const (
+	freeBatches  = 32
+	freeArenaMax = 1 << 20
+)
+
+var (
+	// free is a stack, so the batch taken is the one released last, whose
+	// memory is the most likely still in the cache.
+	free struct {
+		sync.Mutex
+		list []*Batch
+	}
+	batchPool = sync.Pool{New: func() any { return new(Batch) }}
+)
 
 // GetBatch returns an empty batch from the pool.
-func GetBatch() *Batch { return batchPool.Get().(*Batch) }
+func GetBatch() *Batch {
+	free.Lock()
+	if n := len(free.list); n > 0 {
+		b := free.list[n-1]
+		free.list[n-1] = nil
+		free.list = free.list[:n-1]
+		free.Unlock()
+		return b
+	}
+	free.Unlock()
+	return batchPool.Get().(*Batch)
+}
 
 // Retain keeps b's records valid after its owner's Release: b goes back to the
 // pool only at the Release that matches the last Retain. Who retains reads the
@@ -40,6 +74,15 @@ func (b *Batch) Release() {
 	}
 	b.holds.Store(0)
 	b.Reset()
+	if cap(b.arena) <= freeArenaMax {
+		free.Lock()
+		if len(free.list) < freeBatches {
+			free.list = append(free.list, b)
+			free.Unlock()
+			return
+		}
+		free.Unlock()
+	}
 	batchPool.Put(b)
 }
 
@@ -47,13 +90,26 @@ func (b *Batch) Release() {
 // arena is replaced by one large enough for it, so the next fill of the same
 // size needs no allocation.
 func (b *Batch) Reset() {
-	clear(b.Records) // drop references into old arenas
+	if b.foreign {
+		clear(b.Records) // drop references into old arenas and aliased frames
+		b.foreign = false
+	}
 	b.Records = b.Records[:0]
 	if b.bytes > cap(b.arena) {
 		b.arena = make([]byte, 0, b.bytes)
 	}
 	b.arena = b.arena[:0]
 	b.bytes = 0
+}
+
+// DecodeFrame sets b's records to those of the abi batch frame src
+// (abi.DecodeBatch): their keys and values alias src, which must stay
+// unchanged until b is reset or released.
+func (b *Batch) DecodeFrame(src []byte) error {
+	recs, err := abi.DecodeBatch(src, b.Records[:0])
+	b.Records = recs
+	b.foreign = true
+	return err
 }
 
 // Len is the number of records in b.
@@ -77,6 +133,7 @@ func (b *Batch) Append(r abi.Record) {
 			c = n
 		}
 		b.arena = make([]byte, 0, c)
+		b.foreign = b.foreign || len(b.Records) > 0
 	}
 	start := len(b.arena)
 	b.arena = append(b.arena, r.Key...)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
 	"slices"
 	"strings"
 	"sync/atomic"
@@ -179,6 +180,46 @@ func TestSequenceGapAndDuplicate(t *testing.T) {
 	_ = c.put(ctx, message{seq: 4, ev: WatermarkEvent(3)}, true)
 	if _, _, err := c.Input().TryRecv(); !errors.Is(err, ErrChannelEnded) {
 		t.Fatalf("receive after end-of-partition: %v", err)
+	}
+}
+
+// TestFlushExpired: a pending batch goes out not full once its first
+// record is the buffer timeout old (as of the time FlushExpired is given),
+// not before; with a negative timeout, only when full or flushed.
+func TestFlushExpired(t *testing.T) {
+	ctx := context.Background()
+	for _, timeout := range []time.Duration{50 * time.Millisecond, -1} {
+		c := NewLocalChannel("slow", 16)
+		w, err := NewRecordWriter([]Output{c.Output()}, Hash, WriterOptions{BatchSize: 100, BufferTimeout: timeout, MaxParallelism: 4})
+		if err != nil {
+			t.Fatal(err)
+		}
+		start := time.Now()
+		if err := w.Emit(ctx, rec("k", "v1", 1)); err != nil {
+			t.Fatal(err)
+		}
+		if err := w.Emit(ctx, rec("k", "v2", 2)); err != nil {
+			t.Fatal(err)
+		}
+		if err := w.FlushExpired(ctx, start); err != nil {
+			t.Fatal(err)
+		}
+		if _, ok, _ := c.Input().TryRecv(); ok {
+			t.Fatalf("timeout %v: a batch went out before its first record was the timeout old", timeout)
+		}
+		if err := w.FlushExpired(ctx, time.Now().Add(50*time.Millisecond)); err != nil {
+			t.Fatal(err)
+		}
+		ev, ok, err := c.Input().TryRecv()
+		if err != nil {
+			t.Fatal(err)
+		}
+		switch {
+		case timeout > 0 && (!ok || ev.Batch.Len() != 2):
+			t.Fatalf("timeout %v: after the timeout got %v (ok %v), want the batch of 2 records", timeout, ev, ok)
+		case timeout < 0 && ok:
+			t.Fatalf("no timeout: a batch of %d records went out not full", ev.Batch.Len())
+		}
 	}
 }
 
@@ -368,6 +409,48 @@ func TestBatchReuseDoesNotAllocate(t *testing.T) {
 		t.Fatalf("record without key: %+v", b.Records[0])
 	}
 	b.Release()
+}
+
+// TestBatchPoolKeepsArenasAcrossGC: a batch released and taken again keeps
+// its arena across garbage collections (which empty a sync.Pool), so a
+// channel that collects often still fills batches without allocating; and a
+// batch whose records aliased a decoded frame drops those references when
+// released.
+func TestBatchPoolKeepsArenasAcrossGC(t *testing.T) {
+	r := rec("key-42", strings.Repeat("x", 100), 1)
+	cycle := func() {
+		b := GetBatch()
+		for i := 0; i < 1024; i++ {
+			b.Append(r)
+		}
+		b.Release()
+		runtime.GC()
+		runtime.GC()
+	}
+	cycle()
+	cycle()
+	if n := testing.AllocsPerRun(5, cycle); n != 0 {
+		t.Fatalf("a batch taken again after two collections allocates %v times", n)
+	}
+
+	frame := abi.AppendBatch(nil, []abi.Record{r, r})
+	b := GetBatch()
+	if err := b.DecodeFrame(frame); err != nil {
+		t.Fatal(err)
+	}
+	if b.Len() != 2 || string(b.Records[1].Value) != string(r.Value) {
+		t.Fatalf("decoded %d records, want 2 of %q", b.Len(), r.Value)
+	}
+	recs := b.Records
+	b.Release()
+	for i, x := range recs {
+		if x.Key != nil || x.Value != nil {
+			t.Fatalf("record %d still points into the decoded frame after Release", i)
+		}
+	}
+	if err := GetBatch().DecodeFrame(frame[:len(frame)-1]); !errors.Is(err, abi.ErrFrame) {
+		t.Fatalf("truncated frame: got %v, want abi.ErrFrame", err)
+	}
 }
 
 // TestLocalChannelOvertaking: on a full channel SendNow still queues a batch

@@ -3,6 +3,7 @@ package dataplane
 import (
 	"context"
 	"fmt"
+	"time"
 
 	"github.com/streamd/streamd/abi"
 )
@@ -50,9 +51,19 @@ const DefaultBatchSize = 1024
 // when it reaches BatchSize records or this many bytes.
 const MaxBatchBytes = 4 << 20
 
+// DefaultBufferTimeout is how long a record waits at most, by default, in
+// a writer's pending batch of a busy subtask before the batch goes out not
+// full (Flink's execution.buffer-timeout, 100 ms there). An idle subtask
+// sends what is pending at once, whatever the timeout.
+const DefaultBufferTimeout = 2 * time.Millisecond
+
 // WriterOptions configures a RecordWriter.
 type WriterOptions struct {
-	BatchSize      int // records per batch; default DefaultBatchSize
+	BatchSize int // records per batch; default DefaultBatchSize
+	// BufferTimeout: FlushExpired sends a pending batch whose first record
+	// came this long ago or longer; 0 means DefaultBufferTimeout, a
+	// negative value never (batches go out full, or on Flush).
+	BufferTimeout  time.Duration
 	MaxParallelism int // key groups of the receiving operator (Hash); default abi.DefaultMaxParallelism
 	Start          int // first output of Rebalance (spread senders: use the sender's subtask index)
 	// MaxRecordBytes is max_record_bytes: a larger record (key and value
@@ -73,6 +84,8 @@ type RecordWriter struct {
 	batchSize int
 	maxRecord int
 	pending   []*Batch
+	since     []time.Time // per output: when its pending batch got its first record
+	timeout   time.Duration
 	rr        int
 	err       error
 }
@@ -94,6 +107,9 @@ func NewRecordWriter(outs []Output, p Partitioning, o WriterOptions) (*RecordWri
 	if o.MaxRecordBytes <= 0 {
 		o.MaxRecordBytes = abi.DefaultMaxRecordBytes
 	}
+	if o.BufferTimeout == 0 {
+		o.BufferTimeout = DefaultBufferTimeout
+	}
 	if p == Hash && o.MaxParallelism < len(outs) {
 		return nil, fmt.Errorf("dataplane: record writer: max parallelism %d < %d receivers", o.MaxParallelism, len(outs))
 	}
@@ -104,6 +120,8 @@ func NewRecordWriter(outs []Output, p Partitioning, o WriterOptions) (*RecordWri
 		batchSize: o.BatchSize,
 		maxRecord: o.MaxRecordBytes,
 		pending:   make([]*Batch, len(outs)),
+		since:     make([]time.Time, len(outs)),
+		timeout:   o.BufferTimeout,
 		rr:        o.Start % len(outs),
 	}, nil
 }
@@ -182,6 +200,9 @@ func (w *RecordWriter) add(ctx context.Context, t int, r *abi.Record) error {
 		b = GetBatch()
 		w.pending[t] = b
 	}
+	if len(b.Records) == 0 && w.timeout > 0 {
+		w.since[t] = time.Now()
+	}
 	b.Append(*r)
 	if len(b.Records) >= w.batchSize || b.bytes >= MaxBatchBytes {
 		return w.send(ctx, t)
@@ -207,6 +228,25 @@ func (w *RecordWriter) Flush(ctx context.Context) error {
 	}
 	for t, b := range w.pending {
 		if b != nil && len(b.Records) > 0 {
+			if err := w.send(ctx, t); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// FlushExpired sends every pending batch whose first record came the
+// buffer timeout or longer before now. A busy subtask calls it after each
+// batch of work, so that a slow-filling output (a selective filter, one of
+// many hash targets) does not hold its records back until the batch is
+// full or the subtask idles.
+func (w *RecordWriter) FlushExpired(ctx context.Context, now time.Time) error {
+	if w.err != nil || w.timeout <= 0 {
+		return w.err
+	}
+	for t, b := range w.pending {
+		if b != nil && len(b.Records) > 0 && now.Sub(w.since[t]) >= w.timeout {
 			if err := w.send(ctx, t); err != nil {
 				return err
 			}

@@ -64,8 +64,9 @@ func (c *cli) hostFlags(cmd *cobra.Command) []flagKey {
 	fl.String("data-dir", "", "directory for the artifact cache, the pebble state of subtasks (and the NATS store of server) ("+keyDataDir+"; default: the user cache dir + /streamd)")
 	fl.Int("batch-size", 1024, "records per batch on channels and into wasm ("+keyBatchSize+")")
 	fl.Int("channel-capacity", 16, "batches queued per channel ("+keyChannelCapacity+")")
+	bufferTimeoutFlag(fl)
 	return append([]flagKey{{"slots", keySlots}, {"host-id", keyHostID}, {"data-dir", keyDataDir},
-		{"batch-size", keyBatchSize}, {"channel-capacity", keyChannelCapacity}}, c.connectorFlags(cmd)...)
+		{"batch-size", keyBatchSize}, {"channel-capacity", keyChannelCapacity}, {"buffer-timeout", keyBufferTimeout}}, c.connectorFlags(cmd)...)
 }
 
 // startHost starts a host agent with the host.* settings; defaultID is used
@@ -84,6 +85,10 @@ func (c *cli) startHost(ctx context.Context, nc *nats.Conn, defaultID string) (*
 		return nil, nil, err
 	}
 	chanCap, err := c.positiveInt(keyChannelCapacity)
+	if err != nil {
+		return nil, nil, err
+	}
+	bufTimeout, err := c.bufferTimeout()
 	if err != nil {
 		return nil, nil, err
 	}
@@ -120,7 +125,7 @@ func (c *cli) startHost(ctx context.Context, nc *nats.Conn, defaultID string) (*
 	}
 	h, err := cluster.StartHost(nc, cluster.HostOptions{
 		ID: id, Slots: slots, DataDir: filepath.Join(dir, "host"), HeartbeatInterval: hb, Logger: c.log,
-		Executor: &cluster.LocalExecutor{Engine: eng, Stdout: c.stdout, BatchSize: batch, ChannelCapacity: chanCap, MaxRecordBytes: mrb, NATS: natsOpts,
+		Executor: &cluster.LocalExecutor{Engine: eng, Stdout: c.stdout, BatchSize: batch, ChannelCapacity: chanCap, BufferTimeout: bufTimeout, MaxRecordBytes: mrb, NATS: natsOpts,
 			DataDir: filepath.Join(dir, "state"), ConnectorSettings: c.connectorSettings(), Logs: cluster.NewLogPublisher(nc, logCfg, c.log)},
 	})
 	if err != nil {

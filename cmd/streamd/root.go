@@ -20,6 +20,7 @@ import (
 	"github.com/streamd/streamd/abi"
 	"github.com/streamd/streamd/host"
 	"github.com/streamd/streamd/internal/jobfile"
+	"github.com/streamd/streamd/internal/runtime"
 	"github.com/streamd/streamd/internal/telemetry"
 )
 
@@ -51,6 +52,7 @@ const (
 	keyWasmDeadline    = "wasm.call_deadline"
 	keyBatchSize       = "runtime.batch_size"
 	keyChannelCapacity = "runtime.channel_capacity"
+	keyBufferTimeout   = "runtime.buffer_timeout"
 	keyMaxRecordBytes  = "runtime.max_record_bytes"
 	keyCheckpointMode  = "checkpoint.mode"
 	keyAlignedTimeout  = "checkpoint.aligned_timeout"
@@ -145,6 +147,7 @@ func (c *cli) loadConfig() error {
 	v.SetDefault(keyWasmDeadline, host.DefaultCallDeadline.String())
 	v.SetDefault(keyBatchSize, 1024)
 	v.SetDefault(keyChannelCapacity, 16)
+	v.SetDefault(keyBufferTimeout, runtime.DefaultBufferTimeout.String())
 	v.SetDefault(keyProgress, "auto")
 	v.SetEnvPrefix("STREAMD")
 	v.SetEnvKeyReplacer(strings.NewReplacer(".", "_"))
@@ -194,7 +197,7 @@ func (c *cli) loadConfig() error {
 }
 
 // knownKeys are the keys a configuration file may set.
-var knownKeys = []string{keyLogLevel, keyLogFormat, keyWasmCacheDir, keyWasmMemoryLimit, keyWasmDeadline, keyBatchSize, keyChannelCapacity, keyMaxRecordBytes, keyProgress, keyCheckpointMode, keyAlignedTimeout, keyStateBackend, keyStateCacheMiB, keyRunDataDir}
+var knownKeys = []string{keyLogLevel, keyLogFormat, keyWasmCacheDir, keyWasmMemoryLimit, keyWasmDeadline, keyBatchSize, keyChannelCapacity, keyBufferTimeout, keyMaxRecordBytes, keyProgress, keyCheckpointMode, keyAlignedTimeout, keyStateBackend, keyStateCacheMiB, keyRunDataDir}
 
 // checkKnownKeys rejects typos in the configuration file.
 func (c *cli) checkKnownKeys() error {
@@ -381,6 +384,21 @@ func (c *cli) duration(key string) (time.Duration, error) {
 		}
 	}
 	return 0, usagef("%s: want a duration like 10s, got %v", key, raw)
+}
+
+// bufferTimeoutFlag declares --buffer-timeout (run, host, server).
+func bufferTimeoutFlag(fl *pflag.FlagSet) {
+	fl.Duration("buffer-timeout", runtime.DefaultBufferTimeout, "longest a busy subtask holds records in an output batch that is not full, e.g. 2ms; 0 = until the batch is full or the subtask idles ("+keyBufferTimeout+")")
+}
+
+// bufferTimeout is runtime.buffer_timeout as runtime.Options takes it: 0
+// (no deadline) becomes negative, since 0 there means the default.
+func (c *cli) bufferTimeout() (time.Duration, error) {
+	d, err := c.duration(keyBufferTimeout)
+	if err != nil || d > 0 {
+		return d, err
+	}
+	return -1, nil
 }
 
 // execute runs the command line and prints errors as "streamd: <reason>".

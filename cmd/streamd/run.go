@@ -80,6 +80,7 @@ checkpoint directory (its newest completed checkpoint or savepoint, by id), at a
 	fl.String("progress", progressAuto, "progress display: auto, table, log or off ("+keyProgress+")")
 	fl.Int("batch-size", 1024, "records per batch on channels and into wasm ("+keyBatchSize+")")
 	fl.Int("channel-capacity", 16, "batches queued per channel ("+keyChannelCapacity+")")
+	bufferTimeoutFlag(fl)
 	settings := c.connectorFlags(cmd)
 	cmd.PreRunE = func(cmd *cobra.Command, _ []string) error {
 		for _, b := range settings {
@@ -90,6 +91,7 @@ checkpoint directory (its newest completed checkpoint or savepoint, by id), at a
 	c.bind(fl, keyProgress, "progress")
 	c.bind(fl, keyBatchSize, "batch-size")
 	c.bind(fl, keyChannelCapacity, "channel-capacity")
+	c.bind(fl, keyBufferTimeout, "buffer-timeout")
 	c.bind(fl, keyRunHTTP, httpFlag(cmd, keyRunHTTP, defaultHTTP).flag)
 	dirFlags(cmd, "from")
 	return cmd
@@ -197,6 +199,10 @@ func (c *cli) run(ctx context.Context, cmd *cobra.Command, target string, f runF
 	if err != nil {
 		return err
 	}
+	bufTimeout, err := c.bufferTimeout()
+	if err != nil {
+		return err
+	}
 	engOpts, err := c.engineOptions()
 	if err != nil {
 		return err
@@ -224,6 +230,7 @@ func (c *cli) run(ctx context.Context, cmd *cobra.Command, target string, f runF
 		Logger:          log,
 		BatchSize:       batch,
 		ChannelCapacity: chanCap,
+		BufferTimeout:   bufTimeout,
 		MaxRecordBytes:  job.MaxRecordBytes,
 		State:           job.State,
 		DataDir:         c.v.GetString(keyRunDataDir),

@@ -46,36 +46,8 @@ func TestRecordsOfAnySizeAcrossHosts(t *testing.T) {
 	mixed := []abi.Record{rec(1, 10), bigRecord(7, 8<<20), rec(2, 10), rec(3, 10)}
 	want = append(want, mixed...)
 	evs = append(evs, dataplane.RecordsEvent(batchOf(mixed...)), dataplane.EndOfPartitionEvent())
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	done := sendAll(ctx, snd, evs)
-	got, err := recvAll(ctx, r, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := <-done; err != nil {
-		t.Fatal(err)
-	}
-	next := 0
-	for _, ev := range got {
-		if ev.Kind != dataplane.KindRecords {
-			continue
-		}
-		for _, g := range ev.Batch.Records {
-			if next >= len(want) {
-				t.Fatalf("more records than sent")
-			}
-			w := want[next]
-			if !bytes.Equal(g.Key, w.Key) || !bytes.Equal(g.Value, w.Value) || g.Timestamp != w.Timestamp {
-				t.Fatalf("record %d: key %q, %d value bytes, ts %d; want key %q, %d bytes, ts %d (or the bytes differ)",
-					next, g.Key, len(g.Value), g.Timestamp, w.Key, len(w.Value), w.Timestamp)
-			}
-			next++
-		}
-	}
-	if next != len(want) {
-		t.Fatalf("received %d records, want %d", next, len(want))
-	}
+	got := exchange(t, snd, r, evs)
+	sameRecords(t, got, want)
 	ss, rs := snd.Stats(), r.Stats()
 	// 1 MiB, 8 MiB, 40 MiB and 8 MiB more than fit in a message.
 	if rs.Parted != 4 {
@@ -279,4 +251,76 @@ func TestPartsKeepHeaders(t *testing.T) {
 	if ch.S.t.MaxMessage() != 8192-headerReserve || ch.S.Stats().Parts != 3 {
 		t.Errorf("max message %d, %d parts: want room for headers and 3 parts", ch.S.t.MaxMessage(), ch.S.Stats().Parts)
 	}
+}
+
+// TestBatchCutAtSplitSize sends a batch of 1000 records of 100 bytes (a
+// frame of about 116 KiB) and, in a second batch, a record of 40 KiB
+// between two small ones. The first goes out as messages of at most the
+// split size (16 KiB by default), cut between records; the 40 KiB record,
+// over the split size but within the max message, goes whole in a message
+// of its own, not as parts. Every record arrives, in order.
+func TestBatchCutAtSplitSize(t *testing.T) {
+	s := startServer(t, 0)
+	st := transport(t, connect(t, s))
+	r, snd := channelEnds(t, transport(t, connect(t, s)), st)
+	var many []abi.Record
+	for i := 0; i < 1000; i++ {
+		many = append(many, rec(i, 100))
+	}
+	mixed := []abi.Record{rec(1, 10), bigRecord(3, 40<<10), rec(2, 10)}
+	want := append(append([]abi.Record{}, many...), mixed...)
+	evs := []dataplane.Event{dataplane.RecordsEvent(batchOf(many...)), dataplane.RecordsEvent(batchOf(mixed...)), dataplane.EndOfPartitionEvent()}
+	got := exchange(t, snd, r, evs)
+	sameRecords(t, got, want)
+	ss := snd.Stats()
+	if min := abi.BatchSize(many)/DefaultSplitMessage + 1; ss.Messages < uint64(min+3) {
+		t.Errorf("%d messages, want at least %d (the first batch cut in %d or more, the second in 2, end-of-partition)", ss.Messages, min+3, min)
+	}
+	if avg := ss.Bytes / ss.Messages; avg > DefaultSplitMessage {
+		t.Errorf("messages of %d bytes on average, over the split size %d", avg, DefaultSplitMessage)
+	}
+	if p := snd.Stats().Parts; p != 0 {
+		t.Errorf("%d record parts sent, want none (the 40 KiB record fits in a message)", p)
+	}
+}
+
+// sameRecords checks that the records events of got carry want, in order.
+func sameRecords(t *testing.T, got []dataplane.Event, want []abi.Record) {
+	t.Helper()
+	next := 0
+	for _, ev := range got {
+		if ev.Kind != dataplane.KindRecords {
+			continue
+		}
+		for _, g := range ev.Batch.Records {
+			if next >= len(want) {
+				t.Fatalf("more records than sent")
+			}
+			w := want[next]
+			if !bytes.Equal(g.Key, w.Key) || !bytes.Equal(g.Value, w.Value) || g.Timestamp != w.Timestamp {
+				t.Fatalf("record %d: key %q, %d value bytes, ts %d; want key %q, %d bytes, ts %d (or the bytes differ)",
+					next, g.Key, len(g.Value), g.Timestamp, w.Key, len(w.Value), w.Timestamp)
+			}
+			next++
+		}
+	}
+	if next != len(want) {
+		t.Fatalf("received %d records, want %d", next, len(want))
+	}
+}
+
+// exchange sends evs on snd while receiving them all on r, within 60 s.
+func exchange(t *testing.T, snd dataplane.Output, r dataplane.Input, evs []dataplane.Event) []dataplane.Event {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	done := sendAll(ctx, snd, evs)
+	got, err := recvAll(ctx, r, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	return got
 }

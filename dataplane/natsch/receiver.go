@@ -260,12 +260,7 @@ func (r *Receiver) TryRecv() (dataplane.Event, bool, error) {
 			r.mu.Unlock()
 			return dataplane.Event{}, false, nil
 		}
-		e := r.queue[r.head]
-		r.queue[r.head] = queued{}
-		if r.head++; r.head == len(r.queue) {
-			r.queue, r.head = r.queue[:0], 0
-		}
-		r.queuedBytes -= uint64(len(e.m.Data))
+		e := r.popLocked()
 		r.mu.Unlock()
 
 		ev, ok, err := r.take(e)
@@ -274,9 +269,67 @@ func (r *Receiver) TryRecv() (dataplane.Event, bool, error) {
 			return dataplane.Event{}, false, err
 		}
 		if ok {
+			if e.kind == wireRecords {
+				if err := r.merge(ev.Batch); err != nil {
+					ev.Batch.Release()
+					r.failed = err
+					return dataplane.Event{}, false, err
+				}
+			}
 			return ev, true, nil
 		}
 	}
+}
+
+// popLocked removes the message at the head of the queue (r.mu held).
+func (r *Receiver) popLocked() queued {
+	e := r.queue[r.head]
+	r.queue[r.head] = queued{}
+	if r.head++; r.head == len(r.queue) {
+		r.queue, r.head = r.queue[:0], 0
+	}
+	r.queuedBytes -= uint64(len(e.m.Data))
+	return e
+}
+
+// mergeRecords caps the records of a batch that merge makes.
+const mergeRecords = dataplane.DefaultBatchSize
+
+// merge adds to b the records of the records messages queued right behind
+// it, up to mergeRecords: a sender cuts a batch into messages of about 16
+// KiB (SplitMessage), and a receiving subtask that has fallen behind then
+// gets them back as one batch, one call into its operator, not one per
+// message. Each message is checked, counted and credited as if taken
+// alone; a message with headers (a hook's, a part, a barrier taken ahead)
+// is left for the next TryRecv, and so is everything while a RecvHeader
+// hook wants an event per message.
+func (r *Receiver) merge(b *dataplane.Batch) error {
+	if r.t.opts.RecvHeader != nil {
+		return nil
+	}
+	for b.Len() < mergeRecords {
+		r.mu.Lock()
+		if r.err != nil || r.head == len(r.queue) {
+			r.mu.Unlock()
+			return nil
+		}
+		if e := r.queue[r.head]; e.kind != wireRecords || e.taken || e.m.Header != nil || r.part != nil {
+			r.mu.Unlock()
+			return nil
+		}
+		e := r.popLocked()
+		r.mu.Unlock()
+		ev, ok, err := r.take(e)
+		if err != nil {
+			return err
+		}
+		if !ok {
+			continue
+		}
+		b.Records = append(b.Records, ev.Batch.Records...)
+		ev.Batch.Release()
+	}
+	return nil
 }
 
 // take checks and decodes one message: an event (ok), or a record part that
@@ -414,9 +467,7 @@ func (r *Receiver) continuePart(cur []byte, partSeq, seq, total, off uint64, n i
 // a batch whose record aliases buf.
 func (r *Receiver) decodeParts(buf []byte, partSeq, seq uint64) (*dataplane.Batch, error) {
 	b := dataplane.GetBatch()
-	recs, err := abi.DecodeBatch(buf, b.Records[:0])
-	b.Records = recs
-	if err != nil {
+	if err := b.DecodeFrame(buf); err != nil {
 		b.Release()
 		return nil, fmt.Errorf("natsch: %s: %w: the record of parts %d to %d: %w", r.name, ErrWire, partSeq, seq, err)
 	}

@@ -258,14 +258,16 @@ func (s *Sender) send(ctx context.Context, ev dataplane.Event, wait bool) error 
 }
 
 // sendRecords publishes a batch as one message, or as several when its
-// frame exceeds the transport's message size: split between records, and a
-// record that does not fit in a message alone as record parts.
+// frame exceeds the transport's split size: cut between records, a record
+// larger than the split size alone in a message, and a record that does not
+// fit in a message alone as record parts.
 func (s *Sender) sendRecords(ctx context.Context, ev dataplane.Event, wait bool) error {
 	var recs []abi.Record
 	if ev.Batch != nil {
 		recs = ev.Batch.Records
 	}
 	limit := s.t.maxMessage - HeaderLen
+	split := s.t.split - HeaderLen
 	// An empty batch still goes out, as one empty message.
 	for first := true; first || len(recs) > 0; first = false {
 		n, size := 0, 4
@@ -274,7 +276,7 @@ func (s *Sender) sendRecords(ctx context.Context, ev dataplane.Event, wait bool)
 				return fmt.Errorf("natsch: %s: %w", s.name, abi.CheckRecordBytes(recs[n], s.maxRecord))
 			}
 			rs := abi.RecordSize(recs[n])
-			if n > 0 && size+rs > limit {
+			if n > 0 && size+rs > split {
 				break
 			}
 			size += rs

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -69,9 +70,26 @@ func describeAll(evs []dataplane.Event) []string {
 	return s
 }
 
-// sameEvents compares described events, naming the first difference.
+// joinRecords joins each run of consecutive described records events into
+// one: a receiver hands queued records messages on as one batch
+// (Receiver.merge), so where a batch ends is not part of what is compared.
+func joinRecords(evs []string) []string {
+	var out []string
+	for _, d := range evs {
+		if n := len(out); n > 0 && strings.HasPrefix(d, "records[") && strings.HasPrefix(out[n-1], "records[") {
+			out[n-1] = strings.TrimSuffix(out[n-1], "]") + strings.TrimPrefix(d, "records[")
+			continue
+		}
+		out = append(out, d)
+	}
+	return out
+}
+
+// sameEvents compares described events, naming the first difference;
+// consecutive records events compare as one (joinRecords).
 func sameEvents(t *testing.T, what string, got, want []string) {
 	t.Helper()
+	got, want = joinRecords(got), joinRecords(want)
 	for i := range max(len(got), len(want)) {
 		if i >= len(got) || i >= len(want) || got[i] != want[i] {
 			g, w := "(none)", "(none)"
@@ -440,5 +458,59 @@ func TestUnalignedHeaderInterop(t *testing.T) {
 	}
 	if s := fmt.Sprint(describeAll(got)); len(got) != 3 || got[1].Barrier.Unaligned || got[1].Barrier.Trace != nil || got[1].Barrier.ID != 2 {
 		t.Errorf("received %s: want records, the ordinary barrier 2 without trace, end-of-partition", s)
+	}
+}
+
+// TestReceiverMergesQueuedRecords: records messages queued one behind the
+// other come out of TryRecv as one batch, in order, up to mergeRecords
+// records; a watermark between them, or a records message with headers,
+// ends the batch (the latter starts the next one).
+func TestReceiverMergesQueuedRecords(t *testing.T) {
+	nc, r := newReceiver(t)
+	var msgs []*nats.Msg
+	seq := uint64(0)
+	add := func(ev dataplane.Event, h nats.Header) {
+		seq++
+		msgs = append(msgs, &nats.Msg{Data: event(t, seq, ev), Header: h})
+	}
+	for i := 0; i < 3; i++ {
+		add(dataplane.RecordsEvent(batchOf(rec(i, 10))), nil)
+	}
+	add(dataplane.WatermarkEvent(5), nil)
+	add(dataplane.RecordsEvent(batchOf(rec(3, 10))), nil)
+	add(dataplane.RecordsEvent(batchOf(rec(4, 10))), nats.Header{"X-Test": {"1"}})
+	var many []abi.Record
+	for i := 0; i < mergeRecords+1; i++ {
+		many = append(many, rec(i, 1))
+	}
+	add(dataplane.RecordsEvent(batchOf(many[:mergeRecords-1]...)), nil) // fills the batch of r4 to the cap
+	add(dataplane.RecordsEvent(batchOf(many[mergeRecords-1:]...)), nil)
+	add(dataplane.RecordsEvent(batchOf(rec(5, 10))), nil)
+	add(dataplane.EndOfPartitionEvent(), nil)
+	publishMsgs(t, nc, msgs...)
+	waitFor(t, r, "every message", arrived(r, seq))
+	var lens []int
+	for {
+		ev, ok, err := r.TryRecv()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !ok {
+			t.Fatal("TryRecv ran out before end-of-partition")
+		}
+		if ev.Kind == dataplane.KindEndOfPartition {
+			break
+		}
+		n := -1 // a control event
+		if ev.Kind == dataplane.KindRecords {
+			n = ev.Batch.Len()
+		}
+		lens = append(lens, n)
+	}
+	// r0-r2; the watermark; r3 (the message with headers is not merged
+	// into it); r4 with the records behind it up to the cap; the rest.
+	want := []int{3, -1, 1, mergeRecords, 3}
+	if !slices.Equal(lens, want) {
+		t.Fatalf("events of %v records (-1: control), want %v", lens, want)
 	}
 }

@@ -259,13 +259,10 @@ func decodeBody(kind byte, body []byte) (ev dataplane.Event, err error) {
 	switch kind {
 	case wireRecords:
 		b := dataplane.GetBatch()
-		recs, err := abi.DecodeBatch(body, b.Records[:0])
-		if err != nil {
-			b.Records = recs
+		if err := b.DecodeFrame(body); err != nil {
 			b.Release()
 			return ev, fmt.Errorf("%w: records: %w", ErrWire, err)
 		}
-		b.Records = recs
 		return dataplane.RecordsEvent(b), nil
 	case wireWatermark:
 		if err := fixed(8); err != nil {

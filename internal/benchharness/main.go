@@ -38,7 +38,7 @@ type suite struct {
 var suites = []suite{
 	{"./host", ".", "", nil},
 	{"./internal/runtime", ".", "", nil},
-	{"./test/cluster", "^(BenchmarkInProcess|BenchmarkTwoHostsNATS|BenchmarkRawNATSPubSub|BenchmarkTwoHostsVsRawNATS|BenchmarkTwoHostsGeneratorDiscard|BenchmarkTwoHostsWasmMap)$", "", nil},
+	{"./test/cluster", "^(BenchmarkInProcess|BenchmarkTwoHostsNATS|BenchmarkRawNATSPubSub|BenchmarkTwoHostsVsRawNATS|BenchmarkTwoHostsVsInProcess|BenchmarkTwoHostsGeneratorDiscard|BenchmarkTwoHostsWasmMap)$", "", nil},
 	{"./test/cluster", "^BenchmarkHostKillToProcessing$", "3x", nil},
 	// The back-pressured unaligned checkpoint in one process and on two
 	// hosts, alternating: tens of seconds per op, so once.
@@ -310,8 +310,14 @@ var values = []value{
 	{"tracing on as % of off, alternating in one benchmark", "BenchmarkTracingOnVsOff", "on-%-of-off", ">= 95"},
 	{"checkpoint every 1 s as % of no checkpoints, alternating in one benchmark", "BenchmarkCheckpointVsNone", "1s-%-of-none", ">= 90"},
 	{"hash partitioning p=2 as % of forward p=2, alternating in one benchmark", "BenchmarkHashVsForwardP2", "hash-%-of-forward", ">= 70"},
-	{"two hosts generator -> discard (100-byte records) as % of raw NATS pub/sub bytes/s (64 KiB messages), alternating", "BenchmarkTwoHostsVsRawNATS", "discard-%-of-raw", ">= 50"},
-	{"two hosts generator -> Rust wasm map -> discard as % of raw NATS pub/sub bytes/s, alternating", "BenchmarkTwoHostsVsRawNATS", "wasm-%-of-raw", ">= 50"},
+	{"two hosts generator -> discard (100-byte records) as % of raw NATS pub/sub bytes/s (64 KiB messages), alternating", "BenchmarkTwoHostsVsRawNATS", "discard-%-of-raw", ">= 75"},
+	{"two hosts generator -> Rust wasm map -> discard as % of raw NATS pub/sub bytes/s, alternating", "BenchmarkTwoHostsVsRawNATS", "wasm-%-of-raw", ">= 75"},
+	{"two hosts generator -> Rust wasm map -> discard as % of the same pipeline in one process, alternating", "BenchmarkTwoHostsVsRawNATS", "wasm-%-of-inprocess", ">= 70"},
+	{"two hosts generator -hash-> Go uppercase wasm -> discard, p=2 (half the records cross NATS), as % of one process, alternating", "BenchmarkTwoHostsVsInProcess", "twohosts-%-of-inprocess", "report"},
+	{"Rust guest pipeline as % of native, GOMAXPROCS 1, alternating", "BenchmarkRustVsNative1Core", "rust-%-of-native", ">= 65"},
+	{"latency at 100k records/s, one process (generator -> Rust map -> sink, 1 s checkpoints): p99", "BenchmarkLatency100k", "p99-ms", "<= 3 ms"},
+	{"latency at 100k records/s, one process: max", "BenchmarkLatency100k", "max-ms", "<= 25 ms"},
+	{"latency at 100k records/s, one process: longest GC pause of the run", "BenchmarkLatency100k", "gc-max-pause-ms", "report"},
 	{"checkpoint of 1M keys of 100-byte state, written to disk", "BenchmarkSnapshot1MKeys", "s/checkpoint", "<= 2 s"},
 	{"memory state, 1M keys x 100 B through a keyed wasm counter, checkpoint every 1 s as % of none, alternating", "BenchmarkState1MKeysCheckpointVsNone", "1s-%-of-none", ">= 80"},
 	{"memory state, 1M keys: longest synchronous snapshot pause of the keyed subtask", "BenchmarkState1MKeysCheckpointVsNone", "ms-max-sync-pause", "<= 10 ms"},

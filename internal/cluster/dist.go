@@ -182,7 +182,7 @@ func (e *LocalExecutor) startDistributed(ctx context.Context, r ExecRequest) (Ex
 	r.Logger, guestLog = e.jobLoggers(r)
 	opts := runtime.Options{
 		Engine: e.Engine, Logger: r.Logger, GuestLog: guestLog, Attempt: r.Attempt, BatchSize: e.BatchSize, JobID: r.JobID, Host: r.HostID,
-		ChannelCapacity: e.ChannelCapacity, Stdout: e.Stdout, Stdin: eofReader{}, Progress: r.Progress, NATS: e.NATS,
+		ChannelCapacity: e.ChannelCapacity, BufferTimeout: e.BufferTimeout, Stdout: e.Stdout, Stdin: eofReader{}, Progress: r.Progress, NATS: e.NATS,
 		MaxRecordBytes: cmp.Or(r.MaxRecordBytes, e.MaxRecordBytes),
 		State:          r.State, DataDir: e.DataDir, ConnectorSettings: e.ConnectorSettings,
 	}

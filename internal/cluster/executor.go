@@ -5,6 +5,7 @@ import (
 	"io"
 	"log/slog"
 	"sync"
+	"time"
 
 	"github.com/nats-io/nats.go"
 
@@ -75,6 +76,9 @@ type LocalExecutor struct {
 	Stdout          io.Writer // stdout sinks; default os.Stdout (runtime default)
 	BatchSize       int
 	ChannelCapacity int
+	// BufferTimeout is runtime.Options.BufferTimeout (the host's
+	// runtime.buffer_timeout).
+	BufferTimeout time.Duration
 	// MaxRecordBytes is max_record_bytes of jobs whose spec carries none
 	// (the host's runtime.max_record_bytes); 0: abi.DefaultMaxRecordBytes.
 	MaxRecordBytes int

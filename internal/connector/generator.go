@@ -156,7 +156,9 @@ func (g *Generator) remaining() int64 {
 }
 
 // Read produces the next records; with a rate it waits until they are due,
-// in steps of at least ~10 ms of records so batches stay reasonably large.
+// in steps of ~1 ms of records (at least one record): a record waits for
+// its step at most 1 ms, while a step at high rates is still a batch (100
+// records at 100k/s).
 func (g *Generator) Read(ctx context.Context, recs []abi.Record) (int, error) {
 	want := int64(len(recs))
 	if rem := g.remaining(); rem == 0 {
@@ -187,17 +189,17 @@ func (g *Generator) Ready() bool {
 	if g.started.IsZero() {
 		return false
 	}
-	step := max(int64(g.rate/100), 1)
+	step := max(int64(g.rate/1000), 1)
 	return int64(g.rate*g.now().Sub(g.started).Seconds())-g.produced >= step
 }
 
-// throttle waits until at least min(want, rate*10ms) more records are due and
+// throttle waits until at least min(want, rate*1ms) more records are due and
 // returns how many (<= want) may be produced now.
 func (g *Generator) throttle(ctx context.Context, want int64) (int64, error) {
 	if g.started.IsZero() {
 		g.started = g.now()
 	}
-	step := int64(g.rate / 100)
+	step := int64(g.rate / 1000)
 	if step < 1 {
 		step = 1
 	}

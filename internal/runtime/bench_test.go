@@ -216,3 +216,22 @@ func median[T int64 | float64 | time.Duration](v []T) T {
 	}
 	return v[len(v)/2]
 }
+
+// BenchmarkRustVsNative1Core alternates the native and the Rust guest
+// pipelines (generator -> uppercase map -> discard, 1M records each per
+// turn) with GOMAXPROCS 1, so that the host's framing and copies weigh as
+// they do on a busy machine, and reports the guest's throughput as a
+// percentage of the native loop's (issue 28: >= 65).
+func BenchmarkRustVsNative1Core(b *testing.B) {
+	const n = 1_000_000
+	defer goruntime.GOMAXPROCS(goruntime.GOMAXPROCS(1))
+	runs := []func(int) Stats{
+		pipelineRunner(b, NativeFactory(newUpper), 1, control.Forward, nil),
+		pipelineRunner(b, &jobfile.WasmSpec{Path: testwasm.Path(b, "examples/wasm/uppercase-rust/uppercase_rust.wasm")}, 1, control.Forward, benchEngine(b)),
+	}
+	for _, r := range runs {
+		r(10000) // compile, fill the pools
+	}
+	b.ReportAllocs()
+	alternate(b, n, []string{"native", "rust"}, func(i int) { runs[i](n) })
+}

@@ -88,7 +88,10 @@
 // A source subtask reads up to BatchSize records at a time and hands them to
 // its writers, which partition them into per-receiver batches (hash: by key
 // group of the key, or of the value without key; rebalance: round robin;
-// broadcast: all; forward: the one receiver) and send a batch when it is full.
+// broadcast: all; forward: the one receiver) and send a batch when it is full,
+// after a short read (a slow or rate-limited source), or, while the subtask
+// stays busy, once its first record is Options.BufferTimeout old (2 ms by
+// default; checked after each batch of work).
 // After a read it sends the source's watermark if it advanced, at most once
 // per watermark.interval (a timer sends the last one when reads stop); a
 // source with watermark.idle_timeout that read nothing for that long sends
@@ -104,7 +107,8 @@
 //   - Records: Process(input, batch) — one call per batch into wasm; emitted
 //     records are copied into the writers' batches; the batch is then
 //     returned to the pool. Before waiting on an empty gate the writers are
-//     flushed, so slow streams are not held back.
+//     flushed, so slow streams are not held back; after each batch the
+//     writers send the batches older than the buffer timeout.
 //   - Watermark(ts): the channel's watermark; the subtask's watermark is the
 //     minimum over the channels that have neither ended nor are idle. When it
 //     advances, AdvanceWatermark (the host fires due event-time timers, then

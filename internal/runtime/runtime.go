@@ -43,6 +43,11 @@ type Options struct {
 	Host            string
 	BatchSize       int // records per batch on channels and into wasm; default 1024
 	ChannelCapacity int // bounded queue length in batches per channel; default 16
+	// BufferTimeout bounds how long a busy subtask holds an output's
+	// records back in a batch that is not full (runtime.buffer_timeout);
+	// 0 means DefaultBufferTimeout, negative never (a subtask still sends
+	// what is pending whenever it idles).
+	BufferTimeout time.Duration
 	// MaxRecordBytes is the job's max_record_bytes (jobfile.Job.MaxRecordBytes;
 	// 0 means abi.DefaultMaxRecordBytes): a larger record, read by a source,
 	// emitted by an operator or arriving on a channel, fails its subtask
@@ -179,6 +184,7 @@ type SavepointResult struct {
 // Defaults of Options.
 const (
 	DefaultBatchSize         = dataplane.DefaultBatchSize
+	DefaultBufferTimeout     = dataplane.DefaultBufferTimeout
 	DefaultChannelCapacity   = 16
 	DefaultTick              = 100 * time.Millisecond
 	DefaultTolerableFailures = jobfile.DefaultTolerableFailures
@@ -486,6 +492,7 @@ func (j *job) build() error {
 				p, _ := toDataplane(e.Partition)
 				w, err := dataplane.NewRecordWriter(outs, p, dataplane.WriterOptions{
 					BatchSize: j.opts.BatchSize, MaxParallelism: maxParallelism(to), Start: s, MaxRecordBytes: j.opts.MaxRecordBytes,
+					BufferTimeout: j.opts.BufferTimeout,
 				})
 				if err != nil {
 					return t.fail(phaseSetup, fmt.Errorf("output to %q: %w", e.To, err))

@@ -154,6 +154,22 @@ func (t *task) flush() error {
 	return nil
 }
 
+// flushExpired sends the pending batches older than the buffer timeout
+// (dataplane.RecordWriter.FlushExpired), after a batch of work of a busy
+// subtask.
+func (t *task) flushExpired() error {
+	if t.j.opts.BufferTimeout < 0 || len(t.writers) == 0 {
+		return nil
+	}
+	now := time.Now()
+	for _, w := range t.writers {
+		if err := w.FlushExpired(t.ctx, now); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // call runs one operator call and checks the sends its emits made.
 func (t *task) call(phase string, err error) error {
 	if err == nil {
@@ -713,6 +729,8 @@ func (t *task) sourceBatch(res readResult) error {
 		if err := t.flush(); err != nil {
 			return t.fail(phaseOutput, err)
 		}
+	} else if err := t.flushExpired(); err != nil {
+		return t.fail(phaseOutput, err)
 	}
 	return nil
 }
@@ -910,6 +928,9 @@ func (t *task) runOperator(ctx context.Context) (err error) {
 			}
 			if err := t.process(ctx, ch, ev.Batch); err != nil {
 				return err
+			}
+			if err := t.flushExpired(); err != nil {
+				return t.fail(phaseOutput, err)
 			}
 			continue
 		case dataplane.KindWatermark:

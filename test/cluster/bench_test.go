@@ -55,27 +55,34 @@ func engine(b *testing.B) *host.Engine {
 	return eng
 }
 
-func report(b *testing.B, elapsed time.Duration) {
-	b.ReportMetric(float64(benchRecords)*float64(b.N)/elapsed.Seconds(), "records/s")
-}
-
-// BenchmarkInProcess runs the job in one process, every channel in-process.
-func BenchmarkInProcess(b *testing.B) {
-	g, eng := benchGraph(b), engine(b)
+// timeRuns runs run b.N times and reports the records/s of benchGraph.
+func timeRuns(b *testing.B, run func()) {
 	b.ResetTimer()
 	start := time.Now()
 	for i := 0; i < b.N; i++ {
+		run()
+	}
+	b.ReportMetric(float64(benchRecords)*float64(b.N)/time.Since(start).Seconds(), "records/s")
+}
+
+// BenchmarkInProcess runs the job in one process, every channel in-process.
+func BenchmarkInProcess(b *testing.B) { timeRuns(b, inProcessRunner(b)) }
+
+func inProcessRunner(b *testing.B) func() {
+	g, eng := benchGraph(b), engine(b)
+	return func() {
 		if _, err := runtime.Run(context.Background(), g, runtime.Options{Engine: eng}); err != nil {
 			b.Fatal(err)
 		}
 	}
-	report(b, time.Since(start))
 }
 
 // BenchmarkTwoHostsNATS runs subtask 0 of every operator on one "host" and
 // subtask 1 on another, each with its own NATS connection to a server on
 // loopback: the hash edge's cross-host channels go over NATS.
-func BenchmarkTwoHostsNATS(b *testing.B) {
+func BenchmarkTwoHostsNATS(b *testing.B) { timeRuns(b, twoHostsNATSRunner(b)) }
+
+func twoHostsNATSRunner(b *testing.B) func() {
 	g, eng := benchGraph(b), engine(b)
 	srv, err := natsutil.StartEmbedded(natsutil.EmbeddedOptions{Port: -1, NoLog: true, NoJetStream: true})
 	if err != nil {
@@ -93,22 +100,51 @@ func BenchmarkTwoHostsNATS(b *testing.B) {
 			b.Fatal(err)
 		}
 	}
-	b.ResetTimer()
-	start := time.Now()
-	for i := 0; i < b.N; i++ {
+	attempt := 0
+	return func() {
 		var atts [2]*runtime.Attempt
 		for h := range atts {
-			atts[h], err = runtime.StartAttempt(context.Background(), g, runtime.Options{Engine: eng, Attempt: i}, runtime.Remote{
+			var err error
+			atts[h], err = runtime.StartAttempt(context.Background(), g, runtime.Options{Engine: eng, Attempt: attempt}, runtime.Remote{
 				JobID: "bench", Local: func(id control.SubtaskID) bool { return id.Index == h }, Channels: trs[h]})
 			if err != nil {
 				b.Fatal(err)
 			}
 		}
+		attempt++
 		for _, a := range atts {
 			if _, err := a.Wait(); err != nil {
 				b.Fatal(err)
 			}
 		}
 	}
-	report(b, time.Since(start))
+}
+
+// BenchmarkTwoHostsVsInProcess alternates the job of BenchmarkInProcess
+// and of BenchmarkTwoHostsNATS (generator -hash-> uppercase wasm -> discard
+// at parallelism 2; across the two "hosts" half of the hash edge's records
+// cross NATS), five turns each per iteration, and reports the two hosts'
+// throughput as a percentage of one process's (issue 28: >= 70).
+func BenchmarkTwoHostsVsInProcess(b *testing.B) {
+	runs := []func(){inProcessRunner(b), twoHostsNATSRunner(b)}
+	for _, r := range runs {
+		r() // compile, fill the pools
+	}
+	names := []string{"inprocess", "twohosts"}
+	const turns = 5
+	spent := make([]time.Duration, len(runs))
+	b.ResetTimer()
+	for i := 0; i < b.N*turns; i++ {
+		for k, r := range runs {
+			start := time.Now()
+			r()
+			spent[k] += time.Since(start)
+		}
+	}
+	b.StopTimer()
+	rate := func(k int) float64 { return float64(benchRecords) * float64(b.N*turns) / spent[k].Seconds() }
+	for k, name := range names {
+		b.ReportMetric(rate(k), name+"-records/s")
+	}
+	b.ReportMetric(100*rate(1)/rate(0), "twohosts-%-of-inprocess")
 }
