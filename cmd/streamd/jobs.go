@@ -300,7 +300,11 @@ func (c *cli) printStatus(st *cluster.JobStatus) {
 	for _, op := range st.Operators {
 		var subs []string
 		for _, s := range op.Subtasks {
-			subs = append(subs, fmt.Sprintf("%d:%s@%s", s.Index, s.State, orDash(s.Host)))
+			sub := fmt.Sprintf("%d:%s@%s", s.Index, s.State, orDash(s.Host))
+			if s.Live != nil && s.Live.HasSourceLag {
+				sub += fmt.Sprintf(" (lag %d)", s.Live.SourceLag) // a source's records behind the end of its input
+			}
+			subs = append(subs, sub)
 		}
 		fmt.Fprintf(tw, "  %s\t%d\t%d\t%d\t%s\n", op.UID, op.Parallelism, op.RecordsIn, op.RecordsOut, strings.Join(subs, " "))
 	}
