@@ -152,3 +152,54 @@ func (c *Cluster) ReadCommitted(tb testing.TB, topic string) []*kgo.Record {
 	}
 	return out
 }
+
+// CopyLoop is franz-go's own consume-and-produce loop, the yardstick of
+// the benchmarks: it reads n records of topic in (read_committed, from the
+// start) and produces each, with its key, value and timestamp, to out with
+// an idempotent producer, flushed at the end.
+func (c *Cluster) CopyLoop(tb testing.TB, in, out string, n int) {
+	tb.Helper()
+	cl := c.Client(tb, kgo.ConsumeTopics(in), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
+		kgo.FetchIsolationLevel(kgo.ReadCommitted()), kgo.DefaultProduceTopic(out))
+	defer cl.Close()
+	ctx := ctx(tb)
+	for got := 0; got < n; {
+		fs := cl.PollFetches(ctx)
+		if err := fs.Err0(); err != nil {
+			tb.Fatalf("kafkatest: copy %s: %v", in, err)
+		}
+		fs.EachRecord(func(r *kgo.Record) {
+			got++
+			cl.Produce(ctx, &kgo.Record{Key: r.Key, Value: r.Value, Timestamp: r.Timestamp}, func(_ *kgo.Record, err error) {
+				if err != nil {
+					tb.Errorf("kafkatest: copy to %s: %v", out, err)
+				}
+			})
+		})
+	}
+	if err := cl.Flush(ctx); err != nil {
+		tb.Fatalf("kafkatest: copy to %s: %v", out, err)
+	}
+}
+
+// CountCommitted waits until a read_committed consumer of topic has seen n
+// records (from the start) and returns when it has; it fails tb after
+// timeout.
+func (c *Cluster) CountCommitted(tb testing.TB, topic string, n int, timeout time.Duration) {
+	tb.Helper()
+	cl := c.Client(tb, kgo.ConsumeTopics(topic), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
+		kgo.FetchIsolationLevel(kgo.ReadCommitted()))
+	defer cl.Close()
+	cctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	for got := 0; got < n; {
+		fs := cl.PollFetches(cctx)
+		if cctx.Err() != nil {
+			tb.Fatalf("kafkatest: %d of %d records in %s after %s", got, n, topic, timeout)
+		}
+		if err := fs.Err0(); err != nil {
+			tb.Fatalf("kafkatest: read %s: %v", topic, err)
+		}
+		got += fs.NumRecords()
+	}
+}
