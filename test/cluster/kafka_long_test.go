@@ -12,8 +12,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/twmb/franz-go/pkg/kgo"
-
 	"github.com/streamd/streamd/internal/cluster"
 	_ "github.com/streamd/streamd/internal/connector/all" // the kafka connector, for deploy's job file
 	"github.com/streamd/streamd/internal/connector/kafka/kafkatest"
@@ -33,17 +31,8 @@ func TestKafkaExactlyOnceAcrossHostKill(t *testing.T) {
 	c := kafkatest.Start(t)
 	c.CreateTopic(t, "in", 4)
 	c.CreateTopic(t, "out", 4)
-	const n, keys = 6000, 13
-	recs := make([]*kgo.Record, n)
-	var want []string
-	per := map[int]int{}
-	for i := range recs {
-		k := i % keys
-		recs[i] = &kgo.Record{Topic: "in", Partition: int32(k % 4), Key: fmt.Appendf(nil, "key-%d", k), Value: fmt.Appendf(nil, "v-%d", i)}
-		per[k]++
-		want = append(want, fmt.Sprintf("key-%d=%d", k, per[k]))
-	}
-	slices.Sort(want)
+	const n = 6000
+	recs, want := kafkatest.KeyedInput("in", n, 13, 4)
 	c.Produce(t, "in", recs...)
 
 	srv, err := natsutil.StartEmbedded(natsutil.EmbeddedOptions{Port: -1, NoLog: true, StoreDir: t.TempDir()})
@@ -142,20 +131,7 @@ operators:
 	}
 	slices.Sort(got)
 	if !slices.Equal(got, want) {
-		count := map[string]int{}
-		for _, g := range got {
-			count[g]++
-		}
-		lost, twice := 0, 0
-		for _, w := range want {
-			switch count[w] {
-			case 0:
-				lost++
-			case 1:
-			default:
-				twice++
-			}
-		}
+		lost, twice := kafkatest.Diff(got, want)
 		t.Fatalf("read_committed output: %d records, want %d: %d lost, %d more than once", len(got), n, lost, twice)
 	}
 	t.Logf("%d counts exactly once across the host kill", n)
