@@ -233,7 +233,11 @@ operators:
 		point := where[round%len(where)]
 		renv := env
 		if point != "checkpoints" {
-			renv = append(slices.Clone(env), fmt.Sprintf("%s=%s:%d", kafka.EnvTestStall, point, 1+rng.IntN(3)))
+			// The first commit of the run to reach the point: a restore's
+			// commit of what the killed run left, or the first of this
+			// run's new records (it has some, so it always comes; a later
+			// one might not).
+			renv = append(slices.Clone(env), fmt.Sprintf("%s=%s:1", kafka.EnvTestStall, point))
 		}
 		before := newestCheckpointID(chk)
 		cmd, errb := startEnv(t, dir, renv, args(p, round > 0)...)
