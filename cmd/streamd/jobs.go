@@ -305,7 +305,11 @@ func (c *cli) printStatus(st *cluster.JobStatus) {
 	for _, op := range st.Operators {
 		var subs []string
 		for _, s := range op.Subtasks {
-			subs = append(subs, fmt.Sprintf("%d:%s@%s", s.Index, s.State, orDash(s.Host)))
+			sub := fmt.Sprintf("%d:%s@%s", s.Index, s.State, orDash(s.Host))
+			if s.Live != nil && s.Live.HasSourceLag {
+				sub += fmt.Sprintf(" (lag %d)", s.Live.SourceLag) // a source's records behind the end of its input
+			}
+			subs = append(subs, sub)
 		}
 		par := fmt.Sprint(op.Parallelism)
 		if op.DeclaredParallelism != 0 && op.DeclaredParallelism != op.Parallelism {

@@ -41,6 +41,20 @@ type LagSource interface {
 	Lag() (n int64, ok bool)
 }
 
+// CheckpointSource is implemented by sources that want to hear of
+// completed checkpoints (a kafka source commits the offsets of the
+// checkpoint to its consumer group, for monitoring tools). When checkpoint
+// id is complete, the runtime calls NotifyCheckpointComplete with position,
+// what that checkpoint stored for the subtask (the Position() at its
+// barrier); a checkpoint the subtask took no part in (it completed before
+// a restore) is not notified, and of several completed at once only the
+// newest. It is called on the subtask's goroutine while a Read may be
+// running on another, so it must be safe for that and must not block; an
+// error fails the subtask.
+type CheckpointSource interface {
+	NotifyCheckpointComplete(id int64, position []byte) error
+}
+
 // Sink is one subtask of a built-in sink. One goroutine uses it.
 type Sink interface {
 	// Write consumes recs; the sink copies what it keeps.

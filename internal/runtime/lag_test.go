@@ -67,30 +67,7 @@ func TestSourceLagMetric(t *testing.T) {
 			}})
 		done <- err
 	}()
-	// lags reads the source subtasks' lag gauges: subtask -> lag.
-	lags := func() map[int64]int64 {
-		var rm metricdata.ResourceMetrics
-		if err := reader.Collect(ctx, &rm); err != nil {
-			t.Fatal(err)
-		}
-		out := map[int64]int64{}
-		for _, sm := range rm.ScopeMetrics {
-			for _, x := range sm.Metrics {
-				if x.Name != telemetry.MetricSourceLag {
-					continue
-				}
-				for _, dp := range x.Data.(metricdata.Gauge[int64]).DataPoints {
-					op, _ := dp.Attributes.Value(telemetry.AttrOperator)
-					sub, _ := dp.Attributes.Value(telemetry.AttrSubtask)
-					if op.AsString() != "in" {
-						t.Fatalf("source lag of operator %q", op.AsString())
-					}
-					out[sub.AsInt64()] = dp.Value
-				}
-			}
-		}
-		return out
-	}
+	lags := func() map[int64]int64 { return sourceLags(t, ctx, reader, "in") }
 	wait := func(what string, cond func(map[int64]int64) bool) map[int64]int64 {
 		t.Helper()
 		deadline := time.Now().Add(20 * time.Second)
@@ -132,4 +109,31 @@ func TestSourceLagMetric(t *testing.T) {
 	t.Logf("lag held up %v, then 0", held)
 	cancel()
 	<-done
+}
+
+// sourceLags reads the lag gauges of the source subtasks of operator op
+// from reader: subtask -> lag.
+func sourceLags(t *testing.T, ctx context.Context, reader *sdkmetric.ManualReader, op string) map[int64]int64 {
+	t.Helper()
+	var rm metricdata.ResourceMetrics
+	if err := reader.Collect(ctx, &rm); err != nil {
+		t.Fatal(err)
+	}
+	out := map[int64]int64{}
+	for _, sm := range rm.ScopeMetrics {
+		for _, x := range sm.Metrics {
+			if x.Name != telemetry.MetricSourceLag {
+				continue
+			}
+			for _, dp := range x.Data.(metricdata.Gauge[int64]).DataPoints {
+				o, _ := dp.Attributes.Value(telemetry.AttrOperator)
+				sub, _ := dp.Attributes.Value(telemetry.AttrSubtask)
+				if o.AsString() != op {
+					t.Fatalf("source lag of operator %q", o.AsString())
+				}
+				out[sub.AsInt64()] = dp.Value
+			}
+		}
+	}
+	return out
 }

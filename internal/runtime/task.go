@@ -65,6 +65,10 @@ type task struct {
 	// Of a source: the position after the records sent so far (what a
 	// snapshot stores); its watermark is outWM.
 	srcAt []byte
+	// Of a source that hears of completed checkpoints
+	// (connector.CheckpointSource): the positions its snapshots stored, by
+	// checkpoint id, until that checkpoint (or a later one) completes.
+	srcSnaps map[int64][]byte
 	// Of a source, its watermark strategy (sideout.go): srcPend is the
 	// source's watermark not sent yet (at most every wmInterval, srcSent
 	// the last time); srcLastRec when the last record came, for
@@ -361,7 +365,7 @@ func (t *task) perform(a control.SubtaskAction) error {
 		}
 	case control.NotifyOperator:
 		if t.cp == nil {
-			return nil // sources hear of completed checkpoints through the machine only
+			return t.notifySource(x.ID)
 		}
 		nctx, span := t.startCheckpointSpan(telemetry.SpanTaskNotifyComplete, x.ID, t.cmdTrace)
 		err := t.cp.notify(nctx, x.ID)
@@ -442,6 +446,12 @@ func (t *task) takeState(ctx context.Context, b control.Barrier) (*checkpoint.Su
 	case t.deployedFinished:
 		return nil, nil
 	case t.newSource != nil:
+		if _, ok := t.src.(connector.CheckpointSource); ok {
+			if t.srcSnaps == nil {
+				t.srcSnaps = map[int64][]byte{}
+			}
+			t.srcSnaps[b.ID] = t.srcAt
+		}
 		return &checkpoint.SubtaskState{SourcePosition: t.srcAt}, nil
 	}
 	st, err := t.cp.snapshot(ctx, b)
@@ -731,6 +741,33 @@ func (t *task) sourceBatch(res readResult) error {
 		}
 	} else if err := t.flushExpired(); err != nil {
 		return t.fail(phaseOutput, err)
+	}
+	return nil
+}
+
+// notifySource tells a connector.CheckpointSource that checkpoint id is
+// complete, with the position of the newest of its snapshots <= id (none:
+// the checkpoint completed without this subtask's part, nothing to say).
+func (t *task) notifySource(id int64) error {
+	l, ok := t.src.(connector.CheckpointSource)
+	if !ok {
+		return nil
+	}
+	var pos []byte
+	at := int64(-1)
+	for sid, p := range t.srcSnaps {
+		if sid <= id {
+			if sid > at {
+				at, pos = sid, p
+			}
+			delete(t.srcSnaps, sid)
+		}
+	}
+	if at < 0 {
+		return nil
+	}
+	if err := l.NotifyCheckpointComplete(at, pos); err != nil {
+		return t.fail(string(abi.PhaseNotify), err)
 	}
 	return nil
 }

@@ -359,7 +359,8 @@ type SubtaskLive struct {
 	Busy         time.Duration `json:"busy,omitempty"`
 	Idle         time.Duration `json:"idle,omitempty"`
 	// SourceLag is what a source subtask has yet to read (a nats source:
-	// messages); HasSourceLag false for other subtasks and before it knows.
+	// messages; a kafka source: offsets); HasSourceLag false for other
+	// subtasks and before it knows.
 	SourceLag    int64 `json:"lag,omitempty"`
 	HasSourceLag bool  `json:"has_lag,omitempty"`
 }
@@ -764,7 +765,7 @@ var descriptions = map[string][2]string{
 	MetricSideOutputDropped:   {"{record}", "Records a wasm operator emitted to a side output that no edge reads (dropped), by output."},
 	MetricOperatorRecordsIn:   {"{record}", "Records received by all subtasks of an operator, over all attempts of the job."},
 	MetricOperatorRecordsOut:  {"{record}", "Records emitted by all subtasks of an operator, over all attempts of the job."},
-	MetricSourceLag:           {"{message}", "Messages a source subtask has yet to read (a nats source: of its stream, after its position)."},
+	MetricSourceLag:           {"{message}", "What a source subtask has yet to read (a nats source: messages of its stream after its position; a kafka source: offsets before the end of its partitions)."},
 	MetricCheckpointsFailed:   {"{checkpoint}", "Checkpoints aborted, by reason."},
 	MetricCheckpointsDeclined: {"{decline}", "Checkpoints declined by a subtask."},
 	MetricLastCheckpointID:    {"", "Id of the latest completed checkpoint or savepoint."},

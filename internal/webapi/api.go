@@ -310,8 +310,8 @@ type Subtask struct {
 	// source has only an output one, a sink only an input one), the
 	// milliseconds so far it was
 	// back-pressured (blocked sending downstream), busy (in its operator's
-	// calls) and idle (waiting for input), and a nats source's lag
-	// (messages it has yet to read). The console turns the times into
+	// calls) and idle (waiting for input), and a nats or kafka
+	// source's lag (what it has yet to read). The console turns the times into
 	// milliseconds per second between two polls, as Flink's
 	// backPressuredTimeMsPerSecond, busyTimeMsPerSecond, idleTimeMsPerSecond.
 	Watermark       *int64 `json:"watermark,omitempty"`

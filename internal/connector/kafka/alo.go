@@ -126,4 +126,6 @@ var (
 	_ connector.Source       = (*Source)(nil)
 	_ connector.ReadySource  = (*Source)(nil)
 	_ connector.LagSource    = (*Source)(nil)
+
+	_ connector.CheckpointSource = (*Source)(nil)
 )

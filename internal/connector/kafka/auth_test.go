@@ -60,7 +60,7 @@ func TestSASL(t *testing.T) {
 			recs := recsN("s", 5)
 			sink.Write(recs)
 			sink.PreCommit(1)
-			if err := sink.Commit(1); err != nil {
+			if err := commitNow(sink, 1); err != nil {
 				t.Fatal(err)
 			}
 			exactlyOnce(t, c, "out", valuesOf(recs))

@@ -16,8 +16,9 @@ import (
 // values) from a topic to another on one kfake broker three ways, and
 // reports records/s of each and their ratios:
 //
-//   - raw: franz-go's own loop, a consumer polling and an idempotent
-//     producer producing what it polled, flushed at the end;
+//   - raw: franz-go's own loop (kafkatest.CopyLoop), a consumer polling
+//     and an idempotent producer producing what it polled, flushed at the
+//     end;
 //   - eos: Source -> Sink (exactly once), a checkpoint (PreCommit, then
 //     Commit as when it completes) every 10,000 records;
 //   - alo: Source -> AtLeastOnceSink, Flush at every such checkpoint.
@@ -42,7 +43,7 @@ func BenchmarkSourceToSink(b *testing.B) {
 		c.Produce(b, in, recs...)
 
 		start := time.Now()
-		rawLoop(b, c, in, "raw"+in, n)
+		c.CopyLoop(b, in, "raw"+in, n)
 		raw += time.Since(start)
 
 		cfg := sinkConfig(c, "eos"+in)
@@ -73,37 +74,6 @@ func BenchmarkSourceToSink(b *testing.B) {
 	b.ReportMetric(rate(alo)/rate(raw), "alo/raw")
 	b.ReportMetric(rate(eos)/rate(alo), "eos/alo")
 	b.ReportMetric(0, "ns/op")
-}
-
-// rawLoop consumes n records of in and produces them to out with franz-go
-// alone.
-func rawLoop(b *testing.B, c *kafkatest.Cluster, in, out string, n int) {
-	cl, err := kgo.NewClient(kgo.SeedBrokers(c.Brokers...),
-		kgo.ConsumeTopics(in), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
-		kgo.FetchIsolationLevel(kgo.ReadCommitted()), kgo.DefaultProduceTopic(out))
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer cl.Close()
-	ctx := context.Background()
-	got := 0
-	for got < n {
-		fs := cl.PollFetches(ctx)
-		if err := fs.Err0(); err != nil {
-			b.Fatal(err)
-		}
-		fs.EachRecord(func(r *kgo.Record) {
-			got++
-			cl.Produce(ctx, &kgo.Record{Key: r.Key, Value: r.Value, Timestamp: r.Timestamp}, func(_ *kgo.Record, err error) {
-				if err != nil {
-					b.Error(err)
-				}
-			})
-		})
-	}
-	if err := cl.Flush(ctx); err != nil {
-		b.Fatal(err)
-	}
 }
 
 // pipe reads n records of in with a Source and writes them to sink, with a

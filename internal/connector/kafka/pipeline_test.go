@@ -133,7 +133,7 @@ func runPipeline(t *testing.T, c *kafkatest.Cluster, n int, parallelisms []int, 
 			}
 			crashed := false
 			for i := range p {
-				if err := sinks[i].Commit(id); err != nil {
+				if err := commitNow(sinks[i], id); err != nil {
 					if crashNow && i == victim {
 						crashed = true
 						break

@@ -18,7 +18,7 @@ func init() {
 		Summary("Reads Kafka topics (franz-go): partitions are the splits, their offsets the position in a checkpoint.").
 		Description("Each partition belongs to one subtask (SubtaskFor); a restore at another parallelism redistributes the offsets. "+
 			"Offsets are committed to the consumer group when a checkpoint completes, for monitoring only: a restore reads the checkpoint. "+
-			"Record key, value and timestamp go into the record (headers are not carried: streamd records have none); "+
+			"Record key, value and timestamp go into the record; Kafka record headers are dropped (streamd records have none); "+
 			"event time is the record timestamp, with a watermark per partition and idleness. New partitions are found while running. "+
 			"The source's lag (records behind the high watermark) is in streamd_source_lag.").
 		Field(append(clientFields(),

@@ -49,6 +49,14 @@ import (
 // Nothing is produced before its checkpoint is durable, so records that a
 // failed attempt wrote after its last checkpoint never reach the topic.
 //
+// Commit returns at once and produces in the background, so the subtask
+// goes on processing while Kafka takes the transaction: an entry leaves
+// the pending list (and so the states of later checkpoints) only once its
+// transaction has committed, and the next Commit (and Close) first waits
+// for the running one, so a writer's entries are still committed one
+// after the other, in order. A failed background commit fails the next
+// PreCommit, Commit or Close.
+//
 // The entries of writer w (the subtask that sealed them) are only ever
 // produced with the transactional id
 //
@@ -108,10 +116,15 @@ type Sink struct {
 	adm                  *kadm.Client
 	topicID              [16]byte
 
-	cur     stagedBuf
-	pending []*entry // sealed, not committed; epochs ascending
-	closed  bool
-	err     error // a failed commit: the sink must be restored
+	cur    stagedBuf
+	closed bool
+	// busy is closed when the commit running in the background ends; nil
+	// when none runs.
+	busy chan struct{}
+
+	mu      sync.Mutex // pending and err, shared with the background commit
+	pending []*entry   // sealed, not committed; epochs ascending
+	err     error      // a failed commit: the sink must be restored
 
 	// skipMarkerCheck (tests only) commits restored entries without
 	// reading the markers: it shows that the marker is what prevents
@@ -248,6 +261,10 @@ func NewSink(ctx context.Context, cfg SinkConfig, subtask, parallelism int) (*Si
 		return nil, err
 	}
 	s.cl, s.adm = cl, kadm.NewClient(cl)
+	if err := s.testHooksFromEnv(); err != nil {
+		cl.Close()
+		return nil, fmt.Errorf("kafka: %s: %w", name, err)
+	}
 	tds, err := s.adm.ListTopics(ctx, cfg.Topic)
 	if err == nil {
 		err = tds.Error()
@@ -307,33 +324,79 @@ func (s *Sink) seal(epoch int64) {
 	}
 	e := &entry{writer: s.subtask, epoch: epoch, n: s.cur.n, data: s.cur.data}
 	rand.Read(e.nonce[:])
+	s.mu.Lock()
 	s.pending = append(s.pending, e)
+	s.mu.Unlock()
 	s.cur = stagedBuf{}
 }
 
 // PreCommit seals the records written since the last checkpoint into the
 // entry of checkpoint id and returns every entry not committed yet.
 func (s *Sink) PreCommit(id int64) ([]byte, error) {
-	if s.err != nil {
-		return nil, s.err
+	if err := s.failed(); err != nil {
+		return nil, err
 	}
 	s.seal(id)
+	s.mu.Lock()
+	defer s.mu.Unlock()
 	return encodeEntries(s.pending), nil
 }
 
-// Commit produces, each in its own transaction with its marker, the
-// entries of every epoch <= id, in order.
+// failed is the error of a failed commit, nil while none failed.
+func (s *Sink) failed() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.err
+}
+
+// wait waits for the commit running in the background, if any, and
+// returns the sink's error.
+func (s *Sink) wait() error {
+	if s.busy != nil {
+		<-s.busy
+		s.busy = nil
+	}
+	return s.failed()
+}
+
+// Commit starts producing, each in its own transaction with its marker,
+// the entries of every epoch <= id, in order, in the background (after
+// the previous Commit's have ended).
 func (s *Sink) Commit(id int64) error {
-	if s.err != nil {
-		return s.err
+	if err := s.wait(); err != nil {
+		return err
 	}
-	for len(s.pending) > 0 && s.pending[0].epoch <= id {
-		if err := s.commitEntry(context.Background(), s.cl, s.pending[0]); err != nil {
-			s.err = err
-			return err
+	var todo []*entry // no commit runs: pending is the subtask's alone
+	for _, e := range s.pending {
+		if e.epoch > id {
+			break
 		}
-		s.pending = s.pending[1:]
+		todo = append(todo, e)
 	}
+	if len(todo) == 0 {
+		return nil
+	}
+	done := make(chan struct{})
+	s.busy = done
+	go func() {
+		defer close(done)
+		for _, e := range todo {
+			err := s.outsideHook(hookCommit, e)
+			if err == nil {
+				err = s.commitEntry(context.Background(), s.cl, e)
+			}
+			s.mu.Lock()
+			if err != nil {
+				s.err = err
+			} else {
+				s.pending = s.pending[1:] // e
+			}
+			s.mu.Unlock()
+			if err != nil {
+				return
+			}
+		}
+	}()
 	return nil
 }
 
@@ -496,7 +559,7 @@ func (s *Sink) commitEntry(ctx context.Context, cl *kgo.Client, e *entry) (err e
 		// reads the marker and knows.
 		return fmt.Errorf("%s: end transaction: %w", where, err)
 	}
-	return nil
+	return s.outsideHook(hookCommitted, e)
 }
 
 // hook calls failHook; its error leaves the transaction open, as a crash
@@ -510,6 +573,14 @@ func (s *Sink) hook(point string, e *entry, ended *bool) error {
 		*ended = true
 	}
 	return err
+}
+
+// outsideHook calls failHook at a point outside a transaction.
+func (s *Sink) outsideHook(point string, e *entry) error {
+	if s.failHook == nil {
+		return nil
+	}
+	return s.failHook(point, e)
 }
 
 // commitMarker adds writer e.writer's marker group to cl's transaction and
@@ -578,26 +649,35 @@ func retryConcurrent(ctx context.Context, fn func() error) error {
 // CommitFinal, without checkpointing, commits everything written as one
 // entry.
 func (s *Sink) CommitFinal() error {
-	if s.err != nil {
-		return s.err
+	if err := s.wait(); err != nil {
+		return err
 	}
 	s.seal(0)
-	return s.Commit(0)
+	if err := s.Commit(0); err != nil {
+		return err
+	}
+	return s.wait()
 }
 
-// Close releases the client; staged and pending records stay in the
-// checkpoints that hold them.
+// Close waits for the commit running in the background, then releases
+// the client; staged and pending records stay in the checkpoints that hold
+// them. It returns the error of a failed background commit.
 func (s *Sink) Close() error {
 	if s.closed {
 		return nil
 	}
 	s.closed = true
+	err := s.wait()
 	s.cl.Close()
-	return nil
+	return err
 }
 
 // Pending is the number of sealed entries not committed yet.
-func (s *Sink) Pending() int { return len(s.pending) }
+func (s *Sink) Pending() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.pending)
+}
 
 const entriesVersion = 1
 

@@ -106,11 +106,11 @@ func TestSinkCommitsWhenTheCheckpointCompletes(t *testing.T) {
 	if got := committed(t, c, "out"); len(got) != 0 {
 		t.Fatalf("%d records visible before any checkpoint completed", len(got))
 	}
-	if err := s.Commit(1); err != nil {
+	if err := commitNow(s, 1); err != nil {
 		t.Fatal(err)
 	}
 	exactlyOnce(t, c, "out", valuesOf(r1))
-	if err := s.Commit(2); err != nil {
+	if err := commitNow(s, 2); err != nil {
 		t.Fatal(err)
 	}
 	exactlyOnce(t, c, "out", valuesOf(r1, r2))
@@ -155,7 +155,7 @@ func TestSinkRestoreCommitsExactlyOnce(t *testing.T) {
 			switch point {
 			case "before":
 			case "after":
-				if err := s1.Commit(1); err != nil {
+				if err := commitNow(s1, 1); err != nil {
 					t.Fatal(err)
 				}
 			default:
@@ -165,7 +165,7 @@ func TestSinkRestoreCommitsExactlyOnce(t *testing.T) {
 					}
 					return nil
 				}
-				if err := s1.Commit(1); !errors.Is(err, crash) {
+				if err := commitNow(s1, 1); !errors.Is(err, crash) {
 					t.Fatalf("commit with a crash at %s: %v", point, err)
 				}
 			}
@@ -195,7 +195,7 @@ func TestSinkWithoutMarkerDuplicates(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := s1.Commit(1); err != nil {
+	if err := commitNow(s1, 1); err != nil {
 		t.Fatal(err)
 	}
 	s1.Close()
@@ -227,7 +227,7 @@ func TestSinkPartlyCommittedState(t *testing.T) {
 		}
 		return nil
 	}
-	if err := s1.Commit(2); !errors.Is(err, crash) {
+	if err := commitNow(s1, 2); !errors.Is(err, crash) {
 		t.Fatalf("commit: %v", err)
 	}
 	s1.Close()
@@ -265,7 +265,7 @@ func TestSinkZombieIsFenced(t *testing.T) {
 		return nil
 	}
 	zerr := make(chan error, 1)
-	go func() { zerr <- zombie.Commit(1) }()
+	go func() { zerr <- commitNow(zombie, 1) }()
 	<-marked
 	restored := openSink(t, c, "out", 0, 1) // fences the zombie
 	close(resume)
@@ -284,7 +284,7 @@ func TestSinkZombieIsFenced(t *testing.T) {
 	zombie2.Write(recsN("z", 5))
 	zombie2.PreCommit(2)
 	restored2 := openSink(t, c, "out", 0, 1)
-	if err := zombie2.Commit(2); err == nil {
+	if err := commitNow(zombie2, 2); err == nil {
 		t.Fatal("a fenced writer committed")
 	}
 	if err := restored2.CommitPending(nil); err != nil {
@@ -311,7 +311,7 @@ func TestSinkRescaleRestore(t *testing.T) {
 			t.Fatal(err)
 		}
 		if w == 1 {
-			if err := s.Commit(7); err != nil {
+			if err := commitNow(s, 7); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -403,4 +403,57 @@ func TestSinkMissingTopic(t *testing.T) {
 		t.Errorf("missing topic: %v", err)
 	}
 	_ = kgo.Record{}
+}
+
+// commitNow is Commit(id) and the wait for its background commit: the
+// commit's error.
+func commitNow(s *Sink, id int64) error {
+	if err := s.Commit(id); err != nil {
+		return err
+	}
+	return s.wait()
+}
+
+// TestSinkCommitsInTheBackground: Commit returns while its transaction is
+// still open; a checkpoint taken meanwhile still holds the entry being
+// committed (a restore from it finds it in Kafka by its marker or commits
+// it); the next Commit waits for the running one.
+func TestSinkCommitsInTheBackground(t *testing.T) {
+	c := kafkatest.Start(t)
+	c.CreateTopic(t, "out", 3)
+	s := openSink(t, c, "out", 0, 1)
+	r1, r2 := recsN("a", 50), recsN("b", 20)
+	inTxn, release := make(chan struct{}), make(chan struct{})
+	s.failHook = func(p string, e *entry) error {
+		if p == hookProduced && e.epoch == 1 {
+			close(inTxn)
+			<-release
+		}
+		return nil
+	}
+	must := func(err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	must(s.Write(r1))
+	_, err := s.PreCommit(1)
+	must(err)
+	must(s.Commit(1))
+	<-inTxn // Commit returned; its transaction is open
+	must(s.Write(r2))
+	st, err := s.PreCommit(2)
+	must(err)
+	es, err := decodeEntries(st)
+	must(err)
+	if len(es) != 2 || es[0].epoch != 1 || es[1].epoch != 2 {
+		t.Fatalf("checkpoint 2 during the commit of 1 holds %d entries, want epochs 1 and 2", len(es))
+	}
+	close(release)
+	must(commitNow(s, 2))
+	exactlyOnce(t, c, "out", valuesOf(r1, r2))
+	if s.Pending() != 0 {
+		t.Errorf("%d entries pending after both commits", s.Pending())
+	}
 }

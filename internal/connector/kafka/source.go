@@ -16,7 +16,7 @@ import (
 )
 
 // Source is one subtask of the kafka source (connector.Source,
-// connector.ReadySource, connector.LagSource).
+// connector.ReadySource, connector.LagSource, connector.CheckpointSource).
 //
 // Splits are partitions: subtask i of p reads the partitions p for which
 // SubtaskFor(p, parallelism) is i, with a direct (group-less) consumer, so
@@ -509,17 +509,9 @@ func (s *Source) Lag() (int64, bool) {
 	return n, ok
 }
 
-// CheckpointListener is implemented by Source for the runtime: when
-// checkpoint id completes, it passes the position that checkpoint stored
-// for the subtask (its Position() at the barrier).
-type CheckpointListener interface {
-	NotifyCheckpointComplete(id int64, position []byte) error
-}
-
-var _ CheckpointListener = (*Source)(nil)
-
-// NotifyCheckpointComplete commits pos, the position the completed
-// checkpoint id stored for this subtask, to the consumer group (when one is
+// NotifyCheckpointComplete (connector.CheckpointSource) commits pos, the
+// position the completed checkpoint id stored for this subtask, to the
+// consumer group (when one is
 // configured), in the background: only monitoring reads it. A newer call
 // replaces a commit not started yet. It never blocks and never fails;
 // CommitError reports the last failure.

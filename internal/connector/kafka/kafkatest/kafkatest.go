@@ -6,6 +6,8 @@ package kafkatest
 
 import (
 	"context"
+	"fmt"
+	"slices"
 	"testing"
 	"time"
 
@@ -95,10 +97,11 @@ const sentinelHeader = "kafkatest-sentinel"
 
 // ReadCommitted returns every record of topic that a read_committed
 // consumer sees, in partition then offset order. To know where the end is
-// it appends a sentinel record to every partition (left out of the result,
-// and of later calls): call it on a topic that only sinks and tests read,
-// after the transactions to see have ended (an open one holds it back until
-// it ends).
+// it appends a sentinel record to every partition and reads up to it
+// (sentinels are left out of the result, and of later calls; what a sink
+// writes after them is left for a later call): call it on a topic that
+// only sinks and tests read. A transaction open when it appends its
+// sentinel holds it back until that transaction ends.
 func (c *Cluster) ReadCommitted(tb testing.TB, topic string) []*kgo.Record {
 	tb.Helper()
 	ctx := ctx(tb)
@@ -112,23 +115,24 @@ func (c *Cluster) ReadCommitted(tb testing.TB, topic string) []*kgo.Record {
 	}
 	pcl := c.Client(tb, kgo.RecordPartitioner(kgo.ManualPartitioner()), kgo.DefaultProduceTopic(topic))
 	parts := map[int32]kgo.Offset{}
+	// The offset of this call's sentinel per partition: records a sink
+	// appends after it (the topic may be written while it reads) are not
+	// waited for.
+	mine := map[int32]int64{}
 	for _, pd := range tds[topic].Partitions {
 		parts[pd.Partition] = kgo.NewOffset().AtStart()
 		r := &kgo.Record{Partition: pd.Partition, Headers: []kgo.RecordHeader{{Key: sentinelHeader}}}
 		if err := pcl.ProduceSync(ctx, r).FirstErr(); err != nil {
 			tb.Fatalf("kafkatest: sentinel to %s/%d: %v", topic, pd.Partition, err)
 		}
+		mine[pd.Partition] = r.Offset
 	}
-	sentinels := map[int32]int64{} // the last sentinel's offset per partition
-	lastSentinel := func(r *kgo.Record) bool {
+	sentinels := map[int32]bool{} // partitions read up to this call's sentinel
+	isSentinel := func(r *kgo.Record) bool {
 		return len(r.Headers) == 1 && r.Headers[0].Key == sentinelHeader
 	}
 	cl := c.Client(tb, kgo.FetchIsolationLevel(kgo.ReadCommitted()),
 		kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{topic: parts}))
-	ends, err := adm.ListEndOffsets(ctx, topic)
-	if err != nil {
-		tb.Fatalf("kafkatest: end offsets of %s: %v", topic, err)
-	}
 	byPart := map[int32][]*kgo.Record{}
 	for len(sentinels) < len(parts) {
 		fs := cl.PollFetches(ctx)
@@ -137,13 +141,15 @@ func (c *Cluster) ReadCommitted(tb testing.TB, topic string) []*kgo.Record {
 		}
 		fs.EachError(func(t string, p int32, err error) { tb.Fatalf("kafkatest: read %s/%d: %v", t, p, err) })
 		fs.EachRecord(func(r *kgo.Record) {
-			if lastSentinel(r) {
-				if o, _ := ends.Lookup(topic, r.Partition); r.Offset+1 >= o.Offset {
-					sentinels[r.Partition] = r.Offset
+			switch {
+			case sentinels[r.Partition]: // after this call's sentinel
+			case isSentinel(r):
+				if r.Offset >= mine[r.Partition] {
+					sentinels[r.Partition] = true
 				}
-				return
+			default:
+				byPart[r.Partition] = append(byPart[r.Partition], r)
 			}
-			byPart[r.Partition] = append(byPart[r.Partition], r)
 		})
 	}
 	var out []*kgo.Record
@@ -151,4 +157,90 @@ func (c *Cluster) ReadCommitted(tb testing.TB, topic string) []*kgo.Record {
 		out = append(out, byPart[p]...)
 	}
 	return out
+}
+
+// CopyLoop is franz-go's own consume-and-produce loop, the yardstick of
+// the benchmarks: it reads n records of topic in (read_committed, from the
+// start) and produces each, with its key, value and timestamp, to out with
+// an idempotent producer, flushed at the end.
+func (c *Cluster) CopyLoop(tb testing.TB, in, out string, n int) {
+	tb.Helper()
+	cl := c.Client(tb, kgo.ConsumeTopics(in), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
+		kgo.FetchIsolationLevel(kgo.ReadCommitted()), kgo.DefaultProduceTopic(out))
+	defer cl.Close()
+	ctx := ctx(tb)
+	for got := 0; got < n; {
+		fs := cl.PollFetches(ctx)
+		if err := fs.Err0(); err != nil {
+			tb.Fatalf("kafkatest: copy %s: %v", in, err)
+		}
+		fs.EachRecord(func(r *kgo.Record) {
+			got++
+			cl.Produce(ctx, &kgo.Record{Key: r.Key, Value: r.Value, Timestamp: r.Timestamp}, func(_ *kgo.Record, err error) {
+				if err != nil {
+					tb.Errorf("kafkatest: copy to %s: %v", out, err)
+				}
+			})
+		})
+	}
+	if err := cl.Flush(ctx); err != nil {
+		tb.Fatalf("kafkatest: copy to %s: %v", out, err)
+	}
+}
+
+// CountCommitted waits until a read_committed consumer of topic has seen n
+// records (from the start) and returns when it has; it fails tb after
+// timeout.
+func (c *Cluster) CountCommitted(tb testing.TB, topic string, n int, timeout time.Duration) {
+	tb.Helper()
+	cl := c.Client(tb, kgo.ConsumeTopics(topic), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
+		kgo.FetchIsolationLevel(kgo.ReadCommitted()))
+	defer cl.Close()
+	cctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	for got := 0; got < n; {
+		fs := cl.PollFetches(cctx)
+		if cctx.Err() != nil {
+			tb.Fatalf("kafkatest: %d of %d records in %s after %s", got, n, topic, timeout)
+		}
+		if err := fs.Err0(); err != nil {
+			tb.Fatalf("kafkatest: read %s: %v", topic, err)
+		}
+		got += fs.NumRecords()
+	}
+}
+
+// KeyedInput is the input of a keyed running count: n records of topic,
+// record i with key "key-<i mod keys>" (in partition (i mod keys) mod
+// partitions) and value "v-<i>"; want is what a running count per key
+// emits for them, "key-k=c" for the c-th record of key k, sorted.
+func KeyedInput(topic string, n, keys int, partitions int32) (recs []*kgo.Record, want []string) {
+	per := map[int]int{}
+	for i := range n {
+		k := i % keys
+		recs = append(recs, &kgo.Record{Topic: topic, Partition: int32(k) % partitions, Key: fmt.Appendf(nil, "key-%d", k), Value: fmt.Appendf(nil, "v-%d", i)})
+		per[k]++
+		want = append(want, fmt.Sprintf("key-%d=%d", k, per[k]))
+	}
+	slices.Sort(want)
+	return recs, want
+}
+
+// Diff counts the values of want missing from got and those in it more
+// than once.
+func Diff(got, want []string) (lost, twice int) {
+	count := map[string]int{}
+	for _, g := range got {
+		count[g]++
+	}
+	for _, w := range want {
+		switch count[w] {
+		case 0:
+			lost++
+		case 1:
+		default:
+			twice++
+		}
+	}
+	return lost, twice
 }
