@@ -33,13 +33,19 @@ var benchGuests = []struct{ name, target string }{
 
 func benchInstance(b *testing.B, target string, opts ...host.Option) *host.Instance {
 	b.Helper()
+	return benchInstanceConfig(b, target, host.InstanceConfig{NumInputs: 1}, opts...)
+}
+
+// benchInstanceConfig is benchInstance with the instance's config.
+func benchInstanceConfig(b *testing.B, target string, cfg host.InstanceConfig, opts ...host.Option) *host.Instance {
+	b.Helper()
 	if ok, err := testwasm.HasTarget(target); err != nil || !ok {
 		b.Skipf("no make target %s (%v)", target, err)
 	}
 	path := testwasm.Path(b, target)
 	opts = append([]host.Option{host.WithCacheDir(b.TempDir())}, opts...)
 	e := newEngine(b, opts...)
-	return instance(b, load(b, e, path), host.InstanceConfig{NumInputs: 1})
+	return instance(b, load(b, e, path), cfg)
 }
 
 func benchRecords(n int) []abi.Record {

@@ -287,6 +287,8 @@ var ratios = []ratio{
 	{"Go guest map / native Go map, ns/record", "BenchmarkCallBatched/uppercase-go/guard", "BenchmarkNativeGo", "ns/record", "report"},
 	{"Rust guest map with the guest guard / without, ns/record (CallBatched)", "BenchmarkCallBatched/uppercase-rust/guard", "BenchmarkCallBatched/uppercase-rust/unguarded", "ns/record", "report"},
 	{"Go guest map with the guest guard / without, ns/record (CallBatched)", "BenchmarkCallBatched/uppercase-go/guard", "BenchmarkCallBatched/uppercase-go/unguarded", "ns/record", "report"},
+	{"Nexmark q0, the guest's part: Go module / Rust module, thread CPU ns/event (batches of 1000 events)", "BenchmarkNexmarkGuest/go/q0", "BenchmarkNexmarkGuest/rust/q0", "cpu-ns/event", "report (q0-go's gap to 5x Flink)"},
+	{"Nexmark q2, the guest's part: Go module / Rust module, thread CPU ns/event", "BenchmarkNexmarkGuest/go/q2", "BenchmarkNexmarkGuest/rust/q2", "cpu-ns/event", "report"},
 	{"two hosts over NATS loopback / in-process (generator -hash-> uppercase wasm p=2), records/s", "BenchmarkTwoHostsNATS", "BenchmarkInProcess", "records/s", "report"},
 }
 

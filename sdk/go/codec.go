@@ -108,9 +108,13 @@ type outFrame struct {
 	count uint32
 }
 
-// Go's wasm code pays for every branch and call, so the common path is kept
-// short: growth is out of line and empty keys and values are not copied.
-func (o *outFrame) add(key, value []byte, ts int64) {
+// Go's wasm code pays for every branch, call and memory access, so the
+// common path is kept short: growth is out of line, empty keys and values
+// are not copied, o.buf is resliced from itself (no write barrier on its
+// pointer), and a record without a key writes its header in two 8-byte
+// stores (timestamp; key length 0 and value length). It reports whether
+// the frame reached flushThreshold.
+func (o *outFrame) add(key, value []byte, ts int64) (full bool) {
 	off := len(o.buf)
 	if off == 0 {
 		off = 4 // room for the count
@@ -119,19 +123,24 @@ func (o *outFrame) add(key, value []byte, ts int64) {
 	if need > cap(o.buf) {
 		o.grow(need)
 	}
-	b := o.buf[:need]
+	o.buf = o.buf[:need]
+	b := o.buf
 	binary.LittleEndian.PutUint64(b[off:], uint64(ts))
-	binary.LittleEndian.PutUint32(b[off+8:], uint32(len(key)))
-	off += 12
-	if len(key) > 0 {
+	if len(key) == 0 {
+		binary.LittleEndian.PutUint64(b[off+8:], uint64(len(value))<<32)
+		off += 16
+	} else {
+		binary.LittleEndian.PutUint32(b[off+8:], uint32(len(key)))
+		off += 12
 		off += copy(b[off:], key)
+		binary.LittleEndian.PutUint32(b[off:], uint32(len(value)))
+		off += 4
 	}
-	binary.LittleEndian.PutUint32(b[off:], uint32(len(value)))
 	if len(value) > 0 {
-		copy(b[off+4:], value)
+		copy(b[off:], value)
 	}
-	o.buf = b
 	o.count++
+	return need >= flushThreshold
 }
 
 // begin starts a record whose value the caller appends to o.buf itself

@@ -32,7 +32,7 @@ func EmitTo(output string, key, value []byte, ts int64) {
 // sideFor is the frame of side output output for an emit (what), which
 // fails the subtask outside the phases that may emit.
 func sideFor(what, output string) *sideFrame {
-	if !cur.canEmit() {
+	if !emitOK {
 		emitOutside(what + "(" + strconv.Quote(output) + ")")
 	}
 	return side(output)

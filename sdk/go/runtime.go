@@ -57,6 +57,7 @@ var (
 	inbuf   []byte // the buffer lent to the host by streamd_alloc
 	scratch []byte // reused buffer for state_get and list_state_get
 	curKey  []byte // the current key while cur.hasKey()
+	emitOK  bool   // cur.canEmit(), kept by run for the emit paths
 )
 
 // Register sets the operator this module runs. Call it from an init
@@ -87,9 +88,9 @@ func Fail(msg string) {
 // run executes one lifecycle call of the operator: it sets the phase, turns an
 // error or a panic into a fail import call, and flushes the emitted records.
 func run(p phase, f func() error) (status int32) {
-	cur = p
+	cur, emitOK = p, p.canEmit()
 	defer func() {
-		cur, curKey = phaseNone, nil
+		cur, emitOK, curKey = phaseNone, false, nil
 		if r := recover(); r != nil {
 			out.reset()
 			resetSides()
@@ -210,12 +211,24 @@ func doProcess(input int, frame []byte) int32 {
 		return invalidInput(phaseProcess, err)
 	}
 	return run(phaseProcess, func() error {
+		// nextRecord, written out: Go does not inline it, and a call per
+		// record is dear in Go's wasm code.
 		off := 4
-		var r Record
 		for i := 0; i < n; i++ {
-			r, off = nextRecord(frame, off)
-			curKey = r.Key
-			if err := op.ProcessElement(r, input); err != nil {
+			ts := int64(binary.LittleEndian.Uint64(frame[off:]))
+			kl := int(binary.LittleEndian.Uint32(frame[off+8:]))
+			off += 12
+			var key []byte
+			if kl > 0 {
+				key = frame[off : off+kl : off+kl]
+				off += kl
+			}
+			vl := int(binary.LittleEndian.Uint32(frame[off:]))
+			off += 4
+			val := frame[off : off+vl : off+vl]
+			off += vl
+			curKey = key
+			if err := op.ProcessElement(Record{Key: key, Value: val, Timestamp: ts}, input); err != nil {
 				return err
 			}
 		}
@@ -303,11 +316,10 @@ func alloc(size int) []byte {
 // Emit is allowed in ProcessElement, OnTimer, OnProcessingTime, OnWatermark,
 // EndInput and Finish; elsewhere it fails the subtask.
 func Emit(key, value []byte, ts int64) {
-	if !cur.canEmit() {
+	if !emitOK {
 		emitOutside("Emit")
 	}
-	out.add(key, value, ts)
-	if out.size() >= flushThreshold {
+	if out.add(key, value, ts) {
 		flush()
 	}
 }

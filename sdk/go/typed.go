@@ -205,7 +205,7 @@ func NewOutput[T any](codec Codec[T]) *Output[T] {
 // Emit sends v downstream with key and event time ts (see Emit). The
 // codec's Encode appends to the output frame and must not emit itself.
 func (o *Output[T]) Emit(key []byte, v T, ts int64) {
-	if !cur.canEmit() {
+	if !emitOK {
 		emitOutside("Output.Emit")
 	}
 	at := out.begin(key, ts)
