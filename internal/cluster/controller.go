@@ -1147,13 +1147,26 @@ func (c *Controller) handleCancel(msg micro.Request) {
 		reply(msg, JobReply{Reply: errReply(conflictf("cluster: job %s is %s", j.id, what)), Job: &st})
 		return
 	}
+	c.cancelAttemptAndWaitLocked(j) // before answering
+	c.endLocked(j, time.Now(), JobCanceled, "canceled by request")
+	st := c.statusLocked(j)
+	effects := c.scheduleLocked(time.Now()) // freed slots
+	c.mu.Unlock()
+	reply(msg, JobReply{Job: &st})
+	c.run(effects)
+}
+
+// cancelAttemptAndWaitLocked cancels j's attempt on its hosts, if it is
+// placed, and waits until they stopped it, with c.mu released meanwhile (so
+// j may have changed when it returns); j is marked canceling while it waits.
+// Called and returns with c.mu held.
+func (c *Controller) cancelAttemptAndWaitLocked(j *ctlJob) {
 	var effects []effect
 	if j.placement != nil {
 		effects = c.cancelEffects(j, "")
 	}
 	j.canceling = true
 	c.mu.Unlock()
-	// Wait for the hosts to stop the attempt before answering.
 	var wg sync.WaitGroup
 	for _, e := range effects {
 		wg.Add(1)
@@ -1162,12 +1175,6 @@ func (c *Controller) handleCancel(msg micro.Request) {
 	wg.Wait()
 	c.mu.Lock()
 	j.canceling = false
-	c.endLocked(j, time.Now(), JobCanceled, "canceled by request")
-	st := c.statusLocked(j)
-	effects = c.scheduleLocked(time.Now()) // freed slots
-	c.mu.Unlock()
-	reply(msg, JobReply{Job: &st})
-	c.run(effects)
 }
 
 func (c *Controller) handleSavepoint(msg micro.Request) {

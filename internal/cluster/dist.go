@@ -1031,6 +1031,15 @@ func (c *Controller) distSavepoint(jobID, verb, dir string, drain, rescale bool)
 			sp := dj.stopSP
 			dj.mu.Unlock()
 			why = fmt.Sprintf("the job is %s: %s", j.state, j.reason)
+			if j.attempt != attempt {
+				// The next attempt may be placed already, which clears
+				// j.reason: say why the stop's attempt ended.
+				for _, a := range j.attempts {
+					if a.Attempt == attempt && a.Reason != "" {
+						why = fmt.Sprintf("attempt %d failed: %s; the job is %s", attempt, a.Reason, j.state)
+					}
+				}
+			}
 			if verb == HostVerbStop && sp != "" {
 				why = fmt.Sprintf("its savepoint %s was written, but the job did not stop with it: %s", sp, why)
 			}

@@ -20,7 +20,6 @@ import (
 	"fmt"
 	"slices"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go/micro"
@@ -235,21 +234,8 @@ func (c *Controller) replaceVersion(j *ctlJob, spec JobSpec, timeout time.Durati
 		}
 	}
 	c.mu.Lock()
-	var effects []effect
-	if j.placement != nil {
-		effects = c.cancelEffects(j, "")
-	}
-	j.canceling = true
-	c.mu.Unlock()
-	var wg sync.WaitGroup
-	for _, e := range effects {
-		wg.Add(1)
-		go func() { defer wg.Done(); e() }()
-	}
-	wg.Wait()
+	c.cancelAttemptAndWaitLocked(j)
 	now := time.Now()
-	c.mu.Lock()
-	j.canceling = false
 	if c.jobs[j.id] != j || TerminalJobState(j.state) {
 		st := j.state
 		c.mu.Unlock()
@@ -271,7 +257,7 @@ func (c *Controller) replaceVersion(j *ctlJob, spec JobSpec, timeout time.Durati
 	c.log.Info("upgrade: replacing a job that does not run", "job", j.id, "version", v.Version, "from", from, "timeout", timeout)
 	c.startVersionLocked(j, spec, from, now, fmt.Sprintf("upgrading to version %d %s", v.Version, what))
 	ver := j.ver
-	effects = c.scheduleLocked(now)
+	effects := c.scheduleLocked(now)
 	c.mu.Unlock()
 	c.run(effects)
 	if err := c.saved(j.id, ver); err != nil {

@@ -3,6 +3,7 @@ package cluster_test
 import (
 	"context"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -92,7 +93,18 @@ func streamValues(t *testing.T, js jetstream.JetStream, name string) []string {
 	}
 	var got []string
 	for seq := uint64(1); seq <= info.State.LastSeq; seq++ {
-		m, err := out.GetMsg(ctx, seq)
+		// One request per message: on a loaded machine one of tens of
+		// thousands may wait past the client's 5 s default, so each has
+		// a minute and a timed-out one is asked again.
+		var m *jetstream.RawStreamMsg
+		for try := 1; ; try++ {
+			gctx, cancel := context.WithTimeout(ctx, time.Minute)
+			m, err = out.GetMsg(gctx, seq)
+			cancel()
+			if err == nil || try == 3 || !errors.Is(err, context.DeadlineExceeded) {
+				break
+			}
+		}
 		if err != nil {
 			t.Fatalf("output message %d: %v", seq, err)
 		}
