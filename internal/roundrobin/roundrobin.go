@@ -1,0 +1,260 @@
+// Package roundrobin is the split of the sequence 0, 1, 2, ... that the
+// generator and nexmark sources (and any source whose records are numbered)
+// deal round robin: subtask i of p produces the numbers n ≡ i (mod p) in
+// increasing order, and its position in a checkpoint is the next n.
+//
+// Such a source restores at another parallelism (Rescale): what the old
+// subtasks produced is, per old residue class r, the numbers below the old
+// subtask r's next n. A new subtask j of p' produces the numbers n ≡ j
+// (mod p') that none of them produced, in increasing order, so the union
+// over every attempt is the sequence exactly once. Its position carries
+// what it must skip as layers, one per rescale not yet passed: a layer is
+// the old parallelism q and the old next n of each residue r < q (every
+// n ≡ r (mod q) below it was produced; Finished: all of them). A layer is
+// dropped once every subtask is past it: at a rescale, everything below
+// the largest of the layers' smallest next n was produced, the new
+// subtasks start there and the layers that cover nothing from there on
+// go; a subtask drops a layer itself once its next n is past every n the
+// layer covers.
+//
+// Encoding: version 1 (a split with no layers, which every position of a
+// source never rescaled is) is 9 bytes: 0x01 and the next n (big endian
+// uint64). Version 2 is 0x02, the next n (big endian uint64), the number
+// of layers (uvarint) and for each its q (uvarint) and q next n (uvarint,
+// Finished as math.MaxInt64).
+package roundrobin
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"math"
+	"slices"
+)
+
+// Finished is a layer's next n for an old subtask that had finished (or an
+// end past every n).
+const Finished = math.MaxInt64
+
+const (
+	version1 = 1
+	version2 = 2
+)
+
+// layer[r] is the next n the old subtask r of len(layer) had: every
+// n ≡ r (mod len(layer)) below it was produced.
+type layer []int64
+
+func (l layer) covers(n int64) bool { return n < l[n%int64(len(l))] }
+
+// last is the largest n the layer covers (-1: none).
+func (l layer) last() int64 {
+	q, last := int64(len(l)), int64(-1)
+	for r, v := range l {
+		if v > int64(r) { // the largest n ≡ r (mod q) below v
+			last = max(last, v-1-((v-1-int64(r))%q))
+		}
+	}
+	return last
+}
+
+func (l layer) min() int64 { return slices.Min(l) }
+
+// Split is one subtask's share of the sequence.
+type Split struct {
+	subtask, parallelism int64
+	end                  int64 // numbers >= end are never produced; -1: none
+	layers               []layer
+}
+
+// New opens subtask's split at parallelism and returns it with the first
+// n it produces (at or past end when it has none left). pos is nil to
+// start at the beginning, or a Position of the same subtask and
+// parallelism (from a checkpoint, possibly written by Rescale). end bounds
+// the sequence (n < end), -1 when unbounded. The errors name no package:
+// the caller prefixes its own.
+func New(subtask, parallelism int, pos []byte, end int64) (*Split, int64, error) {
+	if parallelism < 1 || subtask < 0 || subtask >= parallelism {
+		return nil, 0, fmt.Errorf("subtask %d of parallelism %d", subtask, parallelism)
+	}
+	s := &Split{subtask: int64(subtask), parallelism: int64(parallelism), end: end}
+	if pos == nil {
+		return s, s.skip(s.subtask), nil
+	}
+	next, layers, err := decode(pos)
+	if err != nil {
+		return nil, 0, err
+	}
+	past := end >= 0 && next >= end
+	if next%s.parallelism != s.subtask && !past {
+		return nil, 0, fmt.Errorf("position n=%d does not belong to subtask %d of %d", next, subtask, parallelism)
+	}
+	if next == Finished && end < 0 {
+		return nil, 0, fmt.Errorf("position of a finished subtask in an unbounded sequence")
+	}
+	for _, l := range layers {
+		if slices.Contains(l, Finished) {
+			if end < 0 {
+				return nil, 0, fmt.Errorf("position says an old subtask of %d finished, but the sequence is unbounded", len(l))
+			}
+			l = slices.Clone(l)
+			for r, v := range l {
+				l[r] = min(v, end) // nothing at or past end was produced
+			}
+		}
+		s.layers = append(s.layers, l)
+	}
+	return s, s.skip(next), nil
+}
+
+// Next returns the n this subtask produces after n.
+func (s *Split) Next(n int64) int64 {
+	n += s.parallelism
+	if len(s.layers) > 0 {
+		n = s.skip(n)
+	}
+	return n
+}
+
+// skip returns the first n' >= n of this subtask's class that no old
+// subtask produced (or n' >= end), and drops the layers it is past.
+func (s *Split) skip(n int64) int64 {
+	for len(s.layers) > 0 {
+		if s.end >= 0 && n >= s.end {
+			break
+		}
+		covered := false
+		for _, l := range s.layers {
+			if l.covers(n) {
+				covered = true
+				break
+			}
+		}
+		if !covered {
+			break
+		}
+		n += s.parallelism
+	}
+	s.layers = slices.DeleteFunc(s.layers, func(l layer) bool { return l.last() < n })
+	return n
+}
+
+// Position encodes next (the next n this subtask produces) with the layers
+// it has yet to pass.
+func (s *Split) Position(next int64) []byte { return encode(next, s.layers) }
+
+// Rescale turns the positions of a source's old subtasks (nil for one that
+// had finished: every n of its class was produced) into those of
+// parallelism new ones (see the package doc).
+func Rescale(positions [][]byte, parallelism int) ([][]byte, error) {
+	oldP := len(positions)
+	if oldP < 1 || parallelism < 1 {
+		return nil, fmt.Errorf("rescale from %d to %d subtasks", oldP, parallelism)
+	}
+	cur := make(layer, oldP)
+	var layers []layer
+	for j, pos := range positions {
+		if pos == nil {
+			cur[j] = Finished
+			continue
+		}
+		next, ls, err := decode(pos)
+		if err != nil {
+			return nil, fmt.Errorf("subtask %d: %w", j, err)
+		}
+		if next != Finished && next%int64(oldP) != int64(j) {
+			return nil, fmt.Errorf("subtask %d: position n=%d does not belong to subtask %d of %d", j, next, j, oldP)
+		}
+		cur[j] = next
+		for _, l := range ls {
+			if !slices.ContainsFunc(layers, func(m layer) bool { return slices.Equal(l, m) }) {
+				layers = append(layers, l)
+			}
+		}
+	}
+	layers = append(layers, cur)
+	var base int64 // every n below base was produced
+	for _, l := range layers {
+		base = max(base, l.min())
+	}
+	layers = slices.DeleteFunc(layers, func(l layer) bool { return l.last() < base })
+	p := int64(parallelism)
+	out := make([][]byte, parallelism)
+	for j := range out {
+		next := int64(Finished)
+		if base <= Finished-p {
+			next = base + ((int64(j)-base%p)%p+p)%p
+		}
+		out[j] = encode(next, layers)
+	}
+	return out, nil
+}
+
+func encode(next int64, layers []layer) []byte {
+	if len(layers) == 0 {
+		b := make([]byte, 9)
+		b[0] = version1
+		binary.BigEndian.PutUint64(b[1:], uint64(next))
+		return b
+	}
+	b := make([]byte, 9, 16)
+	b[0] = version2
+	binary.BigEndian.PutUint64(b[1:], uint64(next))
+	b = binary.AppendUvarint(b, uint64(len(layers)))
+	for _, l := range layers {
+		b = binary.AppendUvarint(b, uint64(len(l)))
+		for _, v := range l {
+			b = binary.AppendUvarint(b, uint64(v))
+		}
+	}
+	return b
+}
+
+var errBad = errors.New("bad position")
+
+func decode(pos []byte) (next int64, layers []layer, err error) {
+	bad := func(why string) error { return fmt.Errorf("%w %x: %s", errBad, pos, why) }
+	if len(pos) < 9 || (pos[0] != version1 && pos[0] != version2) {
+		return 0, nil, bad(fmt.Sprintf("want version %d (9 bytes) or %d", version1, version2))
+	}
+	next = int64(binary.BigEndian.Uint64(pos[1:9]))
+	if next < 0 {
+		return 0, nil, bad("negative n")
+	}
+	if pos[0] == version1 {
+		if len(pos) != 9 {
+			return 0, nil, bad("version 1 is 9 bytes")
+		}
+		return next, nil, nil
+	}
+	rest := pos[9:]
+	uv := func() (int64, bool) {
+		v, k := binary.Uvarint(rest)
+		if k <= 0 || v > math.MaxInt64 {
+			return 0, false
+		}
+		rest = rest[k:]
+		return int64(v), true
+	}
+	nl, ok := uv()
+	if !ok || nl < 1 || nl > int64(len(rest)) {
+		return 0, nil, bad("layer count")
+	}
+	for range nl {
+		q, ok := uv()
+		if !ok || q < 1 || q > int64(len(rest)) {
+			return 0, nil, bad("layer parallelism")
+		}
+		l := make(layer, q)
+		for r := range l {
+			if l[r], ok = uv(); !ok {
+				return 0, nil, bad("layer's next n")
+			}
+		}
+		layers = append(layers, l)
+	}
+	if len(rest) != 0 {
+		return 0, nil, bad("trailing bytes")
+	}
+	return next, layers, nil
+}
