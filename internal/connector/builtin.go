@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/streamd/streamd/internal/natsutil"
+	"github.com/streamd/streamd/internal/roundrobin"
 )
 
 // The built-in connectors register as any other, but in a package-level
@@ -147,7 +148,8 @@ func generatorSpec() *ConfigSpec {
 		Summary("Deterministic records: record n has key, value and timestamp computed from n.").
 		Description("Subtask i of p produces records n = i, i+p, i+2p, ...; `{n}` in a pattern is n and `{k}` is n modulo keys, "+
 			"so a run, a rescaled run and a resumed run produce the same records. The timestamp is start_ts + n*ts_step. "+
-			"The position in a checkpoint is the next n.").
+			"The position in a checkpoint is the next n. It restores at another parallelism: new subtask j of p' produces the "+
+			"n = j (mod p') that no old subtask produced, in order, so every record comes exactly once.").
 		Field(
 			NewIntField("count").Description("Records in total over all subtasks; 0 with a rate: unbounded.").Example(1000000),
 			NewFloatField("rate").Description("Records per second over all subtasks; 0: as fast as possible.").Default(0.0),
@@ -191,7 +193,8 @@ func generatorSpec() *ConfigSpec {
 				d += fmt.Sprintf(" rate=%g/s", s.Rate)
 			}
 			return d
-		})
+		}).
+		RescalePositions(roundrobin.Rescale)
 }
 
 func natsURLField() *Field {

@@ -51,7 +51,7 @@ func checkOnce(t *testing.T, seen map[int64]int, upTo int64) {
 	}
 }
 
-// A prefix at p, rescaled to p' and again to p'' before every subtask is
+// A prefix at p, rescaled to p' and again to p” before every subtask is
 // past the first rescale, then run on: every n exactly once, in order per
 // subtask; bounded sequences finish with every n below the end.
 func TestRescaleExactlyOnce(t *testing.T) {
