@@ -64,7 +64,7 @@ func (l layer) min() int64 { return slices.Min(l) }
 type Split struct {
 	subtask, parallelism int64
 	end                  int64 // numbers >= end are never produced; -1: none
-	layers               []layer
+	layers               Layers
 }
 
 // New opens subtask's split at parallelism and returns it with the first
@@ -119,23 +119,10 @@ func (s *Split) Next(n int64) int64 {
 // skip returns the first n' >= n of this subtask's class that no old
 // subtask produced (or n' >= end), and drops the layers it is past.
 func (s *Split) skip(n int64) int64 {
-	for len(s.layers) > 0 {
-		if s.end >= 0 && n >= s.end {
-			break
-		}
-		covered := false
-		for _, l := range s.layers {
-			if l.covers(n) {
-				covered = true
-				break
-			}
-		}
-		if !covered {
-			break
-		}
+	for len(s.layers) > 0 && (s.end < 0 || n < s.end) && s.layers.Covers(n) {
 		n += s.parallelism
 	}
-	s.layers = slices.DeleteFunc(s.layers, func(l layer) bool { return l.last() < n })
+	s.layers = s.layers.Trim(n)
 	return n
 }
 
@@ -151,57 +138,78 @@ func Rescale(positions [][]byte, parallelism int) ([][]byte, error) {
 	if oldP < 1 || parallelism < 1 {
 		return nil, fmt.Errorf("rescale from %d to %d subtasks", oldP, parallelism)
 	}
-	cur := make(layer, oldP)
-	var layers []layer
+	next := make([]int64, oldP)
+	old := make([]Layers, oldP)
 	for j, pos := range positions {
 		if pos == nil {
-			cur[j] = Finished
+			next[j] = Finished
 			continue
 		}
-		next, ls, err := decode(pos)
+		n, ls, err := decode(pos)
 		if err != nil {
 			return nil, fmt.Errorf("subtask %d: %w", j, err)
 		}
-		if next != Finished && next%int64(oldP) != int64(j) {
-			return nil, fmt.Errorf("subtask %d: position n=%d does not belong to subtask %d of %d", j, next, j, oldP)
+		if n != Finished && n%int64(oldP) != int64(j) {
+			return nil, fmt.Errorf("subtask %d: position n=%d does not belong to subtask %d of %d", j, n, j, oldP)
 		}
-		cur[j] = next
+		next[j], old[j] = n, ls
+	}
+	base, layers := Merge(next, old)
+	p := int64(parallelism)
+	out := make([][]byte, parallelism)
+	for j := range out {
+		n := int64(Finished)
+		if base <= Finished-p {
+			n = base + ((int64(j)-base%p)%p+p)%p
+		}
+		out[j] = encode(n, layers)
+	}
+	return out, nil
+}
+
+// Layers is what a subtask has yet to skip of what the subtasks before a
+// rescale produced (see the package doc).
+type Layers []layer
+
+// Covers reports whether n was produced before a rescale.
+func (ls Layers) Covers(n int64) bool {
+	for _, l := range ls {
+		if l.covers(n) {
+			return true
+		}
+	}
+	return false
+}
+
+// Trim drops the layers that cover nothing at or above n.
+func (ls Layers) Trim(n int64) Layers {
+	return slices.DeleteFunc(ls, func(l layer) bool { return l.last() < n })
+}
+
+// Merge is the rescale of a source whose old subtask j of len(next) had
+// produced every n ≡ j (mod len(next)) below next[j] (Finished: all) and
+// had old[j] left to skip: everything below base was produced, and the
+// layers cover what was at or above it.
+func Merge(next []int64, old []Layers) (base int64, layers Layers) {
+	for _, ls := range old {
 		for _, l := range ls {
 			if !slices.ContainsFunc(layers, func(m layer) bool { return slices.Equal(l, m) }) {
 				layers = append(layers, l)
 			}
 		}
 	}
-	layers = append(layers, cur)
-	var base int64 // every n below base was produced
+	layers = append(layers, layer(slices.Clone(next)))
 	for _, l := range layers {
 		base = max(base, l.min())
 	}
-	layers = slices.DeleteFunc(layers, func(l layer) bool { return l.last() < base })
-	p := int64(parallelism)
-	out := make([][]byte, parallelism)
-	for j := range out {
-		next := int64(Finished)
-		if base <= Finished-p {
-			next = base + ((int64(j)-base%p)%p+p)%p
-		}
-		out[j] = encode(next, layers)
-	}
-	return out, nil
+	return base, layers.Trim(base)
 }
 
-func encode(next int64, layers []layer) []byte {
-	if len(layers) == 0 {
-		b := make([]byte, 9)
-		b[0] = version1
-		binary.BigEndian.PutUint64(b[1:], uint64(next))
-		return b
-	}
-	b := make([]byte, 9, 16)
-	b[0] = version2
-	binary.BigEndian.PutUint64(b[1:], uint64(next))
-	b = binary.AppendUvarint(b, uint64(len(layers)))
-	for _, l := range layers {
+// AppendLayers appends the encoding of ls (its count, then each layer's
+// parallelism and next n, uvarints) to b.
+func AppendLayers(b []byte, ls Layers) []byte {
+	b = binary.AppendUvarint(b, uint64(len(ls)))
+	for _, l := range ls {
 		b = binary.AppendUvarint(b, uint64(len(l)))
 		for _, v := range l {
 			b = binary.AppendUvarint(b, uint64(v))
@@ -210,9 +218,54 @@ func encode(next int64, layers []layer) []byte {
 	return b
 }
 
+// ParseLayers decodes what AppendLayers wrote, b whole.
+func ParseLayers(b []byte) (Layers, error) {
+	uv := func() (int64, bool) {
+		v, k := binary.Uvarint(b)
+		if k <= 0 || v > math.MaxInt64 {
+			return 0, false
+		}
+		b = b[k:]
+		return int64(v), true
+	}
+	nl, ok := uv()
+	if !ok || nl > int64(len(b)) {
+		return nil, errors.New("layer count")
+	}
+	var layers Layers
+	for range nl {
+		q, ok := uv()
+		if !ok || q < 1 || q > int64(len(b)) {
+			return nil, errors.New("layer parallelism")
+		}
+		l := make(layer, q)
+		for r := range l {
+			if l[r], ok = uv(); !ok {
+				return nil, errors.New("layer's next n")
+			}
+		}
+		layers = append(layers, l)
+	}
+	if len(b) != 0 {
+		return nil, errors.New("trailing bytes")
+	}
+	return layers, nil
+}
+
+func encode(next int64, layers Layers) []byte {
+	b := make([]byte, 9, 16)
+	b[0] = version1
+	binary.BigEndian.PutUint64(b[1:], uint64(next))
+	if len(layers) == 0 {
+		return b
+	}
+	b[0] = version2
+	return AppendLayers(b, layers)
+}
+
 var errBad = errors.New("bad position")
 
-func decode(pos []byte) (next int64, layers []layer, err error) {
+func decode(pos []byte) (next int64, layers Layers, err error) {
 	bad := func(why string) error { return fmt.Errorf("%w %x: %s", errBad, pos, why) }
 	if len(pos) < 9 || (pos[0] != version1 && pos[0] != version2) {
 		return 0, nil, bad(fmt.Sprintf("want version %d (9 bytes) or %d", version1, version2))
@@ -227,34 +280,12 @@ func decode(pos []byte) (next int64, layers []layer, err error) {
 		}
 		return next, nil, nil
 	}
-	rest := pos[9:]
-	uv := func() (int64, bool) {
-		v, k := binary.Uvarint(rest)
-		if k <= 0 || v > math.MaxInt64 {
-			return 0, false
-		}
-		rest = rest[k:]
-		return int64(v), true
+	layers, err = ParseLayers(pos[9:])
+	if err == nil && len(layers) == 0 {
+		err = errors.New("layer count")
 	}
-	nl, ok := uv()
-	if !ok || nl < 1 || nl > int64(len(rest)) {
-		return 0, nil, bad("layer count")
-	}
-	for range nl {
-		q, ok := uv()
-		if !ok || q < 1 || q > int64(len(rest)) {
-			return 0, nil, bad("layer parallelism")
-		}
-		l := make(layer, q)
-		for r := range l {
-			if l[r], ok = uv(); !ok {
-				return 0, nil, bad("layer's next n")
-			}
-		}
-		layers = append(layers, l)
-	}
-	if len(rest) != 0 {
-		return 0, nil, bad("trailing bytes")
+	if err != nil {
+		return 0, nil, bad(err.Error())
 	}
 	return next, layers, nil
 }
