@@ -62,7 +62,7 @@ type rescaleUp struct {
 
 // bounds is each operator's declared and least parallelism. A source whose
 // position does not restore at another parallelism (connector.
-// SourceRescales: file and nats) keeps its declared one.
+// SourceRescales: nats) keeps its declared one.
 func (j *ctlJob) bounds() []control.Bounds {
 	out := make([]control.Bounds, len(j.spec.Vertices))
 	for i, v := range j.spec.Vertices {

@@ -56,7 +56,9 @@ func fileSourceSpec() *ConfigSpec {
 		Summary("Reads a text file, one record per line (the value; no key, no timestamp).").
 		Description("With parallelism p every subtask reads the whole file and subtask i keeps the lines whose index is i modulo p. "+
 			"`-` reads standard input (one subtask). A named pipe or a character device is read as a stream. "+
-			"The position in a checkpoint is the byte offset and index of the next line.").
+			"The position in a checkpoint is the byte offset and index of the next line. It restores at another parallelism: "+
+			"new subtask j of p' keeps the lines i = j (mod p') that no old subtask produced, so every line comes exactly once "+
+			"(not standard input, which is read once).").
 		Field(NewPathField("path").Description(`The file to read, relative to the job file; "-" for standard input.`).
 			Example("input.txt").Require(`a file source reads the file at path ("-" for standard input)`)).
 		Example("source: {type: file, path: events.jsonl, timestamp: {field: ts}, watermark: {max_out_of_orderness: 2s}}").
@@ -76,6 +78,7 @@ func fileSourceSpec() *ConfigSpec {
 			}
 			return "source file " + s.Path
 		}).
+		RescalePositions(rescaleFilePositions).
 		Artifact(func(s *SourceSpec) (string, error) {
 			if s.Path == "-" {
 				return "", fmt.Errorf("a deployed job cannot read standard input; use a file or generator source")
