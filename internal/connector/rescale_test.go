@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -21,10 +22,11 @@ type rescaleStage struct {
 
 // checkRescaled runs the stages of source type typ, the positions of each
 // (nil for a subtask that reached the end) rescaled to the next one's
-// parallelism as a restore does, and checks that every record n < total
-// (index maps a record to its n, false for one past total) comes exactly
-// once, each subtask's in increasing order and of its class modulo p.
-func checkRescaled(t *testing.T, typ string, total int, open func(j, p int, pos []byte) (Source, error), index func(abi.Record) (int64, bool), stages []rescaleStage) {
+// parallelism as a restore does, and checks that every record first <= n <
+// first+total (index maps a record to its n, false for one past them)
+// comes exactly once, each subtask's in increasing order and of its class
+// modulo p.
+func checkRescaled(t *testing.T, typ string, first int64, total int, open func(j, p int, pos []byte) (Source, error), index func(abi.Record) (int64, bool), stages []rescaleStage) {
 	t.Helper()
 	seen := map[int64]int{}
 	var pos [][]byte
@@ -81,7 +83,7 @@ func checkRescaled(t *testing.T, typ string, total int, open func(j, p int, pos 
 		}
 		pos = next
 	}
-	for n := range int64(total) {
+	for n := first; n < first+int64(total); n++ {
 		if seen[n] != 1 {
 			t.Fatalf("record %d produced %d times", n, seen[n])
 		}
@@ -107,7 +109,7 @@ func TestGeneratorRescale(t *testing.T) {
 			if !bounded {
 				spec.Count, spec.Rate = 0, 1e9
 			}
-			checkRescaled(t, "generator", total,
+			checkRescaled(t, "generator", 0, total,
 				func(j, p int, pos []byte) (Source, error) { return NewGenerator(spec, j, p, pos) },
 				func(r abi.Record) (int64, bool) {
 					n, err := strconv.ParseInt(strings.TrimPrefix(string(r.Value), "value-"), 10, 64)
@@ -128,7 +130,7 @@ func TestFileSourceRescale(t *testing.T) {
 		fmt.Fprintf(&b, "line %d %s\n", i, strings.Repeat("x", i%50))
 	}
 	path := writeFile(t, b.String())
-	checkRescaled(t, "file", total,
+	checkRescaled(t, "file", 0, total,
 		func(j, p int, pos []byte) (Source, error) { return NewFileSource(path, nil, j, p, pos, 0) },
 		func(r abi.Record) (int64, bool) {
 			f := strings.Fields(string(r.Value))
@@ -152,4 +154,34 @@ func mustLayers(t *testing.T) roundrobin.Layers {
 		t.Fatal("no layer to skip")
 	}
 	return skip
+}
+
+// A nats source rescaled 2 -> 3 -> 1 mid-stream keeps every message
+// exactly once (the split is by stream sequence: n is the sequence, from
+// 1); bounded, and unbounded with messages published while it runs.
+func TestNATSSourceRescale(t *testing.T) {
+	for _, bounded := range []bool{true, false} {
+		t.Run(fmt.Sprintf("bounded=%v", bounded), func(t *testing.T) {
+			co, _, js := jsServer(t)
+			const total = 1500
+			publishOrders(t, js, 0, total)
+			o := NATSSourceOptions{Conn: co, Stream: "ORDERS", Bounded: bounded}
+			stages := rescaleStages
+			if !bounded {
+				// The last stage reads the 650 left of the total and 25 of
+				// the 50 published after it.
+				publishOrders(t, js, total, 50)
+				stages = append(slices.Clone(stages[:2]), rescaleStage{1, func(int) int { return total - 700 - 150 + 25 }})
+			}
+			checkRescaled(t, "nats", 1, total,
+				func(j, p int, pos []byte) (Source, error) { return NewNATSSource(context.Background(), o, j, p, pos) },
+				func(r abi.Record) (int64, bool) {
+					i, err := strconv.ParseInt(strings.TrimPrefix(string(r.Value), "order-"), 10, 64)
+					if err != nil {
+						t.Fatalf("message %q", r.Value)
+					}
+					return i + 1, i < total // sequence i+1
+				}, stages)
+		})
+	}
 }
