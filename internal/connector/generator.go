@@ -242,8 +242,9 @@ func (g *Generator) fill(recs []abi.Record) int {
 	a := g.arena[:0]
 	offs := g.offs[:0]
 	n := g.next
+	p, skipping := int64(g.parallelism), g.split.Skipping()
 	for i := range recs {
-		if g.count >= 0 && n >= g.count {
+		if skipping && g.count >= 0 && n >= g.count { // else Read asked for no more than remain
 			recs = recs[:i]
 			break
 		}
@@ -260,7 +261,11 @@ func (g *Generator) fill(recs []abi.Record) int {
 		if !g.any || ts > g.maxTS {
 			g.maxTS, g.any = ts, true
 		}
-		n = g.split.Next(n)
+		if skipping {
+			n = g.split.Next(n)
+		} else {
+			n += p
+		}
 	}
 	// Slice after filling: the arena may have moved while it grew.
 	for i := range recs {

@@ -146,8 +146,9 @@ func (s *Source) Read(ctx context.Context, recs []abi.Record) (int, error) {
 // end of a bounded source whose last events an old subtask produced).
 func (s *Source) fill(recs []abi.Record) int {
 	a, ends := s.arena[:0], s.ends[:0]
+	p, skipping := int64(s.parallelism), s.split.Skipping()
 	for i := range recs {
-		if s.events >= 0 && s.next >= s.events {
+		if skipping && s.events >= 0 && s.next >= s.events { // else Read asked for no more than left
 			recs = recs[:i]
 			break
 		}
@@ -155,7 +156,11 @@ func (s *Source) fill(recs []abi.Record) int {
 		a, ts = s.gen.Append(a, s.next)
 		ends = append(ends, len(a))
 		recs[i].Timestamp = ts
-		s.next = s.split.Next(s.next)
+		if skipping {
+			s.next = s.split.Next(s.next)
+		} else {
+			s.next += p
+		}
 	}
 	start := 0
 	for i, e := range ends {

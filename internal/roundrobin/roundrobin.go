@@ -107,6 +107,10 @@ func New(subtask, parallelism int, pos []byte, end int64) (*Split, int64, error)
 	return s, s.skip(next), nil
 }
 
+// Skipping reports whether the subtask has numbers to skip ahead: while it
+// does not, the n it produces after n is n + parallelism.
+func (s *Split) Skipping() bool { return len(s.layers) > 0 }
+
 // Next returns the n this subtask produces after n.
 func (s *Split) Next(n int64) int64 {
 	n += s.parallelism
