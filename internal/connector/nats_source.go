@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -485,6 +486,9 @@ func rescaleNATSPositions(positions [][]byte, parallelism int) ([][]byte, error)
 	}
 	if bounded < 0 {
 		return nil, errors.New("no subtask has a position (all had finished)")
+	}
+	if bounded == 0 && slices.Contains(next, roundrobin.Finished) {
+		return nil, fmt.Errorf("subtask %d of an unbounded source has no position", slices.Index(next, roundrobin.Finished))
 	}
 	base, skip := roundrobin.Merge(next, old)
 	if base == roundrobin.Finished {
