@@ -62,7 +62,8 @@ type rescaleUp struct {
 
 // bounds is each operator's declared and least parallelism. A source whose
 // position does not restore at another parallelism (connector.
-// SourceRescales: all but kafka) keeps its declared one.
+// SourceRescales: every built-in type does, a registered one without
+// RescalePositions not) keeps its declared one.
 func (j *ctlJob) bounds() []control.Bounds {
 	out := make([]control.Bounds, len(j.spec.Vertices))
 	for i, v := range j.spec.Vertices {

@@ -2,21 +2,34 @@ package cluster
 
 import (
 	"encoding/json"
+	"errors"
 	"testing"
 	"time"
 
 	"github.com/streamd/streamd/control"
+	"github.com/streamd/streamd/internal/connector"
 	"github.com/streamd/streamd/internal/jobfile"
 )
 
-// TestScaleSpec: a job declared at 4 (a generator at 2, which keeps its
+// fixedSourceType is a source type whose positions do not rescale (every
+// built-in one's do).
+const fixedSourceType = "fixed_test"
+
+func init() {
+	connector.MustRegisterSource(fixedSourceType, connector.NewConfigSpec().Summary("A source that keeps its parallelism (tests)."),
+		func(*connector.SourceSpec, connector.SourceEnv) (connector.Source, error) {
+			return nil, errors.New("not for running")
+		})
+}
+
+// TestScaleSpec: a job declared at 4 (a source at 2 that keeps its
 // parallelism; a keyed operator at 4 with min 2; a sink at 4) scaled to 2
 // slots runs every operator at min(declared, 2), remembers what it
 // declared (also in its record, for the next leader), and scaled back to
 // 4 is its declared spec again.
 func TestScaleSpec(t *testing.T) {
 	spec := JobSpec{Name: "adaptive", Vertices: []VertexSpec{
-		{UID: "gen", Kind: control.KindSource, Parallelism: 2, MaxParallelism: 128, Source: &jobfile.SourceSpec{Type: "generator"}},
+		{UID: "gen", Kind: control.KindSource, Parallelism: 2, MaxParallelism: 128, Source: &jobfile.SourceSpec{Type: fixedSourceType}},
 		{UID: "count", Kind: control.KindOperator, Parallelism: 4, MinParallelism: 2, MaxParallelism: 128,
 			Inputs: []control.Edge{{From: "gen", Partition: control.Hash}}, Wasm: &WasmSpec{Module: Artifact{Name: "count.wasm"}}},
 		{UID: "out", Kind: control.KindSink, Parallelism: 4, MaxParallelism: 128,
@@ -24,7 +37,7 @@ func TestScaleSpec(t *testing.T) {
 	}}
 	j := &ctlJob{id: "adaptive-1", spec: spec, slots: spec.slotsNeeded()}
 	if got := j.bounds(); got[0] != (control.Bounds{Declared: 2, Min: 2}) || got[1] != (control.Bounds{Declared: 4, Min: 2}) || got[2] != (control.Bounds{Declared: 4}) {
-		t.Fatalf("bounds %v: the generator keeps its 2, count at least 2", got)
+		t.Fatalf("bounds %v: the source keeps its 2, count at least 2", got)
 	}
 	if fs := j.fixedSources(); fs != "gen 2" {
 		t.Errorf("fixed sources %q, want gen 2", fs)

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/streamd/streamd/internal/natsutil"
+	"github.com/streamd/streamd/internal/roundrobin"
 )
 
 // The built-in connectors register as any other, but in a package-level
@@ -55,7 +56,9 @@ func fileSourceSpec() *ConfigSpec {
 		Summary("Reads a text file, one record per line (the value; no key, no timestamp).").
 		Description("With parallelism p every subtask reads the whole file and subtask i keeps the lines whose index is i modulo p. "+
 			"`-` reads standard input (one subtask). A named pipe or a character device is read as a stream. "+
-			"The position in a checkpoint is the byte offset and index of the next line.").
+			"The position in a checkpoint is the byte offset and index of the next line. It restores at another parallelism: "+
+			"new subtask j of p' keeps the lines i ≡ j (mod p') that no old subtask produced, so every line comes exactly once "+
+			"(not standard input, which is read once).").
 		Field(NewPathField("path").Description(`The file to read, relative to the job file; "-" for standard input.`).
 			Example("input.txt").Require(`a file source reads the file at path ("-" for standard input)`)).
 		Example("source: {type: file, path: events.jsonl, timestamp: {field: ts}, watermark: {max_out_of_orderness: 2s}}").
@@ -75,6 +78,7 @@ func fileSourceSpec() *ConfigSpec {
 			}
 			return "source file " + s.Path
 		}).
+		RescalePositions(rescaleFilePositions).
 		Artifact(func(s *SourceSpec) (string, error) {
 			if s.Path == "-" {
 				return "", fmt.Errorf("a deployed job cannot read standard input; use a file or generator source")
@@ -147,7 +151,8 @@ func generatorSpec() *ConfigSpec {
 		Summary("Deterministic records: record n has key, value and timestamp computed from n.").
 		Description("Subtask i of p produces records n = i, i+p, i+2p, ...; `{n}` in a pattern is n and `{k}` is n modulo keys, "+
 			"so a run, a rescaled run and a resumed run produce the same records. The timestamp is start_ts + n*ts_step. "+
-			"The position in a checkpoint is the next n.").
+			"The position in a checkpoint is the next n. It restores at another parallelism: new subtask j of p' produces the "+
+			"n ≡ j (mod p') that no old subtask produced, in order, so every record comes exactly once.").
 		Field(
 			NewIntField("count").Description("Records in total over all subtasks; 0 with a rate: unbounded.").Example(1000000),
 			NewFloatField("rate").Description("Records per second over all subtasks; 0: as fast as possible.").Default(0.0),
@@ -191,7 +196,8 @@ func generatorSpec() *ConfigSpec {
 				d += fmt.Sprintf(" rate=%g/s", s.Rate)
 			}
 			return d
-		})
+		}).
+		RescalePositions(roundrobin.Rescale)
 }
 
 func natsURLField() *Field {
@@ -218,7 +224,10 @@ func natsSourceSpec() *ConfigSpec {
 	return NewConfigSpec().
 		Summary("Reads a NATS JetStream stream (subtask i of p: the messages whose stream sequence is i modulo p).").
 		Description("The value is the payload; the key is the Streamd-Key header (or the subject's last token); the timestamp "+
-			"the Streamd-Timestamp header, else the stream time. The position in a checkpoint is the next stream sequence.").
+			"the Streamd-Timestamp header, else the stream time. With parallelism p every subtask reads the whole stream and subtask i keeps "+
+			"the messages whose stream sequence is i modulo p. The position in a checkpoint is the next stream sequence. It restores at "+
+			"another parallelism: new subtask j of p' keeps the sequences ≡ j (mod p') that no old subtask kept, each message exactly once "+
+			"(a bounded source then reads up to the largest of its old subtasks' bounds).").
 		Field(
 			natsURLField(),
 			NewStringField("stream").Description("The JetStream stream to read.").Example("ORDERS").
@@ -272,7 +281,8 @@ func natsSourceSpec() *ConfigSpec {
 				d += " at " + s.URL
 			}
 			return d
-		})
+		}).
+		RescalePositions(rescaleNATSPositions)
 }
 
 // natsSetupTimeout bounds connecting a nats source or sink subtask.
@@ -385,7 +395,8 @@ func natsSinkSpec() *ConfigSpec {
 				d += " at " + s.URL
 			}
 			return d
-		})
+		}).
+		RescalePositions(rescaleNATSPositions)
 }
 
 // newNATSSinkEnv opens a nats sink subtask. Its writer (the commit-marker

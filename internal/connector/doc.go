@@ -51,8 +51,10 @@
 //     from. A source with RescalePositions restores at another
 //     parallelism: the hook spreads the old subtasks' positions (its
 //     splits, such as Kafka partitions with their offsets) over the new
-//     ones; without it, a source's parallelism is fixed once a checkpoint
-//     holds its positions.
+//     ones, or tells each new subtask what the old ones produced (the
+//     round-robin generator, nexmark, file and nats sources: package
+//     roundrobin); without it, a source's parallelism is fixed once a
+//     checkpoint holds its positions.
 //  4. Read, Watermark and Position are called by one goroutine (Source).
 //     Position is taken at every checkpoint barrier and stored as it is:
 //     its encoding is the connector's checkpoint format and must keep

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/streamd/streamd/abi"
+	"github.com/streamd/streamd/internal/roundrobin"
 )
 
 // FileSource reads a text file, one record per line: the value is the line
@@ -21,7 +22,8 @@ import (
 // subtask i keeps the lines whose 0-based index is i modulo p. Standard input
 // (path "-") can be read only once: subtask 0 reads all of it and the other
 // subtasks produce nothing. The position is the byte offset and index of the
-// next line.
+// next line read, and after a rescale what the subtask has yet to skip
+// (rescaleFilePositions).
 type FileSource struct {
 	name                 string
 	f                    *os.File // nil for stdin
@@ -29,7 +31,10 @@ type FileSource struct {
 	subtask, parallelism int
 	offset               int64 // byte offset of the next line
 	line                 int64 // index of the next line
-	eof                  bool
+	// skip: the lines subtasks before a rescale produced (an index that
+	// Covers), until the subtask is past them.
+	skip roundrobin.Layers
+	eof  bool
 	// stream: the input is not a regular file (stdin, a pipe, a FIFO), so
 	// more lines may take long to come: Read returns the lines it has
 	// once the buffered input is used up instead of waiting for a full
@@ -72,19 +77,18 @@ func NewFileSource(path string, stdin io.Reader, subtask, parallelism int, pos [
 	}
 	s := &FileSource{name: path, subtask: subtask, parallelism: parallelism, maxLine: maxLine}
 	if pos != nil {
-		if len(pos) != 17 || pos[0] != positionVersion {
-			return nil, fmt.Errorf("connector: file source %s: bad position %x", path, pos)
+		var err error
+		if s.offset, s.line, s.skip, err = parseFilePosition(pos); err != nil {
+			return nil, fmt.Errorf("connector: file source %s: %w", path, err)
 		}
-		s.offset = int64(binary.BigEndian.Uint64(pos[1:]))
-		s.line = int64(binary.BigEndian.Uint64(pos[9:]))
 	}
 	if path == "-" {
 		s.name = "stdin"
 		if stdin == nil {
 			stdin = os.Stdin
 		}
-		if pos != nil && s.offset != 0 {
-			return nil, fmt.Errorf("connector: file source: cannot resume stdin at byte %d", s.offset)
+		if pos != nil && (s.offset != 0 || len(s.skip) > 0) {
+			return nil, fmt.Errorf("connector: file source: cannot resume stdin at byte %d (or after a rescale)", s.offset)
 		}
 		if subtask != 0 {
 			s.eof = true
@@ -119,13 +123,74 @@ func NewFileSource(path string, stdin io.Reader, subtask, parallelism int, pos [
 	return s, nil
 }
 
-// Position encodes the byte offset and index of the next line.
-func (s *FileSource) Position() []byte {
-	b := make([]byte, 17)
+// Position encodes the byte offset and index of the next line (version 1,
+// 17 bytes), and what it has yet to skip after a rescale (version 2: then
+// the layers, roundrobin.AppendLayers).
+func (s *FileSource) Position() []byte { return filePosition(s.offset, s.line, s.skip) }
+
+const filePositionVersion2 = 2
+
+func filePosition(offset, line int64, skip roundrobin.Layers) []byte {
+	b := make([]byte, 17, 32)
 	b[0] = positionVersion
-	binary.BigEndian.PutUint64(b[1:], uint64(s.offset))
-	binary.BigEndian.PutUint64(b[9:], uint64(s.line))
-	return b
+	binary.BigEndian.PutUint64(b[1:], uint64(offset))
+	binary.BigEndian.PutUint64(b[9:], uint64(line))
+	if len(skip) == 0 {
+		return b
+	}
+	b[0] = filePositionVersion2
+	return roundrobin.AppendLayers(b, skip)
+}
+
+func parseFilePosition(pos []byte) (offset, line int64, skip roundrobin.Layers, err error) {
+	if len(pos) < 17 || (pos[0] != positionVersion && pos[0] != filePositionVersion2) || (pos[0] == positionVersion && len(pos) != 17) {
+		return 0, 0, nil, fmt.Errorf("bad position %x (want version 1, 17 bytes, or 2)", pos)
+	}
+	offset, line = int64(binary.BigEndian.Uint64(pos[1:])), int64(binary.BigEndian.Uint64(pos[9:]))
+	if offset < 0 || line < 0 {
+		return 0, 0, nil, fmt.Errorf("bad position %x: negative offset or line", pos)
+	}
+	if pos[0] == filePositionVersion2 {
+		if skip, err = roundrobin.ParseLayers(pos[17:]); err == nil && len(skip) == 0 {
+			err = fmt.Errorf("no layers")
+		}
+		if err != nil {
+			return 0, 0, nil, fmt.Errorf("bad position %x: %w", pos, err)
+		}
+	}
+	return offset, line, skip, nil
+}
+
+// rescaleFilePositions is the file source's RescalePositions. Old subtask
+// j of q, at line index line_j, produced every line i ≡ j (mod q) below
+// it (package roundrobin's model: every subtask reads the whole file); the
+// new subtasks all start at the least line index of the old ones, whose
+// byte offset its position has, and skip what the old subtasks produced.
+func rescaleFilePositions(positions [][]byte, parallelism int) ([][]byte, error) {
+	next := make([]int64, len(positions))
+	old := make([]roundrobin.Layers, len(positions))
+	offsets := map[int64]int64{} // line index -> byte offset
+	for j, pos := range positions {
+		if pos == nil {
+			next[j] = roundrobin.Finished
+			continue
+		}
+		offset, line, skip, err := parseFilePosition(pos)
+		if err != nil {
+			return nil, fmt.Errorf("subtask %d: %w", j, err)
+		}
+		next[j], old[j], offsets[line] = line, skip, offset
+	}
+	base, skip := roundrobin.Merge(next, old)
+	offset, ok := offsets[base]
+	if !ok {
+		return nil, fmt.Errorf("no old subtask's position is at line %d, where the new subtasks start", base)
+	}
+	out := make([][]byte, parallelism)
+	for j := range out {
+		out[j] = filePosition(offset, base, skip)
+	}
+	return out, nil
 }
 
 // Watermark is abi.MinWatermark without an event-time field: lines have no
@@ -178,6 +243,10 @@ func (s *FileSource) Read(ctx context.Context, recs []abi.Record) (int, error) {
 		}
 		s.offset += int64(len(a) - start)
 		mine := s.line%int64(s.parallelism) == int64(s.subtask)
+		if len(s.skip) > 0 {
+			mine = mine && !s.skip.Covers(s.line)
+			s.skip = s.skip.Trim(s.line + 1)
+		}
 		s.line++
 		if !mine {
 			a = a[:start]

@@ -2,7 +2,6 @@ package connector
 
 import (
 	"context"
-	"encoding/binary"
 	"fmt"
 	"io"
 	"strconv"
@@ -10,14 +9,17 @@ import (
 	"time"
 
 	"github.com/streamd/streamd/abi"
+	"github.com/streamd/streamd/internal/roundrobin"
 )
 
 // Generator is the deterministic generator source (SourceSpec with
 // Type "generator"). Subtask i of p produces records n = i, i+p, i+2p, ...,
 // each a pure function of n, so a run, a rescaled run and a resumed run all
-// produce the same records. Its position is the next n.
+// produce the same records. Its position is the next n (package
+// roundrobin, which also rescales it).
 type Generator struct {
 	subtask, parallelism int
+	split                *roundrobin.Split
 	next                 int64 // next n to produce
 	count                int64 // bounded: n < count; unbounded: -1
 	keys                 int64
@@ -78,7 +80,7 @@ const positionVersion = 1
 
 // NewGenerator returns subtask's generator. pos is nil to start at the
 // beginning, or a Position() of an earlier generator subtask with the same
-// index and parallelism.
+// index and parallelism (or one roundrobin.Rescale made).
 func NewGenerator(spec *SourceSpec, subtask, parallelism int, pos []byte) (*Generator, error) {
 	if parallelism < 1 || subtask < 0 || subtask >= parallelism {
 		return nil, fmt.Errorf("connector: generator: subtask %d of parallelism %d", subtask, parallelism)
@@ -108,26 +110,16 @@ func NewGenerator(spec *SourceSpec, subtask, parallelism int, pos []byte) (*Gene
 	if g.keys <= 0 && (usesK(g.key) || usesK(g.value)) {
 		return nil, fmt.Errorf("connector: generator: keys must be > 0 when a pattern uses {k}, got %d", g.keys)
 	}
-	if pos != nil {
-		if len(pos) != 9 || pos[0] != positionVersion {
-			return nil, fmt.Errorf("connector: generator: bad position %x (want version %d, 9 bytes)", pos, positionVersion)
-		}
-		n := int64(binary.BigEndian.Uint64(pos[1:]))
-		if n < 0 || n%int64(parallelism) != int64(subtask) {
-			return nil, fmt.Errorf("connector: generator: position n=%d does not belong to subtask %d of %d", n, subtask, parallelism)
-		}
-		g.next = n
+	split, next, err := roundrobin.New(subtask, parallelism, pos, g.count)
+	if err != nil {
+		return nil, fmt.Errorf("connector: generator: %w", err)
 	}
+	g.split, g.next = split, next
 	return g, nil
 }
 
-// Position encodes the next n.
-func (g *Generator) Position() []byte {
-	b := make([]byte, 9)
-	b[0] = positionVersion
-	binary.BigEndian.PutUint64(b[1:], uint64(g.next))
-	return b
-}
+// Position encodes the next n (and what an earlier rescale left to skip).
+func (g *Generator) Position() []byte { return g.split.Position(g.next) }
 
 // Next is the next n the generator produces.
 func (g *Generator) Next() int64 { return g.next }
@@ -143,7 +135,8 @@ func (g *Generator) Watermark() int64 {
 // Close does nothing.
 func (g *Generator) Close() error { return nil }
 
-// remaining is how many records are left for this subtask (-1: unbounded).
+// remaining is how many records are left for this subtask (-1: unbounded),
+// at most: after a rescale some of them may be skipped.
 func (g *Generator) remaining() int64 {
 	if g.count < 0 {
 		return -1
@@ -176,8 +169,10 @@ func (g *Generator) Read(ctx context.Context, recs []abi.Record) (int, error) {
 		}
 		want = w
 	}
-	g.fill(recs[:want])
-	return int(want), nil
+	if k := g.fill(recs[:want]); k > 0 || g.remaining() != 0 {
+		return k, nil
+	}
+	return 0, io.EOF
 }
 
 // Ready reports whether Read returns at once: no rate, the end, or at least
@@ -241,12 +236,18 @@ func (g *Generator) appendPattern(dst []byte, segs []segment, n int64) []byte {
 	return dst
 }
 
-func (g *Generator) fill(recs []abi.Record) {
+// fill produces up to len(recs) records and returns how many (fewer at the
+// end of a bounded generator whose last numbers an old subtask produced).
+func (g *Generator) fill(recs []abi.Record) int {
 	a := g.arena[:0]
 	offs := g.offs[:0]
-	p := int64(g.parallelism)
 	n := g.next
+	p, skipping := int64(g.parallelism), g.split.Skipping()
 	for i := range recs {
+		if skipping && g.count >= 0 && n >= g.count { // else Read asked for no more than remain
+			recs = recs[:i]
+			break
+		}
 		ks := len(a)
 		a = g.appendPattern(a, g.key, n)
 		vs := len(a)
@@ -260,7 +261,11 @@ func (g *Generator) fill(recs []abi.Record) {
 		if !g.any || ts > g.maxTS {
 			g.maxTS, g.any = ts, true
 		}
-		n += p
+		if skipping {
+			n = g.split.Next(n)
+		} else {
+			n += p
+		}
 	}
 	// Slice after filling: the arena may have moved while it grew.
 	for i := range recs {
@@ -274,4 +279,5 @@ func (g *Generator) fill(recs []abi.Record) {
 	}
 	g.next = n
 	g.arena, g.offs = a, offs
+	return len(recs)
 }

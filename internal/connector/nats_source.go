@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -16,6 +18,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/streamd/streamd/abi"
 	"github.com/streamd/streamd/internal/natsutil"
+	"github.com/streamd/streamd/internal/roundrobin"
 )
 
 // Headers the NATS connectors read and write.
@@ -80,6 +83,9 @@ type NATSSource struct {
 	bound    uint64 // bounded: last sequence to read
 	restored bool
 	eof      bool
+	// skip: the sequences subtasks before a rescale read (an n that
+	// Covers), until the subtask is past them.
+	skip roundrobin.Layers
 
 	cc   jetstream.ConsumeContext
 	msgs chan jetstream.Msg
@@ -148,16 +154,12 @@ func newNATSSource(ctx context.Context, nc *nats.Conn, own bool, o NATSSourceOpt
 	}
 	s.pending.Store(-1)
 	if pos != nil {
-		if len(pos) != natsPositionLen || pos[0] != positionVersion {
-			return nil, fmt.Errorf("connector: %s: bad position %x", name, pos)
+		var bounded bool
+		var err error
+		if bounded, s.next, s.bound, s.skip, err = parseNATSPosition(pos); err != nil {
+			return nil, fmt.Errorf("connector: %s: %w", name, err)
 		}
-		bounded := pos[1]&1 == 1
-		s.next = binary.BigEndian.Uint64(pos[2:])
-		s.bound = binary.BigEndian.Uint64(pos[10:])
 		s.restored = true
-		if s.next == 0 || pos[1] > 1 {
-			return nil, fmt.Errorf("connector: %s: bad position %x", name, pos)
-		}
 		if bounded != o.Bounded {
 			return nil, fmt.Errorf("connector: %s: position %x is of a %s source, this one is %s", name, pos, boundedName(bounded), boundedName(o.Bounded))
 		}
@@ -357,7 +359,12 @@ func (s *NATSSource) take(m jetstream.Msg, recs []abi.Record, n int) (int, error
 	if s.bounded && (seq == s.bound || meta.NumPending == 0) {
 		s.eof = true
 	}
-	if seq%uint64(s.parallelism) != uint64(s.subtask) {
+	mine := seq%uint64(s.parallelism) == uint64(s.subtask)
+	if len(s.skip) > 0 {
+		mine = mine && !s.skip.Covers(int64(seq))
+		s.skip = s.skip.Trim(int64(seq) + 1)
+	}
+	if !mine {
 		return n, nil
 	}
 	h := m.Headers()
@@ -402,15 +409,96 @@ func (s *NATSSource) Watermark() int64 { return s.et.Watermark() }
 // Position encodes the next stream sequence and the bound:
 //
 //	u8 version (1), u8 flags (1: bounded), u64 next sequence, u64 bound, big-endian
-func (s *NATSSource) Position() []byte {
-	b := make([]byte, natsPositionLen)
+//
+// and after a rescale what the subtask has yet to skip: version 2, then
+// the layers (roundrobin.AppendLayers).
+func (s *NATSSource) Position() []byte { return natsPosition(s.bounded, s.next, s.bound, s.skip) }
+
+const natsPositionVersion2 = 2
+
+func natsPosition(bounded bool, next, bound uint64, skip roundrobin.Layers) []byte {
+	b := make([]byte, natsPositionLen, 32)
 	b[0] = positionVersion
-	if s.bounded {
+	if bounded {
 		b[1] = 1
 	}
-	binary.BigEndian.PutUint64(b[2:], s.next)
-	binary.BigEndian.PutUint64(b[10:], s.bound)
-	return b
+	binary.BigEndian.PutUint64(b[2:], next)
+	binary.BigEndian.PutUint64(b[10:], bound)
+	if len(skip) == 0 {
+		return b
+	}
+	b[0] = natsPositionVersion2
+	return roundrobin.AppendLayers(b, skip)
+}
+
+func parseNATSPosition(pos []byte) (bounded bool, next, bound uint64, skip roundrobin.Layers, err error) {
+	bad := fmt.Errorf("bad position %x", pos)
+	if len(pos) < natsPositionLen || (pos[0] != positionVersion && pos[0] != natsPositionVersion2) ||
+		(pos[0] == positionVersion && len(pos) != natsPositionLen) || pos[1] > 1 {
+		return false, 0, 0, nil, bad
+	}
+	bounded, next, bound = pos[1] == 1, binary.BigEndian.Uint64(pos[2:]), binary.BigEndian.Uint64(pos[10:])
+	if next == 0 || next > math.MaxInt64 {
+		return false, 0, 0, nil, bad
+	}
+	if pos[0] == natsPositionVersion2 {
+		if skip, err = roundrobin.ParseLayers(pos[natsPositionLen:]); err == nil && len(skip) == 0 {
+			err = errors.New("no layers")
+		}
+		if err != nil {
+			return false, 0, 0, nil, fmt.Errorf("%w: %w", bad, err)
+		}
+	}
+	return bounded, next, bound, skip, nil
+}
+
+// rescaleNATSPositions is the nats source's RescalePositions. Old subtask
+// j of q, its next sequence next_j, read every sequence below it and kept
+// those ≡ j (mod q) (package roundrobin's model: every subtask reads the
+// whole stream); the new subtasks all start at the least next sequence of
+// the old ones and skip what the old subtasks kept. A bounded source's
+// subtasks each resolved their bound when they first opened: the new ones
+// read up to the largest (an old subtask's class up to its own bound was
+// read; past it, nothing of it was).
+func rescaleNATSPositions(positions [][]byte, parallelism int) ([][]byte, error) {
+	next := make([]int64, len(positions))
+	old := make([]roundrobin.Layers, len(positions))
+	var bound uint64
+	bounded := -1 // unknown
+	for j, pos := range positions {
+		if pos == nil {
+			next[j] = roundrobin.Finished
+			continue
+		}
+		b, n, bd, skip, err := parseNATSPosition(pos)
+		if err != nil {
+			return nil, fmt.Errorf("subtask %d: %w", j, err)
+		}
+		bi := 0
+		if b {
+			bi = 1
+		}
+		if bounded >= 0 && bi != bounded {
+			return nil, fmt.Errorf("subtask %d: a %s position among %s ones", j, boundedName(b), boundedName(bounded == 1))
+		}
+		bounded = bi
+		next[j], old[j], bound = int64(n), skip, max(bound, bd)
+	}
+	if bounded < 0 {
+		return nil, errors.New("no subtask has a position (all had finished)")
+	}
+	if bounded == 0 && slices.Contains(next, roundrobin.Finished) {
+		return nil, fmt.Errorf("subtask %d of an unbounded source has no position", slices.Index(next, roundrobin.Finished))
+	}
+	base, skip := roundrobin.Merge(next, old)
+	if base == roundrobin.Finished {
+		return nil, errors.New("no subtask has a position (all had finished)")
+	}
+	out := make([][]byte, parallelism)
+	for j := range out {
+		out[j] = natsPosition(bounded == 1, uint64(base), bound, skip)
+	}
+	return out, nil
 }
 
 // Close stops the consumer and closes the connection if the source made it.

@@ -5,6 +5,7 @@ import (
 	"strings"
 
 	"github.com/streamd/streamd/internal/nexmark"
+	"github.com/streamd/streamd/internal/roundrobin"
 )
 
 // The nexmark source: the Nexmark benchmark's event stream (Person,
@@ -15,7 +16,8 @@ func init() {
 	MustRegisterSource("nexmark", NewConfigSpec().
 		Summary("The Nexmark benchmark's events (Person, Auction, Bid at 1:3:46), as Beam's generator makes them, binary-encoded.").
 		Description("Subtask i of p produces events i, i+p, i+2p, ... of the stream, so every parallelism sees the same events; "+
-			"the position in a checkpoint is the next event number. Event time advances at event_rate from base_time, out of order "+
+			"the position in a checkpoint is the next event number. It restores at another parallelism: new subtask j of p' produces "+
+			"the events n ≡ j (mod p') that no old subtask produced, in order, each exactly once. Event time advances at event_rate from base_time, out of order "+
 			"within groups of out_of_order_group_size, and the watermark stays below every later event of the subtask. "+
 			"Bounded with events, unbounded with rate alone. See docs/nexmark.md.").
 		Field(
@@ -41,7 +43,8 @@ func init() {
 				d += fmt.Sprintf(" rate=%g/s", c.Rate)
 			}
 			return d
-		}),
+		}).
+		RescalePositions(roundrobin.Rescale),
 		func(s *SourceSpec, env SourceEnv) (Source, error) {
 			return nexmark.NewSource(nexmarkConfig(s.Conf()), s.WatermarkLag, env.Subtask, env.Parallelism, env.Position)
 		})

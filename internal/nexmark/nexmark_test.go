@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/streamd/streamd/abi"
+	"github.com/streamd/streamd/internal/roundrobin"
 	sdk "github.com/streamd/streamd/sdk/go/nexmark"
 )
 
@@ -290,6 +291,82 @@ func TestParseCount(t *testing.T) {
 	for _, s := range []string{"", "M", "-5", "0", "ten", "1.5M"} {
 		if _, err := ParseCount(s); err == nil {
 			t.Errorf("ParseCount(%q) accepted", s)
+		}
+	}
+}
+
+// A source checkpointed at p=2, rescaled to 3 and then to 1 (before every
+// subtask is past the first rescale) produces every event exactly once,
+// each subtask in order and above the watermark it had before.
+func TestSourceRescale(t *testing.T) {
+	const total = 4000
+	g := NewGenerator(Config{})
+	for _, cfg := range []Config{{Events: total}, {Events: total, OutOfOrderGroupSize: 7}} {
+		want := map[string]int64{}
+		for n := range int64(total) {
+			b, _ := g.Append(nil, n)
+			if cfg.OutOfOrderGroupSize > 1 {
+				b, _ = NewGenerator(cfg.WithDefaults()).Append(nil, n)
+			}
+			want[string(b)] = n
+		}
+		seen := map[string]int{}
+		var pos [][]byte
+		for _, st := range []struct{ p, reads int }{{2, 0}, {3, 0}, {1, -1}} {
+			if pos != nil {
+				var err error
+				if pos, err = roundrobin.Rescale(pos, st.p); err != nil {
+					t.Fatal(err)
+				}
+			}
+			next := make([][]byte, st.p)
+			for j := range st.p {
+				var at []byte
+				if pos != nil {
+					at = pos[j]
+				}
+				s, err := NewSource(cfg, 0, j, st.p, at)
+				if err != nil {
+					t.Fatalf("subtask %d of %d: %v", j, st.p, err)
+				}
+				limit := 90 * (j + 1) * st.p // uneven prefixes
+				if st.reads < 0 {
+					limit = total
+				}
+				recs := make([]abi.Record, 11)
+				last := int64(-1)
+				for read := 0; read < limit; {
+					wm := s.Watermark()
+					k, err := s.Read(context.Background(), recs[:min(len(recs), limit-read)])
+					if err == io.EOF {
+						break
+					}
+					if err != nil {
+						t.Fatal(err)
+					}
+					for _, r := range recs[:k] {
+						n, ok := want[string(r.Value)]
+						if !ok || n <= last || n%int64(st.p) != int64(j) {
+							t.Fatalf("subtask %d of %d: event %d (known %v) after %d", j, st.p, n, ok, last)
+						}
+						if r.Timestamp <= wm {
+							t.Fatalf("event %d at %d not above the watermark %d before it", n, r.Timestamp, wm)
+						}
+						seen[string(r.Value)]++
+						last = n
+					}
+					read += k
+				}
+				if s.left() != 0 {
+					next[j] = s.Position()
+				}
+			}
+			pos = next
+		}
+		for b, n := range want {
+			if seen[b] != 1 {
+				t.Fatalf("event %d produced %d times", n, seen[b])
+			}
 		}
 	}
 }

@@ -2,21 +2,23 @@ package nexmark
 
 import (
 	"context"
-	"encoding/binary"
 	"fmt"
 	"io"
 	"time"
 
 	"github.com/streamd/streamd/abi"
+	"github.com/streamd/streamd/internal/roundrobin"
 )
 
 // Source is one subtask of a nexmark source (it implements
 // connector.Source and connector.ReadySource). Subtask i of p produces
 // events n = i, i+p, i+2p, ...; each record's value is the event's
 // encoding, its timestamp the event time, and it has no key. Its position
-// is the next n.
+// is the next n (package roundrobin, which also rescales it: then a
+// subtask skips the events an old subtask produced).
 type Source struct {
 	gen                  *Generator
+	split                *roundrobin.Split
 	subtask, parallelism int
 	next                 int64 // next n to produce
 	events               int64 // bounded: n < events; unbounded: -1
@@ -32,10 +34,9 @@ type Source struct {
 	ends  []int
 }
 
-const positionVersion = 1
-
 // NewSource returns subtask's source. pos is nil to start at the beginning,
-// or a Position of the same subtask at the same parallelism. lag is the
+// or a Position of the same subtask at the same parallelism (or one
+// roundrobin.Rescale made). lag is the
 // job file's watermark.max_out_of_orderness.
 func NewSource(cfg Config, lag time.Duration, subtask, parallelism int, pos []byte) (*Source, error) {
 	cfg = cfg.WithDefaults()
@@ -53,26 +54,16 @@ func NewSource(cfg Config, lag time.Duration, subtask, parallelism int, pos []by
 	if s.events == 0 {
 		s.events = -1
 	}
-	if pos != nil {
-		if len(pos) != 9 || pos[0] != positionVersion {
-			return nil, fmt.Errorf("nexmark: bad position %x (want version %d, 9 bytes)", pos, positionVersion)
-		}
-		n := int64(binary.BigEndian.Uint64(pos[1:]))
-		if n < 0 || n%int64(parallelism) != int64(subtask) {
-			return nil, fmt.Errorf("nexmark: position n=%d does not belong to subtask %d of %d", n, subtask, parallelism)
-		}
-		s.next = n
+	split, next, err := roundrobin.New(subtask, parallelism, pos, s.events)
+	if err != nil {
+		return nil, fmt.Errorf("nexmark: %w", err)
 	}
+	s.split, s.next = split, next
 	return s, nil
 }
 
-// Position encodes the next n.
-func (s *Source) Position() []byte {
-	b := make([]byte, 9)
-	b[0] = positionVersion
-	binary.BigEndian.PutUint64(b[1:], uint64(s.next))
-	return b
-}
+// Position encodes the next n (and what an earlier rescale left to skip).
+func (s *Source) Position() []byte { return s.split.Position(s.next) }
 
 // Watermark: every later event of this subtask has a time above it (Beam's
 // watermark minus 1 ms, as the reference's times repeat within a ms),
@@ -87,7 +78,8 @@ func (s *Source) Watermark() int64 {
 // Close does nothing.
 func (s *Source) Close() error { return nil }
 
-// left is how many events this subtask has yet to produce (-1: unbounded).
+// left is how many events this subtask has yet to produce (-1: unbounded),
+// at most: after a rescale some may be skipped.
 func (s *Source) left() int64 {
 	if s.events < 0 {
 		return -1
@@ -144,19 +136,31 @@ func (s *Source) Read(ctx context.Context, recs []abi.Record) (int, error) {
 		want = min(want, s.due())
 		s.produced += want
 	}
-	s.fill(recs[:want])
-	return int(want), nil
+	if k := s.fill(recs[:want]); k > 0 || s.left() != 0 {
+		return k, nil
+	}
+	return 0, io.EOF
 }
 
-func (s *Source) fill(recs []abi.Record) {
+// fill produces up to len(recs) events and returns how many (fewer at the
+// end of a bounded source whose last events an old subtask produced).
+func (s *Source) fill(recs []abi.Record) int {
 	a, ends := s.arena[:0], s.ends[:0]
-	p := int64(s.parallelism)
+	p, skipping := int64(s.parallelism), s.split.Skipping()
 	for i := range recs {
+		if skipping && s.events >= 0 && s.next >= s.events { // else Read asked for no more than left
+			recs = recs[:i]
+			break
+		}
 		var ts int64
 		a, ts = s.gen.Append(a, s.next)
 		ends = append(ends, len(a))
 		recs[i].Timestamp = ts
-		s.next += p
+		if skipping {
+			s.next = s.split.Next(s.next)
+		} else {
+			s.next += p
+		}
 	}
 	start := 0
 	for i, e := range ends {
@@ -164,6 +168,7 @@ func (s *Source) fill(recs []abi.Record) {
 		recs[i].Value = a[start:e:e]
 		start = e
 	}
-	s.read = true
+	s.read = s.read || len(recs) > 0
 	s.arena, s.ends = a, ends
+	return len(recs)
 }

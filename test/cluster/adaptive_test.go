@@ -28,8 +28,8 @@ func newAdaptiveCluster(t *testing.T, slots ...int) *testCluster {
 	return newClusterOpts(t, cluster.ControllerOptions{SlotWait: slotWait, RescaleInterval: rescaleInterval}, slots...)
 }
 
-// adaptiveJob writes a job file declared at parallelism 4: a generator at 2
-// (a generator's position restores only at its own parallelism), keys
+// adaptiveJob writes a job file declared at parallelism 4: a generator
+// (its positions rescale: a scale-down runs it at fewer subtasks too), keys
 // hash-partitioned into wordcount's count module (keyed state: its key
 // groups are redistributed on a rescale) and a file sink, checkpointing
 // every 200ms. extra is added to the job's fields.
@@ -40,7 +40,6 @@ parallelism: 4
 %scheckpoint: {interval: 200ms, dir: chk}
 operators:
   - uid: gen
-    parallelism: 2
     source: {type: generator, count: %d, rate: %d, keys: 500}
   - uid: count
     wasm: %s
@@ -121,7 +120,7 @@ func TestAdaptiveScalesDownAndUp(t *testing.T) {
 		if want := map[string]int{"gen": 2, "count": 2, "out": 2}[op.UID]; op.Parallelism != want || len(op.Subtasks) != want {
 			t.Errorf("operator %s: parallelism %d with %d subtasks, want %d", op.UID, op.Parallelism, len(op.Subtasks), want)
 		}
-		if want := map[string]int{"gen": 2, "count": 4, "out": 4}[op.UID]; op.DeclaredParallelism != want {
+		if want := map[string]int{"gen": 4, "count": 4, "out": 4}[op.UID]; op.DeclaredParallelism != want {
 			t.Errorf("operator %s: declared %d, want %d", op.UID, op.DeclaredParallelism, want)
 		}
 	}
