@@ -59,6 +59,12 @@ type unalignedState struct {
 	// overtook, for CaptureOvertaken.
 	overtaken     []checkpoint.Element
 	overtakenHeld heldBatches
+	// outs are the output buffers the barrier overtook, per output
+	// channel (task.outDests); captured (CaptureOutputs) just before the
+	// snapshot starts, in capOuts and capHeld.
+	outs    [][]checkpoint.Element
+	capOuts [][]checkpoint.Element
+	capHeld heldBatches
 	timers        []*time.Timer
 }
 
@@ -93,11 +99,32 @@ func (h *heldBatches) release() {
 	*h = (*h)[:0]
 }
 
-// broadcastNow sends ev (an overtaking barrier) on every output edge, behind
-// the pending records, without waiting for room.
+// captureOutputs keeps what the writers hold and have not sent (their
+// pending and queued batches, watermarks) as the output buffers of the
+// unaligned checkpoint about to start: its barrier goes ahead of them
+// (broadcastNow), they go out after it, and a restore replays them to
+// their receivers after those receivers' own channel state
+// (checkpoint.ReassignChannels).
+func (t *task) captureOutputs() {
+	u := &t.ua
+	u.capHeld.release()
+	u.capOuts = make([][]checkpoint.Element, len(t.outDests))
+	k := 0
+	for _, w := range t.writers {
+		base := k
+		w.CaptureBuffers(func(o int, ev dataplane.Event) {
+			u.capOuts[base+o] = u.capHeld.appendEvent(u.capOuts[base+o], ev)
+		})
+		k += w.NumOutputs()
+	}
+}
+
+// broadcastNow sends ev (an overtaking barrier) on every output edge,
+// ahead of the output buffers (captureOutputs took them) and without
+// waiting for room.
 func (t *task) broadcastNow(ev dataplane.Event) error {
 	for _, w := range t.writers {
-		if err := w.BroadcastNow(t.ctx, ev); err != nil {
+		if err := w.BroadcastAhead(t.ctx, ev); err != nil {
 			return err
 		}
 	}
@@ -116,6 +143,10 @@ func (t *task) startUnaligned(x control.TakeSnapshot) error {
 		return err
 	}
 	u.id, u.x, u.st, u.span = x.B.ID, x, st, span
+	u.outs, u.capOuts = u.capOuts, nil
+	u.held = append(u.held, u.capHeld...)
+	clear(u.capHeld)
+	u.capHeld = u.capHeld[:0]
 	if n := t.nData; len(u.chans) != n {
 		u.chans, u.capturing = make([][]checkpoint.Element, n), make([]bool, n)
 	}
@@ -130,7 +161,7 @@ func (u *unalignedState) dropCheckpoint() {
 	if u.st != nil {
 		u.st.Operator.Release() // dropped unwritten; finishUnaligned hands it on first
 	}
-	u.id, u.st, u.span = 0, nil, nil
+	u.id, u.st, u.span, u.outs = 0, nil, nil, nil
 	for i := range u.chans {
 		u.chans[i] = nil
 		u.capturing[i] = false
@@ -225,6 +256,12 @@ func (t *task) finishUnaligned(id int64) error {
 			cs.Inputs = append(cs.Inputs, checkpoint.ChannelData{Operator: o.op, Subtask: o.sub, Input: o.input, Elements: elems})
 		}
 	}
+	for k, elems := range u.outs {
+		if len(elems) > 0 {
+			d := t.outDests[k]
+			cs.Outputs = append(cs.Outputs, checkpoint.ChannelData{Operator: d.op, Subtask: d.sub, Input: d.input, Elements: elems})
+		}
+	}
 	if !cs.Empty() {
 		if st == nil {
 			st = &checkpoint.SubtaskState{}
@@ -269,6 +306,7 @@ func (t *task) stopTimers() {
 	}
 	t.ua.timers = nil
 	t.ua.dropCheckpoint()
+	t.ua.capHeld.release()
 }
 
 // replayInFlight processes the restored channel state before anything new:
