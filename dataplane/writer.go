@@ -71,7 +71,7 @@ type WriterOptions struct {
 	// bytes) fails the emit; default abi.DefaultMaxRecordBytes.
 	MaxRecordBytes int
 	// Overdraft > 0 lets the writer keep up to this many events (full
-	// batches, watermarks) per output that its channel has no room for,
+	// batches, watermarks, end-of-data) per output that its channel has no room for,
 	// instead of waiting for room inside Emit: the subtask sends them with
 	// TryDrain while it waits for its mailbox and overtaking barriers too,
 	// so a checkpoint trigger never waits for a send (Flink's mailbox loop,
@@ -420,13 +420,15 @@ func (w *RecordWriter) FlushExpired(ctx context.Context, now time.Time) error {
 }
 
 // Broadcast flushes the pending records, then sends ev to every receiver.
-// ev must be a control event. With an overdraft a watermark is queued
-// behind the pending records instead, like a full batch.
+// ev must be a control event. With an overdraft a watermark or an
+// end-of-data is queued behind the pending records instead, like a full
+// batch (a barrier that overtakes a queued end-of-data is one that
+// overtook it in the channel: InputGate.TakeOvertaking).
 func (w *RecordWriter) Broadcast(ctx context.Context, ev Event) error {
 	if ev.Kind == KindRecords {
 		return fmt.Errorf("dataplane: record writer: broadcast of a records event")
 	}
-	if w.overdraft > 0 && ev.Kind == KindWatermark {
+	if w.overdraft > 0 && (ev.Kind == KindWatermark || ev.Kind == KindEndOfData) {
 		if w.err != nil {
 			return w.err
 		}

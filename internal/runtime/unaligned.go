@@ -16,10 +16,15 @@ import (
 // Unaligned checkpoints at a subtask (DESIGN.md "Unaligned checkpoints";
 // the decisions are the SubtaskMachine's, this is their IO).
 //
-// The barrier of an unaligned checkpoint travels in order behind the
-// records before it, but nothing waits for those records: the sender puts
-// its output buffers and the barrier into the channels without waiting for
-// room (RecordWriter.BroadcastNow), and the receiver's input gate takes the
+// The barrier of an unaligned checkpoint travels ahead of the sender's
+// output buffers and behind the records already in the channels, but
+// nothing waits for those records: the sender keeps its output buffers
+// (the pending and queued batches of its writers, CaptureOutputs) as
+// output channel state, puts the barrier into the channels without
+// waiting for room (RecordWriter.BroadcastAhead) and sends the buffers
+// after it; since a back-pressured subtask waits for room in its loop, not
+// inside a send (task.sendQueued), it takes a trigger or barrier at once.
+// The receiver's input gate takes the
 // barrier out of the queue as soon as it is there (InputGate.TakeOvertaking),
 // visiting the records and watermarks queued before it. Those are the
 // channel's state in the checkpoint (CaptureOvertaken), held, not copied: the
@@ -33,7 +38,9 @@ import (
 // snapshotted at the first barrier (TakeSnapshot); it is written, with the
 // channel state, and acknowledged once every capture has stopped
 // (FinishSnapshot). A restored subtask replays the channel state of its
-// input channels before anything new (replayInFlight).
+// input channels before anything new (replayInFlight); the output buffers
+// of its senders come to it as part of that (checkpoint.ReassignChannels
+// puts them after the receiver's own).
 
 // chanOrigin is the sending end of a data channel of the gate: the
 // upstream operator, its subtask and the edge's input index.
