@@ -72,7 +72,7 @@ type unalignedState struct {
 	outs    [][]checkpoint.Element
 	capOuts [][]checkpoint.Element
 	capHeld heldBatches
-	timers        []*time.Timer
+	timers  []*time.Timer
 }
 
 // heldBatches are retained batches that records of channel state point into.
