@@ -111,6 +111,35 @@ func SendNow(ctx context.Context, o Output, ev Event) error {
 	return o.Send(ctx, ev)
 }
 
+// TrySender is an Output that can tell whether a send would wait, so the
+// sending subtask waits for room together with its mailbox rather than
+// inside Send (RecordWriter's overdraft).
+type TrySender interface {
+	// TrySend sends ev if the channel has room now; false, without
+	// sending, when it has none.
+	TrySend(ctx context.Context, ev Event) (bool, error)
+	// Room returns a channel that is ready when room may have been made
+	// since a TrySend found none (spurious readiness is allowed).
+	Room() <-chan struct{}
+}
+
+// TrySend is o's TrySend; for an Output that is no TrySender, Send (it
+// waits) and true.
+func TrySend(ctx context.Context, o Output, ev Event) (bool, error) {
+	if n, ok := o.(TrySender); ok {
+		return n.TrySend(ctx, ev)
+	}
+	return true, o.Send(ctx, ev)
+}
+
+// Room is o's Room; nil for an Output that is no TrySender.
+func Room(o Output) <-chan struct{} {
+	if n, ok := o.(TrySender); ok {
+		return n.Room()
+	}
+	return nil
+}
+
 // Overtakable is an Input whose receiver can take a barrier ahead of the
 // events queued before it.
 type Overtakable interface {
@@ -243,6 +272,21 @@ func (o *localOutput) send(ctx context.Context, ev Event, wait bool) error {
 	}
 	return nil
 }
+
+// TrySend implements TrySender.
+func (o *localOutput) TrySend(ctx context.Context, ev Event) (bool, error) {
+	c := o.c
+	c.mu.Lock()
+	full := c.n >= c.cap
+	c.mu.Unlock()
+	if full && !o.ended { // one sender: the room it saw stays until it sends
+		return false, nil
+	}
+	return true, o.send(ctx, ev, false)
+}
+
+// Room implements TrySender.
+func (o *localOutput) Room() <-chan struct{} { return o.c.room }
 
 // NotifyEndOfDataAck implements AckNotifier.
 func (o *localOutput) NotifyEndOfDataAck(f func()) bool {

@@ -588,3 +588,102 @@ func TestLocalChannelAnnounces(t *testing.T) {
 		t.Fatalf("delivered %v, want the records, then the barrier", kinds)
 	}
 }
+
+// TestWriterOverdraft: with an overdraft, emits into a full channel queue
+// instead of waiting (up to the overdraft), TryDrain sends what fits and
+// names the channel to wait on; an aligned barrier (Broadcast) goes behind
+// every queued record, and an unaligned one (CaptureBuffers, then
+// BroadcastAhead) ahead of the buffers it captured, which follow it.
+func TestWriterOverdraft(t *testing.T) {
+	ctx := context.Background()
+	// read receives from c until it has n records and the event last.
+	read := func(c *LocalChannel, n int, last string) string {
+		t.Helper()
+		g := NewInputGate([]GateChannel{{In: c.Input()}})
+		var got []string
+		recs := 0
+		for recs < n || len(got) == 0 || got[len(got)-1] != last {
+			rctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+			_, ev, err := g.Next(rctx)
+			cancel()
+			if err != nil {
+				t.Fatalf("after %v: %v", got, err)
+			}
+			if ev.Kind == KindRecords {
+				for _, r := range ev.Batch.Records {
+					got = append(got, string(r.Value))
+				}
+				recs += ev.Batch.Len()
+				got = append(got, "|")
+				ev.Batch.Release()
+				continue
+			}
+			got = append(got, ev.String())
+		}
+		return strings.Join(got, " ")
+	}
+	emit := func(w *RecordWriter, from, to int) {
+		t.Helper()
+		for i := from; i < to; i++ {
+			if err := w.Emit(ctx, rec("", fmt.Sprint(i), 0)); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	c := NewLocalChannel("c", 1)
+	c.onBlock = func() { t.Error("a send waited for room within the overdraft") }
+	w, _ := NewRecordWriter([]Output{c.Output()}, Forward, WriterOptions{BatchSize: 2, Overdraft: 4})
+	emit(w, 0, 7) // [0 1] sent, [2 3] [4 5] queued, 6 pending
+	if !w.Queued() || c.Len() != 1 {
+		t.Fatalf("queued %v, channel %d: want queued batches behind a full channel", w.Queued(), c.Len())
+	}
+	room, err := w.TryDrain(ctx)
+	if err != nil || room == nil {
+		t.Fatalf("TryDrain on a full channel: %v, room %v", err, room)
+	}
+	if err := w.Broadcast(ctx, WatermarkEvent(5)); err != nil { // queued too, 6 before it
+		t.Fatal(err)
+	}
+	c.onBlock = nil
+	done := make(chan error, 1)
+	go func() { done <- w.Broadcast(ctx, BarrierEvent(Barrier{ID: 1})) }()
+	barrier := BarrierEvent(Barrier{ID: 1}).String()
+	if s, want := read(c, 7, barrier), "0 1 | 2 3 | 4 5 | 6 | watermark(5) "+barrier; s != want {
+		t.Fatalf("aligned barrier behind the overdraft:\ngot  %s\nwant %s", s, want)
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+
+	// Unaligned: the barrier goes ahead of the buffers captured.
+	c = NewLocalChannel("c", 1)
+	w, _ = NewRecordWriter([]Output{c.Output()}, Forward, WriterOptions{BatchSize: 2, Overdraft: 4})
+	emit(w, 0, 5) // [0 1] sent, [2 3] queued, 4 pending
+	var captured []string
+	w.CaptureBuffers(func(out int, ev Event) {
+		for _, r := range ev.Batch.Records {
+			captured = append(captured, string(r.Value))
+		}
+	})
+	if s := strings.Join(captured, " "); s != "2 3 4" {
+		t.Fatalf("captured %q, want the queued and pending records 2 3 4", s)
+	}
+	ub := BarrierEvent(Barrier{ID: 2, Unaligned: true})
+	if err := w.BroadcastAhead(ctx, ub); err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		if err := w.Broadcast(ctx, EndOfDataEvent(false)); err != nil { // queued too
+			done <- err
+			return
+		}
+		done <- w.Flush(ctx)
+	}()
+	eod := EndOfDataEvent(false).String()
+	if s, want := read(c, 5, eod), "0 1 | "+ub.String()+" 2 3 | 4 | "+eod; s != want {
+		t.Fatalf("unaligned barrier ahead of the output buffers:\ngot  %s\nwant %s", s, want)
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+}

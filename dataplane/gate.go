@@ -95,6 +95,11 @@ func (g *InputGate) wake() {
 	}
 }
 
+// Notify returns the channel the gate's channels wake it on when an event
+// arrives (what Next waits for): a subtask that waits for something else
+// too selects on it. A wake-up taken from it is harmless: Next polls first.
+func (g *InputGate) Notify() <-chan struct{} { return g.notify }
+
 // TryNext returns the next event of an unblocked channel if one is ready,
 // without blocking.
 func (g *InputGate) TryNext() (ch int, ev Event, ok bool, err error) {

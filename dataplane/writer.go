@@ -2,6 +2,7 @@ package dataplane
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -69,13 +70,24 @@ type WriterOptions struct {
 	// MaxRecordBytes is max_record_bytes: a larger record (key and value
 	// bytes) fails the emit; default abi.DefaultMaxRecordBytes.
 	MaxRecordBytes int
+	// Overdraft > 0 lets the writer keep up to this many events (full
+	// batches, watermarks, end-of-data) per output that its channel has no room for,
+	// instead of waiting for room inside Emit: the subtask sends them with
+	// TryDrain while it waits for its mailbox and overtaking barriers too,
+	// so a checkpoint trigger never waits for a send (Flink's mailbox loop,
+	// which processes mail while it waits for output availability). Beyond
+	// the overdraft Emit waits as with 0, where every send waits for room.
+	Overdraft int
 }
 
 // RecordWriter is the sending side of one job-graph edge for one subtask: it
 // copies emitted records into one pending batch per output and sends a batch
 // when it is full. Control events go to every output, after the pending
 // records (Broadcast flushes first), so a watermark, barrier or end-of-data
-// never overtakes a record emitted before it. One goroutine uses a writer.
+// never overtakes a record emitted before it. With an overdraft, full
+// batches (and watermarks) the channel has no room for wait in a queue per
+// output, in order, ahead of everything sent later; BroadcastAhead is the
+// one send that goes ahead of them. One goroutine uses a writer.
 // After a send fails, every method returns that error.
 type RecordWriter struct {
 	outs      []Output
@@ -84,6 +96,8 @@ type RecordWriter struct {
 	batchSize int
 	maxRecord int
 	pending   []*Batch
+	queued    [][]Event // per output: handed on, not sent yet (overdraft)
+	overdraft int
 	since     []time.Time // per output: when its pending batch got its first record
 	timeout   time.Duration
 	rr        int
@@ -120,6 +134,8 @@ func NewRecordWriter(outs []Output, p Partitioning, o WriterOptions) (*RecordWri
 		batchSize: o.BatchSize,
 		maxRecord: o.MaxRecordBytes,
 		pending:   make([]*Batch, len(outs)),
+		queued:    make([][]Event, len(outs)),
+		overdraft: max(o.Overdraft, 0),
 		since:     make([]time.Time, len(outs)),
 		timeout:   o.BufferTimeout,
 		rr:        o.Start % len(outs),
@@ -210,13 +226,162 @@ func (w *RecordWriter) add(ctx context.Context, t int, r *abi.Record) error {
 	return nil
 }
 
+// send hands output t's pending batch on: with an overdraft to the queue
+// (sent as far as the channel has room), else sent, waiting for room.
 func (w *RecordWriter) send(ctx context.Context, t int) error {
 	b := w.pending[t]
 	w.pending[t] = nil
-	if err := w.outs[t].Send(ctx, RecordsEvent(b)); err != nil {
-		b.Release()
-		w.err = err
+	return w.enqueue(ctx, t, RecordsEvent(b))
+}
+
+// enqueue queues ev on output t behind what is queued there and sends as
+// much as the channel takes without waiting; it waits for room only for
+// what exceeds the overdraft.
+func (w *RecordWriter) enqueue(ctx context.Context, t int, ev Event) error {
+	w.queued[t] = append(w.queued[t], ev)
+	if err := w.tryDrain(ctx, t); err != nil {
 		return err
+	}
+	for len(w.queued[t]) > w.overdraft {
+		if err := w.sendFirst(ctx, t, true); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// sendFirst sends the first queued event of output t, waiting for room
+// when wait; false: the channel had no room (wait unset).
+func (w *RecordWriter) sendFirst(ctx context.Context, t int, wait bool) error {
+	ev := w.queued[t][0]
+	var err error
+	if wait {
+		err = w.outs[t].Send(ctx, ev)
+	} else {
+		var ok bool
+		if ok, err = TrySend(ctx, w.outs[t], ev); err == nil && !ok {
+			return errNoRoom
+		}
+	}
+	if err != nil {
+		w.err = err
+		return err // stays queued: Discard releases it
+	}
+	w.queued[t][0] = Event{}
+	w.queued[t] = w.queued[t][1:]
+	if len(w.queued[t]) == 0 {
+		w.queued[t] = nil
+	}
+	return nil
+}
+
+var errNoRoom = errors.New("dataplane: no room")
+
+// tryDrain sends the queued events of output t while its channel has room.
+func (w *RecordWriter) tryDrain(ctx context.Context, t int) error {
+	for len(w.queued[t]) > 0 {
+		if err := w.sendFirst(ctx, t, false); err == errNoRoom {
+			return nil
+		} else if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// drain sends the queued events of output t, waiting for room.
+func (w *RecordWriter) drain(ctx context.Context, t int) error {
+	for len(w.queued[t]) > 0 {
+		if err := w.sendFirst(ctx, t, true); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// queuePending moves output t's non-empty pending batch to its queue.
+func (w *RecordWriter) queuePending(t int) {
+	if b := w.pending[t]; b != nil && len(b.Records) > 0 {
+		w.pending[t] = nil
+		w.queued[t] = append(w.queued[t], RecordsEvent(b))
+	}
+}
+
+// Queued reports whether events wait in the queue of an output.
+func (w *RecordWriter) Queued() bool {
+	for _, q := range w.queued {
+		if len(q) > 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// TryDrain sends the queued events as far as the channels have room,
+// without waiting. It returns nil when nothing is queued any more, else a
+// channel that is ready when an output still queued may have room
+// (dataplane.Room; for an output that cannot say, TryDrain sends waiting).
+func (w *RecordWriter) TryDrain(ctx context.Context) (<-chan struct{}, error) {
+	if w.err != nil {
+		return nil, w.err
+	}
+	var room <-chan struct{}
+	for t := range w.queued {
+		if err := w.tryDrain(ctx, t); err != nil {
+			return nil, err
+		}
+		if len(w.queued[t]) > 0 && room == nil {
+			room = Room(w.outs[t])
+		}
+	}
+	return room, nil
+}
+
+// Submit hands every non-empty pending batch on as a full one would be:
+// with an overdraft queued, sent as far as the channels have room.
+func (w *RecordWriter) Submit(ctx context.Context) error {
+	if w.err != nil {
+		return w.err
+	}
+	for t, b := range w.pending {
+		if b != nil && len(b.Records) > 0 {
+			if err := w.send(ctx, t); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// CaptureBuffers calls visit with each event of output out handed to the
+// writer and not sent yet (the pending batch included, which is closed
+// and queued), in order: the output buffers an unaligned checkpoint's
+// barrier overtakes (BroadcastAhead). The events stay queued; visit must
+// retain what it keeps.
+func (w *RecordWriter) CaptureBuffers(visit func(out int, ev Event)) {
+	for t := range w.outs {
+		w.queuePending(t)
+		for _, ev := range w.queued[t] {
+			visit(t, ev)
+		}
+	}
+}
+
+// BroadcastAhead sends ev on every output ahead of the events queued there
+// and without waiting for room (Overtaker.SendNow): the barrier of an
+// unaligned checkpoint, after CaptureBuffers took what it overtakes.
+func (w *RecordWriter) BroadcastAhead(ctx context.Context, ev Event) error {
+	if w.err != nil {
+		return w.err
+	}
+	if ev.Kind == KindRecords {
+		return fmt.Errorf("dataplane: record writer: broadcast of a records event")
+	}
+	for _, o := range w.outs {
+		if err := SendNow(ctx, o, ev); err != nil {
+			w.err = err
+			return err
+		}
 	}
 	return nil
 }
@@ -226,11 +391,10 @@ func (w *RecordWriter) Flush(ctx context.Context) error {
 	if w.err != nil {
 		return w.err
 	}
-	for t, b := range w.pending {
-		if b != nil && len(b.Records) > 0 {
-			if err := w.send(ctx, t); err != nil {
-				return err
-			}
+	for t := range w.pending {
+		w.queuePending(t)
+		if err := w.drain(ctx, t); err != nil {
+			return err
 		}
 	}
 	return nil
@@ -256,10 +420,25 @@ func (w *RecordWriter) FlushExpired(ctx context.Context, now time.Time) error {
 }
 
 // Broadcast flushes the pending records, then sends ev to every receiver.
-// ev must be a control event.
+// ev must be a control event. With an overdraft a watermark or an
+// end-of-data is queued behind the pending records instead, like a full
+// batch (a barrier that overtakes a queued end-of-data is one that
+// overtook it in the channel: InputGate.TakeOvertaking).
 func (w *RecordWriter) Broadcast(ctx context.Context, ev Event) error {
 	if ev.Kind == KindRecords {
 		return fmt.Errorf("dataplane: record writer: broadcast of a records event")
+	}
+	if w.overdraft > 0 && (ev.Kind == KindWatermark || ev.Kind == KindEndOfData) {
+		if w.err != nil {
+			return w.err
+		}
+		for t := range w.outs {
+			w.queuePending(t)
+			if err := w.enqueue(ctx, t, ev); err != nil {
+				return err
+			}
+		}
+		return nil
 	}
 	if err := w.Flush(ctx); err != nil {
 		return err
@@ -285,14 +464,16 @@ func (w *RecordWriter) BroadcastNow(ctx context.Context, ev Event) error {
 		return fmt.Errorf("dataplane: record writer: broadcast of a records event")
 	}
 	for t, o := range w.outs {
-		if b := w.pending[t]; b != nil && len(b.Records) > 0 {
-			w.pending[t] = nil
-			if err := SendNow(ctx, o, RecordsEvent(b)); err != nil {
-				b.Release()
+		w.queuePending(t)
+		for len(w.queued[t]) > 0 {
+			if err := SendNow(ctx, o, w.queued[t][0]); err != nil {
 				w.err = err
 				return err
 			}
+			w.queued[t][0] = Event{}
+			w.queued[t] = w.queued[t][1:]
 		}
+		w.queued[t] = nil
 		if err := SendNow(ctx, o, ev); err != nil {
 			w.err = err
 			return err
@@ -301,12 +482,21 @@ func (w *RecordWriter) BroadcastNow(ctx context.Context, ev Event) error {
 	return nil
 }
 
-// Discard releases the pending batches without sending them (on failure).
+// Discard releases the pending and queued batches without sending them
+// (on failure).
 func (w *RecordWriter) Discard() {
 	for t, b := range w.pending {
 		if b != nil {
 			b.Release()
 			w.pending[t] = nil
 		}
+	}
+	for t, q := range w.queued {
+		for _, ev := range q {
+			if ev.Kind == KindRecords && ev.Batch != nil {
+				ev.Batch.Release()
+			}
+		}
+		w.queued[t] = nil
 	}
 }

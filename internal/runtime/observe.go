@@ -232,6 +232,18 @@ func (o timedOutput) SendNow(ctx context.Context, ev dataplane.Event) error {
 	return dataplane.SendNow(ctx, o.Output, ev)
 }
 
+// TrySend and Room pass the overdraft's sends through (dataplane.TrySender):
+// the subtask measures the back-pressure of its wait for room itself
+// (task.sendQueued).
+func (o timedOutput) TrySend(ctx context.Context, ev dataplane.Event) (bool, error) {
+	if _, ok := o.Output.(dataplane.TrySender); !ok {
+		return true, o.Send(ctx, ev) // it cannot say: send, waiting, timed
+	}
+	return dataplane.TrySend(ctx, o.Output, ev)
+}
+
+func (o timedOutput) Room() <-chan struct{} { return dataplane.Room(o.Output) }
+
 // NotifyEndOfDataAck passes the finishing handshake through to the output.
 func (o timedOutput) NotifyEndOfDataAck(f func()) bool {
 	return dataplane.NotifyEndOfDataAck(o.Output, f)

@@ -483,21 +483,23 @@ func (j *job) build() error {
 				to := g.Vertex(e.To)
 				row := edgeChans[edgeKey{e.To, e.Input}][s]
 				var outs []dataplane.Output
-				for _, o := range row.out {
+				var dests []chanOrigin
+				for r, o := range row.out {
 					if o != nil {
 						outs = append(outs, o)
+						dests = append(dests, chanOrigin{op: e.To, sub: r, input: e.Input})
 					}
 				}
 				outs = t.timeOutputs(outs)
 				p, _ := toDataplane(e.Partition)
 				w, err := dataplane.NewRecordWriter(outs, p, dataplane.WriterOptions{
 					BatchSize: j.opts.BatchSize, MaxParallelism: maxParallelism(to), Start: s, MaxRecordBytes: j.opts.MaxRecordBytes,
-					BufferTimeout: j.opts.BufferTimeout,
+					BufferTimeout: j.opts.BufferTimeout, Overdraft: outputOverdraft,
 				})
 				if err != nil {
 					return t.fail(phaseSetup, fmt.Errorf("output to %q: %w", e.To, err))
 				}
-				t.addWriter(e, w)
+				t.addWriter(e, w, dests)
 			}
 			if err := j.bindSpec(t, modules); err != nil {
 				return t.fail(phaseSetup, err)

@@ -161,7 +161,7 @@ func newHarness(t *testing.T, inputs []int, o NativeOperator) *harness {
 	j := &job{g: &control.JobGraph{Name: "h"}, log: slog.New(slog.DiscardHandler), opts: Options{BatchSize: 4}}
 	tk := &task{j: j, v: v, op: o, mb: &mailbox{}, outWM: abi.MinWatermark,
 		stats: &opStats{}, info: SubtaskInfo{Job: "h", Operator: "op", Parallelism: 1, NumInputs: nIn}}
-	tk.addWriter(control.Edge{}, w)
+	tk.addWriter(control.Edge{}, w, []chanOrigin{{op: "down"}})
 	tk.setGate(gcs)
 	if err := tk.newMachine(); err != nil {
 		t.Fatal(err)

@@ -17,9 +17,10 @@ import (
 // output; only records are routed by output (t.main for emit, t.side for
 // emit_to).
 
-// addWriter adds the writer of output edge e.
-func (t *task) addWriter(e control.Edge, w *dataplane.RecordWriter) {
+// addWriter adds the writer of output edge e, whose outputs go to dests.
+func (t *task) addWriter(e control.Edge, w *dataplane.RecordWriter, dests []chanOrigin) {
 	t.writers = append(t.writers, w)
+	t.outDests = append(t.outDests, dests...)
 	if e.Output == "" {
 		t.main = append(t.main, w)
 		return

@@ -89,6 +89,7 @@ type task struct {
 	bg sync.WaitGroup
 	// Unaligned checkpoints (unaligned.go).
 	origins   []chanOrigin // per data channel: its sending end
+	outDests  []chanOrigin // per output channel (writers in order): its receiving end
 	overtakes bool         // the job's barriers may overtake (mode unaligned or an aligned timeout)
 	ua        unalignedState
 	inflight  []checkpoint.ChannelData // restored channel state, replayed first
@@ -155,6 +156,65 @@ func (t *task) flush() error {
 			return err
 		}
 	}
+	return nil
+}
+
+// outputOverdraft is the writers' overdraft (dataplane.WriterOptions):
+// events per output channel handed on while the channel is full. A source's
+// batch fills one or two batches per output, more with large records.
+const outputOverdraft = 8
+
+// submit hands the pending batches on without waiting for room; what does
+// not fit stays queued for sendQueued.
+func (t *task) submit() error {
+	for _, w := range t.writers {
+		if err := w.Submit(t.ctx); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// outputsQueued reports whether a writer holds events its channels had no
+// room for.
+func (t *task) outputsQueued() bool {
+	for _, w := range t.writers {
+		if w.Queued() {
+			return true
+		}
+	}
+	return false
+}
+
+// sendQueued sends what the writers queued as far as the channels have
+// room; when one has none it waits for room there or for wake (the
+// mailbox's, or the input gate's, which brings commands and overtaking
+// barriers too), once: the caller's loop takes what woke it. This is
+// where a back-pressured subtask waits, so a checkpoint trigger or an
+// unaligned barrier never waits for a send (Flink's mailbox loop, which
+// processes mail while it waits for output availability).
+func (t *task) sendQueued(ctx context.Context, wake <-chan struct{}) error {
+	var room <-chan struct{}
+	for _, w := range t.writers {
+		r, err := w.TryDrain(ctx)
+		if err != nil {
+			return t.fail(phaseOutput, err)
+		}
+		if room == nil {
+			room = r
+		}
+	}
+	if room == nil {
+		return nil
+	}
+	start := time.Now()
+	select {
+	case <-room:
+	case <-wake:
+	case <-ctx.Done():
+		return t.fail(phaseOutput, context.Cause(ctx))
+	}
+	t.om.BackPressure(ctx, time.Since(start))
 	return nil
 }
 
@@ -314,8 +374,7 @@ func (t *task) perform(a control.SubtaskAction) error {
 		}
 		return t.snapshot(x)
 	case control.CaptureOutputs:
-		// Nothing to keep: ForwardBarrier sends the output buffers ahead of
-		// the barrier, and the receivers capture them with what it overtook.
+		t.captureOutputs()
 	case control.StartCapture:
 		t.startCapture(x.Channel, x.ID)
 	case control.StopCapture:
@@ -645,6 +704,13 @@ func (t *task) runSource(ctx context.Context) error {
 			}
 			continue
 		}
+		if t.outputsQueued() {
+			// Back-pressured: no next batch until the last one is sent.
+			if err := t.sendQueued(ctx, t.srcWake); err != nil {
+				return err
+			}
+			continue
+		}
 		var results <-chan readResult
 		if t.m.Reading() {
 			if !inflight && ready != nil && ready.Ready() {
@@ -736,7 +802,7 @@ func (t *task) sourceBatch(res readResult) error {
 	} else if !sent && res.n < len(res.recs) {
 		// A short read: the source is slow or rate-limited; do not hold
 		// its records back waiting for a full batch.
-		if err := t.flush(); err != nil {
+		if err := t.submit(); err != nil {
 			return t.fail(phaseOutput, err)
 		}
 	} else if err := t.flushExpired(); err != nil {
@@ -933,12 +999,29 @@ func (t *task) runOperator(ctx context.Context) (err error) {
 				continue
 			}
 		}
+		if t.outputsQueued() {
+			// Back-pressured: no input until the output is sent, but
+			// commands and overtaking barriers at once.
+			if t.mb.n.Load() > 0 {
+				if err := t.commands(); err != nil {
+					return err
+				}
+				continue
+			}
+			if err := t.sendQueued(ctx, g.Notify()); err != nil {
+				return err
+			}
+			continue
+		}
 		ch, ev, ok, err := g.TryNext()
 		if err == nil && !ok {
 			// Nothing ready: send what is pending before waiting, so a slow
 			// stream is not held back until a batch fills.
-			if err := t.flush(); err != nil {
+			if err := t.submit(); err != nil {
 				return t.fail(phaseOutput, err)
+			}
+			if t.outputsQueued() {
+				continue
 			}
 			idle := time.Now()
 			ch, ev, err = g.Next(ctx)

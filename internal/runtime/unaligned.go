@@ -16,10 +16,15 @@ import (
 // Unaligned checkpoints at a subtask (DESIGN.md "Unaligned checkpoints";
 // the decisions are the SubtaskMachine's, this is their IO).
 //
-// The barrier of an unaligned checkpoint travels in order behind the
-// records before it, but nothing waits for those records: the sender puts
-// its output buffers and the barrier into the channels without waiting for
-// room (RecordWriter.BroadcastNow), and the receiver's input gate takes the
+// The barrier of an unaligned checkpoint travels ahead of the sender's
+// output buffers and behind the records already in the channels, but
+// nothing waits for those records: the sender keeps its output buffers
+// (the pending and queued batches of its writers, CaptureOutputs) as
+// output channel state, puts the barrier into the channels without
+// waiting for room (RecordWriter.BroadcastAhead) and sends the buffers
+// after it; since a back-pressured subtask waits for room in its loop, not
+// inside a send (task.sendQueued), it takes a trigger or barrier at once.
+// The receiver's input gate takes the
 // barrier out of the queue as soon as it is there (InputGate.TakeOvertaking),
 // visiting the records and watermarks queued before it. Those are the
 // channel's state in the checkpoint (CaptureOvertaken), held, not copied: the
@@ -33,7 +38,9 @@ import (
 // snapshotted at the first barrier (TakeSnapshot); it is written, with the
 // channel state, and acknowledged once every capture has stopped
 // (FinishSnapshot). A restored subtask replays the channel state of its
-// input channels before anything new (replayInFlight).
+// input channels before anything new (replayInFlight); the output buffers
+// of its senders come to it as part of that (checkpoint.ReassignChannels
+// puts them after the receiver's own).
 
 // chanOrigin is the sending end of a data channel of the gate: the
 // upstream operator, its subtask and the edge's input index.
@@ -59,7 +66,13 @@ type unalignedState struct {
 	// overtook, for CaptureOvertaken.
 	overtaken     []checkpoint.Element
 	overtakenHeld heldBatches
-	timers        []*time.Timer
+	// outs are the output buffers the barrier overtook, per output
+	// channel (task.outDests); captured (CaptureOutputs) just before the
+	// snapshot starts, in capOuts and capHeld.
+	outs    [][]checkpoint.Element
+	capOuts [][]checkpoint.Element
+	capHeld heldBatches
+	timers  []*time.Timer
 }
 
 // heldBatches are retained batches that records of channel state point into.
@@ -93,11 +106,32 @@ func (h *heldBatches) release() {
 	*h = (*h)[:0]
 }
 
-// broadcastNow sends ev (an overtaking barrier) on every output edge, behind
-// the pending records, without waiting for room.
+// captureOutputs keeps what the writers hold and have not sent (their
+// pending and queued batches, watermarks) as the output buffers of the
+// unaligned checkpoint about to start: its barrier goes ahead of them
+// (broadcastNow), they go out after it, and a restore replays them to
+// their receivers after those receivers' own channel state
+// (checkpoint.ReassignChannels).
+func (t *task) captureOutputs() {
+	u := &t.ua
+	u.capHeld.release()
+	u.capOuts = make([][]checkpoint.Element, len(t.outDests))
+	k := 0
+	for _, w := range t.writers {
+		base := k
+		w.CaptureBuffers(func(o int, ev dataplane.Event) {
+			u.capOuts[base+o] = u.capHeld.appendEvent(u.capOuts[base+o], ev)
+		})
+		k += w.NumOutputs()
+	}
+}
+
+// broadcastNow sends ev (an overtaking barrier) on every output edge,
+// ahead of the output buffers (captureOutputs took them) and without
+// waiting for room.
 func (t *task) broadcastNow(ev dataplane.Event) error {
 	for _, w := range t.writers {
-		if err := w.BroadcastNow(t.ctx, ev); err != nil {
+		if err := w.BroadcastAhead(t.ctx, ev); err != nil {
 			return err
 		}
 	}
@@ -116,6 +150,10 @@ func (t *task) startUnaligned(x control.TakeSnapshot) error {
 		return err
 	}
 	u.id, u.x, u.st, u.span = x.B.ID, x, st, span
+	u.outs, u.capOuts = u.capOuts, nil
+	u.held = append(u.held, u.capHeld...)
+	clear(u.capHeld)
+	u.capHeld = u.capHeld[:0]
 	if n := t.nData; len(u.chans) != n {
 		u.chans, u.capturing = make([][]checkpoint.Element, n), make([]bool, n)
 	}
@@ -130,7 +168,7 @@ func (u *unalignedState) dropCheckpoint() {
 	if u.st != nil {
 		u.st.Operator.Release() // dropped unwritten; finishUnaligned hands it on first
 	}
-	u.id, u.st, u.span = 0, nil, nil
+	u.id, u.st, u.span, u.outs = 0, nil, nil, nil
 	for i := range u.chans {
 		u.chans[i] = nil
 		u.capturing[i] = false
@@ -225,6 +263,12 @@ func (t *task) finishUnaligned(id int64) error {
 			cs.Inputs = append(cs.Inputs, checkpoint.ChannelData{Operator: o.op, Subtask: o.sub, Input: o.input, Elements: elems})
 		}
 	}
+	for k, elems := range u.outs {
+		if len(elems) > 0 {
+			d := t.outDests[k]
+			cs.Outputs = append(cs.Outputs, checkpoint.ChannelData{Operator: d.op, Subtask: d.sub, Input: d.input, Elements: elems})
+		}
+	}
 	if !cs.Empty() {
 		if st == nil {
 			st = &checkpoint.SubtaskState{}
@@ -269,6 +313,7 @@ func (t *task) stopTimers() {
 	}
 	t.ua.timers = nil
 	t.ua.dropCheckpoint()
+	t.ua.capHeld.release()
 }
 
 // replayInFlight processes the restored channel state before anything new:
