@@ -7,8 +7,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/twmb/franz-go/pkg/kgo"
-
 	"github.com/streamd/streamd/host"
 	"github.com/streamd/streamd/internal/connector/kafka/kafkatest"
 	"github.com/streamd/streamd/internal/jobfile"
@@ -42,15 +40,7 @@ func BenchmarkKafkaPipelineVsRaw(b *testing.B) {
 	var raw, eos, alo time.Duration
 	for iter := 0; b.Loop(); iter++ {
 		in := "in" + strconv.Itoa(iter)
-		c.CreateTopic(b, in, 4)
-		for _, out := range []string{"raw", "eos", "alo"} {
-			c.CreateTopic(b, out+in, 4)
-		}
-		recs := make([]*kgo.Record, n)
-		for i := range recs {
-			recs[i] = &kgo.Record{Topic: in, Partition: int32(i % 4), Key: []byte("k" + strconv.Itoa(i%1000)), Value: value}
-		}
-		c.Produce(b, in, recs...)
+		c.BenchInput(b, in, []string{"raw", "eos", "alo"}, n, value)
 
 		start := time.Now()
 		c.CopyLoop(b, in, "raw"+in, n)

@@ -9,7 +9,6 @@ import (
 	"github.com/streamd/streamd/abi"
 	"github.com/streamd/streamd/internal/connector"
 	"github.com/streamd/streamd/internal/connector/kafka/kafkatest"
-	"github.com/twmb/franz-go/pkg/kgo"
 )
 
 // BenchmarkSourceToSink moves the same records (4 partitions, 100-byte
@@ -32,15 +31,7 @@ func BenchmarkSourceToSink(b *testing.B) {
 	var raw, eos, alo time.Duration
 	for iter := 0; b.Loop(); iter++ {
 		in := "in" + strconv.Itoa(iter)
-		c.CreateTopic(b, in, 4)
-		for _, out := range []string{"raw", "eos", "alo"} {
-			c.CreateTopic(b, out+in, 4)
-		}
-		recs := make([]*kgo.Record, n)
-		for i := range recs {
-			recs[i] = &kgo.Record{Topic: in, Partition: int32(i % 4), Key: []byte("k" + strconv.Itoa(i%1000)), Value: value}
-		}
-		c.Produce(b, in, recs...)
+		c.BenchInput(b, in, []string{"raw", "eos", "alo"}, n, value)
 
 		start := time.Now()
 		c.CopyLoop(b, in, "raw"+in, n)

@@ -8,6 +8,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"strconv"
 	"testing"
 	"time"
 
@@ -157,6 +158,22 @@ func (c *Cluster) ReadCommitted(tb testing.TB, topic string) []*kgo.Record {
 		out = append(out, byPart[p]...)
 	}
 	return out
+}
+
+// BenchInput sets up a round of a benchmark against CopyLoop: topic in
+// (4 partitions) holding n records (keys k0..k999, value), and an empty
+// topic out+in (4 partitions) for each of outs.
+func (c *Cluster) BenchInput(tb testing.TB, in string, outs []string, n int, value []byte) {
+	tb.Helper()
+	c.CreateTopic(tb, in, 4)
+	for _, out := range outs {
+		c.CreateTopic(tb, out+in, 4)
+	}
+	recs := make([]*kgo.Record, n)
+	for i := range recs {
+		recs[i] = &kgo.Record{Topic: in, Partition: int32(i % 4), Key: []byte("k" + strconv.Itoa(i%1000)), Value: value}
+	}
+	c.Produce(tb, in, recs...)
 }
 
 // CopyLoop is franz-go's own consume-and-produce loop, the yardstick of
