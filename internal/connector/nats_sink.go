@@ -665,12 +665,22 @@ var errConnLost = errors.New("connection to NATS lost")
 // natsConnPoll is how often a request in flight checks its connection.
 const natsConnPoll = 20 * time.Millisecond
 
-// callCtx bounds one request: the ack timeout, or until the connection is
+// requestTimeout bounds one request of a commit: a sixth of the ack
+// timeout, at least 2s (never more than the ack timeout). A reply can be
+// lost without the connection breaking (NATS replies are at most once);
+// the commit then reads the markers and retries within its ack timeout,
+// which the markers and the expected last sequence make safe, instead of
+// spending the whole ack timeout on the one lost reply.
+func (s *NATSSink) requestTimeout() time.Duration {
+	return min(s.ackTimeout, max(s.ackTimeout/6, 2*time.Second))
+}
+
+// callCtx bounds one request: requestTimeout, or until the connection is
 // lost or reconnected after session (a Stats().Reconnects), whichever is
 // first. A reply lost with a connection is then retried when NATS is back,
 // not after a whole ack timeout.
 func (s *NATSSink) callCtx(ctx context.Context, session uint64) (context.Context, context.CancelFunc) {
-	ctx, cancelTimeout := context.WithTimeout(ctx, s.ackTimeout)
+	ctx, cancelTimeout := context.WithTimeout(ctx, s.requestTimeout())
 	ctx, cancel := context.WithCancelCause(ctx)
 	go func() {
 		t := time.NewTicker(natsConnPoll)
@@ -693,8 +703,12 @@ func (s *NATSSink) callCtx(ctx context.Context, session uint64) (context.Context
 // callErr names the cause of err when callCtx's ctx ended it.
 func callErr(ctx context.Context, err error) error {
 	if err != nil && ctx.Err() != nil {
-		if cause := context.Cause(ctx); errors.Is(cause, errConnLost) {
+		cause := context.Cause(ctx)
+		if errors.Is(cause, errConnLost) {
 			return fmt.Errorf("%w: %w", errConnLost, err)
+		}
+		if errors.Is(cause, context.DeadlineExceeded) {
+			return fmt.Errorf("no reply from NATS in time: %w", err)
 		}
 	}
 	return err
