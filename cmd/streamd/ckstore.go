@@ -10,7 +10,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/streamd/streamd/internal/checkpoint"
-	"github.com/streamd/streamd/internal/cluster"
+	"github.com/streamd/streamd/internal/cluster/wire"
 	"github.com/streamd/streamd/internal/jobfile"
 )
 
@@ -52,7 +52,7 @@ func (c *cli) resolveCheckpoint(ctx context.Context, loc, who string) (*checkpoi
 	if err != nil {
 		return nil, nil, nil, err
 	}
-	md, r, err := cluster.ResolveIn(ctx, nc, loc)
+	md, r, err := wire.ResolveIn(ctx, nc, loc)
 	if err != nil {
 		nc.Close()
 		return nil, nil, nil, err

@@ -8,7 +8,8 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/spf13/cobra"
 
-	"github.com/streamd/streamd/internal/cluster"
+	"github.com/streamd/streamd/internal/cluster/client"
+	"github.com/streamd/streamd/internal/cluster/wire"
 )
 
 // Shell completion (docs/cli.md, "Shell completion"): cobra's completion
@@ -76,7 +77,7 @@ func (c *cli) completeJobID(cmd *cobra.Command, args []string, toComplete string
 }
 
 // completionJobs lists the jobs within completionTimeout.
-func (c *cli) completionJobs(cmd *cobra.Command, args []string) ([]cluster.JobStatus, error) {
+func (c *cli) completionJobs(cmd *cobra.Command, args []string) ([]wire.JobStatus, error) {
 	// __complete skips the root's PersistentPreRunE, which loads the
 	// configuration, and cmd's PreRunE, which binds its NATS flags.
 	if err := c.loadConfig(); err != nil {
@@ -96,7 +97,7 @@ func (c *cli) completionJobs(cmd *cobra.Command, args []string) ([]cluster.JobSt
 		return nil, err
 	}
 	defer nc.Close()
-	cl, err := cluster.NewClient(nc)
+	cl, err := client.NewClient(nc)
 	if err != nil {
 		return nil, err
 	}

@@ -13,6 +13,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/streamd/streamd/internal/cluster"
+	"github.com/streamd/streamd/internal/cluster/client"
 	"github.com/streamd/streamd/internal/natstest"
 )
 
@@ -74,7 +75,7 @@ func TestCompleteJobIDs(t *testing.T) {
 		t.Fatalf("deploy: exit %d: %s", code, errs)
 	}
 	id := strings.TrimSpace(out)
-	cl, err := cluster.NewClient(natstest.Connect(t, srv.URL()))
+	cl, err := client.NewClient(natstest.Connect(t, srv.URL()))
 	must(t, err)
 	st, err := cl.Status(context.Background(), id)
 	must(t, err)

@@ -9,6 +9,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/streamd/streamd/internal/cluster"
+	"github.com/streamd/streamd/internal/cluster/wire"
 	"github.com/streamd/streamd/internal/jobfile"
 	"github.com/streamd/streamd/internal/natsutil"
 )
@@ -94,7 +95,7 @@ func (c *cli) jobEvents(nc *nats.Conn, opts *cluster.ControllerOptions) (func(),
 	if err != nil {
 		return nil, err
 	}
-	opts.Logs = cluster.NewLogPublisher(nc, cfg, c.log)
+	opts.Logs = wire.NewLogPublisher(nc, cfg, c.log)
 	return opts.Logs.Close, nil
 }
 

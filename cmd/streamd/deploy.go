@@ -8,7 +8,8 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/streamd/streamd/internal/cluster"
+	"github.com/streamd/streamd/internal/cluster/client"
+	"github.com/streamd/streamd/internal/cluster/wire"
 	"github.com/streamd/streamd/internal/jobfile"
 )
 
@@ -82,7 +83,7 @@ It is resolved and checked against the job here before the job is submitted.
 					return err
 				}
 			}
-			return c.withClient(cmd.Context(), func(ctx context.Context, cl *cluster.Client) error {
+			return c.withClient(cmd.Context(), func(ctx context.Context, cl *client.Client) error {
 				if transform {
 					if job, err = c.transformJob(ctx, cl, args[0], f, t, ts); err != nil {
 						return err
@@ -118,7 +119,7 @@ It is resolved and checked against the job here before the job is submitted.
 						return err
 					}
 				}
-				if st.State != cluster.JobFinished {
+				if st.State != wire.JobFinished {
 					return fmt.Errorf("job %s %s: %s", id, st.State, st.Reason)
 				}
 				return nil
@@ -209,13 +210,13 @@ type deployResult struct {
 // waitJob polls the job's status until it ends (no request timeout applies),
 // and logs on stderr each change of state or attempt, and the records counts
 // every logEvery while they change.
-func (c *cli) waitJob(ctx context.Context, cl *cluster.Client, id string) (*cluster.JobStatus, error) {
-	return c.waitStatus(ctx, cl, id, func(st *cluster.JobStatus) bool { return cluster.TerminalJobState(st.State) })
+func (c *cli) waitJob(ctx context.Context, cl *client.Client, id string) (*wire.JobStatus, error) {
+	return c.waitStatus(ctx, cl, id, func(st *wire.JobStatus) bool { return wire.TerminalJobState(st.State) })
 }
 
 // waitStatus is waitJob until done holds for the job's status.
-func (c *cli) waitStatus(ctx context.Context, cl *cluster.Client, id string, done func(*cluster.JobStatus) bool) (*cluster.JobStatus, error) {
-	var last *cluster.JobStatus
+func (c *cli) waitStatus(ctx context.Context, cl *client.Client, id string, done func(*wire.JobStatus) bool) (*wire.JobStatus, error) {
+	var last *wire.JobStatus
 	var lastCounts string
 	nextCounts := time.Now().Add(logEvery)
 	for {
@@ -230,7 +231,7 @@ func (c *cli) waitStatus(ctx context.Context, cl *cluster.Client, id string, don
 			if len(st.Hosts) > 0 {
 				line += " on " + strings.Join(st.Hosts, ",")
 			}
-			if st.Reason != "" && !cluster.TerminalJobState(st.State) {
+			if st.Reason != "" && !wire.TerminalJobState(st.State) {
 				line += ": " + st.Reason // the end's reason is said once, by the error or the JSON
 			}
 			fmt.Fprintln(c.stderr, line)
@@ -255,7 +256,7 @@ func (c *cli) waitStatus(ctx context.Context, cl *cluster.Client, id string, don
 }
 
 // recordCounts is "uid in=N out=M" for each operator of st.
-func recordCounts(st *cluster.JobStatus) string {
+func recordCounts(st *wire.JobStatus) string {
 	var parts []string
 	for _, op := range st.Operators {
 		parts = append(parts, fmt.Sprintf("%s in=%d out=%d", op.UID, op.RecordsIn, op.RecordsOut))

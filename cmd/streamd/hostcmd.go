@@ -9,7 +9,8 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/streamd/streamd/host"
-	"github.com/streamd/streamd/internal/cluster"
+	"github.com/streamd/streamd/internal/cluster/agent"
+	"github.com/streamd/streamd/internal/cluster/wire"
 	"github.com/streamd/streamd/internal/natsutil"
 )
 
@@ -29,7 +30,7 @@ channels between hosts go over NATS, and the controller drives its checkpoints.`
 			// Choose the id now, so that the service name has it too.
 			id := c.v.GetString(keyHostID)
 			if id == "" {
-				id = cluster.NewHostID()
+				id = wire.NewHostID()
 				c.v.Set(keyHostID, id)
 			}
 			stopTelemetry, err := c.startTelemetry(cmd.Context(), "streamd-host-"+id)
@@ -71,7 +72,7 @@ func (c *cli) hostFlags(cmd *cobra.Command) []flagKey {
 
 // startHost starts a host agent with the host.* settings; defaultID is used
 // when host.id is not set ("" = hostname and a random suffix).
-func (c *cli) startHost(ctx context.Context, nc *nats.Conn, defaultID string) (*cluster.Host, *host.Engine, error) {
+func (c *cli) startHost(ctx context.Context, nc *nats.Conn, defaultID string) (*agent.Host, *host.Engine, error) {
 	slots, err := c.positiveInt(keySlots)
 	if err != nil {
 		return nil, nil, err
@@ -123,10 +124,10 @@ func (c *cli) startHost(ctx context.Context, nc *nats.Conn, defaultID string) (*
 	if err != nil {
 		return nil, nil, err
 	}
-	h, err := cluster.StartHost(nc, cluster.HostOptions{
+	h, err := agent.StartHost(nc, agent.HostOptions{
 		ID: id, Slots: slots, DataDir: filepath.Join(dir, "host"), HeartbeatInterval: hb, Logger: c.log,
-		Executor: &cluster.LocalExecutor{Engine: eng, Stdout: c.stdout, BatchSize: batch, ChannelCapacity: chanCap, BufferTimeout: bufTimeout, MaxRecordBytes: mrb, NATS: natsOpts,
-			DataDir: filepath.Join(dir, "state"), ConnectorSettings: c.connectorSettings(), Logs: cluster.NewLogPublisher(nc, logCfg, c.log)},
+		Executor: &agent.LocalExecutor{Engine: eng, Stdout: c.stdout, BatchSize: batch, ChannelCapacity: chanCap, BufferTimeout: bufTimeout, MaxRecordBytes: mrb, NATS: natsOpts,
+			DataDir: filepath.Join(dir, "state"), ConnectorSettings: c.connectorSettings(), Logs: wire.NewLogPublisher(nc, logCfg, c.log)},
 	})
 	if err != nil {
 		eng.Close(context.WithoutCancel(ctx))

@@ -16,6 +16,8 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/streamd/streamd/internal/cluster"
+	"github.com/streamd/streamd/internal/cluster/client"
+	"github.com/streamd/streamd/internal/cluster/wire"
 	"github.com/streamd/streamd/internal/natsutil"
 )
 
@@ -174,23 +176,23 @@ const savepointRequestTimeout = 10 * time.Minute
 
 // withSavepointClient is withClient for a request answered after a
 // savepoint: its timeout is at least savepointRequestTimeout.
-func (c *cli) withSavepointClient(ctx context.Context, fn func(ctx context.Context, cl *cluster.Client) error) error {
+func (c *cli) withSavepointClient(ctx context.Context, fn func(ctx context.Context, cl *client.Client) error) error {
 	return c.withClientTimeout(ctx, savepointRequestTimeout, fn)
 }
 
 // withClient connects and runs fn with a control API client.
-func (c *cli) withClient(ctx context.Context, fn func(ctx context.Context, cl *cluster.Client) error) error {
+func (c *cli) withClient(ctx context.Context, fn func(ctx context.Context, cl *client.Client) error) error {
 	return c.withClientTimeout(ctx, 0, fn)
 }
 
 // withClientTimeout is withClient with a timeout of at least least.
-func (c *cli) withClientTimeout(ctx context.Context, least time.Duration, fn func(ctx context.Context, cl *cluster.Client) error) error {
+func (c *cli) withClientTimeout(ctx context.Context, least time.Duration, fn func(ctx context.Context, cl *client.Client) error) error {
 	nc, err := c.connectNATS("streamd cli")
 	if err != nil {
 		return err
 	}
 	defer nc.Close()
-	cl, err := cluster.NewClient(nc)
+	cl, err := client.NewClient(nc)
 	if err != nil {
 		return err
 	}
@@ -223,7 +225,7 @@ func (c *cli) listCommand() *cobra.Command {
 		Short: "List the jobs the controller knows, newest first (those finished, failed or canceled longer ago than controller.job_retention only with --all)",
 		Args:  exactArgs(0),
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			return c.withClient(cmd.Context(), func(ctx context.Context, cl *cluster.Client) error {
+			return c.withClient(cmd.Context(), func(ctx context.Context, cl *client.Client) error {
 				jobs, err := cl.List(ctx, all)
 				if err != nil {
 					return err
@@ -267,7 +269,7 @@ func (c *cli) statusCommand() *cobra.Command {
 		Short:             "Show a job's state, attempts, its subtasks with their hosts and states, and its last checkpoints",
 		Args:              exactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return c.withClient(cmd.Context(), func(ctx context.Context, cl *cluster.Client) error {
+			return c.withClient(cmd.Context(), func(ctx context.Context, cl *client.Client) error {
 				st, err := cl.Status(ctx, args[0])
 				if err != nil {
 					return err
@@ -291,7 +293,7 @@ func (c *cli) clientFlags(cmd *cobra.Command, extra ...flagKey) {
 	cmd.Flags().Duration("request-timeout", 30*time.Second, "how long to wait for the controller ("+keyRequestTimeout+"; stop, savepoint and upgrade wait at least 10m: they are answered once the savepoint is written)")
 }
 
-func (c *cli) printStatus(st *cluster.JobStatus) {
+func (c *cli) printStatus(st *wire.JobStatus) {
 	w := c.stdout
 	fmt.Fprintf(w, "job %s (%s): %s, attempt %d, %d slot(s) on %s\n", st.ID, st.Name, st.State, st.Attempt, st.Slots, orDash(strings.Join(st.Hosts, ",")))
 	if st.Reason != "" {
@@ -377,7 +379,7 @@ func (c *cli) deleteCommand() *cobra.Command {
 		Short:             "Remove the record of an ended job (finished, failed, canceled or stopped); with --checkpoints its checkpoints too",
 		Args:              exactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return c.withClient(cmd.Context(), func(ctx context.Context, cl *cluster.Client) error {
+			return c.withClient(cmd.Context(), func(ctx context.Context, cl *client.Client) error {
 				st, err := cl.Delete(ctx, args[0], checkpoints)
 				if err != nil {
 					return err
@@ -408,7 +410,7 @@ func (c *cli) cancelCommand() *cobra.Command {
 		Short:             "Cancel a job: its subtasks stop at once, without a savepoint",
 		Args:              exactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return c.withClient(cmd.Context(), func(ctx context.Context, cl *cluster.Client) error {
+			return c.withClient(cmd.Context(), func(ctx context.Context, cl *client.Client) error {
 				st, err := cl.Cancel(ctx, args[0])
 				if err != nil {
 					return err
@@ -438,7 +440,7 @@ func (c *cli) savepointCommand() *cobra.Command {
 			if cmd.Flags().Changed("dir") {
 				fmt.Fprintln(c.stderr, "streamd: --dir is deprecated; use --savepoint-dir")
 			}
-			return c.withSavepointClient(cmd.Context(), func(ctx context.Context, cl *cluster.Client) error {
+			return c.withSavepointClient(cmd.Context(), func(ctx context.Context, cl *client.Client) error {
 				path, err := cl.Savepoint(ctx, args[0], absIfSet(dir))
 				if err != nil {
 					return err
@@ -468,7 +470,7 @@ func (c *cli) stopCommand() *cobra.Command {
 		Short:             "Stop a job with a savepoint (--drain: finish its input first)",
 		Args:              exactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return c.withSavepointClient(cmd.Context(), func(ctx context.Context, cl *cluster.Client) error {
+			return c.withSavepointClient(cmd.Context(), func(ctx context.Context, cl *client.Client) error {
 				path, err := cl.Stop(ctx, args[0], absIfSet(dir), drain)
 				if err != nil {
 					return err
@@ -515,7 +517,7 @@ func (c *cli) hostsCommand() *cobra.Command {
 		Short: "List the hosts registered with the controller",
 		Args:  exactArgs(0),
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			return c.withClient(cmd.Context(), func(ctx context.Context, cl *cluster.Client) error {
+			return c.withClient(cmd.Context(), func(ctx context.Context, cl *client.Client) error {
 				hs, err := cl.Hosts(ctx)
 				if err != nil {
 					return err

@@ -15,7 +15,8 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/spf13/cobra"
 
-	"github.com/streamd/streamd/internal/cluster"
+	"github.com/streamd/streamd/internal/cluster/client"
+	"github.com/streamd/streamd/internal/cluster/wire"
 )
 
 // The retention of the job log stream, used by the host that creates it.
@@ -28,8 +29,8 @@ func init() { knownKeys = append(knownKeys, keyLogsMaxAge, keyLogsMaxBytes) }
 
 // logStreamConfig is the retention of the job log stream (logs.max_age,
 // logs.max_bytes; unset: the defaults).
-func (c *cli) logStreamConfig() (cluster.LogStreamConfig, error) {
-	var cfg cluster.LogStreamConfig
+func (c *cli) logStreamConfig() (wire.LogStreamConfig, error) {
+	var cfg wire.LogStreamConfig
 	for _, k := range []string{keyLogsMaxAge, keyLogsMaxBytes} {
 		_ = c.v.BindEnv(k)
 	}
@@ -63,7 +64,7 @@ func (c *cli) logsCommand() *cobra.Command {
 		Short:             "Print a job's guest and task log lines, published by the hosts (-f: follow them)",
 		Long: `Print the log lines of a deployed job: what its modules write to stdout and
 stderr and log, and the runtime's lines about its subtasks, as the hosts running
-them publish them to the JetStream stream ` + cluster.LogStream + ` (kept for
+them publish them to the JetStream stream ` + wire.LogStream + ` (kept for
 logs.max_age, at most logs.max_bytes; docs/subjects.md). Without -f it prints
 the lines stored so far and exits; with -f it goes on printing new lines until
 interrupted.`,
@@ -94,7 +95,7 @@ interrupted.`,
 func (c *cli) printLogs(ctx context.Context, id, operator string, subtask int, since time.Duration, follow, asJSON bool) error {
 	// The job and the stream are looked up within --request-timeout; the
 	// lines are read until ctx ends.
-	return c.withClient(ctx, func(rctx context.Context, cl *cluster.Client) error {
+	return c.withClient(ctx, func(rctx context.Context, cl *client.Client) error {
 		if _, err := cl.Status(rctx, id); err != nil {
 			return err
 		}
@@ -102,12 +103,12 @@ func (c *cli) printLogs(ctx context.Context, id, operator string, subtask int, s
 		if err != nil {
 			return err
 		}
-		stream, err := js.Stream(rctx, cluster.LogStream)
+		stream, err := js.Stream(rctx, wire.LogStream)
 		if errors.Is(err, jetstream.ErrStreamNotFound) {
-			return fmt.Errorf("job %s: no log stream %s on the NATS server (the hosts create it when they start; are they older than `streamd logs`?)", id, cluster.LogStream)
+			return fmt.Errorf("job %s: no log stream %s on the NATS server (the hosts create it when they start; are they older than `streamd logs`?)", id, wire.LogStream)
 		}
 		if err != nil {
-			return fmt.Errorf("job %s: log stream %s: %w", id, cluster.LogStream, err)
+			return fmt.Errorf("job %s: log stream %s: %w", id, wire.LogStream, err)
 		}
 		return c.readLogs(ctx, rctx, stream, id, operator, subtask, since, follow, asJSON)
 	})
@@ -123,19 +124,19 @@ func (c *cli) readLogs(ctx, rctx context.Context, stream jetstream.Stream, id, o
 	if subtask >= 0 {
 		subTok = strconv.Itoa(subtask)
 	}
-	cfg := jetstream.OrderedConsumerConfig{FilterSubjects: []string{cluster.SubjectLogsPrefix + id + "." + opTok + "." + subTok}}
+	cfg := jetstream.OrderedConsumerConfig{FilterSubjects: []string{wire.SubjectLogsPrefix + id + "." + opTok + "." + subTok}}
 	if since > 0 {
 		t := time.Now().Add(-since)
 		cfg.DeliverPolicy, cfg.OptStartTime = jetstream.DeliverByStartTimePolicy, &t
 	}
 	cons, err := stream.OrderedConsumer(rctx, cfg)
 	if err != nil {
-		return fmt.Errorf("job %s: read log stream %s: %w", id, cluster.LogStream, err)
+		return fmt.Errorf("job %s: read log stream %s: %w", id, wire.LogStream, err)
 	}
 	if !follow {
 		info, err := cons.Info(rctx)
 		if err != nil {
-			return fmt.Errorf("job %s: read log stream %s: %w", id, cluster.LogStream, err)
+			return fmt.Errorf("job %s: read log stream %s: %w", id, wire.LogStream, err)
 		}
 		if info.NumPending == 0 {
 			return nil
@@ -143,7 +144,7 @@ func (c *cli) readLogs(ctx, rctx context.Context, stream jetstream.Stream, id, o
 	}
 	it, err := cons.Messages()
 	if err != nil {
-		return fmt.Errorf("job %s: read log stream %s: %w", id, cluster.LogStream, err)
+		return fmt.Errorf("job %s: read log stream %s: %w", id, wire.LogStream, err)
 	}
 	defer it.Stop()
 	stop := context.AfterFunc(ctx, it.Stop)
@@ -154,7 +155,7 @@ func (c *cli) readLogs(ctx, rctx context.Context, stream jetstream.Stream, id, o
 			if ctx.Err() != nil {
 				return nil // interrupted: the end of -f
 			}
-			return fmt.Errorf("job %s: read log stream %s: %w", id, cluster.LogStream, err)
+			return fmt.Errorf("job %s: read log stream %s: %w", id, wire.LogStream, err)
 		}
 		if asJSON {
 			fmt.Fprintf(c.stdout, "%s\n", msg.Data())
@@ -172,7 +173,7 @@ func (c *cli) readLogs(ctx, rctx context.Context, stream jetstream.Stream, id, o
 // printLogLine prints a LogRecord as
 // "12:00:01.234 upper[1]@h2 attempt 0 INFO guest: hello".
 func printLogLine(w io.Writer, data []byte) {
-	var r cluster.LogRecord
+	var r wire.LogRecord
 	if err := json.Unmarshal(data, &r); err != nil {
 		fmt.Fprintf(w, "(not a log record: %q)\n", data)
 		return

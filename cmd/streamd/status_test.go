@@ -6,7 +6,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/streamd/streamd/internal/cluster"
+	"github.com/streamd/streamd/internal/cluster/wire"
 	"github.com/streamd/streamd/internal/telemetry"
 )
 
@@ -16,12 +16,12 @@ import (
 func TestStatusShowsSourceLag(t *testing.T) {
 	var out bytes.Buffer
 	c := newCLI(strings.NewReader(""), &out, io.Discard)
-	c.printStatus(&cluster.JobStatus{ID: "j1", Name: "kafka-job", State: "running", Operators: []cluster.OperatorStatus{
-		{UID: "in", Parallelism: 2, Subtasks: []cluster.SubtaskStatus{
+	c.printStatus(&wire.JobStatus{ID: "j1", Name: "kafka-job", State: "running", Operators: []wire.OperatorStatus{
+		{UID: "in", Parallelism: 2, Subtasks: []wire.SubtaskStatus{
 			{Index: 0, Host: "h1", State: "running", Live: &telemetry.SubtaskLive{SourceLag: 1234, HasSourceLag: true}},
 			{Index: 1, Host: "h2", State: "running", Live: &telemetry.SubtaskLive{}},
 		}},
-		{UID: "out", Parallelism: 1, Subtasks: []cluster.SubtaskStatus{{Index: 0, Host: "h1", State: "running"}}},
+		{UID: "out", Parallelism: 1, Subtasks: []wire.SubtaskStatus{{Index: 0, Host: "h1", State: "running"}}},
 	}})
 	s := out.String()
 	if !strings.Contains(s, "0:running@h1 (lag 1234) 1:running@h2\n") {

@@ -23,7 +23,7 @@ import (
 	"time"
 
 	"github.com/streamd/streamd/abi"
-	"github.com/streamd/streamd/internal/cluster"
+	"github.com/streamd/streamd/internal/cluster/wire"
 	"github.com/streamd/streamd/internal/connector"
 	"github.com/streamd/streamd/internal/jobfile"
 	"github.com/streamd/streamd/internal/webapi"
@@ -193,15 +193,15 @@ operators:
 	// the toy's values.
 	job, err := jobfile.LoadJob("job.yaml", jobfile.Options{})
 	must(t, err)
-	spec, err := cluster.NewJobSpec(job, "", func(path string) (cluster.Artifact, error) {
-		return cluster.Artifact{}, fmt.Errorf("the toy job has no files, asked for %s", path)
+	spec, err := wire.NewJobSpec(job, "", func(path string) (wire.Artifact, error) {
+		return wire.Artifact{}, fmt.Errorf("the toy job has no files, asked for %s", path)
 	})
 	must(t, err)
 	b, err := json.Marshal(spec)
 	must(t, err)
-	var back cluster.JobSpec
+	var back wire.JobSpec
 	must(t, json.Unmarshal(b, &back))
-	g, err := back.Graph(func(cluster.Artifact) (string, error) { return "", fmt.Errorf("no artifacts") })
+	g, err := back.Graph(func(wire.Artifact) (string, error) { return "", fmt.Errorf("no artifacts") })
 	must(t, err)
 	src := g.Vertex("count").Spec.(*jobfile.SourceSpec)
 	if c := src.Conf(); src.Type != "toy_counter" || c.Int("count") != 500 || c.String("case") != "upper" || c.String("prefix") != "n-" {

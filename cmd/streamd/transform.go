@@ -11,7 +11,7 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/streamd/streamd/internal/cluster"
+	"github.com/streamd/streamd/internal/cluster/client"
 	"github.com/streamd/streamd/internal/connector"
 	"github.com/streamd/streamd/internal/jobfile"
 )
@@ -174,7 +174,7 @@ func orList(xs []string) string {
 // anything is created, so a refused deploy leaves nothing behind), says
 // what on stderr, and builds its job: the source, the module, a sink per
 // output (else the --sink), checkpointed into the JetStream object store.
-func (c *cli) transformJob(ctx context.Context, cl *cluster.Client, module string, f runFlags, t transformFlags, ts transformSpecs) (*jobfile.Job, error) {
+func (c *cli) transformJob(ctx context.Context, cl *client.Client, module string, f runFlags, t transformFlags, ts transformSpecs) (*jobfile.Job, error) {
 	filter, err := c.moduleFilter(module, f)
 	if err != nil {
 		return nil, err

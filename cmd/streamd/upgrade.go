@@ -9,7 +9,8 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/streamd/streamd/internal/cluster"
+	"github.com/streamd/streamd/internal/cluster/client"
+	"github.com/streamd/streamd/internal/cluster/wire"
 	"github.com/streamd/streamd/internal/jobfile"
 )
 
@@ -86,7 +87,7 @@ savepoint, and how it went.`,
 				}
 				file = job.Path
 			}
-			return c.withSavepointClient(ctx, func(rctx context.Context, cl *cluster.Client) error {
+			return c.withSavepointClient(ctx, func(rctx context.Context, cl *client.Client) error {
 				rep, err := cl.Upgrade(rctx, id, job, file, module, operator, timeout)
 				if err != nil {
 					if ctx.Err() != nil {
@@ -96,11 +97,11 @@ savepoint, and how it went.`,
 				}
 				if rep.Replaced {
 					fmt.Fprintf(c.stderr, "job %s did not run (it restarted or waited for slots): its attempt was canceled; starting version %d %s (Ctrl-C detaches; the controller finishes the upgrade)\n",
-						id, rep.Version, cluster.StartsFrom(rep.Savepoint))
+						id, rep.Version, wire.StartsFrom(rep.Savepoint))
 				} else {
 					fmt.Fprintf(c.stderr, "job %s stopped with savepoint %s; starting version %d (Ctrl-C detaches; the controller finishes the upgrade)\n", id, rep.Savepoint, rep.Version)
 				}
-				st, err := c.waitStatus(ctx, cl, id, func(st *cluster.JobStatus) bool { return upgradeDecided(st, rep.Version) })
+				st, err := c.waitStatus(ctx, cl, id, func(st *wire.JobStatus) bool { return upgradeDecided(st, rep.Version) })
 				if err != nil {
 					if ctx.Err() != nil {
 						fmt.Fprintf(c.stderr, "detached: the controller finishes the upgrade of job %s to version %d; streamd status %s shows how it went\n", id, rep.Version, id)
@@ -114,7 +115,7 @@ savepoint, and how it went.`,
 						return jerr
 					}
 				} else if err == nil {
-					fmt.Fprintf(c.stdout, "job %s upgraded to version %d (%s)\n", id, rep.Version, cluster.StartsFrom(rep.Savepoint))
+					fmt.Fprintf(c.stdout, "job %s upgraded to version %d (%s)\n", id, rep.Version, wire.StartsFrom(rep.Savepoint))
 				}
 				return err
 			})
@@ -123,7 +124,7 @@ savepoint, and how it went.`,
 	fl := cmd.Flags()
 	fl.BoolVar(&asJSON, "json", false, `print {"id", "version", "savepoint", "state", "reason", "versions"} (also when it was rolled back)`)
 	fl.StringVar(&operator, "operator", "", "module: the uid of the wasm operator whose module it replaces (default: the job's only one)")
-	fl.DurationVar(&timeout, "timeout", cluster.DefaultUpgradeStartTimeout, "how long the new version may take to run before it counts as failed and is rolled back (a rollback has at least 2m)")
+	fl.DurationVar(&timeout, "timeout", wire.DefaultUpgradeStartTimeout, "how long the new version may take to run before it counts as failed and is rolled back (a rollback has at least 2m)")
 	fl.IntVarP(&parallelism, "parallelism", "p", 0, "job file: replace its default parallelism")
 	c.clientFlags(cmd)
 	return cmd
@@ -139,33 +140,33 @@ func (c *cli) completeUpgrade(cmd *cobra.Command, args []string, toComplete stri
 
 // upgradeDecided reports whether version n of the job, started by an
 // upgrade, runs or ended, and, if it was rolled back, so did the rollback.
-func upgradeDecided(st *cluster.JobStatus, n int) bool {
+func upgradeDecided(st *wire.JobStatus, n int) bool {
 	if len(st.Versions) < n {
-		return cluster.TerminalJobState(st.State) // no history: nothing to wait for
+		return wire.TerminalJobState(st.State) // no history: nothing to wait for
 	}
 	switch st.Versions[n-1].State {
-	case cluster.VersionStarting:
+	case wire.VersionStarting:
 		return false
-	case cluster.VersionRolledBack:
+	case wire.VersionRolledBack:
 		last := st.Versions[len(st.Versions)-1]
-		return last.Version > n && last.State != cluster.VersionStarting
+		return last.Version > n && last.State != wire.VersionStarting
 	}
 	return true
 }
 
 // upgradeResult is what upgrade --json prints.
 type upgradeResult struct {
-	ID        string                  `json:"id"`
-	Version   int                     `json:"version"`
-	Savepoint string                  `json:"savepoint"`
-	State     string                  `json:"state"` // the version's: running, rolled back, or the job's end
-	Reason    string                  `json:"reason,omitempty"`
-	Versions  []cluster.VersionStatus `json:"versions"`
+	ID        string               `json:"id"`
+	Version   int                  `json:"version"`
+	Savepoint string               `json:"savepoint"`
+	State     string               `json:"state"` // the version's: running, rolled back, or the job's end
+	Reason    string               `json:"reason,omitempty"`
+	Versions  []wire.VersionStatus `json:"versions"`
 }
 
 // upgradeOutcome is the result of the upgrade rep started, as st shows it,
 // and an error unless the new version runs.
-func upgradeOutcome(st *cluster.JobStatus, rep cluster.UpgradeReply) (upgradeResult, error) {
+func upgradeOutcome(st *wire.JobStatus, rep wire.UpgradeReply) (upgradeResult, error) {
 	res := upgradeResult{ID: st.ID, Version: rep.Version, Savepoint: rep.Savepoint, State: st.State, Reason: st.Reason, Versions: st.Versions}
 	if len(st.Versions) < rep.Version {
 		return res, fmt.Errorf("job %s %s: %s", st.ID, st.State, st.Reason)
@@ -173,16 +174,16 @@ func upgradeOutcome(st *cluster.JobStatus, rep cluster.UpgradeReply) (upgradeRes
 	v := st.Versions[rep.Version-1]
 	res.State, res.Reason = v.State, v.Reason
 	switch v.State {
-	case cluster.VersionRunning:
+	case wire.VersionRunning:
 		return res, nil
-	case cluster.VersionRolledBack:
+	case wire.VersionRolledBack:
 		back := st.Versions[len(st.Versions)-1]
-		if back.State == cluster.VersionRunning {
+		if back.State == wire.VersionRunning {
 			return res, fmt.Errorf("job %s: version %d failed: %s; rolled back: version %d runs again (as version %d) %s",
-				st.ID, v.Version, v.Reason, back.Rerun, back.Version, cluster.StartsFrom(rep.Savepoint))
+				st.ID, v.Version, v.Reason, back.Rerun, back.Version, wire.StartsFrom(rep.Savepoint))
 		}
 		return res, fmt.Errorf("job %s: version %d failed: %s; the rollback to version %d %s did not run either (%s: %s); the job is %s%s",
-			st.ID, v.Version, v.Reason, back.Rerun, cluster.StartsFrom(rep.Savepoint), back.State, back.Reason, st.State, deployFromHint(rep.Savepoint))
+			st.ID, v.Version, v.Reason, back.Rerun, wire.StartsFrom(rep.Savepoint), back.State, back.Reason, st.State, deployFromHint(rep.Savepoint))
 	}
 	return res, fmt.Errorf("job %s: version %d %s before it ran: %s", st.ID, v.Version, v.State, v.Reason)
 }
@@ -196,7 +197,7 @@ func deployFromHint(location string) string {
 
 // printVersions writes a job's version history (status): a table, then
 // why versions were rolled back or failed (a reason may span lines).
-func (c *cli) printVersions(st *cluster.JobStatus) {
+func (c *cli) printVersions(st *wire.JobStatus) {
 	if len(st.Versions) == 0 {
 		return
 	}

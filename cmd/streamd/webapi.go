@@ -10,7 +10,8 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/spf13/cobra"
 
-	"github.com/streamd/streamd/internal/cluster"
+	"github.com/streamd/streamd/internal/cluster/client"
+	"github.com/streamd/streamd/internal/cluster/wire"
 	"github.com/streamd/streamd/internal/runtime"
 	"github.com/streamd/streamd/internal/telemetry"
 	"github.com/streamd/streamd/internal/webapi"
@@ -70,10 +71,10 @@ func (c *cli) startAPI(key, mode string, b webapi.Backend, log func(string, ...a
 }
 
 // startControllerAPI serves the API of the controller on nc: a
-// cluster.Client over the controller's own connection, so the API sees
+// client.Client over the controller's own connection, so the API sees
 // what streamd status sees.
 func (c *cli) startControllerAPI(nc *nats.Conn) (func(), error) {
-	client, err := cluster.NewClient(nc)
+	client, err := client.NewClient(nc)
 	if err != nil {
 		return nil, err
 	}
@@ -84,12 +85,12 @@ func (c *cli) startControllerAPI(nc *nats.Conn) (func(), error) {
 func endLocal(l *webapi.Local, stats runtime.Stats, err error, canceled bool) {
 	switch {
 	case stats.Savepoint != "" && err == nil:
-		l.End(stats, cluster.JobStopped, "")
+		l.End(stats, wire.JobStopped, "")
 	case err == nil:
-		l.End(stats, cluster.JobFinished, "")
+		l.End(stats, wire.JobFinished, "")
 	case canceled && errors.Is(err, context.Canceled):
-		l.End(stats, cluster.JobCanceled, "canceled")
+		l.End(stats, wire.JobCanceled, "canceled")
 	default:
-		l.End(stats, cluster.JobFailed, err.Error())
+		l.End(stats, wire.JobFailed, err.Error())
 	}
 }

@@ -26,6 +26,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/streamd/streamd/internal/cluster/wire"
+
 	"go.opentelemetry.io/otel/attribute"
 
 	"github.com/streamd/streamd/control"
@@ -42,16 +44,6 @@ const (
 
 // maxRescales is how many rescales a job's status keeps.
 const maxRescales = 10
-
-// RescaleStatus is one rescale of a job by the adaptive scheduler.
-type RescaleStatus struct {
-	Time    time.Time `json:"time"`
-	From    int       `json:"from"` // the parallelism (slots) it ran on, or was to run on
-	To      int       `json:"to"`
-	Reason  string    `json:"reason"`
-	Attempt int       `json:"attempt"`           // its first attempt at To
-	Restore string    `json:"restore,omitempty"` // the savepoint of a scale-up; else the latest checkpoint
-}
 
 // rescaleUp is a scale-up in progress: the job is being stopped with a
 // savepoint (maybeEndDist starts it at To when it stopped).
@@ -76,7 +68,7 @@ func (j *ctlJob) bounds() []control.Bounds {
 }
 
 // fixedSource reports whether v is a source that keeps its parallelism.
-func fixedSource(v VertexSpec) bool {
+func fixedSource(v wire.VertexSpec) bool {
 	return v.Source != nil && !connector.SourceRescales(v.Source.Type)
 }
 
@@ -92,7 +84,7 @@ func (j *ctlJob) fixedSources() string {
 }
 
 // declaredOf is operator v's declared parallelism.
-func (j *ctlJob) declaredOf(v VertexSpec) int {
+func (j *ctlJob) declaredOf(v wire.VertexSpec) int {
 	if p, ok := j.declared[v.UID]; ok {
 		return p
 	}
@@ -100,12 +92,12 @@ func (j *ctlJob) declaredOf(v VertexSpec) int {
 }
 
 // declaredSpec is j's spec at its declared parallelism.
-func (j *ctlJob) declaredSpec() JobSpec {
+func (j *ctlJob) declaredSpec() wire.JobSpec {
 	if j.declared == nil {
 		return j.spec
 	}
 	s := j.spec
-	s.Vertices = make([]VertexSpec, len(j.spec.Vertices))
+	s.Vertices = make([]wire.VertexSpec, len(j.spec.Vertices))
 	for i, v := range j.spec.Vertices {
 		v.Parallelism = j.declaredOf(v)
 		s.Vertices[i] = v
@@ -123,7 +115,7 @@ func (j *ctlJob) scaleLocked(slots int) {
 		return
 	}
 	j.declared = map[string]int{}
-	j.spec.Vertices = make([]VertexSpec, len(decl.Vertices))
+	j.spec.Vertices = make([]wire.VertexSpec, len(decl.Vertices))
 	for i, v := range decl.Vertices {
 		j.declared[v.UID] = v.Parallelism
 		v.Parallelism = control.ScaledParallelism(control.Bounds{Declared: v.Parallelism, Min: v.MinParallelism}, slots)
@@ -188,7 +180,7 @@ func (c *Controller) rescaleLocked(j *ctlJob, now time.Time, to int, reason stri
 	j.scaleLocked(to)
 	j.carryRestarts, j.resumed = true, true
 	j.slotWait, j.moreSince, j.rescaledAt = time.Time{}, time.Time{}, now
-	r := RescaleStatus{Time: now, From: from, To: to, Reason: reason, Attempt: j.attempt}
+	r := wire.RescaleStatus{Time: now, From: from, To: to, Reason: reason, Attempt: j.attempt}
 	if j.latest != nil && j.latest.Kind == control.KindSavepoint {
 		r.Restore = j.latest.Location
 	}
@@ -239,7 +231,7 @@ func (c *Controller) scaleUpLocked(now time.Time) []effect {
 	var effects []effect
 	for _, id := range c.order {
 		j := c.jobs[id]
-		if j.declared == nil || j.state != JobRunning || j.placement == nil || j.dist == nil || !j.dist.ckpt || j.rescale != nil ||
+		if j.declared == nil || j.state != wire.JobRunning || j.placement == nil || j.dist == nil || !j.dist.ckpt || j.rescale != nil ||
 			j.upgrading || j.upgrade != nil || j.canceling || j.noRescale != "" {
 			j.moreSince = time.Time{}
 			continue
@@ -262,7 +254,7 @@ func (c *Controller) scaleUpLocked(now time.Time) []effect {
 		j.rescale = r
 		c.log.Info("rescaling the job: stopping it with a savepoint", "job", j.id, "from", r.From, "to", r.To, "reason", r.Reason)
 		effects = append(effects, func() {
-			_, err := c.distSavepoint(j.id, HostVerbStop, "", false, true)
+			_, err := c.distSavepoint(j.id, wire.HostVerbStop, "", false, true)
 			c.mu.Lock()
 			defer c.mu.Unlock()
 			if j.rescale == r { // it did not stop for the rescale
@@ -279,12 +271,12 @@ func (c *Controller) scaleUpLocked(now time.Time) []effect {
 func (c *Controller) rescaleStoppedLocked(j *ctlJob, now time.Time, sp string, id int64) {
 	r := j.rescale
 	j.rescale = nil
-	c.setAttemptState(j, JobStopped, fmt.Sprintf("savepoint %s taken to rescale to parallelism %d", sp, r.To))
+	c.setAttemptState(j, wire.JobStopped, fmt.Sprintf("savepoint %s taken to rescale to parallelism %d", sp, r.To))
 	j.latest = &control.RestorePoint{ID: id, Kind: control.KindSavepoint, Location: sp}
 	j.placement = nil
 	j.attempt++
-	j.state = JobRestarting
-	j.subtaskState, j.stats, j.hostStats = SubtaskScheduled, nil, nil
+	j.state = wire.JobRestarting
+	j.subtaskState, j.stats, j.hostStats = wire.SubtaskScheduled, nil, nil
 	j.restartAt = now
 	c.rescaleLocked(j, now, r.To, r.Reason)
 }
@@ -315,18 +307,18 @@ func (e *rescaleMisfit) Unwrap() error { return e.err }
 // checkRescaled runs deploy --from's restore checks of spec, j's spec
 // scaled to another parallelism, against the restore point from (outside
 // c.mu): a *rescaleMisfit when it does not fit.
-func (c *Controller) checkRescaled(j *ctlJob, spec JobSpec, from string, scaled bool) error {
+func (c *Controller) checkRescaled(j *ctlJob, spec wire.JobSpec, from string, scaled bool) error {
 	if !scaled || from == "" || spec.Checkpoint == nil {
 		return nil
 	}
-	g, err := spec.Graph(func(a Artifact) (string, error) { return "/" + a.Name, nil })
+	g, err := spec.Graph(func(a wire.Artifact) (string, error) { return "/" + a.Name, nil })
 	if err == nil {
 		ctx, cancel := context.WithTimeout(context.Background(), c.opts.RequestTimeout)
 		defer cancel()
 		err = c.checkLatest(ctx, j, from, g)
 	}
 	if err != nil {
-		return &rescaleMisfit{slots: spec.slotsNeeded(), err: err}
+		return &rescaleMisfit{slots: spec.SlotsNeeded(), err: err}
 	}
 	return nil
 }

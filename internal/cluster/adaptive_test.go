@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/streamd/streamd/internal/cluster/wire"
+
 	"github.com/streamd/streamd/control"
 	"github.com/streamd/streamd/internal/connector"
 	"github.com/streamd/streamd/internal/jobfile"
@@ -28,14 +30,14 @@ func init() {
 // declared (also in its record, for the next leader), and scaled back to
 // 4 is its declared spec again.
 func TestScaleSpec(t *testing.T) {
-	spec := JobSpec{Name: "adaptive", Vertices: []VertexSpec{
+	spec := wire.JobSpec{Name: "adaptive", Vertices: []wire.VertexSpec{
 		{UID: "gen", Kind: control.KindSource, Parallelism: 2, MaxParallelism: 128, Source: &jobfile.SourceSpec{Type: fixedSourceType}},
 		{UID: "count", Kind: control.KindOperator, Parallelism: 4, MinParallelism: 2, MaxParallelism: 128,
-			Inputs: []control.Edge{{From: "gen", Partition: control.Hash}}, Wasm: &WasmSpec{Module: Artifact{Name: "count.wasm"}}},
+			Inputs: []control.Edge{{From: "gen", Partition: control.Hash}}, Wasm: &wire.WasmSpec{Module: wire.Artifact{Name: "count.wasm"}}},
 		{UID: "out", Kind: control.KindSink, Parallelism: 4, MaxParallelism: 128,
 			Inputs: []control.Edge{{From: "count"}}, Sink: &jobfile.SinkSpec{Type: "discard"}},
 	}}
-	j := &ctlJob{id: "adaptive-1", spec: spec, slots: spec.slotsNeeded()}
+	j := &ctlJob{id: "adaptive-1", spec: spec, slots: spec.SlotsNeeded()}
 	if got := j.bounds(); got[0] != (control.Bounds{Declared: 2, Min: 2}) || got[1] != (control.Bounds{Declared: 4, Min: 2}) || got[2] != (control.Bounds{Declared: 4}) {
 		t.Fatalf("bounds %v: the source keeps its 2, count at least 2", got)
 	}
@@ -43,7 +45,7 @@ func TestScaleSpec(t *testing.T) {
 		t.Errorf("fixed sources %q, want gen 2", fs)
 	}
 	j.scaleLocked(2)
-	pars := func(s JobSpec) [3]int {
+	pars := func(s wire.JobSpec) [3]int {
 		return [3]int{s.Vertices[0].Parallelism, s.Vertices[1].Parallelism, s.Vertices[2].Parallelism}
 	}
 	if got := pars(j.spec); got != [3]int{2, 2, 2} || j.slots != 2 {
@@ -55,7 +57,7 @@ func TestScaleSpec(t *testing.T) {
 	if pars(spec) != [3]int{2, 4, 4} {
 		t.Fatal("scaling changed the spec it was made from")
 	}
-	if _, err := j.spec.Graph(func(a Artifact) (string, error) { return "/" + a.Name, nil }); err != nil {
+	if _, err := j.spec.Graph(func(a wire.Artifact) (string, error) { return "/" + a.Name, nil }); err != nil {
 		t.Fatalf("the scaled spec is not a valid graph: %v", err)
 	}
 	st := (&Controller{}).statusLocked(j)

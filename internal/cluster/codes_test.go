@@ -7,6 +7,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/streamd/streamd/internal/cluster/client"
+	"github.com/streamd/streamd/internal/cluster/wire"
+
 	"github.com/streamd/streamd/internal/natstest"
 )
 
@@ -17,14 +20,14 @@ import (
 // and says that no controller answered, also when the request times out.
 func TestErrorCodesOnTheWire(t *testing.T) {
 	srv := natstest.Server(t)
-	bare, err := NewClient(natstest.Connect(t, srv.URL()))
+	bare, err := client.NewClient(natstest.Connect(t, srv.URL()))
 	if err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
 	defer cancel()
 	_, err = bare.Status(ctx, "x")
-	if !errors.Is(err, ErrUnavailable) || errors.Is(err, ErrNotFound) || !strings.Contains(err.Error(), "no controller answered") {
+	if !errors.Is(err, wire.ErrUnavailable) || errors.Is(err, wire.ErrNotFound) || !strings.Contains(err.Error(), "no controller answered") {
 		t.Fatalf("status without a controller, request timeout 300ms: %v", err)
 	}
 
@@ -34,28 +37,28 @@ func TestErrorCodesOnTheWire(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(ctl.Close)
-	cl, err := NewClient(natstest.Connect(t, srv.URL()))
+	cl, err := client.NewClient(natstest.Connect(t, srv.URL()))
 	if err != nil {
 		t.Fatal(err)
 	}
 	bg := context.Background()
-	if _, err := cl.Status(bg, "no-such-job"); !errors.Is(err, ErrNotFound) || errors.Is(err, ErrConflict) || !strings.Contains(err.Error(), `no job "no-such-job"`) {
+	if _, err := cl.Status(bg, "no-such-job"); !errors.Is(err, wire.ErrNotFound) || errors.Is(err, wire.ErrConflict) || !strings.Contains(err.Error(), `no job "no-such-job"`) {
 		t.Fatalf("status of an unknown job: %v", err)
 	}
-	if _, err := cl.Cancel(bg, "no-such-job"); !errors.Is(err, ErrNotFound) {
+	if _, err := cl.Cancel(bg, "no-such-job"); !errors.Is(err, wire.ErrNotFound) {
 		t.Fatalf("cancel of an unknown job: %v", err)
 	}
 	// A job that waits for slots (no host): not running, so no savepoint.
-	var dr DeployReply
+	var dr wire.DeployReply
 	spec := testSpec(1)
-	if err := cl.read(bg, SubjectDeploy, DeployRequest{Job: spec, RequestID: "codes-1"}, &dr, func() Reply { return dr.Reply }); err != nil {
+	if err := cl.CallIdempotent(bg, wire.SubjectDeploy, wire.DeployRequest{Job: spec, RequestID: "codes-1"}, &dr, func() wire.Reply { return dr.Reply }); err != nil {
 		t.Fatal(err)
 	}
 	id := dr.JobID
-	if _, err := cl.Stop(bg, id, "", false); !errors.Is(err, ErrConflict) || errors.Is(err, ErrNotFound) {
+	if _, err := cl.Stop(bg, id, "", false); !errors.Is(err, wire.ErrConflict) || errors.Is(err, wire.ErrNotFound) {
 		t.Fatalf("stop of a job that waits for slots: %v", err)
 	}
-	if _, err := cl.Delete(bg, id, false); !errors.Is(err, ErrConflict) {
+	if _, err := cl.Delete(bg, id, false); !errors.Is(err, wire.ErrConflict) {
 		t.Fatalf("delete of a job that has not ended: %v", err)
 	}
 }

@@ -1,3 +1,16 @@
+// Package cluster is streamd's controller: the job table, the host
+// registry, slot scheduling (adaptive: a job runs on the slots there are),
+// failover, upgrades, and the leader lease of a highly available
+// controller. It talks to host agents (package agent) and answers clients
+// (package client) only with the messages of package wire.
+//
+// # Threading and lock order
+//
+// The controller keeps all its state under one mutex (Controller.mu); NATS
+// handlers take it, change the state and collect effects (assignments and
+// cancels to send to hosts), and the effects run after the mutex is released,
+// on goroutines tracked by the controller's wait group. Each deployed job
+// has one goroutine, its loop (dist.go), which never takes Controller.mu.
 package cluster
 
 import (
@@ -7,14 +20,17 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"go.opentelemetry.io/otel/metric"
-	"go.opentelemetry.io/otel/trace"
 	"log/slog"
 	"slices"
 	"sort"
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/streamd/streamd/internal/cluster/wire"
+
+	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -72,7 +88,7 @@ type ControllerOptions struct {
 	// log lines with a job: deploys, failovers and their cause, restarts,
 	// upgrades and rollbacks, stops and their savepoints, ends), published
 	// on the job's log subject beside the hosts' lines (streamd logs).
-	Logs *LogPublisher
+	Logs *wire.LogPublisher
 	// SlotWait is the adaptive scheduler's resource stabilization (as Flink's
 	// jobmanager.adaptive-scheduler.resource-stabilization-timeout): how
 	// long at least a job's min_parallelism of slots must be free, when
@@ -93,12 +109,10 @@ type ControllerOptions struct {
 
 // Defaults of ControllerOptions.
 const (
-	DefaultHeartbeatInterval = time.Second
-	DefaultLostAfter         = 3
-	DefaultMaxFailovers      = 10
-	DefaultRequestTimeout    = 10 * time.Second
-	DefaultUnreportedAfter   = 3
-	DefaultJobRetention      = 24 * time.Hour
+	DefaultLostAfter       = 3
+	DefaultMaxFailovers    = 10
+	DefaultUnreportedAfter = 3
+	DefaultJobRetention    = 24 * time.Hour
 )
 
 // Controller keeps the job table and the host registry, schedules jobs onto
@@ -160,11 +174,11 @@ type ctlHost struct {
 	// has seen: from their assignment until the host reported their end,
 	// answered their cancel, refused them, stopped listing them in its
 	// heartbeats, or was declared lost. Only the other slots are free.
-	busy map[AttemptRef]*slotUse
+	busy map[wire.AttemptRef]*slotUse
 	// ended are attempts whose end this host confirmed (end report,
 	// cancel answered, assignment refused), when: a heartbeat sent before
 	// that and read after it does not take their slots again.
-	ended map[AttemptRef]time.Time
+	ended map[wire.AttemptRef]time.Time
 }
 
 // slotUse is one attempt's hold on a host's slots.
@@ -184,7 +198,7 @@ const unlistedRelease = 2
 type ctlJob struct {
 	id        string
 	requestID string // of the deploy that made it (DeployRequest.RequestID)
-	spec      JobSpec
+	spec      wire.JobSpec
 	state     string
 	reason    string
 	attempt   int
@@ -209,11 +223,11 @@ type ctlJob struct {
 	deleting         bool      // a delete request removes its checkpoints
 	upgrading        bool      // an upgrade request stops and starts it (upgrade.go)
 	preparing        bool      // the controller side of a job spread over hosts is being set up (newDistJob, outside the mutex)
-	attempts         []AttemptStatus
+	attempts         []wire.AttemptStatus
 	placed           map[int]control.Placement // the placement of each attempt (slot counts of the slots they hold)
 	// versions is the job's version history, from its first upgrade on;
 	// upgrade the upgrade waiting for its version to run (upgrade.go).
-	versions []VersionStatus
+	versions []wire.VersionStatus
 	upgrade  *upgradeState
 
 	// changed is closed (and replaced) whenever the job's state or attempt
@@ -259,7 +273,7 @@ type ctlJob struct {
 	moreSince     time.Time
 	rescaledAt    time.Time
 	rescale       *rescaleUp
-	rescales      []RescaleStatus
+	rescales      []wire.RescaleStatus
 	rescaleCtx    context.Context
 	rescaleSpan   trace.Span
 	carryRestarts bool
@@ -276,7 +290,7 @@ func StartController(nc *nats.Conn, opts ControllerOptions) (*Controller, error)
 		opts.Logger = slog.New(slog.DiscardHandler)
 	}
 	if opts.HeartbeatInterval <= 0 {
-		opts.HeartbeatInterval = DefaultHeartbeatInterval
+		opts.HeartbeatInterval = wire.DefaultHeartbeatInterval
 	}
 	if opts.LostAfter <= 0 {
 		opts.LostAfter = DefaultLostAfter
@@ -285,7 +299,7 @@ func StartController(nc *nats.Conn, opts ControllerOptions) (*Controller, error)
 		opts.MaxFailovers = DefaultMaxFailovers
 	}
 	if opts.RequestTimeout <= 0 {
-		opts.RequestTimeout = DefaultRequestTimeout
+		opts.RequestTimeout = wire.DefaultRequestTimeout
 	}
 	if opts.UnreportedAfter <= 0 {
 		opts.UnreportedAfter = DefaultUnreportedAfter
@@ -306,7 +320,7 @@ func StartController(nc *nats.Conn, opts ControllerOptions) (*Controller, error)
 		opts.ID = newControllerID()
 	}
 	switch {
-	case !hostIDRE.MatchString(opts.ID):
+	case !wire.HostIDRE.MatchString(opts.ID):
 		return nil, fmt.Errorf("cluster: controller id %q: may contain only letters, digits, '-' and '_'", opts.ID)
 	case !plainKeyRE.MatchString(opts.Bucket):
 		return nil, fmt.Errorf("cluster: controller bucket %q: may contain only letters, digits, '-' and '_'", opts.Bucket)
@@ -318,7 +332,7 @@ func StartController(nc *nats.Conn, opts ControllerOptions) (*Controller, error)
 	default:
 		return nil, fmt.Errorf("cluster: controller: checkpoint storage %q: want dir or jetstream", opts.CheckpointStorage)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), DefaultRetry.Total)
+	ctx, cancel := context.WithTimeout(context.Background(), wire.DefaultRetry.Total)
 	defer cancel()
 	kv, replicas, err := openControllerBucket(ctx, nc, opts.Bucket, opts.Replicas)
 	if err != nil {
@@ -352,9 +366,9 @@ func StartController(nc *nats.Conn, opts ControllerOptions) (*Controller, error)
 // the control API service (service.go).
 func (c *Controller) subscribe(term uint64) error {
 	handlers := map[string]nats.MsgHandler{
-		SubjectHeartbeat:  c.handleHeartbeat,
-		SubjectHostEvents: c.handleHostEvent,
-		SubjectLeader:     c.handleLeader,
+		wire.SubjectHeartbeat:  c.handleHeartbeat,
+		wire.SubjectHostEvents: c.handleHostEvent,
+		wire.SubjectLeader:     c.handleLeader,
 	}
 	subjects := make([]string, 0, len(handlers))
 	for s := range handlers {
@@ -489,7 +503,7 @@ func (c *Controller) tickLocked(now time.Time) []effect {
 		}
 		for _, jid := range c.order {
 			j := c.jobs[jid]
-			if j.placement == nil || TerminalJobState(j.state) || j.canceling || !contains(j.placement.Slots, id) {
+			if j.placement == nil || wire.TerminalJobState(j.state) || j.canceling || !contains(j.placement.Slots, id) {
 				continue
 			}
 			reason := fmt.Sprintf("host %s lost (no heartbeat for %s)", id, now.Sub(h.lastSeen).Round(time.Millisecond))
@@ -539,7 +553,7 @@ func (c *Controller) freeSlotsLocked() []control.HostSlots {
 
 // holdLocked records that the current attempt of j holds its slots of p.
 func (c *Controller) holdLocked(j *ctlJob, p control.Placement) {
-	ref := AttemptRef{JobID: j.id, Attempt: j.attempt}
+	ref := wire.AttemptRef{JobID: j.id, Attempt: j.attempt}
 	for _, id := range p.Slots {
 		h := c.hosts[id]
 		if h == nil {
@@ -557,7 +571,7 @@ func (c *Controller) holdLocked(j *ctlJob, p control.Placement) {
 // releaseLocked frees the slots attempt ref holds on host id; ended: the
 // host confirmed the attempt's end there. It reports whether slots were
 // freed (then scheduleLocked may place waiting jobs).
-func (c *Controller) releaseLocked(id string, ref AttemptRef, ended bool, now time.Time, why string) bool {
+func (c *Controller) releaseLocked(id string, ref wire.AttemptRef, ended bool, now time.Time, why string) bool {
 	h := c.hosts[id]
 	if h == nil {
 		return false
@@ -581,7 +595,7 @@ func (c *Controller) releaseLocked(id string, ref AttemptRef, ended bool, now ti
 
 // settleLocked notes that the assignment of ref to host id was answered
 // (or failed without an answer).
-func (c *Controller) settleLocked(id string, ref AttemptRef, now time.Time) {
+func (c *Controller) settleLocked(id string, ref wire.AttemptRef, now time.Time) {
 	if h := c.hosts[id]; h != nil {
 		if u := h.busy[ref]; u != nil && u.settled.IsZero() {
 			u.settled = now
@@ -591,7 +605,7 @@ func (c *Controller) settleLocked(id string, ref AttemptRef, now time.Time) {
 
 // slotsFreed releases ref's slots on host id after the host confirmed its
 // end outside an event (a cancel it answered), and places waiting jobs.
-func (c *Controller) slotsFreed(id string, ref AttemptRef, why string) {
+func (c *Controller) slotsFreed(id string, ref wire.AttemptRef, why string) {
 	now := time.Now()
 	c.mu.Lock()
 	var effects []effect
@@ -619,7 +633,7 @@ func (c *Controller) scheduleLocked(now time.Time) []effect {
 	var effects []effect
 	for _, jid := range c.order {
 		j := c.jobs[jid]
-		if j.placement != nil || j.canceling || j.preparing || (j.state != JobCreated && j.state != JobRestarting) || now.Before(j.restartAt) {
+		if j.placement != nil || j.canceling || j.preparing || (j.state != wire.JobCreated && j.state != wire.JobRestarting) || now.Before(j.restartAt) {
 			continue
 		}
 		free := c.freeSlotsLocked()
@@ -656,10 +670,10 @@ func (c *Controller) scheduleLocked(now time.Time) []effect {
 		j.placed[j.attempt] = p
 		j.hostStats = map[string][]runtime.OperatorStats{}
 		j.assignedAt, j.endedOn, j.unlisted, j.asking = now, map[string]bool{}, map[string]int{}, map[string]bool{}
-		j.subtaskState = SubtaskDeploying
+		j.subtaskState = wire.SubtaskDeploying
 		j.reason = ""
 		j.updated = now
-		j.attempts = append(j.attempts, AttemptStatus{Attempt: j.attempt, Hosts: p.Hosts(), State: SubtaskDeploying, Parallelism: j.slots})
+		j.attempts = append(j.attempts, wire.AttemptStatus{Attempt: j.attempt, Hosts: p.Hosts(), State: wire.SubtaskDeploying, Parallelism: j.slots})
 		c.log.Info("job scheduled", "job", j.id, "attempt", j.attempt, "hosts", p.Hosts(), "slots", j.slots)
 		effects = append(effects, c.assignEffects(j, c.saveLocked(j))...)
 	}
@@ -683,7 +697,7 @@ func (c *Controller) prepareDist(j *ctlJob) effect {
 		var effects []effect
 		var notFit *rescaleMisfit
 		switch {
-		case TerminalJobState(j.state) || j.canceling:
+		case wire.TerminalJobState(j.state) || j.canceling:
 			if dj != nil {
 				dj.close(control.Cancel{})
 			}
@@ -698,7 +712,7 @@ func (c *Controller) prepareDist(j *ctlJob) effect {
 				j.rescaleCtx, j.rescaleSpan = nil, nil
 			}
 		case err != nil:
-			c.endLocked(j, now, JobFailed, err.Error())
+			c.endLocked(j, now, wire.JobFailed, err.Error())
 		default:
 			j.dist = dj
 			j.carryRestarts = false
@@ -719,10 +733,10 @@ func (c *Controller) prepareDist(j *ctlJob) effect {
 func (c *Controller) assignEffects(j *ctlJob, ver uint64) []effect {
 	p := *j.placement
 	dj, id, attempt, spec, term := j.dist, j.id, j.attempt, j.spec, c.term
-	locals := map[string][]SubtaskRef{}
+	locals := map[string][]wire.SubtaskRef{}
 	for _, v := range spec.Vertices {
 		for i := 0; i < v.Parallelism; i++ {
-			locals[p.Host(i)] = append(locals[p.Host(i)], SubtaskRef{Operator: v.UID, Subtask: i})
+			locals[p.Host(i)] = append(locals[p.Host(i)], wire.SubtaskRef{Operator: v.UID, Subtask: i})
 		}
 	}
 	dj.post(func() {
@@ -734,10 +748,10 @@ func (c *Controller) assignEffects(j *ctlJob, ver uint64) []effect {
 		tr := dj.attemptTrace()
 		var effects []effect
 		for _, h := range p.Hosts() {
-			a := Assignment{JobID: id, Attempt: attempt, Term: term, Job: spec, Placement: p.Slots, Distributed: true, Restore: restore, Trace: tr, Local: locals[h]}
+			a := wire.Assignment{JobID: id, Attempt: attempt, Term: term, Job: spec, Placement: p.Slots, Distributed: true, Restore: restore, Trace: tr, Local: locals[h]}
 			effects = append(effects, func() {
-				var r AssignReply
-				err := requestTimeout(c.nc, HostSubject(h, HostVerbAssign), c.opts.RequestTimeout, a, &r)
+				var r wire.AssignReply
+				err := wire.RequestTimeout(c.nc, wire.HostSubject(h, wire.HostVerbAssign), c.opts.RequestTimeout, a, &r)
 				c.assigned(a, h, r, err)
 			})
 		}
@@ -789,7 +803,7 @@ func (c *Controller) failLocked(j *ctlJob, now time.Time, f failure) []effect {
 		effects = c.cancelEffects(j, skip)
 	}
 	if n := len(j.attempts); n > 0 && j.attempts[n-1].Attempt == j.attempt {
-		j.attempts[n-1].State, j.attempts[n-1].Reason = SubtaskFailed, reason
+		j.attempts[n-1].State, j.attempts[n-1].Reason = wire.SubtaskFailed, reason
 	}
 	j.placement = nil
 	defer c.changedLocked(j)
@@ -824,7 +838,7 @@ func (c *Controller) failLocked(j *ctlJob, now time.Time, f failure) []effect {
 		if infra {
 			why = fmt.Sprintf("%d failovers after lost or refusing hosts, the limit", j.failovers)
 		}
-		c.endLocked(j, now, JobFailed, fmt.Sprintf("attempt %d failed: %s (%s)", j.attempt, reason, why))
+		c.endLocked(j, now, wire.JobFailed, fmt.Sprintf("attempt %d failed: %s (%s)", j.attempt, reason, why))
 		return effects
 	}
 	blamed := ""
@@ -833,9 +847,9 @@ func (c *Controller) failLocked(j *ctlJob, now time.Time, f failure) []effect {
 	}
 	c.log.Warn("attempt failed", "job", j.id, "failed_attempt", j.attempt, "reason", reason, "host", f.host, "subtask", blamed, "infrastructure", f.kind != failTask)
 	j.attempt++
-	j.state = JobRestarting
+	j.state = wire.JobRestarting
 	j.reason = fmt.Sprintf("attempt %d failed: %s", j.attempt-1, reason)
-	j.subtaskState = SubtaskScheduled
+	j.subtaskState = wire.SubtaskScheduled
 	j.restartAt = now.Add(delay)
 	j.updated = now
 	return effects
@@ -848,10 +862,10 @@ func (c *Controller) cancelEffects(j *ctlJob, skip string) []effect {
 		if h == skip {
 			continue
 		}
-		req := HostRequest{JobID: j.id, Attempt: j.attempt, Term: c.term}
+		req := wire.HostRequest{JobID: j.id, Attempt: j.attempt, Term: c.term}
 		effects = append(effects, func() {
-			var r Reply
-			err := requestTimeout(c.nc, HostSubject(h, HostVerbCancel), c.opts.RequestTimeout, req, &r)
+			var r wire.Reply
+			err := wire.RequestTimeout(c.nc, wire.HostSubject(h, wire.HostVerbCancel), c.opts.RequestTimeout, req, &r)
 			if err == nil {
 				err = r.Err()
 			}
@@ -860,7 +874,7 @@ func (c *Controller) cancelEffects(j *ctlJob, skip string) []effect {
 				return
 			}
 			// The host answers once the attempt stopped there.
-			c.slotsFreed(h, AttemptRef{JobID: req.JobID, Attempt: req.Attempt}, "cancel answered")
+			c.slotsFreed(h, wire.AttemptRef{JobID: req.JobID, Attempt: req.Attempt}, "cancel answered")
 		})
 	}
 	return effects
@@ -870,9 +884,9 @@ func (c *Controller) endLocked(j *ctlJob, now time.Time, state, reason string) {
 	if j.dist != nil {
 		var final control.Event
 		switch state {
-		case JobCanceled:
+		case wire.JobCanceled:
 			final = control.Cancel{}
-		case JobFailed:
+		case wire.JobFailed:
 			final = control.RestartsExhausted{Reason: reason}
 		}
 		j.dist.close(final)
@@ -883,23 +897,23 @@ func (c *Controller) endLocked(j *ctlJob, now time.Time, state, reason string) {
 	j.placement = nil
 	c.changedLocked(j)
 	switch state {
-	case JobFinished, JobStopped:
-		j.subtaskState = SubtaskFinished
-	case JobCanceled:
-		j.subtaskState = SubtaskCanceled
-	case JobFailed:
-		if j.subtaskState != SubtaskFinished {
-			j.subtaskState = SubtaskFailed
+	case wire.JobFinished, wire.JobStopped:
+		j.subtaskState = wire.SubtaskFinished
+	case wire.JobCanceled:
+		j.subtaskState = wire.SubtaskCanceled
+	case wire.JobFailed:
+		if j.subtaskState != wire.SubtaskFinished {
+			j.subtaskState = wire.SubtaskFailed
 		}
 	}
-	if n := len(j.attempts); n > 0 && j.attempts[n-1].Attempt == j.attempt && !TerminalJobState(j.attempts[n-1].State) && j.attempts[n-1].State != SubtaskFailed {
+	if n := len(j.attempts); n > 0 && j.attempts[n-1].Attempt == j.attempt && !wire.TerminalJobState(j.attempts[n-1].State) && j.attempts[n-1].State != wire.SubtaskFailed {
 		j.attempts[n-1].State = state
-		if state != JobFinished {
+		if state != wire.JobFinished {
 			j.attempts[n-1].Reason = reason
 		}
 	}
 	lvl := slog.LevelInfo
-	if state == JobFailed {
+	if state == wire.JobFailed {
 		lvl = slog.LevelWarn
 	}
 	attrs := []any{"job", j.id, "attempt", j.attempt, "reason", reason}
@@ -913,9 +927,9 @@ func (c *Controller) endLocked(j *ctlJob, now time.Time, state, reason string) {
 // ---- control API handlers ----
 
 func (c *Controller) handleDeploy(msg micro.Request) {
-	var req DeployRequest
+	var req wire.DeployRequest
 	if err := json.Unmarshal(msg.Data(), &req); err != nil {
-		reply(msg, DeployReply{Reply: Reply{Error: "cluster: deploy: bad request: " + err.Error(), Code: CodeBadRequest}})
+		reply(msg, wire.DeployReply{Reply: wire.Reply{Error: "cluster: deploy: bad request: " + err.Error(), Code: wire.CodeBadRequest}})
 		return
 	}
 	if cs := req.Job.Checkpoint; cs != nil && cs.Storage == "" && c.opts.CheckpointStorage != "" {
@@ -924,24 +938,24 @@ func (c *Controller) handleDeploy(msg micro.Request) {
 		req.Job.Checkpoint = &withStorage
 	}
 	// Validate the graph (artifacts are not resolved here).
-	if _, err := req.Job.Graph(func(a Artifact) (string, error) { return "/" + a.Name, nil }); err != nil {
-		reply(msg, DeployReply{Reply: Reply{Error: err.Error()}})
+	if _, err := req.Job.Graph(func(a wire.Artifact) (string, error) { return "/" + a.Name, nil }); err != nil {
+		reply(msg, wire.DeployReply{Reply: wire.Reply{Error: err.Error()}})
 		return
 	}
 	now := time.Now()
 	if req.From != "" && req.Job.Checkpoint == nil {
-		reply(msg, DeployReply{Reply: Reply{Error: "cluster: deploy --from: the job has no checkpoint section"}})
+		reply(msg, wire.DeployReply{Reply: wire.Reply{Error: "cluster: deploy --from: the job has no checkpoint section"}})
 		return
 	}
 	if err := req.Job.Restart.Control(time.Millisecond).Validate(); err != nil {
-		reply(msg, DeployReply{Reply: Reply{Error: "cluster: deploy: " + err.Error()}})
+		reply(msg, wire.DeployReply{Reply: wire.Reply{Error: "cluster: deploy: " + err.Error()}})
 		return
 	}
 	if req.From == "" {
-		req.Job.pinNewStart(now) // a restart before the first checkpoint reads from the deploy on
+		req.Job.PinNewStart(now) // a restart before the first checkpoint reads from the deploy on
 	}
-	j := &ctlJob{id: newJobID(req.Job.Name), requestID: req.RequestID, spec: req.Job, state: JobCreated, slots: req.Job.slotsNeeded(),
-		subtaskState: SubtaskScheduled, created: now, updated: now, from: req.From,
+	j := &ctlJob{id: newJobID(req.Job.Name), requestID: req.RequestID, spec: req.Job, state: wire.JobCreated, slots: req.Job.SlotsNeeded(),
+		subtaskState: wire.SubtaskScheduled, created: now, updated: now, from: req.From,
 		placed: map[int]control.Placement{}, changed: make(chan struct{})}
 	c.mu.Lock()
 	if old := c.deployedLocked(req.RequestID); old != nil {
@@ -949,16 +963,16 @@ func (c *Controller) handleDeploy(msg micro.Request) {
 		oldVer := old.ver
 		c.mu.Unlock()
 		if err := c.saved(old.id, oldVer); err != nil {
-			reply(msg, DeployReply{Reply: Reply{Error: fmt.Sprintf("cluster: deploy: job %s not saved: %v", old.id, err), Retry: true}})
+			reply(msg, wire.DeployReply{Reply: wire.Reply{Error: fmt.Sprintf("cluster: deploy: job %s not saved: %v", old.id, err), Retry: true}})
 			return
 		}
-		reply(msg, DeployReply{JobID: old.id})
+		reply(msg, wire.DeployReply{JobID: old.id})
 		return
 	}
 	for c.jobs[j.id] != nil {
 		j.id = newJobID(req.Job.Name)
 	}
-	j.spec.ownFiles(j.id)
+	j.spec.OwnFiles(j.id)
 	c.jobs[j.id] = j
 	c.order = append(c.order, j.id)
 	c.log.Info("job deployed", "job", j.id, "name", j.spec.Name, "slots", j.slots)
@@ -968,10 +982,10 @@ func (c *Controller) handleDeploy(msg micro.Request) {
 	c.run(effects)
 	// The job is in the bucket before its id is given out.
 	if err := c.saved(j.id, ver); err != nil {
-		reply(msg, DeployReply{Reply: Reply{Error: fmt.Sprintf("cluster: deploy: job %s not saved: %v", j.id, err), Retry: true}})
+		reply(msg, wire.DeployReply{Reply: wire.Reply{Error: fmt.Sprintf("cluster: deploy: job %s not saved: %v", j.id, err), Retry: true}})
 		return
 	}
-	reply(msg, DeployReply{JobID: j.id})
+	reply(msg, wire.DeployReply{JobID: j.id})
 }
 
 // deployedLocked is the job that deploy request id made, if any.
@@ -1003,17 +1017,17 @@ func newJobID(name string) string {
 }
 
 func (c *Controller) handleList(msg micro.Request) {
-	var req ListRequest
+	var req wire.ListRequest
 	if len(msg.Data()) > 0 {
 		if err := json.Unmarshal(msg.Data(), &req); err != nil {
-			reply(msg, ListReply{Reply: errReply(fmt.Errorf("cluster: bad request: %w", err))})
+			reply(msg, wire.ListReply{Reply: wire.ErrorReply(fmt.Errorf("cluster: bad request: %w", err))})
 			return
 		}
 	}
 	now := time.Now()
 	c.mu.Lock()
-	var out ListReply
-	out.Jobs = []JobStatus{}
+	var out wire.ListReply
+	out.Jobs = []wire.JobStatus{}
 	for i := len(c.order) - 1; i >= 0; i-- {
 		j := c.jobs[c.order[i]]
 		if !req.All && c.retiredLocked(j, now) {
@@ -1030,7 +1044,7 @@ func (c *Controller) handleList(msg micro.Request) {
 // Stopped jobs stay: their record says where their savepoint is.
 func (c *Controller) retiredLocked(j *ctlJob, now time.Time) bool {
 	switch j.state {
-	case JobFinished, JobFailed, JobCanceled:
+	case wire.JobFinished, wire.JobFailed, wire.JobCanceled:
 		return j.ended != nil && now.Sub(*j.ended) > c.opts.JobRetention
 	}
 	return false
@@ -1040,9 +1054,9 @@ func (c *Controller) retiredLocked(j *ctlJob, now time.Time) bool {
 // the bucket (a new leader does not bring it back), after its checkpoints
 // when the request says so. A job that has not ended is refused.
 func (c *Controller) handleDelete(msg micro.Request) {
-	var req DeleteRequest
+	var req wire.DeleteRequest
 	if err := json.Unmarshal(msg.Data(), &req); err != nil {
-		reply(msg, JobReply{Reply: errReply(fmt.Errorf("cluster: bad request: %w", err))})
+		reply(msg, wire.JobReply{Reply: wire.ErrorReply(fmt.Errorf("cluster: bad request: %w", err))})
 		return
 	}
 	c.catchUp(req.JobID)
@@ -1051,19 +1065,19 @@ func (c *Controller) handleDelete(msg micro.Request) {
 	switch {
 	case j == nil:
 		c.mu.Unlock()
-		reply(msg, JobReply{Reply: errReply(notFoundf("cluster: no job %q (streamd list --all shows the jobs)", req.JobID))})
+		reply(msg, wire.JobReply{Reply: wire.ErrorReply(wire.NotFoundf("cluster: no job %q (streamd list --all shows the jobs)", req.JobID))})
 		return
-	case !TerminalJobState(j.state) || j.canceling:
+	case !wire.TerminalJobState(j.state) || j.canceling:
 		c.mu.Unlock()
-		reply(msg, JobReply{Reply: errReply(conflictf("cluster: job %s is %s: cancel it first (streamd cancel %s)", j.id, j.state, j.id))})
+		reply(msg, wire.JobReply{Reply: wire.ErrorReply(wire.Conflictf("cluster: job %s is %s: cancel it first (streamd cancel %s)", j.id, j.state, j.id))})
 		return
 	case j.deleting:
 		c.mu.Unlock()
-		reply(msg, JobReply{Reply: Reply{Error: fmt.Sprintf("cluster: job %s is being deleted", j.id)}})
+		reply(msg, wire.JobReply{Reply: wire.Reply{Error: fmt.Sprintf("cluster: job %s is being deleted", j.id)}})
 		return
 	case j.upgrading:
 		c.mu.Unlock()
-		reply(msg, JobReply{Reply: Reply{Error: fmt.Sprintf("cluster: job %s is being upgraded", j.id)}})
+		reply(msg, wire.JobReply{Reply: wire.Reply{Error: fmt.Sprintf("cluster: job %s is being upgraded", j.id)}})
 		return
 	}
 	j.deleting = true
@@ -1072,13 +1086,13 @@ func (c *Controller) handleDelete(msg micro.Request) {
 	c.mu.Unlock()
 	if req.Checkpoints && cs != nil {
 		ctx, cancel := context.WithTimeout(context.Background(), c.opts.RequestTimeout)
-		err := DeleteStore(ctx, c.nc, cs, j.id)
+		err := wire.DeleteStore(ctx, c.nc, cs, j.id)
 		cancel()
 		if err != nil {
 			c.mu.Lock()
 			j.deleting = false
 			c.mu.Unlock()
-			reply(msg, JobReply{Reply: errReply(err)})
+			reply(msg, wire.JobReply{Reply: wire.ErrorReply(err)})
 			return
 		}
 	}
@@ -1086,28 +1100,28 @@ func (c *Controller) handleDelete(msg micro.Request) {
 	ver := c.forgetLocked(j)
 	c.mu.Unlock()
 	if err := c.saved(j.id, ver); err != nil {
-		reply(msg, JobReply{Reply: Reply{Error: err.Error(), Retry: true}})
+		reply(msg, wire.JobReply{Reply: wire.Reply{Error: err.Error(), Retry: true}})
 		return
 	}
 	c.log.Info("job deleted", "job", j.id, "checkpoints", req.Checkpoints && cs != nil)
-	reply(msg, JobReply{Job: &st})
+	reply(msg, wire.JobReply{Job: &st})
 }
 
-func (c *Controller) lookup(msg micro.Request) (*ctlJob, JobRequest, error) {
-	var req JobRequest
+func (c *Controller) lookup(msg micro.Request) (*ctlJob, wire.JobRequest, error) {
+	var req wire.JobRequest
 	if err := json.Unmarshal(msg.Data(), &req); err != nil {
-		return nil, req, badRequestf("cluster: bad request: %v", err)
+		return nil, req, wire.BadRequestf("cluster: bad request: %v", err)
 	}
 	j := c.jobs[req.JobID]
 	if j == nil {
-		return nil, req, notFoundf("cluster: no job %q (streamd list shows the jobs)", req.JobID)
+		return nil, req, wire.NotFoundf("cluster: no job %q (streamd list shows the jobs)", req.JobID)
 	}
 	return j, req, nil
 }
 
 // catchUpRequest is catchUp of the job a JobRequest names.
 func (c *Controller) catchUpRequest(msg micro.Request) {
-	var req JobRequest
+	var req wire.JobRequest
 	if json.Unmarshal(msg.Data(), &req) == nil {
 		c.catchUp(req.JobID)
 	}
@@ -1117,9 +1131,9 @@ func (c *Controller) handleStatus(msg micro.Request) {
 	c.catchUpRequest(msg)
 	c.mu.Lock()
 	j, _, err := c.lookup(msg)
-	var out JobReply
+	var out wire.JobReply
 	if err != nil {
-		out.Reply = errReply(err)
+		out.Reply = wire.ErrorReply(err)
 	} else {
 		st := c.statusLocked(j)
 		out.Job = &st
@@ -1134,25 +1148,25 @@ func (c *Controller) handleCancel(msg micro.Request) {
 	j, _, err := c.lookup(msg)
 	if err != nil {
 		c.mu.Unlock()
-		reply(msg, JobReply{Reply: errReply(err)})
+		reply(msg, wire.JobReply{Reply: wire.ErrorReply(err)})
 		return
 	}
-	if TerminalJobState(j.state) || j.canceling {
+	if wire.TerminalJobState(j.state) || j.canceling {
 		st := c.statusLocked(j)
 		c.mu.Unlock()
 		what := "already " + j.state
 		if j.canceling {
 			what = "being canceled"
 		}
-		reply(msg, JobReply{Reply: errReply(conflictf("cluster: job %s is %s", j.id, what)), Job: &st})
+		reply(msg, wire.JobReply{Reply: wire.ErrorReply(wire.Conflictf("cluster: job %s is %s", j.id, what)), Job: &st})
 		return
 	}
 	c.cancelAttemptAndWaitLocked(j) // before answering
-	c.endLocked(j, time.Now(), JobCanceled, "canceled by request")
+	c.endLocked(j, time.Now(), wire.JobCanceled, "canceled by request")
 	st := c.statusLocked(j)
 	effects := c.scheduleLocked(time.Now()) // freed slots
 	c.mu.Unlock()
-	reply(msg, JobReply{Job: &st})
+	reply(msg, wire.JobReply{Job: &st})
 	c.run(effects)
 }
 
@@ -1178,40 +1192,40 @@ func (c *Controller) cancelAttemptAndWaitLocked(j *ctlJob) {
 }
 
 func (c *Controller) handleSavepoint(msg micro.Request) {
-	var req SavepointRequest
+	var req wire.SavepointRequest
 	if err := json.Unmarshal(msg.Data(), &req); err != nil {
-		reply(msg, SavepointReply{Reply: Reply{Error: "cluster: savepoint: bad request: " + err.Error(), Code: CodeBadRequest}})
+		reply(msg, wire.SavepointReply{Reply: wire.Reply{Error: "cluster: savepoint: bad request: " + err.Error(), Code: wire.CodeBadRequest}})
 		return
 	}
-	path, err := c.forwardSavepoint(req.JobID, HostRequest{Dir: req.Dir}, HostVerbSavepoint)
-	reply(msg, SavepointReply{Reply: errReply(err), Path: path})
+	path, err := c.forwardSavepoint(req.JobID, wire.HostRequest{Dir: req.Dir}, wire.HostVerbSavepoint)
+	reply(msg, wire.SavepointReply{Reply: wire.ErrorReply(err), Path: path})
 }
 
 func (c *Controller) handleStop(msg micro.Request) {
-	var req StopRequest
+	var req wire.StopRequest
 	if err := json.Unmarshal(msg.Data(), &req); err != nil {
-		reply(msg, SavepointReply{Reply: Reply{Error: "cluster: stop: bad request: " + err.Error(), Code: CodeBadRequest}})
+		reply(msg, wire.SavepointReply{Reply: wire.Reply{Error: "cluster: stop: bad request: " + err.Error(), Code: wire.CodeBadRequest}})
 		return
 	}
-	path, err := c.forwardSavepoint(req.JobID, HostRequest{Dir: req.SavepointDir, Drain: req.Drain}, HostVerbStop)
-	reply(msg, SavepointReply{Reply: errReply(err), Path: path})
+	path, err := c.forwardSavepoint(req.JobID, wire.HostRequest{Dir: req.SavepointDir, Drain: req.Drain}, wire.HostVerbStop)
+	reply(msg, wire.SavepointReply{Reply: wire.ErrorReply(err), Path: path})
 }
 
 // forwardSavepoint takes a savepoint of a running job, or stops it with
 // one (distSavepoint): the controller drives every deployed job's
 // checkpoints. A stop that fails leaves the job running or restarting,
 // never stopping.
-func (c *Controller) forwardSavepoint(jobID string, hr HostRequest, verb string) (string, error) {
+func (c *Controller) forwardSavepoint(jobID string, hr wire.HostRequest, verb string) (string, error) {
 	c.mu.Lock()
 	j := c.jobs[jobID]
 	switch {
 	case j == nil:
 		c.mu.Unlock()
-		return "", notFoundf("cluster: no job %q (streamd list shows the jobs)", jobID)
-	case j.placement == nil || j.dist == nil || (j.state != JobRunning && j.state != JobFinishing):
+		return "", wire.NotFoundf("cluster: no job %q (streamd list shows the jobs)", jobID)
+	case j.placement == nil || j.dist == nil || (j.state != wire.JobRunning && j.state != wire.JobFinishing):
 		st := j.state
 		c.mu.Unlock()
-		return "", conflictf("cluster: %s job %s: the job is %s, not running", verb, jobID, st)
+		return "", wire.Conflictf("cluster: %s job %s: the job is %s, not running", verb, jobID, st)
 	}
 	c.mu.Unlock()
 	return c.distSavepoint(jobID, verb, hr.Dir, hr.Drain, false)
@@ -1219,7 +1233,7 @@ func (c *Controller) forwardSavepoint(jobID string, hr HostRequest, verb string)
 
 func (c *Controller) handleHosts(msg micro.Request) {
 	c.mu.Lock()
-	out := HostsReply{Hosts: []HostStatus{}}
+	out := wire.HostsReply{Hosts: []wire.HostStatus{}}
 	free := map[string]int{}
 	for _, h := range c.freeSlotsLocked() {
 		free[h.ID] = h.Free
@@ -1230,7 +1244,7 @@ func (c *Controller) handleHosts(msg micro.Request) {
 		if h.lost {
 			st = "lost"
 		}
-		out.Hosts = append(out.Hosts, HostStatus{ID: id, Slots: h.slots, Free: free[id], State: st, LastSeen: h.lastSeen})
+		out.Hosts = append(out.Hosts, wire.HostStatus{ID: id, Slots: h.slots, Free: free[id], State: st, LastSeen: h.lastSeen})
 	}
 	c.mu.Unlock()
 	reply(msg, out)
@@ -1241,16 +1255,16 @@ func (c *Controller) handleHosts(msg micro.Request) {
 // checkHeartbeat decodes a heartbeat and checks its values: a host id as
 // StartHost allows, 1 to MaxSlots slots, an interval (default the
 // controller's) from 1ms to 1h. Nothing out of range registers a host.
-func (c *Controller) checkHeartbeat(data []byte) (Heartbeat, time.Duration, error) {
-	var hb Heartbeat
+func (c *Controller) checkHeartbeat(data []byte) (wire.Heartbeat, time.Duration, error) {
+	var hb wire.Heartbeat
 	if err := json.Unmarshal(data, &hb); err != nil {
 		return hb, 0, fmt.Errorf("not a heartbeat: %w", err)
 	}
-	if !hostIDRE.MatchString(hb.HostID) {
+	if !wire.HostIDRE.MatchString(hb.HostID) {
 		return hb, 0, fmt.Errorf("host id %q: want 1 to 128 letters, digits, '-' and '_'", hb.HostID)
 	}
-	if hb.Slots < 1 || hb.Slots > MaxSlots {
-		return hb, 0, fmt.Errorf("host %s: slots %d out of range [1, %d]", hb.HostID, hb.Slots, MaxSlots)
+	if hb.Slots < 1 || hb.Slots > wire.MaxSlots {
+		return hb, 0, fmt.Errorf("host %s: slots %d out of range [1, %d]", hb.HostID, hb.Slots, wire.MaxSlots)
 	}
 	interval := c.opts.HeartbeatInterval
 	if hb.Interval != "" {
@@ -1267,7 +1281,7 @@ func (c *Controller) checkHeartbeat(data []byte) (Heartbeat, time.Duration, erro
 // later term than its own was taken over (it may not have noticed yet, its
 // renewals held up by a NATS outage) and stops acting at once.
 func (c *Controller) handleLeader(msg *nats.Msg) {
-	var a LeaderAnnounce
+	var a wire.LeaderAnnounce
 	if err := json.Unmarshal(msg.Data, &a); err != nil {
 		return
 	}
@@ -1291,7 +1305,7 @@ func (c *Controller) handleHeartbeat(msg *nats.Msg) {
 	wasLost := false
 	switch {
 	case h == nil:
-		h = &ctlHost{id: hb.HostID, busy: map[AttemptRef]*slotUse{}, ended: map[AttemptRef]time.Time{}}
+		h = &ctlHost{id: hb.HostID, busy: map[wire.AttemptRef]*slotUse{}, ended: map[wire.AttemptRef]time.Time{}}
 		c.hosts[hb.HostID] = h
 		c.log.Info("host registered", "host", hb.HostID, "slots", hb.Slots)
 	case h.lost:
@@ -1306,16 +1320,16 @@ func (c *Controller) handleHeartbeat(msg *nats.Msg) {
 	var effects []effect
 	for _, r := range hb.Running {
 		j := c.jobs[r.JobID]
-		if j != nil && j.attempt == r.Attempt && j.placement != nil && contains(j.placement.Slots, hb.HostID) && !TerminalJobState(j.state) {
+		if j != nil && j.attempt == r.Attempt && j.placement != nil && contains(j.placement.Slots, hb.HostID) && !wire.TerminalJobState(j.state) {
 			continue
 		}
-		req := HostRequest{JobID: r.JobID, Attempt: r.Attempt, Term: c.term}
+		req := wire.HostRequest{JobID: r.JobID, Attempt: r.Attempt, Term: c.term}
 		hostID := hb.HostID
 		c.log.Info("host runs a stale attempt; canceling it", "host", hostID, "job", r.JobID, "attempt", r.Attempt)
 		effects = append(effects, func() {
-			var rep Reply
-			if err := requestTimeout(c.nc, HostSubject(hostID, HostVerbCancel), c.opts.RequestTimeout, req, &rep); err == nil && rep.Err() == nil {
-				c.slotsFreed(hostID, AttemptRef{JobID: req.JobID, Attempt: req.Attempt}, "stale attempt canceled")
+			var rep wire.Reply
+			if err := wire.RequestTimeout(c.nc, wire.HostSubject(hostID, wire.HostVerbCancel), c.opts.RequestTimeout, req, &rep); err == nil && rep.Err() == nil {
+				c.slotsFreed(hostID, wire.AttemptRef{JobID: req.JobID, Attempt: req.Attempt}, "stale attempt canceled")
 			}
 		})
 	}
@@ -1333,8 +1347,8 @@ func (c *Controller) handleHeartbeat(msg *nats.Msg) {
 // while declared lost, or runs one of a job this controller does not know)
 // takes them again, unless h confirmed its end already (a heartbeat sent
 // before that).
-func (c *Controller) reconcileSlotsLocked(h *ctlHost, hb Heartbeat, wasLost bool, now time.Time) {
-	listed := map[AttemptRef]bool{}
+func (c *Controller) reconcileSlotsLocked(h *ctlHost, hb wire.Heartbeat, wasLost bool, now time.Time) {
+	listed := map[wire.AttemptRef]bool{}
 	for _, r := range hb.Running {
 		listed[r] = true
 	}
@@ -1381,8 +1395,8 @@ func (c *Controller) reconcileSlotsLocked(h *ctlHost, hb Heartbeat, wasLost bool
 // After opts.UnreportedAfter such heartbeats in a row, and only if the attempt
 // was assigned at least that many of h's intervals ago (a heartbeat may
 // overtake the assignment), the controller asks h for the outcome.
-func (c *Controller) checkUnreportedLocked(hb Heartbeat, h *ctlHost, now time.Time) []effect {
-	listed := map[AttemptRef]bool{}
+func (c *Controller) checkUnreportedLocked(hb wire.Heartbeat, h *ctlHost, now time.Time) []effect {
+	listed := map[wire.AttemptRef]bool{}
 	for _, r := range hb.Running {
 		listed[r] = true
 	}
@@ -1390,11 +1404,11 @@ func (c *Controller) checkUnreportedLocked(hb Heartbeat, h *ctlHost, now time.Ti
 	var effects []effect
 	for _, jid := range c.order {
 		j := c.jobs[jid]
-		if j.placement == nil || TerminalJobState(j.state) || j.canceling || !contains(j.placement.Slots, h.id) ||
+		if j.placement == nil || wire.TerminalJobState(j.state) || j.canceling || !contains(j.placement.Slots, h.id) ||
 			j.endedOn[h.id] || j.asking[h.id] {
 			continue
 		}
-		if listed[AttemptRef{JobID: j.id, Attempt: j.attempt}] || now.Sub(j.assignedAt) < time.Duration(k)*h.interval {
+		if listed[wire.AttemptRef{JobID: j.id, Attempt: j.attempt}] || now.Sub(j.assignedAt) < time.Duration(k)*h.interval {
 			j.unlisted[h.id] = 0
 			continue
 		}
@@ -1403,12 +1417,12 @@ func (c *Controller) checkUnreportedLocked(hb Heartbeat, h *ctlHost, now time.Ti
 			continue
 		}
 		j.asking[h.id] = true
-		req, host := HostRequest{JobID: j.id, Attempt: j.attempt, Term: c.term}, h.id
+		req, host := wire.HostRequest{JobID: j.id, Attempt: j.attempt, Term: c.term}, h.id
 		c.log.Warn("host no longer runs an attempt whose end it did not report; asking for its outcome",
 			"host", host, "job", j.id, "attempt", j.attempt, "heartbeats", j.unlisted[host])
 		effects = append(effects, func() {
-			var rep OutcomeReply
-			err := requestTimeout(c.nc, HostSubject(host, HostVerbOutcome), c.opts.RequestTimeout, req, &rep)
+			var rep wire.OutcomeReply
+			err := wire.RequestTimeout(c.nc, wire.HostSubject(host, wire.HostVerbOutcome), c.opts.RequestTimeout, req, &rep)
 			if err == nil {
 				err = rep.Err()
 			}
@@ -1421,7 +1435,7 @@ func (c *Controller) checkUnreportedLocked(hb Heartbeat, h *ctlHost, now time.Ti
 // outcome applies a host's answer to an outcome request: its final report as
 // if it had arrived, or, if the host does not know the attempt or did not
 // answer, a failure of the attempt (failed over like a lost host).
-func (c *Controller) outcome(req HostRequest, host string, rep OutcomeReply, err error) {
+func (c *Controller) outcome(req wire.HostRequest, host string, rep wire.OutcomeReply, err error) {
 	now := time.Now()
 	c.mu.Lock()
 	var effects []effect
@@ -1429,12 +1443,12 @@ func (c *Controller) outcome(req HostRequest, host string, rep OutcomeReply, err
 		c.mu.Unlock()
 		c.run(effects)
 	}()
-	ref := AttemptRef{JobID: req.JobID, Attempt: req.Attempt}
+	ref := wire.AttemptRef{JobID: req.JobID, Attempt: req.Attempt}
 	if err == nil && !rep.Running && rep.Event == nil && c.releaseLocked(host, ref, true, now, "the host does not know the attempt") {
 		effects = c.scheduleLocked(now)
 	}
 	j := c.jobs[req.JobID]
-	if j == nil || j.attempt != req.Attempt || TerminalJobState(j.state) || j.placement == nil || j.canceling || j.endedOn[host] {
+	if j == nil || j.attempt != req.Attempt || wire.TerminalJobState(j.state) || j.placement == nil || j.canceling || j.endedOn[host] {
 		return
 	}
 	j.asking[host] = false
@@ -1462,28 +1476,28 @@ func (c *Controller) outcome(req HostRequest, host string, rep OutcomeReply, err
 }
 
 func (c *Controller) handleHostEvent(msg *nats.Msg) {
-	var ev HostEvent
+	var ev wire.HostEvent
 	if err := json.Unmarshal(msg.Data, &ev); err != nil {
-		respond(msg, Reply{Error: "cluster: bad host event: " + err.Error()})
+		wire.Respond(msg, wire.Reply{Error: "cluster: bad host event: " + err.Error()})
 		return
 	}
 	c.hostEvent(ev)
-	respond(msg, Reply{})
+	wire.Respond(msg, wire.Reply{})
 }
 
-func (c *Controller) hostEvent(ev HostEvent) {
+func (c *Controller) hostEvent(ev wire.HostEvent) {
 	now := time.Now()
 	c.mu.Lock()
 	var effects []effect
 	switch ev.State {
-	case SubtaskFinished, SubtaskFailed, SubtaskCanceled:
+	case wire.SubtaskFinished, wire.SubtaskFailed, wire.SubtaskCanceled:
 		// The attempt's slots on that host are free, whatever attempt it is.
-		if c.releaseLocked(ev.HostID, AttemptRef{JobID: ev.JobID, Attempt: ev.Attempt}, true, now, "end reported: "+ev.State) {
+		if c.releaseLocked(ev.HostID, wire.AttemptRef{JobID: ev.JobID, Attempt: ev.Attempt}, true, now, "end reported: "+ev.State) {
 			effects = c.scheduleLocked(now)
 		}
 	}
 	j := c.jobs[ev.JobID]
-	if j == nil || j.attempt != ev.Attempt || TerminalJobState(j.state) || j.placement == nil || j.canceling {
+	if j == nil || j.attempt != ev.Attempt || wire.TerminalJobState(j.state) || j.placement == nil || j.canceling {
 		c.mu.Unlock()
 		c.log.Debug("stale host event ignored", "host", ev.HostID, "job", ev.JobID, "attempt", ev.Attempt, "state", ev.State)
 		c.run(effects)
@@ -1503,26 +1517,26 @@ func (c *Controller) hostEvent(ev HostEvent) {
 		j.elapsed = ev.Elapsed
 	}
 	switch ev.State {
-	case SubtaskFinished, SubtaskFailed, SubtaskCanceled:
+	case wire.SubtaskFinished, wire.SubtaskFailed, wire.SubtaskCanceled:
 		j.endedOn[ev.HostID] = true
 	}
 	switch ev.State {
-	case SubtaskDeploying:
-		j.subtaskState = SubtaskDeploying
-	case SubtaskRunning:
-		j.subtaskState = SubtaskRunning
+	case wire.SubtaskDeploying:
+		j.subtaskState = wire.SubtaskDeploying
+	case wire.SubtaskRunning:
+		j.subtaskState = wire.SubtaskRunning
 		if j.dist != nil {
 			j.dist.hostRunning(ev.HostID)
 		}
 		// A job spread over hosts with checkpoints runs once its coordinator
 		// sees every subtask running (distRunning).
-		if (j.state == JobCreated || j.state == JobRestarting) && !j.dist.ckpt {
-			j.state, j.reason = JobRunning, ""
+		if (j.state == wire.JobCreated || j.state == wire.JobRestarting) && !j.dist.ckpt {
+			j.state, j.reason = wire.JobRunning, ""
 			c.changedLocked(j)
 			c.log.Info("job running", "job", j.id, "attempt", j.attempt, "host", ev.HostID)
 		}
-		c.setAttemptState(j, SubtaskRunning, "")
-	case SubtaskFinished:
+		c.setAttemptState(j, wire.SubtaskRunning, "")
+	case wire.SubtaskFinished:
 		j.dist.mu.Lock()
 		j.dist.finished[ev.HostID] = true
 		j.dist.mu.Unlock()
@@ -1531,7 +1545,7 @@ func (c *Controller) hostEvent(ev HostEvent) {
 		c.run(effects)
 		c.maybeEndDist(j.id)
 		return
-	case SubtaskFailed, SubtaskCanceled:
+	case wire.SubtaskFailed, wire.SubtaskCanceled:
 		f := failure{reason: "canceled on host " + ev.HostID, kind: failTask, host: ev.HostID, skip: true}
 		if ev.Error != "" {
 			// A subtask's error starts with "streamd: " (host.Error), said once by the CLI.
@@ -1561,9 +1575,9 @@ func (c *Controller) hostEvent(ev HostEvent) {
 // does not count as a failure of the job. Refused otherwise, or no answer:
 // the attempt fails over (an infrastructure failure: it counts against
 // MaxFailovers, not against the job's restart strategy).
-func (c *Controller) assigned(a Assignment, h string, rep AssignReply, err error) {
+func (c *Controller) assigned(a wire.Assignment, h string, rep wire.AssignReply, err error) {
 	now := time.Now()
-	ref := AttemptRef{JobID: a.JobID, Attempt: a.Attempt}
+	ref := wire.AttemptRef{JobID: a.JobID, Attempt: a.Attempt}
 	if err == nil {
 		err = rep.Err()
 	}
@@ -1606,7 +1620,7 @@ func (c *Controller) assigned(a Assignment, h string, rep AssignReply, err error
 		f.skip = false // no answer: it may run there after all
 	}
 	j := c.jobs[a.JobID]
-	if j == nil || j.attempt != a.Attempt || TerminalJobState(j.state) || j.placement == nil || j.canceling {
+	if j == nil || j.attempt != a.Attempt || wire.TerminalJobState(j.state) || j.placement == nil || j.canceling {
 		return
 	}
 	c.log.Warn("assignment refused", "job", a.JobID, "attempt", a.Attempt, "host", h, "busy", rep.Busy, "err", err)
@@ -1621,11 +1635,11 @@ func (c *Controller) setAttemptState(j *ctlJob, state, reason string) {
 }
 
 // statusLocked builds the JobStatus of j.
-func (c *Controller) statusLocked(j *ctlJob) JobStatus {
+func (c *Controller) statusLocked(j *ctlJob) wire.JobStatus {
 	_, declared, least := control.AdaptiveSlots(j.bounds(), 0)
-	st := JobStatus{ID: j.id, Name: j.spec.Name, State: j.state, Reason: j.reason, Attempt: j.attempt,
+	st := wire.JobStatus{ID: j.id, Name: j.spec.Name, State: j.state, Reason: j.reason, Attempt: j.attempt,
 		Slots: j.slots, Parallelism: j.slots, DeclaredParallelism: declared, MinParallelism: least, Rescales: slices.Clone(j.rescales), Created: j.created, Updated: j.updated, Ended: j.ended, Elapsed: j.elapsed, Savepoint: j.savepoint,
-		Attempts: append([]AttemptStatus(nil), j.attempts...), Checkpoints: append([]runtime.CheckpointStats(nil), j.checkpoints...),
+		Attempts: append([]wire.AttemptStatus(nil), j.attempts...), Checkpoints: append([]runtime.CheckpointStats(nil), j.checkpoints...),
 		Leader: c.id, Term: c.term, Versions: versionsLocked(j)}
 	if j.dist != nil && j.dist.d != nil {
 		st.Checkpoints = j.dist.d.Recent() // the controller drives its checkpoints
@@ -1643,8 +1657,8 @@ func (c *Controller) statusLocked(j *ctlJob) JobStatus {
 		stats[s.UID] = s
 	}
 	for _, v := range j.spec.Vertices {
-		op := OperatorStatus{UID: v.UID, Parallelism: v.Parallelism, DeclaredParallelism: j.declaredOf(v), RecordsIn: stats[v.UID].RecordsIn, RecordsOut: stats[v.UID].RecordsOut,
-			UnionDeclines: stats[v.UID].UnionDeclines, Kind: string(v.Kind), Inputs: EdgeStatuses(v.Inputs)}
+		op := wire.OperatorStatus{UID: v.UID, Parallelism: v.Parallelism, DeclaredParallelism: j.declaredOf(v), RecordsIn: stats[v.UID].RecordsIn, RecordsOut: stats[v.UID].RecordsOut,
+			UnionDeclines: stats[v.UID].UnionDeclines, Kind: string(v.Kind), Inputs: wire.EdgeStatuses(v.Inputs)}
 		if v.Source != nil {
 			op.Connector = connector.Describe(v.Source)
 		} else if v.Sink != nil {
@@ -1654,8 +1668,8 @@ func (c *Controller) statusLocked(j *ctlJob) JobStatus {
 			op.UnionDeclines = j.dist.d.UnionDeclines()[v.UID] // the controller drives its checkpoints
 		}
 		for i := 0; i < v.Parallelism; i++ {
-			s := SubtaskStatus{Index: i, State: j.subtaskState}
-			if sub := stats[v.UID].Subtasks; i < len(sub) && sub[i] != "" && !TerminalJobState(j.state) && j.placement != nil {
+			s := wire.SubtaskStatus{Index: i, State: j.subtaskState}
+			if sub := stats[v.UID].Subtasks; i < len(sub) && sub[i] != "" && !wire.TerminalJobState(j.state) && j.placement != nil {
 				// As the subtask's host reported it, while its attempt is
 				// placed: between attempts (a lost host, a rescale) the
 				// last attempt's states are stale.
@@ -1669,7 +1683,7 @@ func (c *Controller) statusLocked(j *ctlJob) JobStatus {
 			}
 			if j.placement != nil {
 				s.Host = j.placement.Host(i)
-			} else if TerminalJobState(j.state) && j.lastPlaced != nil {
+			} else if wire.TerminalJobState(j.state) && j.lastPlaced != nil {
 				s.Host = j.lastPlaced.Host(i) // where the subtask ran last
 			} else if len(st.Hosts) == 1 {
 				s.Host = st.Hosts[0]

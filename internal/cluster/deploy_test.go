@@ -6,6 +6,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/streamd/streamd/internal/cluster/client"
+	"github.com/streamd/streamd/internal/cluster/wire"
+
 	"github.com/nats-io/nats.go"
 
 	"github.com/streamd/streamd/internal/natstest"
@@ -24,12 +27,12 @@ func TestDeployIsIdempotent(t *testing.T) {
 	t.Cleanup(ctl.Close)
 	deploy := func(rid string) string {
 		t.Helper()
-		data, _ := json.Marshal(DeployRequest{Job: testSpec(1), RequestID: rid})
-		msg, err := nc.Request(SubjectDeploy, data, 10*time.Second)
+		data, _ := json.Marshal(wire.DeployRequest{Job: testSpec(1), RequestID: rid})
+		msg, err := nc.Request(wire.SubjectDeploy, data, 10*time.Second)
 		if err != nil {
 			t.Fatal(err)
 		}
-		var r DeployReply
+		var r wire.DeployReply
 		if err := json.Unmarshal(msg.Data, &r); err != nil || r.Error != "" {
 			t.Fatalf("deploy: %v %s", err, r.Error)
 		}
@@ -39,8 +42,8 @@ func TestDeployIsIdempotent(t *testing.T) {
 	if a != b || a == c {
 		t.Fatalf("job ids %s, %s (same request), %s (another): want the first two equal, the third new", a, b, c)
 	}
-	var list ListReply
-	msg, err := nc.Request(SubjectList, []byte("{}"), 10*time.Second)
+	var list wire.ListReply
+	msg, err := nc.Request(wire.SubjectList, []byte("{}"), 10*time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -56,26 +59,26 @@ func TestClientSendsAgainOnRetry(t *testing.T) {
 	srv := natstest.Server(t)
 	nc := natstest.Connect(t, srv.URL())
 	var rids []string
-	sub, err := nc.Subscribe(SubjectDeploy, func(m *nats.Msg) {
-		var req DeployRequest
+	sub, err := nc.Subscribe(wire.SubjectDeploy, func(m *nats.Msg) {
+		var req wire.DeployRequest
 		_ = json.Unmarshal(m.Data, &req)
 		rids = append(rids, req.RequestID)
 		if len(rids) == 1 {
-			respond(m, DeployReply{Reply: Reply{Error: "cluster: controller stopped before job x was saved", Retry: true}})
+			wire.Respond(m, wire.DeployReply{Reply: wire.Reply{Error: "cluster: controller stopped before job x was saved", Retry: true}})
 			return
 		}
-		respond(m, DeployReply{JobID: "job-2"})
+		wire.Respond(m, wire.DeployReply{JobID: "job-2"})
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { sub.Unsubscribe() })
-	cl, err := NewClient(nc)
+	cl, err := client.NewClient(nc)
 	if err != nil {
 		t.Fatal(err)
 	}
-	var r DeployReply
-	err = cl.read(context.Background(), SubjectDeploy, DeployRequest{RequestID: "rid-1"}, &r, func() Reply { return r.Reply })
+	var r wire.DeployReply
+	err = cl.CallIdempotent(context.Background(), wire.SubjectDeploy, wire.DeployRequest{RequestID: "rid-1"}, &r, func() wire.Reply { return r.Reply })
 	if err != nil || r.JobID != "job-2" || r.Retry || r.Error != "" {
 		t.Fatalf("answer %+v, %v: want job-2 and no error", r, err)
 	}
@@ -107,19 +110,19 @@ func TestLateRecordOfAnEarlierLeaderIsTaken(t *testing.T) {
 	}
 	// The first leader's late write of a job it deployed in term 1.
 	now := time.Now()
-	rec := jobRecord{ID: "late-1", Spec: testSpec(1), RequestID: "rid-late", State: JobCreated, Slots: 1, Created: now, Updated: now, Term: 1}
+	rec := jobRecord{ID: "late-1", Spec: testSpec(1), RequestID: "rid-late", State: wire.JobCreated, Slots: 1, Created: now, Updated: now, Term: 1}
 	data, _ := json.Marshal(rec)
 	if _, err := ctl.kv.Create(context.Background(), jobKey(rec.ID), data); err != nil {
 		t.Fatal(err)
 	}
-	status := func() JobReply {
+	status := func() wire.JobReply {
 		t.Helper()
-		b, _ := json.Marshal(JobRequest{JobID: rec.ID})
-		msg, err := nc.Request(SubjectStatus, b, 10*time.Second)
+		b, _ := json.Marshal(wire.JobRequest{JobID: rec.ID})
+		msg, err := nc.Request(wire.SubjectStatus, b, 10*time.Second)
 		if err != nil {
 			t.Fatal(err)
 		}
-		var r JobReply
+		var r wire.JobReply
 		if err := json.Unmarshal(msg.Data, &r); err != nil {
 			t.Fatal(err)
 		}
@@ -128,12 +131,12 @@ func TestLateRecordOfAnEarlierLeaderIsTaken(t *testing.T) {
 	if r := status(); r.Error != "" || r.Job == nil || r.Job.ID != rec.ID {
 		t.Fatalf("status of the late job: %+v", r)
 	}
-	b, _ := json.Marshal(DeployRequest{Job: testSpec(1), RequestID: "rid-late"})
-	msg, err := nc.Request(SubjectDeploy, b, 10*time.Second)
+	b, _ := json.Marshal(wire.DeployRequest{Job: testSpec(1), RequestID: "rid-late"})
+	msg, err := nc.Request(wire.SubjectDeploy, b, 10*time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}
-	var dr DeployReply
+	var dr wire.DeployReply
 	if err := json.Unmarshal(msg.Data, &dr); err != nil || dr.JobID != rec.ID {
 		t.Fatalf("deploy again with the late job's request id: %+v, %v; want %s", dr, err, rec.ID)
 	}

@@ -3,22 +3,21 @@ package cluster
 // Deployed jobs, on one host or spread over several. The controller runs
 // the job's checkpoint coordinator through a runtime.Driver (the same driver
 // `streamd run` uses); each host runs its subtasks with
-// runtime.StartAttempt, with NATS channels (dataplane/natsch) to the
-// subtasks on other hosts and in-process channels between its own. The
-// subtasks' events go to the controller on TaskEventsSubject, the driver's
-// commands to each host on TaskCommandSubject; both carry the attempt, so
-// nothing of an earlier attempt is ever mixed into a later one.
+// runtime.StartAttempt (package agent, dist.go), with NATS channels
+// (dataplane/natsch) to the subtasks on other hosts and in-process channels
+// between its own. The subtasks' events go to the controller on
+// wire.TaskEventsSubject, the driver's commands to each host on
+// wire.TaskCommandSubject; both carry the attempt, so nothing of an earlier
+// attempt is ever mixed into a later one. This file is the controller's end.
 //
 // One goroutine per job (a runtime.JobLoop, the same loop `streamd run`
 // runs a job on, with the distJob as its Executor) steps its driver;
-// everything else
-// posts work to it. Lock order: Controller.mu before distJob.mu; distJob.mu
+// everything else posts work to it. Lock order: Controller.mu before distJob.mu; distJob.mu
 // is held only briefly for plain fields, never while the driver steps (and
 // so never during the driver's store IO), and the loop never takes
 // Controller.mu (what it tells the controller goes through goroutines).
 
 import (
-	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -29,269 +28,17 @@ import (
 	"sync"
 	"time"
 
+	"github.com/streamd/streamd/internal/cluster/wire"
+
 	"github.com/nats-io/nats.go"
 
 	"github.com/streamd/streamd/control"
-	"github.com/streamd/streamd/dataplane/natsch"
 	"github.com/streamd/streamd/internal/checkpoint"
 	"github.com/streamd/streamd/internal/runtime"
 	"github.com/streamd/streamd/internal/telemetry"
 )
 
-// PrefixTask is the prefix of the subjects between the driver of a job spread
-// over hosts (in the controller) and its subtasks.
-const PrefixTask = "streamd.v1.task"
-
-// TaskEventsSubject is where the hosts of attempt `attempt` of job publish
-// their subtasks' events (TaskEvent) to the controller.
-func TaskEventsSubject(job string, attempt int) string {
-	return PrefixTask + "." + job + "." + strconv.Itoa(attempt) + ".events"
-}
-
-// TaskCommandSubject is where the controller publishes the driver's commands
-// (TaskCommand) for the subtasks that host runs in attempt `attempt` of job.
-func TaskCommandSubject(job string, attempt int, host string) string {
-	return PrefixTask + "." + job + "." + strconv.Itoa(attempt) + ".cmd." + host
-}
-
-// TaskEvent is one subtask event; exactly one field besides Host is set.
-type TaskEvent struct {
-	Host string `json:"host"`
-	// Seq numbers the events of one host in one attempt (1, 2, ...), like
-	// TaskCommand.Seq.
-	Seq           uint64                 `json:"seq,omitempty"`
-	Running       *control.TaskRunning   `json:"running,omitempty"`
-	EndOfData     *control.TaskEndOfData `json:"end_of_data,omitempty"`
-	Finished      *control.TaskFinished  `json:"finished,omitempty"`
-	Ack           *control.Ack           `json:"ack,omitempty"`
-	Decline       *control.Decline       `json:"decline,omitempty"`
-	TriggerFailed *control.TriggerFailed `json:"trigger_failed,omitempty"`
-}
-
-func newTaskEvent(host string, ev control.Event) (TaskEvent, error) {
-	te := TaskEvent{Host: host}
-	switch e := ev.(type) {
-	case control.TaskRunning:
-		te.Running = &e
-	case control.TaskEndOfData:
-		te.EndOfData = &e
-	case control.TaskFinished:
-		te.Finished = &e
-	case control.Ack:
-		te.Ack = &e
-	case control.Decline:
-		te.Decline = &e
-	case control.TriggerFailed:
-		te.TriggerFailed = &e
-	default:
-		return te, fmt.Errorf("cluster: subtask event %T cannot be sent", ev)
-	}
-	return te, nil
-}
-
-// Event returns the control event.
-func (te TaskEvent) Event() (control.Event, error) {
-	switch {
-	case te.Running != nil:
-		return *te.Running, nil
-	case te.EndOfData != nil:
-		return *te.EndOfData, nil
-	case te.Finished != nil:
-		return *te.Finished, nil
-	case te.Ack != nil:
-		return *te.Ack, nil
-	case te.Decline != nil:
-		return *te.Decline, nil
-	case te.TriggerFailed != nil:
-		return *te.TriggerFailed, nil
-	}
-	return nil, errors.New("cluster: empty subtask event")
-}
-
-// TaskCommand is one driver command for one subtask.
-type TaskCommand struct {
-	Subtask control.SubtaskID `json:"subtask"`
-	Command runtime.Command   `json:"command"`
-	// Seq numbers the commands to one host in one attempt (1, 2, ...): a
-	// command sent again after a lost answer is recognized and not applied
-	// twice. 0: unnumbered. Each controller term numbers from 1 again.
-	Seq uint64 `json:"seq,omitempty"`
-	// Term is the sending controller's term: a host takes commands of the
-	// newest term it knows only.
-	Term uint64 `json:"term,omitempty"`
-	// Resync (with no command): a new leader took the attempt over; the
-	// host reports its subtasks' lifecycle again (running, end of data,
-	// finished), as its new checkpoint coordinator has not heard them.
-	Resync bool `json:"resync,omitempty"`
-}
-
 // ---- host side ----
-
-// distExecution is a host's part of a job attempt spread over hosts.
-type distExecution struct {
-	att    *runtime.Attempt
-	sub    *nats.Subscription
-	events *reliableQueue
-}
-
-func (x *distExecution) Wait() (runtime.Stats, error) {
-	st, err := x.att.Wait()
-	if err == nil {
-		// The last events (finished) reach the controller before the host
-		// reports its part finished.
-		x.events.drain(2 * taskRequestTimeout)
-	}
-	x.events.stop()
-	_ = x.sub.Unsubscribe()
-	return st, err
-}
-
-// transport returns the executor's NATS channel transport over nc.
-func (e *LocalExecutor) transport(nc *nats.Conn) (*natsch.Transport, error) {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	if e.transports == nil {
-		e.transports = map[*nats.Conn]*natsch.Transport{}
-	}
-	if t := e.transports[nc]; t != nil {
-		return t, nil
-	}
-	t, err := natsch.NewTransport(nc, e.ChannelOptions...)
-	if err != nil {
-		return nil, err
-	}
-	e.transports[nc] = t
-	return t, nil
-}
-
-// startDistributed runs this host's subtasks of an attempt whose driver is
-// the controller's.
-func (e *LocalExecutor) startDistributed(ctx context.Context, r ExecRequest) (Execution, error) {
-	if r.Conn == nil {
-		return nil, fmt.Errorf("cluster: job %s attempt %d: a job spread over hosts needs the host's NATS connection", r.JobID, r.Attempt)
-	}
-	tr, err := e.transport(r.Conn)
-	if err != nil {
-		return nil, fmt.Errorf("cluster: job %s: %w", r.JobID, err)
-	}
-	local := map[control.SubtaskID]bool{}
-	for _, s := range r.Local {
-		local[control.SubtaskID{Operator: s.Operator, Index: s.Subtask}] = true
-	}
-	var guestLog slog.Handler
-	r.Logger, guestLog = e.jobLoggers(r)
-	opts := runtime.Options{
-		Engine: e.Engine, Logger: r.Logger, GuestLog: guestLog, Attempt: r.Attempt, BatchSize: e.BatchSize, JobID: r.JobID, Host: r.HostID,
-		ChannelCapacity: e.ChannelCapacity, BufferTimeout: e.BufferTimeout, Stdout: e.Stdout, Stdin: eofReader{}, Progress: r.Progress, NATS: e.NATS,
-		MaxRecordBytes: cmp.Or(r.MaxRecordBytes, e.MaxRecordBytes),
-		State:          r.State, DataDir: e.DataDir, ConnectorSettings: e.ConnectorSettings,
-	}
-	if cs := r.Checkpoint; cs != nil {
-		store, err := openStoreRetry(ctx, r.Conn, cs, r.JobID, r.Logger)
-		if err != nil {
-			return nil, fmt.Errorf("cluster: job %s: %w", r.JobID, err)
-		}
-		opts.Checkpoint = &runtime.CheckpointOptions{Store: store}
-		opts.Checkpoint.SetMode(cs)
-		if r.RestoreFrom != "" {
-			rs, err := loadRestoreRetry(ctx, r.Conn, r.RestoreFrom, r.Graph, r.Logger)
-			if err != nil {
-				return nil, fmt.Errorf("cluster: job %s: restore: %w", r.JobID, err)
-			}
-			opts.Restore = rs
-			md := rs.Metadata
-			r.Logger.Info("restoring", "from", md.Location, "kind", md.Kind, "id", md.ID)
-		}
-	}
-	nc := r.Conn
-	events := newReliableQueue(nc, TaskEventsSubject(r.JobID, r.Attempt), r.Logger)
-	var lifeMu sync.Mutex
-	var life []control.Event // the subtasks' lifecycle events so far, for a resync
-	send := func(ev control.Event) {
-		te, err := newTaskEvent(r.HostID, ev)
-		if err == nil {
-			err = events.send(func(seq uint64) ([]byte, error) {
-				te.Seq = seq
-				return json.Marshal(te)
-			})
-		}
-		if err != nil {
-			r.Logger.Warn("subtask event not sent", "event", ev.String(), "err", err)
-		}
-	}
-	// report sends ev; lifeMu orders it with a resync's events.
-	report := func(ev control.Event) {
-		lifeMu.Lock()
-		defer lifeMu.Unlock()
-		switch ev.(type) {
-		case control.TaskRunning, control.TaskEndOfData, control.TaskFinished:
-			life = append(life, ev)
-		}
-		send(ev)
-	}
-	var lastCmd, cmdTerm uint64 // of the command subscription's goroutine
-	ready := make(chan struct{})
-	var att *runtime.Attempt
-	sub, err := nc.Subscribe(TaskCommandSubject(r.JobID, r.Attempt, r.HostID), func(m *nats.Msg) {
-		select {
-		case <-ready:
-		case <-ctx.Done():
-			return
-		}
-		var tc TaskCommand
-		if err := json.Unmarshal(m.Data, &tc); err != nil {
-			r.Logger.Warn("bad command from the controller", "err", err)
-			respond(m, Reply{Error: "cluster: bad command: " + err.Error()})
-			return
-		}
-		if err := r.fence(tc.Term); err != nil || tc.Term < cmdTerm {
-			if err == nil {
-				err = fmt.Errorf("cluster: host %s: command of controller term %d refused: term %d leads", r.HostID, tc.Term, cmdTerm)
-			}
-			respond(m, Reply{Error: err.Error()})
-			return
-		}
-		defer respond(m, Reply{})
-		if tc.Term > cmdTerm {
-			cmdTerm, lastCmd = tc.Term, 0 // a new leader numbers its commands from 1
-		}
-		if att == nil || tc.Seq != 0 && tc.Seq <= lastCmd {
-			return // a repeat of a command already applied
-		}
-		lastCmd = max(lastCmd, tc.Seq)
-		if tc.Resync {
-			lifeMu.Lock()
-			r.Logger.Info("reporting the subtasks' state to a new controller", "term", tc.Term, "events", len(life))
-			for _, ev := range life {
-				send(ev)
-			}
-			lifeMu.Unlock()
-			return
-		}
-		if !att.Command(tc.Subtask, tc.Command) && tc.Command.Kind == runtime.CommandTrigger {
-			report(control.TriggerFailed{CheckpointID: tc.Command.ID, Subtask: tc.Subtask, Reason: "the subtask has finished"})
-		}
-	})
-	if err != nil {
-		events.stop()
-		return nil, fmt.Errorf("cluster: job %s: subscribe to commands: %w", r.JobID, err)
-	}
-	_ = sub.SetPendingLimits(-1, -1)
-	if err := nc.Flush(); err != nil {
-		sub.Unsubscribe()
-		events.stop()
-		return nil, fmt.Errorf("cluster: job %s: %w", r.JobID, err)
-	}
-	att, err = runtime.StartAttempt(ctx, r.Graph, opts, runtime.Remote{
-		JobID: r.JobID, Local: func(id control.SubtaskID) bool { return local[id] }, Channels: tr, Report: report})
-	close(ready)
-	if err != nil {
-		sub.Unsubscribe()
-		events.stop()
-		return nil, err
-	}
-	return e.logged(r, &distExecution{att: att, sub: sub, events: events}), nil
-}
 
 // ---- controller side ----
 
@@ -326,15 +73,15 @@ type distJob struct {
 	mu           sync.Mutex // after Controller.mu, held briefly (never while the driver steps); guards everything below
 	attempt      int
 	placement    control.Placement
-	active       bool                      // the attempt is deployed and has not failed
-	finished     map[string]bool           // hosts whose part of the attempt finished
-	evSeq        map[string]uint64         // per host, the last subtask event of the attempt taken
-	cmds         map[string]*reliableQueue // per host, the commands of the attempt
-	spWait       chan string               // a savepoint request waits for the savepoint's location
-	stopping     bool                      // a stop with a savepoint was asked for in this attempt
-	rescaleStop  bool                      // that stop is the adaptive scheduler's, to rescale the job (adaptive.go)
-	awaitRestart bool                      // a task failure: the controller waits for the lifecycle to restart the job
-	stopSP       string                    // the location of that stop's savepoint, once complete
+	active       bool                           // the attempt is deployed and has not failed
+	finished     map[string]bool                // hosts whose part of the attempt finished
+	evSeq        map[string]uint64              // per host, the last subtask event of the attempt taken
+	cmds         map[string]*wire.ReliableQueue // per host, the commands of the attempt
+	spWait       chan string                    // a savepoint request waits for the savepoint's location
+	stopping     bool                           // a stop with a savepoint was asked for in this attempt
+	rescaleStop  bool                           // that stop is the adaptive scheduler's, to rescale the job (adaptive.go)
+	awaitRestart bool                           // a task failure: the controller waits for the lifecycle to restart the job
+	stopSP       string                         // the location of that stop's savepoint, once complete
 	closed       bool
 	adopted      bool // the current attempt was taken over from another controller term
 	// The driver's outcome, published by the loop after each step.
@@ -351,8 +98,8 @@ type distJob struct {
 // attempt runs already: the job's lifecycle takes it over (adopt sends
 // nothing but a resync to its hosts), and the checkpoint ids skip those the
 // previous leader may have triggered.
-func (c *Controller) newDistJob(id string, spec JobSpec, from string, attempt int, resumed bool, takeover *runtime.Takeover) (*distJob, error) {
-	g, err := spec.Graph(func(a Artifact) (string, error) { return "/" + a.Name, nil })
+func (c *Controller) newDistJob(id string, spec wire.JobSpec, from string, attempt int, resumed bool, takeover *runtime.Takeover) (*distJob, error) {
+	g, err := spec.Graph(func(a wire.Artifact) (string, error) { return "/" + a.Name, nil })
 	if err != nil {
 		return nil, err
 	}
@@ -363,9 +110,9 @@ func (c *Controller) newDistJob(id string, spec JobSpec, from string, attempt in
 	var co *runtime.CheckpointOptions
 	var fromRS *checkpoint.Restore
 	if cs := spec.Checkpoint; cs != nil {
-		ctx, cancel := context.WithTimeout(context.Background(), DefaultRetry.Total)
+		ctx, cancel := context.WithTimeout(context.Background(), wire.DefaultRetry.Total)
 		defer cancel()
-		store, err := openStoreRetry(ctx, c.nc, cs, id, c.log)
+		store, err := wire.OpenStoreRetry(ctx, c.nc, cs, id, c.log)
 		if err != nil {
 			return nil, err
 		}
@@ -396,11 +143,11 @@ func (c *Controller) newDistJob(id string, spec JobSpec, from string, attempt in
 		var latest *checkpoint.Metadata
 		if resumed {
 			if latest, err = store.Latest(ctx); err != nil && !errors.Is(err, checkpoint.ErrNoCheckpoint) {
-				return nil, fmt.Errorf("cluster: job %s: the latest checkpoint in %s: %w", id, storeName(store), err)
+				return nil, fmt.Errorf("cluster: job %s: the latest checkpoint in %s: %w", id, wire.StoreName(store), err)
 			}
 		}
 		if from != "" {
-			md, _, err := ResolveIn(ctx, c.nc, from)
+			md, _, err := wire.ResolveIn(ctx, c.nc, from)
 			switch {
 			case err == nil:
 				fromRS = &checkpoint.Restore{Metadata: md}
@@ -414,7 +161,7 @@ func (c *Controller) newDistJob(id string, spec JobSpec, from string, attempt in
 			fromRS = &checkpoint.Restore{Metadata: latest}
 		}
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), DefaultRetry.Total)
+	ctx, cancel := context.WithTimeout(context.Background(), wire.DefaultRetry.Total)
 	defer cancel()
 	dj.d, err = runtime.NewJobDriver(ctx, g, co, fromRS, spec.Restart, attempt, takeover, uint64(time.Now().UnixNano()), dj.log, nil)
 	if err != nil {
@@ -423,7 +170,7 @@ func (c *Controller) newDistJob(id string, spec JobSpec, from string, attempt in
 	dj.jl = runtime.NewJobLoop(dj.d, dj, dj.tick, c.done)
 	dj.d.Step(nil, control.StartJob{}) // the loop has not started: its first StartAttempt sets restore
 	dj.adopted = takeover != nil && !takeover.Start
-	dj.sub, err = c.nc.Subscribe(PrefixTask+"."+id+".*.events", dj.onEvent)
+	dj.sub, err = c.nc.Subscribe(wire.PrefixTask+"."+id+".*.events", dj.onEvent)
 	if err != nil {
 		return nil, fmt.Errorf("cluster: job %s: subscribe to subtask events: %w", id, err)
 	}
@@ -488,7 +235,7 @@ func (c *Controller) lifecycleState(dj *distJob, latest *control.RestorePoint, r
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	j := c.jobOfLocked(dj)
-	if j == nil || TerminalJobState(j.state) {
+	if j == nil || wire.TerminalJobState(j.state) {
 		return
 	}
 	changed := false
@@ -587,7 +334,7 @@ func (dj *distJob) JobEnded(x control.JobEnded) {
 }
 
 // Command queues c for the host of subtask id (called by the driver, in the
-// loop): sent as a request, again until the host answers (reliableQueue).
+// loop): sent as a request, again until the host answers (ReliableQueue).
 func (t distTarget) Command(id control.SubtaskID, c runtime.Command) bool {
 	h := t.placement.Host(id.Index)
 	if h == "" {
@@ -600,8 +347,8 @@ func (t distTarget) Command(id control.SubtaskID, c runtime.Command) bool {
 		return true // the attempt is over: its commands go nowhere
 	}
 	q := dj.cmdQueue(h)
-	err := q.send(func(seq uint64) ([]byte, error) {
-		return json.Marshal(TaskCommand{Subtask: id, Command: c, Seq: seq, Term: dj.term})
+	err := q.Send(func(seq uint64) ([]byte, error) {
+		return json.Marshal(wire.TaskCommand{Subtask: id, Command: c, Seq: seq, Term: dj.term})
 	})
 	if err != nil {
 		dj.log.Warn("command not sent", "host", h, "subtask", id, "err", err)
@@ -611,10 +358,10 @@ func (t distTarget) Command(id control.SubtaskID, c runtime.Command) bool {
 
 // cmdQueue is the command queue of the current attempt to host h (dj.mu
 // held).
-func (dj *distJob) cmdQueue(h string) *reliableQueue {
+func (dj *distJob) cmdQueue(h string) *wire.ReliableQueue {
 	q := dj.cmds[h]
 	if q == nil {
-		q = newReliableQueue(dj.c.nc, TaskCommandSubject(dj.id, dj.attempt, h), dj.log)
+		q = wire.NewReliableQueue(dj.c.nc, wire.TaskCommandSubject(dj.id, dj.attempt, h), dj.log)
 		dj.cmds[h] = q
 	}
 	return q
@@ -632,8 +379,8 @@ func (dj *distJob) adopt(attempt int, p control.Placement) {
 			return
 		}
 		for _, h := range p.Hosts() {
-			err := dj.cmdQueue(h).send(func(seq uint64) ([]byte, error) {
-				return json.Marshal(TaskCommand{Seq: seq, Term: dj.term, Resync: true})
+			err := dj.cmdQueue(h).Send(func(seq uint64) ([]byte, error) {
+				return json.Marshal(wire.TaskCommand{Seq: seq, Term: dj.term, Resync: true})
 			})
 			if err != nil {
 				dj.log.Warn("resync not sent", "host", h, "err", err)
@@ -656,9 +403,9 @@ func (dj *distJob) halt() {
 // stopCommands ends the command queues of the attempt (dj.mu held).
 func (dj *distJob) stopCommands() {
 	for _, q := range dj.cmds {
-		q.stop()
+		q.Stop()
 	}
-	dj.cmds = map[string]*reliableQueue{}
+	dj.cmds = map[string]*wire.ReliableQueue{}
 }
 
 func (t distTarget) Fail(err error) {
@@ -684,13 +431,13 @@ func (dj *distJob) onEvent(m *nats.Msg) {
 	if err != nil {
 		return
 	}
-	var te TaskEvent
+	var te wire.TaskEvent
 	if err := json.Unmarshal(m.Data, &te); err != nil {
 		dj.log.Warn("bad subtask event", "host", te.Host, "err", err)
-		respond(m, Reply{Error: "cluster: bad subtask event: " + err.Error()})
+		wire.Respond(m, wire.Reply{Error: "cluster: bad subtask event: " + err.Error()})
 		return
 	}
-	defer respond(m, Reply{}) // taken, or of an attempt that is over: do not send it again
+	defer wire.Respond(m, wire.Reply{}) // taken, or of an attempt that is over: do not send it again
 	ev, err := te.Event()
 	if err != nil {
 		dj.log.Warn("bad subtask event", "host", te.Host, "err", err)
@@ -720,10 +467,10 @@ func (c *Controller) distRunning(jobID string, attempt int) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	j := c.jobs[jobID]
-	if j == nil || j.attempt != attempt || (j.state != JobCreated && j.state != JobRestarting) {
+	if j == nil || j.attempt != attempt || (j.state != wire.JobCreated && j.state != wire.JobRestarting) {
 		return
 	}
-	j.state, j.reason, j.updated = JobRunning, "", now
+	j.state, j.reason, j.updated = wire.JobRunning, "", now
 	c.upgradeRunningLocked(j)
 	c.changedLocked(j)
 	c.log.Info("job running", "job", j.id, "attempt", j.attempt, "hosts", j.placement.Hosts())
@@ -845,7 +592,7 @@ func (c *Controller) lifecycleRestart(dj *distJob) {
 	now := time.Now()
 	c.mu.Lock()
 	j := c.jobOfLocked(dj)
-	if j == nil || TerminalJobState(j.state) || j.canceling {
+	if j == nil || wire.TerminalJobState(j.state) || j.canceling {
 		c.mu.Unlock()
 		return
 	}
@@ -869,11 +616,11 @@ func (c *Controller) lifecycleGaveUp(dj *distJob, reason string) {
 	now := time.Now()
 	c.mu.Lock()
 	j := c.jobOfLocked(dj)
-	if j == nil || TerminalJobState(j.state) {
+	if j == nil || wire.TerminalJobState(j.state) {
 		c.mu.Unlock()
 		return
 	}
-	c.endLocked(j, now, JobFailed, reason)
+	c.endLocked(j, now, wire.JobFailed, reason)
 	effects := c.scheduleLocked(now)
 	c.mu.Unlock()
 	c.run(effects)
@@ -884,7 +631,7 @@ func (c *Controller) distFailed(jobID string, attempt int, reason string) {
 	now := time.Now()
 	c.mu.Lock()
 	j := c.jobs[jobID]
-	if j == nil || j.attempt != attempt || TerminalJobState(j.state) || j.placement == nil || j.canceling {
+	if j == nil || j.attempt != attempt || wire.TerminalJobState(j.state) || j.placement == nil || j.canceling {
 		c.mu.Unlock()
 		return
 	}
@@ -905,7 +652,7 @@ func (c *Controller) maybeEndDist(jobID string) {
 		c.run(effects)
 	}()
 	j := c.jobs[jobID]
-	if j == nil || j.dist == nil || j.placement == nil || TerminalJobState(j.state) {
+	if j == nil || j.dist == nil || j.placement == nil || wire.TerminalJobState(j.state) {
 		return
 	}
 	dj := j.dist
@@ -931,13 +678,13 @@ func (c *Controller) maybeEndDist(jobID string) {
 		return
 	}
 	if done != nil && done.State == control.JobStopped {
-		c.setAttemptState(j, JobStopped, "")
+		c.setAttemptState(j, wire.JobStopped, "")
 		j.savepoint = savepoint
-		c.endLocked(j, now, JobStopped, "stopped with savepoint "+savepoint)
+		c.endLocked(j, now, wire.JobStopped, "stopped with savepoint "+savepoint)
 		return
 	}
-	c.setAttemptState(j, JobFinished, "")
-	c.endLocked(j, now, JobFinished, "")
+	c.setAttemptState(j, wire.JobFinished, "")
+	c.endLocked(j, now, wire.JobFinished, "")
 }
 
 // distSavepoint takes a savepoint of a job spread over hosts, or stops it
@@ -956,7 +703,7 @@ func (c *Controller) distSavepoint(jobID, verb, dir string, drain, rescale bool)
 	j := c.jobs[jobID]
 	if j == nil || j.dist == nil {
 		c.mu.Unlock()
-		return "", notFoundf("cluster: no job %q spread over hosts", jobID)
+		return "", wire.NotFoundf("cluster: no job %q spread over hosts", jobID)
 	}
 	dj := j.dist
 	attempt := j.attempt
@@ -966,7 +713,7 @@ func (c *Controller) distSavepoint(jobID, verb, dir string, drain, rescale bool)
 	}
 	// The driver takes the request in the job's loop.
 	var wait chan string
-	if verb != HostVerbStop {
+	if verb != wire.HostVerbStop {
 		wait = make(chan string, 1)
 	}
 	taken := make(chan error, 1)
@@ -978,7 +725,7 @@ func (c *Controller) distSavepoint(jobID, verb, dir string, drain, rescale bool)
 			taken <- fmt.Errorf("cluster: %s job %s: the job is %s, not running", verb, jobID, dj.d.State())
 			return
 		}
-		if verb == HostVerbStop {
+		if verb == wire.HostVerbStop {
 			dj.mu.Lock()
 			dj.stopping, dj.stopSP, dj.rescaleStop = true, "", rescale
 			dj.mu.Unlock()
@@ -1010,8 +757,8 @@ func (c *Controller) distSavepoint(jobID, verb, dir string, drain, rescale bool)
 		return "", errors.New("cluster: controller closed")
 	}
 	c.mu.Lock()
-	if verb == HostVerbStop && j.attempt == attempt && !TerminalJobState(j.state) {
-		j.state, j.updated = JobStopping, time.Now()
+	if verb == wire.HostVerbStop && j.attempt == attempt && !wire.TerminalJobState(j.state) {
+		j.state, j.updated = wire.JobStopping, time.Now()
 		c.changedLocked(j)
 	}
 	changed := j.changed
@@ -1024,9 +771,9 @@ func (c *Controller) distSavepoint(jobID, verb, dir string, drain, rescale bool)
 		defer c.mu.Unlock()
 		changed = j.changed
 		switch {
-		case j.state == JobStopped && verb == HostVerbStop:
+		case j.state == wire.JobStopped && verb == wire.HostVerbStop:
 			return j.savepoint, ""
-		case TerminalJobState(j.state) || j.attempt != attempt:
+		case wire.TerminalJobState(j.state) || j.attempt != attempt:
 			dj.mu.Lock()
 			sp := dj.stopSP
 			dj.mu.Unlock()
@@ -1040,7 +787,7 @@ func (c *Controller) distSavepoint(jobID, verb, dir string, drain, rescale bool)
 					}
 				}
 			}
-			if verb == HostVerbStop && sp != "" {
+			if verb == wire.HostVerbStop && sp != "" {
 				why = fmt.Sprintf("its savepoint %s was written, but the job did not stop with it: %s", sp, why)
 			}
 			return "", why
@@ -1048,7 +795,7 @@ func (c *Controller) distSavepoint(jobID, verb, dir string, drain, rescale bool)
 		return "", ""
 	}
 	timeout := 10 * time.Minute
-	if cs := j.spec.Checkpoint; cs != nil && cs.Timeout > 0 && verb != HostVerbStop {
+	if cs := j.spec.Checkpoint; cs != nil && cs.Timeout > 0 && verb != wire.HostVerbStop {
 		timeout = cs.Timeout + time.Second
 	}
 	deadline := time.NewTimer(timeout)
@@ -1061,14 +808,14 @@ func (c *Controller) distSavepoint(jobID, verb, dir string, drain, rescale bool)
 			p, why := ended()
 			if why != "" {
 				what := "savepoint of job " + jobID
-				if verb == HostVerbStop {
+				if verb == wire.HostVerbStop {
 					what = "stop job " + jobID + ": stop-with-savepoint"
 				}
 				return "", fmt.Errorf("cluster: %s failed: %s", what, why)
 			}
 			path = p
 		case <-deadline.C:
-			if verb == HostVerbStop {
+			if verb == wire.HostVerbStop {
 				return "", fmt.Errorf("cluster: stop job %s: not stopped after %s (the job is %s)", jobID, timeout, c.jobState(j))
 			}
 			return "", fmt.Errorf("cluster: savepoint of job %s: not complete after %s", jobID, timeout)
@@ -1079,7 +826,7 @@ func (c *Controller) distSavepoint(jobID, verb, dir string, drain, rescale bool)
 	if dir != "" {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 		defer cancel()
-		out, err := ExportSavepoint(ctx, dj.c.nc, path, dir)
+		out, err := wire.ExportSavepoint(ctx, dj.c.nc, path, dir)
 		if err != nil {
 			return "", fmt.Errorf("cluster: savepoint of job %s is at %s but could not be copied to %s: %w", jobID, path, dir, err)
 		}

@@ -9,6 +9,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/streamd/streamd/internal/cluster/agent"
+	"github.com/streamd/streamd/internal/cluster/client"
+	"github.com/streamd/streamd/internal/cluster/wire"
+
 	"github.com/nats-io/nats.go"
 
 	"github.com/streamd/streamd/control"
@@ -18,8 +22,8 @@ import (
 )
 
 // testSpec is a job of parallelism p without artifacts: generator -> discard.
-func testSpec(p int) JobSpec {
-	return JobSpec{Name: "fence", Vertices: []VertexSpec{
+func testSpec(p int) wire.JobSpec {
+	return wire.JobSpec{Name: "fence", Vertices: []wire.VertexSpec{
 		{UID: "gen", Kind: control.KindSource, Parallelism: p, MaxParallelism: 128,
 			Source: &jobfile.SourceSpec{Type: "generator", Count: 10, KeyPattern: "k", ValuePattern: "v"}},
 		{UID: "out", Kind: control.KindSink, Parallelism: p, MaxParallelism: 128,
@@ -32,23 +36,23 @@ func testSpec(p int) JobSpec {
 type slowExecutor struct {
 	stopDelay time.Duration
 	mu        sync.Mutex
-	started   map[AttemptRef]time.Time
-	ended     map[AttemptRef]time.Time
+	started   map[wire.AttemptRef]time.Time
+	ended     map[wire.AttemptRef]time.Time
 	changed   chan struct{} // a start or an end
 }
 
 func newSlowExecutor(d time.Duration) *slowExecutor {
-	return &slowExecutor{stopDelay: d, started: map[AttemptRef]time.Time{}, ended: map[AttemptRef]time.Time{}, changed: make(chan struct{}, 100)}
+	return &slowExecutor{stopDelay: d, started: map[wire.AttemptRef]time.Time{}, ended: map[wire.AttemptRef]time.Time{}, changed: make(chan struct{}, 100)}
 }
 
 type slowExecution struct {
 	e   *slowExecutor
-	ref AttemptRef
+	ref wire.AttemptRef
 	ctx context.Context
 }
 
-func (e *slowExecutor) Start(ctx context.Context, r ExecRequest) (Execution, error) {
-	ref := AttemptRef{JobID: r.JobID, Attempt: r.Attempt}
+func (e *slowExecutor) Start(ctx context.Context, r agent.ExecRequest) (agent.Execution, error) {
+	ref := wire.AttemptRef{JobID: r.JobID, Attempt: r.Attempt}
 	e.mu.Lock()
 	e.started[ref] = time.Now()
 	e.mu.Unlock()
@@ -108,27 +112,27 @@ func testNATS(t *testing.T) *nats.Conn {
 func TestHostFencesAttempts(t *testing.T) {
 	nc := testNATS(t)
 	exec := newSlowExecutor(200 * time.Millisecond)
-	h, err := StartHost(nc, HostOptions{ID: "h1", Slots: 2, DataDir: t.TempDir(), HeartbeatInterval: 50 * time.Millisecond, Executor: exec})
+	h, err := agent.StartHost(nc, agent.HostOptions{ID: "h1", Slots: 2, DataDir: t.TempDir(), HeartbeatInterval: 50 * time.Millisecond, Executor: exec})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(h.Close)
 	// A controller that takes every report.
-	sub, err := nc.Subscribe(SubjectHostEvents, func(m *nats.Msg) { respond(m, Reply{}) })
+	sub, err := nc.Subscribe(wire.SubjectHostEvents, func(m *nats.Msg) { wire.Respond(m, wire.Reply{}) })
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer sub.Unsubscribe()
-	assign := func(job string, attempt int, placement ...string) AssignReply {
+	assign := func(job string, attempt int, placement ...string) wire.AssignReply {
 		t.Helper()
-		var r AssignReply
-		a := Assignment{JobID: job, Attempt: attempt, Job: testSpec(len(placement)), Placement: placement}
-		if err := requestTimeout(nc, HostSubject("h1", HostVerbAssign), 5*time.Second, a, &r); err != nil {
+		var r wire.AssignReply
+		a := wire.Assignment{JobID: job, Attempt: attempt, Job: testSpec(len(placement)), Placement: placement}
+		if err := wire.RequestTimeout(nc, wire.HostSubject("h1", wire.HostVerbAssign), 5*time.Second, a, &r); err != nil {
 			t.Fatal(err)
 		}
 		return r
 	}
-	ref := func(job string, attempt int) AttemptRef { return AttemptRef{JobID: job, Attempt: attempt} }
+	ref := func(job string, attempt int) wire.AttemptRef { return wire.AttemptRef{JobID: job, Attempt: attempt} }
 
 	if r := assign("a", 1, "h1", "h1"); r.Err() != nil {
 		t.Fatalf("attempt 1: %v", r.Err())
@@ -156,8 +160,8 @@ func TestHostFencesAttempts(t *testing.T) {
 	}
 	// A cancel of an attempt that never came here fences it (and older
 	// ones) too: its assignment, overtaken by the cancel, is refused.
-	var cr Reply
-	if err := requestTimeout(nc, HostSubject("h1", HostVerbCancel), 5*time.Second, HostRequest{JobID: "a", Attempt: 5}, &cr); err != nil || cr.Err() != nil {
+	var cr wire.Reply
+	if err := wire.RequestTimeout(nc, wire.HostSubject("h1", wire.HostVerbCancel), 5*time.Second, wire.HostRequest{JobID: "a", Attempt: 5}, &cr); err != nil || cr.Err() != nil {
 		t.Fatalf("cancel attempt 5: %v %v", err, cr.Err())
 	}
 	for _, att := range []int{4, 5} {
@@ -187,7 +191,7 @@ type fakeHost struct {
 	slots int
 
 	mu          sync.Mutex
-	running     map[AttemptRef]bool
+	running     map[wire.AttemptRef]bool
 	log         []string // "assign a/0", "cancel-done a/0", ...
 	busyRefuse  int      // refuse this many assignments as busy
 	cancelDelay time.Duration
@@ -195,10 +199,10 @@ type fakeHost struct {
 }
 
 func startFakeHost(t *testing.T, nc *nats.Conn, id string, slots int) *fakeHost {
-	f := &fakeHost{t: t, nc: nc, id: id, slots: slots, running: map[AttemptRef]bool{}, changed: make(chan struct{}, 1000)}
-	subs := map[string]nats.MsgHandler{HostVerbAssign: f.assign, HostVerbCancel: f.cancel}
+	f := &fakeHost{t: t, nc: nc, id: id, slots: slots, running: map[wire.AttemptRef]bool{}, changed: make(chan struct{}, 1000)}
+	subs := map[string]nats.MsgHandler{wire.HostVerbAssign: f.assign, wire.HostVerbCancel: f.cancel}
 	for verb, fn := range subs {
-		sub, err := nc.Subscribe(HostSubject(id, verb), fn)
+		sub, err := nc.Subscribe(wire.HostSubject(id, verb), fn)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -212,13 +216,13 @@ func startFakeHost(t *testing.T, nc *nats.Conn, id string, slots int) *fakeHost 
 		defer tk.Stop()
 		for {
 			f.mu.Lock()
-			hb := Heartbeat{HostID: id, Slots: slots, Interval: "20ms"}
+			hb := wire.Heartbeat{HostID: id, Slots: slots, Interval: "20ms"}
 			for r := range f.running {
 				hb.Running = append(hb.Running, r)
 			}
 			f.mu.Unlock()
 			data, _ := json.Marshal(hb)
-			nc.Publish(SubjectHeartbeat, data)
+			nc.Publish(wire.SubjectHeartbeat, data)
 			select {
 			case <-stop:
 				return
@@ -238,9 +242,9 @@ func (f *fakeHost) note(s string) {
 }
 
 func (f *fakeHost) assign(m *nats.Msg) {
-	var a Assignment
+	var a wire.Assignment
 	json.Unmarshal(m.Data, &a)
-	ref := AttemptRef{JobID: a.JobID, Attempt: a.Attempt}
+	ref := wire.AttemptRef{JobID: a.JobID, Attempt: a.Attempt}
 	f.mu.Lock()
 	busy := f.busyRefuse > 0
 	if busy {
@@ -251,17 +255,17 @@ func (f *fakeHost) assign(m *nats.Msg) {
 	f.mu.Unlock()
 	if busy {
 		f.note("busy " + refString(ref))
-		respond(m, AssignReply{Busy: true, Reply: Reply{Error: "cluster: host " + f.id + ": slots busy (test)"}})
+		wire.Respond(m, wire.AssignReply{Busy: true, Reply: wire.Reply{Error: "cluster: host " + f.id + ": slots busy (test)"}})
 		return
 	}
 	f.note("assign " + refString(ref))
-	respond(m, AssignReply{})
+	wire.Respond(m, wire.AssignReply{})
 }
 
 func (f *fakeHost) cancel(m *nats.Msg) {
-	var req HostRequest
+	var req wire.HostRequest
 	json.Unmarshal(m.Data, &req)
-	ref := AttemptRef{JobID: req.JobID, Attempt: req.Attempt}
+	ref := wire.AttemptRef{JobID: req.JobID, Attempt: req.Attempt}
 	f.mu.Lock()
 	d := f.cancelDelay
 	f.mu.Unlock()
@@ -275,25 +279,25 @@ func (f *fakeHost) cancel(m *nats.Msg) {
 		// report frees the slot, and the next assignment may come at once).
 		f.note("cancel-done " + refString(ref))
 		if was {
-			f.report(ref, SubtaskCanceled, "")
+			f.report(ref, wire.SubtaskCanceled, "")
 		}
-		respond(m, Reply{})
+		wire.Respond(m, wire.Reply{})
 	}()
 }
 
-func (f *fakeHost) report(ref AttemptRef, state, errText string) {
-	var r Reply
-	ev := HostEvent{HostID: f.id, JobID: ref.JobID, Attempt: ref.Attempt, State: state, Error: errText}
-	if err := requestTimeout(f.nc, SubjectHostEvents, 5*time.Second, ev, &r); err != nil {
+func (f *fakeHost) report(ref wire.AttemptRef, state, errText string) {
+	var r wire.Reply
+	ev := wire.HostEvent{HostID: f.id, JobID: ref.JobID, Attempt: ref.Attempt, State: state, Error: errText}
+	if err := wire.RequestTimeout(f.nc, wire.SubjectHostEvents, 5*time.Second, ev, &r); err != nil {
 		f.t.Errorf("host %s: report %s: %v", f.id, state, err)
 	}
 }
 
-func (f *fakeHost) fail(ref AttemptRef, errText string) {
+func (f *fakeHost) fail(ref wire.AttemptRef, errText string) {
 	f.mu.Lock()
 	delete(f.running, ref)
 	f.mu.Unlock()
-	f.report(ref, SubtaskFailed, errText)
+	f.report(ref, wire.SubtaskFailed, errText)
 }
 
 func (f *fakeHost) entries() []string {
@@ -320,7 +324,7 @@ func (f *fakeHost) waitLog(t *testing.T, entry string) {
 	}
 }
 
-func refString(r AttemptRef) string { return r.JobID + "/" + strconv.Itoa(r.Attempt) }
+func refString(r wire.AttemptRef) string { return r.JobID + "/" + strconv.Itoa(r.Attempt) }
 
 func index(log []string, entry string) int {
 	for i, e := range log {
@@ -346,10 +350,13 @@ func TestControllerAssignsOnlyFreedSlots(t *testing.T) {
 	t.Cleanup(c.Close)
 	h1, h2 := startFakeHost(t, nc, "h1", 1), startFakeHost(t, nc, "h2", 1)
 	h1.cancelDelay = 300 * time.Millisecond // 15 heartbeats that still list the attempt
-	client := &Client{nc: nc}
+	cl, err := client.NewClient(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		hs, _ := client.Hosts(context.Background())
+		hs, _ := cl.Hosts(context.Background())
 		if len(hs) == 2 {
 			break
 		}
@@ -358,19 +365,19 @@ func TestControllerAssignsOnlyFreedSlots(t *testing.T) {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-	var dr DeployReply
+	var dr wire.DeployReply
 	spec := testSpec(2)
 	spec.Restart = jobfile.RestartSettings{Strategy: jobfile.RestartFixedDelay, Attempts: 5}
-	if err := requestTimeout(nc, SubjectDeploy, 5*time.Second, DeployRequest{Job: spec}, &dr); err != nil || dr.Err() != nil {
+	if err := wire.RequestTimeout(nc, wire.SubjectDeploy, 5*time.Second, wire.DeployRequest{Job: spec}, &dr); err != nil || dr.Err() != nil {
 		t.Fatalf("deploy: %v %v", err, dr.Err())
 	}
 	job := dr.JobID
-	a0 := AttemptRef{JobID: job, Attempt: 0}
+	a0 := wire.AttemptRef{JobID: job, Attempt: 0}
 	h1.waitLog(t, "assign "+refString(a0))
 	h2.waitLog(t, "assign "+refString(a0))
 
 	h2.fail(a0, "injected failure of h2's part")
-	a1 := AttemptRef{JobID: job, Attempt: 1}
+	a1 := wire.AttemptRef{JobID: job, Attempt: 1}
 	h1.waitLog(t, "assign "+refString(a1))
 	log := h1.entries()
 	if c, a := index(log, "cancel-done "+refString(a0)), index(log, "assign "+refString(a1)); c < 0 || c > a {
@@ -384,14 +391,14 @@ func TestControllerAssignsOnlyFreedSlots(t *testing.T) {
 	h1.cancelDelay = 0
 	h1.mu.Unlock()
 	h2.fail(a1, "injected failure again")
-	a6 := AttemptRef{JobID: job, Attempt: 6} // 2..5 refused as busy
+	a6 := wire.AttemptRef{JobID: job, Attempt: 6} // 2..5 refused as busy
 	h1.waitLog(t, "assign "+refString(a6))
-	var jr JobReply
-	if err := requestTimeout(nc, SubjectStatus, 5*time.Second, JobRequest{JobID: job}, &jr); err != nil || jr.Job == nil {
+	var jr wire.JobReply
+	if err := wire.RequestTimeout(nc, wire.SubjectStatus, 5*time.Second, wire.JobRequest{JobID: job}, &jr); err != nil || jr.Job == nil {
 		t.Fatalf("status: %v %+v", err, jr)
 	}
 	st := jr.Job
-	if TerminalJobState(st.State) || st.Attempt != 6 {
+	if wire.TerminalJobState(st.State) || st.Attempt != 6 {
 		t.Fatalf("after 4 busy refusals: %s attempt %d (%s), want attempt 6 not ended", st.State, st.Attempt, st.Reason)
 	}
 	busy := 0

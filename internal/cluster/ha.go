@@ -36,6 +36,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/streamd/streamd/internal/cluster/wire"
+
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -69,22 +71,22 @@ type leaseRecord struct {
 // controller to list it, to adopt its running attempt, or to place its next
 // one without reusing an attempt number.
 type jobRecord struct {
-	ID        string          `json:"id"`
-	Spec      JobSpec         `json:"spec"` // with its artifacts' digests (the modules are in ArtifactBucket)
-	From      string          `json:"from,omitempty"`
-	RequestID string          `json:"request_id,omitempty"` // of the deploy that made it
-	State     string          `json:"state"`
-	Reason    string          `json:"reason,omitempty"`
-	Attempt   int             `json:"attempt"`
-	Slots     int             `json:"slots"`
-	Placement []string        `json:"placement,omitempty"` // of the current attempt, once assigned; nil: not placed
-	LastHosts []string        `json:"last_hosts,omitempty"`
-	Attempts  []AttemptStatus `json:"attempts,omitempty"`
-	Failovers int             `json:"failovers,omitempty"`
-	Savepoint string          `json:"savepoint,omitempty"`
-	Created   time.Time       `json:"created"`
-	Updated   time.Time       `json:"updated"`
-	Ended     *time.Time      `json:"ended,omitempty"`
+	ID        string               `json:"id"`
+	Spec      wire.JobSpec         `json:"spec"` // with its artifacts' digests (the modules are in ArtifactBucket)
+	From      string               `json:"from,omitempty"`
+	RequestID string               `json:"request_id,omitempty"` // of the deploy that made it
+	State     string               `json:"state"`
+	Reason    string               `json:"reason,omitempty"`
+	Attempt   int                  `json:"attempt"`
+	Slots     int                  `json:"slots"`
+	Placement []string             `json:"placement,omitempty"` // of the current attempt, once assigned; nil: not placed
+	LastHosts []string             `json:"last_hosts,omitempty"`
+	Attempts  []wire.AttemptStatus `json:"attempts,omitempty"`
+	Failovers int                  `json:"failovers,omitempty"`
+	Savepoint string               `json:"savepoint,omitempty"`
+	Created   time.Time            `json:"created"`
+	Updated   time.Time            `json:"updated"`
+	Ended     *time.Time           `json:"ended,omitempty"`
 	// Latest is the latest completed checkpoint or savepoint of the job
 	// (or the one it was deployed from): what its next attempt restores.
 	Latest   *control.RestorePoint `json:"latest,omitempty"`
@@ -92,14 +94,14 @@ type jobRecord struct {
 	Term     uint64                `json:"term"` // of the leader that wrote it
 	// Versions and Upgrade: the version history, and the upgrade waiting
 	// for its version to run (upgrade.go).
-	Versions []VersionStatus `json:"versions,omitempty"`
-	Upgrade  *upgradeState   `json:"upgrade,omitempty"`
+	Versions []wire.VersionStatus `json:"versions,omitempty"`
+	Upgrade  *upgradeState        `json:"upgrade,omitempty"`
 	// Declared is each operator's declared parallelism while Spec runs at
 	// another (adaptive.go; nil: as declared); Rescales the latest
 	// rescales; NoRescale why the job runs only as declared.
-	Declared  map[string]int  `json:"declared,omitempty"`
-	Rescales  []RescaleStatus `json:"rescales,omitempty"`
-	NoRescale string          `json:"no_rescale,omitempty"`
+	Declared  map[string]int       `json:"declared,omitempty"`
+	Rescales  []wire.RescaleStatus `json:"rescales,omitempty"`
+	NoRescale string               `json:"no_rescale,omitempty"`
 }
 
 var plainKeyRE = regexp.MustCompile(`^[A-Za-z0-9_-]+$`)
@@ -163,7 +165,7 @@ func clusterReplicas(nc *nats.Conn) int {
 func newControllerID() string {
 	var b [4]byte
 	_, _ = rand.Read(b[:])
-	return NewHostID() + "-" + hex.EncodeToString(b[:2])
+	return wire.NewHostID() + "-" + hex.EncodeToString(b[:2])
 }
 
 // leaseTiming is how often the leader renews, how long a lease lasts
@@ -294,8 +296,8 @@ func (c *Controller) renewLease() {
 
 // announce tells the hosts who leads in which term (they fence older terms).
 func (c *Controller) announce(term uint64) {
-	data, _ := json.Marshal(LeaderAnnounce{ID: c.id, Term: term})
-	_ = c.nc.Publish(SubjectLeader, data)
+	data, _ := json.Marshal(wire.LeaderAnnounce{ID: c.id, Term: term})
+	_ = c.nc.Publish(wire.SubjectLeader, data)
 }
 
 // resign gives the lease up (Close of a leader; a standby takes it at once)
@@ -378,7 +380,7 @@ func (c *Controller) Leader() (string, uint64) {
 // recordLocked is the record of j now.
 func (c *Controller) recordLocked(j *ctlJob) jobRecord {
 	r := jobRecord{ID: j.id, Spec: j.spec, From: j.from, RequestID: j.requestID, State: j.state, Reason: j.reason, Attempt: j.attempt, Slots: j.slots,
-		Attempts: append([]AttemptStatus(nil), j.attempts...), Failovers: j.failovers, Savepoint: j.savepoint,
+		Attempts: append([]wire.AttemptStatus(nil), j.attempts...), Failovers: j.failovers, Savepoint: j.savepoint,
 		Created: j.created, Updated: j.updated, Ended: j.ended, Latest: j.latest, Restarts: j.restarts, Term: c.term,
 		Versions: slices.Clone(j.versions), Upgrade: j.upgrade, Declared: j.declared, Rescales: slices.Clone(j.rescales), NoRescale: j.noRescale}
 	if j.placement != nil {
@@ -621,7 +623,7 @@ func (c *Controller) loadJobs(ctx context.Context) ([]jobRecord, error) {
 // reports decide whether they still run), subscribes to the control API
 // and the hosts, and announces its term.
 func (c *Controller) lead(term uint64) error {
-	ctx, cancel := context.WithTimeout(context.Background(), DefaultRetry.Total)
+	ctx, cancel := context.WithTimeout(context.Background(), wire.DefaultRetry.Total)
 	defer cancel()
 	// Records written after the table is read, by a leader of an older term
 	// that has not stopped yet (its writes held up by a NATS outage), are
@@ -652,7 +654,7 @@ func (c *Controller) lead(term uint64) error {
 		c.adoptLocked(j, now)
 	}
 	for _, id := range c.order {
-		if j := c.jobs[id]; j.ver == 0 && !TerminalJobState(j.state) {
+		if j := c.jobs[id]; j.ver == 0 && !wire.TerminalJobState(j.state) {
 			c.saveLocked(j) // written in this term: a deposed leader's later write fails
 		}
 	}
@@ -686,7 +688,7 @@ func (c *Controller) takeRecord(r jobRecord, term uint64, now time.Time) *ctlJob
 			c.log.Error("running job cannot be adopted; it fails", "job", j.id, "attempt", j.attempt, "err", err)
 			j.placement = nil
 			c.mu.Lock()
-			c.endLocked(j, now, JobFailed, fmt.Sprintf("controller term %d could not adopt attempt %d: %v", term, j.attempt, err))
+			c.endLocked(j, now, wire.JobFailed, fmt.Sprintf("controller term %d could not adopt attempt %d: %v", term, j.attempt, err))
 			c.mu.Unlock()
 		} else {
 			j.dist = dj
@@ -710,13 +712,13 @@ func (c *Controller) adoptLocked(j *ctlJob, now time.Time) {
 	for _, id := range j.placement.Hosts() {
 		if c.hosts[id] == nil {
 			c.hosts[id] = &ctlHost{id: id, interval: c.opts.HeartbeatInterval, lastSeen: now,
-				busy: map[AttemptRef]*slotUse{}, ended: map[AttemptRef]time.Time{}}
+				busy: map[wire.AttemptRef]*slotUse{}, ended: map[wire.AttemptRef]time.Time{}}
 			c.awaiting[id] = true
 		}
 	}
 	c.holdLocked(j, *j.placement)
 	for _, id := range j.placement.Hosts() {
-		c.settleLocked(id, AttemptRef{JobID: j.id, Attempt: j.attempt}, now)
+		c.settleLocked(id, wire.AttemptRef{JobID: j.id, Attempt: j.attempt}, now)
 	}
 	c.saveLocked(j) // written in this term: a deposed leader's later write fails
 }
@@ -803,7 +805,7 @@ func (c *Controller) lateRecord(r jobRecord, key string, rev uint64) {
 	c.mu.Lock()
 	if j.dist != nil {
 		c.adoptLocked(j, now)
-	} else if !TerminalJobState(j.state) {
+	} else if !wire.TerminalJobState(j.state) {
 		c.saveLocked(j)
 	}
 	effects := c.scheduleLocked(now)
@@ -821,29 +823,29 @@ func jobFromRecord(r jobRecord, now time.Time) *ctlJob {
 		created: r.Created, updated: r.Updated, ended: r.Ended, savepoint: r.Savepoint, from: r.From, requestID: r.RequestID,
 		attempts: r.Attempts, failovers: r.Failovers, latest: r.Latest, restarts: r.Restarts, versions: r.Versions, upgrade: r.Upgrade,
 		declared: r.Declared, rescales: r.Rescales, noRescale: r.NoRescale,
-		placed: map[int]control.Placement{}, changed: make(chan struct{}), subtaskState: SubtaskScheduled, resumed: true}
+		placed: map[int]control.Placement{}, changed: make(chan struct{}), subtaskState: wire.SubtaskScheduled, resumed: true}
 	if len(r.LastHosts) > 0 {
 		j.lastPlaced = &control.Placement{Slots: r.LastHosts}
 	}
 	switch {
-	case TerminalJobState(r.State):
-		j.subtaskState = map[string]string{JobFinished: SubtaskFinished, JobStopped: SubtaskFinished,
-			JobCanceled: SubtaskCanceled, JobFailed: SubtaskFailed}[r.State]
+	case wire.TerminalJobState(r.State):
+		j.subtaskState = map[string]string{wire.JobFinished: wire.SubtaskFinished, wire.JobStopped: wire.SubtaskFinished,
+			wire.JobCanceled: wire.SubtaskCanceled, wire.JobFailed: wire.SubtaskFailed}[r.State]
 	case len(r.Placement) > 0:
 		p := control.Placement{Slots: r.Placement}
 		j.placement, j.lastPlaced = &p, &p
 		j.placed[j.attempt] = p
 		j.hostStats = map[string][]runtime.OperatorStats{}
 		j.assignedAt, j.endedOn, j.unlisted, j.asking = now, map[string]bool{}, map[string]int{}, map[string]bool{}
-		j.subtaskState = SubtaskRunning
-		if r.State != JobRunning && r.State != JobFinishing {
-			j.subtaskState = SubtaskDeploying
+		j.subtaskState = wire.SubtaskRunning
+		if r.State != wire.JobRunning && r.State != wire.JobFinishing {
+			j.subtaskState = wire.SubtaskDeploying
 		}
-		if r.State == JobStopping {
+		if r.State == wire.JobStopping {
 			// The stop's request went with the old leader: the job runs on.
-			j.state, j.reason = JobRunning, "a stop with savepoint was interrupted by a change of controller"
+			j.state, j.reason = wire.JobRunning, "a stop with savepoint was interrupted by a change of controller"
 		}
-	case r.State == JobRestarting:
+	case r.State == wire.JobRestarting:
 		j.restartAt = now
 	}
 	return j

@@ -6,6 +6,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/streamd/streamd/internal/cluster/agent"
+	"github.com/streamd/streamd/internal/cluster/client"
+	"github.com/streamd/streamd/internal/cluster/wire"
+
 	"github.com/nats-io/nats.go"
 
 	"github.com/streamd/streamd/internal/natsutil"
@@ -42,17 +46,20 @@ func TestDeposedLeaderIsFenced(t *testing.T) {
 	}
 	exec := newSlowExecutor(0)
 	hnc := conn()
-	h, err := StartHost(hnc, HostOptions{ID: "h1", Slots: 1, DataDir: t.TempDir(), HeartbeatInterval: hb, Executor: exec})
+	h, err := agent.StartHost(hnc, agent.HostOptions{ID: "h1", Slots: 1, DataDir: t.TempDir(), HeartbeatInterval: hb, Executor: exec})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(h.Close)
-	client := &Client{nc: conn()}
-	var dr DeployReply
-	if err := client.call(context.Background(), SubjectDeploy, DeployRequest{Job: testSpec(1)}, &dr, func() Reply { return dr.Reply }); err != nil {
+	cl, err := client.NewClient(conn())
+	if err != nil {
 		t.Fatal(err)
 	}
-	ref := AttemptRef{JobID: dr.JobID, Attempt: 0}
+	var dr wire.DeployReply
+	if err := cl.Call(context.Background(), wire.SubjectDeploy, wire.DeployRequest{Job: testSpec(1)}, &dr, func() wire.Reply { return dr.Reply }); err != nil {
+		t.Fatal(err)
+	}
+	ref := wire.AttemptRef{JobID: dr.JobID, Attempt: 0}
 	exec.waitFor(t, "attempt 0 started", func() bool { _, ok := exec.started[ref]; return ok })
 
 	// a is cut off: it can renew its lease no more, and b takes over in
@@ -85,15 +92,15 @@ func TestDeposedLeaderIsFenced(t *testing.T) {
 	}
 
 	// Term 1's requests are refused; the adopted attempt runs on.
-	var rep Reply
-	if err := requestTimeout(hnc, HostSubject("h1", HostVerbCancel), 5*time.Second, HostRequest{JobID: ref.JobID, Attempt: 0, Term: 1}, &rep); err != nil {
+	var rep wire.Reply
+	if err := wire.RequestTimeout(hnc, wire.HostSubject("h1", wire.HostVerbCancel), 5*time.Second, wire.HostRequest{JobID: ref.JobID, Attempt: 0, Term: 1}, &rep); err != nil {
 		t.Fatal(err)
 	}
 	if rep.Err() == nil || !strings.Contains(rep.Error, "term 1 refused") {
 		t.Errorf("cancel of term 1: %v, want refused", rep.Err())
 	}
-	var ar AssignReply
-	if err := requestTimeout(hnc, HostSubject("h1", HostVerbAssign), 5*time.Second, Assignment{JobID: ref.JobID, Attempt: 5, Term: 1, Job: testSpec(1), Placement: []string{"h1"}}, &ar); err != nil {
+	var ar wire.AssignReply
+	if err := wire.RequestTimeout(hnc, wire.HostSubject("h1", wire.HostVerbAssign), 5*time.Second, wire.Assignment{JobID: ref.JobID, Attempt: 5, Term: 1, Job: testSpec(1), Placement: []string{"h1"}}, &ar); err != nil {
 		t.Fatal(err)
 	}
 	if ar.Err() == nil || !strings.Contains(ar.Error, "term 1 refused") {
@@ -104,24 +111,24 @@ func TestDeposedLeaderIsFenced(t *testing.T) {
 	}
 	// b adopts the attempt once the host reports it (its next heartbeat):
 	// until then the job shows as created.
-	var jr JobReply
+	var jr wire.JobReply
 	for deadline := time.Now().Add(10 * time.Second); ; {
-		jr = JobReply{}
-		if err := client.read(context.Background(), SubjectStatus, JobRequest{JobID: ref.JobID}, &jr, func() Reply { return jr.Reply }); err != nil {
+		jr = wire.JobReply{}
+		if err := cl.CallIdempotent(context.Background(), wire.SubjectStatus, wire.JobRequest{JobID: ref.JobID}, &jr, func() wire.Reply { return jr.Reply }); err != nil {
 			t.Fatal(err)
 		}
 		st := jr.Job
-		if st.State == JobRunning && st.Attempt == 0 && st.Term == 2 && st.Leader == "b" {
+		if st.State == wire.JobRunning && st.Attempt == 0 && st.Term == 2 && st.Leader == "b" {
 			break
 		}
-		if st.State != JobCreated || time.Now().After(deadline) {
+		if st.State != wire.JobCreated || time.Now().After(deadline) {
 			t.Fatalf("status after the takeover: %s attempt %d term %d leader %q (%s); want running attempt 0 from b in term 2", st.State, st.Attempt, st.Term, st.Leader, st.Reason)
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
 	// The leader of term 2 is obeyed.
-	jr = JobReply{}
-	if err := client.call(context.Background(), SubjectCancel, JobRequest{JobID: ref.JobID}, &jr, func() Reply { return jr.Reply }); err != nil {
+	jr = wire.JobReply{}
+	if err := cl.Call(context.Background(), wire.SubjectCancel, wire.JobRequest{JobID: ref.JobID}, &jr, func() wire.Reply { return jr.Reply }); err != nil {
 		t.Fatal(err)
 	}
 	exec.waitFor(t, "attempt 0 canceled by term 2", func() bool { _, ok := exec.ended[ref]; return ok })

@@ -8,13 +8,17 @@ import (
 	"testing"
 	"time"
 
+	"github.com/streamd/streamd/internal/cluster/agent"
+	"github.com/streamd/streamd/internal/cluster/client"
+	"github.com/streamd/streamd/internal/cluster/wire"
+
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/streamd/streamd/internal/jobfile"
 	"github.com/streamd/streamd/internal/natstest"
 )
 
-func listIDs(t *testing.T, cl *Client, all bool) []string {
+func listIDs(t *testing.T, cl *client.Client, all bool) []string {
 	t.Helper()
 	jobs, err := cl.List(context.Background(), all)
 	if err != nil {
@@ -43,12 +47,12 @@ func TestJobRecords(t *testing.T) {
 	}
 	t.Cleanup(ctl.Close)
 	exec := newSlowExecutor(0)
-	h, err := StartHost(natstest.Connect(t, srv.URL()), HostOptions{ID: "h1", Slots: 2, DataDir: t.TempDir(), HeartbeatInterval: hb, Executor: exec})
+	h, err := agent.StartHost(natstest.Connect(t, srv.URL()), agent.HostOptions{ID: "h1", Slots: 2, DataDir: t.TempDir(), HeartbeatInterval: hb, Executor: exec})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(h.Close)
-	cl, err := NewClient(natstest.Connect(t, srv.URL()))
+	cl, err := client.NewClient(natstest.Connect(t, srv.URL()))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -58,11 +62,11 @@ func TestJobRecords(t *testing.T) {
 	spec.Checkpoint = &jobfile.CheckpointSettings{Interval: time.Hour, Dir: ckDir, Retain: 1, Timeout: time.Minute}
 	deploy := func() string {
 		t.Helper()
-		var dr DeployReply
-		if err := cl.read(ctx, SubjectDeploy, DeployRequest{Job: spec}, &dr, func() Reply { return dr.Reply }); err != nil {
+		var dr wire.DeployReply
+		if err := cl.CallIdempotent(ctx, wire.SubjectDeploy, wire.DeployRequest{Job: spec}, &dr, func() wire.Reply { return dr.Reply }); err != nil {
 			t.Fatal(err)
 		}
-		exec.waitFor(t, "attempt 0 of "+dr.JobID+" started", func() bool { _, ok := exec.started[AttemptRef{JobID: dr.JobID}]; return ok })
+		exec.waitFor(t, "attempt 0 of "+dr.JobID+" started", func() bool { _, ok := exec.started[wire.AttemptRef{JobID: dr.JobID}]; return ok })
 		return dr.JobID
 	}
 	ended, running := deploy(), deploy()
@@ -97,7 +101,7 @@ func TestJobRecords(t *testing.T) {
 	if ids := listIDs(t, cl, true); len(ids) != 2 {
 		t.Fatalf("list --all: %v, want both jobs", ids)
 	}
-	if st, err := cl.Status(ctx, ended); err != nil || st.State != JobCanceled {
+	if st, err := cl.Status(ctx, ended); err != nil || st.State != wire.JobCanceled {
 		t.Fatalf("status of the hidden job: %+v, %v; want canceled", st, err)
 	}
 
@@ -163,7 +167,7 @@ func TestDeleteStoreJetStream(t *testing.T) {
 	js := natstest.JetStream(t, srv)
 	ctx := context.Background()
 	cs := &jobfile.CheckpointSettings{Storage: jobfile.StorageJetStream, Bucket: "CK"}
-	if err := DeleteStore(ctx, nc, cs, "job-a"); err != nil {
+	if err := wire.DeleteStore(ctx, nc, cs, "job-a"); err != nil {
 		t.Fatalf("delete without a bucket: %v", err)
 	}
 	obs, err := js.CreateObjectStore(ctx, jetstream.ObjectStoreConfig{Bucket: "CK"})
@@ -175,7 +179,7 @@ func TestDeleteStoreJetStream(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if err := DeleteStore(ctx, nc, cs, "job-a"); err != nil {
+	if err := wire.DeleteStore(ctx, nc, cs, "job-a"); err != nil {
 		t.Fatal(err)
 	}
 	infos, err := obs.List(ctx)

@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 
+	"github.com/streamd/streamd/internal/cluster/wire"
+
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
@@ -67,7 +69,7 @@ func (c *Controller) registerMetrics(mp metric.MeterProvider) (metric.Registrati
 		for _, j := range c.jobs {
 			byState[j.state]++
 		}
-		for _, st := range []string{JobCreated, JobRunning, JobRestarting, JobFinishing, JobStopping, JobFinished, JobStopped, JobFailed, JobCanceled} {
+		for _, st := range []string{wire.JobCreated, wire.JobRunning, wire.JobRestarting, wire.JobFinishing, wire.JobStopping, wire.JobFinished, wire.JobStopped, wire.JobFailed, wire.JobCanceled} {
 			o.ObserveInt64(jobs, byState[st], metric.WithAttributes(me, attribute.String("streamd.state", st)))
 		}
 		return nil

@@ -5,6 +5,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/streamd/streamd/internal/cluster/agent"
+
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
@@ -22,7 +24,7 @@ func TestControllerGauges(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	h, err := StartHost(natstest.Connect(t, srv.URL()), HostOptions{ID: "h1", Slots: 3, DataDir: t.TempDir(), HeartbeatInterval: 50 * time.Millisecond, Executor: newSlowExecutor(0)})
+	h, err := agent.StartHost(natstest.Connect(t, srv.URL()), agent.HostOptions{ID: "h1", Slots: 3, DataDir: t.TempDir(), HeartbeatInterval: 50 * time.Millisecond, Executor: newSlowExecutor(0)})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -7,6 +7,8 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/streamd/streamd/internal/cluster/wire"
+
 	"github.com/nats-io/nats.go/micro"
 )
 
@@ -36,15 +38,15 @@ type controlEndpoint struct {
 
 func (c *Controller) controlEndpoints() []controlEndpoint {
 	return []controlEndpoint{
-		{"deploy", SubjectDeploy, c.handleDeploy, "submit a job"},
-		{"list", SubjectList, c.handleList, "list the jobs"},
-		{"status", SubjectStatus, c.handleStatus, "a job's status"},
-		{"cancel", SubjectCancel, c.handleCancel, "cancel a job"},
-		{"delete", SubjectDelete, c.handleDelete, "delete an ended job's record"},
-		{"savepoint", SubjectSavepoint, c.handleSavepoint, "take a savepoint of a running job"},
-		{"stop", SubjectStop, c.handleStop, "stop a job with a savepoint"},
-		{"upgrade", SubjectUpgrade, c.handleUpgrade, "upgrade a running job through a savepoint"},
-		{"hosts", SubjectHosts, c.handleHosts, "list the hosts and their slots"},
+		{"deploy", wire.SubjectDeploy, c.handleDeploy, "submit a job"},
+		{"list", wire.SubjectList, c.handleList, "list the jobs"},
+		{"status", wire.SubjectStatus, c.handleStatus, "a job's status"},
+		{"cancel", wire.SubjectCancel, c.handleCancel, "cancel a job"},
+		{"delete", wire.SubjectDelete, c.handleDelete, "delete an ended job's record"},
+		{"savepoint", wire.SubjectSavepoint, c.handleSavepoint, "take a savepoint of a running job"},
+		{"stop", wire.SubjectStop, c.handleStop, "stop a job with a savepoint"},
+		{"upgrade", wire.SubjectUpgrade, c.handleUpgrade, "upgrade a running job through a savepoint"},
+		{"hosts", wire.SubjectHosts, c.handleHosts, "list the hosts and their slots"},
 	}
 }
 
@@ -99,7 +101,7 @@ func serviceVersion(v string) string {
 }
 
 // reply answers a control request with v as JSON (nothing if it has no
-// reply subject). The body is what respond would send; a reply with an
+// reply subject). The body is what wire.Respond would send; a reply with an
 // error also carries micro's error headers (Nats-Service-Error and
 // Nats-Service-Error-Code: 503 when the client should retry, else 500), so
 // the endpoint's stats count it. Clients read only the body.
@@ -109,27 +111,27 @@ func reply(req micro.Request, v any) {
 	}
 	data, err := json.Marshal(v)
 	if err != nil {
-		r := Reply{Error: "cluster: encode reply: " + err.Error()}
+		r := wire.Reply{Error: "cluster: encode reply: " + err.Error()}
 		data, _ = json.Marshal(r)
 		v = r
 	}
-	r, ok := v.(interface{ base() Reply })
-	if !ok || r.base().Error == "" {
+	r, ok := v.(interface{ Base() wire.Reply })
+	if !ok || r.Base().Error == "" {
 		_ = req.Respond(data)
 		return
 	}
 	code := "500"
 	switch {
-	case r.base().Retry || r.base().Code == CodeUnavailable:
+	case r.Base().Retry || r.Base().Code == wire.CodeUnavailable:
 		code = "503"
-	case r.base().Code == CodeNotFound:
+	case r.Base().Code == wire.CodeNotFound:
 		code = "404"
-	case r.base().Code == CodeConflict:
+	case r.Base().Code == wire.CodeConflict:
 		code = "409"
-	case r.base().Code == CodeBadRequest:
+	case r.Base().Code == wire.CodeBadRequest:
 		code = "400"
 	}
-	_ = req.Error(code, headerValue(r.base().Error), data)
+	_ = req.Error(code, headerValue(r.Base().Error), data)
 }
 
 // headerValue is s on one line (a header value ends at a line break).

@@ -7,6 +7,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/streamd/streamd/internal/cluster/client"
+	"github.com/streamd/streamd/internal/cluster/wire"
+
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/micro"
 
@@ -53,8 +56,8 @@ func TestControlAPIIsAMicroService(t *testing.T) {
 	if info.ID != ping.ID || info.Description == "" {
 		t.Fatalf("info: %+v, want the id %s and a description", info, ping.ID)
 	}
-	want := map[string]string{"deploy": SubjectDeploy, "list": SubjectList, "status": SubjectStatus, "cancel": SubjectCancel,
-		"delete": SubjectDelete, "savepoint": SubjectSavepoint, "stop": SubjectStop, "upgrade": SubjectUpgrade, "hosts": SubjectHosts}
+	want := map[string]string{"deploy": wire.SubjectDeploy, "list": wire.SubjectList, "status": wire.SubjectStatus, "cancel": wire.SubjectCancel,
+		"delete": wire.SubjectDelete, "savepoint": wire.SubjectSavepoint, "stop": wire.SubjectStop, "upgrade": wire.SubjectUpgrade, "hosts": wire.SubjectHosts}
 	if len(info.Endpoints) != len(want) {
 		t.Fatalf("info: %d endpoints %+v, want %d", len(info.Endpoints), info.Endpoints, len(want))
 	}
@@ -66,31 +69,31 @@ func TestControlAPIIsAMicroService(t *testing.T) {
 
 	// Requests through the cluster client: a deploy (no host: the job
 	// waits for slots), the job's status, and the status of no job.
-	client, err := NewClient(natstest.Connect(t, srv.URL()))
+	cl, err := client.NewClient(natstest.Connect(t, srv.URL()))
 	if err != nil {
 		t.Fatal(err)
 	}
 	ctx := context.Background()
-	var dr DeployReply
-	if err := client.call(ctx, SubjectDeploy, DeployRequest{Job: testSpec(1)}, &dr, func() Reply { return dr.Reply }); err != nil {
+	var dr wire.DeployReply
+	if err := cl.Call(ctx, wire.SubjectDeploy, wire.DeployRequest{Job: testSpec(1)}, &dr, func() wire.Reply { return dr.Reply }); err != nil {
 		t.Fatal(err)
 	}
-	st, err := client.Status(ctx, dr.JobID)
+	st, err := cl.Status(ctx, dr.JobID)
 	if err != nil || st.ID != dr.JobID {
 		t.Fatalf("status: %+v, %v", st, err)
 	}
-	if _, err := client.Status(ctx, "no-such-job"); err == nil || !strings.Contains(err.Error(), `no job "no-such-job"`) {
+	if _, err := cl.Status(ctx, "no-such-job"); err == nil || !strings.Contains(err.Error(), `no job "no-such-job"`) {
 		t.Fatalf("status of no job: %v, want its error", err)
 	}
 	// The error reply's body is the one it always was, with the error's
 	// code added; micro's headers come with it, their code the HTTP word
 	// of the error's.
-	data, _ := json.Marshal(JobRequest{JobID: "no-such-job"})
-	msg, err := nc.Request(SubjectStatus, data, 5*time.Second)
+	data, _ := json.Marshal(wire.JobRequest{JobID: "no-such-job"})
+	msg, err := nc.Request(wire.SubjectStatus, data, 5*time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}
-	body, _ := json.Marshal(JobReply{Reply: Reply{Error: `cluster: no job "no-such-job" (streamd list shows the jobs)`, Code: CodeNotFound}})
+	body, _ := json.Marshal(wire.JobReply{Reply: wire.Reply{Error: `cluster: no job "no-such-job" (streamd list shows the jobs)`, Code: wire.CodeNotFound}})
 	if string(msg.Data) != string(body) || msg.Header.Get(micro.ErrorCodeHeader) != "404" || !strings.Contains(msg.Header.Get(micro.ErrorHeader), "no-such-job") {
 		t.Fatalf("error reply: %s, headers %v; want body %s and micro's error headers", msg.Data, msg.Header, body)
 	}
@@ -109,7 +112,7 @@ func TestControlAPIIsAMicroService(t *testing.T) {
 			break
 		}
 	}
-	if s := counts["status"]; s == nil || s.Subject != SubjectStatus || s.NumRequests != 3 || s.NumErrors != 2 || !strings.Contains(s.LastError, "no-such-job") {
+	if s := counts["status"]; s == nil || s.Subject != wire.SubjectStatus || s.NumRequests != 3 || s.NumErrors != 2 || !strings.Contains(s.LastError, "no-such-job") {
 		t.Fatalf("status endpoint stats: %+v, want 3 requests, 2 errors", s)
 	}
 	if s := counts["deploy"]; s == nil || s.NumRequests != 1 || s.NumErrors != 0 {
@@ -145,7 +148,7 @@ func TestControlAPIIsAMicroService(t *testing.T) {
 	if ping.Metadata["term"] != "2" || ping.Version != serviceDevVersion {
 		t.Fatalf("ping after the takeover: %+v, want term 2, version %s", ping, serviceDevVersion)
 	}
-	if st, err := client.Status(ctx, dr.JobID); err != nil || st.ID != dr.JobID {
+	if st, err := cl.Status(ctx, dr.JobID); err != nil || st.ID != dr.JobID {
 		t.Fatalf("status from the new leader: %+v, %v", st, err)
 	}
 }

@@ -22,118 +22,49 @@ import (
 	"strings"
 	"time"
 
+	"github.com/streamd/streamd/internal/cluster/wire"
+
 	"github.com/nats-io/nats.go/micro"
 
 	"github.com/streamd/streamd/control"
-	"github.com/streamd/streamd/internal/jobfile"
 )
-
-// Version states (VersionStatus.State); a version that ran last shows its
-// job's end state (stopped, canceled, failed, finished) once the job ended.
-const (
-	VersionStarting   = "starting"    // started by an upgrade (or a rollback), not running yet
-	VersionRunning    = "running"     // every subtask runs, restored
-	VersionReplaced   = "replaced"    // upgraded to a later version
-	VersionRolledBack = "rolled back" // did not start or restore: the version before it was started again
-	VersionFailed     = "failed"      // a rollback that did not start either
-)
-
-// DefaultUpgradeStartTimeout is how long a new version may take to run, by
-// default (UpgradeRequest.StartTimeout). A rollback, which starts the
-// version that ran before, has at least this long whatever the request
-// said: a short timeout meant for the new version must not fail the job
-// whose old version is merely slow to start again.
-const DefaultUpgradeStartTimeout = 2 * time.Minute
-
-// VersionStatus is one version of a job: what it ran, when it started,
-// from which savepoint, and how it went.
-type VersionStatus struct {
-	Version int `json:"version"` // 1, 2, ...
-	// Modules are the digests of the version's wasm modules, per operator.
-	Modules []ModuleVersion `json:"modules"`
-	// JobFile is the digest of the job file it was deployed or upgraded
-	// with ("" for a module, or a module swapped into a job).
-	JobFile string    `json:"job_file,omitempty"`
-	Started time.Time `json:"started"`
-	From    string    `json:"from,omitempty"`    // the savepoint (or checkpoint) it started from
-	Attempt int       `json:"attempt"`           // its first attempt
-	State   string    `json:"state"`             // a Version* word, or the job's end state
-	Reason  string    `json:"reason,omitempty"`  // why it was rolled back or failed
-	Rerun   int       `json:"rerun,omitempty"`   // a rollback: the version it runs again
-	Timeout string    `json:"timeout,omitempty"` // of a version started by an upgrade: how long it had to run
-}
-
-// ModuleVersion is the module of one wasm operator.
-type ModuleVersion struct {
-	Operator string `json:"operator"`
-	Name     string `json:"name"`
-	Digest   string `json:"digest"`
-}
-
-// UpgradeRequest (streamd.v1.ctl.upgrade) upgrades a running job: to the
-// job Job (a job file's spec), or, with Module, to the job as it runs with
-// the module of operator Operator ("" = its only wasm operator) replaced.
-type UpgradeRequest struct {
-	JobID    string    `json:"job_id"`
-	Job      *JobSpec  `json:"job,omitempty"`
-	Module   *Artifact `json:"module,omitempty"`
-	Operator string    `json:"operator,omitempty"`
-	// StartTimeout bounds the time from the new version's start until it
-	// runs (a rollback: at least DefaultUpgradeStartTimeout); 0:
-	// DefaultUpgradeStartTimeout.
-	StartTimeout time.Duration `json:"start_timeout,omitempty"`
-}
-
-// UpgradeReply answers once the job stopped with its savepoint and the new
-// version was started (or, if the new version cannot restore that
-// savepoint, the old one again): JobStatus.Versions[Version-1] tells how
-// it goes on.
-type UpgradeReply struct {
-	Reply
-	Savepoint string `json:"savepoint,omitempty"`
-	Version   int    `json:"version,omitempty"`
-	// Replaced: the job did not run (it restarted, or waited for slots), so
-	// no savepoint was taken: the new version started from the job's latest
-	// checkpoint, Savepoint, or from nothing when that is "".
-	Replaced bool `json:"replaced,omitempty"`
-}
 
 // upgradeState is a job's upgrade waiting for its version to run (kept in
 // the job's record: a new leader carries it on).
 type upgradeState struct {
 	Version   int           `json:"version"` // the version started (VersionStatus.Version)
 	Savepoint string        `json:"savepoint"`
-	Previous  JobSpec       `json:"previous"`           // the version before it: a rollback starts it again
+	Previous  wire.JobSpec  `json:"previous"`           // the version before it: a rollback starts it again
 	Rollback  bool          `json:"rollback,omitempty"` // the version started is that rollback
 	Timeout   time.Duration `json:"timeout"`
 	Deadline  time.Time     `json:"deadline"`
 }
 
 func (c *Controller) handleUpgrade(msg micro.Request) {
-	var req UpgradeRequest
+	var req wire.UpgradeRequest
 	if err := json.Unmarshal(msg.Data(), &req); err != nil {
-		reply(msg, UpgradeReply{Reply: Reply{Error: "cluster: upgrade: bad request: " + err.Error(), Code: CodeBadRequest}})
+		reply(msg, wire.UpgradeReply{Reply: wire.Reply{Error: "cluster: upgrade: bad request: " + err.Error(), Code: wire.CodeBadRequest}})
 		return
 	}
 	sp, version, replaced, err := c.upgrade(req)
-	reply(msg, UpgradeReply{Reply: errReply(err), Savepoint: sp, Version: version, Replaced: replaced})
+	reply(msg, wire.UpgradeReply{Reply: wire.ErrorReply(err), Savepoint: sp, Version: version, Replaced: replaced})
 }
 
 // upgrade checks the new version against the running job and the state of
 // its latest checkpoint, stops the job with a savepoint, checks the
 // savepoint, and starts the new version from it (or the old one again if
 // the savepoint does not restore into the new version).
-func (c *Controller) upgrade(req UpgradeRequest) (string, int, bool, error) {
+func (c *Controller) upgrade(req wire.UpgradeRequest) (string, int, bool, error) {
 	c.catchUp(req.JobID)
 	timeout := req.StartTimeout
 	if timeout <= 0 {
-		timeout = DefaultUpgradeStartTimeout
+		timeout = wire.DefaultUpgradeStartTimeout
 	}
 	c.mu.Lock()
 	j := c.jobs[req.JobID]
 	if j == nil {
 		c.mu.Unlock()
-		return "", 0, false, notFoundf("cluster: no job %q (streamd list shows the jobs)", req.JobID)
+		return "", 0, false, wire.NotFoundf("cluster: no job %q (streamd list shows the jobs)", req.JobID)
 	}
 	spec, replace, err := c.newVersionLocked(j, req)
 	if err != nil {
@@ -153,7 +84,7 @@ func (c *Controller) upgrade(req UpgradeRequest) (string, int, bool, error) {
 		j.upgrading = false
 		c.mu.Unlock()
 	}()
-	g, err := spec.Graph(func(a Artifact) (string, error) { return "/" + a.Name, nil })
+	g, err := spec.Graph(func(a wire.Artifact) (string, error) { return "/" + a.Name, nil })
 	if err != nil {
 		return "", 0, false, fmt.Errorf("cluster: upgrade job %s: %w", j.id, err)
 	}
@@ -165,24 +96,24 @@ func (c *Controller) upgrade(req UpgradeRequest) (string, int, bool, error) {
 	if err := c.checkLatest(ctx, j, check, g); err != nil {
 		return "", 0, false, fmt.Errorf("cluster: upgrade job %s: the new version cannot restore the job's latest checkpoint, so the job was not stopped: %w", j.id, err)
 	}
-	sp, err := c.distSavepoint(j.id, HostVerbStop, "", false, false)
+	sp, err := c.distSavepoint(j.id, wire.HostVerbStop, "", false, false)
 	if err != nil {
 		return "", 0, false, fmt.Errorf("cluster: upgrade job %s: %w", j.id, err)
 	}
-	_, restoreErr := LoadRestore(ctx, c.nc, sp, g)
+	_, restoreErr := wire.LoadRestore(ctx, c.nc, sp, g)
 	now := time.Now()
 	c.mu.Lock()
-	if j.state != JobStopped || c.jobs[j.id] != j {
+	if j.state != wire.JobStopped || c.jobs[j.id] != j {
 		st := j.state
 		c.mu.Unlock()
 		return sp, 0, false, fmt.Errorf("cluster: upgrade job %s: stopped with savepoint %s, then it became %s; start it with streamd deploy --from %s", j.id, sp, st, sp)
 	}
 	if len(j.versions) == 0 {
-		j.versions = []VersionStatus{newVersion(1, old, j.from, j.created, 0)}
+		j.versions = []wire.VersionStatus{newVersion(1, old, j.from, j.created, 0)}
 	}
-	j.versions[len(j.versions)-1].State = VersionReplaced
+	j.versions[len(j.versions)-1].State = wire.VersionReplaced
 	v := newVersion(len(j.versions)+1, spec, sp, now, j.attempt+1)
-	v.State, v.Timeout = VersionStarting, timeout.String()
+	v.State, v.Timeout = wire.VersionStarting, timeout.String()
 	j.versions = append(j.versions, v)
 	j.upgrade = &upgradeState{Version: v.Version, Savepoint: sp, Previous: old, Timeout: timeout, Deadline: now.Add(timeout)}
 	if restoreErr != nil {
@@ -210,7 +141,7 @@ func (c *Controller) upgrade(req UpgradeRequest) (string, int, bool, error) {
 // ""). A new version that cannot restore that checkpoint is refused before
 // anything is canceled. The rollback, if the new version fails, starts the
 // old one from the same checkpoint.
-func (c *Controller) replaceVersion(j *ctlJob, spec JobSpec, timeout time.Duration) (string, int, error) {
+func (c *Controller) replaceVersion(j *ctlJob, spec wire.JobSpec, timeout time.Duration) (string, int, error) {
 	defer func() {
 		c.mu.Lock()
 		j.upgrading = false
@@ -219,7 +150,7 @@ func (c *Controller) replaceVersion(j *ctlJob, spec JobSpec, timeout time.Durati
 	c.mu.Lock()
 	old, from := j.declaredSpec(), j.restoreFrom()
 	c.mu.Unlock()
-	g, err := spec.Graph(func(a Artifact) (string, error) { return "/" + a.Name, nil })
+	g, err := spec.Graph(func(a wire.Artifact) (string, error) { return "/" + a.Name, nil })
 	if err != nil {
 		return "", 0, fmt.Errorf("cluster: upgrade job %s: %w", j.id, err)
 	}
@@ -236,7 +167,7 @@ func (c *Controller) replaceVersion(j *ctlJob, spec JobSpec, timeout time.Durati
 	c.mu.Lock()
 	c.cancelAttemptAndWaitLocked(j)
 	now := time.Now()
-	if c.jobs[j.id] != j || TerminalJobState(j.state) {
+	if c.jobs[j.id] != j || wire.TerminalJobState(j.state) {
 		st := j.state
 		c.mu.Unlock()
 		return "", 0, fmt.Errorf("cluster: upgrade job %s: the job became %s while its attempt was canceled", j.id, st)
@@ -245,13 +176,13 @@ func (c *Controller) replaceVersion(j *ctlJob, spec JobSpec, timeout time.Durati
 	if from != "" {
 		what = "from its latest checkpoint " + from
 	}
-	c.endLocked(j, now, JobStopped, "replaced by an upgrade while it restarted, "+what)
+	c.endLocked(j, now, wire.JobStopped, "replaced by an upgrade while it restarted, "+what)
 	if len(j.versions) == 0 {
-		j.versions = []VersionStatus{newVersion(1, old, j.from, j.created, 0)}
+		j.versions = []wire.VersionStatus{newVersion(1, old, j.from, j.created, 0)}
 	}
-	j.versions[len(j.versions)-1].State = VersionReplaced
+	j.versions[len(j.versions)-1].State = wire.VersionReplaced
 	v := newVersion(len(j.versions)+1, spec, from, now, j.attempt+1)
-	v.State, v.Timeout = VersionStarting, timeout.String()
+	v.State, v.Timeout = wire.VersionStarting, timeout.String()
 	j.versions = append(j.versions, v)
 	j.upgrade = &upgradeState{Version: v.Version, Savepoint: from, Previous: old, Timeout: timeout, Deadline: now.Add(timeout)}
 	c.log.Info("upgrade: replacing a job that does not run", "job", j.id, "version", v.Version, "from", from, "timeout", timeout)
@@ -267,29 +198,17 @@ func (c *Controller) replaceVersion(j *ctlJob, spec JobSpec, timeout time.Durati
 	return from, v.Version, nil
 }
 
-// fromWhat says where a version starts: "from savepoint X" (or checkpoint),
-// or "from nothing".
-func StartsFrom(location string) string {
-	switch {
-	case location == "":
-		return "from nothing"
-	case strings.Contains(location, "savepoint-"):
-		return "from savepoint " + location
-	}
-	return "from checkpoint " + location
-}
-
 // checkLatest runs the restore checks of g against checkpoint check, the
 // latest of job j ("": none yet). The retention of a newer checkpoint may
 // remove it under the check (its _metadata first): then the check is of
 // the newer one.
 func (c *Controller) checkLatest(ctx context.Context, j *ctlJob, check string, g *control.JobGraph) error {
 	for try := 0; check != ""; try++ {
-		_, err := LoadRestore(ctx, c.nc, check, g)
+		_, err := wire.LoadRestore(ctx, c.nc, check, g)
 		if err == nil {
 			return nil
 		}
-		if _, _, rerr := ResolveIn(ctx, c.nc, check); rerr == nil || try == 4 {
+		if _, _, rerr := wire.ResolveIn(ctx, c.nc, check); rerr == nil || try == 4 {
 			return err // it is there: it does not fit
 		}
 		// Removed: the job's record names the newer one soon.
@@ -314,32 +233,32 @@ func (c *Controller) checkLatest(ctx context.Context, j *ctlJob, check string, g
 // replace says that j does not run (it restarts, or waits to be placed):
 // it cannot take a savepoint, so the new version replaces it from its
 // latest checkpoint, or from nothing (replaceVersion).
-func (c *Controller) newVersionLocked(j *ctlJob, req UpgradeRequest) (spec JobSpec, replace bool, err error) {
-	replace = j.state == JobRestarting || j.state == JobCreated
+func (c *Controller) newVersionLocked(j *ctlJob, req wire.UpgradeRequest) (spec wire.JobSpec, replace bool, err error) {
+	replace = j.state == wire.JobRestarting || j.state == wire.JobCreated
 	switch {
 	case j.upgrading || j.upgrade != nil:
-		return JobSpec{}, false, conflictf("an upgrade of the job is in progress (streamd status %s shows it)", j.id)
+		return wire.JobSpec{}, false, wire.Conflictf("an upgrade of the job is in progress (streamd status %s shows it)", j.id)
 	case j.canceling || j.preparing:
-		return JobSpec{}, false, conflictf("the job is being %s", map[bool]string{true: "canceled", false: "prepared"}[j.canceling])
+		return wire.JobSpec{}, false, wire.Conflictf("the job is being %s", map[bool]string{true: "canceled", false: "prepared"}[j.canceling])
 	case j.rescale != nil:
-		return JobSpec{}, false, conflictf("the job is being rescaled (stopped with a savepoint to run at parallelism %d); try again once it runs", j.rescale.To)
-	case !replace && (j.placement == nil || j.dist == nil || (j.state != JobRunning && j.state != JobFinishing)):
-		return JobSpec{}, false, conflictf("the job is %s, not running (an upgrade stops a running job with a savepoint; start a stopped one with streamd deploy --from)", j.state)
+		return wire.JobSpec{}, false, wire.Conflictf("the job is being rescaled (stopped with a savepoint to run at parallelism %d); try again once it runs", j.rescale.To)
+	case !replace && (j.placement == nil || j.dist == nil || (j.state != wire.JobRunning && j.state != wire.JobFinishing)):
+		return wire.JobSpec{}, false, wire.Conflictf("the job is %s, not running (an upgrade stops a running job with a savepoint; start a stopped one with streamd deploy --from)", j.state)
 	case !replace && !j.dist.ckpt:
-		return JobSpec{}, false, conflictf("the job has no checkpoints, so no savepoint to upgrade from (use streamd cancel and deploy)")
+		return wire.JobSpec{}, false, wire.Conflictf("the job has no checkpoints, so no savepoint to upgrade from (use streamd cancel and deploy)")
 	case (req.Job == nil) == (req.Module == nil):
-		return JobSpec{}, false, badRequestf("want a new job or a new module, got %s", map[bool]string{true: "both", false: "neither"}[req.Job != nil])
+		return wire.JobSpec{}, false, wire.BadRequestf("want a new job or a new module, got %s", map[bool]string{true: "both", false: "neither"}[req.Job != nil])
 	}
 	spec, err = c.newSpecLocked(j, req, replace)
 	return spec, replace, err
 }
 
 // newSpecLocked is the spec of j's new version as req asks for it.
-func (c *Controller) newSpecLocked(j *ctlJob, req UpgradeRequest, replace bool) (JobSpec, error) {
-	var spec JobSpec
+func (c *Controller) newSpecLocked(j *ctlJob, req wire.UpgradeRequest, replace bool) (wire.JobSpec, error) {
+	var spec wire.JobSpec
 	if req.Job != nil {
 		if req.Operator != "" {
-			return JobSpec{}, fmt.Errorf("an operator (%q) names the module to replace; a job file replaces the whole job", req.Operator)
+			return wire.JobSpec{}, fmt.Errorf("an operator (%q) names the module to replace; a job file replaces the whole job", req.Operator)
 		}
 		spec = *req.Job
 		if cs := spec.Checkpoint; cs != nil && cs.Storage == "" {
@@ -349,57 +268,28 @@ func (c *Controller) newSpecLocked(j *ctlJob, req UpgradeRequest, replace bool) 
 		}
 	} else {
 		var err error
-		if spec, err = j.declaredSpec().withModule(req.Operator, *req.Module); err != nil {
-			return JobSpec{}, err
+		if spec, err = j.declaredSpec().WithModule(req.Operator, *req.Module); err != nil {
+			return wire.JobSpec{}, err
 		}
 	}
 	if spec.Checkpoint == nil && !replace {
-		return JobSpec{}, fmt.Errorf("the new job has no checkpoint section: it cannot restore the savepoint")
+		return wire.JobSpec{}, fmt.Errorf("the new job has no checkpoint section: it cannot restore the savepoint")
 	}
-	if _, err := spec.Graph(func(a Artifact) (string, error) { return "/" + a.Name, nil }); err != nil {
-		return JobSpec{}, err
+	if _, err := spec.Graph(func(a wire.Artifact) (string, error) { return "/" + a.Name, nil }); err != nil {
+		return wire.JobSpec{}, err
 	}
 	if err := spec.Restart.Control(time.Millisecond).Validate(); err != nil {
-		return JobSpec{}, err
+		return wire.JobSpec{}, err
 	}
 	return spec, nil
 }
 
-// withModule is s with the module of wasm operator uid (""; the only one)
-// replaced by m; the job file no longer describes it.
-func (s JobSpec) withModule(uid string, m Artifact) (JobSpec, error) {
-	var wasm []string
-	at := -1
-	for i, v := range s.Vertices {
-		if v.Wasm == nil {
-			continue
-		}
-		wasm = append(wasm, v.UID)
-		if v.UID == uid || uid == "" {
-			at = i
-		}
-	}
-	switch {
-	case uid == "" && len(wasm) != 1:
-		return JobSpec{}, fmt.Errorf("the job has %d wasm operators (%s): name the one whose module to replace (--operator UID), or upgrade with a job file", len(wasm), strings.Join(wasm, ", "))
-	case at < 0:
-		return JobSpec{}, fmt.Errorf("the job has no wasm operator %q (its wasm operators: %s)", uid, strings.Join(wasm, ", "))
-	}
-	out := s
-	out.JobFile = nil
-	out.Vertices = slices.Clone(s.Vertices)
-	w := *out.Vertices[at].Wasm
-	w.Module = m
-	out.Vertices[at].Wasm = &w
-	return out, nil
-}
-
 // newVersion is the history entry of spec, started at when from from.
-func newVersion(n int, spec JobSpec, from string, when time.Time, attempt int) VersionStatus {
-	v := VersionStatus{Version: n, Modules: []ModuleVersion{}, Started: when, From: from, Attempt: attempt, State: VersionRunning}
+func newVersion(n int, spec wire.JobSpec, from string, when time.Time, attempt int) wire.VersionStatus {
+	v := wire.VersionStatus{Version: n, Modules: []wire.ModuleVersion{}, Started: when, From: from, Attempt: attempt, State: wire.VersionRunning}
 	for _, vx := range spec.Vertices {
 		if vx.Wasm != nil {
-			v.Modules = append(v.Modules, ModuleVersion{Operator: vx.UID, Name: vx.Wasm.Module.Name, Digest: vx.Wasm.Module.Digest})
+			v.Modules = append(v.Modules, wire.ModuleVersion{Operator: vx.UID, Name: vx.Wasm.Module.Name, Digest: vx.Wasm.Module.Digest})
 		}
 	}
 	if spec.JobFile != nil {
@@ -411,16 +301,16 @@ func newVersion(n int, spec JobSpec, from string, when time.Time, attempt int) V
 // startVersionLocked makes the ended job j a new job of spec under the same
 // id, restored from from, with fresh restart counts, waiting for why; it is
 // placed by the next schedule.
-func (c *Controller) startVersionLocked(j *ctlJob, spec JobSpec, from string, now time.Time, why string) {
-	spec.ownFiles(j.id)
-	j.spec, j.slots, j.from = spec, spec.slotsNeeded(), from
+func (c *Controller) startVersionLocked(j *ctlJob, spec wire.JobSpec, from string, now time.Time, why string) {
+	spec.OwnFiles(j.id)
+	j.spec, j.slots, j.from = spec, spec.SlotsNeeded(), from
 	// The new version runs as declared; the adaptive scheduler rescales it
 	// as the slots call for (adaptive.go).
 	j.declared, j.noRescale, j.carryRestarts, j.slotWait, j.moreSince = nil, "", false, time.Time{}, time.Time{}
 	j.latest, j.restarts, j.resumed, j.failovers = nil, nil, false, 0
-	j.state, j.reason, j.ended, j.savepoint = JobCreated, why, nil, ""
+	j.state, j.reason, j.ended, j.savepoint = wire.JobCreated, why, nil, ""
 	j.dist, j.placement = nil, nil
-	j.subtaskState, j.stats, j.checkpoints, j.hostStats, j.elapsed = SubtaskScheduled, nil, nil, nil, ""
+	j.subtaskState, j.stats, j.checkpoints, j.hostStats, j.elapsed = wire.SubtaskScheduled, nil, nil, nil, ""
 	j.attempt++ // the new version's attempts are numbered on
 	j.restartAt, j.awaitingRestart, j.restartReady = now, false, false
 	j.updated = now
@@ -432,20 +322,20 @@ func (c *Controller) startVersionLocked(j *ctlJob, spec JobSpec, from string, no
 func (c *Controller) rollbackLocked(j *ctlJob, now time.Time, why string) {
 	u := j.upgrade
 	failed := &j.versions[u.Version-1]
-	failed.State, failed.Reason = VersionRolledBack, why
+	failed.State, failed.Reason = wire.VersionRolledBack, why
 	rerun := u.Version - 1
 	for rerun > 1 && j.versions[rerun-1].Rerun != 0 {
 		rerun = j.versions[rerun-1].Rerun
 	}
 	v := newVersion(len(j.versions)+1, u.Previous, u.Savepoint, now, j.attempt+1)
-	v.State, v.Rerun = VersionStarting, rerun
+	v.State, v.Rerun = wire.VersionStarting, rerun
 	j.versions = append(j.versions, v)
 	j.upgrade = &upgradeState{Version: v.Version, Savepoint: u.Savepoint, Previous: u.Previous, Rollback: true,
-		Timeout: max(u.Timeout, DefaultUpgradeStartTimeout), Deadline: now.Add(max(u.Timeout, DefaultUpgradeStartTimeout))}
+		Timeout: max(u.Timeout, wire.DefaultUpgradeStartTimeout), Deadline: now.Add(max(u.Timeout, wire.DefaultUpgradeStartTimeout))}
 	c.log.Warn("upgrade failed; rolling back", "job", j.id, "failed_version", failed.Version, "version", v.Version,
 		"runs_again", rerun, "savepoint", u.Savepoint, "reason", why)
 	c.startVersionLocked(j, u.Previous, u.Savepoint, now,
-		fmt.Sprintf("rolling back to version %d %s: version %d failed: %s", rerun, StartsFrom(u.Savepoint), failed.Version, why))
+		fmt.Sprintf("rolling back to version %d %s: version %d failed: %s", rerun, wire.StartsFrom(u.Savepoint), failed.Version, why))
 }
 
 // upgradeEndedLocked: job j ended (endLocked) while its upgrade waited for
@@ -459,12 +349,12 @@ func (c *Controller) upgradeEndedLocked(j *ctlJob, now time.Time, state, reason 
 	}
 	v := &j.versions[u.Version-1]
 	switch {
-	case state == JobFailed && !u.Rollback:
+	case state == wire.JobFailed && !u.Rollback:
 		c.rollbackLocked(j, now, reason)
 		return
-	case state == JobFailed:
-		v.State, v.Reason = VersionFailed, reason
-		j.reason = fmt.Sprintf("the rollback to version %d %s failed too: %s", v.Rerun, StartsFrom(u.Savepoint), reason)
+	case state == wire.JobFailed:
+		v.State, v.Reason = wire.VersionFailed, reason
+		j.reason = fmt.Sprintf("the rollback to version %d %s failed too: %s", v.Rerun, wire.StartsFrom(u.Savepoint), reason)
 	default:
 		v.State, v.Reason = state, reason
 	}
@@ -476,7 +366,7 @@ func (c *Controller) upgradeEndedLocked(j *ctlJob, now time.Time, state, reason 
 // version its upgrade waited for runs.
 func (c *Controller) upgradeRunningLocked(j *ctlJob) {
 	if u := j.upgrade; u != nil {
-		j.versions[u.Version-1].State = VersionRunning
+		j.versions[u.Version-1].State = wire.VersionRunning
 		j.upgrade = nil
 		c.log.Info("upgrade: the version runs", "job", j.id, "version", u.Version, "rollback", u.Rollback)
 	}
@@ -497,7 +387,7 @@ func (c *Controller) upgradeTimeoutsLocked(now time.Time) []effect {
 	for _, id := range c.order {
 		j := c.jobs[id]
 		u := j.upgrade
-		if u == nil || TerminalJobState(j.state) || j.canceling || j.preparing {
+		if u == nil || wire.TerminalJobState(j.state) || j.canceling || j.preparing {
 			continue
 		}
 		var why string
@@ -515,7 +405,7 @@ func (c *Controller) upgradeTimeoutsLocked(now time.Time) []effect {
 		if j.placement != nil {
 			effects = append(effects, c.cancelEffects(j, "")...)
 		}
-		c.endLocked(j, now, JobFailed, why)
+		c.endLocked(j, now, wire.JobFailed, why)
 	}
 	return effects
 }
@@ -528,8 +418,8 @@ func repeatedOpenFailure(j *ctlJob, from int) string {
 	n := 0
 	for i := len(j.attempts) - 1; i >= 0 && j.attempts[i].Attempt >= from && n < sameFailuresToRollBack; i-- {
 		a := j.attempts[i]
-		if a.State != SubtaskFailed {
-			if n == 0 && !TerminalJobState(a.State) {
+		if a.State != wire.SubtaskFailed {
+			if n == 0 && !wire.TerminalJobState(a.State) {
 				continue // the attempt that runs now
 			}
 			return ""
@@ -550,7 +440,7 @@ func repeatedOpenFailure(j *ctlJob, from int) string {
 // as "attempt N failed: why"; "" if none failed.
 func lastFailure(j *ctlJob, from int) string {
 	for i := len(j.attempts) - 1; i >= 0 && j.attempts[i].Attempt >= from; i-- {
-		if a := j.attempts[i]; a.State == SubtaskFailed && a.Reason != "" {
+		if a := j.attempts[i]; a.State == wire.SubtaskFailed && a.Reason != "" {
 			return fmt.Sprintf("attempt %d failed: %s", a.Attempt, a.Reason)
 		}
 	}
@@ -558,37 +448,10 @@ func lastFailure(j *ctlJob, from int) string {
 }
 
 // versionsLocked is j's version history for its status.
-func versionsLocked(j *ctlJob) []VersionStatus {
+func versionsLocked(j *ctlJob) []wire.VersionStatus {
 	out := slices.Clone(j.versions)
-	if n := len(out); n > 0 && out[n-1].State == VersionRunning && TerminalJobState(j.state) {
+	if n := len(out); n > 0 && out[n-1].State == wire.VersionRunning && wire.TerminalJobState(j.state) {
 		out[n-1].State = j.state
 	}
 	return out
-}
-
-// Upgrade uploads the new version of job jobID, the job (with its job file,
-// when jobFile is set), or else the module at module, which replaces the
-// module of wasm operator operator ("": the job's only one), and asks the
-// controller to upgrade the job to it; startTimeout as
-// UpgradeRequest.StartTimeout. It returns once the job stopped with its
-// savepoint and the new version started: the job's status tells how it
-// goes on (JobStatus.Versions).
-func (c *Client) Upgrade(ctx context.Context, jobID string, job *jobfile.Job, jobFile, module, operator string, startTimeout time.Duration) (UpgradeReply, error) {
-	req := UpgradeRequest{JobID: jobID, Operator: operator, StartTimeout: startTimeout}
-	if module != "" {
-		a, err := c.arts.Upload(ctx, module)
-		if err != nil {
-			return UpgradeReply{}, fmt.Errorf("cluster: upgrade: module: %w", err)
-		}
-		req.Module = &a
-	} else {
-		spec, err := NewJobSpec(job, jobFile, func(path string) (Artifact, error) { return c.arts.Upload(ctx, path) })
-		if err != nil {
-			return UpgradeReply{}, err
-		}
-		req.Job = &spec
-	}
-	var r UpgradeReply
-	err := c.call(ctx, SubjectUpgrade, req, &r, func() Reply { return r.Reply })
-	return r, err
 }

@@ -1,5 +1,5 @@
 // Package webapi is streamd's REST/JSON API and web console (docs/rest.md):
-// an http.Handler over a Backend, which is a controller (a cluster.Client on
+// an http.Handler over a Backend, which is a controller (a client.Client on
 // the controller's NATS connection, so the API sees exactly what `streamd
 // status` sees) or the single job of `streamd run` (Local). The console's
 // HTML, JavaScript and CSS are embedded in the binary; it polls the API.
@@ -23,18 +23,18 @@ import (
 	"strings"
 	"time"
 
-	"github.com/streamd/streamd/internal/cluster"
+	"github.com/streamd/streamd/internal/cluster/wire"
 	"github.com/streamd/streamd/internal/connector"
 	"github.com/streamd/streamd/internal/telemetry"
 )
 
-// Backend is what the API serves. *cluster.Client is one; Local is the
+// Backend is what the API serves. *client.Client is one; Local is the
 // other. An error may be an *Error to choose its HTTP status; any other
 // error of a job request is classified by the job's state (see Handler).
 type Backend interface {
-	List(ctx context.Context, all bool) ([]cluster.JobStatus, error)
-	Status(ctx context.Context, jobID string) (*cluster.JobStatus, error)
-	Cancel(ctx context.Context, jobID string) (*cluster.JobStatus, error)
+	List(ctx context.Context, all bool) ([]wire.JobStatus, error)
+	Status(ctx context.Context, jobID string) (*wire.JobStatus, error)
+	Cancel(ctx context.Context, jobID string) (*wire.JobStatus, error)
 	Savepoint(ctx context.Context, jobID, dir string) (string, error)
 	Stop(ctx context.Context, jobID, dir string, drain bool) (string, error)
 }
@@ -80,7 +80,7 @@ func New(b Backend, opts Options) http.Handler {
 	mux.HandleFunc("GET /connectors", h.connectors)
 	mux.HandleFunc("GET /jobs", h.jobs)
 	mux.HandleFunc("GET /jobs/overview", h.jobs)
-	mux.HandleFunc("GET /jobs/{id}", h.view(func(st *cluster.JobStatus) any { return detail(st) }))
+	mux.HandleFunc("GET /jobs/{id}", h.view(func(st *wire.JobStatus) any { return detail(st) }))
 	mux.HandleFunc("GET /jobs/{id}/plan", h.view(plan))
 	mux.HandleFunc("GET /jobs/{id}/checkpoints", h.view(h.checkpoints))
 	mux.HandleFunc("GET /jobs/{id}/checkpoints/{cid}/trace", h.trace)
@@ -152,20 +152,20 @@ func writeError(w http.ResponseWriter, err error) {
 }
 
 // httpStatus is the HTTP status of err: an *Error's own, else that of the
-// code a controller answered with (cluster.ErrNotFound and the others),
+// code a controller answered with (wire.ErrNotFound and the others),
 // else 500.
 func httpStatus(err error) int {
 	var e *Error
 	switch {
 	case errors.As(err, &e):
 		return e.Status
-	case errors.Is(err, cluster.ErrNotFound):
+	case errors.Is(err, wire.ErrNotFound):
 		return http.StatusNotFound
-	case errors.Is(err, cluster.ErrConflict):
+	case errors.Is(err, wire.ErrConflict):
 		return http.StatusConflict
-	case errors.Is(err, cluster.ErrBadRequest):
+	case errors.Is(err, wire.ErrBadRequest):
 		return http.StatusBadRequest
-	case errors.Is(err, cluster.ErrUnavailable):
+	case errors.Is(err, wire.ErrUnavailable):
 		return http.StatusServiceUnavailable
 	}
 	return http.StatusInternalServerError
@@ -217,7 +217,7 @@ type JobOverview struct {
 	Hosts      []string       `json:"hosts,omitempty"`
 }
 
-func overview(st *cluster.JobStatus, now time.Time) JobOverview {
+func overview(st *wire.JobStatus, now time.Time) JobOverview {
 	o := JobOverview{ID: st.ID, Name: st.Name, State: st.State, Attempt: st.Attempt, StartTime: st.Created,
 		EndTime: st.Ended, Tasks: map[string]int{}, Hosts: st.Hosts}
 	end := now
@@ -250,13 +250,13 @@ func (h *handler) jobs(w http.ResponseWriter, r *http.Request) {
 
 // lookup returns the job the path names, or answers 404 (or the backend's
 // error) itself and returns nil.
-func (h *handler) lookup(w http.ResponseWriter, r *http.Request) *cluster.JobStatus {
+func (h *handler) lookup(w http.ResponseWriter, r *http.Request) *wire.JobStatus {
 	id := r.PathValue("id")
 	st, err := h.b.Status(r.Context(), id)
 	if err == nil && st != nil {
 		return st
 	}
-	// A controller's error carries its code (cluster.ErrNotFound ...):
+	// A controller's error carries its code (wire.ErrNotFound ...):
 	// writeError maps it to the HTTP status.
 	if err == nil {
 		err = errorf(http.StatusNotFound, "no job %q", id)
@@ -276,12 +276,12 @@ type JobDetail struct {
 	// DeclaredParallelism the one it declares, MinParallelism the least it
 	// runs at; Rescales the adaptive scheduler's latest rescales
 	// (docs/job-file.md "Adaptive scheduling").
-	Parallelism         int                     `json:"parallelism"`
-	DeclaredParallelism int                     `json:"declared_parallelism"`
-	MinParallelism      int                     `json:"min_parallelism"`
-	Rescales            []cluster.RescaleStatus `json:"rescales,omitempty"`
-	Vertices            []Vertex                `json:"vertices"`
-	Now                 int64                   `json:"now"` // the server's time, Unix ms: rates are per its clock
+	Parallelism         int                  `json:"parallelism"`
+	DeclaredParallelism int                  `json:"declared_parallelism"`
+	MinParallelism      int                  `json:"min_parallelism"`
+	Rescales            []wire.RescaleStatus `json:"rescales,omitempty"`
+	Vertices            []Vertex             `json:"vertices"`
+	Now                 int64                `json:"now"` // the server's time, Unix ms: rates are per its clock
 }
 
 // Vertex is one operator of a job.
@@ -323,7 +323,7 @@ type Subtask struct {
 }
 
 // subtask is the API's view of s.
-func subtask(s cluster.SubtaskStatus) Subtask {
+func subtask(s wire.SubtaskStatus) Subtask {
 	out := Subtask{Subtask: s.Index, Host: s.Host, State: s.State}
 	if l := s.Live; l != nil {
 		ms := func(d time.Duration) *int64 { v := d.Milliseconds(); return &v }
@@ -341,7 +341,7 @@ func subtask(s cluster.SubtaskStatus) Subtask {
 	return out
 }
 
-func detail(st *cluster.JobStatus) JobDetail {
+func detail(st *wire.JobStatus) JobDetail {
 	now := time.Now()
 	d := JobDetail{JobOverview: overview(st, now), Reason: st.Reason, ReasonSummary: Explain(st.Reason, st.Attempt), Savepoint: st.Savepoint,
 		CheckpointMode: st.CheckpointMode, Parallelism: st.Parallelism, DeclaredParallelism: st.DeclaredParallelism, MinParallelism: st.MinParallelism,
@@ -364,7 +364,7 @@ func detail(st *cluster.JobStatus) JobDetail {
 }
 
 // view answers GET of a job's resource: what of makes of its status.
-func (h *handler) view(of func(*cluster.JobStatus) any) http.HandlerFunc {
+func (h *handler) view(of func(*wire.JobStatus) any) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		if st := h.lookup(w, r); st != nil {
 			writeJSON(w, http.StatusOK, of(st))
@@ -410,7 +410,7 @@ type PlanEdge struct {
 	Input        int    `json:"input"`
 }
 
-func plan(st *cluster.JobStatus) any {
+func plan(st *wire.JobStatus) any {
 	p := Plan{JobID: st.ID, Name: st.Name, Nodes: []PlanNode{}, Edges: []PlanEdge{}}
 	for _, op := range st.Operators {
 		n := PlanNode{ID: op.UID, Kind: op.Kind, Parallelism: op.Parallelism}
@@ -470,11 +470,11 @@ type CheckpointSummary struct {
 	IncrementalSize int64 `json:"incremental_size"`
 }
 
-func (h *handler) checkpoints(st *cluster.JobStatus) any {
+func (h *handler) checkpoints(st *wire.JobStatus) any {
 	out := CheckpointsReply{Mode: st.CheckpointMode, History: []CheckpointSummary{}, Failed: []telemetry.CheckpointFailure{}, Traced: []int64{}}
 	if h.opts.Traces != nil {
 		counts, failed, traced := h.opts.Traces.Checkpoints(st.ID, st.Name)
-		if cluster.TerminalJobState(st.State) {
+		if wire.TerminalJobState(st.State) {
 			counts.InProgress = 0 // a checkpoint pending when the job ended never ends
 		}
 		out.Counts = &counts
@@ -520,9 +520,9 @@ type ExceptionEntry struct {
 	Summary string `json:"summary,omitempty"`
 }
 
-func exceptions(st *cluster.JobStatus) any {
+func exceptions(st *wire.JobStatus) any {
 	out := ExceptionsReply{Entries: []ExceptionEntry{}}
-	if st.State == cluster.JobFailed || st.State == cluster.JobRestarting {
+	if st.State == wire.JobFailed || st.State == wire.JobRestarting {
 		out.RootException = st.Reason
 		out.RootSummary = Explain(st.Reason, st.Attempt)
 	}
@@ -569,14 +569,14 @@ type SavepointReply struct {
 }
 
 // running: a stop or savepoint needs a job running (or finishing).
-func running(st *cluster.JobStatus) bool {
-	return st.State == cluster.JobRunning || st.State == cluster.JobFinishing
+func running(st *wire.JobStatus) bool {
+	return st.State == wire.JobRunning || st.State == wire.JobFinishing
 }
 
 // refused classifies the error of an action on job id: an *Error as it
 // is; else 409 when the job is (now) in a state the action does not
 // apply to, 500 otherwise.
-func (h *handler) refused(ctx context.Context, id string, err error, applies func(*cluster.JobStatus) bool) error {
+func (h *handler) refused(ctx context.Context, id string, err error, applies func(*wire.JobStatus) bool) error {
 	var e *Error
 	if errors.As(err, &e) || httpStatus(err) != http.StatusInternalServerError {
 		return err
@@ -644,7 +644,7 @@ func (h *handler) cancel(w http.ResponseWriter, r *http.Request) {
 	if st == nil {
 		return
 	}
-	live := func(st *cluster.JobStatus) bool { return !cluster.TerminalJobState(st.State) }
+	live := func(st *wire.JobStatus) bool { return !wire.TerminalJobState(st.State) }
 	if !live(st) {
 		writeError(w, errorf(http.StatusConflict, "cancel job %s: the job is already %s", st.ID, st.State))
 		return

@@ -16,7 +16,7 @@ import (
 
 	"github.com/chromedp/chromedp"
 
-	"github.com/streamd/streamd/internal/cluster"
+	"github.com/streamd/streamd/internal/cluster/wire"
 	"github.com/streamd/streamd/internal/testwasm"
 	"github.com/streamd/streamd/internal/webapi"
 )
@@ -285,7 +285,7 @@ func TestConsoleInBrowser(t *testing.T) {
 	}
 	var job webapi.JobDetail
 	call(t, http.MethodGet, tc.url+"/jobs/"+id, "", &job)
-	if job.State != cluster.JobStopped || job.Savepoint == "" || !strings.Contains(msg, job.Savepoint) {
+	if job.State != wire.JobStopped || job.Savepoint == "" || !strings.Contains(msg, job.Savepoint) {
 		t.Errorf("after the click: job %s, savepoint %q; the page says %q", job.State, job.Savepoint, msg)
 	}
 	if _, err := os.Stat(job.Savepoint + "/_metadata"); err != nil {

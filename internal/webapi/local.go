@@ -11,7 +11,7 @@ import (
 	"time"
 
 	"github.com/streamd/streamd/control"
-	"github.com/streamd/streamd/internal/cluster"
+	"github.com/streamd/streamd/internal/cluster/wire"
 	"github.com/streamd/streamd/internal/connector"
 	"github.com/streamd/streamd/internal/runtime"
 	"github.com/streamd/streamd/internal/telemetry"
@@ -60,7 +60,7 @@ func NewLocal(j LocalJob) *Local {
 	_, _ = rand.Read(b[:])
 	return &Local{id: j.Graph.Name + "-" + hex.EncodeToString(b[:]), name: j.Graph.Name, g: j.Graph, mode: j.CheckpointMode,
 		stop: j.Stop, sp: j.Savepoint, cancel: j.Cancel, created: time.Now(), done: make(chan struct{}),
-		state: cluster.JobRunning}
+		state: wire.JobRunning}
 }
 
 // ID is the job's id in the API.
@@ -93,25 +93,25 @@ func (l *Local) find(jobID string) error {
 	return nil
 }
 
-func (l *Local) status() cluster.JobStatus {
+func (l *Local) status() wire.JobStatus {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	s := l.stats
-	st := cluster.JobStatus{ID: l.id, Name: l.name, State: l.state, Reason: l.reason, Attempt: s.Restarts,
+	st := wire.JobStatus{ID: l.id, Name: l.name, State: l.state, Reason: l.reason, Attempt: s.Restarts,
 		Slots: 1, Hosts: []string{"local"}, Created: l.created, Updated: time.Now(), Ended: l.ended,
 		Elapsed: s.Elapsed.Round(time.Millisecond).String(), Savepoint: s.Savepoint, CheckpointMode: l.mode,
 		Checkpoints: s.Recent}
 	if l.stopping && l.ended == nil {
-		st.State = cluster.JobStopping
+		st.State = wire.JobStopping
 	}
 	slots := control.SlotsNeeded(l.g) // streamd run runs a job as declared
 	st.Parallelism, st.DeclaredParallelism, st.MinParallelism = slots, slots, slots
 	for _, f := range s.Failures {
-		st.Attempts = append(st.Attempts, cluster.AttemptStatus{Attempt: f.Attempt, Hosts: []string{"local"},
-			State: cluster.JobFailed, Reason: f.Error})
+		st.Attempts = append(st.Attempts, wire.AttemptStatus{Attempt: f.Attempt, Hosts: []string{"local"},
+			State: wire.JobFailed, Reason: f.Error})
 	}
 	for i, v := range l.g.Vertices {
-		op := cluster.OperatorStatus{UID: v.UID, Parallelism: v.Parallelism, DeclaredParallelism: v.Parallelism, Kind: string(v.Kind), Inputs: cluster.EdgeStatuses(v.Inputs),
+		op := wire.OperatorStatus{UID: v.UID, Parallelism: v.Parallelism, DeclaredParallelism: v.Parallelism, Kind: string(v.Kind), Inputs: wire.EdgeStatuses(v.Inputs),
 			Connector: connector.Describe(v.Spec)}
 		var subs []string
 		var live []telemetry.SubtaskLive
@@ -120,7 +120,7 @@ func (l *Local) status() cluster.JobStatus {
 			op.RecordsIn, op.RecordsOut, op.UnionDeclines, subs, live = o.RecordsIn, o.RecordsOut, o.UnionDeclines, o.Subtasks, o.Live
 		}
 		for k := 0; k < v.Parallelism; k++ {
-			sub := cluster.SubtaskStatus{Index: k, Host: "local", State: runtime.StateDeploying}
+			sub := wire.SubtaskStatus{Index: k, Host: "local", State: runtime.StateDeploying}
 			if k < len(subs) && subs[k] != "" {
 				sub.State = subs[k]
 			}
@@ -135,12 +135,12 @@ func (l *Local) status() cluster.JobStatus {
 }
 
 // List returns the one job.
-func (l *Local) List(context.Context, bool) ([]cluster.JobStatus, error) {
-	return []cluster.JobStatus{l.status()}, nil
+func (l *Local) List(context.Context, bool) ([]wire.JobStatus, error) {
+	return []wire.JobStatus{l.status()}, nil
 }
 
 // Status returns the job's status.
-func (l *Local) Status(_ context.Context, jobID string) (*cluster.JobStatus, error) {
+func (l *Local) Status(_ context.Context, jobID string) (*wire.JobStatus, error) {
 	if err := l.find(jobID); err != nil {
 		return nil, err
 	}
@@ -159,7 +159,7 @@ func (l *Local) live(verb string) error {
 }
 
 // Cancel cancels the run and waits for it to end.
-func (l *Local) Cancel(ctx context.Context, jobID string) (*cluster.JobStatus, error) {
+func (l *Local) Cancel(ctx context.Context, jobID string) (*wire.JobStatus, error) {
 	if err := l.find(jobID); err != nil {
 		return nil, err
 	}
@@ -257,12 +257,12 @@ func (l *Local) setStopping(on bool) {
 
 // Hosts is the one process of the run, "local": one slot, taken until the
 // job ends.
-func (l *Local) Hosts(context.Context) ([]cluster.HostStatus, error) {
+func (l *Local) Hosts(context.Context) ([]wire.HostStatus, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	free := 0
 	if l.ended != nil {
 		free = 1
 	}
-	return []cluster.HostStatus{{ID: "local", Slots: 1, Free: free, State: "alive", LastSeen: time.Now()}}, nil
+	return []wire.HostStatus{{ID: "local", Slots: 1, Free: free, State: "alive", LastSeen: time.Now()}}, nil
 }

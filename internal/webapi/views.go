@@ -10,21 +10,21 @@ import (
 	"strings"
 	"time"
 
-	"github.com/streamd/streamd/internal/cluster"
+	"github.com/streamd/streamd/internal/cluster/wire"
 	"github.com/streamd/streamd/internal/telemetry"
 )
 
 // HostLister is a Backend that knows its hosts (GET /hosts):
-// *cluster.Client and Local.
+// *client.Client and Local.
 type HostLister interface {
-	Hosts(ctx context.Context) ([]cluster.HostStatus, error)
+	Hosts(ctx context.Context) ([]wire.HostStatus, error)
 }
 
 // LogReader is a Backend that reads a job's log stream (GET
-// /jobs/{id}/logs): *cluster.Client. Local is none: `streamd run` prints
+// /jobs/{id}/logs): *client.Client. Local is none: `streamd run` prints
 // its job's lines on its stderr and publishes none.
 type LogReader interface {
-	Logs(ctx context.Context, jobID string, q cluster.LogQuery) ([]cluster.StoredLog, bool, error)
+	Logs(ctx context.Context, jobID string, q wire.LogQuery) ([]wire.StoredLog, bool, error)
 }
 
 // HostsReply is GET /hosts.
@@ -63,7 +63,7 @@ func (h *handler) hosts(w http.ResponseWriter, r *http.Request) {
 	for _, hs := range hs {
 		o := Host{ID: hs.ID, State: hs.State, Slots: hs.Slots, Free: hs.Free, LastSeen: hs.LastSeen, Jobs: []string{}}
 		for _, j := range jobs {
-			if !cluster.TerminalJobState(j.State) && slices.Contains(j.Hosts, hs.ID) {
+			if !wire.TerminalJobState(j.State) && slices.Contains(j.Hosts, hs.ID) {
 				o.Jobs = append(o.Jobs, j.ID)
 			}
 		}
@@ -81,7 +81,7 @@ const (
 
 // LogsReply is GET /jobs/{id}/logs.
 type LogsReply struct {
-	Records []cluster.StoredLog `json:"records"`
+	Records []wire.StoredLog `json:"records"`
 	// Next is the after= of the next request: the sequence of the last
 	// record (or the after= of this one when there is none).
 	Next uint64 `json:"next"`
@@ -98,7 +98,7 @@ func (h *handler) logs(w http.ResponseWriter, r *http.Request) {
 	bad := func(format string, args ...any) {
 		writeError(w, errorf(http.StatusBadRequest, "GET %s: "+format, append([]any{r.URL.Path}, args...)...))
 	}
-	q := cluster.LogQuery{Limit: defaultLogLimit, Operator: r.URL.Query().Get("operator")}
+	q := wire.LogQuery{Limit: defaultLogLimit, Operator: r.URL.Query().Get("operator")}
 	if q.Operator != "" && strings.ContainsAny(q.Operator, ".*> \t") {
 		bad("operator %q: not an operator uid", q.Operator)
 		return
@@ -140,7 +140,7 @@ func (h *handler) logs(w http.ResponseWriter, r *http.Request) {
 	}
 	out := LogsReply{Records: recs, Next: q.After, More: more}
 	if out.Records == nil {
-		out.Records = []cluster.StoredLog{}
+		out.Records = []wire.StoredLog{}
 	}
 	if n := len(recs); n > 0 {
 		out.Next = recs[n-1].Seq
@@ -151,13 +151,13 @@ func (h *handler) logs(w http.ResponseWriter, r *http.Request) {
 // VersionsReply is GET /jobs/{id}/versions: the job's version history,
 // oldest first, from its first upgrade on (empty before).
 type VersionsReply struct {
-	Versions []cluster.VersionStatus `json:"versions"`
+	Versions []wire.VersionStatus `json:"versions"`
 }
 
-func versions(st *cluster.JobStatus) any {
+func versions(st *wire.JobStatus) any {
 	out := VersionsReply{Versions: st.Versions}
 	if out.Versions == nil {
-		out.Versions = []cluster.VersionStatus{}
+		out.Versions = []wire.VersionStatus{}
 	}
 	return out
 }

@@ -12,7 +12,7 @@ import (
 	"time"
 
 	"github.com/streamd/streamd/control"
-	"github.com/streamd/streamd/internal/cluster"
+	"github.com/streamd/streamd/internal/cluster/wire"
 	"github.com/streamd/streamd/internal/jobfile"
 	"github.com/streamd/streamd/internal/telemetry"
 	"github.com/streamd/streamd/internal/webapi"
@@ -24,7 +24,7 @@ func TestHostsLogsTraces(t *testing.T) {
 	tc := newCluster(t, webapi.Options{})
 	id := tc.deploy(foreverJob(t, "forever"))
 	base := tc.url + "/jobs/" + id
-	waitFor(t, base, "running", func(j *webapi.JobDetail) bool { return j.State == cluster.JobRunning })
+	waitFor(t, base, "running", func(j *webapi.JobDetail) bool { return j.State == wire.JobRunning })
 
 	hosts := waitFor(t, tc.url+"/hosts", "h1 running the job", func(r *webapi.HostsReply) bool {
 		return len(r.Hosts) == 1 && slices.Contains(r.Hosts[0].Jobs, id)
@@ -35,7 +35,7 @@ func TestHostsLogsTraces(t *testing.T) {
 
 	// The logs: the hosts' task lines about the attempt, read on with after=.
 	logs := waitFor(t, base+"/logs", "the attempt's start", func(r *webapi.LogsReply) bool {
-		return slices.ContainsFunc(r.Records, func(l cluster.StoredLog) bool { return l.Msg == "attempt started" && l.Host == "h1" })
+		return slices.ContainsFunc(r.Records, func(l wire.StoredLog) bool { return l.Msg == "attempt started" && l.Host == "h1" })
 	})
 	if logs.Next == 0 || logs.Next != logs.Records[len(logs.Records)-1].Seq {
 		t.Errorf("logs: next %d, want the last record's sequence", logs.Next)
@@ -154,10 +154,10 @@ func TestVersionsAfterUpgrade(t *testing.T) {
 		t.Fatal(err)
 	}
 	vs := waitFor(t, base+"/versions", "version 2 running", func(r *webapi.VersionsReply) bool {
-		return len(r.Versions) == 2 && r.Versions[1].State == cluster.VersionRunning
+		return len(r.Versions) == 2 && r.Versions[1].State == wire.VersionRunning
 	})
 	v1, v2 := vs.Versions[0], vs.Versions[1]
-	if v1.Version != 1 || v1.State != cluster.VersionReplaced || v2.Version != 2 || v2.From != rep.Savepoint || rep.Savepoint == "" ||
+	if v1.Version != 1 || v1.State != wire.VersionReplaced || v2.Version != 2 || v2.From != rep.Savepoint || rep.Savepoint == "" ||
 		len(v2.Modules) != 1 || v2.Modules[0].Operator != "upper" {
 		t.Errorf("versions %+v after the upgrade to %+v", vs.Versions, rep)
 	}

@@ -20,6 +20,9 @@ import (
 
 	"github.com/streamd/streamd/host"
 	"github.com/streamd/streamd/internal/cluster"
+	"github.com/streamd/streamd/internal/cluster/agent"
+	"github.com/streamd/streamd/internal/cluster/client"
+	"github.com/streamd/streamd/internal/cluster/wire"
 	"github.com/streamd/streamd/internal/jobfile"
 	"github.com/streamd/streamd/internal/natstest"
 	"github.com/streamd/streamd/internal/telemetry"
@@ -30,11 +33,11 @@ import (
 const hb = 50 * time.Millisecond
 
 // testCluster is a real one: an embedded NATS server, a controller and a
-// host in this process, and the API over a cluster.Client, as streamd
+// host in this process, and the API over a client.Client, as streamd
 // controller --http serves it.
 type testCluster struct {
 	t      *testing.T
-	client *cluster.Client
+	client *client.Client
 	url    string // the API's base URL
 }
 
@@ -61,15 +64,15 @@ func newCluster(t *testing.T, opts webapi.Options) *testCluster {
 	}
 	t.Cleanup(func() { eng.Close(context.Background()) })
 	// The host publishes the job logs, as streamd host does.
-	logs := cluster.NewLogPublisher(natstest.Connect(t, srv.URL()), cluster.LogStreamConfig{}, nil)
+	logs := wire.NewLogPublisher(natstest.Connect(t, srv.URL()), wire.LogStreamConfig{}, nil)
 	t.Cleanup(logs.Close)
-	h, err := cluster.StartHost(natstest.Connect(t, srv.URL()), cluster.HostOptions{ID: "h1", Slots: 4, DataDir: t.TempDir(),
-		HeartbeatInterval: hb, Executor: &cluster.LocalExecutor{Engine: eng, Logs: logs}, Logger: slog.New(slog.DiscardHandler)})
+	h, err := agent.StartHost(natstest.Connect(t, srv.URL()), agent.HostOptions{ID: "h1", Slots: 4, DataDir: t.TempDir(),
+		HeartbeatInterval: hb, Executor: &agent.LocalExecutor{Engine: eng, Logs: logs}, Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(h.Close)
-	client, err := cluster.NewClient(natstest.Connect(t, srv.URL()))
+	client, err := client.NewClient(natstest.Connect(t, srv.URL()))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -216,12 +219,12 @@ func TestJobLifecycle(t *testing.T) {
 	base := tc.url + "/jobs/" + id
 
 	job := waitFor(t, base, "running", func(j *webapi.JobDetail) bool {
-		if j.State != cluster.JobRunning || len(j.Vertices) != 3 {
+		if j.State != wire.JobRunning || len(j.Vertices) != 3 {
 			return false
 		}
 		for _, v := range j.Vertices {
 			for _, s := range v.Subtasks {
-				if s.State != cluster.SubtaskRunning {
+				if s.State != wire.SubtaskRunning {
 					return false
 				}
 			}
@@ -232,10 +235,10 @@ func TestJobLifecycle(t *testing.T) {
 		t.Errorf("job %+v", job.JobOverview)
 	}
 	if v := job.Vertices[1]; v.ID != "upper" || v.Kind != "operator" || v.Parallelism != 2 || len(v.Subtasks) != 2 ||
-		v.Subtasks[1].Host != "h1" || v.Tasks[cluster.SubtaskRunning] != 2 || v.State != cluster.SubtaskRunning {
+		v.Subtasks[1].Host != "h1" || v.Tasks[wire.SubtaskRunning] != 2 || v.State != wire.SubtaskRunning {
 		t.Errorf("vertex upper: %+v", v)
 	}
-	if job.Tasks[cluster.SubtaskRunning] != 4 {
+	if job.Tasks[wire.SubtaskRunning] != 4 {
 		t.Errorf("tasks %v: want 4 running", job.Tasks)
 	}
 	// Each subtask's counters, as its host reports them: the watermark
@@ -299,7 +302,7 @@ func TestJobLifecycle(t *testing.T) {
 	spDir := t.TempDir()
 	var sp webapi.SavepointReply
 	if code, b := call(t, http.MethodPost, base+"/savepoints", `{"targetDirectory": "`+spDir+`"}`, &sp); code != 200 ||
-		!strings.HasPrefix(sp.Location, spDir) || sp.State != cluster.JobRunning {
+		!strings.HasPrefix(sp.Location, spDir) || sp.State != wire.JobRunning {
 		t.Fatalf("savepoint: %d %s", code, b)
 	}
 	if _, err := os.Stat(filepath.Join(sp.Location, "_metadata")); err != nil {
@@ -307,11 +310,11 @@ func TestJobLifecycle(t *testing.T) {
 	}
 
 	// Stop with a savepoint: the job is stopped, and the savepoint listed.
-	if code, b := call(t, http.MethodPost, base+"/stop", `{"drain": false}`, &sp); code != 200 || sp.Location == "" || sp.State != cluster.JobStopped {
+	if code, b := call(t, http.MethodPost, base+"/stop", `{"drain": false}`, &sp); code != 200 || sp.Location == "" || sp.State != wire.JobStopped {
 		t.Fatalf("stop: %d %s", code, b)
 	}
 	call(t, http.MethodGet, base, "", &job)
-	if job.State != cluster.JobStopped || job.Savepoint != sp.Location || job.EndTime == nil {
+	if job.State != wire.JobStopped || job.Savepoint != sp.Location || job.EndTime == nil {
 		t.Errorf("after stop: state %s savepoint %q (want %q) end %v", job.State, job.Savepoint, sp.Location, job.EndTime)
 	}
 	call(t, http.MethodGet, base+"/checkpoints", "", cps)
@@ -329,9 +332,9 @@ func TestCancel(t *testing.T) {
 	tc := newCluster(t, webapi.Options{})
 	id := tc.deploy(foreverJob(t, "forever"))
 	base := tc.url + "/jobs/" + id
-	waitFor(t, base, "running", func(j *webapi.JobDetail) bool { return j.State == cluster.JobRunning })
+	waitFor(t, base, "running", func(j *webapi.JobDetail) bool { return j.State == wire.JobRunning })
 	var job webapi.JobDetail
-	if code, b := call(t, http.MethodPatch, base+"?mode=cancel", "", &job); code != 200 || job.State != cluster.JobCanceled {
+	if code, b := call(t, http.MethodPatch, base+"?mode=cancel", "", &job); code != 200 || job.State != wire.JobCanceled {
 		t.Fatalf("PATCH cancel: %d %s", code, b)
 	}
 	wantError(t, http.MethodPost, base+"/cancel", "", 409, "already canceled")
@@ -352,7 +355,7 @@ func TestExceptions(t *testing.T) {
 	}
 	id := tc.deploy(path)
 	base := tc.url + "/jobs/" + id
-	failed := waitFor(t, base, "failed", func(j *webapi.JobDetail) bool { return j.State == cluster.JobFailed })
+	failed := waitFor(t, base, "failed", func(j *webapi.JobDetail) bool { return j.State == wire.JobFailed })
 	if !strings.HasPrefix(failed.ReasonSummary, "The module of operator boom (subtask 0) failed in process during attempt 1: ") {
 		t.Errorf("reason_summary %q: want the module's failure in words", failed.ReasonSummary)
 	}
@@ -362,7 +365,7 @@ func TestExceptions(t *testing.T) {
 		t.Fatalf("exceptions: %+v", ex)
 	}
 	for _, e := range ex.Entries {
-		if !strings.Contains(e.Exception, "conformance panic") || e.State != cluster.JobFailed {
+		if !strings.Contains(e.Exception, "conformance panic") || e.State != wire.JobFailed {
 			t.Errorf("entry %+v: want the guest's panic message", e)
 		}
 		// In words, with the raw text kept beside.

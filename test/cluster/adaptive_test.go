@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/streamd/streamd/internal/cluster"
+	"github.com/streamd/streamd/internal/cluster/wire"
 	"github.com/streamd/streamd/internal/jobfile"
 	"github.com/streamd/streamd/internal/testwasm"
 )
@@ -57,7 +58,7 @@ operators:
 
 // subtasksRunning is how many of the job's subtasks its status shows
 // running, and whether each of those has a host.
-func subtasksRunning(st *cluster.JobStatus) (n int, placed bool) {
+func subtasksRunning(st *wire.JobStatus) (n int, placed bool) {
 	placed = true
 	for _, op := range st.Operators {
 		for _, s := range op.Subtasks {
@@ -83,27 +84,27 @@ func TestAdaptiveScalesDownAndUp(t *testing.T) {
 	const n, rate = 60000, 1500 // 40s: it still runs when the new host joins
 	path := adaptiveJob(t, n, rate, "")
 	id := deploy(t, tc, path, jobfile.Options{})
-	st := tc.waitJob(id, "running with a checkpoint", func(st *cluster.JobStatus) bool {
-		return cluster.TerminalJobState(st.State) || (st.State == cluster.JobRunning && len(st.Checkpoints) > 0)
+	st := tc.waitJob(id, "running with a checkpoint", func(st *wire.JobStatus) bool {
+		return wire.TerminalJobState(st.State) || (st.State == wire.JobRunning && len(st.Checkpoints) > 0)
 	})
-	if st.State != cluster.JobRunning || len(st.Hosts) != 2 || st.Parallelism != 4 || st.DeclaredParallelism != 4 {
+	if st.State != wire.JobRunning || len(st.Hosts) != 2 || st.Parallelism != 4 || st.DeclaredParallelism != 4 {
 		t.Fatalf("job %s on %v at parallelism %d (declared %d): %s; want running on 2 hosts at 4", st.State, st.Hosts, st.Parallelism, st.DeclaredParallelism, st.Reason)
 	}
 	attempt := st.Attempt
 	tc.hosts["h2"].Close() // a crash; h2 does not come back
 	lost := time.Now()
 	sawWaiting := false
-	st = tc.waitJob(id, "running at parallelism 2", func(st *cluster.JobStatus) bool {
-		if st.Attempt > attempt && st.State != cluster.JobRunning && !cluster.TerminalJobState(st.State) {
+	st = tc.waitJob(id, "running at parallelism 2", func(st *wire.JobStatus) bool {
+		if st.Attempt > attempt && st.State != wire.JobRunning && !wire.TerminalJobState(st.State) {
 			sawWaiting = true
 			if n, placed := subtasksRunning(st); n > 0 && !placed {
 				t.Errorf("while the job is %s (%s), %d subtask(s) are shown running without a host", st.State, st.Reason, n)
 			}
 		}
-		return cluster.TerminalJobState(st.State) || (st.State == cluster.JobRunning && st.Parallelism == 2)
+		return wire.TerminalJobState(st.State) || (st.State == wire.JobRunning && st.Parallelism == 2)
 	})
 	took := time.Since(lost)
-	if st.State != cluster.JobRunning {
+	if st.State != wire.JobRunning {
 		t.Fatalf("after h2 was lost: job %s: %s", st.State, st.Reason)
 	}
 	t.Logf("host lost -> running at parallelism 2 in %s (loss detected after %s, slot wait %s)", took.Round(time.Millisecond), time.Duration(lostAfter)*hbInterval, slotWait)
@@ -132,11 +133,11 @@ func TestAdaptiveScalesDownAndUp(t *testing.T) {
 	attempt = st.Attempt
 	tc.addHost("h3", 2)
 	joined := time.Now()
-	st = tc.waitJob(id, "running at parallelism 4 again", func(st *cluster.JobStatus) bool {
-		return cluster.TerminalJobState(st.State) || (st.State == cluster.JobRunning && st.Parallelism == 4)
+	st = tc.waitJob(id, "running at parallelism 4 again", func(st *wire.JobStatus) bool {
+		return wire.TerminalJobState(st.State) || (st.State == wire.JobRunning && st.Parallelism == 4)
 	})
-	if st.State != cluster.JobRunning {
-		if st.State == cluster.JobFinished {
+	if st.State != wire.JobRunning {
+		if st.State == wire.JobFinished {
 			t.Fatalf("the job finished before it scaled up: make it longer")
 		}
 		t.Fatalf("after h3 joined: job %s: %s", st.State, st.Reason)
@@ -145,8 +146,8 @@ func TestAdaptiveScalesDownAndUp(t *testing.T) {
 	if len(st.Rescales) != 2 || st.Rescales[1].From != 2 || st.Rescales[1].To != 4 || !strings.Contains(st.Rescales[1].Restore, "savepoint") || st.Attempt <= attempt {
 		t.Fatalf("rescales %+v (attempt %d, was %d), want a second from 2 to 4 from a savepoint", st.Rescales, st.Attempt, attempt)
 	}
-	st = tc.waitJobLoose(id, "finished", 5*time.Minute, state(cluster.JobFinished)) // its records come at rate/s, slower on a loaded machine
-	if st.State != cluster.JobFinished {
+	st = tc.waitJobLoose(id, "finished", 5*time.Minute, state(wire.JobFinished)) // its records come at rate/s, slower on a loaded machine
+	if st.State != wire.JobFinished {
 		t.Fatalf("job %s: %s", st.State, st.Reason)
 	}
 	for _, a := range st.Attempts {
@@ -164,11 +165,11 @@ func TestAdaptiveWaitsBelowMin(t *testing.T) {
 	tc := newAdaptiveCluster(t, 2)
 	path := adaptiveJob(t, 3000, 0, "min_parallelism: 3\n")
 	id := deploy(t, tc, path, jobfile.Options{})
-	st := tc.waitJob(id, "waiting below its min", func(st *cluster.JobStatus) bool {
+	st := tc.waitJob(id, "waiting below its min", func(st *wire.JobStatus) bool {
 		return strings.Contains(st.Reason, "no fewer than 3 slot(s)")
 	})
 	t.Logf("status: %s: %s", st.State, st.Reason)
-	if st.State != cluster.JobCreated || st.Parallelism != 4 || st.DeclaredParallelism != 4 || st.MinParallelism != 3 || len(st.Rescales) != 0 {
+	if st.State != wire.JobCreated || st.Parallelism != 4 || st.DeclaredParallelism != 4 || st.MinParallelism != 3 || len(st.Rescales) != 0 {
 		t.Fatalf("job %s at %d (declared %d, min %d, rescales %v): want created, waiting at 4 (declared 4, min 3)", st.State, st.Parallelism, st.DeclaredParallelism, st.MinParallelism, st.Rescales)
 	}
 	if !strings.Contains(st.Reason, "2 free") || !strings.Contains(st.Reason, "declared 4") {
@@ -178,8 +179,8 @@ func TestAdaptiveWaitsBelowMin(t *testing.T) {
 		t.Errorf("%d subtasks shown running while the job waits", n)
 	}
 	tc.addHost("h2", 2)
-	st = tc.waitJob(id, "finished", state(cluster.JobFinished))
-	if st.State != cluster.JobFinished || len(st.Rescales) != 0 || len(st.Hosts) != 2 {
+	st = tc.waitJob(id, "finished", state(wire.JobFinished))
+	if st.State != wire.JobFinished || len(st.Rescales) != 0 || len(st.Hosts) != 2 {
 		t.Fatalf("job %s on %v (rescales %v): %s; want finished at 4 on 2 hosts, never rescaled", st.State, st.Hosts, st.Rescales, st.Reason)
 	}
 }

@@ -9,7 +9,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/streamd/streamd/internal/cluster"
+	"github.com/streamd/streamd/internal/cluster/agent"
+	"github.com/streamd/streamd/internal/cluster/wire"
 	"github.com/streamd/streamd/internal/jobfile"
 	"github.com/streamd/streamd/internal/testwasm"
 )
@@ -82,9 +83,9 @@ func sinkLines(t *testing.T, dir string) [][]byte {
 // on 40 MiB holds up the Go runtime's stop-the-world phases.
 func TestBigRecordsAcrossHosts(t *testing.T) {
 	tc := newClusterHB(t, time.Second)
-	var execs []*cluster.LocalExecutor
+	var execs []*agent.LocalExecutor
 	for _, id := range []string{"h1", "h2"} {
-		e := &cluster.LocalExecutor{Engine: tc.engine}
+		e := &agent.LocalExecutor{Engine: tc.engine}
 		execs = append(execs, e)
 		tc.addHostWith(id, 1, e)
 	}
@@ -101,8 +102,8 @@ func TestBigRecordsAcrossHosts(t *testing.T) {
 			parts := execs[0].SenderStats().Parts + execs[1].SenderStats().Parts
 			path := bigRecordJob(t, n, size, "", "")
 			id := deploy(t, tc, path, jobfile.Options{})
-			st := tc.waitJob(id, "finished", state(cluster.JobFinished))
-			if st.State != cluster.JobFinished {
+			st := tc.waitJob(id, "finished", state(wire.JobFinished))
+			if st.State != wire.JobFinished {
 				t.Fatalf("job %s: %s", st.State, st.Reason)
 			}
 			if len(st.Hosts) != 2 {
@@ -144,8 +145,8 @@ func TestRecordOverMaxRecordBytesFailsJob(t *testing.T) {
 	tc := newCluster(t, 1, 1)
 	path := bigRecordJob(t, 10, 1000, "k", "max_record_bytes: 1000")
 	id := deploy(t, tc, path, jobfile.Options{})
-	st := tc.waitJob(id, "failed", state(cluster.JobFailed))
-	if st.State != cluster.JobFailed {
+	st := tc.waitJob(id, "failed", state(wire.JobFailed))
+	if st.State != wire.JobFailed {
 		t.Fatalf("job %s, want failed", st.State)
 	}
 	for _, want := range []string{`operator "gen" subtask `, "record too large", "a record of 1001 bytes (key 1, value 1000) is over max_record_bytes 1000"} {

@@ -16,7 +16,8 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/streamd/streamd/internal/cluster"
+	"github.com/streamd/streamd/internal/cluster/client"
+	"github.com/streamd/streamd/internal/cluster/wire"
 	"github.com/streamd/streamd/internal/jobfile"
 	"github.com/streamd/streamd/internal/testwasm"
 )
@@ -116,7 +117,7 @@ func TestChaos(t *testing.T) {
 		id := fmt.Sprintf("h%d", i)
 		hosts[id] = newChaosProc(t, "host "+id, streamdBin(t), "host", "--nats", url, hb, "--host-id", id, "--slots", "2", "--data-dir", t.TempDir())
 	}
-	client, err := cluster.NewClient(connect(t, url))
+	client, err := client.NewClient(connect(t, url))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -157,10 +158,10 @@ operators:
 		ids := []string{deploy(t, tc, natsJob, jobfile.Options{}), deploy(t, tc, fileJob, jobfile.Options{})}
 
 		// Both running with a completed checkpoint, then one kill.
-		var running []*cluster.JobStatus
+		var running []*wire.JobStatus
 		for _, id := range ids {
-			running = append(running, tc.waitJob(id, "a completed checkpoint", func(st *cluster.JobStatus) bool {
-				return cluster.TerminalJobState(st.State) || st.State == cluster.JobRunning && len(st.Checkpoints) > 0
+			running = append(running, tc.waitJob(id, "a completed checkpoint", func(st *wire.JobStatus) bool {
+				return wire.TerminalJobState(st.State) || st.State == wire.JobRunning && len(st.Checkpoints) > 0
 			}))
 		}
 		victim := []string{"leader", "host", "nats"}[rng.IntN(3)]
@@ -219,8 +220,8 @@ operators:
 		}
 		kills[victim]++
 		for i, id := range ids {
-			st := tc.waitJob(id, "finished", state(cluster.JobFinished))
-			if st.State != cluster.JobFinished {
+			st := tc.waitJob(id, "finished", state(wire.JobFinished))
+			if st.State != wire.JobFinished {
 				t.Fatalf("round %d, after killing %s: job %s %s: %s", r, what, id, st.State, st.Reason)
 			}
 			running[i] = st

@@ -13,7 +13,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/streamd/streamd/internal/cluster"
+	"github.com/streamd/streamd/internal/cluster/wire"
 	"github.com/streamd/streamd/internal/testwasm"
 )
 
@@ -74,7 +74,7 @@ func startServer(t *testing.T, env []string, args ...string) string {
 	deadline := time.Now().Add(20 * time.Second)
 	for {
 		out, _, code := streamd(t, append(env, "STREAMD_NATS_URL="+url), "hosts", "--json")
-		var hs []cluster.HostStatus
+		var hs []wire.HostStatus
 		if code == 0 && json.Unmarshal([]byte(out), &hs) == nil && len(hs) == 1 {
 			return url
 		}
@@ -114,7 +114,7 @@ func TestBinaryServerDeployStatus(t *testing.T) {
 	if !strings.HasPrefix(id, "uppercase-") {
 		t.Fatalf("deploy printed %q, want a job id", out)
 	}
-	var st cluster.JobStatus
+	var st wire.JobStatus
 	deadline := time.Now().Add(30 * time.Second)
 	for {
 		out, errs, code = streamd(t, env, "status", "--json", id)
@@ -124,7 +124,7 @@ func TestBinaryServerDeployStatus(t *testing.T) {
 		if err := json.Unmarshal([]byte(out), &st); err != nil {
 			t.Fatalf("status --json: %v\n%s", err, out)
 		}
-		if cluster.TerminalJobState(st.State) {
+		if wire.TerminalJobState(st.State) {
 			break
 		}
 		if time.Now().After(deadline) {
@@ -132,7 +132,7 @@ func TestBinaryServerDeployStatus(t *testing.T) {
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-	if st.State != cluster.JobFinished {
+	if st.State != wire.JobFinished {
 		t.Fatalf("job %s: %s", st.State, st.Reason)
 	}
 	if got, want := readFile(t, filepath.Join(filepath.Dir(path), "out", "part-"+id+"-0")), expected(t); got != want {
@@ -158,7 +158,7 @@ func TestBinaryServerDeployStatus(t *testing.T) {
 	if code != 0 {
 		t.Fatalf("deploy --wait: exit %d: %s", code, errs)
 	}
-	if err := json.Unmarshal([]byte(out), &st); err != nil || st.State != cluster.JobFinished {
+	if err := json.Unmarshal([]byte(out), &st); err != nil || st.State != wire.JobFinished {
 		t.Fatalf("deploy --wait --json: %v %s", err, out)
 	}
 	if lines := strings.Count(readFile(t, filepath.Join(outDir, "part-"+st.ID+"-0")), "\n"); lines != 20 {
@@ -307,8 +307,8 @@ func TestBinaryDeployWaitDetaches(t *testing.T) {
 		t.Errorf("stdout after detaching: %q, want nothing", stdout.String())
 	}
 	out, errs, code := streamd(t, env, "status", "--json", id)
-	var st cluster.JobStatus
-	if code != 0 || json.Unmarshal([]byte(out), &st) != nil || st.State != cluster.JobRunning {
+	var st wire.JobStatus
+	if code != 0 || json.Unmarshal([]byte(out), &st) != nil || st.State != wire.JobRunning {
 		t.Fatalf("status after detaching: exit %d: %s %s", code, out, errs)
 	}
 	if _, errs, code := streamd(t, env, "cancel", id); code != 0 {
@@ -359,14 +359,14 @@ func waitRunning(t *testing.T, env []string, id string) {
 	deadline := time.Now().Add(30 * time.Second)
 	for {
 		out, errs, code := streamd(t, env, "status", "--json", id)
-		var st cluster.JobStatus
+		var st wire.JobStatus
 		if code != 0 || json.Unmarshal([]byte(out), &st) != nil {
 			t.Fatalf("status: exit %d: %s %s", code, out, errs)
 		}
-		if st.State == cluster.JobRunning {
+		if st.State == wire.JobRunning {
 			return
 		}
-		if cluster.TerminalJobState(st.State) || time.Now().After(deadline) {
+		if wire.TerminalJobState(st.State) || time.Now().After(deadline) {
 			t.Fatalf("job %s: %s (%s), want running", id, st.State, st.Reason)
 		}
 		time.Sleep(50 * time.Millisecond)
@@ -413,8 +413,8 @@ func TestBinaryDeleteJob(t *testing.T) {
 	}
 	f.Close()
 	out, errs, code := streamd(t, env, "deploy", "--wait", "--json", path)
-	var st cluster.JobStatus
-	if code != 0 || json.Unmarshal([]byte(out), &st) != nil || st.State != cluster.JobFinished {
+	var st wire.JobStatus
+	if code != 0 || json.Unmarshal([]byte(out), &st) != nil || st.State != wire.JobFinished {
 		t.Fatalf("deploy --wait: exit %d: %s %s", code, out, errs)
 	}
 	deadline := time.Now().Add(20 * time.Second)

@@ -19,6 +19,9 @@ import (
 
 	"github.com/streamd/streamd/host"
 	"github.com/streamd/streamd/internal/cluster"
+	"github.com/streamd/streamd/internal/cluster/agent"
+	"github.com/streamd/streamd/internal/cluster/client"
+	"github.com/streamd/streamd/internal/cluster/wire"
 	"github.com/streamd/streamd/internal/jobfile"
 	"github.com/streamd/streamd/internal/natstest"
 	"github.com/streamd/streamd/internal/natsutil"
@@ -41,9 +44,9 @@ const (
 type testCluster struct {
 	t      testing.TB
 	srv    *natsutil.Server
-	client *cluster.Client
+	client *client.Client
 	engine *host.Engine
-	hosts  map[string]*cluster.Host
+	hosts  map[string]*agent.Host
 	hb     time.Duration // heartbeat interval of the controller and the hosts
 }
 
@@ -89,7 +92,7 @@ func newClusterOpts(t testing.TB, opts cluster.ControllerOptions, slots ...int) 
 	for i, n := range slots {
 		tc.addHost(fmt.Sprintf("h%d", i+1), n)
 	}
-	tc.client, err = cluster.NewClient(connect(t, srv.URL()))
+	tc.client, err = client.NewClient(connect(t, srv.URL()))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -112,7 +115,7 @@ func startControllerOpts(t testing.TB, srv *natsutil.Server, nc *nats.Conn, opts
 	if opts.Logger == nil {
 		opts.Logger = logger(t)
 	}
-	tc := &testCluster{t: t, srv: srv, hosts: map[string]*cluster.Host{}, hb: opts.HeartbeatInterval}
+	tc := &testCluster{t: t, srv: srv, hosts: map[string]*agent.Host{}, hb: opts.HeartbeatInterval}
 	var err error
 	// As streamd controller does: a controller deposed under load (a
 	// renewal too late) stands by again and can lead again.
@@ -135,12 +138,12 @@ func startControllerOpts(t testing.TB, srv *natsutil.Server, nc *nats.Conn, opts
 	return tc
 }
 
-func (tc *testCluster) addHost(id string, slots int) *cluster.Host {
-	return tc.addHostWith(id, slots, &cluster.LocalExecutor{Engine: tc.engine})
+func (tc *testCluster) addHost(id string, slots int) *agent.Host {
+	return tc.addHostWith(id, slots, &agent.LocalExecutor{Engine: tc.engine})
 }
 
 // addHostWith starts host id with its own executor.
-func (tc *testCluster) addHostWith(id string, slots int, exec *cluster.LocalExecutor) *cluster.Host {
+func (tc *testCluster) addHostWith(id string, slots int, exec *agent.LocalExecutor) *agent.Host {
 	return tc.addHostExec(id, slots, exec)
 }
 
@@ -166,10 +169,10 @@ func (tc *testCluster) waitHosts(n int) {
 }
 
 // waitJob polls the job's status until cond holds.
-func (tc *testCluster) waitJob(id string, what string, cond func(*cluster.JobStatus) bool) *cluster.JobStatus {
+func (tc *testCluster) waitJob(id string, what string, cond func(*wire.JobStatus) bool) *wire.JobStatus {
 	tc.t.Helper()
 	deadline := time.Now().Add(60 * time.Second)
-	var last *cluster.JobStatus
+	var last *wire.JobStatus
 	for time.Now().Before(deadline) {
 		st, err := tc.client.Status(context.Background(), id)
 		if err != nil {
@@ -185,8 +188,8 @@ func (tc *testCluster) waitJob(id string, what string, cond func(*cluster.JobSta
 	return nil
 }
 
-func state(s string) func(*cluster.JobStatus) bool {
-	return func(st *cluster.JobStatus) bool { return st.State == s || cluster.TerminalJobState(st.State) }
+func state(s string) func(*wire.JobStatus) bool {
+	return func(st *wire.JobStatus) bool { return st.State == s || wire.TerminalJobState(st.State) }
 }
 
 // uppercaseJob copies the uppercase example into a fresh directory (so its
@@ -244,8 +247,8 @@ func TestDeployRunsOnAHostAndFinishes(t *testing.T) {
 	if !strings.HasPrefix(id, "uppercase-") {
 		t.Errorf("job id %q: want it to start with the job name", id)
 	}
-	st := tc.waitJob(id, "finished", state(cluster.JobFinished))
-	if st.State != cluster.JobFinished {
+	st := tc.waitJob(id, "finished", state(wire.JobFinished))
+	if st.State != wire.JobFinished {
 		t.Fatalf("job ended %s: %s", st.State, st.Reason)
 	}
 	if got, want := readFile(t, filepath.Join(filepath.Dir(path), "out", "part-"+id+"-0")), expected(t); got != want {
@@ -256,7 +259,7 @@ func TestDeployRunsOnAHostAndFinishes(t *testing.T) {
 	}
 	for _, op := range st.Operators {
 		for _, s := range op.Subtasks {
-			if s.State != cluster.SubtaskFinished || s.Host != "h1" {
+			if s.State != wire.SubtaskFinished || s.Host != "h1" {
 				t.Errorf("operator %s subtask %d: %s on %q, want finished on h1", op.UID, s.Index, s.State, s.Host)
 			}
 		}
@@ -306,24 +309,24 @@ func TestLostHostFailsOver(t *testing.T) {
 	const n = 1500
 	path := slowJob(t, n, 1000, 1)
 	id := deploy(t, tc, path, jobfile.Options{})
-	st := tc.waitJob(id, "running", func(st *cluster.JobStatus) bool {
-		return st.State == cluster.JobRunning && st.Operators[0].RecordsOut > 0
+	st := tc.waitJob(id, "running", func(st *wire.JobStatus) bool {
+		return st.State == wire.JobRunning && st.Operators[0].RecordsOut > 0
 	})
 	first := st.Hosts[0]
 	other := map[string]string{"h1": "h2", "h2": "h1"}[first]
 	lostAt := time.Now()
 	tc.hosts[first].Close() // stops heartbeats and its runs, reports nothing: a crash
-	st = tc.waitJob(id, "restarted on the other host", func(st *cluster.JobStatus) bool { return st.Attempt == 1 })
+	st = tc.waitJob(id, "restarted on the other host", func(st *wire.JobStatus) bool { return st.Attempt == 1 })
 	detect := time.Since(lostAt)
-	if st.State != cluster.JobRestarting && st.State != cluster.JobRunning {
+	if st.State != wire.JobRestarting && st.State != wire.JobRunning {
 		t.Fatalf("after the host was lost: state %s (%s), want restarting or running", st.State, st.Reason)
 	}
 	if !strings.Contains(st.Attempts[0].Reason, "host "+first+" lost") {
 		t.Errorf("attempt 0 reason %q: want it to say host %s was lost", st.Attempts[0].Reason, first)
 	}
 	t.Logf("lost host detected and job restarted after %s (heartbeat %s, lost after %d)", detect.Round(time.Millisecond), hbInterval, lostAfter)
-	st = tc.waitJob(id, "finished", state(cluster.JobFinished))
-	if st.State != cluster.JobFinished || len(st.Hosts) != 1 || st.Hosts[0] != other {
+	st = tc.waitJob(id, "finished", state(wire.JobFinished))
+	if st.State != wire.JobFinished || len(st.Hosts) != 1 || st.Hosts[0] != other {
 		t.Fatalf("job %s on %v (%s), want finished on %s", st.State, st.Hosts, st.Reason, other)
 	}
 	out := readFile(t, filepath.Join(filepath.Dir(path), "out", "part-"+id+"-0"))
@@ -345,10 +348,10 @@ func TestLostHostFailsOver(t *testing.T) {
 func TestJobWaitsForSlotsThenRuns(t *testing.T) {
 	tc := newCluster(t, 1)
 	long := deploy(t, tc, slowJob(t, 100000, 1000, 1), jobfile.Options{})
-	tc.waitJob(long, "running", state(cluster.JobRunning))
+	tc.waitJob(long, "running", state(wire.JobRunning))
 	short := deploy(t, tc, uppercaseJob(t), jobfile.Options{})
-	st := tc.waitJob(short, "waiting", func(st *cluster.JobStatus) bool { return strings.Contains(st.Reason, "waiting for slots") })
-	if st.State != cluster.JobCreated {
+	st := tc.waitJob(short, "waiting", func(st *wire.JobStatus) bool { return strings.Contains(st.Reason, "waiting for slots") })
+	if st.State != wire.JobCreated {
 		t.Fatalf("second job: %s, want created while it waits", st.State)
 	}
 	sp, err := tc.client.Savepoint(context.Background(), long, t.TempDir())
@@ -358,18 +361,18 @@ func TestJobWaitsForSlotsThenRuns(t *testing.T) {
 	if _, err := tc.client.Stop(context.Background(), long, "", true); err == nil || !strings.Contains(err.Error(), "needs checkpointing") {
 		t.Errorf("stop of a job without checkpointing: %v; want a needs checkpointing error", err)
 	}
-	if st, _ := tc.client.Status(context.Background(), long); st.State != cluster.JobRunning {
+	if st, _ := tc.client.Status(context.Background(), long); st.State != wire.JobRunning {
 		t.Errorf("after a refused stop the job is %s, want running", st.State)
 	}
 	cst, err := tc.client.Cancel(context.Background(), long)
-	if err != nil || cst.State != cluster.JobCanceled {
+	if err != nil || cst.State != wire.JobCanceled {
 		t.Fatalf("cancel: %v %v", cst, err)
 	}
 	if len(tc.hosts["h1"].Running()) != 0 && tc.hosts["h1"].Running()[0].JobID == long {
 		t.Errorf("host still runs the canceled job: %v", tc.hosts["h1"].Running())
 	}
-	st = tc.waitJob(short, "finished", state(cluster.JobFinished))
-	if st.State != cluster.JobFinished {
+	st = tc.waitJob(short, "finished", state(wire.JobFinished))
+	if st.State != wire.JobFinished {
 		t.Fatalf("second job after the first was canceled: %s (%s)", st.State, st.Reason)
 	}
 }
@@ -386,8 +389,8 @@ func TestStopWithSavepoint(t *testing.T) {
 		t.Fatal(err)
 	}
 	id := deploy(t, tc, path, jobfile.Options{})
-	tc.waitJob(id, "running", func(st *cluster.JobStatus) bool {
-		return st.State == cluster.JobRunning && st.Operators[0].RecordsOut > 0
+	tc.waitJob(id, "running", func(st *wire.JobStatus) bool {
+		return st.State == wire.JobRunning && st.Operators[0].RecordsOut > 0
 	})
 	// A savepoint while the job runs on, copied into another directory.
 	spDir := t.TempDir()
@@ -401,7 +404,7 @@ func TestStopWithSavepoint(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(sp, "_metadata")); err != nil {
 		t.Errorf("savepoint has no metadata: %v", err)
 	}
-	if st, _ := tc.client.Status(context.Background(), id); st.State != cluster.JobRunning {
+	if st, _ := tc.client.Status(context.Background(), id); st.State != wire.JobRunning {
 		t.Errorf("after a savepoint the job is %s, want running", st.State)
 	}
 	// Stop with a savepoint in the job's checkpoint directory.
@@ -415,8 +418,8 @@ func TestStopWithSavepoint(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(sp, "_metadata")); err != nil {
 		t.Errorf("savepoint has no metadata: %v", err)
 	}
-	st := tc.waitJob(id, "stopped", state(cluster.JobStopped))
-	if st.State != cluster.JobStopped || st.Savepoint != sp {
+	st := tc.waitJob(id, "stopped", state(wire.JobStopped))
+	if st.State != wire.JobStopped || st.Savepoint != sp {
 		t.Fatalf("after stop: state %s savepoint %q (%s); want stopped, %s", st.State, st.Savepoint, st.Reason, sp)
 	}
 }

@@ -9,7 +9,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/streamd/streamd/internal/cluster"
+	"github.com/streamd/streamd/internal/cluster/wire"
 	"github.com/streamd/streamd/internal/jobfile"
 	"github.com/streamd/streamd/internal/testwasm"
 )
@@ -47,16 +47,16 @@ operators:
 		t.Fatal(err)
 	}
 	id := deploy(t, tc, path, jobfile.Options{})
-	st := tc.waitJob(id, "running with a checkpoint past the first poison record", func(st *cluster.JobStatus) bool {
-		return cluster.TerminalJobState(st.State) ||
-			(st.State == cluster.JobRunning && len(st.Checkpoints) > 0 && st.Operators[0].RecordsOut > 10000)
+	st := tc.waitJob(id, "running with a checkpoint past the first poison record", func(st *wire.JobStatus) bool {
+		return wire.TerminalJobState(st.State) ||
+			(st.State == wire.JobRunning && len(st.Checkpoints) > 0 && st.Operators[0].RecordsOut > 10000)
 	})
-	if st.State != cluster.JobRunning {
+	if st.State != wire.JobRunning {
 		t.Fatalf("job %s: %s", st.State, st.Reason)
 	}
 	tc.hosts[st.Hosts[0]].Close() // a crash
-	st = tc.waitJob(id, "finished", state(cluster.JobFinished))
-	if st.State != cluster.JobFinished || st.Attempt != 1 {
+	st = tc.waitJob(id, "finished", state(wire.JobFinished))
+	if st.State != wire.JobFinished || st.Attempt != 1 {
 		t.Fatalf("job %s in attempt %d (%s): want finished after one failover", st.State, st.Attempt, st.Reason)
 	}
 	var want []string

@@ -6,7 +6,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/streamd/streamd/internal/cluster"
+	"github.com/streamd/streamd/internal/cluster/wire"
 	"github.com/streamd/streamd/internal/jobfile"
 )
 
@@ -27,8 +27,8 @@ func TestDeployFromSavepointJetStream(t *testing.T) {
 			const n = 12000
 			path := spreadJob(t, n, 3000, 4, "checkpoint: {interval: 300ms, dir: chk, storage: jetstream}\n")
 			id := deploy(t, tc, path, jobfile.Options{})
-			tc.waitJob(id, "running", func(st *cluster.JobStatus) bool {
-				return cluster.TerminalJobState(st.State) || (st.State == cluster.JobRunning && st.Operators[2].RecordsIn > 0)
+			tc.waitJob(id, "running", func(st *wire.JobStatus) bool {
+				return wire.TerminalJobState(st.State) || (st.State == wire.JobRunning && st.Operators[2].RecordsIn > 0)
 			})
 			sp, err := tc.client.Stop(context.Background(), id, "", false)
 			if err != nil {
@@ -37,8 +37,8 @@ func TestDeployFromSavepointJetStream(t *testing.T) {
 			if want := "jetstream://STREAMD_CHECKPOINTS/" + id + "/savepoint-"; !strings.HasPrefix(sp, want) {
 				t.Fatalf("savepoint %s, want %s...", sp, want)
 			}
-			st := tc.waitJob(id, "stopped", state(cluster.JobStopped))
-			if st.State != cluster.JobStopped || len(st.Hosts) != tt.hosts {
+			st := tc.waitJob(id, "stopped", state(wire.JobStopped))
+			if st.State != wire.JobStopped || len(st.Hosts) != tt.hosts {
 				t.Fatalf("after stop: %s on %v (%s)", st.State, st.Hosts, st.Reason)
 			}
 			if st.Operators[0].RecordsOut >= n {

@@ -12,7 +12,8 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/streamd/streamd/internal/cluster"
+	"github.com/streamd/streamd/internal/cluster/agent"
+	"github.com/streamd/streamd/internal/cluster/wire"
 	"github.com/streamd/streamd/internal/jobfile"
 	"github.com/streamd/streamd/internal/testwasm"
 )
@@ -124,8 +125,8 @@ func TestJobSpreadOverTwoHosts(t *testing.T) {
 			tc := newCluster(t, 2, 2)
 			path := spreadJob(t, 20000, c.rate, 4, c.extra)
 			id := deploy(t, tc, path, jobfile.Options{})
-			st := tc.waitJob(id, "finished", state(cluster.JobFinished))
-			if st.State != cluster.JobFinished {
+			st := tc.waitJob(id, "finished", state(wire.JobFinished))
+			if st.State != wire.JobFinished {
 				t.Fatalf("job %s: %s", st.State, st.Reason)
 			}
 			if st.CheckpointMode != c.mode {
@@ -167,8 +168,8 @@ func TestSameJobFileDeployedTwice(t *testing.T) {
 	}
 	want := runLocally(t, path)
 	for _, id := range ids {
-		st := tc.waitJob(id, "finished", state(cluster.JobFinished))
-		if st.State != cluster.JobFinished || st.Attempt != 0 {
+		st := tc.waitJob(id, "finished", state(wire.JobFinished))
+		if st.State != wire.JobFinished || st.Attempt != 0 {
 			t.Fatalf("job %s: %s in attempt %d: %s", id, st.State, st.Attempt, st.Reason)
 		}
 		if len(st.Checkpoints) == 0 {
@@ -189,8 +190,8 @@ func TestSavepointAndStopAcrossHosts(t *testing.T) {
 	const n = 12000
 	path := spreadJob(t, n, 3000, 4, "checkpoint: {interval: 300ms, dir: chk}\n")
 	id := deploy(t, tc, path, jobfile.Options{})
-	tc.waitJob(id, "running", func(st *cluster.JobStatus) bool {
-		return cluster.TerminalJobState(st.State) || (st.State == cluster.JobRunning && st.Operators[2].RecordsIn > 0)
+	tc.waitJob(id, "running", func(st *wire.JobStatus) bool {
+		return wire.TerminalJobState(st.State) || (st.State == wire.JobRunning && st.Operators[2].RecordsIn > 0)
 	})
 	spDir := t.TempDir()
 	sp, err := tc.client.Savepoint(context.Background(), id, spDir)
@@ -207,8 +208,8 @@ func TestSavepointAndStopAcrossHosts(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	st := tc.waitJob(id, "stopped", state(cluster.JobStopped))
-	if st.State != cluster.JobStopped || st.Savepoint != stopped {
+	st := tc.waitJob(id, "stopped", state(wire.JobStopped))
+	if st.State != wire.JobStopped || st.Savepoint != stopped {
 		t.Fatalf("after stop: %s savepoint %q (%s), want stopped with %s", st.State, st.Savepoint, st.Reason, stopped)
 	}
 	if st.Operators[0].RecordsOut >= n {
@@ -258,12 +259,12 @@ operators:
 	// credit windows do: the generator ends at once.
 	tc := newCluster(t)
 	for _, h := range []string{"h1", "h2"} {
-		tc.addHostWith(h, 1, &cluster.LocalExecutor{Engine: tc.engine, BatchSize: 10, ChannelCapacity: 200})
+		tc.addHostWith(h, 1, &agent.LocalExecutor{Engine: tc.engine, BatchSize: 10, ChannelCapacity: 200})
 	}
 	tc.waitHosts(2)
 	id := deploy(t, tc, path, jobfile.Options{})
-	st := tc.waitJob(id, "finished", state(cluster.JobFinished))
-	if st.State != cluster.JobFinished {
+	st := tc.waitJob(id, "finished", state(wire.JobFinished))
+	if st.State != wire.JobFinished {
 		t.Fatalf("job %s: %s", st.State, st.Reason)
 	}
 	if !slices.Equal(st.Hosts, []string{"h1", "h2"}) {

@@ -6,17 +6,18 @@ import (
 	"testing"
 	"time"
 
-	"github.com/streamd/streamd/internal/cluster"
+	"github.com/streamd/streamd/internal/cluster/agent"
+	"github.com/streamd/streamd/internal/cluster/wire"
 	"github.com/streamd/streamd/internal/jobfile"
 )
 
 // addHostOpts starts host id with the test options plus those set by with.
-func (tc *testCluster) addHostOpts(id string, slots int, with func(*cluster.HostOptions)) *cluster.Host {
+func (tc *testCluster) addHostOpts(id string, slots int, with func(*agent.HostOptions)) *agent.Host {
 	t := tc.t
-	opts := cluster.HostOptions{ID: id, Slots: slots, DataDir: t.TempDir(), HeartbeatInterval: hbInterval,
-		Executor: &cluster.LocalExecutor{Engine: tc.engine}, Logger: logger(t)}
+	opts := agent.HostOptions{ID: id, Slots: slots, DataDir: t.TempDir(), HeartbeatInterval: hbInterval,
+		Executor: &agent.LocalExecutor{Engine: tc.engine}, Logger: logger(t)}
 	with(&opts)
-	h, err := cluster.StartHost(connect(t, tc.srv.URL()), opts)
+	h, err := agent.StartHost(connect(t, tc.srv.URL()), opts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -30,13 +31,13 @@ func (tc *testCluster) addHostOpts(id string, slots int, with func(*cluster.Host
 // longer runs the attempt, asks the host for its outcome and finishes the job;
 // a host that does not know the outcome has the attempt failed over.
 func TestLostFinalReport(t *testing.T) {
-	dropAll := func(cluster.HostEvent) bool { return false }
-	dropFirst := func(ev cluster.HostEvent) bool { return ev.Attempt > 0 }
+	dropAll := func(wire.HostEvent) bool { return false }
+	dropFirst := func(ev wire.HostEvent) bool { return ev.Attempt > 0 }
 	for _, tt := range []struct {
 		name    string
 		spread  bool // two hosts, h2 drops; else one host h1
 		forget  bool // the host keeps no outcomes
-		drop    func(cluster.HostEvent) bool
+		drop    func(wire.HostEvent) bool
 		attempt int // the attempt that finishes
 	}{
 		{name: "one-host/outcome-known", drop: dropAll},
@@ -51,7 +52,7 @@ func TestLostFinalReport(t *testing.T) {
 				tc.addHost("h1", 2)
 				dropper = "h2"
 			}
-			tc.addHostOpts(dropper, 2, func(o *cluster.HostOptions) {
+			tc.addHostOpts(dropper, 2, func(o *agent.HostOptions) {
 				o.SendFinalReport = tt.drop
 				if tt.forget {
 					o.Outcomes = -1
@@ -66,14 +67,14 @@ func TestLostFinalReport(t *testing.T) {
 			}
 			start := time.Now()
 			id := deploy(t, tc, path, jobfile.Options{})
-			st := tc.waitJob(id, "finished", state(cluster.JobFinished))
+			st := tc.waitJob(id, "finished", state(wire.JobFinished))
 			took := time.Since(start)
-			if st.State != cluster.JobFinished || st.Attempt != tt.attempt {
+			if st.State != wire.JobFinished || st.Attempt != tt.attempt {
 				t.Fatalf("job %s in attempt %d (%s), want finished in attempt %d; attempts %+v", st.State, st.Attempt, st.Reason, tt.attempt, st.Attempts)
 			}
 			if tt.attempt > 0 {
 				want := "host " + dropper + " reported no end for attempt 0 of job " + id
-				if r := st.Attempts[0].Reason; st.Attempts[0].State != cluster.SubtaskFailed || !strings.Contains(r, want) {
+				if r := st.Attempts[0].Reason; st.Attempts[0].State != wire.SubtaskFailed || !strings.Contains(r, want) {
 					t.Errorf("attempt 0: %s %q, want failed: %q", st.Attempts[0].State, r, want)
 				}
 			}

@@ -10,7 +10,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/streamd/streamd/internal/cluster"
+	"github.com/streamd/streamd/internal/cluster/client"
+	"github.com/streamd/streamd/internal/cluster/wire"
 	"github.com/streamd/streamd/internal/jobfile"
 	"github.com/streamd/streamd/internal/natsutil"
 )
@@ -84,7 +85,7 @@ func newProcessCluster(t *testing.T, hosts, slots int, hostArgs ...string) *proc
 		args := append([]string{"host", "--nats", pc.url, hb, "--host-id", id, "--slots", fmt.Sprint(slots), "--data-dir", t.TempDir()}, hostArgs...)
 		pc.hosts[id] = startProc(t, id, args...)
 	}
-	pc.client, err = cluster.NewClient(connect(t, pc.url))
+	pc.client, err = client.NewClient(connect(t, pc.url))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -117,10 +118,10 @@ func killHostFailsOverOn(t *testing.T, pc *processCluster, storage string) {
 	const n = 8000
 	path := spreadJob(t, n, 2000, 4, "checkpoint: {interval: 200ms, dir: chk, storage: "+storage+"}\nrestart: {strategy: fixed-delay, attempts: 3, delay: 100ms}\n")
 	id := deploy(t, pc.testCluster, path, jobfile.Options{})
-	st := pc.waitJob(id, "running with output", func(st *cluster.JobStatus) bool {
-		return cluster.TerminalJobState(st.State) || (st.State == cluster.JobRunning && st.Operators[2].RecordsIn > n/4)
+	st := pc.waitJob(id, "running with output", func(st *wire.JobStatus) bool {
+		return wire.TerminalJobState(st.State) || (st.State == wire.JobRunning && st.Operators[2].RecordsIn > n/4)
 	})
-	if st.State != cluster.JobRunning || len(st.Hosts) != 3 {
+	if st.State != wire.JobRunning || len(st.Hosts) != 3 {
 		t.Fatalf("job %s on %v (%s): want running on 3 hosts", st.State, st.Hosts, st.Reason)
 	}
 	// Some checkpoint has committed output before the kill.
@@ -130,10 +131,10 @@ func killHostFailsOverOn(t *testing.T, pc *processCluster, storage string) {
 		t.Fatal(err)
 	}
 	killed := time.Now()
-	st = pc.waitJob(id, "failed over", func(st *cluster.JobStatus) bool { return st.Attempt >= 1 || cluster.TerminalJobState(st.State) })
+	st = pc.waitJob(id, "failed over", func(st *wire.JobStatus) bool { return st.Attempt >= 1 || wire.TerminalJobState(st.State) })
 	t.Logf("killed %s (%d checkpoints done); new attempt after %s", victim, chk, time.Since(killed).Round(time.Millisecond))
-	st = pc.waitJob(id, "finished", state(cluster.JobFinished))
-	if st.State != cluster.JobFinished {
+	st = pc.waitJob(id, "finished", state(wire.JobFinished))
+	if st.State != wire.JobFinished {
 		t.Fatalf("job %s: %s", st.State, st.Reason)
 	}
 	for _, h := range st.Hosts {

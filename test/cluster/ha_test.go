@@ -15,6 +15,9 @@ import (
 
 	"github.com/streamd/streamd/host"
 	"github.com/streamd/streamd/internal/cluster"
+	"github.com/streamd/streamd/internal/cluster/agent"
+	"github.com/streamd/streamd/internal/cluster/client"
+	"github.com/streamd/streamd/internal/cluster/wire"
 	"github.com/streamd/streamd/internal/jobfile"
 	"github.com/streamd/streamd/internal/natsutil"
 )
@@ -42,7 +45,7 @@ func newHACluster(t *testing.T, controllers int, slots ...int) *haCluster {
 		t.Fatal(err)
 	}
 	t.Cleanup(srv.Shutdown)
-	hc := &haCluster{testCluster: &testCluster{t: t, srv: srv, hosts: map[string]*cluster.Host{}}}
+	hc := &haCluster{testCluster: &testCluster{t: t, srv: srv, hosts: map[string]*agent.Host{}}}
 	for i := 0; i < controllers; i++ {
 		hc.startController(fmt.Sprintf("ctl%d", i+1))
 	}
@@ -52,9 +55,9 @@ func newHACluster(t *testing.T, controllers int, slots ...int) *haCluster {
 	}
 	t.Cleanup(func() { hc.engine.Close(context.Background()) })
 	for i, n := range slots {
-		hc.addHostOpts(fmt.Sprintf("h%d", i+1), n, func(o *cluster.HostOptions) { o.HeartbeatInterval = haInterval })
+		hc.addHostOpts(fmt.Sprintf("h%d", i+1), n, func(o *agent.HostOptions) { o.HeartbeatInterval = haInterval })
 	}
-	hc.client, err = cluster.NewClient(connect(t, srv.URL()))
+	hc.client, err = client.NewClient(connect(t, srv.URL()))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -128,7 +131,7 @@ type poller struct {
 	done     chan struct{}
 }
 
-func startPoller(t *testing.T, client *cluster.Client, id string) *poller {
+func startPoller(t *testing.T, client *client.Client, id string) *poller {
 	p := &poller{terms: map[uint64]bool{}, stop: make(chan struct{}), done: make(chan struct{})}
 	go func() {
 		defer close(p.done)
@@ -147,7 +150,7 @@ func startPoller(t *testing.T, client *cluster.Client, id string) *poller {
 			switch {
 			case lerr != nil:
 				p.failures = append(p.failures, "list: "+lerr.Error())
-			case !slices.ContainsFunc(jobs, func(j cluster.JobStatus) bool { return j.ID == id }):
+			case !slices.ContainsFunc(jobs, func(j wire.JobStatus) bool { return j.ID == id }):
 				p.failures = append(p.failures, fmt.Sprintf("list: %d jobs, not %s", len(jobs), id))
 			}
 			switch {
@@ -213,10 +216,10 @@ func TestLeaderKilledStandbyAdoptsJob(t *testing.T) {
 			path := slowJob(t, n, 1000, p)
 			appendCheckpoint(t, path)
 			id := deploy(t, hc.testCluster, path, jobfile.Options{})
-			st := hc.waitJob(id, "running with output", func(st *cluster.JobStatus) bool {
-				return cluster.TerminalJobState(st.State) || (st.State == cluster.JobRunning && st.Operators[2].RecordsIn > n/5 && len(st.Checkpoints) > 0)
+			st := hc.waitJob(id, "running with output", func(st *wire.JobStatus) bool {
+				return wire.TerminalJobState(st.State) || (st.State == wire.JobRunning && st.Operators[2].RecordsIn > n/5 && len(st.Checkpoints) > 0)
 			})
-			if st.State != cluster.JobRunning || len(st.Hosts) != p {
+			if st.State != wire.JobRunning || len(st.Hosts) != p {
 				t.Fatalf("job %s on %v (%s): want running on %d host(s)", st.State, st.Hosts, st.Reason, p)
 			}
 			lastID := st.Checkpoints[len(st.Checkpoints)-1].ID
@@ -230,9 +233,9 @@ func TestLeaderKilledStandbyAdoptsJob(t *testing.T) {
 			if took > 25*haInterval || term != 2 {
 				t.Errorf("takeover after %s in term %d: want within %s, term 2", took, term, 25*haInterval)
 			}
-			st = hc.waitJob(id, "finished", state(cluster.JobFinished))
+			st = hc.waitJob(id, "finished", state(wire.JobFinished))
 			poll.finish(t)
-			if st.State != cluster.JobFinished {
+			if st.State != wire.JobFinished {
 				t.Fatalf("job %s: %s", st.State, st.Reason)
 			}
 			if st.Attempt != 0 || len(st.Attempts) != 1 {
@@ -263,16 +266,16 @@ func TestLoneControllerRestartAdoptsJob(t *testing.T) {
 	hc := newHACluster(t, 1, 2)
 	short := slowJob(t, 100, 0, 1)
 	done := deploy(t, hc.testCluster, short, jobfile.Options{})
-	hc.waitJob(done, "finished", state(cluster.JobFinished))
+	hc.waitJob(done, "finished", state(wire.JobFinished))
 
 	const n = 3000
 	path := slowJob(t, n, 1000, 1)
 	appendCheckpoint(t, path)
 	id := deploy(t, hc.testCluster, path, jobfile.Options{})
-	st := hc.waitJob(id, "running with output", func(st *cluster.JobStatus) bool {
-		return cluster.TerminalJobState(st.State) || (st.State == cluster.JobRunning && st.Operators[2].RecordsIn > n/5 && len(st.Checkpoints) > 0)
+	st := hc.waitJob(id, "running with output", func(st *wire.JobStatus) bool {
+		return wire.TerminalJobState(st.State) || (st.State == wire.JobRunning && st.Operators[2].RecordsIn > n/5 && len(st.Checkpoints) > 0)
 	})
-	if st.State != cluster.JobRunning {
+	if st.State != wire.JobRunning {
 		t.Fatalf("job %s (%s): want running", st.State, st.Reason)
 	}
 	old := hc.ctls[0]
@@ -291,14 +294,14 @@ func TestLoneControllerRestartAdoptsJob(t *testing.T) {
 	}
 	for _, j := range jobs {
 		switch {
-		case j.ID == done && j.State != cluster.JobFinished:
+		case j.ID == done && j.State != wire.JobFinished:
 			t.Errorf("finished job %s listed %s after the restart", done, j.State)
-		case j.ID == id && j.State != cluster.JobRunning && j.State != cluster.JobFinished:
+		case j.ID == id && j.State != wire.JobRunning && j.State != wire.JobFinished:
 			t.Errorf("running job %s listed %s (%s) after the restart", id, j.State, j.Reason)
 		}
 	}
-	st = hc.waitJob(id, "finished", state(cluster.JobFinished))
-	if st.State != cluster.JobFinished || st.Attempt != 0 || len(st.Attempts) != 1 {
+	st = hc.waitJob(id, "finished", state(wire.JobFinished))
+	if st.State != wire.JobFinished || st.Attempt != 0 || len(st.Attempts) != 1 {
 		t.Fatalf("job %s attempt %d attempts %+v (%s): want finished in attempt 0 (adopted)", st.State, st.Attempt, st.Attempts, st.Reason)
 	}
 	if st.Leader != hc.ctlID(next) || st.Term != term {

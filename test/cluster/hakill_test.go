@@ -13,7 +13,8 @@ import (
 
 	"github.com/nats-io/nats.go"
 
-	"github.com/streamd/streamd/internal/cluster"
+	"github.com/streamd/streamd/internal/cluster/client"
+	"github.com/streamd/streamd/internal/cluster/wire"
 	"github.com/streamd/streamd/internal/jobfile"
 	"github.com/streamd/streamd/internal/natsutil"
 )
@@ -78,13 +79,13 @@ func TestKillServerAdoptsJob(t *testing.T) {
 	s.start()
 	defer func() { s.stop() }()
 	url := fmt.Sprintf("nats://127.0.0.1:%d", s.port)
-	newClient := func() *cluster.Client {
+	newClient := func() *client.Client {
 		deadline := time.Now().Add(20 * time.Second)
 		for {
 			nc, err := connectErr(url)
 			if err == nil {
 				t.Cleanup(nc.Close)
-				cl, err := cluster.NewClient(nc)
+				cl, err := client.NewClient(nc)
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -102,16 +103,16 @@ func TestKillServerAdoptsJob(t *testing.T) {
 
 	short := slowJob(t, 50, 0, 1)
 	done := deploy(t, tc, short, jobfile.Options{})
-	tc.waitJob(done, "finished", state(cluster.JobFinished))
+	tc.waitJob(done, "finished", state(wire.JobFinished))
 
 	const n = 4000
 	path := slowJob(t, n, 1000, 2) // 2 slots: only h1 has them
 	appendCheckpoint(t, path)
 	id := deploy(t, tc, path, jobfile.Options{})
-	st := tc.waitJob(id, "running with output", func(st *cluster.JobStatus) bool {
-		return cluster.TerminalJobState(st.State) || (st.State == cluster.JobRunning && st.Operators[2].RecordsIn > n/5 && len(st.Checkpoints) > 0)
+	st := tc.waitJob(id, "running with output", func(st *wire.JobStatus) bool {
+		return wire.TerminalJobState(st.State) || (st.State == wire.JobRunning && st.Operators[2].RecordsIn > n/5 && len(st.Checkpoints) > 0)
 	})
-	if st.State != cluster.JobRunning || len(st.Hosts) != 1 || st.Hosts[0] != "h1" {
+	if st.State != wire.JobRunning || len(st.Hosts) != 1 || st.Hosts[0] != "h1" {
 		t.Fatalf("job %s on %v (%s): want running on h1", st.State, st.Hosts, st.Reason)
 	}
 	s.kill()
@@ -127,15 +128,15 @@ func TestKillServerAdoptsJob(t *testing.T) {
 		t.Fatalf("list after the restart: %d jobs, want 2", len(jobs))
 	}
 	for _, j := range jobs {
-		if j.ID == done && j.State != cluster.JobFinished {
+		if j.ID == done && j.State != wire.JobFinished {
 			t.Errorf("finished job listed %s (%s) after the restart", j.State, j.Reason)
 		}
 		if j.Term < 2 {
 			t.Errorf("job %s listed by term %d, want a later term than the killed controller's", j.ID, j.Term)
 		}
 	}
-	st = tc.waitJob(id, "finished", state(cluster.JobFinished))
-	if st.State != cluster.JobFinished || st.Attempt != 0 || len(st.Attempts) != 1 {
+	st = tc.waitJob(id, "finished", state(wire.JobFinished))
+	if st.State != wire.JobFinished || st.Attempt != 0 || len(st.Attempts) != 1 {
 		t.Fatalf("job %s attempt %d attempts %+v (%s): want finished in attempt 0 (adopted, nothing canceled)", st.State, st.Attempt, st.Attempts, st.Reason)
 	}
 	exactlyOnce(t, filepath.Join(filepath.Dir(path), "out"), n)

@@ -17,7 +17,8 @@ import (
 
 	"github.com/streamd/streamd/control"
 	"github.com/streamd/streamd/dataplane/natsch"
-	"github.com/streamd/streamd/internal/cluster"
+	"github.com/streamd/streamd/internal/cluster/client"
+	"github.com/streamd/streamd/internal/cluster/wire"
 	"github.com/streamd/streamd/internal/jobfile"
 	"github.com/streamd/streamd/internal/natsutil"
 	"github.com/streamd/streamd/internal/runtime"
@@ -243,7 +244,7 @@ func hostKillOnce(b *testing.B, wasm string) (time.Duration, time.Duration) {
 		}
 	}()
 	nc := connect(b, url)
-	client, err := cluster.NewClient(nc)
+	client, err := client.NewClient(nc)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -322,7 +323,7 @@ operators:
 	if err != nil {
 		b.Fatal(err)
 	}
-	var st *cluster.JobStatus
+	var st *wire.JobStatus
 	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(20 * time.Millisecond) {
 		st, err = client.Status(ctx, id)
 		if err != nil {
@@ -331,10 +332,10 @@ operators:
 		mu.Lock()
 		n := msgs
 		mu.Unlock()
-		if st.State == cluster.JobRunning && len(st.Checkpoints) >= 2 && n > 1000 {
+		if st.State == wire.JobRunning && len(st.Checkpoints) >= 2 && n > 1000 {
 			break
 		}
-		if cluster.TerminalJobState(st.State) || time.Now().After(deadline) {
+		if wire.TerminalJobState(st.State) || time.Now().After(deadline) {
 			b.Fatalf("job %s (%s), %d messages: want running with 2 checkpoints", st.State, st.Reason, n)
 		}
 	}

@@ -8,7 +8,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/streamd/streamd/internal/cluster"
+	"github.com/streamd/streamd/internal/cluster/client"
+	"github.com/streamd/streamd/internal/cluster/wire"
 	"github.com/streamd/streamd/internal/jobfile"
 	"github.com/streamd/streamd/internal/natsutil"
 	"github.com/streamd/streamd/internal/telemetry"
@@ -38,7 +39,7 @@ func TestJobTraceInJaeger(t *testing.T) {
 	startProc(t, "h2", "host", "--nats", url, hb, "--slots", "2", "--data-dir", t.TempDir(),
 		"--tracing", "--tracing-protocol", "http", "--tracing-endpoint", j.OTLPHTTP)
 	tc := &testCluster{t: t, srv: srv}
-	tc.client, err = cluster.NewClient(connect(t, url))
+	tc.client, err = client.NewClient(connect(t, url))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -59,8 +60,8 @@ func TestJobTraceInJaeger(t *testing.T) {
 
 	path := spreadJob(t, 6000, 3000, 4, "checkpoint: {interval: 300ms, dir: chk}\n")
 	id := deploy(t, tc, path, jobfile.Options{})
-	st := tc.waitJob(id, "finished", state(cluster.JobFinished))
-	if st.State != cluster.JobFinished || len(st.Hosts) != 2 {
+	st := tc.waitJob(id, "finished", state(wire.JobFinished))
+	if st.State != wire.JobFinished || len(st.Hosts) != 2 {
 		t.Fatalf("job %s on %v: %s", st.State, st.Hosts, st.Reason)
 	}
 

@@ -12,7 +12,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/streamd/streamd/internal/cluster"
+	"github.com/streamd/streamd/internal/cluster/client"
+	"github.com/streamd/streamd/internal/cluster/wire"
 	_ "github.com/streamd/streamd/internal/connector/all" // the kafka connector, for deploy's job file
 	"github.com/streamd/streamd/internal/connector/kafka/kafkatest"
 	"github.com/streamd/streamd/internal/jobfile"
@@ -48,7 +49,7 @@ func TestKafkaExactlyOnceAcrossHostKill(t *testing.T) {
 		hosts[id] = startLogged(t, id, "host", "--nats", url, hb, "--host-id", id, "--slots", "6", "--data-dir", t.TempDir())
 	}
 	tc := &testCluster{t: t, srv: srv}
-	tc.client, err = cluster.NewClient(connect(t, url))
+	tc.client, err = client.NewClient(connect(t, url))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -75,10 +76,10 @@ operators:
 		t.Fatal(err)
 	}
 	id := deploy(t, tc, path, jobfile.Options{})
-	st := tc.waitJob(id, "running with two checkpoints", func(st *cluster.JobStatus) bool {
-		return cluster.TerminalJobState(st.State) || (st.State == cluster.JobRunning && len(st.Checkpoints) >= 2)
+	st := tc.waitJob(id, "running with two checkpoints", func(st *wire.JobStatus) bool {
+		return wire.TerminalJobState(st.State) || (st.State == wire.JobRunning && len(st.Checkpoints) >= 2)
 	})
-	if st.State != cluster.JobRunning {
+	if st.State != wire.JobRunning {
 		t.Fatalf("job %s: %s", st.State, st.Reason)
 	}
 	// The victim: the host with the most subtasks of the job.
@@ -97,10 +98,10 @@ operators:
 		t.Fatal(err)
 	}
 	<-hosts[victim].done
-	st = tc.waitJob(id, "running again after the host kill", func(st *cluster.JobStatus) bool {
-		return cluster.TerminalJobState(st.State) || (st.Attempt > attempt && st.State == cluster.JobRunning)
+	st = tc.waitJob(id, "running again after the host kill", func(st *wire.JobStatus) bool {
+		return wire.TerminalJobState(st.State) || (st.Attempt > attempt && st.State == wire.JobRunning)
 	})
-	if st.State != cluster.JobRunning {
+	if st.State != wire.JobRunning {
 		t.Fatalf("after killing %s: job %s: %s", victim, st.State, st.Reason)
 	}
 	t.Logf("killed %s (%d subtasks) after checkpoint %d; attempt %d runs on %v", victim, on[victim],

@@ -12,7 +12,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/streamd/streamd/internal/cluster"
+	"github.com/streamd/streamd/internal/cluster/client"
+	"github.com/streamd/streamd/internal/cluster/wire"
 	"github.com/streamd/streamd/internal/jobfile"
 	"github.com/streamd/streamd/internal/natsutil"
 	"github.com/streamd/streamd/internal/testwasm"
@@ -118,7 +119,7 @@ func testKeyedFailovers(t *testing.T, section string) {
 		startHost(id)
 	}
 	tc := &testCluster{t: t, srv: srv}
-	tc.client, err = cluster.NewClient(connect(t, url))
+	tc.client, err = client.NewClient(connect(t, url))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -127,13 +128,13 @@ func testKeyedFailovers(t *testing.T, section string) {
 	const n, rate, failovers = 75000, 2500, 3
 	path := keyedJob(t, n, rate, section)
 	id := deploy(t, tc, path, jobfile.Options{})
-	st := tc.waitJob(id, "running with a checkpoint", func(st *cluster.JobStatus) bool {
-		return cluster.TerminalJobState(st.State) || (st.State == cluster.JobRunning && len(st.Checkpoints) > 0)
+	st := tc.waitJob(id, "running with a checkpoint", func(st *wire.JobStatus) bool {
+		return wire.TerminalJobState(st.State) || (st.State == wire.JobRunning && len(st.Checkpoints) > 0)
 	})
-	if st.State != cluster.JobRunning || len(st.Hosts) != 3 {
+	if st.State != wire.JobRunning || len(st.Hosts) != 3 {
 		t.Fatalf("job %s on %v (%s): want running on 3 hosts", st.State, st.Hosts, st.Reason)
 	}
-	lastCheckpoint := func(st *cluster.JobStatus) int64 {
+	lastCheckpoint := func(st *wire.JobStatus) int64 {
 		if len(st.Checkpoints) == 0 {
 			return 0
 		}
@@ -150,10 +151,10 @@ func testKeyedFailovers(t *testing.T, section string) {
 		killed := time.Now()
 		// The job fails over to the two other hosts (6 slots each), which
 		// must first have ended the failed attempt.
-		st = tc.waitJob(id, "running on the other hosts", func(st *cluster.JobStatus) bool {
-			return cluster.TerminalJobState(st.State) || (st.Attempt > attempt && st.State == cluster.JobRunning)
+		st = tc.waitJob(id, "running on the other hosts", func(st *wire.JobStatus) bool {
+			return wire.TerminalJobState(st.State) || (st.Attempt > attempt && st.State == wire.JobRunning)
 		})
-		if st.State != cluster.JobRunning {
+		if st.State != wire.JobRunning {
 			t.Fatalf("failover %d (killed %s): job %s: %s", i+1, victim, st.State, st.Reason)
 		}
 		for _, h := range st.Hosts {
@@ -166,17 +167,17 @@ func testKeyedFailovers(t *testing.T, section string) {
 		tc.waitHosts(3)
 		// A checkpoint of the new attempt completes before the next kill,
 		// so each failover restores from a later checkpoint.
-		st = tc.waitJob(id, "a checkpoint after the failover", func(st *cluster.JobStatus) bool {
-			return cluster.TerminalJobState(st.State) || (st.State == cluster.JobRunning && lastCheckpoint(st) > chk && st.Attempt > attempt)
+		st = tc.waitJob(id, "a checkpoint after the failover", func(st *wire.JobStatus) bool {
+			return wire.TerminalJobState(st.State) || (st.State == wire.JobRunning && lastCheckpoint(st) > chk && st.Attempt > attempt)
 		})
-		if st.State != cluster.JobRunning {
-			if st.State == cluster.JobFinished && i < failovers-1 {
+		if st.State != wire.JobRunning {
+			if st.State == wire.JobFinished && i < failovers-1 {
 				t.Fatalf("the job finished after %d of %d failovers: make it longer", i+1, failovers)
 			}
 			t.Fatalf("after failover %d: job %s: %s", i+1, st.State, st.Reason)
 		}
 	}
-	st = tc.waitJob(id, "finished", state(cluster.JobFinished))
+	st = tc.waitJob(id, "finished", state(wire.JobFinished))
 	t.Logf("finished in attempt %d on %v", st.Attempt, st.Hosts)
 	for _, a := range st.Attempts {
 		t.Logf("attempt %d on %v: %s %s", a.Attempt, a.Hosts, a.State, a.Reason)
@@ -187,7 +188,7 @@ func testKeyedFailovers(t *testing.T, section string) {
 			t.Errorf("attempt %d failed on a refused assignment (slots not free yet?): %s", a.Attempt, a.Reason)
 		}
 	}
-	if st.State != cluster.JobFinished {
+	if st.State != wire.JobFinished {
 		t.Fatalf("job %s: %s", st.State, st.Reason)
 	}
 	if st.Attempt < failovers {

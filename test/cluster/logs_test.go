@@ -14,7 +14,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/streamd/streamd/internal/cluster"
+	"github.com/streamd/streamd/internal/cluster/wire"
 	"github.com/streamd/streamd/internal/testwasm"
 )
 
@@ -71,12 +71,12 @@ func TestBinaryLogs(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
-	recs := make(chan cluster.LogRecord, 1024)
+	recs := make(chan wire.LogRecord, 1024)
 	go func() {
 		defer close(recs)
 		sc := bufio.NewScanner(pr)
 		for sc.Scan() {
-			var r cluster.LogRecord
+			var r wire.LogRecord
 			if err := json.Unmarshal(sc.Bytes(), &r); err != nil {
 				t.Errorf("logs --json printed %q: %v", sc.Text(), err)
 				continue
@@ -86,7 +86,7 @@ func TestBinaryLogs(t *testing.T) {
 		}
 	}()
 	opened := map[int]bool{}
-	var live *cluster.LogRecord
+	var live *wire.LogRecord
 	timeout := time.After(30 * time.Second)
 	for live == nil || len(opened) < 2 {
 		select {
@@ -148,7 +148,7 @@ func TestBinaryLogs(t *testing.T) {
 		if l == "" {
 			continue
 		}
-		var r cluster.LogRecord
+		var r wire.LogRecord
 		if err := json.Unmarshal([]byte(l), &r); err != nil {
 			t.Fatalf("logs --json printed %q: %v", l, err)
 		}
@@ -166,11 +166,11 @@ func TestBinaryLogs(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := js.DeleteStream(context.Background(), cluster.LogStream); err != nil {
+	if err := js.DeleteStream(context.Background(), wire.LogStream); err != nil {
 		t.Fatal(err)
 	}
 	_, errs, code = streamd(t, env, "logs", id)
-	if code != 1 || !strings.Contains(errs, "no log stream "+cluster.LogStream) {
+	if code != 1 || !strings.Contains(errs, "no log stream "+wire.LogStream) {
 		t.Fatalf("logs without the stream: exit %d: %s", code, errs)
 	}
 }

@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/streamd/streamd/internal/cluster"
+	"github.com/streamd/streamd/internal/cluster/wire"
 	"github.com/streamd/streamd/internal/jobfile"
 	"github.com/streamd/streamd/internal/telemetry"
 )
@@ -93,7 +93,7 @@ func TestMetricsOfEndedJobsRemoved(t *testing.T) {
 	short := job(1500, 1000) // about 1.5 s
 	waitSeries(running, true, both...)
 	waitSeries(short, true, both...)
-	tc.waitJob(short, "finished", state(cluster.JobFinished))
+	tc.waitJob(short, "finished", state(wire.JobFinished))
 	text := waitSeries(short, false, both...)
 	for _, m := range both {
 		if !series(text, running, m) {
@@ -103,7 +103,7 @@ func TestMetricsOfEndedJobsRemoved(t *testing.T) {
 	if _, err := tc.client.Cancel(ctx, running); err != nil {
 		t.Fatal(err)
 	}
-	tc.waitJob(running, "canceled", state(cluster.JobCanceled))
+	tc.waitJob(running, "canceled", state(wire.JobCanceled))
 	waitSeries(running, false, both...)
 }
 

@@ -12,7 +12,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/streamd/streamd/internal/cluster"
+	"github.com/streamd/streamd/internal/cluster/client"
+	"github.com/streamd/streamd/internal/cluster/wire"
 	"github.com/streamd/streamd/internal/jobfile"
 	"github.com/streamd/streamd/internal/natsutil"
 	"github.com/streamd/streamd/internal/testwasm"
@@ -37,7 +38,7 @@ func startProcessesLost(t *testing.T, clientURL, ctlURL string, hostURLs []strin
 		pc.hosts[id] = startProc(t, id, "host", "--nats", u, hb, "--host-id", id, "--slots", fmt.Sprint(slots), "--data-dir", t.TempDir())
 	}
 	var err error
-	pc.client, err = cluster.NewClient(connect(t, clientURL))
+	pc.client, err = client.NewClient(connect(t, clientURL))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -46,13 +47,13 @@ func startProcessesLost(t *testing.T, clientURL, ctlURL string, hostURLs []strin
 }
 
 // cliStatus is `streamd status --json id`.
-func cliStatus(t *testing.T, url, id string) *cluster.JobStatus {
+func cliStatus(t *testing.T, url, id string) *wire.JobStatus {
 	t.Helper()
 	out, errs, code := streamd(t, nil, "status", "--json", "--nats", url, id)
 	if code != 0 {
 		t.Fatalf("streamd status --json %s: exit %d: %s", id, code, errs)
 	}
-	var st cluster.JobStatus
+	var st wire.JobStatus
 	if err := json.Unmarshal([]byte(out), &st); err != nil {
 		t.Fatalf("streamd status --json: %v\n%s", err, out)
 	}
@@ -62,7 +63,7 @@ func cliStatus(t *testing.T, url, id string) *cluster.JobStatus {
 // checkSpread checks that the status places the job's subtasks on exactly
 // the hosts want, one slot each: subtask i of every operator with
 // parallelism > i on the same host, a different one per i.
-func checkSpread(t *testing.T, st *cluster.JobStatus, want int) {
+func checkSpread(t *testing.T, st *wire.JobStatus, want int) {
 	t.Helper()
 	hosts := slices.Clone(st.Hosts)
 	slices.Sort(hosts)
@@ -111,18 +112,18 @@ func threeHostsSameAsRun(t *testing.T, pc *processCluster) {
 	// The placement, from `streamd status --json` while the job runs.
 	for {
 		st := cliStatus(t, pc.url, id)
-		if st.State == cluster.JobRunning {
+		if st.State == wire.JobRunning {
 			checkSpread(t, st, 3)
 			break
 		}
-		if cluster.TerminalJobState(st.State) {
+		if wire.TerminalJobState(st.State) {
 			t.Fatalf("job %s before it was seen running (%s): make it longer", st.State, st.Reason)
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	pc.waitJob(id, "finished", state(cluster.JobFinished))
+	pc.waitJob(id, "finished", state(wire.JobFinished))
 	st := cliStatus(t, pc.url, id)
-	if st.State != cluster.JobFinished || st.Attempt != 0 || len(st.Attempts) != 1 {
+	if st.State != wire.JobFinished || st.Attempt != 0 || len(st.Attempts) != 1 {
 		t.Fatalf("streamd status: %s attempt %d (%s), want finished in attempt 0", st.State, st.Attempt, st.Reason)
 	}
 	if hs := st.Attempts[0].Hosts; len(hs) != 3 {
@@ -137,10 +138,10 @@ func threeHostsSameAsRun(t *testing.T, pc *processCluster) {
 
 // waitJobLoose polls the status like waitJob, but takes a failed request
 // (NATS down) as "not yet".
-func (tc *testCluster) waitJobLoose(id, what string, d time.Duration, cond func(*cluster.JobStatus) bool) *cluster.JobStatus {
+func (tc *testCluster) waitJobLoose(id, what string, d time.Duration, cond func(*wire.JobStatus) bool) *wire.JobStatus {
 	tc.t.Helper()
 	deadline := time.Now().Add(d)
-	var last *cluster.JobStatus
+	var last *wire.JobStatus
 	var lastErr error
 	for time.Now().Before(deadline) {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
@@ -194,11 +195,11 @@ func natsRestart(t *testing.T, storage string) {
 	const n = 7000
 	path := spreadJob(t, n, 2000, 3, "checkpoint: {interval: 200ms, dir: chk, storage: "+storage+"}\n")
 	id := deploy(t, pc.testCluster, path, jobfile.Options{})
-	st := pc.waitJob(id, "running with a checkpoint", func(st *cluster.JobStatus) bool {
-		return cluster.TerminalJobState(st.State) ||
-			(st.State == cluster.JobRunning && len(st.Checkpoints) > 0 && st.Operators[2].RecordsIn > n/4)
+	st := pc.waitJob(id, "running with a checkpoint", func(st *wire.JobStatus) bool {
+		return wire.TerminalJobState(st.State) ||
+			(st.State == wire.JobRunning && len(st.Checkpoints) > 0 && st.Operators[2].RecordsIn > n/4)
 	})
-	if st.State != cluster.JobRunning || len(st.Hosts) != 3 {
+	if st.State != wire.JobRunning || len(st.Hosts) != 3 {
 		t.Fatalf("job %s on %v (%s): want running on 3 hosts", st.State, st.Hosts, st.Reason)
 	}
 	srv.Shutdown()
@@ -208,11 +209,11 @@ func natsRestart(t *testing.T, storage string) {
 	pc.controller.waitOutput(t, "host lost", 60*time.Second)
 	srv = start()
 	t.Logf("NATS server down for %s", time.Since(down).Round(time.Millisecond))
-	st = pc.waitJobLoose(id, "a later attempt", 60*time.Second, func(st *cluster.JobStatus) bool {
-		return st.Attempt >= 1 || cluster.TerminalJobState(st.State)
+	st = pc.waitJobLoose(id, "a later attempt", 60*time.Second, func(st *wire.JobStatus) bool {
+		return st.Attempt >= 1 || wire.TerminalJobState(st.State)
 	})
-	st = pc.waitJobLoose(id, "finished", 90*time.Second, state(cluster.JobFinished))
-	if st.State != cluster.JobFinished {
+	st = pc.waitJobLoose(id, "finished", 90*time.Second, state(wire.JobFinished))
+	if st.State != wire.JobFinished {
 		t.Fatalf("job %s: %s (attempts %+v)", st.State, st.Reason, st.Attempts)
 	}
 	if st.Attempt < 1 {
@@ -307,9 +308,9 @@ func TestStopDrainAcrossHosts(t *testing.T) {
 				t.Fatalf("streamd deploy: exit %d: %s", code, errs)
 			}
 			id := strings.TrimSpace(out)
-			pc.waitJob(id, "running with a checkpoint", func(st *cluster.JobStatus) bool {
-				return cluster.TerminalJobState(st.State) ||
-					(st.State == cluster.JobRunning && len(st.Checkpoints) > 0 && st.Operators[2].RecordsIn > 1000)
+			pc.waitJob(id, "running with a checkpoint", func(st *wire.JobStatus) bool {
+				return wire.TerminalJobState(st.State) ||
+					(st.State == wire.JobRunning && len(st.Checkpoints) > 0 && st.Operators[2].RecordsIn > 1000)
 			})
 			checkSpread(t, cliStatus(t, pc.url, id), 2)
 			args := []string{"stop", "--nats", pc.url, id}
@@ -322,7 +323,7 @@ func TestStopDrainAcrossHosts(t *testing.T) {
 			}
 			sp := strings.TrimSpace(out)
 			st := cliStatus(t, pc.url, id)
-			if st.State != cluster.JobStopped || st.Savepoint != sp {
+			if st.State != wire.JobStopped || st.Savepoint != sp {
 				t.Fatalf("after stop: %s savepoint %q (%s), want stopped with %s", st.State, st.Savepoint, st.Reason, sp)
 			}
 			if _, err := os.Stat(filepath.Join(sp, "_metadata")); err != nil {

@@ -17,7 +17,8 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/streamd/streamd/dataplane/natsch"
-	"github.com/streamd/streamd/internal/cluster"
+	"github.com/streamd/streamd/internal/cluster/agent"
+	"github.com/streamd/streamd/internal/cluster/wire"
 	"github.com/streamd/streamd/internal/jobfile"
 	"github.com/streamd/streamd/internal/testwasm"
 )
@@ -188,7 +189,7 @@ operators:
 	if err != nil {
 		t.Fatal(err)
 	}
-	if st.State != cluster.JobRunning || len(st.Hosts) != 3 || sunk >= n {
+	if st.State != wire.JobRunning || len(st.Hosts) != 3 || sunk >= n {
 		t.Fatalf("job %s on %v (%s) with %d records out: want running on 3 hosts", st.State, st.Hosts, st.Reason, sunk)
 	}
 	victim := st.Hosts[1]
@@ -196,11 +197,11 @@ operators:
 		t.Fatal(err)
 	}
 	killed := time.Now()
-	st = pc.waitJob(id, "failed over", func(st *cluster.JobStatus) bool { return st.Attempt >= 1 || cluster.TerminalJobState(st.State) })
+	st = pc.waitJob(id, "failed over", func(st *wire.JobStatus) bool { return st.Attempt >= 1 || wire.TerminalJobState(st.State) })
 	t.Logf("killed %s after %d of %d records reached the output stream (%d checkpoints); new attempt after %s",
 		victim, sunk, n, len(st.Checkpoints), time.Since(killed).Round(time.Millisecond))
-	st = pc.waitJob(id, "finished", state(cluster.JobFinished))
-	if st.State != cluster.JobFinished {
+	st = pc.waitJob(id, "finished", state(wire.JobFinished))
+	if st.State != wire.JobFinished {
 		t.Fatalf("job %s: %s", st.State, st.Reason)
 	}
 	if st.Attempt < 1 || !strings.Contains(st.Attempts[0].Reason, "host "+victim+" lost") {
@@ -238,12 +239,12 @@ func (w *slowWriter) lines() []string {
 func TestSlowReceiverAcrossHostsIsBackPressured(t *testing.T) {
 	tc := newCluster(t)
 	fast, slow := &slowWriter{}, &slowWriter{delay: 3 * time.Millisecond}
-	execs := map[string]*cluster.LocalExecutor{}
+	execs := map[string]*agent.LocalExecutor{}
 	for _, h := range []struct {
 		id  string
 		out *slowWriter
 	}{{"h1", fast}, {"h2", slow}} {
-		execs[h.id] = &cluster.LocalExecutor{Engine: tc.engine, Stdout: h.out, BatchSize: 32,
+		execs[h.id] = &agent.LocalExecutor{Engine: tc.engine, Stdout: h.out, BatchSize: 32,
 			ChannelOptions: []natsch.Option{natsch.Window(1 << 10)}}
 		tc.addHostWith(h.id, 1, execs[h.id])
 	}
@@ -268,8 +269,8 @@ operators:
 	}
 	start := time.Now()
 	id := deploy(t, tc, path, jobfile.Options{})
-	st := tc.waitJob(id, "finished", state(cluster.JobFinished))
-	if st.State != cluster.JobFinished {
+	st := tc.waitJob(id, "finished", state(wire.JobFinished))
+	if st.State != wire.JobFinished {
 		t.Fatalf("job %s: %s", st.State, st.Reason)
 	}
 	elapsed := time.Since(start)
@@ -329,10 +330,10 @@ operators:
 		t.Fatal(err)
 	}
 	id := deploy(t, tc, path, jobfile.Options{})
-	st := tc.waitJob(id, "running with a checkpoint", func(st *cluster.JobStatus) bool {
-		return cluster.TerminalJobState(st.State) || (st.State == cluster.JobRunning && st.Operators[2].RecordsIn > 0 && len(st.Checkpoints) > 0)
+	st := tc.waitJob(id, "running with a checkpoint", func(st *wire.JobStatus) bool {
+		return wire.TerminalJobState(st.State) || (st.State == wire.JobRunning && st.Operators[2].RecordsIn > 0 && len(st.Checkpoints) > 0)
 	})
-	if st.State != cluster.JobRunning {
+	if st.State != wire.JobRunning {
 		t.Fatalf("job %s: %s", st.State, st.Reason)
 	}
 	// A channel between hosts: gen (one subtask, so that every sink subtask
@@ -361,13 +362,13 @@ operators:
 		t.Fatal(err)
 	}
 	nc.Flush()
-	st = tc.waitJob(id, "restarted", func(st *cluster.JobStatus) bool { return st.Attempt >= 1 || cluster.TerminalJobState(st.State) })
+	st = tc.waitJob(id, "restarted", func(st *wire.JobStatus) bool { return st.Attempt >= 1 || wire.TerminalJobState(st.State) })
 	if st.Attempt < 1 || !strings.Contains(st.Attempts[0].Reason, "gap") {
 		t.Fatalf("after the forged message on %s: attempt %d, attempts %+v; want attempt 0 failed by a sequence gap", subj, st.Attempt, st.Attempts)
 	}
 	t.Logf("forged message on %s: %s", subj, st.Attempts[0].Reason)
-	st = tc.waitJob(id, "finished", state(cluster.JobFinished))
-	if st.State != cluster.JobFinished {
+	st = tc.waitJob(id, "finished", state(wire.JobFinished))
+	if st.State != wire.JobFinished {
 		t.Fatalf("job %s: %s", st.State, st.Reason)
 	}
 	checkOutStream(t, js, n)

@@ -17,7 +17,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/streamd/streamd/internal/checkpoint"
-	"github.com/streamd/streamd/internal/cluster"
+	"github.com/streamd/streamd/internal/cluster/wire"
 	"github.com/streamd/streamd/internal/natsutil"
 	"github.com/streamd/streamd/internal/testwasm"
 )
@@ -132,7 +132,7 @@ func natsCluster(t *testing.T) []string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, bucket := range []string{cluster.ArtifactBucket, checkpoint.DefaultBucket} {
+	for _, bucket := range []string{wire.ArtifactBucket, checkpoint.DefaultBucket} {
 		deadline := time.Now().Add(30 * time.Second)
 		for {
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)

@@ -16,6 +16,9 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/streamd/streamd/internal/cluster"
+	"github.com/streamd/streamd/internal/cluster/agent"
+	"github.com/streamd/streamd/internal/cluster/client"
+	"github.com/streamd/streamd/internal/cluster/wire"
 	"github.com/streamd/streamd/internal/jobfile"
 	"github.com/streamd/streamd/internal/natsutil"
 )
@@ -63,19 +66,19 @@ func TestRolePermissions(t *testing.T) {
 		return nc
 	}
 	tc := startController(t, srv, as("controller"))
-	logs := cluster.NewLogPublisher(as("host"), cluster.LogStreamConfig{}, logger(t))
+	logs := wire.NewLogPublisher(as("host"), wire.LogStreamConfig{}, logger(t))
 	t.Cleanup(logs.Close)
 	for _, id := range []string{"h1", "h2"} {
-		h, err := cluster.StartHost(as("host"), cluster.HostOptions{ID: id, Slots: 1, DataDir: t.TempDir(),
-			HeartbeatInterval: hbInterval, Executor: &cluster.LocalExecutor{Engine: tc.engine, Logs: logs}, Logger: logger(t)})
+		h, err := agent.StartHost(as("host"), agent.HostOptions{ID: id, Slots: 1, DataDir: t.TempDir(),
+			HeartbeatInterval: hbInterval, Executor: &agent.LocalExecutor{Engine: tc.engine, Logs: logs}, Logger: logger(t)})
 		if err != nil {
 			t.Fatal(err)
 		}
 		t.Cleanup(h.Close)
 		tc.hosts[id] = h
 	}
-	client := as("client")
-	tc.client, err = cluster.NewClient(client)
+	clientConn := as("client")
+	tc.client, err = client.NewClient(clientConn)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -83,13 +86,13 @@ func TestRolePermissions(t *testing.T) {
 
 	path := spreadJob(t, 3000, 0, 2, "checkpoint: {interval: 50ms, storage: jetstream}\n")
 	id := deploy(t, tc, path, jobfile.Options{})
-	st := tc.waitJob(id, "finished", state(cluster.JobFinished))
-	if st.State != cluster.JobFinished || len(st.Hosts) != 2 || len(st.Checkpoints) == 0 {
+	st := tc.waitJob(id, "finished", state(wire.JobFinished))
+	if st.State != wire.JobFinished || len(st.Hosts) != 2 || len(st.Checkpoints) == 0 {
 		t.Fatalf("job %s on %v with %d checkpoints: %s", st.State, st.Hosts, len(st.Checkpoints), st.Reason)
 	}
 	sameLines(t, outputLines(t, filepath.Join(filepath.Dir(path), "out")), runLocally(t, path))
 	// The client finds the control API as a micro service (nats micro info).
-	msg, err := client.Request("$SRV.INFO."+cluster.ServiceName, nil, 10*time.Second)
+	msg, err := clientConn.Request("$SRV.INFO."+cluster.ServiceName, nil, 10*time.Second)
 	if err != nil {
 		t.Fatalf("micro info as the client: %v", err)
 	}
@@ -100,7 +103,7 @@ func TestRolePermissions(t *testing.T) {
 		t.Fatalf("micro info as the client: %v: %s", err, msg.Data)
 	}
 	// The client reads the job's log lines the hosts published.
-	readLogLine(t, client, id)
+	readLogLine(t, clientConn, id)
 	select {
 	case v := <-violations:
 		t.Fatalf("a role lacks a permission it needs: %s", v)
@@ -110,9 +113,9 @@ func TestRolePermissions(t *testing.T) {
 	// The client forges a heartbeat and a host report: the server refuses
 	// both (each answer arrives in order on the client's connection), and no
 	// host "evil" exists.
-	hb, _ := json.Marshal(cluster.Heartbeat{HostID: "evil", Slots: 100, Interval: "1s"})
-	for _, subj := range []string{cluster.SubjectHeartbeat, cluster.SubjectHostEvents} {
-		if err := client.Publish(subj, hb); err != nil {
+	hb, _ := json.Marshal(wire.Heartbeat{HostID: "evil", Slots: 100, Interval: "1s"})
+	for _, subj := range []string{wire.SubjectHeartbeat, wire.SubjectHostEvents} {
+		if err := clientConn.Publish(subj, hb); err != nil {
 			t.Fatal(err)
 		}
 		select {
@@ -143,7 +146,7 @@ func TestRolePermissions(t *testing.T) {
 func TestControllerRefusesOutOfRangeHeartbeats(t *testing.T) {
 	tc := newCluster(t, 1)
 	nc := connect(t, tc.srv.URL())
-	for _, hb := range []cluster.Heartbeat{
+	for _, hb := range []wire.Heartbeat{
 		{HostID: "evil", Slots: 100000, Interval: "1s"},
 		{HostID: "evil", Slots: -1, Interval: "1s"},
 		{HostID: "evil", Slots: 0},
@@ -152,14 +155,14 @@ func TestControllerRefusesOutOfRangeHeartbeats(t *testing.T) {
 		{HostID: "", Slots: 2},
 	} {
 		b, _ := json.Marshal(hb)
-		if err := nc.Publish(cluster.SubjectHeartbeat, b); err != nil {
+		if err := nc.Publish(wire.SubjectHeartbeat, b); err != nil {
 			t.Fatal(err)
 		}
 	}
 	// A valid heartbeat sent after them registers: once it is listed, the
 	// controller has handled the ones before (one subscription, in order).
-	b, _ := json.Marshal(cluster.Heartbeat{HostID: "good", Slots: 2, Interval: "1s"})
-	if err := nc.Publish(cluster.SubjectHeartbeat, b); err != nil {
+	b, _ := json.Marshal(wire.Heartbeat{HostID: "good", Slots: 2, Interval: "1s"})
+	if err := nc.Publish(wire.SubjectHeartbeat, b); err != nil {
 		t.Fatal(err)
 	}
 	deadline := time.Now().Add(10 * time.Second)
@@ -190,7 +193,7 @@ func TestControllerRefusesOutOfRangeHeartbeats(t *testing.T) {
 
 // readLogLine reads the first log line of job id from the log stream as nc,
 // and fails the test without one within 10s.
-func readLogLine(t *testing.T, nc *nats.Conn, id string) cluster.LogRecord {
+func readLogLine(t *testing.T, nc *nats.Conn, id string) wire.LogRecord {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -198,7 +201,7 @@ func readLogLine(t *testing.T, nc *nats.Conn, id string) cluster.LogRecord {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cons, err := js.OrderedConsumer(ctx, cluster.LogStream, jetstream.OrderedConsumerConfig{FilterSubjects: []string{cluster.LogsSubject(id, "*", -1)}})
+	cons, err := js.OrderedConsumer(ctx, wire.LogStream, jetstream.OrderedConsumerConfig{FilterSubjects: []string{wire.LogsSubject(id, "*", -1)}})
 	if err != nil {
 		t.Fatalf("read the log stream: %v", err)
 	}
@@ -206,7 +209,7 @@ func readLogLine(t *testing.T, nc *nats.Conn, id string) cluster.LogRecord {
 	if err != nil {
 		t.Fatalf("no log line of job %s: %v", id, err)
 	}
-	var r cluster.LogRecord
+	var r wire.LogRecord
 	if err := json.Unmarshal(msg.Data(), &r); err != nil || r.Job != id {
 		t.Fatalf("log line %s: %v", msg.Data(), err)
 	}

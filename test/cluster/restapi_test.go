@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/streamd/streamd/internal/cluster"
+	"github.com/streamd/streamd/internal/cluster/wire"
 	"github.com/streamd/streamd/internal/webapi"
 )
 
@@ -44,13 +44,13 @@ func TestBinaryServerRESTAPI(t *testing.T) {
 	}
 	var job webapi.JobDetail
 	deadline := time.Now().Add(30 * time.Second)
-	for get("/jobs/"+id, &job); job.State != cluster.JobFinished; get("/jobs/"+id, &job) {
+	for get("/jobs/"+id, &job); job.State != wire.JobFinished; get("/jobs/"+id, &job) {
 		if time.Now().After(deadline) {
 			t.Fatalf("job %s not finished in 30s: %+v", id, job)
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	if len(job.Vertices) != 3 || job.Vertices[1].ID != "upper" || job.Vertices[1].RecordsIn != 4 || job.Vertices[1].Subtasks[0].State != cluster.SubtaskFinished {
+	if len(job.Vertices) != 3 || job.Vertices[1].ID != "upper" || job.Vertices[1].RecordsIn != 4 || job.Vertices[1].Subtasks[0].State != wire.SubtaskFinished {
 		t.Errorf("job %+v", job)
 	}
 	var plan webapi.PlanReply

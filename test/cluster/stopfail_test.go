@@ -12,23 +12,24 @@ import (
 	"time"
 
 	"github.com/streamd/streamd/abi"
-	"github.com/streamd/streamd/internal/cluster"
+	"github.com/streamd/streamd/internal/cluster/agent"
+	"github.com/streamd/streamd/internal/cluster/wire"
 	"github.com/streamd/streamd/internal/jobfile"
 	"github.com/streamd/streamd/internal/runtime"
 	"github.com/streamd/streamd/internal/testwasm"
 )
 
-// nativeExecutor runs jobs like cluster.LocalExecutor with the operator uid
+// nativeExecutor runs jobs like agent.LocalExecutor with the operator uid
 // replaced by a native operator (runtime.NativeFactory): the host builds
 // the graph afresh for every assignment, so the replacement holds for every
 // attempt, on one host or spread over hosts.
 type nativeExecutor struct {
-	*cluster.LocalExecutor
+	*agent.LocalExecutor
 	uid string
 	op  runtime.NativeFactory
 }
 
-func (e nativeExecutor) Start(ctx context.Context, r cluster.ExecRequest) (cluster.Execution, error) {
+func (e nativeExecutor) Start(ctx context.Context, r agent.ExecRequest) (agent.Execution, error) {
 	if v := r.Graph.Vertex(e.uid); v != nil {
 		v.Spec = e.op
 	}
@@ -72,17 +73,17 @@ func TestStopWhoseSavepointFailsReturnsPromptly(t *testing.T) {
 			var armed atomic.Bool
 			tc := newCluster(t)
 			for i, n := range c.slots {
-				exec := nativeExecutor{LocalExecutor: &cluster.LocalExecutor{Engine: tc.engine}, uid: "op",
+				exec := nativeExecutor{LocalExecutor: &agent.LocalExecutor{Engine: tc.engine}, uid: "op",
 					op: func(runtime.SubtaskInfo) runtime.NativeOperator { return failNotify{&armed} }}
 				tc.addHostExec(fmt.Sprintf("h%d", i+1), n, exec)
 			}
 			tc.waitHosts(len(c.slots))
 			path := stopFailJob(t)
 			id := deploy(t, tc, path, jobfile.Options{})
-			st := tc.waitJob(id, "running", func(st *cluster.JobStatus) bool {
-				return cluster.TerminalJobState(st.State) || (st.State == cluster.JobRunning && st.Operators[1].RecordsIn > 0)
+			st := tc.waitJob(id, "running", func(st *wire.JobStatus) bool {
+				return wire.TerminalJobState(st.State) || (st.State == wire.JobRunning && st.Operators[1].RecordsIn > 0)
 			})
-			if st.State != cluster.JobRunning || len(st.Hosts) != c.hosts {
+			if st.State != wire.JobRunning || len(st.Hosts) != c.hosts {
 				t.Fatalf("job %s on %v (%s): want running on %d hosts", st.State, st.Hosts, st.Reason, c.hosts)
 			}
 
@@ -111,20 +112,20 @@ func TestStopWhoseSavepointFailsReturnsPromptly(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if st.State != cluster.JobRunning && st.State != cluster.JobRestarting {
+			if st.State != wire.JobRunning && st.State != wire.JobRestarting {
 				t.Fatalf("after the failed stop the job is %s (%s), want running or restarting", st.State, st.Reason)
 			}
 
 			// It runs on and stops with a second stop.
-			tc.waitJob(id, "running again", func(st *cluster.JobStatus) bool {
-				return cluster.TerminalJobState(st.State) || st.State == cluster.JobRunning
+			tc.waitJob(id, "running again", func(st *wire.JobStatus) bool {
+				return wire.TerminalJobState(st.State) || st.State == wire.JobRunning
 			})
 			sp, err = tc.client.Stop(ctx, id, "", false)
 			if err != nil {
 				t.Fatalf("second stop: %v", err)
 			}
-			st = tc.waitJob(id, "stopped", state(cluster.JobStopped))
-			if st.State != cluster.JobStopped || st.Savepoint != sp {
+			st = tc.waitJob(id, "stopped", state(wire.JobStopped))
+			if st.State != wire.JobStopped || st.Savepoint != sp {
 				t.Fatalf("after the second stop: %s savepoint %q (%s), want stopped with %s", st.State, st.Savepoint, st.Reason, sp)
 			}
 		})
@@ -161,9 +162,9 @@ operators:
 }
 
 // addHostExec starts host id with any executor.
-func (tc *testCluster) addHostExec(id string, slots int, exec cluster.Executor) *cluster.Host {
+func (tc *testCluster) addHostExec(id string, slots int, exec agent.Executor) *agent.Host {
 	t := tc.t
-	h, err := cluster.StartHost(connect(t, tc.srv.URL()), cluster.HostOptions{
+	h, err := agent.StartHost(connect(t, tc.srv.URL()), agent.HostOptions{
 		ID: id, Slots: slots, DataDir: t.TempDir(), HeartbeatInterval: cmp.Or(tc.hb, hbInterval),
 		Executor: exec, Logger: logger(t)})
 	if err != nil {

@@ -14,7 +14,7 @@ import (
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 
-	"github.com/streamd/streamd/internal/cluster"
+	"github.com/streamd/streamd/internal/cluster/wire"
 	"github.com/streamd/streamd/internal/jobfile"
 	"github.com/streamd/streamd/internal/telemetry"
 )
@@ -45,8 +45,8 @@ func TestCheckpointTraceAcrossHosts(t *testing.T) {
 	path := spreadJob(t, 12000, 4000, 4, "checkpoint: {interval: 150ms, dir: chk}\n") // 3 s: periodic checkpoints before the final one, on a loaded machine too
 	id := deploy(t, tc, path, jobfile.Options{})
 	// Where each subtask runs, while it runs.
-	st := tc.waitJob(id, "running", func(st *cluster.JobStatus) bool {
-		return cluster.TerminalJobState(st.State) || st.State == cluster.JobRunning && st.Operators[0].Subtasks[0].Host != ""
+	st := tc.waitJob(id, "running", func(st *wire.JobStatus) bool {
+		return wire.TerminalJobState(st.State) || st.State == wire.JobRunning && st.Operators[0].Subtasks[0].Host != ""
 	})
 	hostOf := map[string]string{}
 	for _, op := range st.Operators {
@@ -55,8 +55,8 @@ func TestCheckpointTraceAcrossHosts(t *testing.T) {
 		}
 	}
 	// Each host reports the states of its subtasks.
-	st = tc.waitJob(id, "subtask states reported", func(st *cluster.JobStatus) bool {
-		if cluster.TerminalJobState(st.State) {
+	st = tc.waitJob(id, "subtask states reported", func(st *wire.JobStatus) bool {
+		if wire.TerminalJobState(st.State) {
 			return true
 		}
 		for _, op := range st.Operators {
@@ -68,11 +68,11 @@ func TestCheckpointTraceAcrossHosts(t *testing.T) {
 		}
 		return true
 	})
-	if st.State != cluster.JobRunning && st.State != cluster.JobFinishing {
+	if st.State != wire.JobRunning && st.State != wire.JobFinishing {
 		t.Fatalf("job %s before the subtasks' states were reported: %+v", st.State, st.Operators)
 	}
-	st = tc.waitJob(id, "finished", state(cluster.JobFinished))
-	if st.State != cluster.JobFinished {
+	st = tc.waitJob(id, "finished", state(wire.JobFinished))
+	if st.State != wire.JobFinished {
 		t.Fatalf("job %s: %s", st.State, st.Reason)
 	}
 	if len(st.Checkpoints) < 2 {
@@ -255,20 +255,20 @@ func TestFailoverAndStopTraceAcrossHosts(t *testing.T) {
 	tc := newCluster(t, 2, 2, 2)
 	path := spreadJob(t, 400000, 4000, 4, "checkpoint: {interval: 150ms, dir: chk}\n") // runs until the stop below, however slow the failover
 	id := deploy(t, tc, path, jobfile.Options{})
-	st := tc.waitJob(id, "a checkpoint", func(st *cluster.JobStatus) bool {
-		return cluster.TerminalJobState(st.State) || st.State == cluster.JobRunning && len(st.Checkpoints) > 0
+	st := tc.waitJob(id, "a checkpoint", func(st *wire.JobStatus) bool {
+		return wire.TerminalJobState(st.State) || st.State == wire.JobRunning && len(st.Checkpoints) > 0
 	})
-	if st.State != cluster.JobRunning {
+	if st.State != wire.JobRunning {
 		t.Fatalf("job %s: %s", st.State, st.Reason)
 	}
 	t.Logf("attempt 0 on %v", st.Hosts)
 	lost := st.Hosts[0]
 	tc.hosts[lost].Close()
-	st = tc.waitJob(id, "running again", func(st *cluster.JobStatus) bool {
-		return cluster.TerminalJobState(st.State) || st.Attempt == 1 && st.State == cluster.JobRunning && st.Operators[0].Subtasks[0].Host != "" &&
+	st = tc.waitJob(id, "running again", func(st *wire.JobStatus) bool {
+		return wire.TerminalJobState(st.State) || st.Attempt == 1 && st.State == wire.JobRunning && st.Operators[0].Subtasks[0].Host != "" &&
 			st.Operators[2].Subtasks[0].State == "running"
 	})
-	if st.State != cluster.JobRunning || len(st.Hosts) < 2 || slices.Contains(st.Hosts, lost) {
+	if st.State != wire.JobRunning || len(st.Hosts) < 2 || slices.Contains(st.Hosts, lost) {
 		t.Fatalf("after losing %s: job %s on %v (%s), want running on the two others", lost, st.State, st.Hosts, st.Reason)
 	}
 	hostOf := map[string]string{}
@@ -281,8 +281,8 @@ func TestFailoverAndStopTraceAcrossHosts(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	st = tc.waitJob(id, "stopped", state(cluster.JobStopped))
-	if st.State != cluster.JobStopped {
+	st = tc.waitJob(id, "stopped", state(wire.JobStopped))
+	if st.State != wire.JobStopped {
 		t.Fatalf("job %s: %s", st.State, st.Reason)
 	}
 

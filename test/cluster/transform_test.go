@@ -12,7 +12,8 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/streamd/streamd/internal/cluster"
+	"github.com/streamd/streamd/internal/cluster/agent"
+	"github.com/streamd/streamd/internal/cluster/wire"
 	"github.com/streamd/streamd/internal/natsutil"
 	"github.com/streamd/streamd/internal/testwasm"
 )
@@ -86,7 +87,7 @@ func transformCluster(t *testing.T, hosts ...string) (*testCluster, []string, je
 		t.Fatal(err)
 	}
 	for _, h := range hosts {
-		tc.addHostWith(h, 2, &cluster.LocalExecutor{Engine: tc.engine, NATS: co})
+		tc.addHostWith(h, 2, &agent.LocalExecutor{Engine: tc.engine, NATS: co})
 	}
 	tc.waitHosts(len(hosts))
 	js, err := jetstream.New(connect(t, tc.srv.URL()))
@@ -129,13 +130,13 @@ func TestTransformDeployExactlyOnce(t *testing.T) {
 	oc.wait(t, step/2)
 
 	// A host crash: the job fails over to the other host.
-	st := tc.waitJob(id, "running", state(cluster.JobRunning))
+	st := tc.waitJob(id, "running", state(wire.JobRunning))
 	tc.hosts[st.Hosts[0]].Close()
 	publishValues(t, js, "orders", step, 2*step)
-	st = tc.waitJob(id, "running again", func(st *cluster.JobStatus) bool {
-		return cluster.TerminalJobState(st.State) || (st.Attempt >= 1 && st.State == cluster.JobRunning)
+	st = tc.waitJob(id, "running again", func(st *wire.JobStatus) bool {
+		return wire.TerminalJobState(st.State) || (st.Attempt >= 1 && st.State == wire.JobRunning)
 	})
-	if st.State != cluster.JobRunning {
+	if st.State != wire.JobRunning {
 		t.Fatalf("after the host crash: %s (%s)", st.State, st.Reason)
 	}
 	oc.wait(t, 2*step)
@@ -196,10 +197,10 @@ func TestTransformDeployStreams(t *testing.T) {
 	if !strings.HasPrefix(id, "eu-upper-") || !strings.Contains(errs, "input: stream ORDERS (filter orders.eu)\n") {
 		t.Fatalf("deploy: id %q, stderr:\n%s", id, errs)
 	}
-	st := tc.waitJob(id, "running", func(st *cluster.JobStatus) bool {
-		return cluster.TerminalJobState(st.State) || (st.State == cluster.JobRunning && len(st.Checkpoints) > 0)
+	st := tc.waitJob(id, "running", func(st *wire.JobStatus) bool {
+		return wire.TerminalJobState(st.State) || (st.State == wire.JobRunning && len(st.Checkpoints) > 0)
 	})
-	if st.State != cluster.JobRunning || st.Operators[0].Parallelism != 2 || st.Operators[2].UID != "sink-upper_eu" {
+	if st.State != wire.JobRunning || st.Operators[0].Parallelism != 2 || st.Operators[2].UID != "sink-upper_eu" {
 		t.Fatalf("job %s (%s), operators %+v", st.State, st.Reason, st.Operators)
 	}
 	oc := countOutput(t, js, "STREAMD_OUT_upper_eu")
@@ -295,7 +296,7 @@ func TestTransformDeployOnError(t *testing.T) {
 		oc := countOutput(t, js, outStream)
 		publishValues(t, js, in, 0, n)
 		oc.wait(t, n-int64(len(poison)))
-		st := tc.waitJob(id, "running", state(cluster.JobRunning))
+		st := tc.waitJob(id, "running", state(wire.JobRunning))
 		if st.Attempt != 0 {
 			t.Errorf("--on-error %s: attempt %d, want 0: a poison record restarted the job", mode, st.Attempt)
 		}

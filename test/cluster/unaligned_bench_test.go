@@ -13,7 +13,8 @@ import (
 
 	"github.com/streamd/streamd/control"
 	"github.com/streamd/streamd/internal/checkpoint"
-	"github.com/streamd/streamd/internal/cluster"
+	"github.com/streamd/streamd/internal/cluster/agent"
+	"github.com/streamd/streamd/internal/cluster/wire"
 	"github.com/streamd/streamd/internal/jobfile"
 	"github.com/streamd/streamd/internal/runtime"
 	"github.com/streamd/streamd/internal/testwasm"
@@ -102,13 +103,13 @@ func bp2InProcess(b *testing.B, j *jobfile.Job) ([]runtime.CheckpointStats, floa
 // once bp2PerRun checkpoints are complete.
 func bp2TwoHosts(b *testing.B, tc *testCluster, path string) []runtime.CheckpointStats {
 	id := deploy(b, tc, path, jobfile.Options{})
-	st := tc.waitJob(id, fmt.Sprintf("%d checkpoints", bp2PerRun), func(st *cluster.JobStatus) bool {
-		return len(st.Checkpoints) >= bp2PerRun || cluster.TerminalJobState(st.State)
+	st := tc.waitJob(id, fmt.Sprintf("%d checkpoints", bp2PerRun), func(st *wire.JobStatus) bool {
+		return len(st.Checkpoints) >= bp2PerRun || wire.TerminalJobState(st.State)
 	})
 	if _, err := tc.client.Cancel(context.Background(), id); err != nil {
 		b.Fatal(err)
 	}
-	tc.waitJob(id, "canceled", func(st *cluster.JobStatus) bool { return cluster.TerminalJobState(st.State) })
+	tc.waitJob(id, "canceled", func(st *wire.JobStatus) bool { return wire.TerminalJobState(st.State) })
 	if len(st.Checkpoints) < bp2PerRun {
 		b.Fatalf("two hosts: %s (%s) with %d checkpoints, want %d", st.State, st.Reason, len(st.Checkpoints), bp2PerRun)
 	}
@@ -129,7 +130,7 @@ func BenchmarkUnalignedBackpressureTwoHosts(b *testing.B) {
 	path, j := bp2Job(b)
 	tc := newCluster(b)
 	for _, h := range []string{"h1", "h2"} {
-		tc.addHostWith(h, 1, &cluster.LocalExecutor{Engine: tc.engine, BatchSize: bp2Batch})
+		tc.addHostWith(h, 1, &agent.LocalExecutor{Engine: tc.engine, BatchSize: bp2Batch})
 	}
 	tc.waitHosts(2)
 	var one, two []runtime.CheckpointStats

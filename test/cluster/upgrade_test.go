@@ -14,7 +14,8 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/streamd/streamd/internal/cluster"
+	"github.com/streamd/streamd/internal/cluster/agent"
+	"github.com/streamd/streamd/internal/cluster/wire"
 	"github.com/streamd/streamd/internal/natsutil"
 	"github.com/streamd/streamd/internal/testwasm"
 )
@@ -87,20 +88,20 @@ func deployCounter(t *testing.T, env []string, js jetstream.JetStream, config ..
 // say), deploys the counter there, counts n records and waits until the job
 // runs; it returns the streamd environment, the JetStream client, the job
 // id and its output's counter.
-func runningCounter(t *testing.T, n int, env ...string) ([]string, jetstream.JetStream, string, *outputCounter, *cluster.JobStatus) {
+func runningCounter(t *testing.T, n int, env ...string) ([]string, jetstream.JetStream, string, *outputCounter, *wire.JobStatus) {
 	t.Helper()
 	return runningCounterWith(t, n, nil, env...)
 }
 
 // runningCounterWith is runningCounter with more config of the counter.
-func runningCounterWith(t *testing.T, n int, config []string, env ...string) ([]string, jetstream.JetStream, string, *outputCounter, *cluster.JobStatus) {
+func runningCounterWith(t *testing.T, n int, config []string, env ...string) ([]string, jetstream.JetStream, string, *outputCounter, *wire.JobStatus) {
 	t.Helper()
 	tc, base, js := transformCluster(t, "h1")
 	env = append(base, env...)
 	id, oc := deployCounter(t, env, js, config...)
 	publishKeyed(t, js, "events", 0, n)
 	oc.wait(t, int64(n))
-	st := tc.waitJob(id, "running", state(cluster.JobRunning))
+	st := tc.waitJob(id, "running", state(wire.JobRunning))
 	return env, js, id, oc, st
 }
 
@@ -141,13 +142,13 @@ operators:
 }
 
 // statusJSON is streamd status --json JOB.
-func statusJSON(t *testing.T, env []string, id string) cluster.JobStatus {
+func statusJSON(t *testing.T, env []string, id string) wire.JobStatus {
 	t.Helper()
 	out, errs, code := streamd(t, env, "status", "--json", id)
 	if code != 0 {
 		t.Fatalf("status: exit %d: %s", code, errs)
 	}
-	var st cluster.JobStatus
+	var st wire.JobStatus
 	if err := json.Unmarshal([]byte(out), &st); err != nil {
 		t.Fatalf("status --json: %v\n%s", err, out)
 	}
@@ -178,11 +179,11 @@ func TestUpgradeKeepsState(t *testing.T) {
 	publishKeyed(t, js, "events", 500, 1000)
 	oc.wait(t, 1000)
 	st := statusJSON(t, env, id)
-	if st.State != cluster.JobRunning || len(st.Versions) != 2 {
+	if st.State != wire.JobRunning || len(st.Versions) != 2 {
 		t.Fatalf("after the upgrade: %s, versions %+v", st.State, st.Versions)
 	}
 	v1, v2s := st.Versions[0], st.Versions[1]
-	if v1.State != cluster.VersionReplaced || v2s.State != cluster.VersionRunning || v2s.From != sp ||
+	if v1.State != wire.VersionReplaced || v2s.State != wire.VersionRunning || v2s.From != sp ||
 		len(v1.Modules) != 1 || len(v2s.Modules) != 1 || v1.Modules[0].Operator != "failonce" || v2s.Modules[0].Operator != "failonce" ||
 		v2s.Modules[0].Name != "countv2.wasm" || v1.Modules[0].Digest == v2s.Modules[0].Digest || !strings.HasPrefix(v2s.Modules[0].Digest, "sha256:") {
 		t.Errorf("versions: %+v", st.Versions)
@@ -199,7 +200,7 @@ func TestUpgradeKeepsState(t *testing.T) {
 		t.Fatalf("upgrade to a job file: exit %d\n%s\n%s", code, out, errs)
 	}
 	st = statusJSON(t, env, id)
-	if len(st.Versions) != 3 || st.Versions[2].State != cluster.VersionRunning || !strings.HasPrefix(st.Versions[2].JobFile, "sha256:") ||
+	if len(st.Versions) != 3 || st.Versions[2].State != wire.VersionRunning || !strings.HasPrefix(st.Versions[2].JobFile, "sha256:") ||
 		st.Versions[2].Modules[0].Digest != v2s.Modules[0].Digest {
 		t.Fatalf("after the job file upgrade: versions %+v", st.Versions)
 	}
@@ -227,12 +228,12 @@ func TestUpgradeRollsBack(t *testing.T) {
 		}
 	}
 	st := statusJSON(t, env, id)
-	if st.State != cluster.JobRunning || len(st.Versions) != 3 {
+	if st.State != wire.JobRunning || len(st.Versions) != 3 {
 		t.Fatalf("after the rollback: %s (%s), versions %+v", st.State, st.Reason, st.Versions)
 	}
 	v1, v2, v3 := st.Versions[0], st.Versions[1], st.Versions[2]
-	if v1.State != cluster.VersionReplaced || v2.State != cluster.VersionRolledBack || !strings.Contains(v2.Reason, "fails in open") ||
-		v3.State != cluster.VersionRunning || v3.Rerun != 1 || v3.From != v2.From || v3.Modules[0].Digest != v1.Modules[0].Digest {
+	if v1.State != wire.VersionReplaced || v2.State != wire.VersionRolledBack || !strings.Contains(v2.Reason, "fails in open") ||
+		v3.State != wire.VersionRunning || v3.Rerun != 1 || v3.From != v2.From || v3.Modules[0].Digest != v1.Modules[0].Digest {
 		t.Errorf("versions: %+v", st.Versions)
 	}
 	text, _, _ := streamd(t, env, "status", id)
@@ -271,7 +272,7 @@ func TestUpgradeRefused(t *testing.T) {
 		}
 	}
 	st := statusJSON(t, env, id)
-	if st.State != cluster.JobRunning || st.Attempt != before.Attempt || len(st.Versions) != 0 {
+	if st.State != wire.JobRunning || st.Attempt != before.Attempt || len(st.Versions) != 0 {
 		t.Fatalf("after refused upgrades: %s, attempt %d (was %d), versions %+v", st.State, st.Attempt, before.Attempt, st.Versions)
 	}
 	countOnAndStop(t, env, js, id, oc, 100, 200, 0)
@@ -297,7 +298,7 @@ func TestUpgradeRollsBackAfterTimeout(t *testing.T) {
 		t.Fatalf("upgrade: exit %d, want 1 with %q and the rollback\n%s\n%s", code, want, out, errs)
 	}
 	st := statusJSON(t, env, id)
-	if st.State != cluster.JobRunning || len(st.Versions) != 3 || st.Versions[2].State != cluster.VersionRunning {
+	if st.State != wire.JobRunning || len(st.Versions) != 3 || st.Versions[2].State != wire.VersionRunning {
 		t.Fatalf("after the rollback: %s (%s), versions %+v", st.State, st.Reason, st.Versions)
 	}
 	countOnAndStop(t, env, js, id, oc, 100, 200, 0)
@@ -312,9 +313,9 @@ func TestUpgradeRollbackSurvivesLeaderChange(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	hc.addHostOpts("h1", 2, func(o *cluster.HostOptions) {
+	hc.addHostOpts("h1", 2, func(o *agent.HostOptions) {
 		o.HeartbeatInterval = haInterval
-		o.Executor = &cluster.LocalExecutor{Engine: hc.engine, NATS: co}
+		o.Executor = &agent.LocalExecutor{Engine: hc.engine, NATS: co}
 	})
 	hc.waitHosts(1)
 	js, err := jetstream.New(connect(t, hc.srv.URL()))
@@ -325,7 +326,7 @@ func TestUpgradeRollbackSurvivesLeaderChange(t *testing.T) {
 	id, oc := deployCounter(t, env, js, "failopen_vary=1") // no two failures alike: only the deadline rolls it back
 	publishKeyed(t, js, "events", 0, 100)
 	oc.wait(t, 100)
-	hc.waitJob(id, "running", state(cluster.JobRunning))
+	hc.waitJob(id, "running", state(wire.JobRunning))
 
 	bad := testwasm.Path(t, "internal/testguests/failopen/failopen.wasm")
 	rep, err := hc.client.Upgrade(context.Background(), id, nil, "", bad, "", 3*time.Second)
@@ -335,11 +336,11 @@ func TestUpgradeRollbackSurvivesLeaderChange(t *testing.T) {
 	old, _ := hc.leader()
 	old.kill()
 	hc.waitLeader(old, 3*haInterval)
-	st := hc.waitJob(id, "rolled back and running", func(st *cluster.JobStatus) bool {
+	st := hc.waitJob(id, "rolled back and running", func(st *wire.JobStatus) bool {
 		n := len(st.Versions)
-		return cluster.TerminalJobState(st.State) || n == 3 && st.Versions[2].State == cluster.VersionRunning
+		return wire.TerminalJobState(st.State) || n == 3 && st.Versions[2].State == wire.VersionRunning
 	})
-	if st.State != cluster.JobRunning || len(st.Versions) != 3 || st.Versions[rep.Version-1].State != cluster.VersionRolledBack ||
+	if st.State != wire.JobRunning || len(st.Versions) != 3 || st.Versions[rep.Version-1].State != wire.VersionRolledBack ||
 		!strings.Contains(st.Versions[rep.Version-1].Reason, "not running 3s after it started") {
 		t.Fatalf("after the takeover: %s (%s), versions %+v", st.State, st.Reason, st.Versions)
 	}
@@ -365,7 +366,7 @@ func TestUpgradeRestartingJob(t *testing.T) {
 	publishValues(t, js, "raw", 0, 50)
 	oc.wait(t, 50)
 	publishValues(t, js, "raw", 50, 100)
-	tc.waitJob(id, "restarting on the poison record", func(st *cluster.JobStatus) bool { return st.Attempt >= 2 })
+	tc.waitJob(id, "restarting on the poison record", func(st *wire.JobStatus) bool { return st.Attempt >= 2 })
 
 	upper := testwasm.Path(t, "examples/wasm/uppercase/uppercase.wasm")
 	out, errs, code = streamd(t, env, "upgrade", id, upper)
@@ -382,7 +383,7 @@ func TestUpgradeRestartingJob(t *testing.T) {
 	}
 	oc.wait(t, 100)
 	st := statusJSON(t, env, id)
-	if st.State != cluster.JobRunning || len(st.Versions) != 2 || st.Versions[0].State != cluster.VersionReplaced || st.Versions[1].State != cluster.VersionRunning {
+	if st.State != wire.JobRunning || len(st.Versions) != 2 || st.Versions[0].State != wire.VersionReplaced || st.Versions[1].State != wire.VersionRunning {
 		t.Fatalf("after the upgrade: %s (%s), versions %+v", st.State, st.Reason, st.Versions)
 	}
 	if _, errs, code := streamd(t, env, "stop", id); code != 0 {

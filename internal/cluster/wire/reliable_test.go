@@ -1,4 +1,4 @@
-package cluster
+package wire
 
 import (
 	"encoding/binary"
@@ -8,13 +8,14 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/streamd/streamd/internal/natstest"
 )
 
 // TestReliableQueueResendsUntilAnswered loses answers on purpose (the
 // receiver takes every third request but does not answer it) and checks that every message
 // arrives, in order, the repeats recognizable by their sequence numbers.
 func TestReliableQueueResendsUntilAnswered(t *testing.T) {
-	nc := testNATS(t)
+	nc := natstest.Connect(t, natstest.Server(t).URL())
 	const n = 30
 	var mu sync.Mutex
 	var got []uint64
@@ -24,11 +25,11 @@ func TestReliableQueueResendsUntilAnswered(t *testing.T) {
 	// later. The receiver subscribes once the queue has logged that its
 	// first request went unanswered.
 	unanswered := make(notifyWriter, 1)
-	q := newReliableQueue(nc, "test.reliable", slog.New(slog.NewTextHandler(unanswered, nil)))
+	q := NewReliableQueue(nc, "test.reliable", slog.New(slog.NewTextHandler(unanswered, nil)))
 	q.timeout = 50 * time.Millisecond
-	defer q.stop()
+	defer q.Stop()
 	for i := 0; i < n; i++ {
-		if err := q.send(func(seq uint64) ([]byte, error) { return binary.LittleEndian.AppendUint64(nil, seq), nil }); err != nil {
+		if err := q.Send(func(seq uint64) ([]byte, error) { return binary.LittleEndian.AppendUint64(nil, seq), nil }); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -61,7 +62,7 @@ func TestReliableQueueResendsUntilAnswered(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatalf("after 10s the receiver has %v", got)
 	}
-	if !q.drain(time.Second) {
+	if !q.Drain(time.Second) {
 		t.Fatal("queue not drained")
 	}
 	mu.Lock()

@@ -1,4 +1,4 @@
-package cluster
+package wire
 
 import (
 	"context"
@@ -10,8 +10,8 @@ import (
 	"github.com/nats-io/nats.go"
 )
 
-// request sends req as JSON on subject and decodes the reply into resp.
-func request(ctx context.Context, nc *nats.Conn, subject string, req, resp any) error {
+// Request sends req as JSON on subject and decodes the reply into resp.
+func Request(ctx context.Context, nc *nats.Conn, subject string, req, resp any) error {
 	data, err := json.Marshal(req)
 	if err != nil {
 		return fmt.Errorf("cluster: encode %s request: %w", subject, err)
@@ -29,15 +29,15 @@ func request(ctx context.Context, nc *nats.Conn, subject string, req, resp any) 
 	return nil
 }
 
-// requestTimeout is request with a timeout.
-func requestTimeout(nc *nats.Conn, subject string, timeout time.Duration, req, resp any) error {
+// RequestTimeout is Request with a timeout.
+func RequestTimeout(nc *nats.Conn, subject string, timeout time.Duration, req, resp any) error {
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
-	return request(ctx, nc, subject, req, resp)
+	return Request(ctx, nc, subject, req, resp)
 }
 
-// respond answers msg with v as JSON (nothing if msg has no reply subject).
-func respond(msg *nats.Msg, v any) {
+// Respond answers msg with v as JSON (nothing if msg has no reply subject).
+func Respond(msg *nats.Msg, v any) {
 	if msg.Reply == "" {
 		return
 	}
@@ -48,24 +48,26 @@ func respond(msg *nats.Msg, v any) {
 	_ = msg.Respond(data)
 }
 
-func errReply(err error) Reply {
+// ErrorReply is the Reply of err: its text, its code, and a fenced
+// host's newer term (the zero Reply for nil).
+func ErrorReply(err error) Reply {
 	if err == nil {
 		return Reply{}
 	}
 	r := Reply{Error: err.Error(), Code: codeOf(err)}
-	var f *fencedError
+	var f *FencedError
 	if errors.As(err, &f) {
-		r.NewerTerm = f.current
+		r.NewerTerm = f.Current
 	}
 	return r
 }
 
-// fencedError is a host's refusal of a request of an older controller term.
-type fencedError struct {
-	host, what, leader string
-	term, current      uint64
+// FencedError is a host's refusal of a request of an older controller term.
+type FencedError struct {
+	Host, What, Leader string
+	Term, Current      uint64
 }
 
-func (e *fencedError) Error() string {
-	return fmt.Sprintf("cluster: host %s: %s of controller term %d refused: term %d (%s) leads", e.host, e.what, e.term, e.current, e.leader)
+func (e *FencedError) Error() string {
+	return fmt.Sprintf("cluster: host %s: %s of controller term %d refused: term %d (%s) leads", e.Host, e.What, e.Term, e.Current, e.Leader)
 }

@@ -1,20 +1,15 @@
-// Package cluster is streamd's multi-host control plane: the controller (job
-// table, host registry, slot scheduling, failover), the host agent (runs the
-// subtasks assigned to it), the control API on NATS request/reply and its
-// client, and artifact transfer through a JetStream object store.
+// Package wire is what streamd's controller (package cluster), its host
+// agents (package agent) and its clients (package client) share, and the
+// only package the three of them import in common: the subjects and JSON
+// messages of the control plane (the control API, the host protocol, the
+// subtask protocol of a job spread over hosts), the error codes a reply
+// carries, the job spec, and the JetStream stores every end uses
+// (artifacts, checkpoints, job logs). None of the three imports another:
+// what one end says to another is written here, once.
 //
 // Every message is JSON. Subjects are versioned (streamd.v1.) and listed in
 // docs/subjects.md; the constants below are the only place code names them.
-//
-// # Threading and lock order
-//
-// The controller keeps all its state under one mutex (Controller.mu); NATS
-// handlers take it, change the state and collect effects (assignments and
-// cancels to send to hosts), and the effects run after the mutex is released,
-// on goroutines tracked by the controller's wait group. The host agent has
-// one mutex (Host.mu) over its table of running attempts; it is never held
-// while talking to NATS or waiting for a run.
-package cluster
+package wire
 
 import (
 	"errors"
@@ -186,22 +181,25 @@ type codedError struct {
 func (e *codedError) Error() string        { return e.msg }
 func (e *codedError) Is(target error) bool { return target == e.sentinel }
 
-// notFoundf, conflictf and badRequestf are fmt.Errorf for errors that cross
+// NotFoundf, Conflictf and BadRequestf are fmt.Errorf for errors that cross
 // the wire with a code.
-func notFoundf(format string, args ...any) error {
+func NotFoundf(format string, args ...any) error {
 	return &codedError{ErrNotFound, fmt.Sprintf(format, args...)}
 }
 
-func conflictf(format string, args ...any) error {
+func Conflictf(format string, args ...any) error {
 	return &codedError{ErrConflict, fmt.Sprintf(format, args...)}
 }
 
-func badRequestf(format string, args ...any) error {
+func BadRequestf(format string, args ...any) error {
 	return &codedError{ErrBadRequest, fmt.Sprintf(format, args...)}
 }
 
-// base is the reply itself (promoted to every reply that embeds it).
-func (r Reply) base() Reply { return r }
+// Unavailable is an error that matches ErrUnavailable, with its own text.
+func Unavailable(msg string) error { return &codedError{ErrUnavailable, msg} }
+
+// Base is the reply itself (promoted to every reply that embeds it).
+func (r Reply) Base() Reply { return r }
 
 // DeployRequest (streamd.v1.ctl.deploy) submits a job.
 type DeployRequest struct {

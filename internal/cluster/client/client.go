@@ -1,4 +1,7 @@
-package cluster
+// Package client speaks streamd's control API (package wire) to the
+// controller: deploy, status, cancel, savepoints, stops, upgrades and the
+// jobs' log lines. The CLI and the REST API (internal/webapi) use it.
+package client
 
 import (
 	"context"
@@ -7,6 +10,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+
+	"github.com/streamd/streamd/internal/cluster/wire"
 
 	"path/filepath"
 	"reflect"
@@ -22,7 +27,7 @@ import (
 // Client speaks the control API.
 type Client struct {
 	nc   *nats.Conn
-	arts *Artifacts
+	arts *wire.Artifacts
 	// Log, if set, gets the client's warnings (deploy --from of a
 	// checkpoint older than one beside it).
 	Log *slog.Logger
@@ -40,7 +45,7 @@ const DefaultLeaderWait = 10 * time.Second
 
 // NewClient uses nc for requests to the controller.
 func NewClient(nc *nats.Conn) (*Client, error) {
-	arts, err := NewArtifacts(nc)
+	arts, err := wire.NewArtifacts(nc)
 	if err != nil {
 		return nil, err
 	}
@@ -54,13 +59,17 @@ var errRetry = errors.New("cluster: the controller stopped before acting; sendin
 // that a controller took but never answered (it was killed) is sent again.
 const readTryTimeout = time.Second
 
-func (c *Client) call(ctx context.Context, subject string, req, resp any, reply func() Reply) error {
+// Call sends a control request (req on subject, its answer decoded into
+// resp; reply returns the answer's Reply) until a controller answers it,
+// as the typed methods do: again while no controller listens, or the one
+// that took it stopped before acting on it.
+func (c *Client) Call(ctx context.Context, subject string, req, resp any, reply func() wire.Reply) error {
 	return c.callTry(ctx, false, subject, req, resp, reply)
 }
 
-// read is call for a request that changes nothing, or that is idempotent
+// CallIdempotent is Call for a request that changes nothing, or that is idempotent
 // (a deploy with its request id): a try without an answer is sent again too.
-func (c *Client) read(ctx context.Context, subject string, req, resp any, reply func() Reply) error {
+func (c *Client) CallIdempotent(ctx context.Context, subject string, req, resp any, reply func() wire.Reply) error {
 	return c.callTry(ctx, true, subject, req, resp, reply)
 }
 
@@ -68,7 +77,7 @@ func (c *Client) read(ctx context.Context, subject string, req, resp any, reply 
 // again when no controller listens, when the controller that took it
 // stopped before acting on it (Reply.Retry), and, with read set, when no
 // answer came.
-func (c *Client) callTry(ctx context.Context, read bool, subject string, req, resp any, reply func() Reply) error {
+func (c *Client) callTry(ctx context.Context, read bool, subject string, req, resp any, reply func() wire.Reply) error {
 	wait := c.LeaderWait
 	if wait == 0 {
 		wait = DefaultLeaderWait
@@ -82,11 +91,11 @@ func (c *Client) callTry(ctx context.Context, read bool, subject string, req, re
 			v.Elem().SetZero()
 		}
 		if !read {
-			return request(ctx, c.nc, subject, req, resp)
+			return wire.Request(ctx, c.nc, subject, req, resp)
 		}
 		tctx, cancel := context.WithTimeout(ctx, readTryTimeout)
 		defer cancel()
-		return request(tctx, c.nc, subject, req, resp)
+		return wire.Request(tctx, c.nc, subject, req, resp)
 	}
 	err := try()
 	if err == nil && reply().Retry {
@@ -129,7 +138,7 @@ func (c *Client) noController(why error) error {
 	if why != nil {
 		msg = fmt.Sprintf("cluster: no controller answered on %s before the request timed out (%v): is `streamd controller` or `streamd server` running on this NATS server?", c.nc.ConnectedUrlRedacted(), why)
 	}
-	return &codedError{ErrUnavailable, msg}
+	return wire.Unavailable(msg)
 }
 
 // Conn is the client's NATS connection.
@@ -149,12 +158,12 @@ func (c *Client) Deploy(ctx context.Context, job *jobfile.Job, jobFile string) (
 // operators, uids, parallelism of sources), and the job is sent with its
 // exact location.
 func (c *Client) DeployFrom(ctx context.Context, job *jobfile.Job, jobFile, from string) (string, error) {
-	req := DeployRequest{}
+	req := wire.DeployRequest{}
 	if from != "" {
 		if job.Checkpoint == nil {
 			return "", errors.New("cluster: deploy --from: the job file has no checkpoint section")
 		}
-		md, r, err := ResolveIn(ctx, c.nc, from)
+		md, r, err := wire.ResolveIn(ctx, c.nc, from)
 		if err != nil {
 			return "", err
 		}
@@ -176,7 +185,7 @@ func (c *Client) DeployFrom(ctx context.Context, job *jobfile.Job, jobFile, from
 			}
 		}
 	}
-	spec, err := NewJobSpec(job, jobFile, func(path string) (Artifact, error) { return c.arts.Upload(ctx, path) })
+	spec, err := wire.NewJobSpec(job, jobFile, func(path string) (wire.Artifact, error) { return c.arts.Upload(ctx, path) })
 	if err != nil {
 		return "", err
 	}
@@ -186,8 +195,8 @@ func (c *Client) DeployFrom(ctx context.Context, job *jobfile.Job, jobFile, from
 	var rid [8]byte
 	_, _ = rand.Read(rid[:])
 	req.RequestID = hex.EncodeToString(rid[:])
-	var r DeployReply
-	if err := c.read(ctx, SubjectDeploy, req, &r, func() Reply { return r.Reply }); err != nil {
+	var r wire.DeployReply
+	if err := c.CallIdempotent(ctx, wire.SubjectDeploy, req, &r, func() wire.Reply { return r.Reply }); err != nil {
 		return "", err
 	}
 	return r.JobID, nil
@@ -195,35 +204,35 @@ func (c *Client) DeployFrom(ctx context.Context, job *jobfile.Job, jobFile, from
 
 // List returns the jobs, newest first: with all, also those that ended
 // longer ago than the controller's job retention.
-func (c *Client) List(ctx context.Context, all bool) ([]JobStatus, error) {
-	var r ListReply
-	err := c.read(ctx, SubjectList, ListRequest{All: all}, &r, func() Reply { return r.Reply })
+func (c *Client) List(ctx context.Context, all bool) ([]wire.JobStatus, error) {
+	var r wire.ListReply
+	err := c.CallIdempotent(ctx, wire.SubjectList, wire.ListRequest{All: all}, &r, func() wire.Reply { return r.Reply })
 	return r.Jobs, err
 }
 
 // Delete removes the record of an ended job (with checkpoints: its
 // checkpoints too) and returns the job as it was.
-func (c *Client) Delete(ctx context.Context, jobID string, checkpoints bool) (*JobStatus, error) {
-	var r JobReply
-	if err := c.call(ctx, SubjectDelete, DeleteRequest{JobID: jobID, Checkpoints: checkpoints}, &r, func() Reply { return r.Reply }); err != nil {
+func (c *Client) Delete(ctx context.Context, jobID string, checkpoints bool) (*wire.JobStatus, error) {
+	var r wire.JobReply
+	if err := c.Call(ctx, wire.SubjectDelete, wire.DeleteRequest{JobID: jobID, Checkpoints: checkpoints}, &r, func() wire.Reply { return r.Reply }); err != nil {
 		return nil, err
 	}
 	return r.Job, nil
 }
 
 // Status returns one job's status.
-func (c *Client) Status(ctx context.Context, jobID string) (*JobStatus, error) {
-	var r JobReply
-	if err := c.read(ctx, SubjectStatus, JobRequest{JobID: jobID}, &r, func() Reply { return r.Reply }); err != nil {
+func (c *Client) Status(ctx context.Context, jobID string) (*wire.JobStatus, error) {
+	var r wire.JobReply
+	if err := c.CallIdempotent(ctx, wire.SubjectStatus, wire.JobRequest{JobID: jobID}, &r, func() wire.Reply { return r.Reply }); err != nil {
 		return nil, err
 	}
 	return r.Job, nil
 }
 
 // Cancel cancels a job and returns its status.
-func (c *Client) Cancel(ctx context.Context, jobID string) (*JobStatus, error) {
-	var r JobReply
-	if err := c.call(ctx, SubjectCancel, JobRequest{JobID: jobID}, &r, func() Reply { return r.Reply }); err != nil {
+func (c *Client) Cancel(ctx context.Context, jobID string) (*wire.JobStatus, error) {
+	var r wire.JobReply
+	if err := c.Call(ctx, wire.SubjectCancel, wire.JobRequest{JobID: jobID}, &r, func() wire.Reply { return r.Reply }); err != nil {
 		return nil, err
 	}
 	return r.Job, nil
@@ -231,21 +240,21 @@ func (c *Client) Cancel(ctx context.Context, jobID string) (*JobStatus, error) {
 
 // Savepoint takes a savepoint of a running job into dir.
 func (c *Client) Savepoint(ctx context.Context, jobID, dir string) (string, error) {
-	var r SavepointReply
-	err := c.call(ctx, SubjectSavepoint, SavepointRequest{JobID: jobID, Dir: dir}, &r, func() Reply { return r.Reply })
+	var r wire.SavepointReply
+	err := c.Call(ctx, wire.SubjectSavepoint, wire.SavepointRequest{JobID: jobID, Dir: dir}, &r, func() wire.Reply { return r.Reply })
 	return r.Path, err
 }
 
 // Stop stops a job with a savepoint (with drain: after finishing its input).
 func (c *Client) Stop(ctx context.Context, jobID, dir string, drain bool) (string, error) {
-	var r SavepointReply
-	err := c.call(ctx, SubjectStop, StopRequest{JobID: jobID, SavepointDir: dir, Drain: drain}, &r, func() Reply { return r.Reply })
+	var r wire.SavepointReply
+	err := c.Call(ctx, wire.SubjectStop, wire.StopRequest{JobID: jobID, SavepointDir: dir, Drain: drain}, &r, func() wire.Reply { return r.Reply })
 	return r.Path, err
 }
 
 // Hosts lists the registered hosts.
-func (c *Client) Hosts(ctx context.Context) ([]HostStatus, error) {
-	var r HostsReply
-	err := c.read(ctx, SubjectHosts, struct{}{}, &r, func() Reply { return r.Reply })
+func (c *Client) Hosts(ctx context.Context) ([]wire.HostStatus, error) {
+	var r wire.HostsReply
+	err := c.CallIdempotent(ctx, wire.SubjectHosts, struct{}{}, &r, func() wire.Reply { return r.Reply })
 	return r.Hosts, err
 }

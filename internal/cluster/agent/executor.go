@@ -1,4 +1,4 @@
-package cluster
+package agent
 
 import (
 	"context"
@@ -6,6 +6,8 @@ import (
 	"log/slog"
 	"sync"
 	"time"
+
+	"github.com/streamd/streamd/internal/cluster/wire"
 
 	"github.com/nats-io/nats.go"
 
@@ -28,7 +30,7 @@ type ExecRequest struct {
 	Attempt   int
 	Graph     *control.JobGraph // artifacts resolved to local paths
 	Placement control.Placement // every slot's host: where the remote ends of channels are
-	Local     []SubtaskRef      // the subtasks to run here
+	Local     []wire.SubtaskRef // the subtasks to run here
 	Logger    *slog.Logger
 	Progress  func(runtime.Stats) // about once a second and at the end; may be nil
 
@@ -97,7 +99,7 @@ type LocalExecutor struct {
 	ChannelOptions []natsch.Option
 	// Logs, if set, publishes the jobs' log lines (guest and task) to the
 	// job log stream (LogPublisher); nil: they go to the host's log only.
-	Logs *LogPublisher
+	Logs *wire.LogPublisher
 
 	mu         sync.Mutex
 	transports map[*nats.Conn]*natsch.Transport
@@ -113,25 +115,13 @@ type eofReader struct{}
 
 func (eofReader) Read([]byte) (int, error) { return 0, io.EOF }
 
-// openStoreRetry is OpenStore with transient errors (NATS reconnecting,
-// JetStream briefly unavailable) retried under DefaultRetry.
-func openStoreRetry(ctx context.Context, nc *nats.Conn, cs *jobfile.CheckpointSettings, jobID string, log *slog.Logger) (checkpoint.Store, error) {
-	var store checkpoint.Store
-	err := DefaultRetry.Do(ctx, log, "open checkpoint store", func(ctx context.Context) error {
-		var err error
-		store, err = OpenStore(ctx, nc, cs, jobID, log)
-		return err
-	})
-	return store, err
-}
-
 // loadRestoreRetry is LoadRestore with transient errors retried under
 // DefaultRetry.
 func loadRestoreRetry(ctx context.Context, nc *nats.Conn, location string, g *control.JobGraph, log *slog.Logger) (*checkpoint.Restore, error) {
 	var rs *checkpoint.Restore
-	err := DefaultRetry.Do(ctx, log, "load checkpoint "+location, func(ctx context.Context) error {
+	err := wire.DefaultRetry.Do(ctx, log, "load checkpoint "+location, func(ctx context.Context) error {
 		var err error
-		rs, err = LoadRestore(ctx, nc, location, g)
+		rs, err = wire.LoadRestore(ctx, nc, location, g)
 		return err
 	})
 	return rs, err

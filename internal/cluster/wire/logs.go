@@ -1,4 +1,4 @@
-package cluster
+package wire
 
 import (
 	"context"
@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -15,9 +14,6 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
-
-	"github.com/streamd/streamd/internal/runtime"
-	"github.com/streamd/streamd/internal/telemetry"
 )
 
 // The job logs: each host publishes the log records of the deployed jobs it
@@ -184,7 +180,9 @@ func (p *LogPublisher) Close() {
 	<-p.done
 }
 
-func (p *LogPublisher) publish(rec *LogRecord) {
+// Publish queues rec for the log stream (dropped, and counted, when the
+// queue is full).
+func (p *LogPublisher) Publish(rec *LogRecord) {
 	data, err := json.Marshal(rec)
 	if err != nil {
 		p.dropped.Add(1)
@@ -279,112 +277,12 @@ func (h *logHandler) Handle(_ context.Context, r slog.Record) error {
 	if rec.Operator == "" || rec.Subtask == nil {
 		rec.Operator, rec.Subtask = "", nil
 	}
-	h.p.publish(rec)
+	h.p.Publish(rec)
 	return nil
 }
 
-// jobLoggers are the loggers of an attempt run by a LocalExecutor with
-// Logs: its task logger, which also publishes, and the handler of its guest
-// lines (nil without Logs).
-func (e *LocalExecutor) jobLoggers(r ExecRequest) (*slog.Logger, slog.Handler) {
-	if e.Logs == nil || r.Logger == nil {
-		return r.Logger, nil
-	}
-	task := e.Logs.Handler(r.HostID, r.JobID, r.Attempt, "task")
-	return slog.New(telemetry.TeeHandler(r.Logger.Handler(), task)), e.Logs.Handler(r.HostID, r.JobID, r.Attempt, "guest")
-}
-
-// logged publishes the start and the end of this host's part of an attempt
-// as job lines (to the log stream only: the host agent logs them itself).
-func (e *LocalExecutor) logged(r ExecRequest, x Execution) Execution {
-	if e.Logs == nil {
-		return x
-	}
-	log := slog.New(e.Logs.Handler(r.HostID, r.JobID, r.Attempt, "task"))
-	log.Info("attempt started", "subtasks", len(r.Local))
-	return loggedExecution{x, log}
-}
-
-type loggedExecution struct {
-	Execution
-	log *slog.Logger
-}
-
-func (x loggedExecution) Wait() (runtime.Stats, error) {
-	st, err := x.Execution.Wait()
-	switch {
-	case err == nil:
-		x.log.Info("attempt finished")
-	case errors.Is(err, context.Canceled):
-		x.log.Info("attempt canceled")
-	default:
-		x.log.Error("attempt failed", "err", err.Error())
-	}
-	return st, err
-}
-
-// ControllerLogHost is the Host of the log records the controller publishes
-// about a job (Source "controller"): its decisions, as `streamd logs`
-// shows them beside the hosts' lines.
-const ControllerLogHost = "controller"
-
-// jobEventHandler passes every record to the controller's own handler and
-// publishes those about one job (a "job" attribute) at info level and above
-// on the job's log subject, so `streamd logs` shows why an attempt failed
-// over, an upgrade, a rollback, a stop and its savepoint.
-type jobEventHandler struct {
-	inner slog.Handler
-	pub   *LogPublisher
-	attrs []slog.Attr
-}
-
-func (h *jobEventHandler) Enabled(ctx context.Context, l slog.Level) bool {
-	return l >= slog.LevelInfo || h.inner.Enabled(ctx, l)
-}
-
-func (h *jobEventHandler) Handle(ctx context.Context, r slog.Record) error {
-	var err error
-	if h.inner.Enabled(ctx, r.Level) {
-		err = h.inner.Handle(ctx, r)
-	}
-	if r.Level < slog.LevelInfo {
-		return err
-	}
-	rec := &LogRecord{Time: r.Time, Level: r.Level.String(), Host: ControllerLogHost, Source: "controller", Msg: r.Message, Attrs: map[string]string{}}
-	take := func(a slog.Attr) bool {
-		v := a.Value.Resolve().String()
-		switch a.Key {
-		case "job":
-			rec.Job = v
-		case "attempt":
-			rec.Attempt, _ = strconv.Atoi(v)
-		case "component", "controller":
-		default:
-			rec.Attrs[a.Key] = v
-		}
-		return true
-	}
-	for _, a := range h.attrs {
-		take(a)
-	}
-	r.Attrs(take)
-	if rec.Job == "" || !validJobID(rec.Job) {
-		return err
-	}
-	h.pub.publish(rec)
-	return err
-}
-
-func (h *jobEventHandler) WithAttrs(as []slog.Attr) slog.Handler {
-	return &jobEventHandler{inner: h.inner.WithAttrs(as), pub: h.pub, attrs: append(slices.Clip(h.attrs), as...)}
-}
-
-func (h *jobEventHandler) WithGroup(name string) slog.Handler {
-	return &jobEventHandler{inner: h.inner.WithGroup(name), pub: h.pub, attrs: h.attrs}
-}
-
-// validJobID: id can be a token of a log subject.
-func validJobID(id string) bool {
+// ValidJobID: id can be a token of a log subject.
+func ValidJobID(id string) bool {
 	return id != "" && !strings.ContainsAny(id, ". *>\t\r\n")
 }
 
@@ -402,70 +300,4 @@ type LogQuery struct {
 	Since    time.Time
 	After    uint64
 	Limit    int
-}
-
-// Logs reads the job's stored log lines, oldest first (not following new
-// ones), and says whether more are stored past them. It is what
-// `streamd logs` prints, for the REST API.
-func (c *Client) Logs(ctx context.Context, jobID string, q LogQuery) ([]StoredLog, bool, error) {
-	if !validJobID(jobID) {
-		return nil, false, fmt.Errorf("job %q: not a job id", jobID)
-	}
-	js, err := jetstream.New(c.nc)
-	if err != nil {
-		return nil, false, err
-	}
-	stream, err := js.Stream(ctx, LogStream)
-	if errors.Is(err, jetstream.ErrStreamNotFound) {
-		return nil, false, fmt.Errorf("job %s: no log stream %s on the NATS server (the hosts create it when they start)", jobID, LogStream)
-	}
-	if err != nil {
-		return nil, false, fmt.Errorf("job %s: log stream %s: %w", jobID, LogStream, err)
-	}
-	op := "*"
-	if q.Operator != "" {
-		op = q.Operator
-	}
-	cfg := jetstream.OrderedConsumerConfig{FilterSubjects: []string{SubjectLogsPrefix + jobID + "." + op + ".*"}}
-	switch {
-	case q.After > 0:
-		cfg.DeliverPolicy, cfg.OptStartSeq = jetstream.DeliverByStartSequencePolicy, q.After+1
-	case !q.Since.IsZero():
-		cfg.DeliverPolicy, cfg.OptStartTime = jetstream.DeliverByStartTimePolicy, &q.Since
-	}
-	cons, err := stream.OrderedConsumer(ctx, cfg)
-	if err != nil {
-		return nil, false, fmt.Errorf("job %s: read log stream %s: %w", jobID, LogStream, err)
-	}
-	info, err := cons.Info(ctx)
-	if err != nil {
-		return nil, false, fmt.Errorf("job %s: read log stream %s: %w", jobID, LogStream, err)
-	}
-	n := min(int(info.NumPending), q.Limit)
-	if n <= 0 {
-		return nil, info.NumPending > 0, nil
-	}
-	wait := 5 * time.Second
-	if dl, ok := ctx.Deadline(); ok {
-		wait = time.Until(dl)
-	}
-	batch, err := cons.Fetch(n, jetstream.FetchMaxWait(wait))
-	if err != nil {
-		return nil, false, fmt.Errorf("job %s: read log stream %s: %w", jobID, LogStream, err)
-	}
-	var out []StoredLog
-	for m := range batch.Messages() {
-		rec := StoredLog{}
-		if md, err := m.Metadata(); err == nil {
-			rec.Seq = md.Sequence.Stream
-		}
-		if err := json.Unmarshal(m.Data(), &rec.LogRecord); err != nil {
-			rec.Msg, rec.Source = fmt.Sprintf("(not a log record: %q)", m.Data()), "stream"
-		}
-		out = append(out, rec)
-	}
-	if err := batch.Error(); err != nil && len(out) < n {
-		return out, true, fmt.Errorf("job %s: read log stream %s: %w", jobID, LogStream, err)
-	}
-	return out, int(info.NumPending) > len(out), nil
 }

@@ -1,19 +1,27 @@
-package cluster
+// Package agent is streamd's host agent: it registers a host with the
+// controller by its heartbeats, runs the subtasks the controller assigns to
+// it (Executor; LocalExecutor runs them in this process), and reports how
+// each attempt goes (package wire's host protocol). Of a job spread over
+// hosts it runs the host's end of the subtask protocol: events to the
+// controller, the checkpoint coordinator's commands from it.
+//
+// The host agent has one mutex (Host.mu) over its table of running
+// attempts; it is never held while talking to NATS or waiting for a run.
+package agent
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
 	"os"
 	"path/filepath"
-	"regexp"
 	"sort"
 	"sync"
 	"time"
+
+	"github.com/streamd/streamd/internal/cluster/wire"
 
 	"github.com/nats-io/nats.go"
 
@@ -47,16 +55,11 @@ type HostOptions struct {
 	// SendFinalReport, if set, is asked before the host reports an
 	// attempt's end (finished, failed or canceled); false drops the report
 	// as if every retry was lost. For tests only.
-	SendFinalReport func(HostEvent) bool
+	SendFinalReport func(wire.HostEvent) bool
 }
 
 // DefaultOutcomes is the default of HostOptions.Outcomes.
 const DefaultOutcomes = 64
-
-var hostIDRE = regexp.MustCompile(`^[A-Za-z0-9_-]{1,128}$`)
-
-// MaxSlots is the most slots one host may offer.
-const MaxSlots = 1024
 
 // Host is a host agent: it registers with the controller by heartbeats, runs
 // the attempts assigned to it and reports their state.
@@ -64,21 +67,21 @@ type Host struct {
 	nc   *nats.Conn
 	opts HostOptions
 	log  *slog.Logger
-	arts *Artifacts
+	arts *wire.Artifacts
 
 	ctx    context.Context
 	cancel context.CancelFunc
 
 	mu   sync.Mutex // guards runs, floor, term and closed
-	runs map[AttemptRef]*hostRun
+	runs map[wire.AttemptRef]*hostRun
 	// term is the newest controller term this host knows (from the
 	// leader's announcements and requests), leader its controller: requests
 	// of older terms are refused.
 	term    uint64
 	leader  string
-	floor   map[string]int           // per job, the oldest attempt that may still start here (older ones are fenced)
-	ends    map[AttemptRef]HostEvent // final reports of the latest attempts (at most opts.Outcomes)
-	endList []AttemptRef             // the keys of ends, oldest first
+	floor   map[string]int                     // per job, the oldest attempt that may still start here (older ones are fenced)
+	ends    map[wire.AttemptRef]wire.HostEvent // final reports of the latest attempts (at most opts.Outcomes)
+	endList []wire.AttemptRef                  // the keys of ends, oldest first
 	closed  bool
 	paused  bool // heartbeats paused (tests)
 	subs    []*nats.Subscription
@@ -87,7 +90,7 @@ type Host struct {
 }
 
 type hostRun struct {
-	ref    AttemptRef
+	ref    wire.AttemptRef
 	slots  int
 	cancel context.CancelFunc
 	done   chan struct{}
@@ -100,30 +103,19 @@ type hostRun struct {
 	exec Execution
 }
 
-// NewHostID is a host id for a host that names none: the hostname (with
-// characters other than letters, digits, '-' and '_' replaced by '_')
-// followed by a random suffix.
-func NewHostID() string {
-	name, _ := os.Hostname()
-	name = regexp.MustCompile(`[^A-Za-z0-9_-]+`).ReplaceAllString(name, "_")
-	var b [3]byte
-	_, _ = rand.Read(b[:])
-	return name + "-" + hex.EncodeToString(b[:])
-}
-
 // StartHost registers the host agent on nc and starts heartbeating.
 func StartHost(nc *nats.Conn, opts HostOptions) (*Host, error) {
 	if opts.ID == "" {
-		opts.ID = NewHostID()
+		opts.ID = wire.NewHostID()
 	}
-	if !hostIDRE.MatchString(opts.ID) {
+	if !wire.HostIDRE.MatchString(opts.ID) {
 		return nil, fmt.Errorf("cluster: host id %q: may contain only letters, digits, '-' and '_'", opts.ID)
 	}
 	if opts.Slots == 0 {
 		opts.Slots = 1
 	}
-	if opts.Slots < 0 || opts.Slots > MaxSlots {
-		return nil, fmt.Errorf("cluster: host %s: slots %d out of range [1, %d]", opts.ID, opts.Slots, MaxSlots)
+	if opts.Slots < 0 || opts.Slots > wire.MaxSlots {
+		return nil, fmt.Errorf("cluster: host %s: slots %d out of range [1, %d]", opts.ID, opts.Slots, wire.MaxSlots)
 	}
 	if opts.DataDir == "" {
 		return nil, fmt.Errorf("cluster: host %s: no data directory", opts.ID)
@@ -132,10 +124,10 @@ func StartHost(nc *nats.Conn, opts HostOptions) (*Host, error) {
 		return nil, fmt.Errorf("cluster: host %s: no executor", opts.ID)
 	}
 	if opts.HeartbeatInterval <= 0 {
-		opts.HeartbeatInterval = DefaultHeartbeatInterval
+		opts.HeartbeatInterval = wire.DefaultHeartbeatInterval
 	}
 	if opts.RequestTimeout <= 0 {
-		opts.RequestTimeout = DefaultRequestTimeout
+		opts.RequestTimeout = wire.DefaultRequestTimeout
 	}
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler)
@@ -146,20 +138,20 @@ func StartHost(nc *nats.Conn, opts HostOptions) (*Host, error) {
 	if err := os.MkdirAll(filepath.Join(opts.DataDir, "artifacts"), 0o755); err != nil {
 		return nil, fmt.Errorf("cluster: host %s: data directory: %w", opts.ID, err)
 	}
-	arts, err := NewArtifacts(nc)
+	arts, err := wire.NewArtifacts(nc)
 	if err != nil {
 		return nil, err
 	}
 	h := &Host{nc: nc, opts: opts, log: opts.Logger.With("component", "host", "host", opts.ID), arts: arts,
-		runs: map[AttemptRef]*hostRun{}, floor: map[string]int{}, ends: map[AttemptRef]HostEvent{}, release: make(chan struct{})}
+		runs: map[wire.AttemptRef]*hostRun{}, floor: map[string]int{}, ends: map[wire.AttemptRef]wire.HostEvent{}, release: make(chan struct{})}
 	h.ctx, h.cancel = context.WithCancel(context.Background())
 	for subject, fn := range map[string]nats.MsgHandler{
-		HostSubject(opts.ID, HostVerbAssign):    h.handleAssign,
-		HostSubject(opts.ID, HostVerbCancel):    h.handleCancel,
-		HostSubject(opts.ID, HostVerbSavepoint): h.handleSavepoint,
-		HostSubject(opts.ID, HostVerbStop):      h.handleSavepoint,
-		HostSubject(opts.ID, HostVerbOutcome):   h.handleOutcome,
-		SubjectLeader:                           h.handleLeader,
+		wire.HostSubject(opts.ID, wire.HostVerbAssign):    h.handleAssign,
+		wire.HostSubject(opts.ID, wire.HostVerbCancel):    h.handleCancel,
+		wire.HostSubject(opts.ID, wire.HostVerbSavepoint): h.handleSavepoint,
+		wire.HostSubject(opts.ID, wire.HostVerbStop):      h.handleSavepoint,
+		wire.HostSubject(opts.ID, wire.HostVerbOutcome):   h.handleOutcome,
+		wire.SubjectLeader: h.handleLeader,
 	} {
 		sub, err := nc.Subscribe(subject, fn)
 		if err != nil {
@@ -190,7 +182,7 @@ func (h *Host) Term() uint64 {
 
 // handleLeader takes a leader's announcement: its term fences older ones.
 func (h *Host) handleLeader(msg *nats.Msg) {
-	var la LeaderAnnounce
+	var la wire.LeaderAnnounce
 	if err := json.Unmarshal(msg.Data, &la); err != nil {
 		h.log.Warn("bad leader announcement", "err", err)
 		return
@@ -221,13 +213,13 @@ func (h *Host) raiseTermLocked(term uint64, leader string) {
 // before it (whose record still says created), and the next progress report
 // may be a second away, or never come from an executor without progress.
 func (h *Host) reportRunningLocked() {
-	var evs []HostEvent
+	var evs []wire.HostEvent
 	for ref, r := range h.runs {
 		r.mu.Lock()
 		started := r.exec != nil
 		r.mu.Unlock()
 		if started {
-			evs = append(evs, HostEvent{HostID: h.opts.ID, JobID: ref.JobID, Attempt: ref.Attempt, State: SubtaskRunning})
+			evs = append(evs, wire.HostEvent{HostID: h.opts.ID, JobID: ref.JobID, Attempt: ref.Attempt, State: wire.SubtaskRunning})
 		}
 	}
 	if len(evs) > 0 {
@@ -246,7 +238,7 @@ func (h *Host) fence(term uint64, what string) error {
 	defer h.mu.Unlock()
 	if term < h.term {
 		h.log.Info("request of an older controller term refused", "request", what, "term", term, "current_term", h.term)
-		return &fencedError{host: h.opts.ID, what: what, term: term, current: h.term, leader: h.leader}
+		return &wire.FencedError{Host: h.opts.ID, What: what, Term: term, Current: h.term, Leader: h.leader}
 	}
 	h.raiseTermLocked(term, "")
 	return nil
@@ -285,10 +277,10 @@ func (h *Host) PauseHeartbeats(pause bool) {
 }
 
 // Running lists the attempts running here.
-func (h *Host) Running() []AttemptRef {
+func (h *Host) Running() []wire.AttemptRef {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	out := make([]AttemptRef, 0, len(h.runs))
+	out := make([]wire.AttemptRef, 0, len(h.runs))
 	for r := range h.runs {
 		out = append(out, r)
 	}
@@ -310,9 +302,9 @@ func (h *Host) heartbeats() {
 		paused := h.paused
 		h.mu.Unlock()
 		if !paused {
-			hb := Heartbeat{HostID: h.opts.ID, Slots: h.opts.Slots, Running: h.Running(), Interval: h.opts.HeartbeatInterval.String()}
+			hb := wire.Heartbeat{HostID: h.opts.ID, Slots: h.opts.Slots, Running: h.Running(), Interval: h.opts.HeartbeatInterval.String()}
 			data, _ := json.Marshal(hb)
-			if err := h.nc.Publish(SubjectHeartbeat, data); err != nil {
+			if err := h.nc.Publish(wire.SubjectHeartbeat, data); err != nil {
 				h.log.Warn("heartbeat not sent", "err", err)
 			}
 		}
@@ -338,16 +330,16 @@ func (h *Host) usedSlotsLocked() int {
 // here are canceled, and the new one starts once they ended (their slots
 // pass to it). Without enough free slots the reply says Busy.
 func (h *Host) handleAssign(msg *nats.Msg) {
-	var a Assignment
+	var a wire.Assignment
 	if err := json.Unmarshal(msg.Data, &a); err != nil {
-		respond(msg, AssignReply{Reply: Reply{Error: fmt.Sprintf("cluster: host %s: bad assignment: %v", h.opts.ID, err)}})
+		wire.Respond(msg, wire.AssignReply{Reply: wire.Reply{Error: fmt.Sprintf("cluster: host %s: bad assignment: %v", h.opts.ID, err)}})
 		return
 	}
 	if err := h.fence(a.Term, "assignment"); err != nil {
-		respond(msg, AssignReply{Reply: errReply(err)})
+		wire.Respond(msg, wire.AssignReply{Reply: wire.ErrorReply(err)})
 		return
 	}
-	ref := AttemptRef{JobID: a.JobID, Attempt: a.Attempt}
+	ref := wire.AttemptRef{JobID: a.JobID, Attempt: a.Attempt}
 	slots := 0
 	for _, s := range a.Placement {
 		if s == h.opts.ID {
@@ -367,21 +359,21 @@ func (h *Host) handleAssign(msg *nats.Msg) {
 	switch {
 	case h.closed:
 		h.mu.Unlock()
-		respond(msg, AssignReply{Reply: Reply{Error: fmt.Sprintf("cluster: host %s is shutting down", h.opts.ID)}})
+		wire.Respond(msg, wire.AssignReply{Reply: wire.Reply{Error: fmt.Sprintf("cluster: host %s is shutting down", h.opts.ID)}})
 		return
 	case h.runs[ref] != nil:
 		h.mu.Unlock()
-		respond(msg, AssignReply{}) // a repeated assignment
+		wire.Respond(msg, wire.AssignReply{}) // a repeated assignment
 		return
 	case a.Attempt < h.floor[a.JobID]:
 		floor := h.floor[a.JobID]
 		h.mu.Unlock()
 		h.log.Info("assignment of an older attempt refused", "job", a.JobID, "attempt", a.Attempt, "fenced_below", floor)
-		respond(msg, AssignReply{Reply: Reply{Error: fmt.Sprintf("cluster: host %s: job %s attempt %d is fenced: this host was assigned or told to cancel a later attempt (%d or later run here)", h.opts.ID, a.JobID, a.Attempt, floor)}})
+		wire.Respond(msg, wire.AssignReply{Reply: wire.Reply{Error: fmt.Sprintf("cluster: host %s: job %s attempt %d is fenced: this host was assigned or told to cancel a later attempt (%d or later run here)", h.opts.ID, a.JobID, a.Attempt, floor)}})
 		return
 	case used+slots > h.opts.Slots:
 		h.mu.Unlock()
-		respond(msg, AssignReply{Busy: true, Reply: Reply{Error: fmt.Sprintf("cluster: host %s: job %s attempt %d needs %d slots, %d of %d free", h.opts.ID, a.JobID, a.Attempt, slots, h.opts.Slots-used, h.opts.Slots)}})
+		wire.Respond(msg, wire.AssignReply{Busy: true, Reply: wire.Reply{Error: fmt.Sprintf("cluster: host %s: job %s attempt %d needs %d slots, %d of %d free", h.opts.ID, a.JobID, a.Attempt, slots, h.opts.Slots-used, h.opts.Slots)}})
 		return
 	}
 	h.floor[a.JobID] = a.Attempt
@@ -394,12 +386,12 @@ func (h *Host) handleAssign(msg *nats.Msg) {
 		h.log.Info("canceling an older attempt before the new one starts", "job", a.JobID, "attempt", o.ref.Attempt, "new_attempt", a.Attempt)
 		o.cancel()
 	}
-	respond(msg, AssignReply{})
+	wire.Respond(msg, wire.AssignReply{})
 	go h.execute(ctx, r, a)
 }
 
 // execute fetches the artifacts, runs the attempt and reports its end.
-func (h *Host) execute(ctx context.Context, r *hostRun, a Assignment) {
+func (h *Host) execute(ctx context.Context, r *hostRun, a wire.Assignment) {
 	defer h.wg.Done()
 	defer close(r.done)
 	defer func() {
@@ -409,16 +401,16 @@ func (h *Host) execute(ctx context.Context, r *hostRun, a Assignment) {
 	}()
 	defer r.cancel()
 	log := h.log.With("job", a.JobID, "attempt", a.Attempt)
-	h.report(HostEvent{HostID: h.opts.ID, JobID: a.JobID, Attempt: a.Attempt, State: SubtaskDeploying}, false)
+	h.report(wire.HostEvent{HostID: h.opts.ID, JobID: a.JobID, Attempt: a.Attempt, State: wire.SubtaskDeploying}, false)
 
 	stats, err := h.runAssignment(ctx, r, a, log)
-	ev := HostEvent{HostID: h.opts.ID, JobID: a.JobID, Attempt: a.Attempt, Stats: stats.Operators, Checkpoints: stats.Recent}
+	ev := wire.HostEvent{HostID: h.opts.ID, JobID: a.JobID, Attempt: a.Attempt, Stats: stats.Operators, Checkpoints: stats.Recent}
 	if stats.Elapsed > 0 {
 		ev.Elapsed = stats.Elapsed.Round(time.Millisecond).String()
 	}
 	switch {
 	case err == nil:
-		ev.State, ev.Savepoint = SubtaskFinished, stats.Savepoint
+		ev.State, ev.Savepoint = wire.SubtaskFinished, stats.Savepoint
 		// A spread job's savepoint is the controller's (its "job stopped"
 		// line names it): the host names one only when it took it.
 		if stats.Savepoint != "" {
@@ -427,10 +419,10 @@ func (h *Host) execute(ctx context.Context, r *hostRun, a Assignment) {
 			log.Info("attempt finished", "elapsed", stats.Elapsed)
 		}
 	case ctx.Err() != nil:
-		ev.State = SubtaskCanceled
+		ev.State = wire.SubtaskCanceled
 		log.Info("attempt canceled")
 	default:
-		ev.State, ev.Error = SubtaskFailed, err.Error()
+		ev.State, ev.Error = wire.SubtaskFailed, err.Error()
 		ev.Subtasks = failedSubtask(err)
 		if c := runtime.FailureClass(err); c != control.FailureRestartable {
 			ev.Class = c.String()
@@ -452,11 +444,11 @@ func (h *Host) execute(ctx context.Context, r *hostRun, a Assignment) {
 
 // rememberEndLocked keeps ev, an attempt's final report, for outcome
 // requests; the oldest is forgotten beyond opts.Outcomes.
-func (h *Host) rememberEndLocked(ev HostEvent) {
+func (h *Host) rememberEndLocked(ev wire.HostEvent) {
 	if h.opts.Outcomes < 0 {
 		return
 	}
-	ref := AttemptRef{JobID: ev.JobID, Attempt: ev.Attempt}
+	ref := wire.AttemptRef{JobID: ev.JobID, Attempt: ev.Attempt}
 	if _, ok := h.ends[ref]; !ok {
 		h.endList = append(h.endList, ref)
 	}
@@ -469,17 +461,17 @@ func (h *Host) rememberEndLocked(ev HostEvent) {
 
 // handleOutcome answers how an attempt ended here (OutcomeReply).
 func (h *Host) handleOutcome(msg *nats.Msg) {
-	var req HostRequest
+	var req wire.HostRequest
 	if err := json.Unmarshal(msg.Data, &req); err != nil {
-		respond(msg, OutcomeReply{Reply: Reply{Error: fmt.Sprintf("cluster: host %s: bad outcome request: %v", h.opts.ID, err)}})
+		wire.Respond(msg, wire.OutcomeReply{Reply: wire.Reply{Error: fmt.Sprintf("cluster: host %s: bad outcome request: %v", h.opts.ID, err)}})
 		return
 	}
 	if err := h.fence(req.Term, "outcome request"); err != nil {
-		respond(msg, OutcomeReply{Reply: errReply(err)})
+		wire.Respond(msg, wire.OutcomeReply{Reply: wire.ErrorReply(err)})
 		return
 	}
-	ref := AttemptRef{JobID: req.JobID, Attempt: req.Attempt}
-	var out OutcomeReply
+	ref := wire.AttemptRef{JobID: req.JobID, Attempt: req.Attempt}
+	var out wire.OutcomeReply
 	h.mu.Lock()
 	if ev, ok := h.ends[ref]; ok {
 		out.Event = &ev
@@ -487,25 +479,25 @@ func (h *Host) handleOutcome(msg *nats.Msg) {
 		out.Running = true
 	}
 	h.mu.Unlock()
-	respond(msg, out)
+	wire.Respond(msg, out)
 }
 
 // failedSubtask names the subtask whose failure err is, when it names one.
-func failedSubtask(err error) []SubtaskRef {
+func failedSubtask(err error) []wire.SubtaskRef {
 	var te *runtime.TaskError
 	if errors.As(err, &te) {
-		return []SubtaskRef{{Operator: te.Operator, Subtask: te.Subtask}}
+		return []wire.SubtaskRef{{Operator: te.Operator, Subtask: te.Subtask}}
 	}
 	var he *host.Error
 	if errors.As(err, &he) && he.Operator != "" {
-		return []SubtaskRef{{Operator: he.Operator, Subtask: he.Subtask}}
+		return []wire.SubtaskRef{{Operator: he.Operator, Subtask: he.Subtask}}
 	}
 	return nil
 }
 
-func (h *Host) runAssignment(ctx context.Context, r *hostRun, a Assignment, log *slog.Logger) (runtime.Stats, error) {
+func (h *Host) runAssignment(ctx context.Context, r *hostRun, a wire.Assignment, log *slog.Logger) (runtime.Stats, error) {
 	cache := filepath.Join(h.opts.DataDir, "artifacts")
-	g, err := a.Job.Graph(func(art Artifact) (string, error) { return h.arts.FetchRetry(ctx, cache, art, log) })
+	g, err := a.Job.Graph(func(art wire.Artifact) (string, error) { return h.arts.FetchRetry(ctx, cache, art, log) })
 	if err != nil {
 		return runtime.Stats{}, err
 	}
@@ -530,7 +522,7 @@ func (h *Host) runAssignment(ctx context.Context, r *hostRun, a Assignment, log 
 		State: a.Job.State,
 		Fence: func(term uint64) error { return h.fence(term, "command") },
 		Progress: func(s runtime.Stats) {
-			h.report(HostEvent{HostID: h.opts.ID, JobID: a.JobID, Attempt: a.Attempt, State: SubtaskRunning,
+			h.report(wire.HostEvent{HostID: h.opts.ID, JobID: a.JobID, Attempt: a.Attempt, State: wire.SubtaskRunning,
 				Stats: s.Operators, Checkpoints: s.Recent, Elapsed: s.Elapsed.Round(time.Millisecond).String()}, false)
 		}}
 	// The attempt's spans (task, under it the phases) are children of the
@@ -543,22 +535,22 @@ func (h *Host) runAssignment(ctx context.Context, r *hostRun, a Assignment, log 
 	r.exec = exec
 	r.mu.Unlock()
 	log.Info("attempt running", "subtasks", len(a.Local))
-	h.report(HostEvent{HostID: h.opts.ID, JobID: a.JobID, Attempt: a.Attempt, State: SubtaskRunning}, false)
+	h.report(wire.HostEvent{HostID: h.opts.ID, JobID: a.JobID, Attempt: a.Attempt, State: wire.SubtaskRunning}, false)
 	return exec.Wait()
 }
 
 // report sends ev to the controller: published, or when reliable as a
 // request retried a few times.
-func (h *Host) report(ev HostEvent, reliable bool) {
+func (h *Host) report(ev wire.HostEvent, reliable bool) {
 	if !reliable {
 		data, _ := json.Marshal(ev)
-		_ = h.nc.Publish(SubjectHostEvents, data)
+		_ = h.nc.Publish(wire.SubjectHostEvents, data)
 		return
 	}
 	var err error
 	for try := 0; try < 3; try++ {
-		var rep Reply
-		if err = requestTimeout(h.nc, SubjectHostEvents, h.opts.RequestTimeout, ev, &rep); err == nil {
+		var rep wire.Reply
+		if err = wire.RequestTimeout(h.nc, wire.SubjectHostEvents, h.opts.RequestTimeout, ev, &rep); err == nil {
 			return
 		}
 		select {
@@ -571,17 +563,17 @@ func (h *Host) report(ev HostEvent, reliable bool) {
 }
 
 func (h *Host) handleCancel(msg *nats.Msg) {
-	var req HostRequest
+	var req wire.HostRequest
 	if err := json.Unmarshal(msg.Data, &req); err != nil {
-		respond(msg, Reply{Error: fmt.Sprintf("cluster: host %s: bad cancel request: %v", h.opts.ID, err)})
+		wire.Respond(msg, wire.Reply{Error: fmt.Sprintf("cluster: host %s: bad cancel request: %v", h.opts.ID, err)})
 		return
 	}
 	if err := h.fence(req.Term, "cancel"); err != nil {
-		respond(msg, errReply(err))
+		wire.Respond(msg, wire.ErrorReply(err))
 		return
 	}
 	h.mu.Lock()
-	r := h.runs[AttemptRef{JobID: req.JobID, Attempt: req.Attempt}]
+	r := h.runs[wire.AttemptRef{JobID: req.JobID, Attempt: req.Attempt}]
 	// The controller never wants a canceled attempt back: a late assignment
 	// of it (overtaken by this cancel) is refused.
 	if req.Attempt+1 > h.floor[req.JobID] && !h.closed {
@@ -589,30 +581,30 @@ func (h *Host) handleCancel(msg *nats.Msg) {
 	}
 	h.mu.Unlock()
 	if r == nil {
-		respond(msg, Reply{}) // not (or no longer) running here
+		wire.Respond(msg, wire.Reply{}) // not (or no longer) running here
 		return
 	}
 	r.cancel()
 	select {
 	case <-r.done:
-		respond(msg, Reply{})
+		wire.Respond(msg, wire.Reply{})
 	case <-time.After(h.opts.RequestTimeout / 2):
-		respond(msg, Reply{Error: fmt.Sprintf("cluster: host %s: job %s attempt %d did not stop within %s", h.opts.ID, req.JobID, req.Attempt, h.opts.RequestTimeout/2)})
+		wire.Respond(msg, wire.Reply{Error: fmt.Sprintf("cluster: host %s: job %s attempt %d did not stop within %s", h.opts.ID, req.JobID, req.Attempt, h.opts.RequestTimeout/2)})
 	}
 }
 
 func (h *Host) handleSavepoint(msg *nats.Msg) {
-	verb := HostVerbSavepoint
-	if len(msg.Subject) > 5 && msg.Subject[len(msg.Subject)-5:] == "."+HostVerbStop {
-		verb = HostVerbStop
+	verb := wire.HostVerbSavepoint
+	if len(msg.Subject) > 5 && msg.Subject[len(msg.Subject)-5:] == "."+wire.HostVerbStop {
+		verb = wire.HostVerbStop
 	}
-	var req HostRequest
+	var req wire.HostRequest
 	if err := json.Unmarshal(msg.Data, &req); err != nil {
-		respond(msg, SavepointReply{Reply: Reply{Error: fmt.Sprintf("cluster: host %s: bad %s request: %v", h.opts.ID, verb, err)}})
+		wire.Respond(msg, wire.SavepointReply{Reply: wire.Reply{Error: fmt.Sprintf("cluster: host %s: bad %s request: %v", h.opts.ID, verb, err)}})
 		return
 	}
 	// The controller drives the checkpoints of every deployed job (its
 	// savepoint and stop requests go to the job's subtasks as commands);
 	// a host takes none of its own.
-	respond(msg, SavepointReply{Reply: Reply{Error: fmt.Sprintf("cluster: host %s: %s job %s: the controller takes savepoints of deployed jobs (streamd savepoint / streamd stop)", h.opts.ID, verb, req.JobID)}})
+	wire.Respond(msg, wire.SavepointReply{Reply: wire.Reply{Error: fmt.Sprintf("cluster: host %s: %s job %s: the controller takes savepoints of deployed jobs (streamd savepoint / streamd stop)", h.opts.ID, verb, req.JobID)}})
 }

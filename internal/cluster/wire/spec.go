@@ -1,4 +1,4 @@
-package cluster
+package wire
 
 import (
 	"errors"
@@ -54,11 +54,11 @@ type WasmSpec struct {
 	OnError    *jobfile.OnError  `json:"on_error,omitempty"`
 }
 
-// pinNewStart makes every nats source that starts at new start at the
+// PinNewStart makes every nats source that starts at new start at the
 // deploy time at instead (jobfile.PinNewStart): every attempt of the job,
 // on whichever host, then starts where the first did. The source specs are
 // copied.
-func (s *JobSpec) pinNewStart(at time.Time) {
+func (s *JobSpec) PinNewStart(at time.Time) {
 	for i := range s.Vertices {
 		if src := s.Vertices[i].Source; src != nil {
 			s.Vertices[i].Source = src.PinNewStart(at)
@@ -66,12 +66,12 @@ func (s *JobSpec) pinNewStart(at time.Time) {
 	}
 }
 
-// ownFiles makes the output of job id its own: every sink (dead-letter
+// OwnFiles makes the output of job id its own: every sink (dead-letter
 // sinks too) gets it as jobfile.SinkSpec.Job (and the connector's
 // SinkEnv.Job): a file sink puts it into its file names, a nats sink into
 // its writer name. Checkpoints are the job's own by OpenStore. The sink
 // specs are copied, not changed in place.
-func (s *JobSpec) ownFiles(id string) {
+func (s *JobSpec) OwnFiles(id string) {
 	for i := range s.Vertices {
 		if sk := s.Vertices[i].Sink; sk != nil {
 			own := *sk
@@ -228,8 +228,8 @@ func (s *JobSpec) Graph(resolve Resolver) (*control.JobGraph, error) {
 	return g, nil
 }
 
-// slotsNeeded is the largest parallelism (control.SlotsNeeded without a graph).
-func (s *JobSpec) slotsNeeded() int {
+// SlotsNeeded is the largest parallelism (control.SlotsNeeded without a graph).
+func (s *JobSpec) SlotsNeeded() int {
 	n := 0
 	for _, v := range s.Vertices {
 		n = max(n, v.Parallelism)

@@ -1,4 +1,4 @@
-package cluster
+package wire
 
 import (
 	"context"
@@ -12,11 +12,11 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 )
 
-// taskRequestTimeout is how long a subtask event or command waits for its
+// TaskRequestTimeout is how long a subtask event or command waits for its
 // answer before it is sent again.
-const taskRequestTimeout = 2 * time.Second
+const TaskRequestTimeout = 2 * time.Second
 
-// reliableQueue sends messages on one subject in order, each as a request
+// ReliableQueue sends messages on one subject in order, each as a request
 // that is sent again (with the same sequence number) until the receiver
 // answers or the queue stops: while both ends live nothing is lost, and the
 // receiver drops a repeat by its sequence number. The subtask events of a
@@ -24,7 +24,7 @@ const taskRequestTimeout = 2 * time.Second
 // (controller -> host) go through one each per attempt and host, so a lost
 // message can no longer leave a checkpoint, a final checkpoint or the end of
 // a job waiting forever.
-type reliableQueue struct {
+type ReliableQueue struct {
 	nc      *nats.Conn
 	subject string
 	timeout time.Duration
@@ -40,17 +40,17 @@ type reliableQueue struct {
 	idle  chan struct{} // closed and replaced whenever the queue becomes empty
 }
 
-func newReliableQueue(nc *nats.Conn, subject string, log *slog.Logger) *reliableQueue {
-	q := &reliableQueue{nc: nc, subject: subject, timeout: taskRequestTimeout, log: log,
+func NewReliableQueue(nc *nats.Conn, subject string, log *slog.Logger) *ReliableQueue {
+	q := &ReliableQueue{nc: nc, subject: subject, timeout: TaskRequestTimeout, log: log,
 		done: make(chan struct{}), wake: make(chan struct{}, 1), idle: make(chan struct{})}
 	q.ctx, q.cancel = context.WithCancel(context.Background())
 	go q.run()
 	return q
 }
 
-// send gives the next sequence number to encode, which returns the message;
+// Send gives the next sequence number to encode, which returns the message;
 // it never blocks on the network.
-func (q *reliableQueue) send(encode func(seq uint64) ([]byte, error)) error {
+func (q *ReliableQueue) Send(encode func(seq uint64) ([]byte, error)) error {
 	q.mu.Lock()
 	data, err := encode(q.seq + 1)
 	if err != nil {
@@ -67,8 +67,8 @@ func (q *reliableQueue) send(encode func(seq uint64) ([]byte, error)) error {
 	return nil
 }
 
-// drain waits until every message was answered, at most d.
-func (q *reliableQueue) drain(d time.Duration) bool {
+// Drain waits until every message was answered, at most d.
+func (q *ReliableQueue) Drain(d time.Duration) bool {
 	q.mu.Lock()
 	empty, idle := len(q.queue) == 0, q.idle
 	q.mu.Unlock()
@@ -85,11 +85,11 @@ func (q *reliableQueue) drain(d time.Duration) bool {
 	}
 }
 
-// stop ends the queue at once (unsent messages are dropped); it does not
+// Stop ends the queue at once (unsent messages are dropped); it does not
 // wait for the goroutine.
-func (q *reliableQueue) stop() { q.cancel() }
+func (q *ReliableQueue) Stop() { q.cancel() }
 
-func (q *reliableQueue) run() {
+func (q *ReliableQueue) run() {
 	defer close(q.done)
 	for {
 		q.mu.Lock()

@@ -1,4 +1,4 @@
-package cluster
+package wire
 
 import (
 	"context"
@@ -147,10 +147,22 @@ func ExportSavepoint(ctx context.Context, nc *nats.Conn, location, dir string) (
 	return out, nil
 }
 
-// storeName names a store for logs: its directory or jetstream:// root.
-func storeName(s checkpoint.Store) string {
+// StoreName names a store for logs: its directory or jetstream:// root.
+func StoreName(s checkpoint.Store) string {
 	if r, ok := s.(interface{ Root() string }); ok {
 		return r.Root()
 	}
 	return fmt.Sprintf("%T", s)
+}
+
+// OpenStoreRetry is OpenStore with transient errors (NATS reconnecting,
+// JetStream briefly unavailable) retried under DefaultRetry.
+func OpenStoreRetry(ctx context.Context, nc *nats.Conn, cs *jobfile.CheckpointSettings, jobID string, log *slog.Logger) (checkpoint.Store, error) {
+	var store checkpoint.Store
+	err := DefaultRetry.Do(ctx, log, "open checkpoint store", func(ctx context.Context) error {
+		var err error
+		store, err = OpenStore(ctx, nc, cs, jobID, log)
+		return err
+	})
+	return store, err
 }
