@@ -52,7 +52,7 @@ type InstanceConfig struct {
 	Clock func() time.Time
 	// GuestLog, if set, also gets the guest's log calls and output lines
 	// (and the instance's own lines), with the operator and subtask
-	// attributes: a host publishes them (cluster.LogPublisher).
+	// attributes: a host publishes them (wire.LogPublisher).
 	GuestLog slog.Handler
 
 	// Outputs takes emit_watermark and emit_to and answers

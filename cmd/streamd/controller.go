@@ -5,7 +5,6 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
-
 	"github.com/spf13/cobra"
 
 	"github.com/streamd/streamd/internal/cluster"

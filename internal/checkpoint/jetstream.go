@@ -578,7 +578,7 @@ func NewerThanJetStream(ctx context.Context, js jetstream.JetStream, md *Metadat
 }
 
 // NewerThanIn is NewerThan for md as Resolve, ResolveJetStream or
-// cluster.ResolveIn returned it with r, its state reader: a JetStream
+// wire.ResolveIn returned it with r, its state reader: a JetStream
 // location is listed through r (a JetStreamReader or a *JetStream).
 func NewerThanIn(ctx context.Context, r StateReader, md *Metadata) (*Metadata, error) {
 	if !strings.HasPrefix(md.Location, JetStreamScheme) {

@@ -26,11 +26,10 @@ import (
 	"strings"
 	"time"
 
-	"github.com/streamd/streamd/internal/cluster/wire"
-
 	"go.opentelemetry.io/otel/attribute"
 
 	"github.com/streamd/streamd/control"
+	"github.com/streamd/streamd/internal/cluster/wire"
 	"github.com/streamd/streamd/internal/connector"
 	"github.com/streamd/streamd/internal/runtime"
 	"github.com/streamd/streamd/internal/telemetry"

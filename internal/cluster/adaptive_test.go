@@ -6,9 +6,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/streamd/streamd/internal/cluster/wire"
-
 	"github.com/streamd/streamd/control"
+	"github.com/streamd/streamd/internal/cluster/wire"
 	"github.com/streamd/streamd/internal/connector"
 	"github.com/streamd/streamd/internal/jobfile"
 )

@@ -9,7 +9,6 @@ import (
 
 	"github.com/streamd/streamd/internal/cluster/client"
 	"github.com/streamd/streamd/internal/cluster/wire"
-
 	"github.com/streamd/streamd/internal/natstest"
 )
 

@@ -6,11 +6,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/streamd/streamd/internal/cluster/client"
-	"github.com/streamd/streamd/internal/cluster/wire"
-
 	"github.com/nats-io/nats.go"
 
+	"github.com/streamd/streamd/internal/cluster/client"
+	"github.com/streamd/streamd/internal/cluster/wire"
 	"github.com/streamd/streamd/internal/natstest"
 )
 

@@ -15,7 +15,8 @@ package cluster
 // everything else posts work to it. Lock order: Controller.mu before distJob.mu; distJob.mu
 // is held only briefly for plain fields, never while the driver steps (and
 // so never during the driver's store IO), and the loop never takes
-// Controller.mu (what it tells the controller goes through goroutines).
+// Controller.mu: what it tells the controller goes through goroutines of
+// the controller's wait group (goTracked), which Close waits for.
 
 import (
 	"context"
@@ -28,19 +29,14 @@ import (
 	"sync"
 	"time"
 
-	"github.com/streamd/streamd/internal/cluster/wire"
-
 	"github.com/nats-io/nats.go"
 
 	"github.com/streamd/streamd/control"
 	"github.com/streamd/streamd/internal/checkpoint"
+	"github.com/streamd/streamd/internal/cluster/wire"
 	"github.com/streamd/streamd/internal/runtime"
 	"github.com/streamd/streamd/internal/telemetry"
 )
-
-// ---- host side ----
-
-// ---- controller side ----
 
 // distJob is the controller's side of a deployed job. One goroutine, its
 // loop, is the only one to step its driver (d): subtask events, ticks,
@@ -210,10 +206,10 @@ func (dj *distJob) step(ev control.Event) {
 	if st := dj.d.State(); dj.ckpt && !dj.running && (st == control.JobRunning || st == control.JobFinishing) {
 		// The coordinator sees every subtask running: so is the job.
 		dj.running = true
-		go dj.c.distRunning(dj.id, attempt)
+		dj.c.goTracked(func() { dj.c.distRunning(dj.id, attempt) })
 	}
 	if done != nil {
-		go dj.c.maybeEndDist(dj.id)
+		dj.c.goTracked(func() { dj.c.maybeEndDist(dj.id) })
 	}
 	lc := dj.d.Lifecycle()
 	if l := lc.Latest(); (l != nil && l.ID != dj.pubLatest) || lc.Restarts() != dj.pubRestarts {
@@ -224,29 +220,7 @@ func (dj *distJob) step(ev control.Event) {
 		}
 		rs := lc.RestartState()
 		dj.pubRestarts = rs.Restarts
-		go dj.c.lifecycleState(dj, latest, rs)
-	}
-}
-
-// lifecycleState keeps what the job's lifecycle knows in its record: the
-// latest restore point (what a new leader's next attempt restores) and the
-// restart strategy's state.
-func (c *Controller) lifecycleState(dj *distJob, latest *control.RestorePoint, rs control.RestartState) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	j := c.jobOfLocked(dj)
-	if j == nil || wire.TerminalJobState(j.state) {
-		return
-	}
-	changed := false
-	if latest != nil && (j.latest == nil || latest.ID > j.latest.ID) {
-		j.latest, changed = latest, true
-	}
-	if j.restarts == nil || rs.Restarts >= j.restarts.Restarts {
-		j.restarts, changed = &rs, true
-	}
-	if changed {
-		c.saveLocked(j)
+		dj.c.goTracked(func() { dj.c.lifecycleState(dj, latest, rs) })
 	}
 }
 
@@ -262,15 +236,13 @@ type discardLater struct {
 }
 
 func (s discardLater) Discard(_ context.Context, kind control.CheckpointKind, id int64, stateRef string) error {
-	s.c.wg.Add(1)
-	go func() {
-		defer s.c.wg.Done()
+	s.c.goTracked(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), s.c.opts.RequestTimeout)
 		defer cancel()
 		if err := s.Store.Discard(ctx, kind, id, stateRef); err != nil {
 			s.log.Debug("state of an aborted checkpoint not discarded", "kind", kind, "id", id, "state", stateRef, "err", err)
 		}
-	}()
+	})
 	return nil
 }
 
@@ -302,7 +274,7 @@ func (dj *distJob) CancelAttempt(x control.CancelAttempt) {
 	dj.mu.Unlock()
 	if own {
 		dj.failoverSpans(x.Reason)
-		go dj.c.distFailed(dj.id, attempt, x.Reason)
+		dj.c.goTracked(func() { dj.c.distFailed(dj.id, attempt, x.Reason) })
 	}
 }
 
@@ -319,7 +291,7 @@ func (dj *distJob) StartAttempt(x control.StartAttempt) {
 	dj.mu.Unlock()
 	if awaited {
 		telemetry.GlobalMetrics().Restart(context.Background(), dj.id, dj.g.Name)
-		go dj.c.lifecycleRestart(dj)
+		dj.c.goTracked(func() { dj.c.lifecycleRestart(dj) })
 	}
 }
 
@@ -329,7 +301,7 @@ func (dj *distJob) StopFailed(control.StopFailed) {}
 // JobEnded: when the restart strategy gives up, the job fails.
 func (dj *distJob) JobEnded(x control.JobEnded) {
 	if x.State == control.JobFailed {
-		go dj.c.lifecycleGaveUp(dj, x.Reason)
+		dj.c.goTracked(func() { dj.c.lifecycleGaveUp(dj, x.Reason) })
 	}
 }
 
@@ -409,7 +381,7 @@ func (dj *distJob) stopCommands() {
 }
 
 func (t distTarget) Fail(err error) {
-	go t.dj.c.distFailed(t.dj.id, t.attempt, err.Error())
+	t.dj.c.goTracked(func() { t.dj.c.distFailed(t.dj.id, t.attempt, err.Error()) })
 }
 
 // target is the current attempt's target; nil when no attempt is active.
@@ -459,21 +431,6 @@ func (dj *distJob) onEvent(m *nats.Msg) {
 		dj.mu.Unlock()
 		dj.step(ev)
 	})
-}
-
-// distRunning: every subtask of attempt runs (the coordinator says so).
-func (c *Controller) distRunning(jobID string, attempt int) {
-	now := time.Now()
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	j := c.jobs[jobID]
-	if j == nil || j.attempt != attempt || (j.state != wire.JobCreated && j.state != wire.JobRestarting) {
-		return
-	}
-	j.state, j.reason, j.updated = wire.JobRunning, "", now
-	c.upgradeRunningLocked(j)
-	c.changedLocked(j)
-	c.log.Info("job running", "job", j.id, "attempt", j.attempt, "hosts", j.placement.Hosts())
 }
 
 // deploy records the new attempt (in the loop) and returns the checkpoint
@@ -574,270 +531,4 @@ func (dj *distJob) close(final control.Event) {
 	dj.mu.Unlock()
 	dj.jl.Close() // once its queue is empty
 	_ = dj.sub.Unsubscribe()
-}
-
-// jobOfLocked is the job whose controller side dj is; nil when there is
-// none, or when the job has another one now (an upgrade started a new
-// version: what the lifecycle of the version before says is stale).
-func (c *Controller) jobOfLocked(dj *distJob) *ctlJob {
-	if j := c.jobs[dj.id]; j != nil && j.dist == dj {
-		return j
-	}
-	return nil
-}
-
-// lifecycleRestart: the job's lifecycle restarts the job after a task
-// failure (its restart strategy's delay has passed): the attempt is placed.
-func (c *Controller) lifecycleRestart(dj *distJob) {
-	now := time.Now()
-	c.mu.Lock()
-	j := c.jobOfLocked(dj)
-	if j == nil || wire.TerminalJobState(j.state) || j.canceling {
-		c.mu.Unlock()
-		return
-	}
-	if !j.awaitingRestart {
-		// The failure has not reached failLocked yet (the lifecycle decided
-		// it): failLocked restarts at once.
-		j.restartReady = true
-		c.mu.Unlock()
-		return
-	}
-	j.awaitingRestart = false
-	j.restartAt = now
-	c.log.Info("job restarting", "job", j.id, "attempt", j.attempt)
-	effects := c.scheduleLocked(now)
-	c.mu.Unlock()
-	c.run(effects)
-}
-
-// lifecycleGaveUp: the job's restart strategy gives up.
-func (c *Controller) lifecycleGaveUp(dj *distJob, reason string) {
-	now := time.Now()
-	c.mu.Lock()
-	j := c.jobOfLocked(dj)
-	if j == nil || wire.TerminalJobState(j.state) {
-		c.mu.Unlock()
-		return
-	}
-	c.endLocked(j, now, wire.JobFailed, reason)
-	effects := c.scheduleLocked(now)
-	c.mu.Unlock()
-	c.run(effects)
-}
-
-// distFailed fails the attempt after the driver asked to (FailJob).
-func (c *Controller) distFailed(jobID string, attempt int, reason string) {
-	now := time.Now()
-	c.mu.Lock()
-	j := c.jobs[jobID]
-	if j == nil || j.attempt != attempt || wire.TerminalJobState(j.state) || j.placement == nil || j.canceling {
-		c.mu.Unlock()
-		return
-	}
-	effects := c.failLocked(j, now, failure{reason: reason, kind: failTask})
-	effects = append(effects, c.scheduleLocked(now)...)
-	c.mu.Unlock()
-	c.run(effects)
-}
-
-// maybeEndDist ends a job spread over hosts when every host finished its
-// part and (with checkpointing) the coordinator says the job is done.
-func (c *Controller) maybeEndDist(jobID string) {
-	now := time.Now()
-	c.mu.Lock()
-	defer func() {
-		effects := c.scheduleLocked(now)
-		c.mu.Unlock()
-		c.run(effects)
-	}()
-	j := c.jobs[jobID]
-	if j == nil || j.dist == nil || j.placement == nil || wire.TerminalJobState(j.state) {
-		return
-	}
-	dj := j.dist
-	dj.mu.Lock()
-	all := dj.active
-	for _, h := range j.placement.Hosts() {
-		all = all && dj.finished[h]
-	}
-	done, savepoint := dj.done, dj.savepath
-	adopted, rescale := dj.adopted, dj.rescaleStop
-	dj.mu.Unlock()
-	if all && dj.ckpt && done == nil && adopted {
-		// Taken over from another controller, and every host's part ended
-		// well before the coordinator heard every subtask again (their
-		// last events went to the old leader): a subtask finishes only
-		// after its final checkpoint, so the job is done.
-		c.log.Info("every host finished its part of the adopted attempt", "job", j.id, "attempt", j.attempt)
-	} else if !all || (dj.ckpt && done == nil) {
-		return
-	}
-	if done != nil && done.State == control.JobStopped && rescale && j.rescale != nil {
-		c.rescaleStoppedLocked(j, now, savepoint, done.SavepointID)
-		return
-	}
-	if done != nil && done.State == control.JobStopped {
-		c.setAttemptState(j, wire.JobStopped, "")
-		j.savepoint = savepoint
-		c.endLocked(j, now, wire.JobStopped, "stopped with savepoint "+savepoint)
-		return
-	}
-	c.setAttemptState(j, wire.JobFinished, "")
-	c.endLocked(j, now, wire.JobFinished, "")
-}
-
-// distSavepoint takes a savepoint of a job spread over hosts, or stops it
-// with one, and waits for it: on the job's changes (ctlJob.changed) and, for
-// a savepoint, on the driver's answer. dir, if set, is a directory on the
-// controller the savepoint is copied into (ExportSavepoint). A stop that
-// fails (its savepoint aborted, or the attempt failed before the job
-// stopped, e.g. in notify_checkpoint_complete of the savepoint) returns an
-// error as soon as the attempt ended; the job is restarting by then (or
-// failed), never left stopping. rescale: the stop is the adaptive
-// scheduler's (scaleUpLocked): the job starts again at another parallelism
-// once stopped, so the request ends with an error then, the job no longer
-// being on the attempt it stopped.
-func (c *Controller) distSavepoint(jobID, verb, dir string, drain, rescale bool) (string, error) {
-	c.mu.Lock()
-	j := c.jobs[jobID]
-	if j == nil || j.dist == nil {
-		c.mu.Unlock()
-		return "", wire.NotFoundf("cluster: no job %q spread over hosts", jobID)
-	}
-	dj := j.dist
-	attempt := j.attempt
-	c.mu.Unlock()
-	if !dj.ckpt {
-		return "", errors.New("cluster: stop with a savepoint needs checkpointing: the job file has no checkpoint section (use streamd cancel)")
-	}
-	// The driver takes the request in the job's loop.
-	var wait chan string
-	if verb != wire.HostVerbStop {
-		wait = make(chan string, 1)
-	}
-	taken := make(chan error, 1)
-	ok := dj.post(func() {
-		dj.mu.Lock()
-		active := dj.active && dj.attempt == attempt
-		dj.mu.Unlock()
-		if !active || !dj.d.CanStop() {
-			taken <- fmt.Errorf("cluster: %s job %s: the job is %s, not running", verb, jobID, dj.d.State())
-			return
-		}
-		if verb == wire.HostVerbStop {
-			dj.mu.Lock()
-			dj.stopping, dj.stopSP, dj.rescaleStop = true, "", rescale
-			dj.mu.Unlock()
-			dj.step(control.StopWithSavepoint{Drain: drain})
-			if st := dj.d.State(); st != control.JobStopping {
-				dj.mu.Lock()
-				dj.stopping, dj.rescaleStop = false, false
-				dj.mu.Unlock()
-				taken <- fmt.Errorf("cluster: stop job %s: the checkpoint coordinator did not take the stop (it is %s)", jobID, st)
-				return
-			}
-		} else {
-			dj.mu.Lock()
-			dj.spWait = wait
-			dj.mu.Unlock()
-			dj.step(control.TriggerSavepoint{})
-		}
-		taken <- nil
-	})
-	if !ok {
-		return "", fmt.Errorf("cluster: %s job %s: the job has ended", verb, jobID)
-	}
-	select {
-	case err := <-taken:
-		if err != nil {
-			return "", err
-		}
-	case <-c.done:
-		return "", errors.New("cluster: controller closed")
-	}
-	c.mu.Lock()
-	if verb == wire.HostVerbStop && j.attempt == attempt && !wire.TerminalJobState(j.state) {
-		j.state, j.updated = wire.JobStopping, time.Now()
-		c.changedLocked(j)
-	}
-	changed := j.changed
-	c.mu.Unlock()
-
-	// ended reports why the request is over without its savepoint, or ""
-	// while it may still come; for a stop, path is set once stopped.
-	ended := func() (path, why string) {
-		c.mu.Lock()
-		defer c.mu.Unlock()
-		changed = j.changed
-		switch {
-		case j.state == wire.JobStopped && verb == wire.HostVerbStop:
-			return j.savepoint, ""
-		case wire.TerminalJobState(j.state) || j.attempt != attempt:
-			dj.mu.Lock()
-			sp := dj.stopSP
-			dj.mu.Unlock()
-			why = fmt.Sprintf("the job is %s: %s", j.state, j.reason)
-			if j.attempt != attempt {
-				// The next attempt may be placed already, which clears
-				// j.reason: say why the stop's attempt ended.
-				for _, a := range j.attempts {
-					if a.Attempt == attempt && a.Reason != "" {
-						why = fmt.Sprintf("attempt %d failed: %s; the job is %s", attempt, a.Reason, j.state)
-					}
-				}
-			}
-			if verb == wire.HostVerbStop && sp != "" {
-				why = fmt.Sprintf("its savepoint %s was written, but the job did not stop with it: %s", sp, why)
-			}
-			return "", why
-		}
-		return "", ""
-	}
-	timeout := 10 * time.Minute
-	if cs := j.spec.Checkpoint; cs != nil && cs.Timeout > 0 && verb != wire.HostVerbStop {
-		timeout = cs.Timeout + time.Second
-	}
-	deadline := time.NewTimer(timeout)
-	defer deadline.Stop()
-	var path string
-	for path == "" {
-		select {
-		case path = <-wait: // nil for a stop: never
-		case <-changed:
-			p, why := ended()
-			if why != "" {
-				what := "savepoint of job " + jobID
-				if verb == wire.HostVerbStop {
-					what = "stop job " + jobID + ": stop-with-savepoint"
-				}
-				return "", fmt.Errorf("cluster: %s failed: %s", what, why)
-			}
-			path = p
-		case <-deadline.C:
-			if verb == wire.HostVerbStop {
-				return "", fmt.Errorf("cluster: stop job %s: not stopped after %s (the job is %s)", jobID, timeout, c.jobState(j))
-			}
-			return "", fmt.Errorf("cluster: savepoint of job %s: not complete after %s", jobID, timeout)
-		case <-c.done:
-			return "", errors.New("cluster: controller closed")
-		}
-	}
-	if dir != "" {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-		defer cancel()
-		out, err := wire.ExportSavepoint(ctx, dj.c.nc, path, dir)
-		if err != nil {
-			return "", fmt.Errorf("cluster: savepoint of job %s is at %s but could not be copied to %s: %w", jobID, path, dir, err)
-		}
-		path = out
-	}
-	return path, nil
-}
-
-// jobState is j's state, read under the mutex.
-func (c *Controller) jobState(j *ctlJob) string {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return j.state
 }

@@ -9,13 +9,12 @@ import (
 	"testing"
 	"time"
 
-	"github.com/streamd/streamd/internal/cluster/agent"
-	"github.com/streamd/streamd/internal/cluster/client"
-	"github.com/streamd/streamd/internal/cluster/wire"
-
 	"github.com/nats-io/nats.go"
 
 	"github.com/streamd/streamd/control"
+	"github.com/streamd/streamd/internal/cluster/agent"
+	"github.com/streamd/streamd/internal/cluster/client"
+	"github.com/streamd/streamd/internal/cluster/wire"
 	"github.com/streamd/streamd/internal/jobfile"
 	"github.com/streamd/streamd/internal/natsutil"
 	"github.com/streamd/streamd/internal/runtime"

@@ -6,12 +6,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
+
 	"github.com/streamd/streamd/internal/cluster/agent"
 	"github.com/streamd/streamd/internal/cluster/client"
 	"github.com/streamd/streamd/internal/cluster/wire"
-
-	"github.com/nats-io/nats.go"
-
 	"github.com/streamd/streamd/internal/natsutil"
 )
 

@@ -8,12 +8,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
+
 	"github.com/streamd/streamd/internal/cluster/agent"
 	"github.com/streamd/streamd/internal/cluster/client"
 	"github.com/streamd/streamd/internal/cluster/wire"
-
-	"github.com/nats-io/nats.go/jetstream"
-
 	"github.com/streamd/streamd/internal/jobfile"
 	"github.com/streamd/streamd/internal/natstest"
 )

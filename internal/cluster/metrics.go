@@ -4,12 +4,11 @@ import (
 	"context"
 	"fmt"
 
-	"github.com/streamd/streamd/internal/cluster/wire"
-
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
 
+	"github.com/streamd/streamd/internal/cluster/wire"
 	"github.com/streamd/streamd/internal/telemetry"
 )
 

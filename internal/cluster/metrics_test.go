@@ -5,11 +5,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/streamd/streamd/internal/cluster/agent"
-
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
+	"github.com/streamd/streamd/internal/cluster/agent"
 	"github.com/streamd/streamd/internal/natstest"
 )
 

@@ -7,9 +7,9 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/streamd/streamd/internal/cluster/wire"
-
 	"github.com/nats-io/nats.go/micro"
+
+	"github.com/streamd/streamd/internal/cluster/wire"
 )
 
 // The control API is a NATS micro service (github.com/nats-io/nats.go/micro):

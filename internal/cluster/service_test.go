@@ -7,12 +7,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/streamd/streamd/internal/cluster/client"
-	"github.com/streamd/streamd/internal/cluster/wire"
-
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/micro"
 
+	"github.com/streamd/streamd/internal/cluster/client"
+	"github.com/streamd/streamd/internal/cluster/wire"
 	"github.com/streamd/streamd/internal/natstest"
 )
 

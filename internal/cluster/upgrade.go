@@ -22,11 +22,10 @@ import (
 	"strings"
 	"time"
 
-	"github.com/streamd/streamd/internal/cluster/wire"
-
 	"github.com/nats-io/nats.go/micro"
 
 	"github.com/streamd/streamd/control"
+	"github.com/streamd/streamd/internal/cluster/wire"
 )
 
 // upgradeState is a job's upgrade waiting for its version to run (kept in

@@ -8,11 +8,11 @@ import (
 	"log/slog"
 	"sync"
 
-	"github.com/streamd/streamd/internal/cluster/wire"
-
 	"github.com/nats-io/nats.go"
+
 	"github.com/streamd/streamd/control"
 	"github.com/streamd/streamd/dataplane/natsch"
+	"github.com/streamd/streamd/internal/cluster/wire"
 	"github.com/streamd/streamd/internal/runtime"
 )
 

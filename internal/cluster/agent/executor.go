@@ -7,14 +7,13 @@ import (
 	"sync"
 	"time"
 
-	"github.com/streamd/streamd/internal/cluster/wire"
-
 	"github.com/nats-io/nats.go"
 
 	"github.com/streamd/streamd/control"
 	"github.com/streamd/streamd/dataplane/natsch"
 	"github.com/streamd/streamd/host"
 	"github.com/streamd/streamd/internal/checkpoint"
+	"github.com/streamd/streamd/internal/cluster/wire"
 	"github.com/streamd/streamd/internal/jobfile"
 	"github.com/streamd/streamd/internal/natsutil"
 	"github.com/streamd/streamd/internal/runtime"

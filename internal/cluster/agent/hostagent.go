@@ -21,12 +21,11 @@ import (
 	"sync"
 	"time"
 
-	"github.com/streamd/streamd/internal/cluster/wire"
-
 	"github.com/nats-io/nats.go"
 
 	"github.com/streamd/streamd/control"
 	"github.com/streamd/streamd/host"
+	"github.com/streamd/streamd/internal/cluster/wire"
 	"github.com/streamd/streamd/internal/runtime"
 	"github.com/streamd/streamd/internal/telemetry"
 )

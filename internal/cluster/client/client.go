@@ -10,9 +10,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-
-	"github.com/streamd/streamd/internal/cluster/wire"
-
 	"path/filepath"
 	"reflect"
 	"strings"
@@ -21,6 +18,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/streamd/streamd/internal/checkpoint"
+	"github.com/streamd/streamd/internal/cluster/wire"
 	"github.com/streamd/streamd/internal/jobfile"
 )
 

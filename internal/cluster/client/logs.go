@@ -7,9 +7,9 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/streamd/streamd/internal/cluster/wire"
-
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/streamd/streamd/internal/cluster/wire"
 )
 
 // Logs reads the job's stored log lines, oldest first (not following new

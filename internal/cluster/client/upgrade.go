@@ -6,7 +6,6 @@ import (
 	"time"
 
 	"github.com/streamd/streamd/internal/cluster/wire"
-
 	"github.com/streamd/streamd/internal/jobfile"
 )
 

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+
 	"github.com/streamd/streamd/internal/natstest"
 )
 
