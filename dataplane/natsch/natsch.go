@@ -16,13 +16,17 @@
 //
 // Flow control is credit-based, in payload bytes: the receiver grants a window
 // (default 4 MiB) and re-grants as its subtask consumes; the sender blocks in
-// Send until the message fits in the credit it has. Grants are cumulative
+// Send until the message fits in the credit it has, or, with TrySend (a
+// dataplane.TrySender, which a RecordWriter with an overdraft uses), does
+// not send and lets its subtask wait for Room in its own loop, where
+// checkpoint triggers and unaligned barriers are taken at once. Grants are cumulative
 // ("you may have sent G bytes in total"), so a lost or duplicated grant is
 // harmless, and a sender that waits for credit re-asks periodically (a credit
 // request on the data subject, which also says how many messages it has sent,
 // so a dropped last message is noticed too). With credits the bytes queued at
-// a receiver never exceed its window (but for what SendNow sends beyond it:
-// an unaligned checkpoint's output buffer and barrier), and the receiving
+// a receiver never exceed its window (but for what SendNow sends beyond it,
+// an unaligned checkpoint's barrier and output buffers, and one event larger
+// than half the window that TrySend sent), and the receiving
 // subscription's pending limits are set well above that, so NATS never drops
 // a message as a slow consumer; should it happen anyway, the channel fails
 // with the NATS error.

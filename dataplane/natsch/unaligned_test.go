@@ -62,6 +62,18 @@ func takeBarrier(t *testing.T, r *Receiver) ([]string, dataplane.Barrier, bool) 
 	return visited, b, ok
 }
 
+// takeAhead waits for checkpoint id's barrier to be queued at r and takes
+// it ahead, returning the events visited, described.
+func takeAhead(t *testing.T, r *Receiver, id int64) []string {
+	t.Helper()
+	waitFor(t, r, fmt.Sprintf("barrier %d", id), r.Overtaking)
+	visited, b, ok := takeBarrier(t, r)
+	if !ok || b.ID != id {
+		t.Fatalf("took %+v (%v), want barrier %d", b, ok, id)
+	}
+	return visited
+}
+
 func describeAll(evs []dataplane.Event) []string {
 	var s []string
 	for _, ev := range evs {
@@ -266,12 +278,7 @@ func TestEndOfDataBeforeUnalignedBarrier(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	waitFor(t, r, "the unaligned barrier", r.Overtaking)
-	visited, b, ok := takeBarrier(t, r)
-	if !ok || b.ID != 9 {
-		t.Fatalf("took %+v (%v), want barrier 9 ahead of end-of-data", b, ok)
-	}
-	sameEvents(t, "visited for 9", visited, want[:1])
+	sameEvents(t, "visited for 9", takeAhead(t, r, 9), want[:1])
 	if r.Overtaking() {
 		t.Error("still overtaking after the barrier was taken")
 	}
