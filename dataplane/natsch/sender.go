@@ -149,37 +149,69 @@ func (s *Sender) takeAck(m *nats.Msg) {
 }
 
 // NotifyEndOfDataAck implements dataplane.AckNotifier: false when the
-// receiver's grants did not say it acknowledges (an older receiver), or
-// EndOfData has not been sent.
+// receiver's grants did not say it acknowledges (an older receiver). Called
+// before EndOfData is published (a RecordWriter with an overdraft queued it
+// behind records the credit had no room for), it waits for the publish:
+// then f is called once the acknowledgement comes, or at once if the
+// receiver turns out not to acknowledge.
 func (s *Sender) NotifyEndOfDataAck(f func()) bool {
 	s.mu.Lock()
-	if !s.peerAcks || s.eodSeq == 0 {
+	if s.eodSeq == 0 {
+		s.onAck = f
+		s.mu.Unlock()
+		return true
+	}
+	if !s.peerAcks {
 		s.mu.Unlock()
 		return false
 	}
 	if !s.acked {
 		s.onAck = f
-		// An acknowledgement lost on the way is asked for again, like a
-		// lost grant: the receiver answers a credit request with both.
-		eod := s.eodSeq
-		var retry func()
-		retry = func() {
-			s.mu.Lock()
-			defer s.mu.Unlock()
-			if s.acked || s.ackStop {
-				return
-			}
-			var b [creditRequestLen]byte
-			_ = s.t.nc.Publish(s.dataSubj, appendCreditRequest(b[:0], eod))
-			s.ackRetry = time.AfterFunc(s.t.opts.CreditRetry, retry)
-		}
-		s.ackRetry = time.AfterFunc(s.t.opts.CreditRetry, retry)
+		s.armAckRetryLocked()
 		s.mu.Unlock()
 		return true
 	}
 	s.mu.Unlock()
 	f()
 	return true
+}
+
+// armAckRetryLocked asks again, every CreditRetry until it comes, for an
+// acknowledgement of EndOfData lost on the way, like a lost grant: the
+// receiver answers a credit request with both (s.mu held).
+func (s *Sender) armAckRetryLocked() {
+	eod := s.eodSeq
+	var retry func()
+	retry = func() {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		if s.acked || s.ackStop {
+			return
+		}
+		var b [creditRequestLen]byte
+		_ = s.t.nc.Publish(s.dataSubj, appendCreditRequest(b[:0], eod))
+		s.ackRetry = time.AfterFunc(s.t.opts.CreditRetry, retry)
+	}
+	s.ackRetry = time.AfterFunc(s.t.opts.CreditRetry, retry)
+}
+
+// sentEndOfData records that EndOfData went out as message s.seq, and
+// carries out a NotifyEndOfDataAck that came before.
+func (s *Sender) sentEndOfData() {
+	s.mu.Lock()
+	s.eodSeq = s.seq
+	f := s.onAck
+	switch {
+	case f == nil || s.acked:
+	case !s.peerAcks: // an older receiver: no acknowledgement will come
+		s.onAck = nil
+		s.mu.Unlock()
+		f()
+		return
+	default:
+		s.armAckRetryLocked()
+	}
+	s.mu.Unlock()
 }
 
 func (s *Sender) signal() {
@@ -245,9 +277,7 @@ func (s *Sender) send(ctx context.Context, ev dataplane.Event, wait bool) error 
 		return err
 	}
 	if ev.Kind == dataplane.KindEndOfData {
-		s.mu.Lock()
-		s.eodSeq = s.seq
-		s.mu.Unlock()
+		s.sentEndOfData()
 	}
 	if ev.Kind == dataplane.KindEndOfPartition {
 		s.ended = true
