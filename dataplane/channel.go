@@ -61,7 +61,9 @@ type AckNotifier interface {
 	// the channel (at once if it already has). It reports false when the
 	// receiver does not take part in the handshake (an older peer): f is
 	// never called and the sender must not wait. Call it after sending
-	// EndOfData.
+	// EndOfData, or after handing it to a RecordWriter whose overdraft may
+	// hold it queued: the acknowledgement is then waited for once it is
+	// sent.
 	NotifyEndOfDataAck(f func()) bool
 }
 

@@ -687,3 +687,65 @@ func TestWriterOverdraft(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestWriterOverdraftBytes: the overdraft is bounded in bytes too
+// (OverdraftBytes, over all outputs): an emit that takes the queued bytes
+// beyond it waits for room until they are back within it, however few
+// events are queued; the newest batch alone stays queued however large.
+func TestWriterOverdraftBytes(t *testing.T) {
+	ctx := context.Background()
+	emit := func(w *RecordWriter, from, to int) error {
+		for i := from; i < to; i++ {
+			if err := w.Emit(ctx, rec("", fmt.Sprintf("value-%04d", i), 0)); err != nil { // 10 bytes
+				return err
+			}
+		}
+		return nil
+	}
+	c := NewLocalChannel("c", 1)
+	blocked := make(chan struct{}, 1)
+	c.onBlock = func() {
+		select {
+		case blocked <- struct{}{}:
+		default:
+		}
+	}
+	w, _ := NewRecordWriter([]Output{c.Output()}, Forward, WriterOptions{BatchSize: 2, Overdraft: 8, OverdraftBytes: 50})
+	if err := emit(w, 0, 6); err != nil { // [0 1] sent, [2 3] [4 5] queued: 40 bytes
+		t.Fatal(err)
+	}
+	if w.queuedBytes != 40 || c.Len() != 1 {
+		t.Fatalf("%d bytes queued, %d in the channel: want 40 and 1", w.queuedBytes, c.Len())
+	}
+	done := make(chan error, 1)
+	go func() { done <- emit(w, 6, 8) }() // [6 7]: 60 bytes, over the 50
+	select {
+	case <-blocked:
+	case err := <-done:
+		t.Fatalf("an emit beyond the byte budget returned (%v) without waiting for room", err)
+	case <-time.After(30 * time.Second):
+		t.Fatal("an emit beyond the byte budget neither waited nor returned")
+	}
+	if ev, ok, err := c.Input().TryRecv(); err != nil || !ok || ev.Batch.Len() != 2 { // room for [2 3]
+		t.Fatalf("receive: %v %v", ok, err)
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if w.queuedBytes != 40 || len(w.queued[0]) != 2 {
+		t.Fatalf("%d bytes in %d batches queued: want [4 5] [6 7], 40 bytes", w.queuedBytes, len(w.queued[0]))
+	}
+	w.Discard()
+
+	// A batch larger than the budget, queued alone, does not wait.
+	c = NewLocalChannel("c", 1)
+	c.onBlock = func() { t.Error("a send waited for room with only the newest batch queued") }
+	w, _ = NewRecordWriter([]Output{c.Output()}, Forward, WriterOptions{BatchSize: 2, Overdraft: 8, OverdraftBytes: 5})
+	if err := emit(w, 0, 4); err != nil { // [0 1] sent, [2 3] queued: 20 bytes
+		t.Fatal(err)
+	}
+	if !w.Queued() || w.queuedBytes != 20 {
+		t.Fatalf("queued %v, %d bytes: want [2 3] queued", w.Queued(), w.queuedBytes)
+	}
+	w.Discard()
+}

@@ -78,7 +78,19 @@ type WriterOptions struct {
 	// which processes mail while it waits for output availability). Beyond
 	// the overdraft Emit waits as with 0, where every send waits for room.
 	Overdraft int
+	// OverdraftBytes bounds the overdraft in bytes too: the key and value
+	// bytes of the batches queued over all outputs of the writer; beyond it
+	// Emit waits for room as beyond Overdraft, but for the newest batch,
+	// which stays queued however large. 0 with an overdraft means
+	// DefaultOverdraftBytes.
+	OverdraftBytes int
 }
+
+// DefaultOverdraftBytes is a writer's overdraft in bytes by default (4 MiB,
+// one full batch of MaxBatchBytes): what a back-pressured subtask may hold
+// beyond its channels' capacity, and what an unaligned checkpoint taken
+// then stores as its output buffers, at most (but for the newest batch).
+const DefaultOverdraftBytes = 4 << 20
 
 // RecordWriter is the sending side of one job-graph edge for one subtask: it
 // copies emitted records into one pending batch per output and sends a batch
@@ -98,10 +110,14 @@ type RecordWriter struct {
 	pending   []*Batch
 	queued    [][]Event // per output: handed on, not sent yet (overdraft)
 	overdraft int
-	since     []time.Time // per output: when its pending batch got its first record
-	timeout   time.Duration
-	rr        int
-	err       error
+	// queuedBytes: the key and value bytes of the batches queued, over all
+	// outputs; overBytes bounds it (OverdraftBytes).
+	queuedBytes int
+	overBytes   int
+	since       []time.Time // per output: when its pending batch got its first record
+	timeout     time.Duration
+	rr          int
+	err         error
 }
 
 // NewRecordWriter returns a writer over outs, indexed by receiving subtask.
@@ -124,6 +140,9 @@ func NewRecordWriter(outs []Output, p Partitioning, o WriterOptions) (*RecordWri
 	if o.BufferTimeout == 0 {
 		o.BufferTimeout = DefaultBufferTimeout
 	}
+	if o.Overdraft > 0 && o.OverdraftBytes <= 0 {
+		o.OverdraftBytes = DefaultOverdraftBytes
+	}
 	if p == Hash && o.MaxParallelism < len(outs) {
 		return nil, fmt.Errorf("dataplane: record writer: max parallelism %d < %d receivers", o.MaxParallelism, len(outs))
 	}
@@ -136,6 +155,7 @@ func NewRecordWriter(outs []Output, p Partitioning, o WriterOptions) (*RecordWri
 		pending:   make([]*Batch, len(outs)),
 		queued:    make([][]Event, len(outs)),
 		overdraft: max(o.Overdraft, 0),
+		overBytes: o.OverdraftBytes,
 		since:     make([]time.Time, len(outs)),
 		timeout:   o.BufferTimeout,
 		rr:        o.Start % len(outs),
@@ -236,9 +256,9 @@ func (w *RecordWriter) send(ctx context.Context, t int) error {
 
 // enqueue queues ev on output t behind what is queued there and sends as
 // much as the channel takes without waiting; it waits for room only for
-// what exceeds the overdraft.
+// what exceeds the overdraft, in events on t or in bytes on the writer.
 func (w *RecordWriter) enqueue(ctx context.Context, t int, ev Event) error {
-	w.queued[t] = append(w.queued[t], ev)
+	w.queue(t, ev)
 	if err := w.tryDrain(ctx, t); err != nil {
 		return err
 	}
@@ -247,13 +267,54 @@ func (w *RecordWriter) enqueue(ctx context.Context, t int, ev Event) error {
 			return err
 		}
 	}
+	for w.queuedBytes > w.overBytes {
+		u := w.olderQueued(t)
+		if u < 0 {
+			break // only ev is queued: it stays, however large
+		}
+		if err := w.sendFirst(ctx, u, true); err != nil {
+			return err
+		}
+	}
 	return nil
+}
+
+// queue appends ev to output t's queue.
+func (w *RecordWriter) queue(t int, ev Event) {
+	w.queued[t] = append(w.queued[t], ev)
+	w.queuedBytes += eventBytes(ev)
+}
+
+// olderQueued is the output whose first queued event to send, waiting, to
+// bring the queued bytes down after ev was queued on output t: t while it
+// holds more than ev, else the first other output holding any; -1 when
+// only ev is queued.
+func (w *RecordWriter) olderQueued(t int) int {
+	if len(w.queued[t]) > 1 {
+		return t
+	}
+	for u, q := range w.queued {
+		if u != t && len(q) > 0 {
+			return u
+		}
+	}
+	return -1
+}
+
+// eventBytes is what ev counts in the queued bytes: its batch's key and
+// value bytes.
+func eventBytes(ev Event) int {
+	if ev.Kind == KindRecords && ev.Batch != nil {
+		return ev.Batch.Bytes()
+	}
+	return 0
 }
 
 // sendFirst sends the first queued event of output t, waiting for room
 // when wait; false: the channel had no room (wait unset).
 func (w *RecordWriter) sendFirst(ctx context.Context, t int, wait bool) error {
 	ev := w.queued[t][0]
+	n := eventBytes(ev) // before the send hands the batch on
 	var err error
 	if wait {
 		err = w.outs[t].Send(ctx, ev)
@@ -267,6 +328,7 @@ func (w *RecordWriter) sendFirst(ctx context.Context, t int, wait bool) error {
 		w.err = err
 		return err // stays queued: Discard releases it
 	}
+	w.queuedBytes -= n
 	w.queued[t][0] = Event{}
 	w.queued[t] = w.queued[t][1:]
 	if len(w.queued[t]) == 0 {
@@ -303,7 +365,7 @@ func (w *RecordWriter) drain(ctx context.Context, t int) error {
 func (w *RecordWriter) queuePending(t int) {
 	if b := w.pending[t]; b != nil && len(b.Records) > 0 {
 		w.pending[t] = nil
-		w.queued[t] = append(w.queued[t], RecordsEvent(b))
+		w.queue(t, RecordsEvent(b))
 	}
 }
 
@@ -466,10 +528,12 @@ func (w *RecordWriter) BroadcastNow(ctx context.Context, ev Event) error {
 	for t, o := range w.outs {
 		w.queuePending(t)
 		for len(w.queued[t]) > 0 {
+			n := eventBytes(w.queued[t][0])
 			if err := SendNow(ctx, o, w.queued[t][0]); err != nil {
 				w.err = err
 				return err
 			}
+			w.queuedBytes -= n
 			w.queued[t][0] = Event{}
 			w.queued[t] = w.queued[t][1:]
 		}
@@ -499,4 +563,5 @@ func (w *RecordWriter) Discard() {
 		}
 		w.queued[t] = nil
 	}
+	w.queuedBytes = 0
 }

@@ -47,29 +47,10 @@ func waitAck(t *testing.T, acked <-chan struct{}) {
 	}
 }
 
-// The finishing handshake over NATS: the sender hears of the
-// acknowledgement only once the receiver sent it, after taking EndOfData.
-func TestEndOfDataAck(t *testing.T) {
-	nc := connect(t, startServer(t, 0))
-	tr := transport(t, nc)
-	r, err := tr.NewReceiver(testID)
-	if err != nil {
-		t.Fatal(err)
-	}
-	s, err := tr.NewSender(testID)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx := context.Background()
-	for _, ev := range []dataplane.Event{dataplane.RecordsEvent(batchOf(rec(1, 10))), dataplane.EndOfDataEvent(true)} {
-		if err := s.Send(ctx, ev); err != nil {
-			t.Fatal(err)
-		}
-	}
-	acked := make(chan struct{}, 2)
-	if !s.NotifyEndOfDataAck(func() { acked <- struct{}{} }) {
-		t.Fatal("the receiver does not take part in the handshake")
-	}
+// receiverAcks takes events from r up to EndOfData and acknowledges it;
+// the sender must hear of the acknowledgement (acked) then, not before.
+func receiverAcks(t *testing.T, r *Receiver, acked <-chan struct{}) {
+	t.Helper()
 	recvUntil(t, r, dataplane.KindEndOfData)
 	select {
 	case <-acked:
@@ -80,6 +61,25 @@ func TestEndOfDataAck(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitAck(t, acked)
+}
+
+// The finishing handshake over NATS: the sender hears of the
+// acknowledgement only once the receiver sent it, after taking EndOfData.
+func TestEndOfDataAck(t *testing.T) {
+	nc := connect(t, startServer(t, 0))
+	tr := transport(t, nc)
+	r, s := channelEnds(t, tr, tr)
+	ctx := context.Background()
+	for _, ev := range []dataplane.Event{dataplane.RecordsEvent(batchOf(rec(1, 10))), dataplane.EndOfDataEvent(true)} {
+		if err := s.Send(ctx, ev); err != nil {
+			t.Fatal(err)
+		}
+	}
+	acked := make(chan struct{}, 2)
+	if !s.NotifyEndOfDataAck(func() { acked <- struct{}{} }) {
+		t.Fatal("the receiver does not take part in the handshake")
+	}
+	receiverAcks(t, r, acked)
 	if err := r.AckEndOfData(); err == nil {
 		t.Fatal("second acknowledgement accepted")
 	}
@@ -195,4 +195,44 @@ func TestEndOfDataAckOldSender(t *testing.T) {
 			t.Fatalf("grant without %s header", HeaderAcks)
 		}
 	}
+}
+
+// TestEndOfDataAckBeforeSent: a RecordWriter with an overdraft may still
+// hold EndOfData queued, behind records the credit had no room for, when
+// its subtask asks to hear of the acknowledgement: the sender waits for it
+// once EndOfData is published. An older receiver's channel then counts as
+// acknowledged when EndOfData is published (nothing will come).
+func TestEndOfDataAckBeforeSent(t *testing.T) {
+	nc := connect(t, startServer(t, 0))
+	tr := transport(t, nc)
+	r, s := channelEnds(t, tr, tr)
+	acked := make(chan struct{}, 2)
+	if !s.NotifyEndOfDataAck(func() { acked <- struct{}{} }) {
+		t.Fatal("before end-of-data is sent, the sender does not wait for its acknowledgement")
+	}
+	ctx := context.Background()
+	for _, ev := range []dataplane.Event{dataplane.RecordsEvent(batchOf(rec(1, 10))), dataplane.EndOfDataEvent(true)} {
+		if err := s.Send(ctx, ev); err != nil {
+			t.Fatal(err)
+		}
+	}
+	receiverAcks(t, r, acked)
+
+	// An older receiver: grants without the Streamd-Acks header.
+	old := testID
+	old.ToSubtask = 2
+	s, err := tr.NewSender(old)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !s.NotifyEndOfDataAck(func() { acked <- struct{}{} }) {
+		t.Fatal("before end-of-data is sent, the sender does not wait for its acknowledgement")
+	}
+	if err := nc.Publish(old.CreditSubject(), appendCredit(nil, 1<<20, 1<<20)); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Send(ctx, dataplane.EndOfDataEvent(true)); err != nil {
+		t.Fatal(err)
+	}
+	waitAck(t, acked)
 }

@@ -16,13 +16,17 @@
 //
 // Flow control is credit-based, in payload bytes: the receiver grants a window
 // (default 4 MiB) and re-grants as its subtask consumes; the sender blocks in
-// Send until the message fits in the credit it has. Grants are cumulative
+// Send until the message fits in the credit it has, or, with TrySend (a
+// dataplane.TrySender, which a RecordWriter with an overdraft uses), does
+// not send and lets its subtask wait for Room in its own loop, where
+// checkpoint triggers and unaligned barriers are taken at once. Grants are cumulative
 // ("you may have sent G bytes in total"), so a lost or duplicated grant is
 // harmless, and a sender that waits for credit re-asks periodically (a credit
 // request on the data subject, which also says how many messages it has sent,
 // so a dropped last message is noticed too). With credits the bytes queued at
-// a receiver never exceed its window (but for what SendNow sends beyond it:
-// an unaligned checkpoint's output buffer and barrier), and the receiving
+// a receiver never exceed its window (but for what SendNow sends beyond it,
+// an unaligned checkpoint's barrier and output buffers, and one event larger
+// than half the window that TrySend sent), and the receiving
 // subscription's pending limits are set well above that, so NATS never drops
 // a message as a slow consumer; should it happen anyway, the channel fails
 // with the NATS error.
@@ -88,6 +92,10 @@ type Options struct {
 	// receiver refuses record parts announcing one (so it never buffers more
 	// for one record); default abi.DefaultMaxRecordBytes.
 	MaxRecord int
+	// MergeRecords caps the records of a batch a receiver merges from the
+	// records messages queued one behind the other (Receiver.TryRecv);
+	// default dataplane.DefaultBatchSize.
+	MergeRecords int
 	// SendHeader, if set, is called before every data message is published,
 	// with Send's ctx, the event (for a split batch: the whole batch) and a
 	// fresh header to fill (trace context); payloads are then kept 1 KiB
@@ -160,6 +168,23 @@ func MaxRecord(bytes int) Option {
 	}
 }
 
+// MergeRecords caps the records of a batch a receiver merges from queued
+// messages (at least 1). The runtime gives its batch size, so a subtask
+// that receives over NATS gets batches no larger than from an in-process
+// channel: a receiving subtask that has fallen behind would otherwise take
+// up to dataplane.DefaultBatchSize records in one call, and an overtaking
+// barrier (or a checkpoint trigger) would wait for all of them. Given to
+// NewReceiver it applies to that channel only.
+func MergeRecords(n int) Option {
+	return func(o *Options) error {
+		if n < 1 {
+			return fmt.Errorf("natsch: merge records %d: want at least 1", n)
+		}
+		o.MergeRecords = n
+		return nil
+	}
+}
+
 // SendHeader sets the hook that fills each data message's header.
 func SendHeader(fn func(ctx context.Context, ev dataplane.Event, h nats.Header)) Option {
 	return func(o *Options) error { o.SendHeader = fn; return nil }
@@ -194,7 +219,8 @@ func NewTransport(nc *nats.Conn, opts ...Option) (*Transport, error) {
 	if nc == nil {
 		return nil, errors.New("natsch: nil connection")
 	}
-	o := Options{Window: DefaultWindow, MaxMessage: DefaultMaxMessage, SplitMessage: DefaultSplitMessage, CreditRetry: DefaultCreditRetry, MaxRecord: abi.DefaultMaxRecordBytes}
+	o := Options{Window: DefaultWindow, MaxMessage: DefaultMaxMessage, SplitMessage: DefaultSplitMessage, CreditRetry: DefaultCreditRetry, MaxRecord: abi.DefaultMaxRecordBytes,
+		MergeRecords: dataplane.DefaultBatchSize}
 	for _, opt := range opts {
 		if err := opt(&o); err != nil {
 			return nil, err
@@ -218,7 +244,7 @@ func NewTransport(nc *nats.Conn, opts ...Option) (*Transport, error) {
 }
 
 // channelOptions are the transport's options with opts, a channel's own,
-// applied on top. Window and MaxRecord may differ per channel; MaxMessage
+// applied on top. Window, MaxRecord and MergeRecords may differ per channel; MaxMessage
 // stays the transport's.
 func (t *Transport) channelOptions(opts []Option) (Options, error) {
 	o := t.opts

@@ -26,7 +26,9 @@ type Receiver struct {
 	creditSubj string
 	window     uint64
 	maxRecord  int // max_record_bytes: the most one reassembled record may hold
-	sub        *nats.Subscription
+	// mergeRecords caps the records of a batch merged from queued messages.
+	mergeRecords int
+	sub          *nats.Subscription
 
 	mu          sync.Mutex
 	queue       []queued // queue[head:] is queued
@@ -93,7 +95,7 @@ func (t *Transport) NewReceiver(id ChannelID, opts ...Option) (*Receiver, error)
 	if err != nil {
 		return nil, err
 	}
-	r := &Receiver{t: t, id: id, name: "nats " + id.String(), creditSubj: id.CreditSubject(), window: uint64(o.Window), maxRecord: o.MaxRecord}
+	r := &Receiver{t: t, id: id, name: "nats " + id.String(), creditSubj: id.CreditSubject(), window: uint64(o.Window), maxRecord: o.MaxRecord, mergeRecords: o.MergeRecords}
 	sub, err := t.nc.Subscribe(id.DataSubject(), r.onData)
 	if err != nil {
 		return nil, fmt.Errorf("natsch: %s: subscribe: %w", r.name, err)
@@ -292,11 +294,9 @@ func (r *Receiver) popLocked() queued {
 	return e
 }
 
-// mergeRecords caps the records of a batch that merge makes.
-const mergeRecords = dataplane.DefaultBatchSize
-
 // merge adds to b the records of the records messages queued right behind
-// it, up to mergeRecords: a sender cuts a batch into messages of about 16
+// it, up to the channel's MergeRecords (a message that would take the batch
+// beyond it starts the next one): a sender cuts a batch into messages of about 16
 // KiB (SplitMessage), and a receiving subtask that has fallen behind then
 // gets them back as one batch, one call into its operator, not one per
 // message. Each message is checked, counted and credited as if taken
@@ -307,13 +307,14 @@ func (r *Receiver) merge(b *dataplane.Batch) error {
 	if r.t.opts.RecvHeader != nil {
 		return nil
 	}
-	for b.Len() < mergeRecords {
+	for b.Len() < r.mergeRecords {
 		r.mu.Lock()
 		if r.err != nil || r.head == len(r.queue) {
 			r.mu.Unlock()
 			return nil
 		}
-		if e := r.queue[r.head]; e.kind != wireRecords || e.taken || e.m.Header != nil || r.part != nil {
+		if e := r.queue[r.head]; e.kind != wireRecords || e.taken || e.m.Header != nil || r.part != nil ||
+			b.Len()+recordsIn(e.m.Data) > r.mergeRecords {
 			r.mu.Unlock()
 			return nil
 		}
@@ -330,6 +331,15 @@ func (r *Receiver) merge(b *dataplane.Batch) error {
 		ev.Batch.Release()
 	}
 	return nil
+}
+
+// recordsIn is the record count a records message's batch frame starts
+// with (0 for a message too short to hold one: take reports it).
+func recordsIn(data []byte) int {
+	if len(data) < HeaderLen+4 {
+		return 0
+	}
+	return int(binary.LittleEndian.Uint32(data[HeaderLen:]))
 }
 
 // take checks and decodes one message: an event (ok), or a record part that

@@ -54,6 +54,12 @@ type Sender struct {
 	closed bool
 	buf    []byte
 	timer  *time.Timer
+	// TrySend's wait for credit: short, it found none since the last
+	// send; asked, when it last asked for credit; retry wakes Room to ask
+	// again after CreditRetry.
+	short bool
+	asked time.Time
+	retry *time.Timer
 
 	stats struct {
 		messages, bytes, maxInFlight, creditWaits, creditRequests, parts atomic.Uint64
@@ -143,37 +149,69 @@ func (s *Sender) takeAck(m *nats.Msg) {
 }
 
 // NotifyEndOfDataAck implements dataplane.AckNotifier: false when the
-// receiver's grants did not say it acknowledges (an older receiver), or
-// EndOfData has not been sent.
+// receiver's grants did not say it acknowledges (an older receiver). Called
+// before EndOfData is published (a RecordWriter with an overdraft queued it
+// behind records the credit had no room for), it waits for the publish:
+// then f is called once the acknowledgement comes, or at once if the
+// receiver turns out not to acknowledge.
 func (s *Sender) NotifyEndOfDataAck(f func()) bool {
 	s.mu.Lock()
-	if !s.peerAcks || s.eodSeq == 0 {
+	if s.eodSeq == 0 {
+		s.onAck = f
+		s.mu.Unlock()
+		return true
+	}
+	if !s.peerAcks {
 		s.mu.Unlock()
 		return false
 	}
 	if !s.acked {
 		s.onAck = f
-		// An acknowledgement lost on the way is asked for again, like a
-		// lost grant: the receiver answers a credit request with both.
-		eod := s.eodSeq
-		var retry func()
-		retry = func() {
-			s.mu.Lock()
-			defer s.mu.Unlock()
-			if s.acked || s.ackStop {
-				return
-			}
-			var b [creditRequestLen]byte
-			_ = s.t.nc.Publish(s.dataSubj, appendCreditRequest(b[:0], eod))
-			s.ackRetry = time.AfterFunc(s.t.opts.CreditRetry, retry)
-		}
-		s.ackRetry = time.AfterFunc(s.t.opts.CreditRetry, retry)
+		s.armAckRetryLocked()
 		s.mu.Unlock()
 		return true
 	}
 	s.mu.Unlock()
 	f()
 	return true
+}
+
+// armAckRetryLocked asks again, every CreditRetry until it comes, for an
+// acknowledgement of EndOfData lost on the way, like a lost grant: the
+// receiver answers a credit request with both (s.mu held).
+func (s *Sender) armAckRetryLocked() {
+	eod := s.eodSeq
+	var retry func()
+	retry = func() {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		if s.acked || s.ackStop {
+			return
+		}
+		var b [creditRequestLen]byte
+		_ = s.t.nc.Publish(s.dataSubj, appendCreditRequest(b[:0], eod))
+		s.ackRetry = time.AfterFunc(s.t.opts.CreditRetry, retry)
+	}
+	s.ackRetry = time.AfterFunc(s.t.opts.CreditRetry, retry)
+}
+
+// sentEndOfData records that EndOfData went out as message s.seq, and
+// carries out a NotifyEndOfDataAck that came before.
+func (s *Sender) sentEndOfData() {
+	s.mu.Lock()
+	s.eodSeq = s.seq
+	f := s.onAck
+	switch {
+	case f == nil || s.acked:
+	case !s.peerAcks: // an older receiver: no acknowledgement will come
+		s.onAck = nil
+		s.mu.Unlock()
+		f()
+		return
+	default:
+		s.armAckRetryLocked()
+	}
+	s.mu.Unlock()
 }
 
 func (s *Sender) signal() {
@@ -239,9 +277,7 @@ func (s *Sender) send(ctx context.Context, ev dataplane.Event, wait bool) error 
 		return err
 	}
 	if ev.Kind == dataplane.KindEndOfData {
-		s.mu.Lock()
-		s.eodSeq = s.seq
-		s.mu.Unlock()
+		s.sentEndOfData()
 	}
 	if ev.Kind == dataplane.KindEndOfPartition {
 		s.ended = true
@@ -257,6 +293,116 @@ func (s *Sender) send(ctx context.Context, ev dataplane.Event, wait bool) error 
 	return nil
 }
 
+// TrySend implements dataplane.TrySender: ev goes out at once, as with
+// SendNow, when the credit has room for all of its messages, or, for an
+// event larger than half the window, for half the window (so that the
+// receiver's re-grants, each a quarter of the window, always make room in
+// the end); else TrySend sends nothing, asks the receiver for credit (at
+// once, then every CreditRetry, waking Room to be called again) and
+// returns false. An event larger than the window plus
+// dataplane.MaxBatchBytes (a batch of records over max_record_bytes of the
+// receiver's queue limits) is sent as Send sends it, waiting for credit
+// message by message. So a receiver's queue exceeds its window by one event
+// at most (a batch below MaxBatchBytes, a record part), plus what SendNow
+// sends.
+func (s *Sender) TrySend(ctx context.Context, ev dataplane.Event) (bool, error) {
+	if s.ended || s.closed {
+		return true, s.send(ctx, ev, false) // fails, saying why
+	}
+	size, err := s.eventBytes(ev)
+	if err != nil {
+		return false, err
+	}
+	s.mu.Lock()
+	g, w, err := s.granted, s.window, s.err
+	s.mu.Unlock()
+	if err != nil {
+		return false, err
+	}
+	if w > 0 && size > w+dataplane.MaxBatchBytes {
+		s.short = false
+		return true, s.send(ctx, ev, true)
+	}
+	if w > 0 && s.sent+min(size, w/2) <= g {
+		s.short = false
+		return true, s.send(ctx, ev, false)
+	}
+	now := time.Now()
+	if !s.short {
+		s.short = true
+		s.stats.creditWaits.Add(1)
+		s.t.senders.creditWaits.Add(1)
+	} else if now.Sub(s.asked) < s.t.opts.CreditRetry {
+		return false, nil
+	}
+	// Ask at once: the receiver's first grant may have been published
+	// before this sender subscribed, and a grant may have been lost.
+	s.asked = now
+	s.requestCredit()
+	if s.retry == nil {
+		s.retry = time.AfterFunc(s.t.opts.CreditRetry, s.signal)
+	} else {
+		s.retry.Reset(s.t.opts.CreditRetry)
+	}
+	return false, nil
+}
+
+// Room implements dataplane.TrySender: ready when a grant or a failure
+// came, or when it is time to ask for credit again, since TrySend found
+// none.
+func (s *Sender) Room() <-chan struct{} { return s.wake }
+
+// eventBytes is the payload bytes of the messages ev goes out as.
+func (s *Sender) eventBytes(ev dataplane.Event) (uint64, error) {
+	if ev.Kind != dataplane.KindRecords {
+		var err error
+		s.buf, err = AppendEvent(s.buf[:0], s.seq+1, ev)
+		return uint64(len(s.buf)), err
+	}
+	var recs []abi.Record
+	if ev.Batch != nil {
+		recs = ev.Batch.Records
+	}
+	limit := s.t.maxMessage - HeaderLen
+	chunk := uint64(s.t.maxMessage - HeaderLen - partHeaderLen)
+	var total uint64
+	for first := true; first || len(recs) > 0; first = false {
+		n, size, err := s.nextMessage(recs)
+		if err != nil {
+			return 0, err
+		}
+		if size > limit { // record parts of one record
+			parts := (uint64(size) + chunk - 1) / chunk
+			total += uint64(size) + parts*(HeaderLen+partHeaderLen)
+		} else {
+			total += uint64(HeaderLen + size)
+		}
+		recs = recs[n:]
+	}
+	return total, nil
+}
+
+// nextMessage returns how many records of recs go in the next records
+// message, and the size of their batch frame: as many as fit in the
+// transport's split size, at least one (a frame over the max message is
+// one record, sent as record parts).
+func (s *Sender) nextMessage(recs []abi.Record) (n, size int, err error) {
+	split := s.t.split - HeaderLen
+	size = 4
+	for n < len(recs) {
+		if abi.RecordBytes(recs[n]) > s.maxRecord {
+			return 0, 0, fmt.Errorf("natsch: %s: %w", s.name, abi.CheckRecordBytes(recs[n], s.maxRecord))
+		}
+		rs := abi.RecordSize(recs[n])
+		if n > 0 && size+rs > split {
+			break
+		}
+		size += rs
+		n++
+	}
+	return n, size, nil
+}
+
 // sendRecords publishes a batch as one message, or as several when its
 // frame exceeds the transport's split size: cut between records, a record
 // larger than the split size alone in a message, and a record that does not
@@ -267,20 +413,11 @@ func (s *Sender) sendRecords(ctx context.Context, ev dataplane.Event, wait bool)
 		recs = ev.Batch.Records
 	}
 	limit := s.t.maxMessage - HeaderLen
-	split := s.t.split - HeaderLen
 	// An empty batch still goes out, as one empty message.
 	for first := true; first || len(recs) > 0; first = false {
-		n, size := 0, 4
-		for n < len(recs) {
-			if abi.RecordBytes(recs[n]) > s.maxRecord {
-				return fmt.Errorf("natsch: %s: %w", s.name, abi.CheckRecordBytes(recs[n], s.maxRecord))
-			}
-			rs := abi.RecordSize(recs[n])
-			if n > 0 && size+rs > split {
-				break
-			}
-			size += rs
-			n++
+		n, size, err := s.nextMessage(recs)
+		if err != nil {
+			return err
 		}
 		if size > limit { // n == 1
 			if err := s.sendParts(ctx, ev, recs[0], wait); err != nil {
@@ -508,6 +645,9 @@ func (s *Sender) Close() error {
 	if s.timer != nil {
 		s.timer.Stop()
 	}
+	if s.retry != nil {
+		s.retry.Stop()
+	}
 	s.mu.Lock()
 	s.ackStop = true
 	if s.ackRetry != nil {
@@ -524,6 +664,7 @@ func (s *Sender) Close() error {
 var (
 	_ dataplane.Output      = (*Sender)(nil)
 	_ dataplane.Overtaker   = (*Sender)(nil)
+	_ dataplane.TrySender   = (*Sender)(nil)
 	_ dataplane.AckNotifier = (*Sender)(nil)
 )
 

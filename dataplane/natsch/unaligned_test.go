@@ -62,6 +62,18 @@ func takeBarrier(t *testing.T, r *Receiver) ([]string, dataplane.Barrier, bool) 
 	return visited, b, ok
 }
 
+// takeAhead waits for checkpoint id's barrier to be queued at r and takes
+// it ahead, returning the events visited, described.
+func takeAhead(t *testing.T, r *Receiver, id int64) []string {
+	t.Helper()
+	waitFor(t, r, fmt.Sprintf("barrier %d", id), r.Overtaking)
+	visited, b, ok := takeBarrier(t, r)
+	if !ok || b.ID != id {
+		t.Fatalf("took %+v (%v), want barrier %d", b, ok, id)
+	}
+	return visited
+}
+
 func describeAll(evs []dataplane.Event) []string {
 	var s []string
 	for _, ev := range evs {
@@ -266,12 +278,7 @@ func TestEndOfDataBeforeUnalignedBarrier(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	waitFor(t, r, "the unaligned barrier", r.Overtaking)
-	visited, b, ok := takeBarrier(t, r)
-	if !ok || b.ID != 9 {
-		t.Fatalf("took %+v (%v), want barrier 9 ahead of end-of-data", b, ok)
-	}
-	sameEvents(t, "visited for 9", visited, want[:1])
+	sameEvents(t, "visited for 9", takeAhead(t, r, 9), want[:1])
 	if r.Overtaking() {
 		t.Error("still overtaking after the barrier was taken")
 	}
@@ -283,10 +290,10 @@ func TestEndOfDataBeforeUnalignedBarrier(t *testing.T) {
 }
 
 // newReceiver makes testID's receiver and a connection to publish to it.
-func newReceiver(t *testing.T) (*nats.Conn, *Receiver) {
+func newReceiver(t *testing.T, opts ...Option) (*nats.Conn, *Receiver) {
 	t.Helper()
 	nc := connect(t, startServer(t, 0))
-	r, err := transport(t, nc).NewReceiver(testID)
+	r, err := transport(t, nc).NewReceiver(testID, opts...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -462,8 +469,8 @@ func TestUnalignedHeaderInterop(t *testing.T) {
 }
 
 // TestReceiverMergesQueuedRecords: records messages queued one behind the
-// other come out of TryRecv as one batch, in order, up to mergeRecords
-// records; a watermark between them, or a records message with headers,
+// other come out of TryRecv as one batch, in order, up to
+// dataplane.DefaultBatchSize records (the default MergeRecords); a watermark between them, or a records message with headers,
 // ends the batch (the latter starts the next one).
 func TestReceiverMergesQueuedRecords(t *testing.T) {
 	nc, r := newReceiver(t)
@@ -480,15 +487,51 @@ func TestReceiverMergesQueuedRecords(t *testing.T) {
 	add(dataplane.RecordsEvent(batchOf(rec(3, 10))), nil)
 	add(dataplane.RecordsEvent(batchOf(rec(4, 10))), nats.Header{"X-Test": {"1"}})
 	var many []abi.Record
-	for i := 0; i < mergeRecords+1; i++ {
+	for i := 0; i < dataplane.DefaultBatchSize+1; i++ {
 		many = append(many, rec(i, 1))
 	}
-	add(dataplane.RecordsEvent(batchOf(many[:mergeRecords-1]...)), nil) // fills the batch of r4 to the cap
-	add(dataplane.RecordsEvent(batchOf(many[mergeRecords-1:]...)), nil)
+	add(dataplane.RecordsEvent(batchOf(many[:dataplane.DefaultBatchSize-1]...)), nil) // fills the batch of r4 to the cap
+	add(dataplane.RecordsEvent(batchOf(many[dataplane.DefaultBatchSize-1:]...)), nil)
 	add(dataplane.RecordsEvent(batchOf(rec(5, 10))), nil)
 	add(dataplane.EndOfPartitionEvent(), nil)
 	publishMsgs(t, nc, msgs...)
 	waitFor(t, r, "every message", arrived(r, seq))
+	// r0-r2; the watermark; r3 (the message with headers is not merged
+	// into it); r4 with the records behind it up to the cap; the rest.
+	want := []int{3, -1, 1, dataplane.DefaultBatchSize, 3}
+	if lens := batchLens(t, r); !slices.Equal(lens, want) {
+		t.Fatalf("events of %v records (-1: control), want %v", lens, want)
+	}
+}
+
+// TestReceiverMergesUpToMergeRecords: with MergeRecords(4) (the runtime's
+// batch size) a message that would take a merged batch beyond 4 records
+// starts the next one.
+func TestReceiverMergesUpToMergeRecords(t *testing.T) {
+	nc, r := newReceiver(t, MergeRecords(4))
+	var msgs []*nats.Msg
+	n := 0
+	for i, k := range []int{1, 2, 2, 3, 5, 1} {
+		var recs []abi.Record
+		for range k {
+			n++
+			recs = append(recs, rec(n, 10))
+		}
+		msgs = append(msgs, &nats.Msg{Data: event(t, uint64(i+1), dataplane.RecordsEvent(batchOf(recs...)))})
+	}
+	msgs = append(msgs, &nats.Msg{Data: event(t, 7, dataplane.EndOfPartitionEvent())})
+	publishMsgs(t, nc, msgs...)
+	waitFor(t, r, "every message", arrived(r, 7))
+	// A message larger than the cap still goes, alone.
+	if lens, want := batchLens(t, r), []int{3, 2, 3, 5, 1}; !slices.Equal(lens, want) {
+		t.Fatalf("batches of %v records, want %v", lens, want)
+	}
+}
+
+// batchLens takes every event queued at r up to end-of-partition and
+// returns the record count of each (-1: a control event).
+func batchLens(t *testing.T, r *Receiver) []int {
+	t.Helper()
 	var lens []int
 	for {
 		ev, ok, err := r.TryRecv()
@@ -499,18 +542,12 @@ func TestReceiverMergesQueuedRecords(t *testing.T) {
 			t.Fatal("TryRecv ran out before end-of-partition")
 		}
 		if ev.Kind == dataplane.KindEndOfPartition {
-			break
+			return lens
 		}
 		n := -1 // a control event
 		if ev.Kind == dataplane.KindRecords {
 			n = ev.Batch.Len()
 		}
 		lens = append(lens, n)
-	}
-	// r0-r2; the watermark; r3 (the message with headers is not merged
-	// into it); r4 with the records behind it up to the cap; the rest.
-	want := []int{3, -1, 1, mergeRecords, 3}
-	if !slices.Equal(lens, want) {
-		t.Fatalf("events of %v records (-1: control), want %v", lens, want)
 	}
 }

@@ -333,7 +333,10 @@ func (j *job) channel(from *control.Vertex, s int, to *control.Vertex, rcv int, 
 		j.remotes = append(j.remotes, snd)
 		return snd, nil, nil
 	}
-	rc, err := j.remote.Channels.NewReceiver(id, natsch.MaxRecord(j.opts.MaxRecordBytes))
+	// Batches of the job's batch size, as from an in-process channel: a
+	// receiving subtask that has fallen behind takes no more records in one
+	// call, so an overtaking barrier waits for no more.
+	rc, err := j.remote.Channels.NewReceiver(id, natsch.MaxRecord(j.opts.MaxRecordBytes), natsch.MergeRecords(j.opts.BatchSize))
 	if err != nil {
 		return nil, nil, err
 	}

@@ -161,7 +161,11 @@ func (t *task) flush() error {
 
 // outputOverdraft is the writers' overdraft (dataplane.WriterOptions):
 // events per output channel handed on while the channel is full. A source's
-// batch fills one or two batches per output, more with large records.
+// batch fills one or two batches per output, more with large records. In
+// bytes the overdraft is dataplane.DefaultOverdraftBytes a writer (4 MiB):
+// what a back-pressured subtask holds beyond its channels, and stores as
+// output buffers in an unaligned checkpoint, at most (but for its newest
+// batch).
 const outputOverdraft = 8
 
 // submit hands the pending batches on without waiting for room; what does

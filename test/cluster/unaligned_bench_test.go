@@ -102,21 +102,29 @@ func bp2InProcess(b *testing.B, j *jobfile.Job) ([]runtime.CheckpointStats, floa
 // bp2TwoHosts deploys the job on two hosts of one slot each and cancels it
 // once bp2PerRun checkpoints are complete.
 func bp2TwoHosts(b *testing.B, tc *testCluster, path string) []runtime.CheckpointStats {
-	id := deploy(b, tc, path, jobfile.Options{})
-	st := tc.waitJob(id, fmt.Sprintf("%d checkpoints", bp2PerRun), func(st *wire.JobStatus) bool {
-		return len(st.Checkpoints) >= bp2PerRun || wire.TerminalJobState(st.State)
+	return checkpointsOnTwoHosts(b, tc, path, bp2PerRun).Checkpoints[1:bp2PerRun]
+}
+
+// checkpointsOnTwoHosts deploys the job at path, waits for n completed
+// checkpoints, cancels it and returns its status; it fails unless the job
+// had n checkpoints and ran on h1 and h2.
+func checkpointsOnTwoHosts(tb testing.TB, tc *testCluster, path string, n int) *wire.JobStatus {
+	tb.Helper()
+	id := deploy(tb, tc, path, jobfile.Options{})
+	st := tc.waitJob(id, fmt.Sprintf("%d checkpoints", n), func(st *wire.JobStatus) bool {
+		return len(st.Checkpoints) >= n || wire.TerminalJobState(st.State)
 	})
 	if _, err := tc.client.Cancel(context.Background(), id); err != nil {
-		b.Fatal(err)
+		tb.Fatal(err)
 	}
 	tc.waitJob(id, "canceled", func(st *wire.JobStatus) bool { return wire.TerminalJobState(st.State) })
-	if len(st.Checkpoints) < bp2PerRun {
-		b.Fatalf("two hosts: %s (%s) with %d checkpoints, want %d", st.State, st.Reason, len(st.Checkpoints), bp2PerRun)
+	if len(st.Checkpoints) < n {
+		tb.Fatalf("two hosts: %s (%s) with %d checkpoints, want %d", st.State, st.Reason, len(st.Checkpoints), n)
 	}
 	if !slices.Equal(st.Hosts, []string{"h1", "h2"}) {
-		b.Fatalf("two hosts: the job ran on %v, want [h1 h2]", st.Hosts)
+		tb.Fatalf("two hosts: the job ran on %v, want [h1 h2]", st.Hosts)
 	}
-	return st.Checkpoints[1:bp2PerRun]
+	return st
 }
 
 // BenchmarkUnalignedBackpressureTwoHosts alternates the back-pressured job
