@@ -49,13 +49,16 @@ import (
 // Nothing is produced before its checkpoint is durable, so records that a
 // failed attempt wrote after its last checkpoint never reach the topic.
 //
-// Commit returns at once and produces in the background, so the subtask
-// goes on processing while Kafka takes the transaction: an entry leaves
-// the pending list (and so the states of later checkpoints) only once its
-// transaction has committed, and the next Commit (and Close) first waits
-// for the running one, so a writer's entries are still committed one
-// after the other, in order. A failed background commit fails the next
-// PreCommit, Commit or Close.
+// Commit returns at once and one committer goroutine produces in the
+// background, so the subtask goes on processing while Kafka takes the
+// transaction: an entry leaves the pending list (and so the states of later
+// checkpoints) only once its transaction has committed. A Commit while
+// the committer runs only raises the epoch it commits up to (it never
+// waits for it: the subtask would stall for a transaction), and the
+// committer always takes the head of the pending list, so a writer's
+// entries are still committed one after the other, in order. Close waits
+// for it. A failed background commit fails the next PreCommit, Commit or
+// Close.
 //
 // The entries of writer w (the subtask that sealed them) are only ever
 // produced with the transactional id
@@ -118,13 +121,15 @@ type Sink struct {
 
 	cur    stagedBuf
 	closed bool
-	// busy is closed when the commit running in the background ends; nil
-	// when none runs.
-	busy chan struct{}
 
-	mu      sync.Mutex // pending and err, shared with the background commit
+	mu      sync.Mutex // the fields below, shared with the background committer
 	pending []*entry   // sealed, not committed; epochs ascending
-	err     error      // a failed commit: the sink must be restored
+	// target is the newest completed checkpoint: the committer commits the
+	// entries of epochs <= target.
+	target int64
+	// busy is closed when the committer ends; nil when none runs.
+	busy chan struct{}
+	err  error // a failed commit: the sink must be restored
 
 	// skipMarkerCheck (tests only) commits restored entries without
 	// reading the markers: it shows that the marker is what prevents
@@ -255,6 +260,7 @@ func NewSink(ctx context.Context, cfg SinkConfig, subtask, parallelism int) (*Si
 	s := &Sink{
 		name: name, cfg: cfg, subtask: subtask, parallelism: parallelism,
 		writer: WriterID(cfg.Job, cfg.Operator), prefix: cfg.TransactionalIDPrefix,
+		target: -1,
 	}
 	cl, err := s.txnClient(ctx, subtask)
 	if err != nil {
@@ -349,55 +355,68 @@ func (s *Sink) failed() error {
 	return s.err
 }
 
-// wait waits for the commit running in the background, if any, and
-// returns the sink's error.
+// wait waits for the committer, if one runs, and returns the sink's
+// error.
 func (s *Sink) wait() error {
-	if s.busy != nil {
-		<-s.busy
-		s.busy = nil
+	s.mu.Lock()
+	busy := s.busy
+	s.mu.Unlock()
+	if busy != nil {
+		<-busy
 	}
 	return s.failed()
 }
 
-// Commit starts producing, each in its own transaction with its marker,
-// the entries of every epoch <= id, in order, in the background (after
-// the previous Commit's have ended).
+// Commit has the entries of every epoch <= id produced, each in its own
+// transaction with its marker, in order, in the background, after those
+// of earlier Commits; it does not wait for them.
 func (s *Sink) Commit(id int64) error {
-	if err := s.wait(); err != nil {
-		return err
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.err != nil {
+		return s.err
 	}
-	var todo []*entry // no commit runs: pending is the subtask's alone
-	for _, e := range s.pending {
-		if e.epoch > id {
-			break
-		}
-		todo = append(todo, e)
+	s.target = max(s.target, id)
+	if s.busy == nil && s.nextToCommit() != nil {
+		s.busy = make(chan struct{})
+		go s.commitLoop(s.busy)
 	}
-	if len(todo) == 0 {
+	return nil
+}
+
+// nextToCommit is the head of the pending list when its epoch is <=
+// target; nil otherwise (under mu).
+func (s *Sink) nextToCommit() *entry {
+	if len(s.pending) == 0 || s.pending[0].epoch > s.target {
 		return nil
 	}
-	done := make(chan struct{})
-	s.busy = done
-	go func() {
-		defer close(done)
-		for _, e := range todo {
-			err := s.outsideHook(hookCommit, e)
-			if err == nil {
-				err = s.commitEntry(context.Background(), s.cl, e)
-			}
-			s.mu.Lock()
-			if err != nil {
-				s.err = err
-			} else {
-				s.pending = s.pending[1:] // e
-			}
-			s.mu.Unlock()
-			if err != nil {
-				return
-			}
+	return s.pending[0]
+}
+
+// commitLoop is the committer: it commits the head of the pending list
+// until none is due or a commit fails, then closes done.
+func (s *Sink) commitLoop(done chan struct{}) {
+	defer close(done)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for {
+		e := s.nextToCommit()
+		if e == nil || s.err != nil {
+			s.busy = nil
+			return
 		}
-	}()
-	return nil
+		s.mu.Unlock()
+		err := s.outsideHook(hookCommit, e)
+		if err == nil {
+			err = s.commitEntry(context.Background(), s.cl, e)
+		}
+		s.mu.Lock()
+		if err != nil {
+			s.err = err
+		} else {
+			s.pending = s.pending[1:] // e: only the committer removes entries
+		}
+	}
 }
 
 // CommitPending commits the entries of a restored checkpoint (PreCommit
@@ -515,8 +534,14 @@ func (s *Sink) commitEntry(ctx context.Context, cl *kgo.Client, e *entry) (err e
 	}()
 	var mu sync.Mutex
 	var perr error
+	var krs []kgo.Record // allocated a chunk at a time, not a record at a time
 	if derr := eachStaged(e.data, func(r abi.Record) {
-		kr := &kgo.Record{Topic: s.cfg.Topic, Value: r.Value}
+		if len(krs) == 0 {
+			krs = make([]kgo.Record, 1024)
+		}
+		kr := &krs[0]
+		krs = krs[1:]
+		kr.Topic, kr.Value = s.cfg.Topic, r.Value
 		if len(r.Key) > 0 {
 			kr.Key = r.Key
 		}
