@@ -46,8 +46,18 @@ import (
 // with the entry's epoch as offset and "streamd-kafka-sink v1 epoch=E
 // nonce=N records=R" as metadata. CommitPending, on restore, commits the
 // entries recorded in the restored checkpoint that are not in Kafka yet.
-// Nothing is produced before its checkpoint is durable, so records that a
-// failed attempt wrote after its last checkpoint never reach the topic.
+// Nothing is committed before its checkpoint is durable, so records that
+// a failed attempt wrote after its last checkpoint never reach a
+// read_committed reader.
+//
+// While checkpoints come often (see goLive), the records of an epoch are
+// also produced as they are written, into the transaction their entry
+// will be committed in, opened when no entry waits for its commit; the
+// commit then only flushes them and adds the marker. This changes none
+// of the argument below: the transaction holds exactly the entry's
+// records and commits only once a checkpoint holding the entry is
+// complete; a crash leaves it open, and the restore's InitProducerID
+// aborts it before it commits the entry from the checkpoint.
 //
 // Commit returns at once and one committer goroutine produces in the
 // background, so the subtask goes on processing while Kafka takes the
@@ -121,6 +131,12 @@ type Sink struct {
 
 	cur    stagedBuf
 	closed bool
+	// live is the open transaction Write fills with cur's records (nil:
+	// none, cur is only staged); lastSeal and epochDur time the epochs
+	// (goLive).
+	live     *txnRecords
+	lastSeal time.Time
+	epochDur time.Duration
 
 	mu      sync.Mutex // the fields below, shared with the background committer
 	pending []*entry   // sealed, not committed; epochs ascending
@@ -153,6 +169,58 @@ type entry struct {
 	nonce  [16]byte
 	n      int    // records
 	data   []byte // stagedBuf layout
+	// live is the transaction Write filled with the entry's records as
+	// they came (see goLive); nil: the commit produces them.
+	live *txnRecords
+}
+
+// txnRecords produces records into a transaction of the sink's client,
+// allocating their kgo.Records a chunk at a time, and keeps the first
+// failure.
+type txnRecords struct {
+	topic string
+	start time.Time // when the transaction began
+	// stale: the transaction is too old to go on filling (goLive); its
+	// commit aborts it and produces the entry anew. Set by the subtask
+	// before the entry is sealed, read by the committer after.
+	stale bool
+	krs   []kgo.Record
+
+	mu  sync.Mutex
+	err error
+}
+
+func (p *txnRecords) produce(ctx context.Context, cl *kgo.Client, r abi.Record) {
+	if len(p.krs) == 0 {
+		p.krs = make([]kgo.Record, 1024)
+	}
+	kr := &p.krs[0]
+	p.krs = p.krs[1:]
+	kr.Topic, kr.Value = p.topic, r.Value
+	if len(r.Key) > 0 {
+		kr.Key = r.Key
+	}
+	if r.Timestamp != abi.NoTimestamp {
+		kr.Timestamp = time.UnixMilli(r.Timestamp)
+	}
+	cl.Produce(ctx, kr, p.done)
+}
+
+func (p *txnRecords) done(_ *kgo.Record, err error) {
+	if err == nil {
+		return
+	}
+	p.mu.Lock()
+	if p.err == nil {
+		p.err = err
+	}
+	p.mu.Unlock()
+}
+
+func (p *txnRecords) failed() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.err
 }
 
 // stagedBuf holds staged records: per record u32 key length, key, u32
@@ -309,15 +377,60 @@ func (s *Sink) txnClient(ctx context.Context, writer int) (*kgo.Client, error) {
 	return cl, nil
 }
 
-// Write stages recs (copied) for the next PreCommit.
+// Write stages recs (copied) for the next PreCommit and, while a
+// transaction is live (goLive), produces them into it.
 func (s *Sink) Write(recs []abi.Record) error {
 	if s.closed {
 		return fmt.Errorf("kafka: %s subtask %d: write after close", s.name, s.subtask)
 	}
+	if err := s.goLive(); err != nil {
+		return err
+	}
+	at := len(s.cur.data)
 	for i := range recs {
 		s.cur.add(recs[i])
 	}
+	if s.live != nil && !s.live.stale {
+		// The records alias the staged bytes, which are never changed
+		// (an append that moves them leaves the old array as it was).
+		_ = eachStaged(s.cur.data[at:], func(r abi.Record) { s.live.produce(context.Background(), s.cl, r) })
+	}
 	return nil
+}
+
+// goLive begins a transaction that Write fills with the current epoch's
+// records as they come, so that Kafka takes them while the subtask works
+// and the commit is only the flush, the marker and the end of the
+// transaction. It begins one when none is live, no entry waits for its
+// commit (the transactional id holds one transaction at a time, and the
+// entries go in order) and epochs last less than an eighth of
+// TransactionTimeout (the transaction stays open until the epoch's
+// checkpoint completes). A live transaction older than a quarter of
+// TransactionTimeout is no longer filled: its commit aborts it and
+// produces the entry anew. The transaction holds exactly the records of
+// one entry: those staged before it began, then every record written
+// until the seal.
+func (s *Sink) goLive() error {
+	if s.live != nil {
+		if !s.live.stale && time.Since(s.live.start) > s.cfg.TransactionTimeout/4 {
+			s.live.stale = true
+		}
+		return nil
+	}
+	if s.epochDur <= 0 || s.epochDur > s.cfg.TransactionTimeout/8 {
+		return nil
+	}
+	s.mu.Lock()
+	idle := len(s.pending) == 0 && s.busy == nil && s.err == nil
+	s.mu.Unlock()
+	if !idle {
+		return nil
+	}
+	if err := s.cl.BeginTransaction(); err != nil {
+		return fmt.Errorf("kafka: %s subtask %d: begin transaction: %w", s.name, s.subtask, err)
+	}
+	s.live = &txnRecords{topic: s.cfg.Topic, start: time.Now()}
+	return eachStaged(s.cur.data, func(r abi.Record) { s.live.produce(context.Background(), s.cl, r) })
 }
 
 // Flush does nothing: staged records become durable in the checkpoint.
@@ -325,10 +438,16 @@ func (s *Sink) Flush() error { return nil }
 
 // seal makes the staged records an entry of epoch.
 func (s *Sink) seal(epoch int64) {
-	if s.cur.n == 0 {
-		return // nothing to commit: an empty epoch needs no entry
+	now := time.Now()
+	if !s.lastSeal.IsZero() {
+		s.epochDur = now.Sub(s.lastSeal)
 	}
-	e := &entry{writer: s.subtask, epoch: epoch, n: s.cur.n, data: s.cur.data}
+	s.lastSeal = now
+	if s.cur.n == 0 {
+		return // nothing to commit: an empty epoch needs no entry (a live transaction has nothing either, and goes on)
+	}
+	e := &entry{writer: s.subtask, epoch: epoch, n: s.cur.n, data: s.cur.data, live: s.live}
+	s.live = nil
 	rand.Read(e.nonce[:])
 	s.mu.Lock()
 	s.pending = append(s.pending, e)
@@ -521,8 +640,19 @@ func (s *Sink) commitEntry(ctx context.Context, cl *kgo.Client, e *entry) (err e
 	// timestamp, an event time here, so a context bounds it instead.)
 	ctx, cancel := context.WithTimeout(ctx, s.cfg.TransactionTimeout)
 	defer cancel()
-	if err := cl.BeginTransaction(); err != nil {
-		return fmt.Errorf("%s: begin transaction: %w", where, err)
+	p := e.live
+	if p != nil && (p.stale || time.Since(p.start) > s.cfg.TransactionTimeout/2) {
+		// Too old to be sure the broker has not timed it out: abort it,
+		// produce the entry anew.
+		if err := abortTxn(ctx, cl); err != nil {
+			return fmt.Errorf("%s: abort the live transaction: %w", where, err)
+		}
+		p = nil
+	}
+	if p == nil {
+		if err := cl.BeginTransaction(); err != nil {
+			return fmt.Errorf("%s: begin transaction: %w", where, err)
+		}
 	}
 	ended := false
 	defer func() {
@@ -532,41 +662,16 @@ func (s *Sink) commitEntry(ctx context.Context, cl *kgo.Client, e *entry) (err e
 			_ = cl.EndTransaction(actx, kgo.TryAbort)
 		}
 	}()
-	var mu sync.Mutex
-	var perr error
-	var krs []kgo.Record // allocated a chunk at a time, not a record at a time
-	if derr := eachStaged(e.data, func(r abi.Record) {
-		if len(krs) == 0 {
-			krs = make([]kgo.Record, 1024)
+	if p == nil {
+		p = &txnRecords{topic: s.cfg.Topic}
+		if derr := eachStaged(e.data, func(r abi.Record) { p.produce(ctx, cl, r) }); derr != nil {
+			return fmt.Errorf("%s: %w", where, derr)
 		}
-		kr := &krs[0]
-		krs = krs[1:]
-		kr.Topic, kr.Value = s.cfg.Topic, r.Value
-		if len(r.Key) > 0 {
-			kr.Key = r.Key
-		}
-		if r.Timestamp != abi.NoTimestamp {
-			kr.Timestamp = time.UnixMilli(r.Timestamp)
-		}
-		cl.Produce(ctx, kr, func(_ *kgo.Record, err error) {
-			if err != nil {
-				mu.Lock()
-				if perr == nil {
-					perr = err
-				}
-				mu.Unlock()
-			}
-		})
-	}); derr != nil {
-		return fmt.Errorf("%s: %w", where, derr)
 	}
 	if err := cl.Flush(ctx); err != nil {
 		return fmt.Errorf("%s: flush: %w", where, err)
 	}
-	mu.Lock()
-	err = perr
-	mu.Unlock()
-	if err != nil {
+	if err := p.failed(); err != nil {
 		return fmt.Errorf("%s: produce: %w", where, err)
 	}
 	if err := s.hook(hookProduced, e, &ended); err != nil {
@@ -585,6 +690,14 @@ func (s *Sink) commitEntry(ctx context.Context, cl *kgo.Client, e *entry) (err e
 		return fmt.Errorf("%s: end transaction: %w", where, err)
 	}
 	return s.outsideHook(hookCommitted, e)
+}
+
+// abortTxn drops the records cl buffers and aborts its transaction.
+func abortTxn(ctx context.Context, cl *kgo.Client) error {
+	if err := cl.AbortBufferedRecords(ctx); err != nil {
+		return err
+	}
+	return cl.EndTransaction(ctx, kgo.TryAbort)
 }
 
 // hook calls failHook; its error leaves the transaction open, as a crash
@@ -693,6 +806,15 @@ func (s *Sink) Close() error {
 	}
 	s.closed = true
 	err := s.wait()
+	if s.live != nil {
+		// Its records are staged, in no checkpoint yet: the restore
+		// replays them. Aborted, the transaction does not hold back
+		// read_committed readers until it times out.
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		_ = abortTxn(ctx, s.cl)
+		cancel()
+		s.live = nil
+	}
 	s.cl.Close()
 	return err
 }
