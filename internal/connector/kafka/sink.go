@@ -52,7 +52,9 @@ import (
 //
 // While checkpoints come often (see goLive), the records of an epoch are
 // also produced as they are written, into the transaction their entry
-// will be committed in, opened when no entry waits for its commit; the
+// will be committed in, opened when no entry waits for its commit; and
+// the committer, once the due entries are committed, produces the next
+// sealed one into its transaction while its checkpoint completes. The
 // commit then only flushes them and adds the marker. This changes none
 // of the argument below: the transaction holds exactly the entry's
 // records and commits only once a checkpoint holding the entry is
@@ -417,11 +419,8 @@ func (s *Sink) goLive() error {
 		}
 		return nil
 	}
-	if s.epochDur <= 0 || s.epochDur > s.cfg.TransactionTimeout/8 {
-		return nil
-	}
 	s.mu.Lock()
-	idle := len(s.pending) == 0 && s.busy == nil && s.err == nil
+	idle := s.frequent() && len(s.pending) == 0 && s.busy == nil && s.err == nil
 	s.mu.Unlock()
 	if !idle {
 		return nil
@@ -436,11 +435,20 @@ func (s *Sink) goLive() error {
 // Flush does nothing: staged records become durable in the checkpoint.
 func (s *Sink) Flush() error { return nil }
 
+// frequent reports whether epochs last less than an eighth of
+// TransactionTimeout, so a transaction opened before its checkpoint
+// completes can wait for it (under mu).
+func (s *Sink) frequent() bool {
+	return s.epochDur > 0 && s.epochDur <= s.cfg.TransactionTimeout/8
+}
+
 // seal makes the staged records an entry of epoch.
 func (s *Sink) seal(epoch int64) {
 	now := time.Now()
 	if !s.lastSeal.IsZero() {
+		s.mu.Lock()
 		s.epochDur = now.Sub(s.lastSeal)
+		s.mu.Unlock()
 	}
 	s.lastSeal = now
 	if s.cur.n == 0 {
@@ -520,6 +528,19 @@ func (s *Sink) commitLoop(done chan struct{}) {
 	defer s.mu.Unlock()
 	for {
 		e := s.nextToCommit()
+		if e == nil && s.err == nil && s.frequent() && len(s.pending) > 0 && s.pending[0].live == nil {
+			// The next entry waits for its checkpoint: produce it into
+			// its transaction meanwhile; its commit ends it.
+			e = s.pending[0]
+			s.mu.Unlock()
+			p, err := s.produceEntry(context.Background(), s.cl, e)
+			s.mu.Lock()
+			e.live = p // read by the commit, after this loop's mu
+			if err != nil {
+				s.err = err
+			}
+			continue
+		}
 		if e == nil || s.err != nil {
 			s.busy = nil
 			return
@@ -650,8 +671,8 @@ func (s *Sink) commitEntry(ctx context.Context, cl *kgo.Client, e *entry) (err e
 		p = nil
 	}
 	if p == nil {
-		if err := cl.BeginTransaction(); err != nil {
-			return fmt.Errorf("%s: begin transaction: %w", where, err)
+		if p, err = s.produceEntry(ctx, cl, e); err != nil {
+			return fmt.Errorf("%s: %w", where, err)
 		}
 	}
 	ended := false
@@ -662,12 +683,6 @@ func (s *Sink) commitEntry(ctx context.Context, cl *kgo.Client, e *entry) (err e
 			_ = cl.EndTransaction(actx, kgo.TryAbort)
 		}
 	}()
-	if p == nil {
-		p = &txnRecords{topic: s.cfg.Topic}
-		if derr := eachStaged(e.data, func(r abi.Record) { p.produce(ctx, cl, r) }); derr != nil {
-			return fmt.Errorf("%s: %w", where, derr)
-		}
-	}
 	if err := cl.Flush(ctx); err != nil {
 		return fmt.Errorf("%s: flush: %w", where, err)
 	}
@@ -690,6 +705,20 @@ func (s *Sink) commitEntry(ctx context.Context, cl *kgo.Client, e *entry) (err e
 		return fmt.Errorf("%s: end transaction: %w", where, err)
 	}
 	return s.outsideHook(hookCommitted, e)
+}
+
+// produceEntry begins a transaction of cl and produces e's records into
+// it (their outcome is the returned txnRecords').
+func (s *Sink) produceEntry(ctx context.Context, cl *kgo.Client, e *entry) (*txnRecords, error) {
+	if err := cl.BeginTransaction(); err != nil {
+		return nil, fmt.Errorf("begin transaction: %w", err)
+	}
+	p := &txnRecords{topic: s.cfg.Topic, start: time.Now()}
+	if err := eachStaged(e.data, func(r abi.Record) { p.produce(ctx, cl, r) }); err != nil {
+		abortTxn(ctx, cl)
+		return nil, err
+	}
+	return p, nil
 }
 
 // abortTxn drops the records cl buffers and aborts its transaction.
@@ -806,6 +835,11 @@ func (s *Sink) Close() error {
 	}
 	s.closed = true
 	err := s.wait()
+	s.mu.Lock()
+	if len(s.pending) > 0 && s.pending[0].live != nil {
+		s.live = s.pending[0].live // produced ahead of its commit: open
+	}
+	s.mu.Unlock()
 	if s.live != nil {
 		// Its records are staged, in no checkpoint yet: the restore
 		// replays them. Aborted, the transaction does not hold back
