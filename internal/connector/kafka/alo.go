@@ -67,24 +67,42 @@ func (s *AtLeastOnceSink) failed() error {
 	return s.err
 }
 
-// Write produces recs (the client copies nothing: it keeps its own copies
-// of the keys and values).
+// Write produces recs. The client keeps the records until they are
+// acknowledged and copies nothing, so Write copies their keys and values,
+// all into one buffer, and allocates their kgo.Records in one slice: two
+// allocations a batch, not three a record.
 func (s *AtLeastOnceSink) Write(recs []abi.Record) error {
 	if err := s.failed(); err != nil {
 		return err
 	}
+	size := 0
 	for i := range recs {
-		r := &recs[i]
-		kr := &kgo.Record{Topic: s.topic, Value: append([]byte(nil), r.Value...)}
-		if len(r.Key) > 0 {
-			kr.Key = append([]byte(nil), r.Key...)
-		}
+		size += len(recs[i].Key) + len(recs[i].Value)
+	}
+	buf := make([]byte, 0, size)
+	krs := make([]kgo.Record, len(recs))
+	for i := range recs {
+		r, kr := &recs[i], &krs[i]
+		kr.Topic = s.topic
+		buf, kr.Key = appendField(buf, r.Key)
+		buf, kr.Value = appendField(buf, r.Value)
 		if r.Timestamp != abi.NoTimestamp {
 			kr.Timestamp = time.UnixMilli(r.Timestamp)
 		}
 		s.cl.Produce(context.Background(), kr, s.done)
 	}
 	return nil
+}
+
+// appendField appends f to buf and returns buf and the copy (nil when f
+// is empty: a Kafka null, as an empty key or value has always been).
+func appendField(buf, f []byte) ([]byte, []byte) {
+	if len(f) == 0 {
+		return buf, nil
+	}
+	at := len(buf)
+	buf = append(buf, f...)
+	return buf, buf[at:len(buf):len(buf)]
 }
 
 func (s *AtLeastOnceSink) done(_ *kgo.Record, err error) {

@@ -46,16 +46,31 @@ import (
 // with the entry's epoch as offset and "streamd-kafka-sink v1 epoch=E
 // nonce=N records=R" as metadata. CommitPending, on restore, commits the
 // entries recorded in the restored checkpoint that are not in Kafka yet.
-// Nothing is produced before its checkpoint is durable, so records that a
-// failed attempt wrote after its last checkpoint never reach the topic.
+// Nothing is committed before its checkpoint is durable, so records that
+// a failed attempt wrote after its last checkpoint never reach a
+// read_committed reader.
 //
-// Commit returns at once and produces in the background, so the subtask
-// goes on processing while Kafka takes the transaction: an entry leaves
-// the pending list (and so the states of later checkpoints) only once its
-// transaction has committed, and the next Commit (and Close) first waits
-// for the running one, so a writer's entries are still committed one
-// after the other, in order. A failed background commit fails the next
-// PreCommit, Commit or Close.
+// While checkpoints come often (see goLive), the records of an epoch are
+// also produced as they are written, into the transaction their entry
+// will be committed in, opened when no entry waits for its commit; and
+// the committer, once the due entries are committed, produces the next
+// sealed one into its transaction while its checkpoint completes. The
+// commit then only flushes them and adds the marker. This changes none
+// of the argument below: the transaction holds exactly the entry's
+// records and commits only once a checkpoint holding the entry is
+// complete; a crash leaves it open, and the restore's InitProducerID
+// aborts it before it commits the entry from the checkpoint.
+//
+// Commit returns at once and one committer goroutine produces in the
+// background, so the subtask goes on processing while Kafka takes the
+// transaction: an entry leaves the pending list (and so the states of later
+// checkpoints) only once its transaction has committed. A Commit while
+// the committer runs only raises the epoch it commits up to (it never
+// waits for it: the subtask would stall for a transaction), and the
+// committer always takes the head of the pending list, so a writer's
+// entries are still committed one after the other, in order. Close waits
+// for it. A failed background commit fails the next PreCommit, Commit or
+// Close.
 //
 // The entries of writer w (the subtask that sealed them) are only ever
 // produced with the transactional id
@@ -118,13 +133,21 @@ type Sink struct {
 
 	cur    stagedBuf
 	closed bool
-	// busy is closed when the commit running in the background ends; nil
-	// when none runs.
-	busy chan struct{}
+	// live is the open transaction Write fills with cur's records (nil:
+	// none, cur is only staged); lastSeal and epochDur time the epochs
+	// (goLive).
+	live     *txnRecords
+	lastSeal time.Time
+	epochDur time.Duration
 
-	mu      sync.Mutex // pending and err, shared with the background commit
+	mu      sync.Mutex // the fields below, shared with the background committer
 	pending []*entry   // sealed, not committed; epochs ascending
-	err     error      // a failed commit: the sink must be restored
+	// target is the newest completed checkpoint: the committer commits the
+	// entries of epochs <= target.
+	target int64
+	// busy is closed when the committer ends; nil when none runs.
+	busy chan struct{}
+	err  error // a failed commit: the sink must be restored
 
 	// skipMarkerCheck (tests only) commits restored entries without
 	// reading the markers: it shows that the marker is what prevents
@@ -148,6 +171,58 @@ type entry struct {
 	nonce  [16]byte
 	n      int    // records
 	data   []byte // stagedBuf layout
+	// live is the transaction Write filled with the entry's records as
+	// they came (see goLive); nil: the commit produces them.
+	live *txnRecords
+}
+
+// txnRecords produces records into a transaction of the sink's client,
+// allocating their kgo.Records a chunk at a time, and keeps the first
+// failure.
+type txnRecords struct {
+	topic string
+	start time.Time // when the transaction began
+	// stale: the transaction is too old to go on filling (goLive); its
+	// commit aborts it and produces the entry anew. Set by the subtask
+	// before the entry is sealed, read by the committer after.
+	stale bool
+	krs   []kgo.Record
+
+	mu  sync.Mutex
+	err error
+}
+
+func (p *txnRecords) produce(ctx context.Context, cl *kgo.Client, r abi.Record) {
+	if len(p.krs) == 0 {
+		p.krs = make([]kgo.Record, 1024)
+	}
+	kr := &p.krs[0]
+	p.krs = p.krs[1:]
+	kr.Topic, kr.Value = p.topic, r.Value
+	if len(r.Key) > 0 {
+		kr.Key = r.Key
+	}
+	if r.Timestamp != abi.NoTimestamp {
+		kr.Timestamp = time.UnixMilli(r.Timestamp)
+	}
+	cl.Produce(ctx, kr, p.done)
+}
+
+func (p *txnRecords) done(_ *kgo.Record, err error) {
+	if err == nil {
+		return
+	}
+	p.mu.Lock()
+	if p.err == nil {
+		p.err = err
+	}
+	p.mu.Unlock()
+}
+
+func (p *txnRecords) failed() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.err
 }
 
 // stagedBuf holds staged records: per record u32 key length, key, u32
@@ -255,6 +330,7 @@ func NewSink(ctx context.Context, cfg SinkConfig, subtask, parallelism int) (*Si
 	s := &Sink{
 		name: name, cfg: cfg, subtask: subtask, parallelism: parallelism,
 		writer: WriterID(cfg.Job, cfg.Operator), prefix: cfg.TransactionalIDPrefix,
+		target: -1,
 	}
 	cl, err := s.txnClient(ctx, subtask)
 	if err != nil {
@@ -303,26 +379,83 @@ func (s *Sink) txnClient(ctx context.Context, writer int) (*kgo.Client, error) {
 	return cl, nil
 }
 
-// Write stages recs (copied) for the next PreCommit.
+// Write stages recs (copied) for the next PreCommit and, while a
+// transaction is live (goLive), produces them into it.
 func (s *Sink) Write(recs []abi.Record) error {
 	if s.closed {
 		return fmt.Errorf("kafka: %s subtask %d: write after close", s.name, s.subtask)
 	}
+	if err := s.goLive(); err != nil {
+		return err
+	}
+	at := len(s.cur.data)
 	for i := range recs {
 		s.cur.add(recs[i])
 	}
+	if s.live != nil && !s.live.stale {
+		// The records alias the staged bytes, which are never changed
+		// (an append that moves them leaves the old array as it was).
+		_ = eachStaged(s.cur.data[at:], func(r abi.Record) { s.live.produce(context.Background(), s.cl, r) })
+	}
 	return nil
+}
+
+// goLive begins a transaction that Write fills with the current epoch's
+// records as they come, so that Kafka takes them while the subtask works
+// and the commit is only the flush, the marker and the end of the
+// transaction. It begins one when none is live, no entry waits for its
+// commit (the transactional id holds one transaction at a time, and the
+// entries go in order) and epochs last less than an eighth of
+// TransactionTimeout (the transaction stays open until the epoch's
+// checkpoint completes). A live transaction older than a quarter of
+// TransactionTimeout is no longer filled: its commit aborts it and
+// produces the entry anew. The transaction holds exactly the records of
+// one entry: those staged before it began, then every record written
+// until the seal.
+func (s *Sink) goLive() error {
+	if s.live != nil {
+		if !s.live.stale && time.Since(s.live.start) > s.cfg.TransactionTimeout/4 {
+			s.live.stale = true
+		}
+		return nil
+	}
+	s.mu.Lock()
+	idle := s.frequent() && len(s.pending) == 0 && s.busy == nil && s.err == nil
+	s.mu.Unlock()
+	if !idle {
+		return nil
+	}
+	if err := s.cl.BeginTransaction(); err != nil {
+		return fmt.Errorf("kafka: %s subtask %d: begin transaction: %w", s.name, s.subtask, err)
+	}
+	s.live = &txnRecords{topic: s.cfg.Topic, start: time.Now()}
+	return eachStaged(s.cur.data, func(r abi.Record) { s.live.produce(context.Background(), s.cl, r) })
 }
 
 // Flush does nothing: staged records become durable in the checkpoint.
 func (s *Sink) Flush() error { return nil }
 
+// frequent reports whether epochs last less than an eighth of
+// TransactionTimeout, so a transaction opened before its checkpoint
+// completes can wait for it (under mu).
+func (s *Sink) frequent() bool {
+	return s.epochDur > 0 && s.epochDur <= s.cfg.TransactionTimeout/8
+}
+
 // seal makes the staged records an entry of epoch.
 func (s *Sink) seal(epoch int64) {
-	if s.cur.n == 0 {
-		return // nothing to commit: an empty epoch needs no entry
+	now := time.Now()
+	if !s.lastSeal.IsZero() {
+		s.mu.Lock()
+		s.epochDur = now.Sub(s.lastSeal)
+		s.mu.Unlock()
 	}
-	e := &entry{writer: s.subtask, epoch: epoch, n: s.cur.n, data: s.cur.data}
+	s.lastSeal = now
+	if s.cur.n == 0 {
+		return // nothing to commit: an empty epoch needs no entry (a live transaction has nothing either, and goes on)
+	}
+	e := &entry{writer: s.subtask, epoch: epoch, n: s.cur.n, data: s.cur.data, live: s.live}
+	s.live = nil
 	rand.Read(e.nonce[:])
 	s.mu.Lock()
 	s.pending = append(s.pending, e)
@@ -349,55 +482,81 @@ func (s *Sink) failed() error {
 	return s.err
 }
 
-// wait waits for the commit running in the background, if any, and
-// returns the sink's error.
+// wait waits for the committer, if one runs, and returns the sink's
+// error.
 func (s *Sink) wait() error {
-	if s.busy != nil {
-		<-s.busy
-		s.busy = nil
+	s.mu.Lock()
+	busy := s.busy
+	s.mu.Unlock()
+	if busy != nil {
+		<-busy
 	}
 	return s.failed()
 }
 
-// Commit starts producing, each in its own transaction with its marker,
-// the entries of every epoch <= id, in order, in the background (after
-// the previous Commit's have ended).
+// Commit has the entries of every epoch <= id produced, each in its own
+// transaction with its marker, in order, in the background, after those
+// of earlier Commits; it does not wait for them.
 func (s *Sink) Commit(id int64) error {
-	if err := s.wait(); err != nil {
-		return err
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.err != nil {
+		return s.err
 	}
-	var todo []*entry // no commit runs: pending is the subtask's alone
-	for _, e := range s.pending {
-		if e.epoch > id {
-			break
-		}
-		todo = append(todo, e)
+	s.target = max(s.target, id)
+	if s.busy == nil && s.nextToCommit() != nil {
+		s.busy = make(chan struct{})
+		go s.commitLoop(s.busy)
 	}
-	if len(todo) == 0 {
+	return nil
+}
+
+// nextToCommit is the head of the pending list when its epoch is <=
+// target; nil otherwise (under mu).
+func (s *Sink) nextToCommit() *entry {
+	if len(s.pending) == 0 || s.pending[0].epoch > s.target {
 		return nil
 	}
-	done := make(chan struct{})
-	s.busy = done
-	go func() {
-		defer close(done)
-		for _, e := range todo {
-			err := s.outsideHook(hookCommit, e)
-			if err == nil {
-				err = s.commitEntry(context.Background(), s.cl, e)
-			}
+	return s.pending[0]
+}
+
+// commitLoop is the committer: it commits the head of the pending list
+// until none is due or a commit fails, then closes done.
+func (s *Sink) commitLoop(done chan struct{}) {
+	defer close(done)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for {
+		e := s.nextToCommit()
+		if e == nil && s.err == nil && s.frequent() && len(s.pending) > 0 && s.pending[0].live == nil {
+			// The next entry waits for its checkpoint: produce it into
+			// its transaction meanwhile; its commit ends it.
+			e = s.pending[0]
+			s.mu.Unlock()
+			p, err := s.produceEntry(context.Background(), s.cl, e)
 			s.mu.Lock()
+			e.live = p // read by the commit, after this loop's mu
 			if err != nil {
 				s.err = err
-			} else {
-				s.pending = s.pending[1:] // e
 			}
-			s.mu.Unlock()
-			if err != nil {
-				return
-			}
+			continue
 		}
-	}()
-	return nil
+		if e == nil || s.err != nil {
+			s.busy = nil
+			return
+		}
+		s.mu.Unlock()
+		err := s.outsideHook(hookCommit, e)
+		if err == nil {
+			err = s.commitEntry(context.Background(), s.cl, e)
+		}
+		s.mu.Lock()
+		if err != nil {
+			s.err = err
+		} else {
+			s.pending = s.pending[1:] // e: only the committer removes entries
+		}
+	}
 }
 
 // CommitPending commits the entries of a restored checkpoint (PreCommit
@@ -502,8 +661,19 @@ func (s *Sink) commitEntry(ctx context.Context, cl *kgo.Client, e *entry) (err e
 	// timestamp, an event time here, so a context bounds it instead.)
 	ctx, cancel := context.WithTimeout(ctx, s.cfg.TransactionTimeout)
 	defer cancel()
-	if err := cl.BeginTransaction(); err != nil {
-		return fmt.Errorf("%s: begin transaction: %w", where, err)
+	p := e.live
+	if p != nil && (p.stale || time.Since(p.start) > s.cfg.TransactionTimeout/2) {
+		// Too old to be sure the broker has not timed it out: abort it,
+		// produce the entry anew.
+		if err := abortTxn(ctx, cl); err != nil {
+			return fmt.Errorf("%s: abort the live transaction: %w", where, err)
+		}
+		p = nil
+	}
+	if p == nil {
+		if p, err = s.produceEntry(ctx, cl, e); err != nil {
+			return fmt.Errorf("%s: %w", where, err)
+		}
 	}
 	ended := false
 	defer func() {
@@ -513,35 +683,10 @@ func (s *Sink) commitEntry(ctx context.Context, cl *kgo.Client, e *entry) (err e
 			_ = cl.EndTransaction(actx, kgo.TryAbort)
 		}
 	}()
-	var mu sync.Mutex
-	var perr error
-	if derr := eachStaged(e.data, func(r abi.Record) {
-		kr := &kgo.Record{Topic: s.cfg.Topic, Value: r.Value}
-		if len(r.Key) > 0 {
-			kr.Key = r.Key
-		}
-		if r.Timestamp != abi.NoTimestamp {
-			kr.Timestamp = time.UnixMilli(r.Timestamp)
-		}
-		cl.Produce(ctx, kr, func(_ *kgo.Record, err error) {
-			if err != nil {
-				mu.Lock()
-				if perr == nil {
-					perr = err
-				}
-				mu.Unlock()
-			}
-		})
-	}); derr != nil {
-		return fmt.Errorf("%s: %w", where, derr)
-	}
 	if err := cl.Flush(ctx); err != nil {
 		return fmt.Errorf("%s: flush: %w", where, err)
 	}
-	mu.Lock()
-	err = perr
-	mu.Unlock()
-	if err != nil {
+	if err := p.failed(); err != nil {
 		return fmt.Errorf("%s: produce: %w", where, err)
 	}
 	if err := s.hook(hookProduced, e, &ended); err != nil {
@@ -560,6 +705,28 @@ func (s *Sink) commitEntry(ctx context.Context, cl *kgo.Client, e *entry) (err e
 		return fmt.Errorf("%s: end transaction: %w", where, err)
 	}
 	return s.outsideHook(hookCommitted, e)
+}
+
+// produceEntry begins a transaction of cl and produces e's records into
+// it (their outcome is the returned txnRecords').
+func (s *Sink) produceEntry(ctx context.Context, cl *kgo.Client, e *entry) (*txnRecords, error) {
+	if err := cl.BeginTransaction(); err != nil {
+		return nil, fmt.Errorf("begin transaction: %w", err)
+	}
+	p := &txnRecords{topic: s.cfg.Topic, start: time.Now()}
+	if err := eachStaged(e.data, func(r abi.Record) { p.produce(ctx, cl, r) }); err != nil {
+		abortTxn(ctx, cl)
+		return nil, err
+	}
+	return p, nil
+}
+
+// abortTxn drops the records cl buffers and aborts its transaction.
+func abortTxn(ctx context.Context, cl *kgo.Client) error {
+	if err := cl.AbortBufferedRecords(ctx); err != nil {
+		return err
+	}
+	return cl.EndTransaction(ctx, kgo.TryAbort)
 }
 
 // hook calls failHook; its error leaves the transaction open, as a crash
@@ -668,6 +835,20 @@ func (s *Sink) Close() error {
 	}
 	s.closed = true
 	err := s.wait()
+	s.mu.Lock()
+	if len(s.pending) > 0 && s.pending[0].live != nil {
+		s.live = s.pending[0].live // produced ahead of its commit: open
+	}
+	s.mu.Unlock()
+	if s.live != nil {
+		// Its records are staged, in no checkpoint yet: the restore
+		// replays them. Aborted, the transaction does not hold back
+		// read_committed readers until it times out.
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		_ = abortTxn(ctx, s.cl)
+		cancel()
+		s.live = nil
+	}
 	s.cl.Close()
 	return err
 }

@@ -7,9 +7,11 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/streamd/streamd/abi"
 	"github.com/streamd/streamd/internal/connector/kafka/kafkatest"
+	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 )
 
@@ -456,4 +458,104 @@ func TestSinkCommitsInTheBackground(t *testing.T) {
 	if s.Pending() != 0 {
 		t.Errorf("%d entries pending after both commits", s.Pending())
 	}
+}
+
+// TestSinkLiveTransaction: once checkpoints come often, Write produces an
+// epoch's records into the open transaction of its entry (goLive), which
+// a read_committed reader does not see before the commit. Committed, each
+// record is in Kafka once; a live transaction grown too old is aborted
+// and its entry produced anew; and a crash with a live transaction open
+// (its entry in a checkpoint, not committed) is restored exactly once: the
+// new holder of the transactional id aborts it, the restore commits the
+// entry, and the zombie's commit fails.
+func TestSinkLiveTransaction(t *testing.T) {
+	c := kafkatest.Start(t)
+	c.CreateTopic(t, "out", 3)
+	cfg := sinkConfig(c, "out")
+	// Long enough that the epochs of a loaded machine count as frequent.
+	cfg.TransactionTimeout = 5 * time.Minute
+	s, err := NewSink(testCtx(t), cfg, 0, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	must := func(err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	// uncommitted is how many records the topic holds that a
+	// read_committed reader does not see yet (high watermarks minus last
+	// stable offsets).
+	adm := kadm.NewClient(c.Client(t))
+	uncommitted := func() int64 {
+		t.Helper()
+		hw, err := adm.ListEndOffsets(testCtx(t), "out")
+		must(err)
+		lso, err := adm.ListCommittedOffsets(testCtx(t), "out")
+		must(err)
+		var n int64
+		hw.Each(func(o kadm.ListedOffset) {
+			l, _ := lso.Lookup(o.Topic, o.Partition)
+			n += o.Offset - l.Offset
+		})
+		return n
+	}
+	epochs := [][]abi.Record{recsN("a", 30), recsN("b", 30), recsN("c", 40), recsN("d", 25), recsN("e", 35)}
+	checkpoint := func(id int64) []byte {
+		t.Helper()
+		st, err := s.PreCommit(id)
+		must(err)
+		return st
+	}
+	// Epochs 1 and 2 time the epochs: no live transaction yet.
+	for i, recs := range epochs[:2] {
+		must(s.Write(recs))
+		if s.live != nil {
+			t.Fatalf("epoch %d: a live transaction before the epochs are timed", i+1)
+		}
+		checkpoint(int64(i + 1))
+		must(commitNow(s, int64(i+1)))
+	}
+	// Epoch 3 is produced as written, committed at its checkpoint.
+	must(s.Write(epochs[2][:20]))
+	if s.live == nil {
+		t.Fatal("epoch 3: no live transaction although checkpoints come often")
+	}
+	must(s.Write(epochs[2][20:]))
+	must(s.cl.Flush(testCtx(t)))
+	if n := uncommitted(); n != 40 {
+		t.Fatalf("epoch 3 written, not committed: %d records in Kafka a reader does not see, want its 40", n)
+	}
+	checkpoint(3)
+	must(commitNow(s, 3))
+	exactlyOnce(t, c, "out", valuesOf(epochs[:3]...))
+	// Epoch 4's live transaction grows too old: it is no longer filled,
+	// the commit aborts it and produces the entry anew.
+	must(s.Write(epochs[3][:10]))
+	if s.live == nil {
+		t.Fatal("epoch 4: no live transaction")
+	}
+	s.live.start = s.live.start.Add(-s.cfg.TransactionTimeout)
+	must(s.Write(epochs[3][10:]))
+	if !s.live.stale {
+		t.Fatal("epoch 4: a live transaction older than the timeout is still filled")
+	}
+	checkpoint(4)
+	must(commitNow(s, 4))
+	exactlyOnce(t, c, "out", valuesOf(epochs[:4]...))
+	// Epoch 5: live, in a checkpoint, then the process "crashes" before
+	// the commit; the restore commits it once, the zombie cannot.
+	must(s.Write(epochs[4]))
+	if s.live == nil {
+		t.Fatal("epoch 5: no live transaction")
+	}
+	state := checkpoint(5)
+	s2 := openSink(t, c, "out", 0, 1)
+	must(s2.CommitPending([][]byte{state}))
+	if err := commitNow(s, 5); err == nil {
+		t.Error("the zombie committed its live transaction after the restore fenced it")
+	}
+	exactlyOnce(t, c, "out", valuesOf(epochs...))
 }

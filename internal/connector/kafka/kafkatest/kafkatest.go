@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"slices"
 	"strconv"
+	"sync"
 	"testing"
 	"time"
 
@@ -182,27 +183,56 @@ func (c *Cluster) BenchInput(tb testing.TB, in string, outs []string, n int, val
 // an idempotent producer, flushed at the end.
 func (c *Cluster) CopyLoop(tb testing.TB, in, out string, n int) {
 	tb.Helper()
-	cl := c.Client(tb, kgo.ConsumeTopics(in), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
-		kgo.FetchIsolationLevel(kgo.ReadCommitted()), kgo.DefaultProduceTopic(out))
+	if err := c.copyLoop(ctx(tb), in, out, n); err != nil {
+		tb.Fatal(err)
+	}
+}
+
+// CopyLoopRead is CopyLoop while a read_committed consumer reads out
+// (CountCommitted), until it has seen the n records: the yardstick of a
+// pipeline timed until its output is read back.
+func (c *Cluster) CopyLoopRead(tb testing.TB, in, out string, n int) {
+	tb.Helper()
+	done := make(chan error, 1)
+	go func() { done <- c.copyLoop(ctx(tb), in, out, n) }()
+	c.CountCommitted(tb, out, n, 5*time.Minute)
+	if err := <-done; err != nil {
+		tb.Fatal(err)
+	}
+}
+
+func (c *Cluster) copyLoop(ctx context.Context, in, out string, n int) error {
+	opts := append([]kgo.Opt{kgo.SeedBrokers(c.Brokers...)}, c.ClientOpts...)
+	cl, err := kgo.NewClient(append(opts, kgo.ConsumeTopics(in), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
+		kgo.FetchIsolationLevel(kgo.ReadCommitted()), kgo.DefaultProduceTopic(out))...)
+	if err != nil {
+		return fmt.Errorf("kafkatest: client: %w", err)
+	}
 	defer cl.Close()
-	ctx := ctx(tb)
+	var mu sync.Mutex
+	var perr error
 	for got := 0; got < n; {
 		fs := cl.PollFetches(ctx)
 		if err := fs.Err0(); err != nil {
-			tb.Fatalf("kafkatest: copy %s: %v", in, err)
+			return fmt.Errorf("kafkatest: copy %s: %w", in, err)
 		}
 		fs.EachRecord(func(r *kgo.Record) {
 			got++
 			cl.Produce(ctx, &kgo.Record{Key: r.Key, Value: r.Value, Timestamp: r.Timestamp}, func(_ *kgo.Record, err error) {
-				if err != nil {
-					tb.Errorf("kafkatest: copy to %s: %v", out, err)
+				mu.Lock()
+				defer mu.Unlock()
+				if err != nil && perr == nil {
+					perr = fmt.Errorf("kafkatest: copy to %s: %w", out, err)
 				}
 			})
 		})
 	}
 	if err := cl.Flush(ctx); err != nil {
-		tb.Fatalf("kafkatest: copy to %s: %v", out, err)
+		return fmt.Errorf("kafkatest: copy to %s: %w", out, err)
 	}
+	mu.Lock()
+	defer mu.Unlock()
+	return perr
 }
 
 // CountCommitted waits until a read_committed consumer of topic has seen n
