@@ -300,11 +300,11 @@ func (s *Sender) send(ctx context.Context, ev dataplane.Event, wait bool) error 
 // the end); else TrySend sends nothing, asks the receiver for credit (at
 // once, then every CreditRetry, waking Room to be called again) and
 // returns false. An event larger than the window plus
-// dataplane.MaxBatchBytes (a batch of records over max_record_bytes of the
-// receiver's queue limits) is sent as Send sends it, waiting for credit
-// message by message. So a receiver's queue exceeds its window by one event
-// at most (a batch below MaxBatchBytes, a record part), plus what SendNow
-// sends.
+// dataplane.MaxBatchBytes (a record of tens of MiB), more than the
+// receiving subscription's pending limits allow for, is sent as Send sends
+// it, waiting for credit message by message. So a receiver's queue exceeds
+// its window by one event at most (and by less than the window plus
+// MaxBatchBytes), plus what SendNow sends.
 func (s *Sender) TrySend(ctx context.Context, ev dataplane.Event) (bool, error) {
 	if s.ended || s.closed {
 		return true, s.send(ctx, ev, false) // fails, saying why
