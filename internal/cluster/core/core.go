@@ -282,8 +282,7 @@ func (c *Core) leaseResult(e LeaseResult) {
 	case c.role == standby && e.OK:
 		c.role, c.term, c.seenTerm, c.seenRev, c.renewedAt, c.askedAt = leader, e.Term, e.Term, e.Rev, c.now, c.now
 		c.loading = true
-		c.emit(Announce{ID: c.cfg.ID, Term: c.term})
-		c.emit(LoadTable{Term: c.term})
+		c.emit(LoadTable{Term: c.term}) // then it announces its term
 	case c.role == standby && e.Err == "":
 		c.seenTerm, c.seenRev, c.seenAt, c.seenReleased = e.Held, e.Rev, c.now, false
 	case c.role == leader && e.Term != c.term:

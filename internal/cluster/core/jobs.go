@@ -92,7 +92,8 @@ type job struct {
 
 // part is a host's part of the placed attempt.
 type part struct {
-	ended bool // the host reported its end (or was lost)
+	ended    bool // the host reported its end (or was lost)
+	assigned bool // the host took the assignment (or runs the adopted attempt)
 	lost  bool
 	asked bool // AskOutcome went out
 }
@@ -119,14 +120,21 @@ func (j *job) slotsOn(h string) int {
 	return n
 }
 
-// jobState is the job's state; an attempt not placed yet does not run.
+// jobState is the job's state; an attempt not placed yet, or whose hosts
+// have not all taken their part, does not run (a job without checkpoints
+// has no subtask reports to say so).
 func (j *job) jobState() control.JobState {
+	deploying := j.start != nil
+	for _, p := range j.parts {
+		deploying = deploying || !p.assigned
+	}
 	switch {
 	case j.life == nil:
 		return j.state
-	case j.start != nil && j.start.Attempt == 1:
+	case j.life.Ended() || !deploying:
+	case j.attempt == 1:
 		return control.JobCreated
-	case j.start != nil:
+	default:
 		return control.JobRestarting
 	}
 	if st := j.life.State(); st != control.JobCreated || j.attempt == 1 {
@@ -298,6 +306,9 @@ func (c *Core) assignResult(e AssignResult) {
 	if e.Err == "" {
 		if hd := h.holds[e.Ref]; hd != nil {
 			hd.settled = true
+		}
+		if j := c.jobs[e.Ref.Job]; j != nil && j.placedHere(e.Ref, e.Host) {
+			j.parts[e.Host].assigned = true
 		}
 		return
 	}
@@ -530,6 +541,9 @@ func (c *Core) tableLoaded(recs []Stored) {
 	for _, s := range recs {
 		c.take(s)
 	}
+	// Hosts fence older terms from now on, and report the state of the
+	// attempts they run to this leader, which has their jobs now.
+	c.emit(Announce{ID: c.cfg.ID, Term: c.term})
 }
 
 // take makes the job of a stored record this leader's: an attempt that was
@@ -561,7 +575,7 @@ func (c *Core) take(s Stored) {
 	if adopt {
 		j.placement, j.parts = slices.Clone(r.Placement), map[string]*part{}
 		for _, h := range hostsOf(r.Placement) {
-			j.parts[h] = &part{}
+			j.parts[h] = &part{assigned: true}
 			hs := c.hosts[h]
 			if hs == nil {
 				hs = &host{id: h, lastSeen: c.now, holds: map[AttemptRef]*hold{}, canceled: map[AttemptRef]bool{}}
