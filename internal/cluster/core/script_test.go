@@ -3,8 +3,6 @@ package core
 import (
 	"flag"
 	"fmt"
-	"os"
-	"path/filepath"
 	"slices"
 	"sort"
 	"strconv"
@@ -12,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/streamd/streamd/control"
+	"github.com/streamd/streamd/internal/scripttest"
 )
 
 // Scripts: testdata/*.txt drive controllers (cores), hosts and a store,
@@ -44,53 +43,10 @@ import (
 var rewrite = flag.Bool("rewrite", false, "rewrite the expected output of the scripts in testdata/")
 
 func TestScripts(t *testing.T) {
-	files, err := filepath.Glob("testdata/*.txt")
-	if err != nil || len(files) == 0 {
-		t.Fatalf("no scripts: %v", err)
-	}
-	for _, file := range files {
-		t.Run(strings.TrimSuffix(filepath.Base(file), ".txt"), func(t *testing.T) {
-			data, err := os.ReadFile(file)
-			if err != nil {
-				t.Fatal(err)
-			}
-			runScript(t, file, string(data))
-		})
-	}
-}
-
-func runScript(t *testing.T, file, data string) {
-	s := &sim{t: t, hosts: map[string]*simHost{}, store: simStore{recs: map[string]Stored{}}, ckpt: map[string]bool{}}
-	var out strings.Builder
-	lines := strings.Split(strings.TrimRight(data, "\n"), "\n")
-	for i := 0; i < len(lines); {
-		l := lines[i]
-		if strings.TrimSpace(l) == "" || strings.HasPrefix(l, "#") {
-			out.WriteString(l + "\n")
-			i++
-			continue
-		}
-		if i+1 >= len(lines) || lines[i+1] != "----" {
-			t.Fatalf("%s:%d: %q: want the command, then ----", file, i+1, l)
-		}
-		var want []string
-		for i += 2; i < len(lines) && strings.TrimSpace(lines[i]) != ""; i++ {
-			want = append(want, lines[i])
-		}
-		got := s.run(strings.Fields(l))
-		if len(got) == 0 {
-			got = []string{"ok"}
-		}
-		if !*rewrite && !slices.Equal(got, want) {
-			t.Errorf("%s: %s\n--- want\n%s\n--- got\n%s", file, l, strings.Join(want, "\n"), strings.Join(got, "\n"))
-		}
-		out.WriteString(l + "\n----\n" + strings.Join(got, "\n") + "\n")
-	}
-	if *rewrite {
-		if err := os.WriteFile(file, []byte(out.String()), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
+	scripttest.Run(t, "testdata/*.txt", *rewrite, func(t *testing.T) func([]string) []string {
+		s := &sim{t: t, hosts: map[string]*simHost{}, store: simStore{recs: map[string]Stored{}}, ckpt: map[string]bool{}}
+		return func(input []string) []string { return s.run(strings.Fields(input[0])) }
+	})
 }
 
 type sim struct {
