@@ -222,14 +222,16 @@ func (c *Core) tick() {
 	if c.role == deposed || !c.acting() {
 		return
 	}
-	for _, id := range c.hostIDs() {
-		if h := c.hosts[id]; !h.lost && c.now-h.lastSeen > c.cfg.HeartbeatTimeout {
-			c.hostLost(h, fmt.Sprintf("host %s lost (no heartbeat for %d ticks)", id, c.now-h.lastSeen))
-		}
-	}
+	// The lifecycles' clocks first: a failure found in this tick counts
+	// from it.
 	for _, id := range c.order {
 		if j := c.jobs[id]; j.life != nil && !j.life.Ended() {
 			j.step(c, control.Tick{})
+		}
+	}
+	for _, id := range c.hostIDs() {
+		if h := c.hosts[id]; !h.lost && c.now-h.lastSeen > c.cfg.HeartbeatTimeout {
+			c.hostLost(h, fmt.Sprintf("host %s lost (no heartbeat for %d ticks)", id, c.now-h.lastSeen))
 		}
 	}
 	c.scaleUp()

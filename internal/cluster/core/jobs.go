@@ -85,6 +85,7 @@ type job struct {
 	rev, ver, durable uint64
 	inFlight          bool
 	retry             bool
+	retryAt           int64   // no Persist before this tick
 	saved             *Record // the record as last handed to Persist
 	held              []heldAction
 	shown             JobChanged
@@ -94,8 +95,8 @@ type job struct {
 type part struct {
 	ended    bool // the host reported its end (or was lost)
 	assigned bool // the host took the assignment (or runs the adopted attempt)
-	lost  bool
-	asked bool // AskOutcome went out
+	lost     bool
+	asked    bool // AskOutcome went out
 }
 
 // heldAction waits until version ver of the job's record is durable.
@@ -495,7 +496,7 @@ func (c *Core) flushJob(j *job) {
 		j.saved = &r
 		j.ver++
 	}
-	if j.inFlight || (j.durable == j.ver && !j.retry) {
+	if j.inFlight || c.now < j.retryAt || (j.durable == j.ver && !j.retry) {
 		return
 	}
 	j.inFlight, j.retry = true, false
@@ -521,7 +522,7 @@ func (c *Core) storeResult(e StoreResult) {
 		}
 		j.held = keep
 	case e.Err != "":
-		j.retry = true // the store could not be reached: written again
+		j.retry, j.retryAt = true, c.now+1 // the store could not be reached: written again next tick
 	case e.Term > c.term:
 		c.depose(fmt.Sprintf("job %s was written in term %d, later than this one's %d", e.Job, e.Term, c.term))
 	case e.Term == c.term:

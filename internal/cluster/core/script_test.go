@@ -24,6 +24,8 @@ import (
 //	controllers c1 [c2...] [show-renewals] [hb-timeout=N] [ttl=N] [self=N] [renew=N] [adopt-wait=N] [slot-wait=N] [rescale-interval=N]
 //	host h1 slots=N                 a host (again) alive, heartbeating every tick
 //	lose-host h1                    the host dies: no heartbeats, its attempts gone
+//	silence h1                      the host is cut off (no heartbeats, no answers), its attempts run on;
+//	                                `host` brings it back with them
 //	deploy j1 p=N [min=N] [cp=N] [restart=KIND ...] [to=c1]
 //	                                a job src(p, min) -forward-> sink(p, min); cp: checkpoint interval
 //	cancel j1 [to=c1]
@@ -34,6 +36,8 @@ import (
 //	pause c1 | resume c1            c1 gets no ticks, events or deliveries (a long GC pause)
 //	cut c1 | heal c1                c1's IO is held back (it still ticks)
 //	fail h1 j1#N [reason=TEXT]      the host reports its part of the attempt failed
+//	end h1 j1#N                     the host reports its part of the attempt ended
+//	store-down | store-up           job writes fail (the store cannot be reached) or work again
 //	status [c1]                     the core's jobs and hosts
 //	store                           the records and the lease in the store
 //
@@ -74,6 +78,7 @@ type simHost struct {
 	id      string
 	slots   int
 	alive   bool
+	silent  bool // cut off: no heartbeats, no answers; its attempts run on
 	term    uint64 // the newest term announced
 	running map[AttemptRef]Assign
 }
@@ -84,6 +89,7 @@ type simStore struct {
 	term     uint64
 	leaseRev uint64
 	recs     map[string]Stored
+	down     bool // job writes fail: the store cannot be reached
 }
 
 func (s *sim) core(name string) *simCore {
@@ -160,7 +166,12 @@ func (s *sim) run(f []string) []string {
 			h = &simHost{id: n}
 			s.hosts[n] = h
 		}
-		h.slots, h.alive, h.running = int(s.num(args, "slots", 1)), true, map[AttemptRef]Assign{}
+		if !h.alive {
+			h.running = map[AttemptRef]Assign{} // (again) from scratch
+		}
+		h.slots, h.alive, h.silent = int(s.num(args, "slots", 1)), true, false
+	case "silence":
+		s.host(positional(args)[0]).silent = true
 	case "lose-host":
 		h := s.host(positional(args)[0])
 		h.alive, h.running = false, nil
@@ -177,7 +188,7 @@ func (s *sim) run(f []string) []string {
 		for range n {
 			for _, hn := range sortedKeys(s.hosts) {
 				h := s.hosts[hn]
-				if !h.alive {
+				if !h.up() {
 					continue
 				}
 				hb := Heartbeat{Host: hn, Slots: h.slots, Running: sortedRefs(h.running)}
@@ -200,6 +211,14 @@ func (s *sim) run(f []string) []string {
 		s.core(positional(args)[0]).paused = cmd == "pause"
 	case "cut", "heal":
 		s.core(positional(args)[0]).cut = cmd == "cut"
+	case "end":
+		p := positional(args)
+		ref := s.ref(p[1])
+		h := s.host(p[0])
+		delete(h.running, ref)
+		s.toLeader(AttemptReport{Ref: ref, Host: h.id, Ended: true})
+	case "store-down", "store-up":
+		s.store.down = cmd == "store-down"
 	case "fail":
 		p := positional(args)
 		ref := s.ref(p[1])
@@ -312,6 +331,10 @@ func (s *sim) do(c *simCore, a Action) {
 		}
 		s.step(c, TableLoaded{Term: x.Term, Records: recs})
 	case Persist:
+		if st.down {
+			s.step(c, StoreResult{Job: x.Record.Job, Ver: x.Ver, Err: "no responders"})
+			return
+		}
 		cur, ok := st.recs[x.Record.Job]
 		if (ok && cur.Rev != x.Rev) || (!ok && x.Rev != 0) {
 			s.step(c, StoreResult{Job: x.Record.Job, Ver: x.Ver, Rev: cur.Rev, Term: cur.Record.Term})
@@ -324,7 +347,7 @@ func (s *sim) do(c *simCore, a Action) {
 	case Announce:
 		for _, hn := range sortedKeys(s.hosts) {
 			h := s.hosts[hn]
-			if !h.alive || x.Term <= h.term {
+			if !h.up() || x.Term <= h.term {
 				continue
 			}
 			h.term = x.Term
@@ -336,7 +359,7 @@ func (s *sim) do(c *simCore, a Action) {
 	case Assign:
 		h := s.host(x.Host)
 		switch {
-		case !h.alive:
+		case !h.up():
 			s.step(c, AssignResult{Ref: x.Ref, Host: h.id, Err: "no answer"})
 		case x.Term < h.term:
 			s.step(c, AssignResult{Ref: x.Ref, Host: h.id, Err: fmt.Sprintf("term %d is older than %d", x.Term, h.term)})
@@ -347,12 +370,12 @@ func (s *sim) do(c *simCore, a Action) {
 			s.running(c, h, x)
 		}
 	case CancelAttempt:
-		if h := s.host(x.Host); h.alive && x.Term >= h.term {
+		if h := s.host(x.Host); h.up() && x.Term >= h.term {
 			delete(h.running, x.Ref)
 			s.step(c, CancelResult{Ref: x.Ref, Host: h.id})
 		}
 	case AskOutcome:
-		if h := s.host(x.Host); h.alive {
+		if h := s.host(x.Host); h.up() {
 			if _, ok := h.running[x.Ref]; !ok {
 				s.step(c, AttemptReport{Ref: x.Ref, Host: h.id, Failed: "the host does not know the attempt"})
 			}
@@ -381,6 +404,8 @@ func (s *sim) running(c *simCore, h *simHost, x Assign) {
 		}
 	}
 }
+
+func (h *simHost) up() bool { return h.alive && !h.silent }
 
 func leaseReq(a Action) (string, uint64, uint64) {
 	if x, ok := a.(AcquireLease); ok {
