@@ -309,8 +309,8 @@ type host struct {
 	lastSeen int64
 	lost     bool
 	holds    map[AttemptRef]*hold
-	canceled map[AttemptRef]bool // stale attempts it was told to cancel
-	refused  int64               // it refused an assignment: no placing there before this tick
+	canceled map[AttemptRef]int64 // stale attempts it was told to cancel, when
+	refused  int64                // it refused an assignment: no placing there before this tick
 }
 
 // hold is one attempt's hold on a host's slots, from its placement until
@@ -336,7 +336,7 @@ func (c *Core) heartbeat(e Heartbeat) {
 	}
 	h := c.hosts[e.Host]
 	if h == nil {
-		h = &host{id: e.Host, holds: map[AttemptRef]*hold{}, canceled: map[AttemptRef]bool{}}
+		h = &host{id: e.Host, holds: map[AttemptRef]*hold{}, canceled: map[AttemptRef]int64{}}
 		c.hosts[e.Host] = h
 	}
 	h.slots, h.lastSeen, h.lost = e.Slots, c.now, false
@@ -358,8 +358,10 @@ func (c *Core) heartbeat(e Heartbeat) {
 			continue
 		}
 		if j := c.jobs[ref.Job]; j != nil && j.placedHere(ref, h.id) {
-			if p := j.parts[h.id]; !p.asked {
-				p.asked = true // its end report was lost: ask for it
+			// Its end report was lost: ask for it (again once a heartbeat
+			// timeout passed without an answer).
+			if p := j.parts[h.id]; !p.asked || c.now-p.askedAt > c.cfg.HeartbeatTimeout {
+				p.asked, p.askedAt = true, c.now
 				c.emit(AskOutcome{Ref: ref, Term: c.term, Host: h.id})
 			}
 			continue
@@ -377,11 +379,23 @@ func (c *Core) heartbeat(e Heartbeat) {
 		// An attempt the core does not want there: it holds the host
 		// until it is gone.
 		h.holds[ref] = &hold{slots: h.slots, settled: true}
-		if !h.canceled[ref] {
-			h.canceled[ref] = true
-			c.emit(CancelAttempt{Ref: ref, Term: c.term, Host: h.id, Reason: "stale attempt"})
+		c.cancelStale(h, ref)
+	}
+	// A stale attempt it still lists: told again once a heartbeat timeout
+	// passed (the cancel or its answer may have been lost).
+	for _, ref := range sortedRefs(h.canceled) {
+		if listed[ref] {
+			c.cancelStale(h, ref)
 		}
 	}
+}
+
+func (c *Core) cancelStale(h *host, ref AttemptRef) {
+	if at, ok := h.canceled[ref]; ok && c.now-at <= c.cfg.HeartbeatTimeout {
+		return
+	}
+	h.canceled[ref] = c.now
+	c.emit(CancelAttempt{Ref: ref, Term: c.term, Host: h.id, Reason: "stale attempt"})
 }
 
 // hostLost: every attempt with a part on h failed; the lifecycles decide.

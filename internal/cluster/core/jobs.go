@@ -96,7 +96,8 @@ type part struct {
 	ended    bool // the host reported its end (or was lost)
 	assigned bool // the host took the assignment (or runs the adopted attempt)
 	lost     bool
-	asked    bool // AskOutcome went out
+	asked    bool  // AskOutcome went out
+	askedAt  int64 // when
 }
 
 // heldAction waits until version ver of the job's record is durable.
@@ -174,6 +175,16 @@ func (j *job) cancelPlaced(c *Core, reason string) {
 	if j.placement == nil {
 		return
 	}
+	held := j.held[:0]
+	for _, h := range j.held {
+		if a, ok := h.a.(Assign); ok && a.Ref == j.ref() {
+			c.release(a.Host, a.Ref) // never sent: nothing to cancel there
+			j.parts[a.Host].ended = true
+			continue
+		}
+		held = append(held, h)
+	}
+	j.held = held
 	for _, h := range hostsOf(j.placement) {
 		if p := j.parts[h]; !p.ended {
 			c.emit(CancelAttempt{Ref: j.ref(), Term: c.term, Host: h, Reason: reason})
@@ -537,6 +548,13 @@ func (c *Core) storeResult(e StoreResult) {
 // ---- taking the lead ----
 
 func (c *Core) tableLoaded(recs []Stored) {
+	for _, s := range recs {
+		if s.Record.Term > c.term {
+			// Read late: a later leader wrote already.
+			c.depose(fmt.Sprintf("job %s was written in term %d, later than this one's %d", s.Record.Job, s.Record.Term, c.term))
+			return
+		}
+	}
 	c.loading = false
 	c.adoptUntil = c.now + c.cfg.AdoptWait
 	for _, s := range recs {
@@ -579,7 +597,7 @@ func (c *Core) take(s Stored) {
 			j.parts[h] = &part{assigned: true}
 			hs := c.hosts[h]
 			if hs == nil {
-				hs = &host{id: h, lastSeen: c.now, holds: map[AttemptRef]*hold{}, canceled: map[AttemptRef]bool{}}
+				hs = &host{id: h, lastSeen: c.now, holds: map[AttemptRef]*hold{}, canceled: map[AttemptRef]int64{}}
 				c.hosts[h] = hs
 			}
 			c.awaiting[h] = true

@@ -48,9 +48,13 @@ var rewrite = flag.Bool("rewrite", false, "rewrite the expected output of the sc
 
 func TestScripts(t *testing.T) {
 	scripttest.Run(t, "testdata/*.txt", *rewrite, func(t *testing.T) func([]string) []string {
-		s := &sim{t: t, hosts: map[string]*simHost{}, store: simStore{recs: map[string]Stored{}}, ckpt: map[string]bool{}}
+		s := newSim(t)
 		return func(input []string) []string { return s.run(strings.Fields(input[0])) }
 	})
+}
+
+func newSim(t *testing.T) *sim {
+	return &sim{t: t, hosts: map[string]*simHost{}, store: simStore{recs: map[string]Stored{}}, ckpt: map[string]bool{}}
 }
 
 type sim struct {
@@ -61,6 +65,9 @@ type sim struct {
 	ckpt  map[string]bool // jobs that checkpoint: their hosts report subtask events
 	reqs  int
 	out   []string
+	// assigned: every assignment a host took, to check that an attempt
+	// number is never used twice.
+	assigned map[AttemptRef]Assign
 	// showRenewals: print the leader's RenewLease actions (else they are
 	// carried out without a word).
 	showRenewals bool
@@ -78,7 +85,7 @@ type simHost struct {
 	id      string
 	slots   int
 	alive   bool
-	silent  bool // cut off: no heartbeats, no answers; its attempts run on
+	silent  bool   // cut off: no heartbeats, no answers; its attempts run on
 	term    uint64 // the newest term announced
 	running map[AttemptRef]Assign
 }
@@ -116,10 +123,32 @@ func (s *sim) step(sc *simCore, ev Event) {
 		return
 	}
 	for _, a := range sc.c.Step(ev) {
+		s.checkTerm(sc, a)
 		if _, renew := a.(RenewLease); !renew || s.showRenewals {
 			s.out = append(s.out, sc.name+": "+a.String())
 		}
 		sc.queue = append(sc.queue, a)
+	}
+}
+
+// checkTerm checks that only a leader acts on hosts and the store, in its
+// own term.
+func (s *sim) checkTerm(sc *simCore, a Action) {
+	var term uint64
+	switch x := a.(type) {
+	case Assign:
+		term = x.Term
+	case CancelAttempt:
+		term = x.Term
+	case AskOutcome:
+		term = x.Term
+	case Persist:
+		term = x.Record.Term
+	default:
+		return
+	}
+	if t := sc.c.Term(); t == 0 || t != term {
+		s.t.Errorf("%s (term %d) emitted %s of term %d", sc.name, t, a, term)
 	}
 }
 
@@ -182,8 +211,10 @@ func (s *sim) run(f []string) []string {
 		s.step(s.leader(args), CancelJob{Request: fmt.Sprintf("r%d", s.reqs), Job: positional(args)[0]})
 	case "tick":
 		n := 1
-		if p := positional(args); len(p) > 0 {
-			n, _ = strconv.Atoi(p[0])
+		for _, p := range positional(args) {
+			if p != "only" {
+				n, _ = strconv.Atoi(p)
+			}
 		}
 		for range n {
 			for _, hn := range sortedKeys(s.hosts) {
@@ -340,6 +371,9 @@ func (s *sim) do(c *simCore, a Action) {
 			s.step(c, StoreResult{Job: x.Record.Job, Ver: x.Ver, Rev: cur.Rev, Term: cur.Record.Term})
 			return
 		}
+		if ok && x.Record.Term < cur.Record.Term {
+			s.t.Errorf("%s wrote %s (term %d) over a record of term %d", c.name, x.Record.Job, x.Record.Term, cur.Record.Term)
+		}
 		st.rev++
 		st.recs[x.Record.Job] = Stored{Record: x.Record, Rev: st.rev}
 		s.step(c, StoreResult{Job: x.Record.Job, Ver: x.Ver, OK: true, Rev: st.rev})
@@ -366,6 +400,13 @@ func (s *sim) do(c *simCore, a Action) {
 		default:
 			h.term = x.Term
 			h.running[x.Ref] = x
+			if s.assigned == nil {
+				s.assigned = map[AttemptRef]Assign{}
+			}
+			if prev, ok := s.assigned[x.Ref]; ok && (prev.Term != x.Term || !slices.Equal(prev.Placement, x.Placement)) {
+				s.t.Errorf("attempt %s assigned twice: in term %d on %v, in term %d on %v", x.Ref, prev.Term, prev.Placement, x.Term, x.Placement)
+			}
+			s.assigned[x.Ref] = x
 			s.step(c, AssignResult{Ref: x.Ref, Host: h.id})
 			s.running(c, h, x)
 		}
