@@ -12,11 +12,11 @@
 // picks where, and at which parallelism (control.AdaptiveSlots), the
 // attempt the lifecycle starts runs.
 //
-// Leadership: a standby core takes the lease when it has not changed for
-// Config.LeaseTTL ticks (AcquireLease with the next term); the leader renews
-// it every LeaseRenew ticks and stops acting (Deposed) when it could not
-// renew it for LeaseSelf ticks, which is less than LeaseTTL, so it has
-// stopped before a standby takes over. Every Persist carries the term and
+// Leadership (Lease, usable alone): a standby core takes the lease when it
+// has not changed for Config.LeaseTTL ticks (AcquireLease with the next
+// term); the leader renews it every LeaseRenew ticks and stops acting
+// (Deposed) when it could not renew it for LeaseSelf ticks, which is less
+// than LeaseTTL, so it has stopped before a standby takes over. Every Persist carries the term and
 // the revision the leader last saw: a store result showing a record of a
 // later term deposes it, one of an earlier term (a deposed leader's late
 // write) is overwritten. A new leader loads the table, adopts the attempts
@@ -104,19 +104,10 @@ const (
 // actions in order (Assigns only after the Persist before them succeeded:
 // the core itself holds them back until then).
 type Core struct {
-	cfg  Config
-	now  int64
-	role role
-	term uint64 // the term it leads; 0: it stands by
-
-	// The lease as last seen (standby) or held (leader).
-	seenTerm, seenRev uint64
-	seenAt            int64
-	seenReleased      bool
-	seen              bool
-	inFlight          bool  // an AcquireLease or RenewLease awaits its result
-	renewedAt         int64 // leader: its last renewal (or the takeover)
-	askedAt           int64 // leader: when it last asked to renew
+	cfg   Config
+	now   int64
+	term  uint64 // the term it leads (or led, once deposed)
+	lease *Lease
 
 	loading    bool  // waiting for TableLoaded
 	adoptUntil int64 // no placing before, while awaiting is not empty
@@ -136,19 +127,14 @@ func New(cfg Config) (*Core, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Core{cfg: cfg, hosts: map[string]*host{}, jobs: map[string]*job{}, awaiting: map[string]bool{}}, nil
+	return &Core{cfg: cfg, lease: &Lease{cfg: cfg}, hosts: map[string]*host{}, jobs: map[string]*job{}, awaiting: map[string]bool{}}, nil
 }
 
 // Term is the term this core leads, 0 when it does not.
-func (c *Core) Term() uint64 {
-	if c.role != leader {
-		return 0
-	}
-	return c.term
-}
+func (c *Core) Term() uint64 { return c.lease.Term() }
 
 // Deposed reports whether the core stopped for good.
-func (c *Core) Deposed() bool { return c.role == deposed }
+func (c *Core) Deposed() bool { return c.lease.Deposed() }
 
 // Now is the core's time in ticks.
 func (c *Core) Now() int64 { return c.now }
@@ -156,11 +142,11 @@ func (c *Core) Now() int64 { return c.now }
 func (c *Core) emit(a Action) { c.out = append(c.out, a) }
 
 // acting reports whether the core leads and has its table.
-func (c *Core) acting() bool { return c.role == leader && !c.loading }
+func (c *Core) acting() bool { return c.lease.Term() != 0 && !c.loading }
 
 // Step applies one event and returns the actions to carry out, in order.
 func (c *Core) Step(ev Event) []Action {
-	if c.role == deposed {
+	if c.Deposed() {
 		return nil
 	}
 	c.out = nil
@@ -173,16 +159,14 @@ func (c *Core) Step(ev Event) []Action {
 		if h := c.hosts[e.Host]; h != nil && !h.lost {
 			c.hostLost(h, e.Reason)
 		}
-	case LeaseSeen:
-		c.leaseSeen(e)
-	case LeaseResult:
-		c.leaseResult(e)
+	case LeaseSeen, LeaseResult:
+		c.leaseActions(c.lease.Step(e))
 	case Announced:
-		if c.role == leader && e.Term > c.term {
+		if c.Term() != 0 && e.Term > c.term {
 			c.depose(fmt.Sprintf("controller %s announced term %d, later than this one's %d", e.ID, e.Term, c.term))
 		}
 	case TableLoaded:
-		if c.role == leader && c.loading && e.Term == c.term {
+		if c.Term() != 0 && c.loading && e.Term == c.term {
 			c.tableLoaded(e.Records)
 		}
 	case RecordSeen:
@@ -204,7 +188,7 @@ func (c *Core) Step(ev Event) []Action {
 			j.step(c, e.Event)
 		}
 	}
-	if c.role == deposed {
+	if c.Deposed() {
 		return c.out
 	}
 	if c.acting() {
@@ -218,8 +202,8 @@ func (c *Core) Step(ev Event) []Action {
 
 func (c *Core) tick() {
 	c.now++
-	c.leaseTick()
-	if c.role == deposed || !c.acting() {
+	c.leaseActions(c.lease.Step(Tick{}))
+	if !c.acting() {
 		return
 	}
 	// The lifecycles' clocks first: a failure found in this tick counts
@@ -239,66 +223,27 @@ func (c *Core) tick() {
 
 // ---- the lease ----
 
-func (c *Core) leaseTick() {
-	switch c.role {
-	case standby:
-		if !c.seen || c.inFlight {
+// leaseActions takes the lease's actions: its requests go out; once
+// elected the core loads the table (then announces its term); deposed, it
+// stops.
+func (c *Core) leaseActions(acts []Action) {
+	for _, a := range acts {
+		switch x := a.(type) {
+		case Elected:
+			c.term, c.loading = x.Term, true
+			c.emit(LoadTable{Term: x.Term})
+		case Deposed:
+			c.out = []Action{x}
 			return
+		default:
+			c.emit(a)
 		}
-		if c.seenRev == 0 || c.seenReleased || c.now-c.seenAt >= c.cfg.LeaseTTL {
-			c.inFlight = true
-			c.emit(AcquireLease{ID: c.cfg.ID, Term: c.seenTerm + 1, Rev: c.seenRev})
-		}
-	case leader:
-		if c.now-c.renewedAt >= c.cfg.LeaseSelf {
-			c.depose(fmt.Sprintf("the lease of term %d not renewed for %d ticks", c.term, c.now-c.renewedAt))
-			return
-		}
-		if !c.inFlight && c.now-c.askedAt >= c.cfg.LeaseRenew {
-			c.inFlight, c.askedAt = true, c.now
-			c.emit(RenewLease{ID: c.cfg.ID, Term: c.term, Rev: c.seenRev})
-		}
-	}
-}
-
-func (c *Core) leaseSeen(e LeaseSeen) {
-	switch c.role {
-	case standby:
-		if !c.seen || e.Rev != c.seenRev {
-			c.seenTerm, c.seenRev, c.seenAt = e.Term, e.Rev, c.now
-		}
-		c.seen, c.seenReleased = true, e.Released
-	case leader:
-		if e.Term > c.term {
-			c.depose(fmt.Sprintf("the lease was taken over in term %d by %s", e.Term, e.Holder))
-		}
-	}
-}
-
-func (c *Core) leaseResult(e LeaseResult) {
-	if !c.inFlight {
-		return
-	}
-	c.inFlight = false
-	switch {
-	case c.role == standby && e.OK:
-		c.role, c.term, c.seenTerm, c.seenRev, c.renewedAt, c.askedAt = leader, e.Term, e.Term, e.Rev, c.now, c.now
-		c.loading = true
-		c.emit(LoadTable{Term: c.term}) // then it announces its term
-	case c.role == standby && e.Err == "":
-		c.seenTerm, c.seenRev, c.seenAt, c.seenReleased = e.Held, e.Rev, c.now, false
-	case c.role == leader && e.Term != c.term:
-	case c.role == leader && e.OK:
-		c.seenRev, c.renewedAt = e.Rev, c.now
-	case c.role == leader && e.Err == "":
-		c.depose(fmt.Sprintf("the lease of term %d was taken over (by %s in term %d)", c.term, e.Holder, e.Held))
 	}
 }
 
 // depose stops the core for good: the actions of this step are dropped.
 func (c *Core) depose(reason string) {
-	c.out = []Action{Deposed{Term: c.term, Reason: reason}}
-	c.role = deposed
+	c.out = []Action{c.lease.Depose(reason)}
 }
 
 // ---- hosts ----

@@ -516,7 +516,7 @@ func (c *Core) flushJob(j *job) {
 
 func (c *Core) storeResult(e StoreResult) {
 	j := c.jobs[e.Job]
-	if j == nil || !j.inFlight || c.role != leader {
+	if j == nil || !j.inFlight || c.Term() == 0 {
 		return
 	}
 	j.inFlight = false
