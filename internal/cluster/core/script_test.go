@@ -458,20 +458,24 @@ func leaseReq(a Action) (string, uint64, uint64) {
 
 func (s *sim) status(sc *simCore) []string {
 	c := sc.c
-	out := []string{fmt.Sprintf("%s term=%d tick=%d", sc.name, c.Term(), c.now)}
-	for _, id := range c.order {
-		j := c.jobs[id]
-		l := fmt.Sprintf("job %s %s p=%d attempt=%d", id, j.jobState(), j.slots, j.attempt)
-		if j.placement != nil {
-			l += " on=" + strings.Join(j.placement, ",")
+	out := []string{fmt.Sprintf("%s term=%d tick=%d", sc.name, c.Term(), c.Now())}
+	for _, j := range c.Jobs() {
+		l := fmt.Sprintf("job %s %s p=%d/%d attempt=%d", j.Job, j.State, j.Slots, j.Declared, j.Attempt)
+		if j.Placement != nil {
+			l += " on=" + strings.Join(j.Placement, ",")
 		}
-		if j.life != nil {
-			l += fmt.Sprintf(" restarts=%d", j.life.Restarts())
+		l += fmt.Sprintf(" restarts=%d", j.Restarts)
+		if j.Latest != nil {
+			l += " latest=" + j.Latest.String()
 		}
 		out = append(out, l)
 	}
-	for _, f := range c.free() {
-		out = append(out, fmt.Sprintf("host %s free=%d/%d", f.ID, f.Free, f.Capacity))
+	for _, h := range c.Hosts() {
+		if h.Lost {
+			out = append(out, fmt.Sprintf("host %s lost", h.ID))
+		} else {
+			out = append(out, fmt.Sprintf("host %s free=%d/%d", h.ID, h.Free, h.Slots))
+		}
 	}
 	return out
 }
