@@ -3,12 +3,12 @@ package control
 import (
 	"flag"
 	"fmt"
-	"os"
-	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/streamd/streamd/internal/scripttest"
 )
 
 // Scenario scripts: testdata/*.txt are protocol traces. Each case is one or
@@ -42,82 +42,14 @@ import (
 
 var rewrite = flag.Bool("rewrite", false, "rewrite the expected output of the scenario scripts in testdata/")
 
-type scenarioCase struct {
-	pre    []string // comments and blank lines before the case
-	input  []string
-	output []string
-}
-
-func parseScenario(t *testing.T, text string) (cases []scenarioCase, trailer []string) {
-	lines := strings.Split(strings.TrimRight(text, "\n"), "\n")
-	var pre []string
-	for i := 0; i < len(lines); {
-		l := lines[i]
-		if strings.TrimSpace(l) == "" || strings.HasPrefix(l, "#") {
-			pre = append(pre, l)
-			i++
-			continue
-		}
-		c := scenarioCase{pre: pre}
-		pre = nil
-		for ; i < len(lines) && lines[i] != "----"; i++ {
-			c.input = append(c.input, lines[i])
-		}
-		if i == len(lines) {
-			t.Fatalf("case %q: missing ----", c.input[0])
-		}
-		for i++; i < len(lines) && strings.TrimSpace(lines[i]) != ""; i++ {
-			c.output = append(c.output, lines[i])
-		}
-		cases = append(cases, c)
-	}
-	return cases, pre
-}
-
 func TestScenarios(t *testing.T) { runScripts(t, "testdata/*.txt") }
 
 // runScripts runs every script that glob matches, each as a subtest.
 func runScripts(t *testing.T, glob string) {
-	files, err := filepath.Glob(glob)
-	if err != nil || len(files) == 0 {
-		t.Fatalf("no scripts match %s: %v", glob, err)
-	}
-	for _, file := range files {
-		t.Run(strings.TrimSuffix(filepath.Base(file), ".txt"), func(t *testing.T) {
-			data, err := os.ReadFile(file)
-			if err != nil {
-				t.Fatal(err)
-			}
-			runScript(t, file, string(data))
-		})
-	}
-}
-
-// runScript runs the cases of one script and compares (or, with -rewrite,
-// rewrites) their outputs.
-func runScript(t *testing.T, file, data string) {
-	cases, trailer := parseScenario(t, data)
-	r := &scenario{t: t}
-	var out strings.Builder
-	for _, c := range cases {
-		got := r.run(c.input)
-		if !*rewrite && !slices.Equal(got, c.output) {
-			t.Errorf("%s: %s\n--- want\n%s\n--- got\n%s", file, strings.Join(c.input, "\n"),
-				strings.Join(c.output, "\n"), strings.Join(got, "\n"))
-		}
-		for _, l := range c.pre {
-			out.WriteString(l + "\n")
-		}
-		out.WriteString(strings.Join(c.input, "\n") + "\n----\n" + strings.Join(got, "\n") + "\n")
-	}
-	for _, l := range trailer {
-		out.WriteString(l + "\n")
-	}
-	if *rewrite {
-		if err := os.WriteFile(file, []byte(out.String()), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
+	scripttest.Run(t, glob, *rewrite, func(t *testing.T) func([]string) []string {
+		r := &scenario{t: t}
+		return r.run
+	})
 }
 
 // scenario runs the commands of one script against one coordinator.

@@ -19,6 +19,7 @@ import (
 	"log/slog"
 	"sort"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -28,6 +29,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/streamd/streamd/control"
+	"github.com/streamd/streamd/internal/cluster/core"
 	"github.com/streamd/streamd/internal/cluster/wire"
 	"github.com/streamd/streamd/internal/jobfile"
 	"github.com/streamd/streamd/internal/runtime"
@@ -132,12 +134,14 @@ type Controller struct {
 	deposedErr error
 	ended      chan struct{}  // closed once stopped
 	lwg        sync.WaitGroup // the lease and persist loops
-	// Of the lease loop only. leaseTerm is the term of the lease it holds
-	// (0: none), set before lead runs and makes it the acting term.
-	seenRev, leaseRev, leaseTerm uint64
-	seenAt, renewed              time.Time
-	firstTry                     chan struct{} // closed once the first try for the lease (and lead) is done
-	firstOnce                    sync.Once
+	// Of the lease loop only: the lease's machine; leaseTerm is the term of
+	// the lease it holds (0: none), set before lead runs and makes it the
+	// acting term; leaseRev its revision.
+	lease               *core.Lease
+	leaseRev, leaseTerm uint64
+	announced           atomic.Bool   // lead announced its term: renewals announce it again
+	firstTry            chan struct{} // closed once the first try for the lease (and lead) is done
+	firstOnce           sync.Once
 	// The job records to write (persistLoop), per job the version durable,
 	// closed and replaced whenever a record was written; revs (under
 	// revMu) is each key's revision.
@@ -336,6 +340,9 @@ func StartController(nc *nats.Conn, opts ControllerOptions) (*Controller, error)
 		jobs: map[string]*ctlJob{}, hosts: map[string]*ctlHost{}, done: make(chan struct{}), ended: make(chan struct{}),
 		queue: map[string]queuedRecord{}, durable: map[string]uint64{}, revs: map[string]uint64{}, taking: map[string]bool{}, awaiting: map[string]bool{},
 		savedCh: make(chan struct{}), saveWake: make(chan struct{}, 1), firstTry: make(chan struct{})}
+	if c.lease, err = core.NewLease(c.leaseConfig()); err != nil {
+		return nil, err
+	}
 	reg, err := c.registerMetrics(opts.MeterProvider)
 	if err != nil {
 		return nil, err

@@ -37,6 +37,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/streamd/streamd/internal/cluster/core"
 	"github.com/streamd/streamd/internal/cluster/wire"
 	"github.com/streamd/streamd/internal/runtime"
 )
@@ -125,17 +126,35 @@ func (c *Controller) leaseTiming() (renew, expiry, selfExpiry time.Duration) {
 }
 
 // leaseLoop renews the lease while this controller leads, and tries to take
-// it while it stands by. It ends with the controller.
+// it while it stands by; core.Lease decides when, in ticks of renew/2 (the
+// time that passed, however long the bucket took to answer): the leader
+// renews every tick and stops acting after 4 without a renewal (2 renew
+// intervals), a standby takes over after 6 (3). It ends with the controller.
 func (c *Controller) leaseLoop() {
 	defer c.lwg.Done()
 	renew, _, _ := c.leaseTiming()
-	t := time.NewTicker(renew / 2)
+	period := renew / 2
+	t := time.NewTicker(period)
 	defer t.Stop()
-	for {
-		if c.leaseTerm != 0 {
-			c.renewLease()
-		} else {
-			c.tryLease()
+	start, ticks := time.Now(), int64(0)
+	for first := true; ; first = false {
+		// The ticks that passed first, then (standing by) the lease as it
+		// is now, then this tick: a read is as fresh as the tick it counts
+		// from, however late this loop ran.
+		due := int64(time.Since(start)/period) + 1
+		for ; ticks < due-1; ticks++ {
+			c.stepLease(core.Tick{})
+		}
+		if c.lease.Term() == 0 && !c.lease.Deposed() {
+			if seen, ok := c.readLease(); ok {
+				c.stepLease(seen)
+			}
+		}
+		for ; ticks < due; ticks++ {
+			c.stepLease(core.Tick{})
+		}
+		if first && c.leaseTerm == 0 {
+			c.firstTried()
 		}
 		select {
 		case <-c.done:
@@ -150,57 +169,89 @@ func (c *Controller) kvCtx() (context.Context, context.CancelFunc) {
 	return context.WithTimeout(context.Background(), max(self, time.Second))
 }
 
-// tryLease takes the lease if nobody holds it, it was released, or it was
-// not renewed for the expiry; on success this controller leads.
-func (c *Controller) tryLease() {
-	won := false
-	defer func() {
-		if !won {
-			c.firstTried()
+// leaseConfig is the lease's timing in ticks of the lease loop.
+func (c *Controller) leaseConfig() core.Config {
+	return core.Config{ID: c.id, LeaseRenew: 1, LeaseSelf: 4, LeaseTTL: 6}
+}
+
+// stepLease steps the lease with ev and carries its actions out.
+func (c *Controller) stepLease(ev core.Event) {
+	for _, a := range c.lease.Step(ev) {
+		switch x := a.(type) {
+		case core.AcquireLease:
+			c.stepLease(c.writeLease(x.Term, x.Rev, false))
+		case core.RenewLease:
+			c.stepLease(c.writeLease(x.Term, x.Rev, true))
+		case core.Elected:
+			c.elected(x.Term)
+		case core.Deposed:
+			c.depose(fmt.Errorf("cluster: controller %s: %s", c.id, x.Reason))
 		}
-	}()
-	_, expiry, _ := c.leaseTiming()
+	}
+}
+
+// readLease reads the lease (Rev 0: there is none); false when it could
+// not be read.
+func (c *Controller) readLease() (core.LeaseSeen, bool) {
 	ctx, cancel := c.kvCtx()
 	defer cancel()
-	now := time.Now()
-	rec := leaseRecord{Holder: c.id, Term: 1, Renewed: now, Interval: c.opts.HeartbeatInterval.String()}
 	e, err := c.kv.Get(ctx, leaseKey)
-	var rev uint64
 	switch {
 	case errors.Is(err, jetstream.ErrKeyNotFound):
-		data, _ := json.Marshal(rec)
-		rev, err = c.kv.Create(ctx, leaseKey, data)
-		if err != nil {
-			c.log.Debug("lease not taken", "err", err)
-			return
-		}
+		return core.LeaseSeen{}, true
 	case err != nil:
 		c.log.Debug("lease not read", "err", err)
-		return
-	default:
-		var cur leaseRecord
-		if err := json.Unmarshal(e.Value(), &cur); err != nil {
-			c.log.Warn("bad lease record; taking the lease", "err", err)
-		}
-		if e.Revision() != c.seenRev {
-			c.seenRev, c.seenAt = e.Revision(), now
-		}
-		if !cur.Released && now.Sub(c.seenAt) < expiry {
-			return // the leader renews it
-		}
-		rec.Term = cur.Term + 1
-		data, _ := json.Marshal(rec)
-		if rev, err = c.kv.Update(ctx, leaseKey, data, e.Revision()); err != nil {
-			c.log.Debug("lease not taken", "err", err)
-			return
-		}
-		c.log.Info("taking over as leader", "previous_leader", cur.Holder, "previous_term", cur.Term, "released", cur.Released,
-			"not_renewed_for", now.Sub(cur.Renewed).Round(time.Millisecond))
+		return core.LeaseSeen{}, false
 	}
-	// The lease is renewed while lead loads the table and adopts the jobs,
-	// however long that takes.
-	won = true
-	c.leaseRev, c.renewed, c.leaseTerm = rev, now, rec.Term
+	var cur leaseRecord
+	if err := json.Unmarshal(e.Value(), &cur); err != nil {
+		c.log.Warn("bad lease record; taking the lease", "err", err)
+		return core.LeaseSeen{Rev: e.Revision(), Released: true}, true
+	}
+	return core.LeaseSeen{Holder: cur.Holder, Term: cur.Term, Rev: e.Revision(), Released: cur.Released}, true
+}
+
+// writeLease writes the lease of term if it is at revision rev (0: create
+// it): a standby taking it, or the leader renewing it (then announcing its
+// term to the hosts).
+func (c *Controller) writeLease(term, rev uint64, renewal bool) core.LeaseResult {
+	ctx, cancel := c.kvCtx()
+	defer cancel()
+	data, _ := json.Marshal(leaseRecord{Holder: c.id, Term: term, Renewed: time.Now(), Interval: c.opts.HeartbeatInterval.String()})
+	var err error
+	var nrev uint64
+	if rev == 0 {
+		nrev, err = c.kv.Create(ctx, leaseKey, data)
+	} else {
+		nrev, err = c.kv.Update(ctx, leaseKey, data, rev)
+	}
+	switch {
+	case err == nil:
+		c.leaseRev = nrev
+		if renewal && c.announced.Load() {
+			c.announce(term) // again, for hosts that missed it
+		}
+		return core.LeaseResult{Term: term, OK: true, Rev: nrev}
+	case errors.Is(err, jetstream.ErrKeyExists), errors.Is(err, jetstream.ErrKeyRevisionMismatch):
+		r := core.LeaseResult{Term: term}
+		if seen, ok := c.readLease(); ok {
+			r.Holder, r.Held, r.Rev = seen.Holder, seen.Term, seen.Rev
+		}
+		return r
+	}
+	if renewal {
+		c.log.Warn("lease not renewed; trying again", "term", term, "err", err)
+	} else {
+		c.log.Debug("lease not taken", "err", err)
+	}
+	return core.LeaseResult{Term: term, Err: err.Error()}
+}
+
+// elected: this controller took the lease of term. It is renewed while
+// lead loads the table and adopts the jobs, however long that takes.
+func (c *Controller) elected(term uint64) {
+	c.leaseTerm = term
+	c.log.Info("taking the lead", "term", term)
 	c.lwg.Add(1)
 	go func() {
 		defer c.lwg.Done()
@@ -210,37 +261,14 @@ func (c *Controller) tryLease() {
 			return
 		default:
 		}
-		if err := c.lead(rec.Term); err != nil {
-			c.depose(fmt.Errorf("cluster: controller %s: could not take the lead in term %d: %w", c.id, rec.Term, err))
+		if err := c.lead(term); err != nil {
+			c.depose(fmt.Errorf("cluster: controller %s: could not take the lead in term %d: %w", c.id, term, err))
 		}
 	}()
 }
 
 // firstTried ends StartController's wait for the first try for the lease.
 func (c *Controller) firstTried() { c.firstOnce.Do(func() { close(c.firstTry) }) }
-
-// renewLease renews the lease; a controller that lost it, or could not
-// renew it in time, stops acting at once.
-func (c *Controller) renewLease() {
-	_, _, self := c.leaseTiming()
-	ctx, cancel := c.kvCtx()
-	defer cancel()
-	term := c.leaseTerm
-	now := time.Now()
-	data, _ := json.Marshal(leaseRecord{Holder: c.id, Term: term, Renewed: now, Interval: c.opts.HeartbeatInterval.String()})
-	rev, err := c.kv.Update(ctx, leaseKey, data, c.leaseRev)
-	switch {
-	case err == nil:
-		c.leaseRev, c.renewed = rev, now
-		c.announce(term)
-	case errors.Is(err, jetstream.ErrKeyRevisionMismatch):
-		c.depose(fmt.Errorf("cluster: controller %s: the lease of term %d was taken over", c.id, term))
-	case time.Since(c.renewed) > self:
-		c.depose(fmt.Errorf("cluster: controller %s: the lease of term %d not renewed for %s: %w", c.id, term, time.Since(c.renewed).Round(time.Millisecond), err))
-	default:
-		c.log.Warn("lease not renewed; trying again", "term", term, "err", err)
-	}
-}
 
 // announce tells the hosts who leads in which term (they fence older terms).
 func (c *Controller) announce(term uint64) {
@@ -369,6 +397,10 @@ func (c *Controller) lead(term uint64) error {
 		return err
 	}
 	c.announce(term)
+	// From now on the renewals announce it too: not before, or a host
+	// that learns the term would report its attempts before this leader
+	// listens for them.
+	c.announced.Store(true)
 	for _, j := range adopted {
 		c.log.Info("job adopted", "job", j.id, "attempt", j.attempt, "hosts", j.placement.Hosts(), "state", j.state)
 		j.dist.adopt(j.attempt, *j.placement)
