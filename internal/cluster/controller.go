@@ -374,6 +374,11 @@ func (c *Controller) subscribe(term uint64) error {
 	sort.Strings(subjects)
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	if c.closed || c.deposedErr != nil {
+		// Deposed (or closed) while it took the lead: shutdown has
+		// unsubscribed already, and would not see subscriptions made now.
+		return fmt.Errorf("cluster: controller %s: stopped before it led in term %d", c.id, term)
+	}
 	for _, s := range subjects {
 		sub, err := c.nc.Subscribe(s, handlers[s])
 		if err != nil {

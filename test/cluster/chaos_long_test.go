@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"syscall"
 	"testing"
@@ -85,13 +86,18 @@ func (p *chaosProc) stop() {
 
 // TestChaos runs 20 rounds against a standalone nats-server process, two
 // `streamd controller` processes (leader and standby) and three `streamd
-// host` processes. Each round deploys two jobs with checkpoints in the
-// JetStream object store, generator -hash-> uppercase -> nats sink and
-// generator -rebalance-> uppercase -> file sink, and once both have
-// completed a checkpoint kills one of the leading controller, a host
-// running them and the NATS server with SIGKILL, at random
-// (STREAMD_CHAOS_SEED repeats a run), and starts it again: both jobs finish
-// and their output holds every record exactly once, every round.
+// host` processes of 2 slots. Each round deploys two jobs declared at
+// parallelism 3 (min_parallelism 1) with checkpoints in the JetStream
+// object store, generator -hash-> uppercase -> nats sink and generator
+// -rebalance-> uppercase -> file sink, and once both have completed a
+// checkpoint kills one of the leading controller, a host running them and
+// the NATS server with SIGKILL, at random (STREAMD_CHAOS_SEED repeats a
+// run), and starts it again: both jobs finish and their output holds every
+// record exactly once, every round. In the rounds of loseFor the host is
+// not started again: the jobs it ran go on at a lower parallelism on the 4
+// slots left (the adaptive scheduler), and so do the next rounds' jobs,
+// until the round of joinAt, where it joins again while they run: those
+// below their declared parallelism scale back up to it.
 func TestChaos(t *testing.T) {
 	seed := uint64(time.Now().UnixNano())
 	if s := os.Getenv("STREAMD_CHAOS_SEED"); s != "" {
@@ -110,7 +116,8 @@ func TestChaos(t *testing.T) {
 	hb := "--heartbeat-interval=100ms"
 	ctls := map[string]*chaosProc{}
 	for _, id := range []string{"c1", "c2"} {
-		ctls[id] = newChaosProc(t, "controller "+id, streamdBin(t), "controller", "--nats", url, hb, "--lost-after="+procLostAfter, "--controller-id", id)
+		ctls[id] = newChaosProc(t, "controller "+id, streamdBin(t), "controller", "--nats", url, hb, "--lost-after="+procLostAfter, "--controller-id", id,
+			"--slot-wait="+slotWait.String(), "--rescale-interval="+rescaleInterval.String())
 	}
 	hosts := map[string]*chaosProc{}
 	for i := 1; i <= 3; i++ {
@@ -130,8 +137,16 @@ func TestChaos(t *testing.T) {
 	upper := testwasm.Path(t, "examples/wasm/uppercase/uppercase.wasm")
 
 	const rounds, n = 20, 3000
+	// A host is lost for good in the rounds of loseFor, and joins again in
+	// the later rounds of joinAt (down, until then).
+	loseFor, joinAt := map[int]bool{5: true, 13: true}, map[int]bool{7: true, 15: true}
+	var down string
 	kills := map[string]int{}
 	for r := 1; r <= rounds; r++ {
+		rate := 1000 // records/s over all subtasks: 3s a job
+		if loseFor[r] || joinAt[r] {
+			rate = 150 // 20s: both jobs still run when the lost host's fail over, or when they scaled up after the join
+		}
 		dir := t.TempDir()
 		stream, subject := fmt.Sprintf("OUT%d", r), fmt.Sprintf("out%d.upper", r)
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -140,17 +155,18 @@ func TestChaos(t *testing.T) {
 		if err != nil {
 			t.Fatalf("round %d: create stream %s: %v", r, stream, err)
 		}
-		common := fmt.Sprintf(`parallelism: 2
+		common := fmt.Sprintf(`parallelism: 3
+min_parallelism: 1
 checkpoint: {interval: 100ms, storage: jetstream}
 restart: {strategy: fixed-delay, attempts: 100, delay: 200ms}
 operators:
   - uid: gen
-    source: {type: generator, count: %d, rate: 1000, keys: 100}
+    source: {type: generator, count: %d, rate: %d, keys: 100}
   - uid: upper
     wasm: %s
     inputs: [{from: gen, partition: %%s}]
   - uid: out
-`, n, upper)
+`, n, rate, upper)
 		natsJob := filepath.Join(dir, "nats.yaml")
 		writeFile(t, natsJob, "name: chaos-nats\n"+fmt.Sprintf(common, "hash")+fmt.Sprintf("    sink: {type: nats, subject: %s}\n    inputs: [upper]\n", subject))
 		fileJob := filepath.Join(dir, "file.yaml")
@@ -165,7 +181,17 @@ operators:
 			}))
 		}
 		victim := []string{"leader", "host", "nats"}[rng.IntN(3)]
+		switch {
+		case loseFor[r] && down == "":
+			victim = "host for good"
+		case joinAt[r] && down != "":
+			victim = "join"
+		}
 		what := victim
+		// shrink: a job must run below its declared parallelism after the
+		// kill; grow: the jobs that must scale back up to it after the join.
+		var shrink bool
+		var grow [2]bool
 		switch victim {
 		case "leader":
 			leader := running[0].Leader
@@ -213,6 +239,40 @@ operators:
 				what = "host " + id + " (restarted at once)"
 			}
 			hosts[id].start()
+		case "host for good":
+			hs := running[rng.IntN(2)].Hosts
+			if len(hs) == 0 {
+				t.Fatalf("round %d: the running job lists no host", r)
+			}
+			down = hs[rng.IntN(len(hs))]
+			hosts[down].kill()
+			// Both jobs run when the loss fails over those on it: on the 4
+			// slots left, one of them at least runs below its declared 3.
+			shrink = true
+			what = "host " + down + " (not started again)"
+		case "join":
+			// 4 slots for two jobs declared at 3: one runs below it at least.
+			for i, st := range running {
+				grow[i] = st.State == wire.JobRunning && st.Parallelism < st.DeclaredParallelism
+			}
+			if !grow[0] && !grow[1] {
+				t.Fatalf("round %d: on the 4 slots left, jobs at parallelism %d and %d (declared %d and %d): want one below its declared",
+					r, running[0].Parallelism, running[1].Parallelism, running[0].DeclaredParallelism, running[1].DeclaredParallelism)
+			}
+			hosts[down].start()
+			for i, id := range ids {
+				if !grow[i] {
+					continue
+				}
+				st := tc.waitJob(id, "back at its declared parallelism", func(st *wire.JobStatus) bool {
+					return wire.TerminalJobState(st.State) || st.State == wire.JobRunning && st.Parallelism == st.DeclaredParallelism
+				})
+				if st.State != wire.JobRunning {
+					t.Fatalf("round %d, after host %s joined: job %s %s before it scaled up (%s): make it longer", r, down, id, st.State, st.Reason)
+				}
+			}
+			what = "none; host " + down + " joined"
+			down = ""
 		case "nats":
 			natsProc.kill()
 			natsProc.start()
@@ -225,11 +285,31 @@ operators:
 				t.Fatalf("round %d, after killing %s: job %s %s: %s", r, what, id, st.State, st.Reason)
 			}
 			running[i] = st
+			if grow[i] && !scaled(st, false) {
+				t.Errorf("round %d, after a host joined: job %s never scaled up (rescales %+v)", r, id, st.Rescales)
+			}
+		}
+		if shrink && !scaled(running[0], true) && !scaled(running[1], true) {
+			t.Errorf("round %d, after losing host %s for good: no job ran below its declared parallelism (rescales %v, %v)", r, down, rescales(running[0]), rescales(running[1]))
 		}
 		checkStream(t, js, stream, n)
 		exactlyOnce(t, filepath.Join(dir, "out"), n)
-		t.Logf("round %d: killed %s; nats job in attempt %d, file job in attempt %d; both exactly once",
-			r, what, running[0].Attempt, running[1].Attempt)
+		t.Logf("round %d: killed %s; nats job in attempt %d, file job in attempt %d (rescales %v, %v); both exactly once",
+			r, what, running[0].Attempt, running[1].Attempt, rescales(running[0]), rescales(running[1]))
 	}
 	t.Logf("%d rounds, kills: %v", rounds, kills)
+}
+
+// scaled reports whether the job was rescaled down (else up).
+func scaled(st *wire.JobStatus, down bool) bool {
+	return slices.ContainsFunc(st.Rescales, func(x wire.RescaleStatus) bool { return x.To < x.From == down })
+}
+
+// rescales are a job's rescales as "from->to".
+func rescales(st *wire.JobStatus) []string {
+	var out []string
+	for _, x := range st.Rescales {
+		out = append(out, fmt.Sprintf("%d->%d", x.From, x.To))
+	}
+	return out
 }
