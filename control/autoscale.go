@@ -18,7 +18,9 @@ package control
 // The operator is rescaled only when its utilization is outside
 // [TargetUtilization - Boundary, TargetUtilization + Boundary], within its
 // bounds (and the slots the job may have), and a scale-down at most by
-// MaxScaleDown of its parallelism at a time. Against flapping: no metrics
+// MaxScaleDown of its parallelism at a time; one that processed nothing
+// while records were due keeps its parallelism (no evidence: a stall, or
+// counters not reported anew). Against flapping: no metrics
 // are collected for Stabilization after the job (re)started, none decided
 // before a whole MetricsWindow was seen, and no rescale within Cooldown of
 // the last one. Time is what the caller says it is (no clock here).
@@ -104,6 +106,7 @@ type OpEval struct {
 	BusyRatio, TrueRate, InputRate, TargetRate, Utilization float64
 	Lag                                                     int64 // the backlog of the sources upstream (of a source: its own)
 	Want                                                    int   // its parallelism as the formula has it, within its bounds
+	Stalled                                                 bool  // it processed nothing while records were due: kept as it is
 }
 
 // Autoscaler is the autoscaling machine of one job. Start it (and again at
@@ -259,6 +262,10 @@ func (a *Autoscaler) Evaluate(x, y AutoscaleSample, capacity int) []OpEval {
 			e.Utilization = e.TargetRate / e.TrueRate
 		}
 		e.Want = a.want(o, e.Utilization, par, capacity)
+		if processed == 0 && e.TargetRate > 0 {
+			e.Stalled = true // work coming, none done: no evidence of its capacity (a stall, or stale counters)
+			e.Want = a.bound(o, par, par, capacity)
+		}
 	}
 	return out
 }

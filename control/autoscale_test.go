@@ -91,6 +91,9 @@ func TestAutoscaleDecisions(t *testing.T) {
 			want: map[string]int{"slow": 1}, reason: "at its min 1"},
 		// Nothing arrives, nothing busy: the minimum.
 		{name: "idle source", l: load{par: 4}, d: 20 * time.Second, want: map[string]int{"slow": 2}, reason: "idle"},
+		// A backlog but nothing processed, nothing busy (a stall, or no
+		// new counters): no evidence, no change.
+		{name: "stalled with a backlog", l: load{lag: 5000, par: 4}, d: 20 * time.Second, hold: "within"},
 		{name: "no records, no lag at minimum", l: load{par: 1, noLag: true}, d: 20 * time.Second, hold: "within"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
