@@ -277,6 +277,7 @@ func (c *Controller) hostEvent(ev wire.HostEvent) {
 			j.hostStats[ev.HostID] = ev.Stats
 			j.stats = sumStats(j.hostStats)
 		}
+		effects = append(effects, c.autoscaleLocked(j, now)...)
 	}
 	if ev.Elapsed != "" {
 		j.elapsed = ev.Elapsed
