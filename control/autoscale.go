@@ -12,7 +12,8 @@ package control
 //	                  their output ratios (records out / records processed)
 //	target rate     = input rate + lag / catch-up duration (a source's
 //	                  backlog, read within CatchUp; downstream inherits it)
-//	utilization     = target rate / true rate
+//	utilization     = target rate / true rate, at least the busy ratio
+//	                  (records queued in its channels are in no lag)
 //	new parallelism = ceil(parallelism x utilization / target utilization)
 //
 // The operator is rescaled only when its utilization is outside
@@ -179,6 +180,12 @@ func (a *Autoscaler) Step(s AutoscaleSample, capacity int) AutoscaleDecision {
 	}
 	if len(d.Changes) == 0 {
 		d.Hold = "every operator within its utilization bounds"
+		for i, e := range evals {
+			if e.Stalled {
+				d.Hold = fmt.Sprintf("%s processed nothing while records were due: no evidence of its capacity", a.ops[i].UID)
+				break
+			}
+		}
 		return d
 	}
 	if !a.lastRescale.IsZero() {
@@ -260,6 +267,12 @@ func (a *Autoscaler) Evaluate(x, y AutoscaleSample, capacity int) []OpEval {
 			e.Utilization = math.Inf(1) // busy, and processed nothing
 		default:
 			e.Utilization = e.TargetRate / e.TrueRate
+		}
+		if !math.IsInf(e.Utilization, 1) {
+			// At least as busy as it is: records queued in its input
+			// channels count in no source's lag (at most 1: busy time
+			// measured a little over the window is no cause to scale up).
+			e.Utilization = max(e.Utilization, min(e.BusyRatio, 1))
 		}
 		e.Want = a.want(o, e.Utilization, par, capacity)
 		if processed == 0 && e.TargetRate > 0 {

@@ -93,7 +93,10 @@ func TestAutoscaleDecisions(t *testing.T) {
 		{name: "idle source", l: load{par: 4}, d: 20 * time.Second, want: map[string]int{"slow": 2}, reason: "idle"},
 		// A backlog but nothing processed, nothing busy (a stall, or no
 		// new counters): no evidence, no change.
-		{name: "stalled with a backlog", l: load{lag: 5000, par: 4}, d: 20 * time.Second, hold: "within"},
+		{name: "stalled with a backlog", l: load{lag: 5000, par: 4}, d: 20 * time.Second, hold: "processed nothing while records were due"},
+		// Little arrives, but the stage is busy on what is queued in its
+		// channels: no scale-down.
+		{name: "busy on queued records", l: load{read: 10, par: 4, busy: 0.9}, d: 20 * time.Second, hold: "within"},
 		{name: "no records, no lag at minimum", l: load{par: 1, noLag: true}, d: 20 * time.Second, hold: "within"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
