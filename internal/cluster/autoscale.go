@@ -247,3 +247,12 @@ func (j *ctlJob) autoscaleTargets(r *rescaleUp) {
 		j.auto.targets = r.Targets
 	}
 }
+
+// autoscaleNewVersion: j runs a new version (an upgrade), as declared: the
+// autoscaler's parallelism is forgotten (its decisions and cooldown stay)
+// and it decides anew on the new version's metrics.
+func (j *ctlJob) autoscaleNewVersion() {
+	if j.auto != nil {
+		j.auto.targets, j.auto.a = nil, nil
+	}
+}
