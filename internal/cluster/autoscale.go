@@ -47,6 +47,9 @@ type autoscaleJob struct {
 	hold    string
 	decided []wire.AutoscaleDecisionStatus
 	last    time.Time // its last rescale
+	// base is the attempt's start as its hosts' elapsed time places it
+	// (zero: not known yet); at the time of the latest sample.
+	base, at time.Time
 }
 
 // autoscaleRecord is a job's autoscaler in the job's record (ha.go).
@@ -124,11 +127,26 @@ func (c *Controller) autoscaleLocked(j *ctlJob, now time.Time) []effect {
 		j.auto = aj
 	}
 	if aj.attempt != j.attempt {
-		aj.attempt = j.attempt
+		aj.attempt, aj.base, aj.at = j.attempt, time.Time{}, time.Time{}
 		aj.a.Start(now)
 	}
+	// A sample is timed by the hosts' clock (the attempt's elapsed time
+	// they report with the counters), not by when it arrived: reports that
+	// arrive late or bunched on a loaded machine would otherwise look like
+	// more busy time than the span between them holds.
+	at := now
+	if d, err := time.ParseDuration(j.elapsed); err == nil && d > 0 {
+		if aj.base.IsZero() {
+			aj.base = now.Add(-d)
+		}
+		at = aj.base.Add(d)
+	}
+	if !at.After(aj.at) {
+		return nil // no later than the last (another host's report): its counters count at the next
+	}
+	aj.at = at
 	capacity := j.slots + totalFree(c.freeSlotsLocked())
-	d := aj.a.Step(autoscaleSample(j.spec.Vertices, j.stats, now), capacity)
+	d := aj.a.Step(autoscaleSample(j.spec.Vertices, j.stats, at), capacity)
 	if len(d.Changes) == 0 {
 		if kind, _, _ := strings.Cut(d.Hold, ":"); !strings.HasPrefix(aj.hold, kind) {
 			c.log.Debug("autoscaler holds", "job", j.id, "why", d.Hold) // once per kind of hold, not per report

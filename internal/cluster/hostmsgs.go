@@ -277,10 +277,12 @@ func (c *Controller) hostEvent(ev wire.HostEvent) {
 			j.hostStats[ev.HostID] = ev.Stats
 			j.stats = sumStats(j.hostStats)
 		}
-		effects = append(effects, c.autoscaleLocked(j, now)...)
 	}
 	if ev.Elapsed != "" {
 		j.elapsed = ev.Elapsed
+	}
+	if ev.Stats != nil {
+		effects = append(effects, c.autoscaleLocked(j, now)...)
 	}
 	switch ev.State {
 	case wire.SubtaskFinished, wire.SubtaskFailed, wire.SubtaskCanceled:
