@@ -346,6 +346,15 @@ func (c *cli) printStatus(st *wire.JobStatus) {
 		}
 		fmt.Fprintln(w, line)
 	}
+	if a := st.Autoscaler; a != nil {
+		fmt.Fprintf(w, "autoscaler: %s\n", a.Settings)
+		if a.Hold != "" {
+			fmt.Fprintf(w, "autoscaler holds: %s\n", a.Hold)
+		}
+		for _, d := range a.Decisions {
+			fmt.Fprintf(w, "autoscaled %s: operator %s %d -> %d (%s): %s\n", d.Time.Local().Format("15:04:05"), d.Operator, d.From, d.To, d.Outcome, d.Reason)
+		}
+	}
 	for _, a := range st.Attempts {
 		line := fmt.Sprintf("attempt %d on %s: %s", a.Attempt, orDash(strings.Join(a.Hosts, ",")), a.State)
 		if a.Reason != "" {

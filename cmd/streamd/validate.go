@@ -68,7 +68,7 @@ Exit status 0 when the job or module is valid, 1 when it is not.`,
 		},
 	}
 	cmd.Flags().IntVarP(&parallelism, "parallelism", "p", 0, "replace the job's default parallelism, as run would")
-	cmd.Flags().BoolVar(&asJSON, "json", false, `print {"valid", "problems"} or, when valid, {"valid", "job", "operators", "checkpoint", "restart", "state"} (the exit status as without it)`)
+	cmd.Flags().BoolVar(&asJSON, "json", false, `print {"valid", "problems"} or, when valid, {"valid", "job", "operators", "checkpoint", "restart", "state", "autoscaler"} (the exit status as without it)`)
 	return cmd
 }
 
@@ -157,6 +157,9 @@ type validationJ struct {
 	Checkpoint *checkpointJ    `json:"checkpoint,omitempty"`
 	Restart    string          `json:"restart,omitempty"`
 	State      *stateSettingsJ `json:"state,omitempty"`
+	// Autoscaler is the autoscaler section as its settings (docs/job-file.md
+	// "Autoscaling"); nil without one.
+	Autoscaler *jobfile.AutoscalerSettings `json:"autoscaler,omitempty"`
 }
 
 type problemJ struct {
@@ -211,7 +214,7 @@ func validation(job *jobfile.Job, err error) validationJ {
 		return v
 	}
 	v := validationJ{Valid: true, Job: job.Graph.Name, Path: job.Path, Restart: job.Restart.String(),
-		State: &stateSettingsJ{Backend: job.State.Backend}}
+		State: &stateSettingsJ{Backend: job.State.Backend}, Autoscaler: job.Autoscaler}
 	if v.State.Backend == "" {
 		v.State.Backend = jobfile.StateMemory
 	}
@@ -274,6 +277,9 @@ func printGraph(w io.Writer, job *jobfile.Job) {
 		fmt.Fprintln(w, "checkpoint: none")
 	}
 	fmt.Fprintf(w, "restart: %s\n", job.Restart)
+	if a := job.Autoscaler; a != nil {
+		fmt.Fprintf(w, "autoscaler: %s\n", a)
+	}
 	if n := job.MaxRecordBytes; n != 0 && n != abi.DefaultMaxRecordBytes {
 		fmt.Fprintf(w, "max_record_bytes: %d\n", n)
 	}

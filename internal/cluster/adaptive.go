@@ -49,16 +49,21 @@ const maxRescales = 10
 type rescaleUp struct {
 	From, To int
 	Reason   string
+	Targets  map[string]int // the autoscaler's parallelism per operator (autoscale.go); nil: the adaptive scheduler's
 }
 
-// bounds is each operator's declared and least parallelism. A source whose
+// bounds is each operator's declared (or autoscaled: wantOf) and least
+// parallelism. A source whose
 // position does not restore at another parallelism (connector.
 // SourceRescales: every built-in type does, a registered one without
 // RescalePositions not) keeps its declared one.
-func (j *ctlJob) bounds() []control.Bounds {
+func (j *ctlJob) bounds() []control.Bounds { return j.boundsOf(j.wantOf) }
+
+// boundsOf is bounds with each operator's parallelism as par says.
+func (j *ctlJob) boundsOf(par func(wire.VertexSpec) int) []control.Bounds {
 	out := make([]control.Bounds, len(j.spec.Vertices))
 	for i, v := range j.spec.Vertices {
-		out[i] = control.Bounds{Declared: j.declaredOf(v), Min: v.MinParallelism}
+		out[i] = control.Bounds{Declared: par(v), Min: v.MinParallelism}
 		if fixedSource(v) {
 			out[i].Min = out[i].Declared
 		}
@@ -105,21 +110,26 @@ func (j *ctlJob) declaredSpec() wire.JobSpec {
 }
 
 // scaleLocked makes j's spec the declared one at `slots` slots (each
-// operator at min(declared, slots)).
+// operator at min(declared, slots); declared or as the autoscaler chose:
+// wantOf).
 func (j *ctlJob) scaleLocked(slots int) {
 	decl := j.declaredSpec()
-	_, all, _ := control.AdaptiveSlots(j.bounds(), slots)
+	scaled := make([]wire.VertexSpec, len(decl.Vertices))
+	same := true
+	for i, v := range decl.Vertices {
+		v.Parallelism = control.ScaledParallelism(control.Bounds{Declared: j.wantOf(v), Min: v.MinParallelism}, slots)
+		same = same && v.Parallelism == decl.Vertices[i].Parallelism
+		scaled[i] = v
+	}
 	j.spec, j.declared, j.slots = decl, nil, slots
-	if slots >= all {
+	if same {
 		return
 	}
 	j.declared = map[string]int{}
-	j.spec.Vertices = make([]wire.VertexSpec, len(decl.Vertices))
-	for i, v := range decl.Vertices {
+	for _, v := range decl.Vertices {
 		j.declared[v.UID] = v.Parallelism
-		v.Parallelism = control.ScaledParallelism(control.Bounds{Declared: v.Parallelism, Min: v.MinParallelism}, slots)
-		j.spec.Vertices[i] = v
 	}
+	j.spec.Vertices = scaled
 }
 
 // totalFree is the free slots of alive hosts.
@@ -270,6 +280,7 @@ func (c *Controller) scaleUpLocked(now time.Time) []effect {
 func (c *Controller) rescaleStoppedLocked(j *ctlJob, now time.Time, sp string, id int64) {
 	r := j.rescale
 	j.rescale = nil
+	j.autoscaleTargets(r)
 	c.setAttemptState(j, wire.JobStopped, fmt.Sprintf("savepoint %s taken to rescale to parallelism %d", sp, r.To))
 	j.latest = &control.RestorePoint{ID: id, Kind: control.KindSavepoint, Location: sp}
 	j.placement = nil

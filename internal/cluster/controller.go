@@ -272,6 +272,7 @@ type ctlJob struct {
 	rescaleSpan   trace.Span
 	carryRestarts bool
 	noRescale     string
+	auto          *autoscaleJob // its autoscaler (autoscale.go); nil: none yet
 }
 
 // StartController starts a controller on nc: it opens (or creates) the

@@ -355,11 +355,11 @@ func (c *Controller) setAttemptState(j *ctlJob, state, reason string) {
 
 // statusLocked builds the JobStatus of j.
 func (c *Controller) statusLocked(j *ctlJob) wire.JobStatus {
-	_, declared, least := control.AdaptiveSlots(j.bounds(), 0)
+	_, declared, least := control.AdaptiveSlots(j.declaredBounds(), 0)
 	st := wire.JobStatus{ID: j.id, Name: j.spec.Name, State: j.state, Reason: j.reason, Attempt: j.attempt,
 		Slots: j.slots, Parallelism: j.slots, DeclaredParallelism: declared, MinParallelism: least, Rescales: slices.Clone(j.rescales), Created: j.created, Updated: j.updated, Ended: j.ended, Elapsed: j.elapsed, Savepoint: j.savepoint,
 		Attempts: append([]wire.AttemptStatus(nil), j.attempts...), Checkpoints: append([]runtime.CheckpointStats(nil), j.checkpoints...),
-		Leader: c.id, Term: c.term, Versions: versionsLocked(j)}
+		Leader: c.id, Term: c.term, Versions: versionsLocked(j), Autoscaler: j.autoscaleStatus()}
 	if j.dist != nil && j.dist.d != nil {
 		st.Checkpoints = j.dist.d.Recent() // the controller drives its checkpoints
 	}

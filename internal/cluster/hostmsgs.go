@@ -281,6 +281,9 @@ func (c *Controller) hostEvent(ev wire.HostEvent) {
 	if ev.Elapsed != "" {
 		j.elapsed = ev.Elapsed
 	}
+	if ev.Stats != nil {
+		effects = append(effects, c.autoscaleLocked(j, now)...)
+	}
 	switch ev.State {
 	case wire.SubtaskFinished, wire.SubtaskFailed, wire.SubtaskCanceled:
 		j.endedOn[ev.HostID] = true

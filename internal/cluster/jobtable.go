@@ -57,6 +57,8 @@ type jobRecord struct {
 	Declared  map[string]int       `json:"declared,omitempty"`
 	Rescales  []wire.RescaleStatus `json:"rescales,omitempty"`
 	NoRescale string               `json:"no_rescale,omitempty"`
+	// Autoscale is what the job's autoscaler decided (autoscale.go).
+	Autoscale *autoscaleRecord `json:"autoscale,omitempty"`
 }
 
 var plainKeyRE = regexp.MustCompile(`^[A-Za-z0-9_-]+$`)
@@ -75,7 +77,8 @@ func (c *Controller) recordLocked(j *ctlJob) jobRecord {
 	r := jobRecord{ID: j.id, Spec: j.spec, From: j.from, RequestID: j.requestID, State: j.state, Reason: j.reason, Attempt: j.attempt, Slots: j.slots,
 		Attempts: append([]wire.AttemptStatus(nil), j.attempts...), Failovers: j.failovers, Savepoint: j.savepoint,
 		Created: j.created, Updated: j.updated, Ended: j.ended, Latest: j.latest, Restarts: j.restarts, Term: c.term,
-		Versions: slices.Clone(j.versions), Upgrade: j.upgrade, Declared: j.declared, Rescales: slices.Clone(j.rescales), NoRescale: j.noRescale}
+		Versions: slices.Clone(j.versions), Upgrade: j.upgrade, Declared: j.declared, Rescales: slices.Clone(j.rescales), NoRescale: j.noRescale,
+		Autoscale: j.autoscaleRecord()}
 	if j.placement != nil {
 		r.Placement = append([]string(nil), j.placement.Slots...)
 	}
@@ -316,7 +319,7 @@ func jobFromRecord(r jobRecord, now time.Time) *ctlJob {
 	j := &ctlJob{id: r.ID, spec: r.Spec, state: r.State, reason: r.Reason, attempt: r.Attempt, slots: r.Slots,
 		created: r.Created, updated: r.Updated, ended: r.Ended, savepoint: r.Savepoint, from: r.From, requestID: r.RequestID,
 		attempts: r.Attempts, failovers: r.Failovers, latest: r.Latest, restarts: r.Restarts, versions: r.Versions, upgrade: r.Upgrade,
-		declared: r.Declared, rescales: r.Rescales, noRescale: r.NoRescale,
+		declared: r.Declared, rescales: r.Rescales, noRescale: r.NoRescale, auto: autoscaleFromRecord(r.Autoscale),
 		placed: map[int]control.Placement{}, changed: make(chan struct{}), subtaskState: wire.SubtaskScheduled, resumed: true}
 	if len(r.LastHosts) > 0 {
 		j.lastPlaced = &control.Placement{Slots: r.LastHosts}

@@ -306,6 +306,7 @@ func (c *Controller) startVersionLocked(j *ctlJob, spec wire.JobSpec, from strin
 	// The new version runs as declared; the adaptive scheduler rescales it
 	// as the slots call for (adaptive.go).
 	j.declared, j.noRescale, j.carryRestarts, j.slotWait, j.moreSince = nil, "", false, time.Time{}, time.Time{}
+	j.autoscaleNewVersion()
 	j.latest, j.restarts, j.resumed, j.failovers = nil, nil, false, 0
 	j.state, j.reason, j.ended, j.savepoint = wire.JobCreated, why, nil, ""
 	j.dist, j.placement = nil, nil

@@ -35,6 +35,8 @@ type Job struct {
 	// State is the state section: the keyed-state backend (the file's, else
 	// Options', else memory).
 	State StateSettings
+	// Autoscaler is the autoscaler section (nil: none; off).
+	Autoscaler *AutoscalerSettings
 }
 
 // StateSettings is the job file's state section.
@@ -343,7 +345,7 @@ func (p *parser) add(op string, line int, field, format string, args ...any) {
 
 var yamlLineRE = regexp.MustCompile(`^yaml: line (\d+): (.*)$`)
 
-var jobFields = []string{"name", "parallelism", "min_parallelism", "max_parallelism", "max_record_bytes", "checkpoint", "restart", "state", "operators"}
+var jobFields = []string{"name", "parallelism", "min_parallelism", "max_parallelism", "max_record_bytes", "checkpoint", "restart", "state", "autoscaler", "operators"}
 
 // operator is one parsed operators[] entry.
 type operator struct {
@@ -501,6 +503,7 @@ func (p *parser) parse(data []byte) *Job {
 	}
 
 	p.checkDeadLetterPaths(ops)
+	job.Autoscaler = p.autoscaler(f["autoscaler"], ops, f["checkpoint"] != nil)
 
 	// Duplicate uids are reported here, with both lines; control sees each uid once.
 	first := map[string]*operator{}

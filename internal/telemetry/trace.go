@@ -70,7 +70,8 @@ const (
 	SpanStopWithSavepoint = "stop_with_savepoint"
 	SpanRestore           = "restore"
 	SpanFailover          = "failover"
-	SpanRescale           = "rescale" // the adaptive scheduler ran a job at another parallelism
+	SpanRescale           = "rescale"   // the adaptive scheduler ran a job at another parallelism
+	SpanAutoscale         = "autoscale" // the autoscaler decided to rescale operators of a job
 
 	// guest exports (package host)
 	SpanGuestOpen             = "guest.open"

@@ -280,8 +280,11 @@ type JobDetail struct {
 	DeclaredParallelism int                  `json:"declared_parallelism"`
 	MinParallelism      int                  `json:"min_parallelism"`
 	Rescales            []wire.RescaleStatus `json:"rescales,omitempty"`
-	Vertices            []Vertex             `json:"vertices"`
-	Now                 int64                `json:"now"` // the server's time, Unix ms: rates are per its clock
+	// Autoscaler is the job's autoscaler: its settings, what it waits for
+	// and its latest decisions (docs/job-file.md "Autoscaling"); nil: off.
+	Autoscaler *wire.AutoscalerStatus `json:"autoscaler,omitempty"`
+	Vertices   []Vertex               `json:"vertices"`
+	Now        int64                  `json:"now"` // the server's time, Unix ms: rates are per its clock
 }
 
 // Vertex is one operator of a job.
@@ -345,7 +348,7 @@ func detail(st *wire.JobStatus) JobDetail {
 	now := time.Now()
 	d := JobDetail{JobOverview: overview(st, now), Reason: st.Reason, ReasonSummary: Explain(st.Reason, st.Attempt), Savepoint: st.Savepoint,
 		CheckpointMode: st.CheckpointMode, Parallelism: st.Parallelism, DeclaredParallelism: st.DeclaredParallelism, MinParallelism: st.MinParallelism,
-		Rescales: st.Rescales, Vertices: []Vertex{}, Now: now.UnixMilli()}
+		Rescales: st.Rescales, Autoscaler: st.Autoscaler, Vertices: []Vertex{}, Now: now.UnixMilli()}
 	for _, op := range st.Operators {
 		v := Vertex{ID: op.UID, Kind: op.Kind, Parallelism: op.Parallelism, Declared: op.DeclaredParallelism, RecordsIn: op.RecordsIn, RecordsOut: op.RecordsOut,
 			UnionDeclines: op.UnionDeclines, Connector: op.Connector, Tasks: map[string]int{}, Subtasks: []Subtask{}}

@@ -327,6 +327,8 @@ type JobStatus struct {
 	// Rescales are the adaptive scheduler's latest rescales of the job,
 	// oldest first.
 	Rescales []RescaleStatus `json:"rescales,omitempty"`
+	// Autoscaler is the job's autoscaler (autoscale.go): nil when off.
+	Autoscaler *AutoscalerStatus `json:"autoscaler,omitempty"`
 }
 
 // OperatorStatus is one operator of a job.

@@ -26,6 +26,8 @@ type JobSpec struct {
 	// State is the job's state section (jobfile.Job.State, resolved by the
 	// client); the zero value (a spec from an older client) is memory.
 	State jobfile.StateSettings `json:"state,omitzero"`
+	// Autoscaler is the job's autoscaler section (nil: none, off).
+	Autoscaler *jobfile.AutoscalerSettings `json:"autoscaler,omitempty"`
 }
 
 // VertexSpec is one operator. Exactly one of Source, Sink and Wasm is set.
@@ -106,7 +108,7 @@ type Resolver func(Artifact) (string, error)
 // the input file of every file source. jobFile, if not empty, is uploaded too.
 func NewJobSpec(job *jobfile.Job, jobFile string, upload Uploader) (JobSpec, error) {
 	g := job.Graph
-	s := JobSpec{Name: g.Name, Checkpoint: job.Checkpoint, Restart: job.Restart, MaxRecordBytes: job.MaxRecordBytes, State: job.State}
+	s := JobSpec{Name: g.Name, Checkpoint: job.Checkpoint, Restart: job.Restart, MaxRecordBytes: job.MaxRecordBytes, State: job.State, Autoscaler: job.Autoscaler}
 	if jobFile != "" {
 		a, err := upload(jobFile)
 		if err != nil {

@@ -443,7 +443,7 @@ async function renderJob(id) {
   }
   const kv = [["Id", job.id], ["State", job.state], ["Attempt", job.attempt], ["Started", new Date(job.start_time).toLocaleString()],
     ["Duration", fmtMS(job.duration_ms)], ["Hosts", (job.hosts || []).join(", ")],
-    ["Parallelism", parallelismText(job)],
+    ["Parallelism", parallelismText(job)], ["Autoscaler", autoscalerText(job)],
     ["Checkpoints", job.checkpoint_mode || "off"], ["Savepoint", job.savepoint], ["Reason", job.reason_summary || job.reason]];
   document.getElementById("summary").replaceChildren(...kv.filter(([, v]) => v !== undefined && v !== "")
     .flatMap(([k, v]) => [el("dt", {}, k), el("dd", { "data-key": k.toLowerCase() }, v)]));
@@ -464,6 +464,19 @@ function parallelismText(job) {
   const r = (job.rescales || []).at(-1);
   if (r) s += "; rescaled " + r.from + " \u2192 " + r.to + " at " + new Date(r.time).toLocaleTimeString() + ": " + r.reason;
   return s;
+}
+
+// autoscalerText is the job's autoscaler (off: undefined): what it waits
+// for, and its latest decisions with their reasons, newest first.
+function autoscalerText(job) {
+  const a = job.autoscaler;
+  if (!a) return undefined;
+  const lines = [a.settings];
+  if (a.hold) lines.push("holding: " + a.hold);
+  for (const d of (a.decisions || []).slice(-5).reverse()) {
+    lines.push(new Date(d.time).toLocaleTimeString() + " " + d.operator + " " + d.from + " \u2192 " + d.to + " (" + d.outcome + "): " + d.reason);
+  }
+  return el("div", { id: "autoscaler" }, lines.map(l => el("div", {}, l)));
 }
 
 // versionTable is the job's version history (streamd upgrade).
