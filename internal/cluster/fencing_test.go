@@ -199,7 +199,7 @@ type fakeHost struct {
 
 func startFakeHost(t *testing.T, nc *nats.Conn, id string, slots int) *fakeHost {
 	f := &fakeHost{t: t, nc: nc, id: id, slots: slots, running: map[wire.AttemptRef]bool{}, changed: make(chan struct{}, 1000)}
-	subs := map[string]nats.MsgHandler{wire.HostVerbAssign: f.assign, wire.HostVerbCancel: f.cancel}
+	subs := map[string]nats.MsgHandler{wire.HostVerbAssign: f.assign, wire.HostVerbCancel: f.cancel, wire.HostVerbOutcome: f.outcome}
 	for verb, fn := range subs {
 		sub, err := nc.Subscribe(wire.HostSubject(id, verb), fn)
 		if err != nil {
@@ -282,6 +282,19 @@ func (f *fakeHost) cancel(m *nats.Msg) {
 		}
 		wire.Respond(m, wire.Reply{})
 	}()
+}
+
+// outcome answers the controller's question about an attempt its
+// heartbeats did not list (a heartbeat sent just before an assignment, on
+// a loaded machine): running if it runs it. A real host answers too; with
+// no answer the controller failed the attempt as unreported.
+func (f *fakeHost) outcome(m *nats.Msg) {
+	var req wire.HostRequest
+	json.Unmarshal(m.Data, &req)
+	f.mu.Lock()
+	running := f.running[wire.AttemptRef{JobID: req.JobID, Attempt: req.Attempt}]
+	f.mu.Unlock()
+	wire.Respond(m, wire.OutcomeReply{Running: running})
 }
 
 func (f *fakeHost) report(ref wire.AttemptRef, state, errText string) {
