@@ -106,8 +106,10 @@ func (q *ReliableQueue) run() {
 				return
 			}
 		}
+		backoff := time.Duration(0)
 		for tries := 0; ; tries++ {
 			ctx, cancel := context.WithTimeout(q.ctx, q.timeout)
+			sent := time.Now()
 			_, err := q.nc.RequestWithContext(ctx, q.subject, head)
 			cancel()
 			if err == nil {
@@ -116,15 +118,31 @@ func (q *ReliableQueue) run() {
 			if q.ctx.Err() != nil {
 				return
 			}
+			if errors.Is(err, nats.ErrConnectionClosed) {
+				// Nothing is ever sent on a closed connection again: the
+				// queue ends, as Stop ends it, instead of spinning.
+				q.mu.Lock()
+				n := len(q.queue)
+				q.mu.Unlock()
+				q.log.Warn("connection closed: "+q.subject+" stops", "unsent", n)
+				return
+			}
 			if tries == 0 {
 				q.log.Warn("no answer on "+q.subject+"; sending again", "err", err)
 			}
-			if errors.Is(err, nats.ErrNoResponders) {
-				select { // nobody subscribed (yet): do not spin
-				case <-time.After(100 * time.Millisecond):
+			// An error that came before the request's timeout (nobody
+			// subscribed yet, the reconnect buffer full, ...) is retried
+			// after a pause, 100 ms doubling to 1 s: a failing send must
+			// not spin.
+			if time.Since(sent) < q.timeout/2 {
+				backoff = min(max(2*backoff, 100*time.Millisecond), time.Second)
+				select {
+				case <-time.After(backoff):
 				case <-q.ctx.Done():
 					return
 				}
+			} else {
+				backoff = 0
 			}
 		}
 		q.mu.Lock()

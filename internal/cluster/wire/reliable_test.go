@@ -89,3 +89,27 @@ func (w notifyWriter) Write(p []byte) (int, error) {
 	}
 	return len(p), nil
 }
+
+// TestReliableQueueEndsOnClosedConnection closes the connection under a
+// queue with a message nobody answers: the queue ends, as if stopped,
+// instead of sending again in a loop (each failed request also left an
+// entry in nats.go's response map: a leaked queue of an ended attempt
+// spun a core and grew without bound).
+func TestReliableQueueEndsOnClosedConnection(t *testing.T) {
+	nc := natstest.Connect(t, natstest.Server(t).URL())
+	closed := make(notifyWriter, 1)
+	q := NewReliableQueue(nc, "test.closed", slog.New(slog.NewTextHandler(closed, nil)))
+	defer q.Stop()
+	if err := q.Send(func(seq uint64) ([]byte, error) { return []byte("x"), nil }); err != nil {
+		t.Fatal(err)
+	}
+	nc.Close()
+	select {
+	case <-q.done:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the queue still runs 30s after its connection closed")
+	}
+	if q.Drain(0) {
+		t.Fatal("Drain reported the unsent message as answered")
+	}
+}
