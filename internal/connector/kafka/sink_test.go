@@ -1,6 +1,7 @@
 package kafka
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"slices"
@@ -342,7 +343,7 @@ func TestSinkStateRoundTrip(t *testing.T) {
 	es := []*entry{{writer: 2, epoch: 9, n: 1}, {writer: 0, epoch: 10}}
 	var b stagedBuf
 	b.add(abi.Record{Key: []byte("k"), Value: []byte("v"), Timestamp: abi.NoTimestamp})
-	es[0].data = b.data
+	es[0].data = b.records()
 	es[0].nonce[3] = 7
 	got, err := decodeEntries(encodeEntries(es))
 	if err != nil {
@@ -358,6 +359,42 @@ func TestSinkStateRoundTrip(t *testing.T) {
 	}
 	if n := markerNonce(markerMetadata(es[0])); n != "00000007000000000000000000000000" {
 		t.Errorf("marker nonce %q", n)
+	}
+}
+
+// TestSinkStagedIsState: the state of a checkpoint with one entry pending
+// is the entry's staged bytes, as encodeEntries lays out a state; an entry
+// sealed in a buffer sized by the previous epoch is too.
+func TestSinkStagedIsState(t *testing.T) {
+	s := &Sink{subtask: 3}
+	for epoch := int64(1); epoch <= 2; epoch++ {
+		recs := recsN(fmt.Sprint("e", epoch), 100)
+		s.Write(recs[:40])
+		s.Write(recs[40:])
+		st, err := s.PreCommit(epoch)
+		if err != nil {
+			t.Fatal(err)
+		}
+		e := s.pending[0]
+		copied := *e
+		copied.state = nil
+		if want := encodeEntries([]*entry{&copied}); !bytes.Equal(st, want) {
+			t.Fatalf("epoch %d: state %x, want %x", epoch, st[:64], want[:64])
+		}
+		got, err := decodeEntries(st)
+		if err != nil || len(got) != 1 || got[0].epoch != epoch || got[0].writer != 3 || got[0].n != 100 || got[0].nonce != e.nonce {
+			t.Fatalf("epoch %d: decoded %+v, %v", epoch, got, err)
+		}
+		var vals []string
+		eachStaged(got[0].data, func(r abi.Record) { vals = append(vals, string(r.Value)) })
+		slices.Sort(vals)
+		if fmt.Sprint(vals) != fmt.Sprint(valuesOf(recs)) {
+			t.Fatalf("epoch %d: records %v", epoch, vals)
+		}
+		s.pending = nil // as a commit would
+	}
+	if s.cur.size < 100*10 {
+		t.Errorf("next staged buffer sized %d", s.cur.size)
 	}
 }
 
