@@ -53,8 +53,9 @@ import (
 // While checkpoints come often (see goLive), the records of an epoch are
 // also produced as they are written, into the transaction their entry
 // will be committed in, opened when no entry waits for its commit; and
-// the committer, once the due entries are committed, produces the next
-// sealed one into its transaction while its checkpoint completes. The
+// the committer (started at the seal when none runs), once the due
+// entries are committed, produces the next sealed one into its
+// transaction while its checkpoint completes. The
 // commit then only flushes them and adds the marker. This changes none
 // of the argument below: the transaction holds exactly the entry's
 // records and commits only once a checkpoint holding the entry is
@@ -135,7 +136,7 @@ type Sink struct {
 	closed bool
 	// live is the open transaction Write fills with cur's records (nil:
 	// none, cur is only staged); lastSeal and epochDur time the epochs
-	// (goLive).
+	// (goLive), the first from NewSink.
 	live     *txnRecords
 	lastSeal time.Time
 	epochDur time.Duration
@@ -375,6 +376,9 @@ func NewSink(ctx context.Context, cfg SinkConfig, subtask, parallelism int) (*Si
 		return nil, fmt.Errorf("kafka: %s: topic %q: %w", name, cfg.Topic, err)
 	}
 	s.topicID = tds[cfg.Topic].ID
+	// The first epoch is timed from here: longer than the checkpoint
+	// interval, so the guess of frequent epochs errs on the safe side.
+	s.lastSeal = time.Now()
 	return s, nil
 }
 
@@ -486,6 +490,12 @@ func (s *Sink) seal(epoch int64) {
 	appendEntryHeader(h, e)
 	s.mu.Lock()
 	s.pending = append(s.pending, e)
+	if s.busy == nil && s.err == nil && s.frequent() && s.pending[0].live == nil {
+		// No transaction holds it: the committer produces it into its
+		// own while its checkpoint completes.
+		s.busy = make(chan struct{})
+		go s.commitLoop(s.busy)
+	}
 	s.mu.Unlock()
 	s.cur = stagedBuf{size: min(len(e.state)+len(e.state)/4, maxStagedHint)}
 }

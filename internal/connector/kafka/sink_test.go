@@ -498,8 +498,9 @@ func TestSinkCommitsInTheBackground(t *testing.T) {
 }
 
 // TestSinkLiveTransaction: once checkpoints come often, Write produces an
-// epoch's records into the open transaction of its entry (goLive), which
-// a read_committed reader does not see before the commit. Committed, each
+// epoch's records into the open transaction of its entry (goLive), and an
+// entry sealed without one is produced into its transaction at the seal;
+// a read_committed reader sees neither before the commit. Committed, each
 // record is in Kafka once; a live transaction grown too old is aborted
 // and its entry produced anew; and a crash with a live transaction open
 // (its entry in a checkpoint, not committed) is restored exactly once: the
@@ -546,15 +547,27 @@ func TestSinkLiveTransaction(t *testing.T) {
 		must(err)
 		return st
 	}
-	// Epochs 1 and 2 time the epochs: no live transaction yet.
-	for i, recs := range epochs[:2] {
-		must(s.Write(recs))
-		if s.live != nil {
-			t.Fatalf("epoch %d: a live transaction before the epochs are timed", i+1)
-		}
-		checkpoint(int64(i + 1))
-		must(commitNow(s, int64(i+1)))
+	// Epoch 1 times the epochs (from NewSink): no live transaction yet.
+	// Once sealed, the committer produces it into its transaction while
+	// its checkpoint completes.
+	must(s.Write(epochs[0]))
+	if s.live != nil {
+		t.Fatal("epoch 1: a live transaction before the epochs are timed")
 	}
+	checkpoint(1)
+	must(s.wait())
+	must(s.cl.Flush(testCtx(t)))
+	if n := uncommitted(); n != 30 {
+		t.Fatalf("epoch 1 sealed, not committed: %d records in Kafka a reader does not see, want its 30", n)
+	}
+	must(commitNow(s, 1))
+	// Epoch 2 is produced as written.
+	must(s.Write(epochs[1]))
+	if s.live == nil {
+		t.Fatal("epoch 2: no live transaction although checkpoints come often")
+	}
+	checkpoint(2)
+	must(commitNow(s, 2))
 	// Epoch 3 is produced as written, committed at its checkpoint.
 	must(s.Write(epochs[2][:20]))
 	if s.live == nil {
