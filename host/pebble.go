@@ -92,7 +92,8 @@ type pebbleState struct {
 	w    pebble.Writer // db, or a batch while restoring
 	kbuf []byte
 	vbuf []byte
-	rows rowCache // the values read and written last (rowcache.go)
+	rows rowCache // the values read and written last, write-back (rowcache.go)
+	wb   *pebble.Batch // the batch flushRows reuses
 
 	mu     sync.Mutex // guards cuts and closed (loads run on other goroutines)
 	cuts   map[*deferredCut]struct{}
@@ -264,26 +265,79 @@ func (s *pebbleState) get(kg int, name, key []byte) ([]byte, bool, error) {
 
 func (s *pebbleState) put(kg int, name, key, val []byte) error {
 	s.kbuf = appendStateKey(s.kbuf[:0], kg, name, key)
-	if err := s.w.Set(s.kbuf, val, noSync); err != nil {
-		s.rows.drop(s.kbuf)
-		return fmt.Errorf("pebble set: %w", err)
-	}
 	if s.restoring() {
+		if err := s.w.Set(s.kbuf, val, noSync); err != nil {
+			return fmt.Errorf("pebble set: %w", err)
+		}
 		return s.flushBatch()
 	}
-	s.rows.set(s.kbuf, val, false)
-	return nil
+	return s.writeRow(val, false)
 }
 
 func (s *pebbleState) del(kg int, name, key []byte) error {
 	s.kbuf = appendStateKey(s.kbuf[:0], kg, name, key)
-	if err := s.w.Delete(s.kbuf, noSync); err != nil {
-		s.rows.drop(s.kbuf)
-		return fmt.Errorf("pebble delete: %w", err)
+	if s.restoring() {
+		if err := s.w.Delete(s.kbuf, noSync); err != nil {
+			return fmt.Errorf("pebble delete: %w", err)
+		}
+		return nil
 	}
-	if !s.restoring() {
-		s.rows.set(s.kbuf, nil, true)
+	return s.writeRow(nil, true)
+}
+
+// writeRow writes the state key in s.kbuf (absent: deletes it) through the
+// write-back row cache, flushing it when its dirty entries are full.
+func (s *pebbleState) writeRow(val []byte, absent bool) error {
+	if !s.rows.write(s.kbuf, val, absent) {
+		if err := s.flushRows(); err != nil {
+			return err
+		}
+		if !s.rows.write(s.kbuf, val, absent) { // larger than the cache
+			var err error
+			if absent {
+				err = s.db.Delete(s.kbuf, noSync)
+			} else {
+				err = s.db.Set(s.kbuf, val, noSync)
+			}
+			if err != nil {
+				return fmt.Errorf("pebble write: %w", err)
+			}
+			return nil
+		}
 	}
+	if s.rows.dirtyBytes >= s.rows.writeBack() {
+		return s.flushRows()
+	}
+	return nil
+}
+
+// flushRows writes the row cache's dirty entries to the DB in one batch:
+// before anything reads the DB other than get (a cut, a scan, a sweep, a
+// restore).
+func (s *pebbleState) flushRows() error {
+	if len(s.rows.dirty) == 0 {
+		return nil
+	}
+	if s.wb == nil {
+		s.wb = s.db.NewBatch()
+	}
+	b := s.wb
+	defer b.Reset()
+	for _, e := range s.rows.dirty {
+		var err error
+		if e.absent {
+			err = b.Delete(keyBytes(e.key), noSync)
+		} else {
+			err = b.Set(keyBytes(e.key), e.v, noSync)
+		}
+		if err != nil {
+			return fmt.Errorf("pebble write: %w", err)
+		}
+	}
+	if err := s.db.Apply(b, noSync); err != nil {
+		return fmt.Errorf("pebble write: %w", err)
+	}
+	s.rows.flushed()
 	return nil
 }
 
@@ -375,6 +429,9 @@ func (s *pebbleState) nextTimer(k timerKind) (int64, bool, error) {
 
 // scan iterates the stored keys with prefix (kg, name, prefix).
 func (s *pebbleState) scan(kg int, name, prefix []byte, fn func(ukey, val []byte) error) error {
+	if err := s.flushRows(); err != nil {
+		return err
+	}
 	lo := append(appendStateKey(nil, kg, name, nil), prefix...)
 	it, err := s.db.NewIter(&pebble.IterOptions{LowerBound: lo, UpperBound: prefixEnd(lo)})
 	if err != nil {
@@ -401,6 +458,9 @@ func (s *pebbleState) scan(kg int, name, prefix []byte, fn func(ukey, val []byte
 // wraps around at the end: the incremental cleanup of incremental
 // checkpoints, whose files hold whatever the DB holds.
 func (s *pebbleState) sweepExpired(limit int) error {
+	if err := s.flushRows(); err != nil {
+		return err
+	}
 	now := s.now()
 	lo := s.sweep
 	if lo == nil {
@@ -465,6 +525,9 @@ func (s *pebbleState) sweepExpired(limit int) error {
 // cut takes a pebble snapshot: a sequence number, no copy. Reading it into
 // KeyGroups is left to Snapshot.Load.
 func (s *pebbleState) cut() (*Snapshot, error) {
+	if err := s.flushRows(); err != nil {
+		return nil, fmt.Errorf("host: pebble state: %w", err)
+	}
 	snap := s.db.NewSnapshot()
 	empty, err := pebbleEmpty(snap)
 	if err != nil || empty {
@@ -494,6 +557,9 @@ func (s *pebbleState) cut() (*Snapshot, error) {
 // synchronous cost is the flush of what was written since the last cut.
 // The directory goes when the Snapshot is released (or the DB closes).
 func (s *pebbleState) fileCut() (*Snapshot, error) {
+	if err := s.flushRows(); err != nil {
+		return nil, fmt.Errorf("host: pebble state: %w", err)
+	}
 	empty, err := pebbleEmpty(s.db)
 	if err != nil || empty {
 		return &Snapshot{}, err
@@ -548,6 +614,9 @@ func (s *pebbleState) fileCut() (*Snapshot, error) {
 // backend restores), deletes what lies outside its key groups, and copies
 // the entries in its key groups of the other parts.
 func (s *pebbleState) importFiles(ctx context.Context, parts []*FileState) error {
+	if err := s.flushRows(); err != nil {
+		return fmt.Errorf("host: pebble state: restore: %w", err)
+	}
 	best, most := -1, 0
 	for i, p := range parts {
 		lo, hi := max(p.KeyGroups.Start, s.rng.Start), min(p.KeyGroups.End, s.rng.End)
@@ -584,6 +653,7 @@ func (s *pebbleState) importFiles(ctx context.Context, parts []*FileState) error
 // adopt replaces the (empty) DB by one opened on part's files, then deletes
 // the entries and timers outside the subtask's key groups.
 func (s *pebbleState) adopt(ctx context.Context, part *FileState) error {
+	s.closeBatch()
 	if err := s.db.Close(); err != nil {
 		return fmt.Errorf("host: pebble state: %w", err)
 	}
@@ -725,6 +795,9 @@ func (s *pebbleState) readCut(snap *pebble.Snapshot, now int64) (map[int]*KeyGro
 const restoreBatchBytes = pebbleMemTableSize / 4
 
 func (s *pebbleState) restore(groups map[int]*KeyGroupState) error {
+	if err := s.flushRows(); err != nil {
+		return fmt.Errorf("host: pebble state: restore: %w", err)
+	}
 	b := s.db.NewBatch()
 	s.w = b
 	defer func() {
@@ -746,6 +819,9 @@ func (s *pebbleState) restore(groups map[int]*KeyGroupState) error {
 // restore leaves a part in the DB; the instance is discarded, which
 // removes it.
 func (s *pebbleState) restoreFrom(ctx context.Context, srcs []KeyedSource) error {
+	if err := s.flushRows(); err != nil {
+		return fmt.Errorf("host: pebble state: restore: %w", err)
+	}
 	b := s.db.NewBatch()
 	s.w = b
 	defer func() {
@@ -775,6 +851,14 @@ func (s *pebbleState) flushBatch() error {
 	return nil
 }
 
+// closeBatch closes flushRows' batch (before the DB closes).
+func (s *pebbleState) closeBatch() {
+	if s.wb != nil {
+		s.wb.Close()
+		s.wb = nil
+	}
+}
+
 // close abandons the cuts not loaded yet (waiting for loads in progress),
 // closes the DB and removes its directory.
 func (s *pebbleState) close() error {
@@ -792,6 +876,7 @@ func (s *pebbleState) close() error {
 	for _, c := range cuts {
 		c.abandon(errors.New("host: pebble state: the instance closed before its snapshot was read"))
 	}
+	s.closeBatch()
 	err := s.db.Close()
 	if rerr := os.RemoveAll(s.dir); err == nil {
 		err = rerr

@@ -2,6 +2,8 @@ package host
 
 import (
 	"fmt"
+	"slices"
+	"strings"
 	"testing"
 
 	"github.com/streamd/streamd/abi"
@@ -50,9 +52,9 @@ func TestRowCacheBound(t *testing.T) {
 	}
 }
 
-// TestPebbleRowCacheWriteThrough: reads through the row cache see every
-// put and delete, and a restore replaces what the cache knew.
-func TestPebbleRowCacheWriteThrough(t *testing.T) {
+// TestPebbleRowCacheWriteBack: reads through the row cache see every put
+// and delete, flushed or not, and a restore replaces what the cache knew.
+func TestPebbleRowCacheWriteBack(t *testing.T) {
 	s, err := openPebble(128, abi.KeyGroupRange{Start: 0, End: 127}, StateConfig{DataDir: t.TempDir()}, pebbleOptions{logger: discardLogger, name: "rowcache"})
 	if err != nil {
 		t.Fatal(err)
@@ -77,16 +79,130 @@ func TestPebbleRowCacheWriteThrough(t *testing.T) {
 		t.Fatal(err)
 	}
 	want("22", true)
-	s.rows.clear() // the DB has it too
+	if err := s.flushRows(); err != nil {
+		t.Fatal(err)
+	}
+	s.rows.clear() // the DB has it now
 	want("22", true)
 	if err := s.del(kg, name, key); err != nil {
 		t.Fatal(err)
 	}
 	want("", false)
+	if err := s.flushRows(); err != nil {
+		t.Fatal(err)
+	}
 	s.rows.clear()
 	want("", false)
 	if err := s.restore(map[int]*KeyGroupState{kg: {Entries: map[string]map[string][]byte{"count": {"k": []byte("333")}}}}); err != nil {
 		t.Fatal(err)
 	}
 	want("333", true)
+}
+
+// TestRowCacheKeepsDirty: eviction never drops a dirty entry, and a write
+// that does not fit beside the dirty entries is refused (the backend
+// flushes first).
+func TestRowCacheKeepsDirty(t *testing.T) {
+	c := newRowCache(16 * (rowOverhead + 16))
+	refused := -1
+	for i := range 100 {
+		if !c.write([]byte(fmt.Sprintf("key-%04d", i)), []byte(fmt.Sprintf("val-%04d", i)), false) {
+			refused = i
+			break
+		}
+	}
+	if refused < 0 {
+		t.Fatal("every write fit in a cache of 16 entries")
+	}
+	if len(c.dirty) != refused || len(c.m) != refused {
+		t.Fatalf("%d dirty, %d cached after %d writes", len(c.dirty), len(c.m), refused)
+	}
+	for i := range refused {
+		k := fmt.Sprintf("key-%04d", i)
+		if v, ok, known := c.get([]byte(k)); !known || !ok || string(v) != "val-"+k[4:] {
+			t.Fatalf("dirty %s: %q %v %v", k, v, ok, known)
+		}
+	}
+	c.set([]byte("key-0000"), []byte("stale"), false) // a DB read never overwrites a dirty entry
+	if v, _, _ := c.get([]byte("key-0000")); string(v) != "val-0000" {
+		t.Fatalf("dirty entry overwritten by a read: %q", v)
+	}
+	c.flushed()
+	if !c.write([]byte("next"), []byte("v"), false) {
+		t.Fatal("a write after the flush did not fit (clean entries are evictable)")
+	}
+}
+
+// TestPebbleWriteBackFlushes: writes past the write-back bound, deletes
+// and overwrites reach the DB, and every reader of the DB other than get
+// (a cut, a scan) sees the writes not flushed yet.
+func TestPebbleWriteBackFlushes(t *testing.T) {
+	const maxP = 128
+	s, err := openPebble(maxP, abi.KeyGroupRange{Start: 0, End: maxP - 1}, StateConfig{DataDir: t.TempDir()}, pebbleOptions{logger: discardLogger, name: "writeback"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.close()
+	s.rows = newRowCache(256 << 10) // flushes every 64 KiB of writes
+	name := []byte("count")
+	want := map[string]string{}
+	for round := range 3 {
+		for i := range 5000 {
+			k := fmt.Sprintf("key-%05d", i)
+			kg := abi.KeyGroup([]byte(k), maxP)
+			switch {
+			case i%7 == round:
+				if err := s.del(kg, name, []byte(k)); err != nil {
+					t.Fatal(err)
+				}
+				delete(want, k)
+			default:
+				v := fmt.Sprintf("%d-%d", round, i)
+				if err := s.put(kg, name, []byte(k), []byte(v)); err != nil {
+					t.Fatal(err)
+				}
+				want[k] = v
+			}
+		}
+		if len(s.rows.dirty) == 0 {
+			t.Fatal("no write left dirty: the test does not test the flush before a cut")
+		}
+		snap, err := s.cut()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := snap.Load(); err != nil {
+			t.Fatal(err)
+		}
+		got := map[string]string{}
+		for _, g := range snap.KeyGroups {
+			for k, v := range g.Entries[string(name)] {
+				got[k] = string(v)
+			}
+		}
+		if len(got) != len(want) {
+			t.Fatalf("round %d: the cut holds %d keys, want %d", round, len(got), len(want))
+		}
+		for k, v := range want {
+			if got[k] != v {
+				t.Fatalf("round %d: the cut has %s=%q, want %q", round, k, got[k], v)
+			}
+		}
+	}
+	// Structured state is read by scan, from the DB: it sees unflushed writes.
+	sname := []byte("\x00m")
+	prefix := appendEntryPrefix(nil, []byte("k"), nil)
+	kg := abi.KeyGroup([]byte("k"), maxP)
+	for i := range 3 {
+		if err := s.put(kg, sname, append(slices.Clone(prefix), byte('a'+i)), []byte{byte(i)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var seen []string
+	if err := s.scan(kg, sname, prefix, func(ukey, _ []byte) error { seen = append(seen, string(ukey)); return nil }); err != nil {
+		t.Fatal(err)
+	}
+	if strings.Join(seen, ",") != "a,b,c" {
+		t.Fatalf("scan saw %q, want a,b,c", seen)
+	}
 }
