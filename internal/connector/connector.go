@@ -72,9 +72,7 @@ type Sink interface {
 type TwoPhaseSink interface {
 	Sink
 	// PreCommit seals what was written since the last checkpoint as pending
-	// for checkpoint id and returns the sink's checkpoint state. The sink
-	// never changes the returned bytes afterwards: the runtime writes them
-	// in the background while the subtask goes on.
+	// for checkpoint id and returns the sink's checkpoint state.
 	PreCommit(id int64) ([]byte, error)
 	// Commit makes the pending data of every checkpoint <= id visible.
 	Commit(id int64) error

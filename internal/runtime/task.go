@@ -527,17 +527,14 @@ func (t *task) takeState(ctx context.Context, b control.Barrier) (*checkpoint.Su
 // writeSnapshot writes st (nil: no state) as this subtask's part of
 // checkpoint x.B and reports the Ack, or a Decline when the write fails; it
 // ends span (nil: tracing off) with the state and in-flight bytes. A wasm
-// operator's state (a copy-on-write cut, see host.Snapshot), a
-// two-phase-commit sink's pending data (which the sink never changes once
-// PreCommit returned it: connector.TwoPhaseSink) and channel state are
-// encoded and written in the background, while the subtask goes on
-// processing: the barrier has gone on already, and the checkpoint
-// completes only once the Ack is in, i.e. when the write is durable (so
-// the sink's Commit of it comes after the write too). written (nil: none)
-// runs once the write is done or failed: the channel state's batches are
-// released then.
+// operator's state (a copy-on-write cut, see host.Snapshot) and channel
+// state are encoded and written in the background, while the subtask goes
+// on processing: the barrier has gone on already, and the checkpoint
+// completes only once the Ack is in, i.e. when the write is durable. written
+// (nil: none) runs once the write is done or failed: the channel state's
+// batches are released then.
 func (t *task) writeSnapshot(x control.TakeSnapshot, st *checkpoint.SubtaskState, span trace.Span, written func()) {
-	if st != nil && (st.Operator != nil || st.SinkPending != nil || !st.Channels.Empty()) {
+	if st != nil && (st.Operator != nil || !st.Channels.Empty()) {
 		t.bg.Add(1)
 		go func() {
 			defer t.bg.Done()

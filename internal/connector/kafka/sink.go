@@ -53,9 +53,8 @@ import (
 // While checkpoints come often (see goLive), the records of an epoch are
 // also produced as they are written, into the transaction their entry
 // will be committed in, opened when no entry waits for its commit; and
-// the committer (started at the seal when none runs), once the due
-// entries are committed, produces the next sealed one into its
-// transaction while its checkpoint completes. The
+// the committer, once the due entries are committed, produces the next
+// sealed one into its transaction while its checkpoint completes. The
 // commit then only flushes them and adds the marker. This changes none
 // of the argument below: the transaction holds exactly the entry's
 // records and commits only once a checkpoint holding the entry is
@@ -136,7 +135,7 @@ type Sink struct {
 	closed bool
 	// live is the open transaction Write fills with cur's records (nil:
 	// none, cur is only staged); lastSeal and epochDur time the epochs
-	// (goLive), the first from NewSink.
+	// (goLive).
 	live     *txnRecords
 	lastSeal time.Time
 	epochDur time.Duration
@@ -171,10 +170,7 @@ type entry struct {
 	epoch  int64
 	nonce  [16]byte
 	n      int    // records
-	data   []byte // the records, in eachStaged's layout
-	// state is the sink's checkpoint state with this entry alone
-	// (encodeEntries), of which data is the tail; nil for a restored entry.
-	state []byte
+	data   []byte // stagedBuf layout
 	// live is the transaction Write filled with the entry's records as
 	// they came (see goLive); nil: the commit produces them.
 	live *txnRecords
@@ -229,36 +225,14 @@ func (p *txnRecords) failed() error {
 	return p.err
 }
 
-// stagedBuf holds the staged records of an epoch laid out as the sink's
-// checkpoint state with one entry (encodeEntries): the state's and the
-// entry's headers (filled in by seal), then per record u32 key length,
-// key, u32 value length, value, i64 timestamp (big-endian). So the state
-// of a checkpoint with one entry pending, the common case, is the staged
-// bytes themselves: they are never changed once sealed, and neither
-// copied nor encoded again.
+// stagedBuf holds staged records: per record u32 key length, key, u32
+// value length, value, i64 timestamp (big-endian).
 type stagedBuf struct {
-	data []byte // nil until the first record
+	data []byte
 	n    int
-	// size is the capacity of the next data: the last epoch's size and a
-	// quarter, so that an epoch of the same size grows it in no append.
-	size int
-}
-
-// stagedHeaderLen is the length of a one-entry state's headers.
-const stagedHeaderLen = stateHeaderLen + entryHeaderLen
-
-// records is the staged records, in eachStaged's layout.
-func (b *stagedBuf) records() []byte {
-	if b.data == nil {
-		return nil
-	}
-	return b.data[stagedHeaderLen:]
 }
 
 func (b *stagedBuf) add(r abi.Record) {
-	if b.data == nil {
-		b.data = make([]byte, stagedHeaderLen, max(b.size, 4096))
-	}
 	b.data = binary.BigEndian.AppendUint32(b.data, uint32(len(r.Key)))
 	b.data = append(b.data, r.Key...)
 	b.data = binary.BigEndian.AppendUint32(b.data, uint32(len(r.Value)))
@@ -376,9 +350,6 @@ func NewSink(ctx context.Context, cfg SinkConfig, subtask, parallelism int) (*Si
 		return nil, fmt.Errorf("kafka: %s: topic %q: %w", name, cfg.Topic, err)
 	}
 	s.topicID = tds[cfg.Topic].ID
-	// The first epoch is timed from here: longer than the checkpoint
-	// interval, so the guess of frequent epochs errs on the safe side.
-	s.lastSeal = time.Now()
 	return s, nil
 }
 
@@ -417,11 +388,11 @@ func (s *Sink) Write(recs []abi.Record) error {
 	if err := s.goLive(); err != nil {
 		return err
 	}
-	at := max(len(s.cur.data), stagedHeaderLen)
+	at := len(s.cur.data)
 	for i := range recs {
 		s.cur.add(recs[i])
 	}
-	if s.live != nil && !s.live.stale && len(recs) > 0 {
+	if s.live != nil && !s.live.stale {
 		// The records alias the staged bytes, which are never changed
 		// (an append that moves them leaves the old array as it was).
 		_ = eachStaged(s.cur.data[at:], func(r abi.Record) { s.live.produce(context.Background(), s.cl, r) })
@@ -458,7 +429,7 @@ func (s *Sink) goLive() error {
 		return fmt.Errorf("kafka: %s subtask %d: begin transaction: %w", s.name, s.subtask, err)
 	}
 	s.live = &txnRecords{topic: s.cfg.Topic, start: time.Now()}
-	return eachStaged(s.cur.records(), func(r abi.Record) { s.live.produce(context.Background(), s.cl, r) })
+	return eachStaged(s.cur.data, func(r abi.Record) { s.live.produce(context.Background(), s.cl, r) })
 }
 
 // Flush does nothing: staged records become durable in the checkpoint.
@@ -483,29 +454,17 @@ func (s *Sink) seal(epoch int64) {
 	if s.cur.n == 0 {
 		return // nothing to commit: an empty epoch needs no entry (a live transaction has nothing either, and goes on)
 	}
-	e := &entry{writer: s.subtask, epoch: epoch, n: s.cur.n, data: s.cur.records(), state: s.cur.data, live: s.live}
+	e := &entry{writer: s.subtask, epoch: epoch, n: s.cur.n, data: s.cur.data, live: s.live}
 	s.live = nil
 	rand.Read(e.nonce[:])
-	h := appendStateHeader(e.state[:0], 1)
-	appendEntryHeader(h, e)
 	s.mu.Lock()
 	s.pending = append(s.pending, e)
-	if s.busy == nil && s.err == nil && s.frequent() && s.pending[0].live == nil {
-		// No transaction holds it: the committer produces it into its
-		// own while its checkpoint completes.
-		s.busy = make(chan struct{})
-		go s.commitLoop(s.busy)
-	}
 	s.mu.Unlock()
-	s.cur = stagedBuf{size: min(len(e.state)+len(e.state)/4, maxStagedHint)}
+	s.cur = stagedBuf{}
 }
 
-// maxStagedHint bounds the capacity a staged buffer starts with.
-const maxStagedHint = 64 << 20
-
 // PreCommit seals the records written since the last checkpoint into the
-// entry of checkpoint id and returns every entry not committed yet (with
-// one entry, its staged bytes themselves).
+// entry of checkpoint id and returns every entry not committed yet.
 func (s *Sink) PreCommit(id int64) ([]byte, error) {
 	if err := s.failed(); err != nil {
 		return nil, err
@@ -901,45 +860,28 @@ func (s *Sink) Pending() int {
 	return len(s.pending)
 }
 
-const (
-	entriesVersion = 1
-	stateHeaderLen = 1 + 4
-	entryHeaderLen = 4 + 8 + 16 + 4 + 4
-)
+const entriesVersion = 1
 
 // encodeEntries encodes entries as the sink's checkpoint state: u8
 // version, u32 count, then per entry: u32 writer, i64 epoch, 16 bytes nonce,
-// u32 records, u32 data length, data (big-endian). One sealed entry is its
-// state (not a copy).
+// u32 records, u32 data length, data (big-endian).
 func encodeEntries(es []*entry) []byte {
-	if len(es) == 1 && es[0].state != nil {
-		return es[0].state
-	}
-	size := stateHeaderLen
+	size := 5
 	for _, e := range es {
-		size += entryHeaderLen + len(e.data)
+		size += 4 + 8 + 16 + 4 + 4 + len(e.data)
 	}
-	b := appendStateHeader(make([]byte, 0, size), len(es))
+	b := make([]byte, 0, size)
+	b = append(b, entriesVersion)
+	b = binary.BigEndian.AppendUint32(b, uint32(len(es)))
 	for _, e := range es {
-		b = appendEntryHeader(b, e)
+		b = binary.BigEndian.AppendUint32(b, uint32(e.writer))
+		b = binary.BigEndian.AppendUint64(b, uint64(e.epoch))
+		b = append(b, e.nonce[:]...)
+		b = binary.BigEndian.AppendUint32(b, uint32(e.n))
+		b = binary.BigEndian.AppendUint32(b, uint32(len(e.data)))
 		b = append(b, e.data...)
 	}
 	return b
-}
-
-// appendStateHeader appends the header of a state of n entries.
-func appendStateHeader(b []byte, n int) []byte {
-	b = append(b, entriesVersion)
-	return binary.BigEndian.AppendUint32(b, uint32(n))
-}
-
-// appendEntryHeader appends the header of e (its data follows).
-func appendEntryHeader(b []byte, e *entry) []byte {
-	b = binary.BigEndian.AppendUint32(b, uint32(e.writer))
-	b = binary.BigEndian.AppendUint64(b, uint64(e.epoch))
-	b = append(b, e.nonce[:]...)
-	b = binary.BigEndian.AppendUint32(b, uint32(e.n))
-	return binary.BigEndian.AppendUint32(b, uint32(len(e.data)))
 }
 
 // decodeEntries decodes encodeEntries' output; the entries alias b.
@@ -954,7 +896,7 @@ func decodeEntries(b []byte) ([]*entry, error) {
 	b = b[5:]
 	var out []*entry
 	for i := uint32(0); i < n; i++ {
-		if len(b) < entryHeaderLen {
+		if len(b) < 36 {
 			return bad("truncated")
 		}
 		e := &entry{writer: int(binary.BigEndian.Uint32(b)), epoch: int64(binary.BigEndian.Uint64(b[4:]))}
