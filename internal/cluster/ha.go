@@ -351,6 +351,9 @@ func (c *Controller) Leader() (string, uint64) {
 	return c.id, c.term
 }
 
+// loadTableTimeout bounds one read of the job table when taking the lead.
+const loadTableTimeout = 10 * time.Second
+
 // lead makes this controller the leader of term: it loads the job table,
 // sets up the jobs whose attempt runs (adopted: not restarted; their hosts'
 // reports decide whether they still run), subscribes to the control API
@@ -367,7 +370,17 @@ func (c *Controller) lead(term uint64) error {
 		wcancel()
 		return fmt.Errorf("cluster: watch the jobs in bucket %s: %w", c.opts.Bucket, err)
 	}
-	recs, err := c.loadJobs(ctx)
+	// Each read of the table gets a part of the minute: its listing runs
+	// on an ordered consumer, which can stall when NATS restarts under it
+	// (a new leader takes over just then), and is tried again.
+	var recs []jobRecord
+	err = wire.DefaultRetry.Do(ctx, c.log, "read the job table", func(ctx context.Context) error {
+		tctx, tcancel := context.WithTimeout(ctx, loadTableTimeout)
+		defer tcancel()
+		var err error
+		recs, err = c.loadJobs(tctx)
+		return err
+	})
 	if err != nil {
 		wcancel()
 		return err

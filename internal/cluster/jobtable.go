@@ -293,6 +293,11 @@ func (c *Controller) loadJobs(ctx context.Context) ([]jobRecord, error) {
 	for k := range lister.Keys() {
 		keys = append(keys, k)
 	}
+	if err := ctx.Err(); err != nil {
+		// The lister ends its keys silently when ctx ends: a table read
+		// in part must not pass for the whole.
+		return nil, fmt.Errorf("cluster: list the jobs in bucket %s: %d keys before %w", c.opts.Bucket, len(keys), err)
+	}
 	var out []jobRecord
 	for _, k := range keys {
 		e, err := c.kv.Get(ctx, k)
