@@ -92,7 +92,7 @@ type pebbleState struct {
 	w    pebble.Writer // db, or a batch while restoring
 	kbuf []byte
 	vbuf []byte
-	rows rowCache // the values read and written last, write-back (rowcache.go)
+	rows rowCache      // the values read and written last, write-back (rowcache.go)
 	wb   *pebble.Batch // the batch flushRows reuses
 
 	mu     sync.Mutex // guards cuts and closed (loads run on other goroutines)
