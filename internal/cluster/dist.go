@@ -459,19 +459,30 @@ func (dj *distJob) deploy(attempt int, p control.Placement) string {
 //
 // Called with c.mu held: the attempt's commands stop at once, the driver
 // hears of it in the loop (before the next attempt's deploy, which is
-// queued after it).
-func (dj *distJob) failover(reason, host string, subtask *control.SubtaskID, lost bool, class control.FailureClass) {
+// queued after it). attempt is the controller's failed attempt: when its
+// deploy is still queued in the loop (a new leader's adopt, posted after
+// the job's events were subscribed to), the failure is taken there, after
+// it, instead of being dropped (then the controller would wait for a
+// restart the lifecycle never heard it must decide).
+func (dj *distJob) failover(attempt int, reason, host string, subtask *control.SubtaskID, lost bool, class control.FailureClass) {
 	dj.mu.Lock()
-	if !dj.active {
-		dj.mu.Unlock()
-		return
+	now := dj.active && dj.attempt == attempt
+	if now {
+		dj.endAttemptLocked(lost)
 	}
-	dj.active = false
-	dj.stopCommands()
-	attempt := dj.attempt
-	dj.awaitRestart = !lost // the controller waits for the lifecycle's StartAttempt
 	dj.mu.Unlock()
 	dj.post(func() {
+		if !now {
+			dj.mu.Lock()
+			later := dj.active && dj.attempt == attempt
+			if later {
+				dj.endAttemptLocked(lost)
+			}
+			dj.mu.Unlock()
+			if !later {
+				return // over already (the lifecycle canceled it, or a later attempt runs)
+			}
+		}
 		defer dj.failoverSpans(reason) // after the driver aborted the attempt's checkpoints
 		lc := dj.d.Lifecycle()
 		id, why := dj.blame(reason, host, subtask)
@@ -482,6 +493,14 @@ func (dj *distJob) failover(reason, host string, subtask *control.SubtaskID, los
 			dj.step(control.AttemptFailed{Attempt: lc.Attempt(), Subtask: id, Reason: why, Class: class})
 		}
 	})
+}
+
+// endAttemptLocked ends the current attempt's commands; not lost, the
+// controller waits for the lifecycle's StartAttempt (dj.mu held).
+func (dj *distJob) endAttemptLocked(lost bool) {
+	dj.active = false
+	dj.stopCommands()
+	dj.awaitRestart = !lost
 }
 
 // blame is the subtask the coordinator hears failed (its TaskFailed needs

@@ -297,7 +297,7 @@ func (c *Controller) failLocked(j *ctlJob, now time.Time, f failure) []effect {
 	reason := f.reason
 	infra := f.kind == failInfra
 	if j.dist != nil && !(infra && j.failovers >= c.opts.MaxFailovers) {
-		j.dist.failover(reason, f.host, f.subtask, f.kind != failTask, f.class)
+		j.dist.failover(j.attempt, reason, f.host, f.subtask, f.kind != failTask, f.class)
 	}
 	if j.placement != nil {
 		skip := ""

@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strconv"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -43,6 +44,13 @@ func newChaosProc(t *testing.T, name, bin string, args ...string) *chaosProc {
 		if t.Failed() {
 			s := p.out.String()
 			t.Logf("%s output (last 6 KiB):\n%s", name, s[max(0, len(s)-6<<10):])
+			// STREAMD_CHAOS_LOGS=dir keeps the whole output of each process.
+			if dir := os.Getenv("STREAMD_CHAOS_LOGS"); dir != "" {
+				f := filepath.Join(dir, strings.ReplaceAll(name, " ", "-")+".log")
+				if err := os.WriteFile(f, []byte(s), 0o644); err != nil {
+					t.Log(err)
+				}
+			}
 		}
 	})
 	return p
