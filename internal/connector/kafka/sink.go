@@ -170,7 +170,11 @@ type entry struct {
 	epoch  int64
 	nonce  [16]byte
 	n      int    // records
-	data   []byte // stagedBuf layout
+	data   []byte // stagedBuf layout, without the header
+	// state is the sink state of this entry alone (encodeEntries of
+	// it), the records in place after its header; nil for an entry
+	// read from a restored state. Never written after the seal.
+	state []byte
 	// live is the transaction Write filled with the entry's records as
 	// they came (see goLive); nil: the commit produces them.
 	live *txnRecords
@@ -226,13 +230,32 @@ func (p *txnRecords) failed() error {
 }
 
 // stagedBuf holds staged records: per record u32 key length, key, u32
-// value length, value, i64 timestamp (big-endian).
+// value length, value, i64 timestamp (big-endian). The records follow
+// stateHeader reserved bytes, where seal writes the header of a sink state
+// of one entry (encodeEntries' layout), so that the state of a checkpoint
+// whose only pending entry is this one is the buffer itself, not a copy.
 type stagedBuf struct {
-	data []byte
+	data []byte // stateHeader bytes, then the records
 	n    int
 }
 
+// stateHeader is the size of a one-entry sink state's header: version,
+// entry count, then the entry's writer, epoch, nonce, record count and
+// length.
+const stateHeader = 1 + 4 + 4 + 8 + 16 + 4 + 4
+
+// records is the staged records (stagedBuf layout without the header).
+func (b *stagedBuf) records() []byte {
+	if len(b.data) < stateHeader {
+		return nil
+	}
+	return b.data[stateHeader:]
+}
+
 func (b *stagedBuf) add(r abi.Record) {
+	if len(b.data) == 0 {
+		b.data = make([]byte, stateHeader, 64<<10)
+	}
 	b.data = binary.BigEndian.AppendUint32(b.data, uint32(len(r.Key)))
 	b.data = append(b.data, r.Key...)
 	b.data = binary.BigEndian.AppendUint32(b.data, uint32(len(r.Value)))
@@ -388,11 +411,11 @@ func (s *Sink) Write(recs []abi.Record) error {
 	if err := s.goLive(); err != nil {
 		return err
 	}
-	at := len(s.cur.data)
+	at := max(len(s.cur.data), stateHeader)
 	for i := range recs {
 		s.cur.add(recs[i])
 	}
-	if s.live != nil && !s.live.stale {
+	if s.live != nil && !s.live.stale && len(s.cur.data) > at {
 		// The records alias the staged bytes, which are never changed
 		// (an append that moves them leaves the old array as it was).
 		_ = eachStaged(s.cur.data[at:], func(r abi.Record) { s.live.produce(context.Background(), s.cl, r) })
@@ -429,7 +452,7 @@ func (s *Sink) goLive() error {
 		return fmt.Errorf("kafka: %s subtask %d: begin transaction: %w", s.name, s.subtask, err)
 	}
 	s.live = &txnRecords{topic: s.cfg.Topic, start: time.Now()}
-	return eachStaged(s.cur.data, func(r abi.Record) { s.live.produce(context.Background(), s.cl, r) })
+	return eachStaged(s.cur.records(), func(r abi.Record) { s.live.produce(context.Background(), s.cl, r) })
 }
 
 // Flush does nothing: staged records become durable in the checkpoint.
@@ -454,9 +477,10 @@ func (s *Sink) seal(epoch int64) {
 	if s.cur.n == 0 {
 		return // nothing to commit: an empty epoch needs no entry (a live transaction has nothing either, and goes on)
 	}
-	e := &entry{writer: s.subtask, epoch: epoch, n: s.cur.n, data: s.cur.data, live: s.live}
+	e := &entry{writer: s.subtask, epoch: epoch, n: s.cur.n, data: s.cur.records(), live: s.live}
 	s.live = nil
 	rand.Read(e.nonce[:])
+	e.state = putStateHeader(s.cur.data[:stateHeader], e)[:len(s.cur.data)]
 	s.mu.Lock()
 	s.pending = append(s.pending, e)
 	s.mu.Unlock()
@@ -472,6 +496,9 @@ func (s *Sink) PreCommit(id int64) ([]byte, error) {
 	s.seal(id)
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if len(s.pending) == 1 && s.pending[0].state != nil {
+		return s.pending[0].state, nil // the usual case: no copy
+	}
 	return encodeEntries(s.pending), nil
 }
 
@@ -874,14 +901,27 @@ func encodeEntries(es []*entry) []byte {
 	b = append(b, entriesVersion)
 	b = binary.BigEndian.AppendUint32(b, uint32(len(es)))
 	for _, e := range es {
-		b = binary.BigEndian.AppendUint32(b, uint32(e.writer))
-		b = binary.BigEndian.AppendUint64(b, uint64(e.epoch))
-		b = append(b, e.nonce[:]...)
-		b = binary.BigEndian.AppendUint32(b, uint32(e.n))
-		b = binary.BigEndian.AppendUint32(b, uint32(len(e.data)))
+		b = appendEntryHeader(b, e)
 		b = append(b, e.data...)
 	}
 	return b
+}
+
+// appendEntryHeader appends e's header in encodeEntries' layout.
+func appendEntryHeader(b []byte, e *entry) []byte {
+	b = binary.BigEndian.AppendUint32(b, uint32(e.writer))
+	b = binary.BigEndian.AppendUint64(b, uint64(e.epoch))
+	b = append(b, e.nonce[:]...)
+	b = binary.BigEndian.AppendUint32(b, uint32(e.n))
+	return binary.BigEndian.AppendUint32(b, uint32(len(e.data)))
+}
+
+// putStateHeader writes the header of a state of e alone into hdr
+// (stateHeader bytes) and returns hdr.
+func putStateHeader(hdr []byte, e *entry) []byte {
+	b := append(hdr[:0], entriesVersion)
+	b = binary.BigEndian.AppendUint32(b, 1)
+	return appendEntryHeader(b, e)
 }
 
 // decodeEntries decodes encodeEntries' output; the entries alias b.
