@@ -72,7 +72,9 @@ type Sink interface {
 type TwoPhaseSink interface {
 	Sink
 	// PreCommit seals what was written since the last checkpoint as pending
-	// for checkpoint id and returns the sink's checkpoint state.
+	// for checkpoint id and returns the sink's checkpoint state, which the
+	// sink never changes afterwards: it is written in the background,
+	// while the subtask goes on writing.
 	PreCommit(id int64) ([]byte, error)
 	// Commit makes the pending data of every checkpoint <= id visible.
 	Commit(id int64) error

@@ -530,11 +530,16 @@ func (t *task) takeState(ctx context.Context, b control.Barrier) (*checkpoint.Su
 // operator's state (a copy-on-write cut, see host.Snapshot) and channel
 // state are encoded and written in the background, while the subtask goes
 // on processing: the barrier has gone on already, and the checkpoint
-// completes only once the Ack is in, i.e. when the write is durable. written
-// (nil: none) runs once the write is done or failed: the channel state's
-// batches are released then.
+// completes only once the Ack is in, i.e. when the write is durable. A
+// two-phase-commit sink's pending data goes in the background too (its
+// PreCommit state is never changed after it returned): the sink commits
+// only after the checkpoint completes, after the Ack, after the write, and
+// its subtask does not stop for the write and fsync of an epoch's records
+// (the Kafka and NATS sinks keep them in their state). written (nil: none)
+// runs once the write is done or failed: the channel state's batches are
+// released then.
 func (t *task) writeSnapshot(x control.TakeSnapshot, st *checkpoint.SubtaskState, span trace.Span, written func()) {
-	if st != nil && (st.Operator != nil || !st.Channels.Empty()) {
+	if st != nil && (st.Operator != nil || !st.Channels.Empty() || st.SinkPending != nil) {
 		t.bg.Add(1)
 		go func() {
 			defer t.bg.Done()
