@@ -351,8 +351,16 @@ func (c *Controller) Leader() (string, uint64) {
 	return c.id, c.term
 }
 
-// loadTableTimeout bounds one read of the job table when taking the lead.
-const loadTableTimeout = 10 * time.Second
+// loadTableFirstTry bounds the first read of the job table when taking the
+// lead; each try after it gets twice as long, up to loadTableMaxTry. A
+// read takes well under a second; one that stalls (its ordered consumer
+// started as NATS restarted) is better cut early: clients wait for a
+// leader for DefaultLeaderWait (10 s), and a first try of 10 s took all of
+// it (TestChaos, round 18).
+const (
+	loadTableFirstTry = 2 * time.Second
+	loadTableMaxTry   = 16 * time.Second
+)
 
 // lead makes this controller the leader of term: it loads the job table,
 // sets up the jobs whose attempt runs (adopted: not restarted; their hosts'
@@ -370,12 +378,15 @@ func (c *Controller) lead(term uint64) error {
 		wcancel()
 		return fmt.Errorf("cluster: watch the jobs in bucket %s: %w", c.opts.Bucket, err)
 	}
-	// Each read of the table gets a part of the minute: its listing runs
+	// Each read of the table gets a part of the minute (2 s, then twice as
+	// long each time): its listing runs
 	// on an ordered consumer, which can stall when NATS restarts under it
 	// (a new leader takes over just then), and is tried again.
 	var recs []jobRecord
+	try := loadTableFirstTry
 	err = wire.DefaultRetry.Do(ctx, c.log, "read the job table", func(ctx context.Context) error {
-		tctx, tcancel := context.WithTimeout(ctx, loadTableTimeout)
+		tctx, tcancel := context.WithTimeout(ctx, try)
+		try = min(2*try, loadTableMaxTry)
 		defer tcancel()
 		var err error
 		recs, err = c.loadJobs(tctx)
