@@ -5,11 +5,14 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"math/rand/v2"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -31,6 +34,34 @@ func streamdBin(t testing.TB) string {
 
 func freePort(t testing.TB) int {
 	t.Helper()
+	// A port from below the kernel's ephemeral range: a port the kernel
+	// hands out (":0") may be taken, before the server binds it, as the
+	// local port of an outgoing connection (a NATS node routing to the
+	// others took the route port of one not started yet: "bind: address
+	// already in use").
+	low := 32768
+	if b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range"); err == nil {
+		if f := strings.Fields(string(b)); len(f) == 2 {
+			if v, err := strconv.Atoi(f[0]); err == nil {
+				low = v
+			}
+		}
+	}
+	portsMu.Lock()
+	defer portsMu.Unlock()
+	if low > 12000 {
+		for range 100 {
+			p := 10000 + rand.IntN(low-10000)
+			if portsGiven[p] {
+				continue
+			}
+			if l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", p)); err == nil {
+				l.Close()
+				portsGiven[p] = true
+				return p
+			}
+		}
+	}
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -38,6 +69,12 @@ func freePort(t testing.TB) int {
 	defer l.Close()
 	return l.Addr().(*net.TCPAddr).Port
 }
+
+// portsGiven are the ports freePort returned in this process.
+var (
+	portsMu    sync.Mutex
+	portsGiven = map[int]bool{}
+)
 
 // server runs `streamd server` until the test ends; env is added to its
 // environment. It returns the NATS URL once the server answers `streamd hosts`.
