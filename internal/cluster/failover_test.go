@@ -4,7 +4,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/streamd/streamd/internal/cluster/client"
 	"github.com/streamd/streamd/internal/cluster/wire"
 	"github.com/streamd/streamd/internal/jobfile"
 )
@@ -23,17 +22,7 @@ func TestFailureBeforeQueuedDeployIsTaken(t *testing.T) {
 	}
 	t.Cleanup(c.Close)
 	h1 := startFakeHost(t, nc, "h1", 1)
-	cl, err := client.NewClient(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	deadline := time.Now().Add(10 * time.Second)
-	for hs, _ := cl.Hosts(t.Context()); len(hs) != 1; hs, _ = cl.Hosts(t.Context()) {
-		if time.Now().After(deadline) {
-			t.Fatal("fake host not registered")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	waitHostsListed(t, nc, 1)
 	var dr wire.DeployReply
 	spec := testSpec(1)
 	spec.Restart = jobfile.RestartSettings{Strategy: jobfile.RestartFixedDelay, Attempts: 5}

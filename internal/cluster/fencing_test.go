@@ -336,6 +336,26 @@ func (f *fakeHost) waitLog(t *testing.T, entry string) {
 	}
 }
 
+// waitHostsListed waits until the controller on nc lists n hosts.
+func waitHostsListed(t *testing.T, nc *nats.Conn, n int) {
+	t.Helper()
+	cl, err := client.NewClient(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		hs, _ := cl.Hosts(context.Background())
+		if len(hs) == n {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d fake hosts not registered within 10s (%d listed)", n, len(hs))
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
 func refString(r wire.AttemptRef) string { return r.JobID + "/" + strconv.Itoa(r.Attempt) }
 
 func index(log []string, entry string) int {
@@ -362,21 +382,7 @@ func TestControllerAssignsOnlyFreedSlots(t *testing.T) {
 	t.Cleanup(c.Close)
 	h1, h2 := startFakeHost(t, nc, "h1", 1), startFakeHost(t, nc, "h2", 1)
 	h1.cancelDelay = 300 * time.Millisecond // 15 heartbeats that still list the attempt
-	cl, err := client.NewClient(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		hs, _ := cl.Hosts(context.Background())
-		if len(hs) == 2 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("fake hosts not registered")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	waitHostsListed(t, nc, 2)
 	var dr wire.DeployReply
 	spec := testSpec(2)
 	spec.Restart = jobfile.RestartSettings{Strategy: jobfile.RestartFixedDelay, Attempts: 5}
