@@ -84,6 +84,13 @@ type LifecycleConfig struct {
 	// failed in open (FailureInOpen) with the same reason; 0:
 	// DefaultOpenFailureLimit.
 	OpenFailureLimit int
+	// MaxLost bounds the restarts after attempts lost to causes outside the
+	// job (AttemptLost: a lost host, an assignment a host refused), which
+	// the restart strategy does not count: MaxLost of them in the job's
+	// life (RestartState.Lost carries the count to another controller),
+	// and the next lost attempt fails the job. 0: no bound. Attempts that
+	// never ran (AttemptLost.Busy) count against nothing.
+	MaxLost int
 }
 
 // RestorePoint is a completed checkpoint or savepoint an attempt restores.
@@ -125,10 +132,13 @@ type AttemptEnded struct{ Attempt int }
 // AttemptLost reports that attempt Attempt ended for a reason outside the
 // job (a lost host, an assignment a host refused): the job restarts at
 // once, from the checkpoint the restore rule picks, without counting against
-// its restart strategy (the executor bounds such restarts itself).
+// its restart strategy; LifecycleConfig.MaxLost bounds such restarts.
+// Busy: the attempt never ran (a host refused it for busy slots, or no host
+// listened for it): it is placed again and counts against nothing.
 type AttemptLost struct {
 	Attempt int
 	Reason  string
+	Busy    bool
 }
 
 func (StartJob) isEvent()      {}
@@ -149,7 +159,11 @@ func (e AttemptFailed) String() string {
 }
 func (e AttemptEnded) String() string { return fmt.Sprintf("attempt-ended %d", e.Attempt) }
 func (e AttemptLost) String() string {
-	return fmt.Sprintf("attempt-lost %d reason=%q", e.Attempt, e.Reason)
+	s := fmt.Sprintf("attempt-lost %d", e.Attempt)
+	if e.Busy {
+		s += " busy"
+	}
+	return s + fmt.Sprintf(" reason=%q", e.Reason)
 }
 
 // Actions of the Lifecycle besides the Coordinator's.
@@ -352,10 +366,10 @@ func (l *Lifecycle) Step(ev Event) error {
 		if e.Attempt != l.attempt || !l.executing {
 			return nil
 		}
-		l.lost(e.Reason)
+		l.lost(e)
 		return nil
 	case RestartsExhausted:
-		// The executor gives up (for example too many lost hosts).
+		// The executor gives up.
 		if l.coord != nil {
 			_ = l.stepCoord(e)
 		}
@@ -556,7 +570,8 @@ func (l *Lifecycle) stopFailed(reason string) {
 
 // lost handles an attempt that ended for a reason outside the job: torn
 // down and started again at once, not counted by the restart strategy.
-func (l *Lifecycle) lost(reason string) {
+func (l *Lifecycle) lost(e AttemptLost) {
+	reason := e.Reason
 	if l.coord != nil && l.coord.State() != JobRestarting {
 		_ = l.stepCoord(TaskFailed{Subtask: l.coord.order[0], Reason: reason})
 	}
@@ -568,6 +583,16 @@ func (l *Lifecycle) lost(reason string) {
 	if l.terminate {
 		l.canceledAfterStop(reason)
 		return
+	}
+	if !e.Busy {
+		if n := l.restart.lost; l.cfg.MaxLost > 0 && n >= l.cfg.MaxLost {
+			if l.coord != nil {
+				_ = l.stepCoord(RestartsExhausted{Reason: reason})
+			}
+			l.end(JobFailed, fmt.Sprintf("attempt %d failed: %s (%d failovers after lost or refusing hosts, the limit)", l.attempt, reason, n), nil)
+			return
+		}
+		l.restart.lost++
 	}
 	l.attempt++
 	l.startAttempt()

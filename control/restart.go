@@ -141,6 +141,10 @@ type RestartTracker struct {
 	failures []int64
 
 	gaveUp string // why it gave up; "" while it grants restarts
+
+	// lost: restarts after attempts lost to causes outside the job
+	// (Lifecycle.lost counts them; the strategy does not).
+	lost int
 }
 
 // NewRestartTracker validates cfg; seed makes the jitter deterministic
@@ -252,11 +256,13 @@ type RestartState struct {
 	Base        float64 `json:"base,omitempty"`         // exponential-delay: the next delay before jitter, ticks
 	FailuresAgo []int64 `json:"failures_ago,omitempty"` // failure-rate: ticks before now, oldest first
 	GaveUp      string  `json:"gave_up,omitempty"`
+	// Lost counts the restarts after lost attempts (LifecycleConfig.MaxLost).
+	Lost int `json:"lost,omitempty"`
 }
 
 // State is what r has counted, relative to the latest tick it saw.
 func (r *RestartTracker) State() RestartState {
-	st := RestartState{Restarts: r.restarts, Streak: r.streak, Base: r.base, GaveUp: r.gaveUp}
+	st := RestartState{Restarts: r.restarts, Streak: r.streak, Base: r.base, GaveUp: r.gaveUp, Lost: r.lost}
 	for _, t := range r.failures {
 		st.FailuresAgo = append(st.FailuresAgo, r.now-t)
 	}
@@ -266,7 +272,7 @@ func (r *RestartTracker) State() RestartState {
 // restore takes st over, before r has seen any tick: its failures become
 // ticks before 0.
 func (r *RestartTracker) restore(st RestartState) {
-	r.restarts, r.streak, r.gaveUp = st.Restarts, st.Streak, st.GaveUp
+	r.restarts, r.streak, r.gaveUp, r.lost = st.Restarts, st.Streak, st.GaveUp, st.Lost
 	if st.Base > 0 {
 		r.base = st.Base
 	}

@@ -138,7 +138,7 @@ func (r *scenario) run(input []string) (out []string) {
 		return []string{fmt.Sprintf("job: %s", c.State())}
 	case "lifecycle":
 		cfg := LifecycleConfig{Restart: r.restartConfig(args), Seed: 1, FirstAttempt: r.num(kv(args, "first-attempt", "0")),
-			OpenFailureLimit: r.num(kv(args, "open-failures", "0"))}
+			OpenFailureLimit: r.num(kv(args, "open-failures", "0")), MaxLost: r.num(kv(args, "max-lost", "0"))}
 		if kv(args, "checkpointing", "true") == "true" {
 			cc := DefaultConfig()
 			cc.IntervalTicks = int64(r.num(kv(args, "interval", "10")))
@@ -240,7 +240,7 @@ func (r *scenario) run(input []string) (out []string) {
 		}
 		events = append(events, AttemptFailed{Attempt: r.num(kv(args, "attempt", fmt.Sprint(r.l.Attempt()))), Subtask: sub, Reason: kv(args, "reason", "trap"), Class: class})
 	case "attempt-lost":
-		events = append(events, AttemptLost{Attempt: r.num(kv(args, "attempt", fmt.Sprint(r.l.Attempt()))), Reason: kv(args, "reason", "host lost")})
+		events = append(events, AttemptLost{Attempt: r.num(kv(args, "attempt", fmt.Sprint(r.l.Attempt()))), Reason: kv(args, "reason", "host lost"), Busy: has(args, "busy")})
 	case "attempt-ended":
 		events = append(events, AttemptEnded{Attempt: r.num(kv(args, "attempt", fmt.Sprint(r.l.Attempt())))})
 	case "persist-failed":

@@ -47,8 +47,10 @@ type ControllerOptions struct {
 	// LostAfter is how many heartbeat intervals a host may miss before it is
 	// declared lost; default 3.
 	LostAfter int
-	// MaxFailovers bounds the restarts of one job caused by lost hosts (task
-	// failures follow the job's restart strategy); default 10.
+	// MaxFailovers bounds the restarts of one job caused by lost or
+	// refusing hosts, which its restart strategy does not count: the job's
+	// lifecycle restarts it at once that many times and fails it at the
+	// next (control.LifecycleConfig.MaxLost); default 10.
 	MaxFailovers int
 	// RequestTimeout bounds requests to hosts; default 10s.
 	RequestTimeout time.Duration
@@ -208,9 +210,6 @@ type ctlJob struct {
 	created, updated time.Time
 	ended            *time.Time
 	restartAt        time.Time // restarting: not before
-	awaitingRestart  bool      // restarting after a task failure: the job's lifecycle says when
-	restartReady     bool      // the lifecycle restarted the job before failLocked heard of the failure
-	failovers        int       // lost-host restarts
 	savepoint        string    // of a stopped job
 	from             string    // the checkpoint or savepoint the job was deployed from (deploy --from)
 	canceling        bool      // a cancel request waits for the hosts; the placement holds its slots until then

@@ -63,23 +63,24 @@ type distJob struct {
 	// the controller (for the job's record).
 	pubLatest   int64
 	pubRestarts int
+	pubLost     int
 
 	jl *runtime.JobLoop // the job's one goroutine
 
-	mu           sync.Mutex // after Controller.mu, held briefly (never while the driver steps); guards everything below
-	attempt      int
-	placement    control.Placement
-	active       bool                           // the attempt is deployed and has not failed
-	finished     map[string]bool                // hosts whose part of the attempt finished
-	evSeq        map[string]uint64              // per host, the last subtask event of the attempt taken
-	cmds         map[string]*wire.ReliableQueue // per host, the commands of the attempt
-	spWait       chan string                    // a savepoint request waits for the savepoint's location
-	stopping     bool                           // a stop with a savepoint was asked for in this attempt
-	rescaleStop  bool                           // that stop is the adaptive scheduler's, to rescale the job (adaptive.go)
-	awaitRestart bool                           // a task failure: the controller waits for the lifecycle to restart the job
-	stopSP       string                         // the location of that stop's savepoint, once complete
-	closed       bool
-	adopted      bool // the current attempt was taken over from another controller term
+	mu          sync.Mutex // after Controller.mu, held briefly (never while the driver steps); guards everything below
+	attempt     int
+	placement   control.Placement
+	active      bool                           // the attempt is deployed and has not failed
+	finished    map[string]bool                // hosts whose part of the attempt finished
+	evSeq       map[string]uint64              // per host, the last subtask event of the attempt taken
+	cmds        map[string]*wire.ReliableQueue // per host, the commands of the attempt
+	spWait      chan string                    // a savepoint request waits for the savepoint's location
+	stopping    bool                           // a stop with a savepoint was asked for in this attempt
+	rescaleStop bool                           // that stop is the adaptive scheduler's, to rescale the job (adaptive.go)
+	started     int                            // the attempt the lifecycle started last (StartAttempt): the scheduler places no later one
+	stopSP      string                         // the location of that stop's savepoint, once complete
+	closed      bool
+	adopted     bool // the current attempt was taken over from another controller term
 	// The driver's outcome, published by the loop after each step.
 	done     *control.JobDone
 	savepath string
@@ -99,7 +100,8 @@ func (c *Controller) newDistJob(id string, spec wire.JobSpec, from string, attem
 	if err != nil {
 		return nil, err
 	}
-	dj := &distJob{c: c, id: id, g: g, log: c.log.With("job", id), tick: runtime.DefaultTick, finished: map[string]bool{}, term: c.leaderTerm()}
+	dj := &distJob{c: c, id: id, g: g, log: c.log.With("job", id), tick: runtime.DefaultTick, finished: map[string]bool{}, term: c.leaderTerm(),
+		started: attempt}
 	// The job's lifecycle (control.Lifecycle) decides its restarts and
 	// what each attempt restores; with checkpointing it runs the
 	// coordinator too.
@@ -159,7 +161,8 @@ func (c *Controller) newDistJob(id string, spec wire.JobSpec, from string, attem
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), wire.DefaultRetry.Total)
 	defer cancel()
-	dj.d, err = runtime.NewJobDriver(ctx, g, co, fromRS, spec.Restart, attempt, takeover, uint64(time.Now().UnixNano()), dj.log, nil)
+	dj.d, err = runtime.NewJobDriver(ctx, g, runtime.JobDriverConfig{Checkpoint: co, From: fromRS, Restart: spec.Restart, FirstAttempt: attempt,
+		Takeover: takeover, MaxLost: c.opts.MaxFailovers, Seed: uint64(time.Now().UnixNano()), Log: dj.log})
 	if err != nil {
 		return nil, err
 	}
@@ -212,14 +215,13 @@ func (dj *distJob) step(ev control.Event) {
 		dj.c.goTracked(func() { dj.c.maybeEndDist(dj.id) })
 	}
 	lc := dj.d.Lifecycle()
-	if l := lc.Latest(); (l != nil && l.ID != dj.pubLatest) || lc.Restarts() != dj.pubRestarts {
+	if rs, l := lc.RestartState(), lc.Latest(); (l != nil && l.ID != dj.pubLatest) || rs.Restarts != dj.pubRestarts || rs.Lost != dj.pubLost {
 		var latest *control.RestorePoint
 		if l != nil {
 			p := *l
 			latest, dj.pubLatest = &p, l.ID
 		}
-		rs := lc.RestartState()
-		dj.pubRestarts = rs.Restarts
+		dj.pubRestarts, dj.pubLost = rs.Restarts, rs.Lost
 		dj.c.goTracked(func() { dj.c.lifecycleState(dj, latest, rs) })
 	}
 }
@@ -267,8 +269,7 @@ func (dj *distJob) CancelAttempt(x control.CancelAttempt) {
 	dj.mu.Lock()
 	own := dj.active
 	if own {
-		dj.active, dj.awaitRestart = false, true
-		dj.stopCommands()
+		dj.endAttemptLocked()
 	}
 	attempt := dj.attempt
 	dj.mu.Unlock()
@@ -278,21 +279,29 @@ func (dj *distJob) CancelAttempt(x control.CancelAttempt) {
 	}
 }
 
-// StartAttempt records what the next attempt restores; after a task
-// failure it tells the controller to place it.
+// StartAttempt records what the next attempt restores and that the
+// lifecycle started it: after a failure, the controller places it now
+// (lifecycleRestart; the first attempt comes in newDistJob).
 func (dj *distJob) StartAttempt(x control.StartAttempt) {
 	dj.restore = ""
 	if x.Restore != nil {
 		dj.restore = x.Restore.Location
 	}
 	dj.mu.Lock()
-	awaited := dj.awaitRestart
-	dj.awaitRestart = false
+	restart := x.Attempt > dj.started
+	dj.started = max(dj.started, x.Attempt)
 	dj.mu.Unlock()
-	if awaited {
+	if restart {
 		telemetry.GlobalMetrics().Restart(context.Background(), dj.id, dj.g.Name)
 		dj.c.goTracked(func() { dj.c.lifecycleRestart(dj) })
 	}
+}
+
+// startedAttempt is the attempt the job's lifecycle started last.
+func (dj *distJob) startedAttempt() int {
+	dj.mu.Lock()
+	defer dj.mu.Unlock()
+	return dj.started
 }
 
 // StopFailed: distSavepoint notices on the job's state.
@@ -301,7 +310,8 @@ func (dj *distJob) StopFailed(control.StopFailed) {}
 // JobEnded: when the restart strategy gives up, the job fails.
 func (dj *distJob) JobEnded(x control.JobEnded) {
 	if x.State == control.JobFailed {
-		dj.c.goTracked(func() { dj.c.lifecycleGaveUp(dj, x.Reason) })
+		attempt := dj.d.Lifecycle().Attempt()
+		dj.c.goTracked(func() { dj.c.lifecycleGaveUp(dj, attempt, x.Reason) })
 	}
 }
 
@@ -464,11 +474,11 @@ func (dj *distJob) deploy(attempt int, p control.Placement) string {
 // the job's events were subscribed to), the failure is taken there, after
 // it, instead of being dropped (then the controller would wait for a
 // restart the lifecycle never heard it must decide).
-func (dj *distJob) failover(attempt int, reason, host string, subtask *control.SubtaskID, lost bool, class control.FailureClass) {
+func (dj *distJob) failover(attempt int, reason, host string, subtask *control.SubtaskID, kind failKind, class control.FailureClass) {
 	dj.mu.Lock()
 	now := dj.active && dj.attempt == attempt
 	if now {
-		dj.endAttemptLocked(lost)
+		dj.endAttemptLocked()
 	}
 	dj.mu.Unlock()
 	dj.post(func() {
@@ -476,7 +486,7 @@ func (dj *distJob) failover(attempt int, reason, host string, subtask *control.S
 			dj.mu.Lock()
 			later := dj.active && dj.attempt == attempt
 			if later {
-				dj.endAttemptLocked(lost)
+				dj.endAttemptLocked()
 			}
 			dj.mu.Unlock()
 			if !later {
@@ -486,21 +496,20 @@ func (dj *distJob) failover(attempt int, reason, host string, subtask *control.S
 		defer dj.failoverSpans(reason) // after the driver aborted the attempt's checkpoints
 		lc := dj.d.Lifecycle()
 		id, why := dj.blame(reason, host, subtask)
-		dj.log.Info("attempt failed over", "attempt", attempt, "subtask", id.String(), "host", host, "reason", why, "lost", lost)
-		if lost {
-			dj.step(control.AttemptLost{Attempt: lc.Attempt(), Reason: why})
-		} else {
+		dj.log.Info("attempt failed over", "attempt", attempt, "subtask", id.String(), "host", host, "reason", why, "lost", kind != failTask)
+		if kind == failTask {
 			dj.step(control.AttemptFailed{Attempt: lc.Attempt(), Subtask: id, Reason: why, Class: class})
+		} else {
+			dj.step(control.AttemptLost{Attempt: lc.Attempt(), Reason: why, Busy: kind == failBusy})
 		}
 	})
 }
 
-// endAttemptLocked ends the current attempt's commands; not lost, the
-// controller waits for the lifecycle's StartAttempt (dj.mu held).
-func (dj *distJob) endAttemptLocked(lost bool) {
+// endAttemptLocked ends the current attempt's commands; the controller
+// waits for the lifecycle's StartAttempt (dj.mu held).
+func (dj *distJob) endAttemptLocked() {
 	dj.active = false
 	dj.stopCommands()
-	dj.awaitRestart = !lost
 }
 
 // blame is the subtask the coordinator hears failed (its TaskFailed needs

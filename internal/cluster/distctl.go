@@ -26,7 +26,7 @@ func (c *Controller) lifecycleState(dj *distJob, latest *control.RestorePoint, r
 	if latest != nil && (j.latest == nil || latest.ID > j.latest.ID) {
 		j.latest, changed = latest, true
 	}
-	if j.restarts == nil || rs.Restarts >= j.restarts.Restarts {
+	if j.restarts == nil || rs.Restarts > j.restarts.Restarts || (rs.Restarts == j.restarts.Restarts && rs.Lost >= j.restarts.Lost) {
 		j.restarts, changed = &rs, true
 	}
 	if changed {
@@ -59,8 +59,9 @@ func (c *Controller) jobOfLocked(dj *distJob) *ctlJob {
 	return nil
 }
 
-// lifecycleRestart: the job's lifecycle restarts the job after a task
-// failure (its restart strategy's delay has passed): the attempt is placed.
+// lifecycleRestart: the job's lifecycle started a new attempt after a
+// failure (its restart strategy's delay has passed, or a host was lost):
+// the scheduler places it once failLocked has heard of the failure too.
 func (c *Controller) lifecycleRestart(dj *distJob) {
 	now := time.Now()
 	c.mu.Lock()
@@ -69,23 +70,20 @@ func (c *Controller) lifecycleRestart(dj *distJob) {
 		c.mu.Unlock()
 		return
 	}
-	if !j.awaitingRestart {
-		// The failure has not reached failLocked yet (the lifecycle decided
-		// it): failLocked restarts at once.
-		j.restartReady = true
-		c.mu.Unlock()
-		return
+	if j.placement == nil {
+		c.log.Info("job restarting", "job", j.id, "attempt", j.attempt)
 	}
-	j.awaitingRestart = false
-	j.restartAt = now
-	c.log.Info("job restarting", "job", j.id, "attempt", j.attempt)
 	effects := c.scheduleLocked(now)
 	c.mu.Unlock()
 	c.run(effects)
 }
 
-// lifecycleGaveUp: the job's restart strategy gives up.
-func (c *Controller) lifecycleGaveUp(dj *distJob, reason string) {
+// lifecycleGaveUp: the job's lifecycle gives up (its restart strategy, or
+// MaxFailovers lost attempts) after attempt, its last: the job fails. An
+// attempt still placed is canceled on its hosts; the attempt number
+// failLocked counted on for a restart that never came goes back to the
+// lifecycle's last.
+func (c *Controller) lifecycleGaveUp(dj *distJob, attempt int, reason string) {
 	now := time.Now()
 	c.mu.Lock()
 	j := c.jobOfLocked(dj)
@@ -93,8 +91,14 @@ func (c *Controller) lifecycleGaveUp(dj *distJob, reason string) {
 		c.mu.Unlock()
 		return
 	}
+	var effects []effect
+	if j.placement != nil {
+		effects = c.cancelEffects(j, "")
+	} else if attempt < j.attempt {
+		j.attempt = attempt
+	}
 	c.endLocked(j, now, wire.JobFailed, reason)
-	effects := c.scheduleLocked(now)
+	effects = append(effects, c.scheduleLocked(now)...)
 	c.mu.Unlock()
 	c.run(effects)
 }

@@ -1,6 +1,7 @@
 package cluster
 
 import (
+	"strings"
 	"testing"
 	"time"
 
@@ -54,4 +55,69 @@ func TestFailureBeforeQueuedDeployIsTaken(t *testing.T) {
 	}
 	close(release)
 	h1.waitLog(t, "assign "+refString(wire.AttemptRef{JobID: dr.JobID, Attempt: 1}))
+}
+
+// TestLostAttemptsBoundedByLifecycle: attempts lost to the hosts (here
+// assignments refused with an error) restart at once even under restart
+// strategy none, which a task failure would end: the job's lifecycle
+// bounds them by MaxFailovers (2), and fails the job at the third.
+func TestLostAttemptsBoundedByLifecycle(t *testing.T) {
+	nc := testNATS(t)
+	c, err := StartController(nc, ControllerOptions{HeartbeatInterval: 20 * time.Millisecond, LostAfter: 50, MaxFailovers: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	h1 := startFakeHost(t, nc, "h1", 1)
+	h1.refuse = 3
+	waitHostsListed(t, nc, 1)
+	var dr wire.DeployReply
+	spec := testSpec(1)
+	spec.Restart = jobfile.RestartSettings{Strategy: jobfile.RestartNone}
+	if err := wire.RequestTimeout(nc, wire.SubjectDeploy, 5*time.Second, wire.DeployRequest{Job: spec}, &dr); err != nil || dr.Err() != nil {
+		t.Fatalf("deploy: %v %v", err, dr.Err())
+	}
+	for a := 0; a < 3; a++ {
+		h1.waitLog(t, "refuse "+refString(wire.AttemptRef{JobID: dr.JobID, Attempt: a}))
+	}
+	waitJobChange(t, c, dr.JobID, func(j *ctlJob) bool { return wire.TerminalJobState(j.state) })
+	var jr wire.JobReply
+	if err := wire.RequestTimeout(nc, wire.SubjectStatus, 5*time.Second, wire.JobRequest{JobID: dr.JobID}, &jr); err != nil || jr.Job == nil {
+		t.Fatalf("status: %v %+v", err, jr)
+	}
+	st := jr.Job
+	if st.State != wire.JobFailed || st.Attempt != 2 || !strings.Contains(st.Reason, "2 failovers after lost or refusing hosts, the limit") {
+		t.Fatalf("after 3 refused attempts: %s attempt %d (%s), want failed in attempt 2 at the limit of 2 failovers", st.State, st.Attempt, st.Reason)
+	}
+	for _, e := range h1.entries() {
+		if strings.HasPrefix(e, "assign ") {
+			t.Errorf("h1 log %v: an attempt after the limit was assigned", h1.entries())
+		}
+	}
+}
+
+// waitJobChange waits until cond holds for job id (checked at each change
+// of the job, under the controller's mutex).
+func waitJobChange(t *testing.T, c *Controller, id string, cond func(*ctlJob) bool) {
+	t.Helper()
+	deadline := time.After(10 * time.Second)
+	for {
+		c.mu.Lock()
+		j := c.jobs[id]
+		if j != nil && cond(j) {
+			c.mu.Unlock()
+			return
+		}
+		var changed chan struct{}
+		if j != nil {
+			changed = j.changed
+		}
+		c.mu.Unlock()
+		select {
+		case <-changed:
+		case <-time.After(20 * time.Millisecond): // the job is not known yet
+		case <-deadline:
+			t.Fatalf("job %s: condition not reached in 10 s", id)
+		}
+	}
 }

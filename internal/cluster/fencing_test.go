@@ -193,6 +193,7 @@ type fakeHost struct {
 	running     map[wire.AttemptRef]bool
 	log         []string // "assign a/0", "cancel-done a/0", ...
 	busyRefuse  int      // refuse this many assignments as busy
+	refuse      int      // then refuse this many with an error (not busy)
 	cancelDelay time.Duration
 	changed     chan struct{}
 }
@@ -245,16 +246,24 @@ func (f *fakeHost) assign(m *nats.Msg) {
 	json.Unmarshal(m.Data, &a)
 	ref := wire.AttemptRef{JobID: a.JobID, Attempt: a.Attempt}
 	f.mu.Lock()
-	busy := f.busyRefuse > 0
-	if busy {
+	busy, refuse := f.busyRefuse > 0, f.busyRefuse == 0 && f.refuse > 0
+	switch {
+	case busy:
 		f.busyRefuse--
-	} else {
+	case refuse:
+		f.refuse--
+	default:
 		f.running[ref] = true
 	}
 	f.mu.Unlock()
 	if busy {
 		f.note("busy " + refString(ref))
 		wire.Respond(m, wire.AssignReply{Busy: true, Reply: wire.Reply{Error: "cluster: host " + f.id + ": slots busy (test)"}})
+		return
+	}
+	if refuse {
+		f.note("refuse " + refString(ref))
+		wire.Respond(m, wire.AssignReply{Reply: wire.Reply{Error: "cluster: host " + f.id + ": cannot run it (test)"}})
 		return
 	}
 	f.note("assign " + refString(ref))

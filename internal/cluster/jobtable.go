@@ -37,11 +37,13 @@ type jobRecord struct {
 	Placement []string             `json:"placement,omitempty"` // of the current attempt, once assigned; nil: not placed
 	LastHosts []string             `json:"last_hosts,omitempty"`
 	Attempts  []wire.AttemptStatus `json:"attempts,omitempty"`
-	Failovers int                  `json:"failovers,omitempty"`
-	Savepoint string               `json:"savepoint,omitempty"`
-	Created   time.Time            `json:"created"`
-	Updated   time.Time            `json:"updated"`
-	Ended     *time.Time           `json:"ended,omitempty"`
+	// Failovers: lost-host restarts as records before the lifecycle counted
+	// them (RestartState.Lost) kept them; read only.
+	Failovers int        `json:"failovers,omitempty"`
+	Savepoint string     `json:"savepoint,omitempty"`
+	Created   time.Time  `json:"created"`
+	Updated   time.Time  `json:"updated"`
+	Ended     *time.Time `json:"ended,omitempty"`
 	// Latest is the latest completed checkpoint or savepoint of the job
 	// (or the one it was deployed from): what its next attempt restores.
 	Latest   *control.RestorePoint `json:"latest,omitempty"`
@@ -75,7 +77,7 @@ func jobKey(id string) string {
 // recordLocked is the record of j now.
 func (c *Controller) recordLocked(j *ctlJob) jobRecord {
 	r := jobRecord{ID: j.id, Spec: j.spec, From: j.from, RequestID: j.requestID, State: j.state, Reason: j.reason, Attempt: j.attempt, Slots: j.slots,
-		Attempts: append([]wire.AttemptStatus(nil), j.attempts...), Failovers: j.failovers, Savepoint: j.savepoint,
+		Attempts: append([]wire.AttemptStatus(nil), j.attempts...), Savepoint: j.savepoint,
 		Created: j.created, Updated: j.updated, Ended: j.ended, Latest: j.latest, Restarts: j.restarts, Term: c.term,
 		Versions: slices.Clone(j.versions), Upgrade: j.upgrade, Declared: j.declared, Rescales: slices.Clone(j.rescales), NoRescale: j.noRescale,
 		Autoscale: j.autoscaleRecord()}
@@ -323,9 +325,17 @@ func (c *Controller) loadJobs(ctx context.Context) ([]jobRecord, error) {
 func jobFromRecord(r jobRecord, now time.Time) *ctlJob {
 	j := &ctlJob{id: r.ID, spec: r.Spec, state: r.State, reason: r.Reason, attempt: r.Attempt, slots: r.Slots,
 		created: r.Created, updated: r.Updated, ended: r.Ended, savepoint: r.Savepoint, from: r.From, requestID: r.RequestID,
-		attempts: r.Attempts, failovers: r.Failovers, latest: r.Latest, restarts: r.Restarts, versions: r.Versions, upgrade: r.Upgrade,
+		attempts: r.Attempts, latest: r.Latest, restarts: r.Restarts, versions: r.Versions, upgrade: r.Upgrade,
 		declared: r.Declared, rescales: r.Rescales, noRescale: r.NoRescale, auto: autoscaleFromRecord(r.Autoscale),
 		placed: map[int]control.Placement{}, changed: make(chan struct{}), subtaskState: wire.SubtaskScheduled, resumed: true}
+	if r.Failovers > 0 && (j.restarts == nil || j.restarts.Lost < r.Failovers) {
+		rs := control.RestartState{Lost: r.Failovers}
+		if j.restarts != nil {
+			rs = *j.restarts
+			rs.Lost = r.Failovers
+		}
+		j.restarts = &rs
+	}
 	if len(r.LastHosts) > 0 {
 		j.lastPlaced = &control.Placement{Slots: r.LastHosts}
 	}

@@ -140,6 +140,9 @@ func (c *Controller) scheduleLocked(now time.Time) []effect {
 		if j.placement != nil || j.canceling || j.preparing || (j.state != wire.JobCreated && j.state != wire.JobRestarting) || now.Before(j.restartAt) {
 			continue
 		}
+		if j.dist != nil && j.dist.startedAttempt() < j.attempt {
+			continue // the job's lifecycle has not restarted it yet (failLocked)
+		}
 		free := c.freeSlotsLocked()
 		rescaled, why := c.adaptLocked(j, now, free)
 		if rescaled {
@@ -269,7 +272,7 @@ type failKind int
 
 const (
 	failTask  failKind = iota // a subtask failed: the job's restart strategy decides
-	failInfra                 // a host was lost, refused or never reported: counts against MaxFailovers
+	failInfra                 // a host was lost, refused or never reported: the lifecycle restarts it, up to MaxFailovers times
 	failBusy                  // a host refused the assignment for busy slots, or nobody listened for it: rescheduled, counts against nothing
 )
 
@@ -288,16 +291,19 @@ type failure struct {
 }
 
 // failLocked handles the failure of j's current attempt: it is canceled on
-// its hosts and a new attempt follows, or the job ends. After a task failure
-// the job's lifecycle decides (its restart strategy: lifecycleRestart or
-// lifecycleGaveUp); after a lost or refusing host the controller restarts
-// it at once, up to MaxFailovers (not the job's failure).
+// its hosts, the job's lifecycle is told, and the job waits in restarting.
+// Whether and when a next attempt runs is the lifecycle's decision only
+// (control.Lifecycle: the restart strategy after a task failure, at once up
+// to MaxFailovers times after lost or refusing hosts): the scheduler places
+// attempt N once the lifecycle started it (distJob.startedAttempt), and
+// the job fails when the lifecycle gives up (lifecycleGaveUp). A busy
+// refusal waits a heartbeat interval more before it is placed again (no
+// tight loop while a host's view of its slots and the controller's differ).
 func (c *Controller) failLocked(j *ctlJob, now time.Time, f failure) []effect {
 	var effects []effect
 	reason := f.reason
-	infra := f.kind == failInfra
-	if j.dist != nil && !(infra && j.failovers >= c.opts.MaxFailovers) {
-		j.dist.failover(j.attempt, reason, f.host, f.subtask, f.kind != failTask, f.class)
+	if j.dist != nil {
+		j.dist.failover(j.attempt, reason, f.host, f.subtask, f.kind, f.class)
 	}
 	if j.placement != nil {
 		skip := ""
@@ -311,39 +317,12 @@ func (c *Controller) failLocked(j *ctlJob, now time.Time, f failure) []effect {
 	}
 	j.placement = nil
 	defer c.changedLocked(j)
-	restart, delay, why := false, time.Duration(0), ""
-	switch {
-	case f.kind == failBusy:
-		// Not the job's failure: the attempt goes to slots the controller
-		// has seen freed, after a heartbeat interval (no tight loop while
-		// a host's view and the controller's differ).
-		restart, delay, j.awaitingRestart = true, c.opts.HeartbeatInterval, false
+	var delay time.Duration
+	if f.kind == failBusy {
+		delay = c.opts.HeartbeatInterval
 		if h := c.hosts[f.host]; h != nil && h.interval > 0 {
 			delay = h.interval
 		}
-	case infra && j.failovers < c.opts.MaxFailovers:
-		j.failovers++
-		restart, j.awaitingRestart = true, false
-	case !infra:
-		// The job's lifecycle decides: it restarts the job when its
-		// restart strategy's delay has passed (lifecycleRestart), or fails
-		// it (lifecycleGaveUp).
-		restart = true
-		if j.restartReady {
-			j.restartReady = false // it already did
-		} else {
-			delay, j.awaitingRestart = 100*365*24*time.Hour, true
-		}
-	}
-	if !restart {
-		if why == "" {
-			why = "the restart strategy gives up"
-		}
-		if infra {
-			why = fmt.Sprintf("%d failovers after lost or refusing hosts, the limit", j.failovers)
-		}
-		c.endLocked(j, now, wire.JobFailed, fmt.Sprintf("attempt %d failed: %s (%s)", j.attempt, reason, why))
-		return effects
 	}
 	blamed := ""
 	if f.subtask != nil {

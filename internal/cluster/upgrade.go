@@ -307,12 +307,12 @@ func (c *Controller) startVersionLocked(j *ctlJob, spec wire.JobSpec, from strin
 	// as the slots call for (adaptive.go).
 	j.declared, j.noRescale, j.carryRestarts, j.slotWait, j.moreSince = nil, "", false, time.Time{}, time.Time{}
 	j.autoscaleNewVersion()
-	j.latest, j.restarts, j.resumed, j.failovers = nil, nil, false, 0
+	j.latest, j.restarts, j.resumed = nil, nil, false
 	j.state, j.reason, j.ended, j.savepoint = wire.JobCreated, why, nil, ""
 	j.dist, j.placement = nil, nil
 	j.subtaskState, j.stats, j.checkpoints, j.hostStats, j.elapsed = wire.SubtaskScheduled, nil, nil, nil, ""
 	j.attempt++ // the new version's attempts are numbered on
-	j.restartAt, j.awaitingRestart, j.restartReady = now, false, false
+	j.restartAt = now
 	j.updated = now
 	c.changedLocked(j)
 }

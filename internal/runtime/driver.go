@@ -260,37 +260,59 @@ func NewDriver(ctx context.Context, g *control.JobGraph, co *CheckpointOptions, 
 	return d, nil
 }
 
+// JobDriverConfig is what NewJobDriver needs besides the job's graph.
+type JobDriverConfig struct {
+	// Checkpoint, if set, turns checkpointing on (its Store is required).
+	Checkpoint *CheckpointOptions
+	// From is the checkpoint the job was deployed from; nil: none.
+	From    *checkpoint.Restore
+	Restart jobfile.RestartSettings
+	// FirstAttempt is the number of the job's first attempt here.
+	FirstAttempt int
+	// Takeover, if set, takes attempt FirstAttempt over, which runs
+	// already (control.LifecycleConfig.Adopt), or carries the restart
+	// state of the job's lifecycle before (Takeover.Start).
+	Takeover *Takeover
+	// MaxLost bounds the restarts after lost attempts
+	// (control.LifecycleConfig.MaxLost); 0: no bound.
+	MaxLost int
+	// Seed makes the restart jitter deterministic.
+	Seed uint64
+	Log  *slog.Logger
+	// OnLifecycle gets the lifecycle's own actions (StartAttempt,
+	// CancelAttempt, StopFailed, JobEnded) while Step carries them out; it
+	// must not call back into the driver.
+	OnLifecycle func(control.Action)
+}
+
 // NewJobDriver returns the driver of a job's lifecycle (control.Lifecycle)
 // for a job whose attempts run elsewhere (internal/cluster: the controller
-// drives deployed jobs with it): the lifecycle decides restarts and what
-// each attempt restores; co, if set, turns checkpointing on (its Store is
-// required); from is the checkpoint the job was deployed from. onLifecycle
-// gets the lifecycle's own actions (StartAttempt, CancelAttempt,
-// StopFailed, JobEnded) while Step carries them out; it must not call back
-// into the driver. The job is started (its first StartAttempt) by
-// Step(t, control.StartJob{}); with takeover set, that start takes over
-// attempt firstAttempt, which runs already (control.LifecycleConfig.Adopt).
-func NewJobDriver(ctx context.Context, g *control.JobGraph, co *CheckpointOptions, from *checkpoint.Restore, restart jobfile.RestartSettings,
-	firstAttempt int, takeover *Takeover, seed uint64, log *slog.Logger, onLifecycle func(control.Action)) (*Driver, error) {
+// drives deployed jobs with it): the lifecycle decides restarts, failovers
+// and what each attempt restores. The job is started (its first
+// StartAttempt) by Step(t, control.StartJob{}); with cfg.Takeover set (not
+// Start), that start takes over attempt cfg.FirstAttempt, which runs
+// already.
+func NewJobDriver(ctx context.Context, g *control.JobGraph, cfg JobDriverConfig) (*Driver, error) {
+	log := cfg.Log
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	d := &Driver{g: g, log: log, onLifecycle: onLifecycle}
+	d := &Driver{g: g, log: log, onLifecycle: cfg.OnLifecycle}
 	tick := DefaultTick
-	lcfg := control.LifecycleConfig{FirstAttempt: firstAttempt, Seed: seed}
-	if takeover != nil {
-		lcfg.Adopt, lcfg.Restarts = !takeover.Start, takeover.Restarts
+	lcfg := control.LifecycleConfig{FirstAttempt: cfg.FirstAttempt, Seed: cfg.Seed, MaxLost: cfg.MaxLost}
+	if t := cfg.Takeover; t != nil {
+		lcfg.Adopt, lcfg.Restarts = !t.Start, t.Restarts
 	}
-	if co != nil {
-		cfg, err := d.config(ctx, g, co, from, log)
+	if co := cfg.Checkpoint; co != nil {
+		cc, err := d.config(ctx, g, co, cfg.From, log)
 		if err != nil {
 			return nil, err
 		}
-		lcfg.Checkpoint, tick = &cfg, co.Tick
+		lcfg.Checkpoint, tick = &cc, co.Tick
 	}
-	lcfg.Restart = restart.Control(tick)
-	if from != nil {
-		md := from.Metadata
+	lcfg.Restart = cfg.Restart.Control(tick)
+	if cfg.From != nil {
+		md := cfg.From.Metadata
 		lcfg.From = &control.RestorePoint{ID: md.ID, Kind: md.Kind, Location: md.Location}
 	}
 	lc, err := control.NewLifecycle(g, lcfg)
