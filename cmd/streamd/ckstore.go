@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"strings"
+	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -37,7 +38,17 @@ func (c *cli) openRunStore(ctx context.Context, cs *jobfile.CheckpointSettings, 
 		nc.Close()
 		return nil, nil, err
 	}
-	return s, nc.Close, nil
+	closeStore := func() {
+		// The retention of the last commits runs in the background: it
+		// ends before the connection closes (a bounded wait).
+		wctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if err := s.WaitCleanup(wctx); err != nil {
+			log.Warn("checkpoint retention not finished; the next run applies it", "err", err)
+		}
+		nc.Close()
+	}
+	return s, closeStore, nil
 }
 
 // resolveCheckpoint resolves a checkpoint path (run --from, inspect): a

@@ -13,6 +13,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -58,6 +59,11 @@ type JetStream struct {
 
 	mu         sync.Mutex
 	savepointD map[int64]string // savepoint id -> its name (savepoint-ID-SUFFIX)
+	// Retention runs in the background, one pass at a time (cleanupLater):
+	// cleanNext is the latest committed checkpoint a pass has still to
+	// clean up after (0: none); cleaned is closed when no pass runs.
+	cleanNext int64
+	cleaned   chan struct{}
 }
 
 var _ Store = (*JetStream)(nil)
@@ -226,8 +232,63 @@ func (s *JetStream) Commit(ctx context.Context, md *Metadata) error {
 		s.mu.Unlock()
 		return nil
 	}
-	s.cleanup(ctx, md.ID)
+	s.cleanupLater(md.ID)
 	return nil
+}
+
+// cleanupTimeout bounds one retention pass (two listings of the bucket and
+// the deletes).
+const cleanupTimeout = time.Minute
+
+// cleanupLater applies retention after checkpoint committed in the
+// background: a pass lists the whole bucket (the object store lists no
+// prefix alone) twice, which took tens of milliseconds, and seconds when
+// an ordered consumer stalled, and the job's loop that commits waited for
+// it. Passes run one at a time; commits while one runs are cleaned up
+// after by one more pass, for the latest of them.
+func (s *JetStream) cleanupLater(committed int64) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.cleanNext = max(s.cleanNext, committed)
+	if s.cleaned != nil {
+		return // the running pass takes it next
+	}
+	done := make(chan struct{})
+	s.cleaned = done
+	go func() {
+		defer close(done)
+		for {
+			s.mu.Lock()
+			id := s.cleanNext
+			s.cleanNext = 0
+			if id == 0 {
+				s.cleaned = nil
+				s.mu.Unlock()
+				return
+			}
+			s.mu.Unlock()
+			ctx, cancel := context.WithTimeout(context.Background(), cleanupTimeout)
+			s.cleanup(ctx, id)
+			cancel()
+		}
+	}()
+}
+
+// WaitCleanup waits until no retention pass runs or ctx ends: what Commit
+// left to clean up is then removed.
+func (s *JetStream) WaitCleanup(ctx context.Context) error {
+	s.mu.Lock()
+	done := s.cleaned
+	s.mu.Unlock()
+	if done == nil {
+		return nil
+	}
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 }
 
 // jsDir is one checkpoint or savepoint "directory" under the prefix.
@@ -308,7 +369,9 @@ func (s *JetStream) cleanup(ctx context.Context, committed int64) {
 			continue
 		}
 		if d.complete {
-			complete = append(complete, d)
+			if d.id <= committed { // a later one is its own pass's
+				complete = append(complete, d)
+			}
 		} else if d.id < committed {
 			s.remove(ctx, d, "incomplete")
 		}

@@ -49,7 +49,21 @@ func commitTo(t *testing.T, s Store, kind control.CheckpointKind, id int64, stat
 	if err := s.Commit(ctx, md); err != nil {
 		t.Fatal(err)
 	}
+	waitCleanup(t, s)
 	return md
+}
+
+// waitCleanup waits for the retention a JetStream store applies in the
+// background after a commit.
+func waitCleanup(t *testing.T, s Store) {
+	t.Helper()
+	if js, ok := s.(*JetStream); ok {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		if err := js.WaitCleanup(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
 }
 
 func TestJetStreamStore(t *testing.T) {
@@ -91,6 +105,7 @@ func TestJetStreamStore(t *testing.T) {
 		if err := ctl.Commit(ctx, md); err != nil {
 			t.Fatal(err)
 		}
+		waitCleanup(t, ctl)
 		if want := "jetstream://STREAMD_CHECKPOINTS/wc/chk-" + string(rune('0'+id)); md.Location != want {
 			t.Fatalf("Location %q, want %q", md.Location, want)
 		}

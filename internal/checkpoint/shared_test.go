@@ -43,6 +43,7 @@ func commitShared(t *testing.T, d SharedStore, id int64, reuse []SharedRef, uplo
 	if err := d.Commit(ctx, md); err != nil {
 		t.Fatal(err)
 	}
+	waitCleanup(t, d)
 	return md
 }
 

@@ -17,7 +17,9 @@ type Store interface {
 	// Commit writes md atomically, after all the blobs it names: the
 	// commit point. It sets md.Location. For a checkpoint it then applies
 	// retention (keeps the last N completed, never md itself) and removes
-	// incomplete checkpoints with a lower id. Savepoints are never deleted.
+	// incomplete checkpoints with a lower id; a JetStream store does that
+	// in the background (JetStream.WaitCleanup). Savepoints are never
+	// deleted.
 	Commit(ctx context.Context, md *Metadata) error
 	// Completed lists the completed checkpoints (not savepoints),
 	// ascending by id.
