@@ -81,6 +81,10 @@ type distJob struct {
 	stopSP      string                         // the location of that stop's savepoint, once complete
 	closed      bool
 	adopted     bool // the current attempt was taken over from another controller term
+	// adoptPending: the adopt of that attempt is not posted yet; failures
+	// of it reported meanwhile wait in heldFails (failover).
+	adoptPending bool
+	heldFails    []func()
 	// The driver's outcome, published by the loop after each step.
 	done     *control.JobDone
 	savepath string
@@ -169,6 +173,9 @@ func (c *Controller) newDistJob(id string, spec wire.JobSpec, from string, attem
 	dj.jl = runtime.NewJobLoop(dj.d, dj, dj.tick, c.done)
 	dj.d.Step(nil, control.StartJob{}) // the loop has not started: its first StartAttempt sets restore
 	dj.adopted = takeover != nil && !takeover.Start
+	if dj.adopted {
+		dj.attempt, dj.adoptPending = attempt, true // deployed by adopt, once the new leader posts it
+	}
 	dj.sub, err = c.nc.Subscribe(wire.PrefixTask+"."+id+".*.events", dj.onEvent)
 	if err != nil {
 		return nil, fmt.Errorf("cluster: job %s: subscribe to subtask events: %w", id, err)
@@ -355,6 +362,15 @@ func (dj *distJob) cmdQueue(h string) *wire.ReliableQueue {
 func (dj *distJob) adopt(attempt int, p control.Placement) {
 	dj.post(func() {
 		dj.deploy(attempt, p)
+		defer func() {
+			dj.mu.Lock()
+			held := dj.heldFails
+			dj.adoptPending, dj.heldFails = false, nil
+			dj.mu.Unlock()
+			for _, f := range held {
+				f() // the attempt is deployed: its failure goes to the lifecycle now
+			}
+		}()
 		dj.mu.Lock()
 		defer dj.mu.Unlock()
 		if !dj.ckpt {
@@ -476,6 +492,14 @@ func (dj *distJob) deploy(attempt int, p control.Placement) string {
 // restart the lifecycle never heard it must decide).
 func (dj *distJob) failover(attempt int, reason, host string, subtask *control.SubtaskID, kind failKind, class control.FailureClass) {
 	dj.mu.Lock()
+	if dj.adoptPending && !dj.active && dj.attempt == attempt {
+		// A new leader has not posted the adopt of the attempt yet: the
+		// failure waits for it (else the lifecycle would never hear it,
+		// and nobody would restart the job).
+		dj.heldFails = append(dj.heldFails, func() { dj.failover(attempt, reason, host, subtask, kind, class) })
+		dj.mu.Unlock()
+		return
+	}
 	now := dj.active && dj.attempt == attempt
 	if now {
 		dj.endAttemptLocked()

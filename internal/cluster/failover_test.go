@@ -57,6 +57,51 @@ func TestFailureBeforeQueuedDeployIsTaken(t *testing.T) {
 	h1.waitLog(t, "assign "+refString(wire.AttemptRef{JobID: dr.JobID, Attempt: 1}))
 }
 
+// TestFailureBeforeAdoptIsPosted: a new leader subscribes to the hosts
+// before it posts the adopts of the running attempts, so a subtask failure
+// can reach the job's side first. It waits there for the adopt (it was
+// dropped, and the job waited in restarting for a restart its lifecycle
+// never heard of; reading the placement the failure had cleared crashed
+// the leader: TestChaos).
+func TestFailureBeforeAdoptIsPosted(t *testing.T) {
+	nc := testNATS(t)
+	c, err := StartController(nc, ControllerOptions{HeartbeatInterval: 20 * time.Millisecond, LostAfter: 50})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	h1 := startFakeHost(t, nc, "h1", 1)
+	waitHostsListed(t, nc, 1)
+	var dr wire.DeployReply
+	spec := testSpec(1)
+	spec.Restart = jobfile.RestartSettings{Strategy: jobfile.RestartFixedDelay, Attempts: 5}
+	if err := wire.RequestTimeout(nc, wire.SubjectDeploy, 5*time.Second, wire.DeployRequest{Job: spec}, &dr); err != nil || dr.Err() != nil {
+		t.Fatalf("deploy: %v %v", err, dr.Err())
+	}
+	a0 := wire.AttemptRef{JobID: dr.JobID, Attempt: 0}
+	h1.waitLog(t, "assign "+refString(a0))
+
+	// The job's side as a new leader has it before it posts the adopt.
+	c.mu.Lock()
+	j := c.jobs[dr.JobID]
+	dj, p := j.dist, *j.placement
+	c.mu.Unlock()
+	dj.mu.Lock()
+	dj.active, dj.adoptPending = false, true
+	dj.mu.Unlock()
+
+	h1.fail(a0, "injected failure before the adopt is posted")
+	waitJobChange(t, c, dr.JobID, func(j *ctlJob) bool { return j.state == wire.JobRestarting && j.attempt == 1 })
+	dj.mu.Lock()
+	held := len(dj.heldFails)
+	dj.mu.Unlock()
+	if held != 1 {
+		t.Fatalf("%d failures held for the adopt, want 1", held)
+	}
+	dj.adopt(0, p)
+	h1.waitLog(t, "assign "+refString(wire.AttemptRef{JobID: dr.JobID, Attempt: 1}))
+}
+
 // TestLostAttemptsBoundedByLifecycle: attempts lost to the hosts (here
 // assignments refused with an error) restart at once even under restart
 // strategy none, which a task failure would end: the job's lifecycle

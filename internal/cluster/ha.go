@@ -37,6 +37,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/streamd/streamd/control"
 	"github.com/streamd/streamd/internal/cluster/core"
 	"github.com/streamd/streamd/internal/cluster/wire"
 	"github.com/streamd/streamd/internal/runtime"
@@ -422,9 +423,20 @@ func (c *Controller) lead(term uint64) error {
 			adopted = append(adopted, j)
 		}
 	}
+	// What each adopted job runs, read here: once this leader subscribes,
+	// a host's report may fail the attempt (and clear its placement)
+	// before its adopt is posted (the job's side holds that failure until
+	// then: distJob.failover).
+	type adoption struct {
+		j       *ctlJob
+		attempt int
+		p       control.Placement
+	}
+	adoptions := make([]adoption, 0, len(adopted))
 	c.mu.Lock()
 	for _, j := range adopted {
 		c.adoptLocked(j, now)
+		adoptions = append(adoptions, adoption{j, j.attempt, *j.placement})
 	}
 	for _, id := range c.order {
 		if j := c.jobs[id]; j.ver == 0 && !wire.TerminalJobState(j.state) {
@@ -441,9 +453,9 @@ func (c *Controller) lead(term uint64) error {
 	// that learns the term would report its attempts before this leader
 	// listens for them.
 	c.announced.Store(true)
-	for _, j := range adopted {
-		c.log.Info("job adopted", "job", j.id, "attempt", j.attempt, "hosts", j.placement.Hosts(), "state", j.state)
-		j.dist.adopt(j.attempt, *j.placement)
+	for _, a := range adoptions {
+		c.log.Info("job adopted", "job", a.j.id, "attempt", a.attempt, "hosts", a.p.Hosts())
+		a.j.dist.adopt(a.attempt, a.p)
 	}
 	c.wg.Add(2)
 	go c.ticker()
