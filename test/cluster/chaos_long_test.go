@@ -40,10 +40,17 @@ func newChaosProc(t *testing.T, name, bin string, args ...string) *chaosProc {
 	p := &chaosProc{t: t, name: name, bin: bin, args: args, out: &lockedBuffer{}}
 	p.start()
 	t.Cleanup(func() {
+		before := p.out.String()
+		if t.Failed() && bin != natsServerBin(t) {
+			// A failed run ends each streamd process with SIGQUIT: its whole
+			// output (STREAMD_CHAOS_LOGS) then ends with the stack of every
+			// goroutine, which shows where a stalled one waits.
+			p.signal(syscall.SIGQUIT)
+		}
 		p.stop()
 		if t.Failed() {
 			s := p.out.String()
-			t.Logf("%s output (last 6 KiB):\n%s", name, s[max(0, len(s)-6<<10):])
+			t.Logf("%s output (last 6 KiB):\n%s", name, before[max(0, len(before)-6<<10):])
 			// STREAMD_CHAOS_LOGS=dir keeps the whole output of each process.
 			if dir := os.Getenv("STREAMD_CHAOS_LOGS"); dir != "" {
 				f := filepath.Join(dir, strings.ReplaceAll(name, " ", "-")+".log")
@@ -75,6 +82,21 @@ func (p *chaosProc) kill() {
 		p.t.Fatal(err)
 	}
 	<-p.done
+}
+
+// signal sends sig and waits up to 10 s for the process to end.
+func (p *chaosProc) signal(sig os.Signal) {
+	select {
+	case <-p.done:
+		return
+	default:
+	}
+	fmt.Fprintf(p.out, "---- %s %v\n", time.Now().Format(time.TimeOnly), sig)
+	p.cmd.Process.Signal(sig)
+	select {
+	case <-p.done:
+	case <-time.After(10 * time.Second):
+	}
 }
 
 func (p *chaosProc) stop() {
