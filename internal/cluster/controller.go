@@ -138,9 +138,11 @@ type Controller struct {
 	lwg        sync.WaitGroup // the lease and persist loops
 	// Of the lease loop only: the lease's machine; leaseTerm is the term of
 	// the lease it holds (0: none), set before lead runs and makes it the
-	// acting term; leaseRev its revision.
+	// acting term; leaseRev its revision; leaseSent when the write of its
+	// latest acquisition or renewal was sent.
 	lease               *core.Lease
 	leaseRev, leaseTerm uint64
+	leaseSent           time.Time
 	announced           atomic.Bool   // lead announced its term: renewals announce it again
 	firstTry            chan struct{} // closed once the first try for the lease (and lead) is done
 	firstOnce           sync.Once

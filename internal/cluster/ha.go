@@ -215,10 +215,26 @@ func (c *Controller) readLease() (core.LeaseSeen, bool) {
 // writeLease writes the lease of term if it is at revision rev (0: create
 // it): a standby taking it, or the leader renewing it (then announcing its
 // term to the hosts).
+//
+// A renewal gets until the lease could expire for a standby (its last
+// successful write's send time plus the expiry: a standby counts the expiry
+// from when it saw that write, which is later) and no longer: a renewal
+// held up by NATS must not keep the lease loop, which counts the ticks that
+// depose this leader, from stepping them while a standby takes the lease
+// over (the leader's checkpoint coordinators would go on committing, and
+// retention would remove what the new leader restores). A renewal that
+// succeeds at all proves no standby took the lease (its write would have
+// changed the revision).
 func (c *Controller) writeLease(term, rev uint64, renewal bool) core.LeaseResult {
 	ctx, cancel := c.kvCtx()
+	if renewal && !c.leaseSent.IsZero() {
+		cancel()
+		_, expiry, _ := c.leaseTiming()
+		ctx, cancel = context.WithDeadline(context.Background(), c.leaseSent.Add(expiry))
+	}
 	defer cancel()
-	data, _ := json.Marshal(leaseRecord{Holder: c.id, Term: term, Renewed: time.Now(), Interval: c.opts.HeartbeatInterval.String()})
+	sent := time.Now()
+	data, _ := json.Marshal(leaseRecord{Holder: c.id, Term: term, Renewed: sent, Interval: c.opts.HeartbeatInterval.String()})
 	var err error
 	var nrev uint64
 	if rev == 0 {
@@ -228,7 +244,7 @@ func (c *Controller) writeLease(term, rev uint64, renewal bool) core.LeaseResult
 	}
 	switch {
 	case err == nil:
-		c.leaseRev = nrev
+		c.leaseRev, c.leaseSent = nrev, sent
 		if renewal && c.announced.Load() {
 			c.announce(term) // again, for hosts that missed it
 		}

@@ -33,6 +33,23 @@ func (p *proc) waitOutput(t testing.TB, want string, d time.Duration) {
 	}
 }
 
+// waitAnyOutput waits until the process has printed one of wants, or
+// fails the test after d.
+func (p *proc) waitAnyOutput(t testing.TB, d time.Duration, wants ...string) {
+	t.Helper()
+	for deadline := time.Now().Add(d); ; time.Sleep(10 * time.Millisecond) {
+		out := p.out.String()
+		for _, w := range wants {
+			if strings.Contains(out, w) {
+				return
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the process printed none of %q within %s", wants, d)
+		}
+	}
+}
+
 // startProc runs `streamd args...` until the test ends (SIGINT, then kill).
 func startProc(t testing.TB, name string, args ...string) *proc {
 	t.Helper()
