@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -301,72 +300,9 @@ type jsDir struct {
 	objects  []string // full object names
 }
 
-// ListObjects lists the objects of bucket (deleted ones included, with
-// Deleted set): the latest info of each name, read on an ordered consumer
-// up to the last info the bucket held when the listing began. The object
-// store's own List reads until the consumer reports nothing pending, which
-// never comes while other writers keep adding infos (every checkpoint of
-// every job in the bucket writes some, and retention deletes some): it ran
-// for a minute in TestChaos. ErrNoObjectsFound when there are none.
-func ListObjects(ctx context.Context, js jetstream.JetStream, bucket string) ([]*jetstream.ObjectInfo, error) {
-	str, err := js.Stream(ctx, "OBJ_"+bucket)
-	if err != nil {
-		return nil, fmt.Errorf("checkpoint: object store bucket %s: %w", bucket, err)
-	}
-	subject := "$O." + bucket + ".M.>"
-	last, err := str.GetLastMsgForSubject(ctx, subject)
-	if errors.Is(err, jetstream.ErrMsgNotFound) {
-		return nil, jetstream.ErrNoObjectsFound
-	}
-	if err != nil {
-		return nil, fmt.Errorf("checkpoint: list bucket %s: %w", bucket, err)
-	}
-	cons, err := str.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{FilterSubjects: []string{subject},
-		DeliverPolicy: jetstream.DeliverLastPerSubjectPolicy})
-	if err != nil {
-		return nil, fmt.Errorf("checkpoint: list bucket %s: %w", bucket, err)
-	}
-	it, err := cons.Messages()
-	if err != nil {
-		return nil, fmt.Errorf("checkpoint: list bucket %s: %w", bucket, err)
-	}
-	defer it.Stop()
-	byName := map[string]*jetstream.ObjectInfo{}
-	var order []string
-	for {
-		m, err := it.Next(jetstream.NextContext(ctx))
-		if err != nil {
-			return nil, fmt.Errorf("checkpoint: list bucket %s: %w", bucket, err)
-		}
-		md, err := m.Metadata()
-		if err != nil {
-			return nil, fmt.Errorf("checkpoint: list bucket %s: %w", bucket, err)
-		}
-		var info jetstream.ObjectInfo
-		if json.Unmarshal(m.Data(), &info) == nil && info.Name != "" {
-			if byName[info.Name] == nil {
-				order = append(order, info.Name)
-			}
-			info.ModTime = md.Timestamp
-			byName[info.Name] = &info
-		}
-		if md.Sequence.Stream >= last.Sequence || md.NumPending == 0 {
-			break
-		}
-	}
-	out := make([]*jetstream.ObjectInfo, 0, len(order))
-	for _, n := range order {
-		out = append(out, byName[n])
-	}
-	if len(out) == 0 {
-		return nil, jetstream.ErrNoObjectsFound
-	}
-	return out, nil
-}
-
 // list groups the objects under prefix/ by directory, ascending by id.
-func listDirs(ctx context.Context, js jetstream.JetStream, bucket, prefix string) ([]*jsDir, error) {
-	infos, err := ListObjects(ctx, js, bucket)
+func listDirs(ctx context.Context, obs jetstream.ObjectStore, prefix string) ([]*jsDir, error) {
+	infos, err := obs.List(ctx)
 	if err != nil && !errors.Is(err, jetstream.ErrNoObjectsFound) {
 		return nil, fmt.Errorf("checkpoint: list %s: %w", prefix, err)
 	}
@@ -422,7 +358,7 @@ func listDirs(ctx context.Context, js jetstream.JetStream, bucket, prefix string
 
 // cleanup applies retention after checkpoint committed was committed.
 func (s *JetStream) cleanup(ctx context.Context, committed int64) {
-	dirs, err := listDirs(ctx, s.js, s.bucket, s.prefix)
+	dirs, err := listDirs(ctx, s.obs, s.prefix)
 	if err != nil {
 		s.log.Warn("checkpoint: retention: cannot list checkpoints", "store", s.Root(), "err", err)
 		return
@@ -491,7 +427,7 @@ func loadMeta(ctx context.Context, obs jetstream.ObjectStore, bucket, prefix, di
 
 // Completed lists the completed checkpoints under the prefix, ascending.
 func (s *JetStream) Completed(ctx context.Context) ([]*Metadata, error) {
-	dirs, err := listDirs(ctx, s.js, s.bucket, s.prefix)
+	dirs, err := listDirs(ctx, s.obs, s.prefix)
 	if err != nil {
 		return nil, err
 	}
@@ -513,14 +449,14 @@ func (s *JetStream) Completed(ctx context.Context) ([]*Metadata, error) {
 // (savepoints are not checkpoints: ResolveJetStream of the prefix considers
 // them too).
 func (s *JetStream) Latest(ctx context.Context) (*Metadata, error) {
-	return latestJS(ctx, s.js, s.obs, s.bucket, s.prefix, false)
+	return latestJS(ctx, s.obs, s.bucket, s.prefix, false)
 }
 
 // latestJS loads the newest completed checkpoint under prefix, and with
 // savepoints set the newest completed checkpoint or savepoint by id (a
 // corrupt newest _metadata is an error, as for latestIn).
-func latestJS(ctx context.Context, js jetstream.JetStream, obs jetstream.ObjectStore, bucket, prefix string, savepoints bool) (*Metadata, error) {
-	dirs, err := listDirs(ctx, js, bucket, prefix)
+func latestJS(ctx context.Context, obs jetstream.ObjectStore, bucket, prefix string, savepoints bool) (*Metadata, error) {
+	dirs, err := listDirs(ctx, obs, prefix)
 	if err != nil {
 		return nil, err
 	}
@@ -623,7 +559,7 @@ func (s *JetStream) Discard(ctx context.Context, kind control.CheckpointKind, id
 // NextID is one more than the highest id of a checkpoint or savepoint under
 // the prefix, complete or not.
 func (s *JetStream) NextID(ctx context.Context) (int64, error) {
-	dirs, err := listDirs(ctx, s.js, s.bucket, s.prefix)
+	dirs, err := listDirs(ctx, s.obs, s.prefix)
 	if err != nil {
 		return 0, err
 	}
@@ -665,7 +601,7 @@ func ResolveJetStream(ctx context.Context, js jetstream.JetStream, loc string) (
 	if prefix != "" && (strings.HasPrefix(last, chkPrefix) || strings.HasPrefix(last, savepointPrefix)) {
 		return loadMeta(ctx, obs, bucket, prefix, last)
 	}
-	return latestJS(ctx, js, obs, bucket, path, true)
+	return latestJS(ctx, obs, bucket, path, true)
 }
 
 // NewerThanJetStream is NewerThan for md at jetstream://BUCKET/PREFIX/NAME:
@@ -685,7 +621,7 @@ func NewerThanJetStream(ctx context.Context, js jetstream.JetStream, md *Metadat
 	if err != nil {
 		return nil, err
 	}
-	dirs, err := listDirs(ctx, js, bucket, prefix)
+	dirs, err := listDirs(ctx, obs, prefix)
 	if err != nil {
 		return nil, err
 	}

@@ -78,7 +78,7 @@ func DeleteStore(ctx context.Context, nc *nats.Conn, cs *jobfile.CheckpointSetti
 	if err != nil {
 		return fmt.Errorf("cluster: job %s: object store bucket %s: %w", jobID, bucket, err)
 	}
-	infos, err := checkpoint.ListObjects(ctx, js, bucket)
+	infos, err := obs.List(ctx)
 	if errors.Is(err, jetstream.ErrNoObjectsFound) {
 		return nil
 	}
