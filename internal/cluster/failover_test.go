@@ -16,20 +16,7 @@ import (
 // dropped, and the job waited in restarting for a restart nobody decided
 // (TestChaos, a leader killed in round 20).
 func TestFailureBeforeQueuedDeployIsTaken(t *testing.T) {
-	nc := testNATS(t)
-	c, err := StartController(nc, ControllerOptions{HeartbeatInterval: 20 * time.Millisecond, LostAfter: 50})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(c.Close)
-	h1 := startFakeHost(t, nc, "h1", 1)
-	waitHostsListed(t, nc, 1)
-	var dr wire.DeployReply
-	spec := testSpec(1)
-	spec.Restart = jobfile.RestartSettings{Strategy: jobfile.RestartFixedDelay, Attempts: 5}
-	if err := wire.RequestTimeout(nc, wire.SubjectDeploy, 5*time.Second, wire.DeployRequest{Job: spec}, &dr); err != nil || dr.Err() != nil {
-		t.Fatalf("deploy: %v %v", err, dr.Err())
-	}
+	c, h1, dr := deployOnFakeHost(t, jobfile.RestartSettings{Strategy: jobfile.RestartFixedDelay, Attempts: 5}, 0)
 	a0 := wire.AttemptRef{JobID: dr.JobID, Attempt: 0}
 	h1.waitLog(t, "assign "+refString(a0))
 
@@ -64,20 +51,7 @@ func TestFailureBeforeQueuedDeployIsTaken(t *testing.T) {
 // never heard of; reading the placement the failure had cleared crashed
 // the leader: TestChaos).
 func TestFailureBeforeAdoptIsPosted(t *testing.T) {
-	nc := testNATS(t)
-	c, err := StartController(nc, ControllerOptions{HeartbeatInterval: 20 * time.Millisecond, LostAfter: 50})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(c.Close)
-	h1 := startFakeHost(t, nc, "h1", 1)
-	waitHostsListed(t, nc, 1)
-	var dr wire.DeployReply
-	spec := testSpec(1)
-	spec.Restart = jobfile.RestartSettings{Strategy: jobfile.RestartFixedDelay, Attempts: 5}
-	if err := wire.RequestTimeout(nc, wire.SubjectDeploy, 5*time.Second, wire.DeployRequest{Job: spec}, &dr); err != nil || dr.Err() != nil {
-		t.Fatalf("deploy: %v %v", err, dr.Err())
-	}
+	c, h1, dr := deployOnFakeHost(t, jobfile.RestartSettings{Strategy: jobfile.RestartFixedDelay, Attempts: 5}, 0)
 	a0 := wire.AttemptRef{JobID: dr.JobID, Attempt: 0}
 	h1.waitLog(t, "assign "+refString(a0))
 
@@ -107,21 +81,8 @@ func TestFailureBeforeAdoptIsPosted(t *testing.T) {
 // strategy none, which a task failure would end: the job's lifecycle
 // bounds them by MaxFailovers (2), and fails the job at the third.
 func TestLostAttemptsBoundedByLifecycle(t *testing.T) {
-	nc := testNATS(t)
-	c, err := StartController(nc, ControllerOptions{HeartbeatInterval: 20 * time.Millisecond, LostAfter: 50, MaxFailovers: 2})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(c.Close)
-	h1 := startFakeHost(t, nc, "h1", 1)
-	h1.refuse = 3
-	waitHostsListed(t, nc, 1)
-	var dr wire.DeployReply
-	spec := testSpec(1)
-	spec.Restart = jobfile.RestartSettings{Strategy: jobfile.RestartNone}
-	if err := wire.RequestTimeout(nc, wire.SubjectDeploy, 5*time.Second, wire.DeployRequest{Job: spec}, &dr); err != nil || dr.Err() != nil {
-		t.Fatalf("deploy: %v %v", err, dr.Err())
-	}
+	c, h1, dr := deployOnFakeHost(t, jobfile.RestartSettings{Strategy: jobfile.RestartNone}, 3)
+	nc := c.nc
 	for a := 0; a < 3; a++ {
 		h1.waitLog(t, "refuse "+refString(wire.AttemptRef{JobID: dr.JobID, Attempt: a}))
 	}
@@ -165,4 +126,27 @@ func waitJobChange(t *testing.T, c *Controller, id string, cond func(*ctlJob) bo
 			t.Fatalf("job %s: condition not reached in 10 s", id)
 		}
 	}
+}
+
+// deployOnFakeHost starts a controller (MaxFailovers 2) and one fake host
+// of one slot that refuses its first `refuse` assignments with an error,
+// and deploys a one-slot job with restart strategy rs.
+func deployOnFakeHost(t *testing.T, rs jobfile.RestartSettings, refuse int) (*Controller, *fakeHost, wire.DeployReply) {
+	t.Helper()
+	nc := testNATS(t)
+	c, err := StartController(nc, ControllerOptions{HeartbeatInterval: 20 * time.Millisecond, LostAfter: 50, MaxFailovers: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	h1 := startFakeHost(t, nc, "h1", 1)
+	h1.refuse = refuse
+	waitHostsListed(t, nc, 1)
+	var dr wire.DeployReply
+	spec := testSpec(1)
+	spec.Restart = rs
+	if err := wire.RequestTimeout(nc, wire.SubjectDeploy, 5*time.Second, wire.DeployRequest{Job: spec}, &dr); err != nil || dr.Err() != nil {
+		t.Fatalf("deploy: %v %v", err, dr.Err())
+	}
+	return c, h1, dr
 }

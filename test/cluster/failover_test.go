@@ -26,11 +26,7 @@ type proc struct {
 // after d.
 func (p *proc) waitOutput(t testing.TB, want string, d time.Duration) {
 	t.Helper()
-	for deadline := time.Now().Add(d); !strings.Contains(p.out.String(), want); time.Sleep(10 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("the process did not print %q within %s", want, d)
-		}
-	}
+	p.waitAnyOutput(t, d, want)
 }
 
 // waitAnyOutput waits until the process has printed one of wants, or
