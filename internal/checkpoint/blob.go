@@ -63,8 +63,8 @@ func appendState(dst []byte, s *SubtaskState, sorted bool) ([]byte, uint32, erro
 	if s.SourcePosition != nil {
 		n, size = n+1, size+9+len(s.SourcePosition)
 	}
-	if s.SinkPending != nil {
-		n, size = n+1, size+9+len(s.SinkPending)
+	if _, pending, ok := s.sinkPending(); ok {
+		n, size = n+1, size+9+pending
 	}
 	version := uint32(FormatVersion)
 	chanSize := s.Channels.EncodedSize()
@@ -131,14 +131,16 @@ func appendState(dst []byte, s *SubtaskState, sorted bool) ([]byte, uint32, erro
 // and channel state (of chanSize bytes).
 func appendMiddleSections(b []byte, s *SubtaskState, chanSize int64) ([]byte, error) {
 	le := binary.LittleEndian
-	for _, sec := range []struct {
-		tag  byte
-		data []byte
-	}{{tagSourcePosition, s.SourcePosition}, {tagSinkPending, s.SinkPending}} {
-		if sec.data != nil {
-			b = append(b, sec.tag)
-			b = le.AppendUint64(b, uint64(len(sec.data)))
-			b = append(b, sec.data...)
+	if s.SourcePosition != nil {
+		b = append(b, tagSourcePosition)
+		b = le.AppendUint64(b, uint64(len(s.SourcePosition)))
+		b = append(b, s.SourcePosition...)
+	}
+	if parts, size, ok := s.sinkPending(); ok {
+		b = append(b, tagSinkPending)
+		b = le.AppendUint64(b, uint64(size))
+		for _, p := range parts {
+			b = append(b, p...)
 		}
 	}
 	if chanSize > 0 {
@@ -355,16 +357,25 @@ func (l *bufList) put(b []byte) {
 	}
 }
 
+// streamSinkPending is the size of a sink's pending-commit data from which
+// WriteSubtaskState writes it to a StreamStore as it is instead of copying
+// it into the blob first (the Kafka sink's staged records: tens of MB at
+// every checkpoint).
+const streamSinkPending = 1 << 20
+
 // WriteSubtaskState encodes st (EncodeState), writes it to store as the blob
 // of subtask sub of checkpoint id and returns its ref with InFlight set to
 // the channel-state bytes: put ref.String() into control.Ack.StateRef and
 // ref.Size into control.Ack.Size. It releases st.Operator's keyed state
 // (Snapshot.Release) once encoded, before writing it, unless it is files.
 func WriteSubtaskState(ctx context.Context, store Store, kind control.CheckpointKind, id int64, sub control.SubtaskID, st *SubtaskState) (BlobRef, error) {
+	_, pendingSize, _ := st.sinkPending()
 	// The encoding buffers are reused: a large state would otherwise
 	// allocate its size again at every checkpoint (and drive the GC).
-	if ss, ok := store.(StreamStore); ok && st.Operator.Streamable() {
-		// A pebble cut, written as it is read: the blob is never in memory.
+	if ss, ok := store.(StreamStore); ok && (st.Operator.Streamable() || st.Operator == nil && pendingSize >= streamSinkPending) {
+		// A pebble cut, written as it is read, or a sink's large
+		// pending-commit data (staged records), written as it is: the
+		// blob is never whole in memory.
 		ref, err := ss.WriteStateFrom(ctx, kind, id, sub, func(w io.Writer) error { return encodeStateTo(w, st) })
 		if err != nil {
 			return BlobRef{}, err

@@ -50,10 +50,33 @@ type SubtaskState struct {
 	// SinkPending is a two-phase-commit sink's pending-commit data, opaque
 	// here (the sink defines it). Nil: none.
 	SinkPending []byte
+	// SinkPendingParts, when SinkPending is nil, is the pending-commit
+	// data in parts (connector.PartedSink): the blob holds their
+	// concatenation as it would hold SinkPending, and reads back as
+	// SinkPending. Nil: none.
+	SinkPendingParts [][]byte
 	// Channels is the subtask's channel state in an unaligned checkpoint:
 	// its input channels' and output buffers' in-flight elements. Nil or
 	// empty: none (an aligned checkpoint's blob).
 	Channels *ChannelState
+}
+
+// sinkPending is the pending-commit data in parts (SinkPending is one) and
+// its size; ok is false when there is none.
+func (s *SubtaskState) sinkPending() (parts [][]byte, size int, ok bool) {
+	if s.SinkPending != nil {
+		return [][]byte{s.SinkPending}, len(s.SinkPending), true
+	}
+	for _, p := range s.SinkPendingParts {
+		size += len(p)
+	}
+	return s.SinkPendingParts, size, s.SinkPendingParts != nil
+}
+
+// HasSinkPending reports whether s holds pending-commit data of a sink.
+func (s *SubtaskState) HasSinkPending() bool {
+	_, _, ok := s.sinkPending()
+	return ok
 }
 
 // Metadata describes one completed checkpoint or savepoint.

@@ -576,17 +576,24 @@ func (c *crcWriter) Write(p []byte) (int, error) {
 }
 
 // encodeStateTo writes the state blob of st (what EncodeState returns) to
-// w, streaming the operator snapshot.
+// w, streaming the operator snapshot and writing the source position and
+// the sink's pending-commit data as they are (no copy). It writes no
+// state files section: st.Operator.Files must be empty.
 func encodeStateTo(w io.Writer, st *SubtaskState) error {
 	le := binary.LittleEndian
 	cw := newCRCWriter(w)
-	n := 1
+	n := 0
 	version := uint32(FormatVersion)
 	chanSize := st.Channels.EncodedSize()
-	for _, p := range [][]byte{st.SourcePosition, st.SinkPending} {
-		if p != nil {
-			n++
-		}
+	parts, pending, hasPending := st.sinkPending()
+	if st.SourcePosition != nil {
+		n++
+	}
+	if hasPending {
+		n++
+	}
+	if st.Operator != nil {
+		n++
 	}
 	if chanSize > 0 {
 		n++
@@ -595,23 +602,49 @@ func encodeStateTo(w io.Writer, st *SubtaskState) error {
 	hdr := append([]byte(blobMagic), 0, 0, 0, 0, 0, 0, 0, 0)
 	le.PutUint32(hdr[4:], version)
 	le.PutUint32(hdr[8:], uint32(n))
-	if _, err := cw.Write(append(hdr, tagOperator)); err != nil {
+	if _, err := cw.Write(hdr); err != nil {
 		return err
 	}
-	if err := st.Operator.EncodeTo(cw, func(size int64) error {
-		_, err := cw.Write(le.AppendUint64(nil, uint64(size)))
-		return err
-	}); err != nil {
-		return err
+	if st.Operator != nil {
+		if _, err := cw.Write([]byte{tagOperator}); err != nil {
+			return err
+		}
+		if err := st.Operator.EncodeTo(cw, func(size int64) error {
+			_, err := cw.Write(le.AppendUint64(nil, uint64(size)))
+			return err
+		}); err != nil {
+			return err
+		}
 	}
-	b, err := appendMiddleSections(nil, st, chanSize)
-	if err != nil {
-		return err
+	if st.SourcePosition != nil {
+		if _, err := cw.Write(le.AppendUint64([]byte{tagSourcePosition}, uint64(len(st.SourcePosition)))); err != nil {
+			return err
+		}
+		if _, err := cw.Write(st.SourcePosition); err != nil {
+			return err
+		}
 	}
-	if _, err := cw.Write(b); err != nil {
-		return err
+	if hasPending {
+		if _, err := cw.Write(le.AppendUint64([]byte{tagSinkPending}, uint64(pending))); err != nil {
+			return err
+		}
+		for _, p := range parts {
+			if _, err := cw.Write(p); err != nil {
+				return err
+			}
+		}
 	}
-	_, err = w.Write(le.AppendUint32(nil, cw.h.Sum32()))
+	if chanSize > 0 {
+		b := le.AppendUint64([]byte{tagChannelState}, uint64(chanSize))
+		b, err := st.Channels.appendTo(b)
+		if err != nil {
+			return err
+		}
+		if _, err := cw.Write(b); err != nil {
+			return err
+		}
+	}
+	_, err := w.Write(le.AppendUint32(nil, cw.h.Sum32()))
 	return err
 }
 

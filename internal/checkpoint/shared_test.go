@@ -208,6 +208,69 @@ func TestWriteStateFrom(t *testing.T) {
 	}
 }
 
+// TestWriteSubtaskStateStreamsSinkPending: a sink's pending-commit data of
+// streamSinkPending bytes or more goes to either store without being copied
+// into a blob first, and the blob is byte for byte EncodeState's, with and
+// without a source position and channel state.
+func TestWriteSubtaskStateStreamsSinkPending(t *testing.T) {
+	js := jetStream(t)
+	jss, err := OpenJetStream(context.Background(), js, "sinkstream", "job")
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, err := OpenDir(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	pending := make([]byte, streamSinkPending+17)
+	rng := rand.New(rand.NewPCG(3, 4))
+	for i := range pending {
+		pending[i] = byte(rng.Uint32())
+	}
+	ch := &ChannelState{Inputs: []ChannelData{{Operator: "src", Elements: []Element{rec("k", "v", 1), WatermarkElement(1)}}}}
+	for i, st := range []*SubtaskState{
+		{SinkPending: pending},
+		{SinkPending: pending, SourcePosition: []byte("pos")},
+		{SinkPending: pending, Channels: ch},
+		{SinkPending: pending[:100]}, // small: copied into a blob, the same bytes
+		{SinkPendingParts: [][]byte{pending[:10], pending[10:]}},
+		{SinkPendingParts: [][]byte{pending[:10], pending[10:100]}},
+	} {
+		// In parts, the blob is the one of the parts joined.
+		joined := *st
+		if st.SinkPendingParts != nil {
+			joined.SinkPending, joined.SinkPendingParts = slices.Concat(st.SinkPendingParts...), nil
+		}
+		want, err := EncodeState(&joined)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, s := range []Store{d, jss} {
+			ctx := context.Background()
+			sub := control.SubtaskID{Operator: "sink"}
+			ref, err := WriteSubtaskState(ctx, s, control.KindCheckpoint, int64(i+1), sub, st)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if ref.Size != int64(len(want)) || ref.CRC32C != crc32c(want) {
+				t.Fatalf("%T, state %d: blob of %d bytes crc %08x, EncodeState %d bytes crc %08x", s, i, ref.Size, ref.CRC32C, len(want), crc32c(want))
+			}
+			md := &Metadata{Job: "job", ID: int64(i + 1), Kind: control.KindCheckpoint, Time: time.Unix(1700000000, 0).UTC(),
+				Operators: []OperatorMeta{{UID: "sink", Parallelism: 1, MaxParallelism: 128, Subtasks: []SubtaskMeta{{Index: 0, Ref: ref.Name, Size: ref.Size, CRC32C: ref.CRC32C, InFlightBytes: ref.InFlight}}}}}
+			if err := s.Commit(ctx, md); err != nil {
+				t.Fatal(err)
+			}
+			got, err := s.ReadState(ctx, md, md.Operators[0].Subtasks[0])
+			if err != nil {
+				t.Fatalf("%T, state %d: %v", s, i, err)
+			}
+			if !bytes.Equal(got.SinkPending, joined.SinkPending) || !bytes.Equal(got.SourcePosition, st.SourcePosition) || got.Channels.Empty() != st.Channels.Empty() {
+				t.Fatalf("%T, state %d: read back differently", s, i)
+			}
+		}
+	}
+}
+
 // TestJetStreamSharedFiles: the JetStream store keeps shared files under
 // PREFIX/shared/, a checkpoint read back fetches them with their checksum,
 // and a commit deletes those no retained checkpoint refers to (keeping a

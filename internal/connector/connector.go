@@ -86,4 +86,14 @@ type TwoPhaseSink interface {
 	CommitFinal() error
 }
 
+// PartedSink is a TwoPhaseSink whose checkpoint state is large and held in
+// parts (the Kafka sink's staged epochs): PreCommitParts does what
+// PreCommit does and returns the state as parts whose concatenation is
+// what PreCommit would return, so that the checkpoint writes them as they
+// are instead of the subtask joining them at the barrier.
+type PartedSink interface {
+	TwoPhaseSink
+	PreCommitParts(id int64) ([][]byte, error)
+}
+
 var _ TwoPhaseSink = (*FileSink)(nil)

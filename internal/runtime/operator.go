@@ -338,6 +338,13 @@ func (s *sinkOperator) Open(context.Context, SubtaskInfo) error {
 }
 
 func (s *sinkOperator) snapshot(_ context.Context, b control.Barrier) (*checkpoint.SubtaskState, error) {
+	if ps, ok := s.sink.(connector.PartedSink); ok {
+		parts, err := ps.PreCommitParts(b.ID)
+		if err != nil {
+			return nil, err
+		}
+		return &checkpoint.SubtaskState{SinkPendingParts: parts}, nil
+	}
 	if tp, ok := s.sink.(connector.TwoPhaseSink); ok {
 		st, err := tp.PreCommit(b.ID)
 		if err != nil {

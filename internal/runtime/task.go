@@ -539,7 +539,7 @@ func (t *task) takeState(ctx context.Context, b control.Barrier) (*checkpoint.Su
 // runs once the write is done or failed: the channel state's batches are
 // released then.
 func (t *task) writeSnapshot(x control.TakeSnapshot, st *checkpoint.SubtaskState, span trace.Span, written func()) {
-	if st != nil && (st.Operator != nil || !st.Channels.Empty() || st.SinkPending != nil) {
+	if st != nil && (st.Operator != nil || !st.Channels.Empty() || st.HasSinkPending()) {
 		t.bg.Add(1)
 		go func() {
 			defer t.bg.Done()

@@ -237,6 +237,9 @@ func (p *txnRecords) failed() error {
 type stagedBuf struct {
 	data []byte // stateHeader bytes, then the records
 	n    int
+	// hint is the length of the previous epoch's buffer: a new one starts
+	// a quarter larger, so that an epoch like the last never moves it.
+	hint int
 }
 
 // stateHeader is the size of a one-entry sink state's header: version,
@@ -252,10 +255,27 @@ func (b *stagedBuf) records() []byte {
 	return b.data[stateHeader:]
 }
 
-func (b *stagedBuf) add(r abi.Record) {
+// reserve makes room for extra more bytes. A buffer that must move at
+// least doubles (append grows a large one by a quarter, which copied an
+// epoch of tens of MB five times over), so the records are copied about
+// once more at most.
+func (b *stagedBuf) reserve(extra int) {
 	if len(b.data) == 0 {
-		b.data = make([]byte, stateHeader, 64<<10)
+		b.data = make([]byte, stateHeader, max(64<<10, b.hint+b.hint/4, stateHeader+extra))
 	}
+	if cap(b.data)-len(b.data) >= extra {
+		return
+	}
+	grown := make([]byte, len(b.data), max(2*cap(b.data), len(b.data)+extra))
+	copy(grown, b.data)
+	b.data = grown
+}
+
+// stagedSize is the size of r in a stagedBuf.
+func stagedSize(r *abi.Record) int { return 4 + len(r.Key) + 4 + len(r.Value) + 8 }
+
+func (b *stagedBuf) add(r abi.Record) {
+	b.reserve(stagedSize(&r))
 	b.data = binary.BigEndian.AppendUint32(b.data, uint32(len(r.Key)))
 	b.data = append(b.data, r.Key...)
 	b.data = binary.BigEndian.AppendUint32(b.data, uint32(len(r.Value)))
@@ -411,7 +431,12 @@ func (s *Sink) Write(recs []abi.Record) error {
 	if err := s.goLive(); err != nil {
 		return err
 	}
-	at := max(len(s.cur.data), stateHeader)
+	size := 0
+	for i := range recs {
+		size += stagedSize(&recs[i])
+	}
+	s.cur.reserve(size)
+	at := len(s.cur.data)
 	for i := range recs {
 		s.cur.add(recs[i])
 	}
@@ -484,7 +509,7 @@ func (s *Sink) seal(epoch int64) {
 	s.mu.Lock()
 	s.pending = append(s.pending, e)
 	s.mu.Unlock()
-	s.cur = stagedBuf{}
+	s.cur = stagedBuf{hint: len(s.cur.data)}
 }
 
 // PreCommit seals the records written since the last checkpoint into the
@@ -493,13 +518,33 @@ func (s *Sink) PreCommit(id int64) ([]byte, error) {
 	if err := s.failed(); err != nil {
 		return nil, err
 	}
+	parts, err := s.PreCommitParts(id)
+	switch {
+	case err != nil:
+		return nil, err
+	case len(parts) == 1:
+		return parts[0], nil // the usual case, one entry: its staged buffer, no copy
+	}
+	return slices.Concat(parts...), nil
+}
+
+// PreCommitParts is PreCommit with the state in parts
+// (connector.PartedSink): the entries' records as they were staged,
+// between their headers, never copied. Epochs are staged in tens of MB
+// while checkpoints are frequent, and the entries not yet committed are
+// in every state, so joining them at each barrier stopped the subtask
+// for a copy of all of them.
+func (s *Sink) PreCommitParts(id int64) ([][]byte, error) {
+	if err := s.failed(); err != nil {
+		return nil, err
+	}
 	s.seal(id)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if len(s.pending) == 1 && s.pending[0].state != nil {
-		return s.pending[0].state, nil // the usual case: no copy
+		return [][]byte{s.pending[0].state}, nil
 	}
-	return encodeEntries(s.pending), nil
+	return entryParts(s.pending), nil
 }
 
 // failed is the error of a failed commit, nil while none failed.
@@ -892,19 +937,22 @@ const entriesVersion = 1
 // encodeEntries encodes entries as the sink's checkpoint state: u8
 // version, u32 count, then per entry: u32 writer, i64 epoch, 16 bytes nonce,
 // u32 records, u32 data length, data (big-endian).
-func encodeEntries(es []*entry) []byte {
-	size := 5
+func encodeEntries(es []*entry) []byte { return slices.Concat(entryParts(es)...) }
+
+// entryParts is encodeEntries(es) in parts: the headers, and the
+// entries' records in place.
+func entryParts(es []*entry) [][]byte {
+	hdr := binary.BigEndian.AppendUint32([]byte{entriesVersion}, uint32(len(es)))
+	parts := make([][]byte, 0, 2*len(es))
 	for _, e := range es {
-		size += 4 + 8 + 16 + 4 + 4 + len(e.data)
+		hdr = appendEntryHeader(hdr, e)
+		parts = append(parts, hdr, e.data)
+		hdr = nil
 	}
-	b := make([]byte, 0, size)
-	b = append(b, entriesVersion)
-	b = binary.BigEndian.AppendUint32(b, uint32(len(es)))
-	for _, e := range es {
-		b = appendEntryHeader(b, e)
-		b = append(b, e.data...)
+	if len(es) == 0 {
+		parts = append(parts, hdr)
 	}
-	return b
+	return parts
 }
 
 // appendEntryHeader appends e's header in encodeEntries' layout.

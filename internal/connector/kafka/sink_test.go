@@ -9,6 +9,7 @@ import (
 	"strings"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/streamd/streamd/abi"
 	"github.com/streamd/streamd/internal/connector/kafka/kafkatest"
@@ -390,6 +391,20 @@ func TestSinkStateInPlace(t *testing.T) {
 	es, err := decodeEntries(st)
 	if err != nil || !bytes.Equal(st, before) || len(es) != 1 || es[0].n != 30 || es[0].epoch != 1 {
 		t.Fatalf("checkpoint 1's state changed after later writes (%v)", err)
+	}
+	// Neither is committed: the state in parts holds both, their records
+	// where they were staged.
+	parts, err := s.PreCommitParts(3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if es, err = decodeEntries(slices.Concat(parts...)); err != nil || len(es) != 2 || es[0].epoch != 1 || es[1].epoch != 2 || es[1].n != 30 {
+		t.Fatalf("state in parts: %d entries (%v)", len(es), err)
+	}
+	for i, e := range s.pending {
+		if len(parts) != 4 || unsafe.SliceData(parts[2*i+1]) != unsafe.SliceData(e.data) {
+			t.Fatalf("entry %d of the state in parts is a copy", i)
+		}
 	}
 }
 
