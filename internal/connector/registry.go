@@ -8,6 +8,7 @@ import (
 	"slices"
 	"sort"
 	"sync"
+	"time"
 
 	"github.com/nats-io/nats.go"
 )
@@ -44,10 +45,13 @@ type SinkEnv struct {
 	// Checkpointing is false for a job without checkpoints: a two-phase
 	// sink then gets CommitFinal at the end instead of Commit.
 	Checkpointing bool
-	Stdout        io.Writer   // the process's standard output
-	StdoutMu      *sync.Mutex // held while writing Stdout
-	NATS          func(url string) (*nats.Conn, error)
-	Settings      map[string]string // see SourceEnv.Settings
+	// CheckpointInterval is the job's periodic checkpoint interval; 0:
+	// none, or not known here.
+	CheckpointInterval time.Duration
+	Stdout             io.Writer   // the process's standard output
+	StdoutMu           *sync.Mutex // held while writing Stdout
+	NATS               func(url string) (*nats.Conn, error)
+	Settings           map[string]string // see SourceEnv.Settings
 }
 
 // SourceConstructor makes one subtask of a source from its spec (the

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/nats-io/nats.go"
 
@@ -95,8 +96,16 @@ func (j *job) sourceEnv(t *task) connector.SourceEnv {
 func (j *job) sinkEnv(t *task, operator string) connector.SinkEnv {
 	return connector.SinkEnv{
 		Operator: operator, Job: j.writerName(), Subtask: t.sub, Parallelism: t.v.Parallelism,
-		Checkpointing: t.ckpt, Stdout: j.opts.Stdout, StdoutMu: j.stdout, NATS: j.natsConn, Settings: j.opts.ConnectorSettings,
+		Checkpointing: t.ckpt, CheckpointInterval: j.checkpointInterval(), Stdout: j.opts.Stdout, StdoutMu: j.stdout, NATS: j.natsConn, Settings: j.opts.ConnectorSettings,
 	}
+}
+
+// checkpointInterval is the job's periodic checkpoint interval; 0: none.
+func (j *job) checkpointInterval() time.Duration {
+	if j.opts.Checkpoint == nil {
+		return 0
+	}
+	return j.opts.Checkpoint.Interval
 }
 
 func (j *job) writerName() string {

@@ -86,7 +86,9 @@ func (e *LocalExecutor) startDistributed(ctx context.Context, r ExecRequest) (Ex
 		if err != nil {
 			return nil, fmt.Errorf("cluster: job %s: %w", r.JobID, err)
 		}
-		opts.Checkpoint = &runtime.CheckpointOptions{Store: store}
+		// The interval is the controller's to keep; here it only tells
+		// the sinks how long an epoch lasts (connector.SinkEnv).
+		opts.Checkpoint = &runtime.CheckpointOptions{Store: store, Interval: cs.Interval}
 		opts.Checkpoint.SetMode(cs)
 		if r.RestoreFrom != "" {
 			rs, err := loadRestoreRetry(ctx, r.Conn, r.RestoreFrom, r.Graph, r.Logger)

@@ -259,6 +259,10 @@ type SinkConfig struct {
 	// TransactionTimeout bounds a transaction on the broker (it must not
 	// exceed the broker's transaction.max.timeout.ms); default 60s.
 	TransactionTimeout time.Duration
+	// CheckpointInterval is the job's checkpoint interval
+	// (connector.SinkEnv): the exactly-once sink's estimate of an epoch's
+	// length until it has timed one (see Sink.goLive); 0: none known.
+	CheckpointInterval time.Duration
 }
 
 // Validate reports every problem of c at once, each naming its field.

@@ -95,6 +95,7 @@ func init() {
 			if err != nil {
 				return nil, err
 			}
+			cfg.CheckpointInterval = env.CheckpointInterval
 			return NewAnySink(env.Context, cfg, env.Subtask, env.Parallelism)
 		})
 	if err := connector.RegisterSetting(connector.Setting{Key: SettingBrokers, Flag: "kafka-brokers",

@@ -135,7 +135,8 @@ type Sink struct {
 	closed bool
 	// live is the open transaction Write fills with cur's records (nil:
 	// none, cur is only staged); lastSeal and epochDur time the epochs
-	// (goLive).
+	// (goLive); epochDur starts as the job's checkpoint interval, so that
+	// the first epochs go live too.
 	live     *txnRecords
 	lastSeal time.Time
 	epochDur time.Duration
@@ -373,7 +374,7 @@ func NewSink(ctx context.Context, cfg SinkConfig, subtask, parallelism int) (*Si
 	s := &Sink{
 		name: name, cfg: cfg, subtask: subtask, parallelism: parallelism,
 		writer: WriterID(cfg.Job, cfg.Operator), prefix: cfg.TransactionalIDPrefix,
-		target: -1,
+		target: -1, epochDur: cfg.CheckpointInterval,
 	}
 	cl, err := s.txnClient(ctx, subtask)
 	if err != nil {
@@ -455,7 +456,8 @@ func (s *Sink) Write(recs []abi.Record) error {
 // commit (the transactional id holds one transaction at a time, and the
 // entries go in order) and epochs last less than an eighth of
 // TransactionTimeout (the transaction stays open until the epoch's
-// checkpoint completes). A live transaction older than a quarter of
+// checkpoint completes): the last epoch as timed from seal to seal, or
+// before two seals the job's checkpoint interval (CheckpointInterval). A live transaction older than a quarter of
 // TransactionTimeout is no longer filled: its commit aborts it and
 // produces the entry anew. The transaction holds exactly the records of
 // one entry: those staged before it began, then every record written

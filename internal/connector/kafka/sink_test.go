@@ -606,3 +606,40 @@ func TestSinkLiveTransaction(t *testing.T) {
 	}
 	exactlyOnce(t, c, "out", valuesOf(epochs...))
 }
+
+// TestSinkLiveFromTheStart: a sink told the job's checkpoint interval
+// (short against the transaction timeout) produces its first epoch into a
+// live transaction, before it timed an epoch; one told an interval too
+// long for a transaction to wait does not. Committed, each record is in
+// Kafka once.
+func TestSinkLiveFromTheStart(t *testing.T) {
+	c := kafkatest.Start(t)
+	c.CreateTopic(t, "out", 2)
+	for _, tc := range []struct {
+		interval time.Duration
+		live     bool
+	}{{200 * time.Millisecond, true}, {time.Hour, false}} {
+		cfg := sinkConfig(c, "out")
+		cfg.Operator += tc.interval.String() // a writer of its own
+		cfg.CheckpointInterval = tc.interval
+		s, err := NewSink(testCtx(t), cfg, 0, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		recs := recsN(tc.interval.String(), 20)
+		if err := s.Write(recs); err != nil {
+			t.Fatal(err)
+		}
+		if (s.live != nil) != tc.live {
+			t.Fatalf("interval %v: live transaction %v, want %v", tc.interval, s.live != nil, tc.live)
+		}
+		if _, err := s.PreCommit(1); err != nil {
+			t.Fatal(err)
+		}
+		if err := commitNow(s, 1); err != nil {
+			t.Fatal(err)
+		}
+		s.Close()
+	}
+	exactlyOnce(t, c, "out", valuesOf(recsN("200ms", 20), recsN("1h0m0s", 20)))
+}
