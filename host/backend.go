@@ -130,9 +130,9 @@ func checkRestored(groups map[int]*KeyGroupState, rng abi.KeyGroupRange, maxP in
 				}
 			}
 		}
-		for k, timers := range [numTimerKinds][]Timer{eventTime: g.Timers, procTime: g.ProcTimers} {
-			for _, t := range timers {
-				if err := w.Timer(kg, t.Key, t.TS, timerKind(k) == procTime); err != nil {
+		for _, proc := range []bool{false, true} {
+			for _, t := range g.TimerList(proc) {
+				if err := w.Timer(kg, t.Key, t.TS, proc); err != nil {
 					return err
 				}
 			}

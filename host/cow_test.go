@@ -486,20 +486,34 @@ func TestTimerCutsUnderConcurrentWrites(t *testing.T) {
 				t.Fatal(err)
 			}
 			h := held{snap, maps.Clone(model), make(chan error, 1)}
+			lazy := rng.IntN(2) == 0 // read in place, as the checkpoint encoder does
 			go func() {
-				if err := h.snap.Load(); err != nil {
+				load := h.snap.Load
+				if lazy {
+					load = h.snap.LoadForEncoding
+				}
+				if err := load(); err != nil {
 					h.done <- err
 					return
 				}
 				got := map[tm]bool{}
 				for kg, g := range h.snap.KeyGroups {
-					for kind, ts := range [numTimerKinds][]Timer{eventTime: g.Timers, procTime: g.ProcTimers} {
-						for _, x := range ts {
-							if abi.KeyGroup(x.Key, maxP) != kg {
-								h.done <- fmt.Errorf("timer %q in key group %d", x.Key, kg)
-								return
+					for _, kind := range []timerKind{eventTime, procTime} {
+						var bad error
+						n := 0
+						g.EachTimer(kind == procTime, func(key []byte, ts int64) {
+							if abi.KeyGroup(key, maxP) != kg {
+								bad = fmt.Errorf("timer %q in key group %d", key, kg)
 							}
-							got[tm{timerKind(kind), string(x.Key), x.TS}] = true
+							got[tm{kind, string(key), ts}] = true
+							n++
+						})
+						if bad == nil && n != g.TimerCount(kind == procTime) {
+							bad = fmt.Errorf("key group %d: %d timers read, TimerCount %d", kg, n, g.TimerCount(kind == procTime))
+						}
+						if bad != nil {
+							h.done <- bad
+							return
 						}
 					}
 				}
@@ -563,6 +577,25 @@ func TestTimerCutTakesNoCopy(t *testing.T) {
 	if _, ok := frozen[string(timerNames[eventTime])][string(appendGroupTimer(nil, []byte("key-0"), 0))]; !ok {
 		t.Fatal("a delete after the cut wrote the cut's timer map")
 	}
+	// Read in place first (the checkpoint encoder's LoadForEncoding): the
+	// counts, the version and the size come from the cut's maps; then
+	// Load moves the timers into Timers and ProcTimers, and the size is
+	// what MarshalBinary writes.
+	if err := cut.LoadForEncoding(); err != nil {
+		t.Fatal(err)
+	}
+	lazyEvents, lazyProcs := 0, 0
+	for _, g := range cut.KeyGroups {
+		if g.Timers != nil || g.ProcTimers != nil {
+			t.Fatal("LoadForEncoding made timer slices")
+		}
+		lazyEvents += g.TimerCount(false)
+		lazyProcs += g.TimerCount(true)
+	}
+	if SnapshotVersionFor(cut) != 2 {
+		t.Fatal("a cut with processing-time timers read in place is not of version 2")
+	}
+	lazySize := cut.Size()
 	if err := cut.Load(); err != nil {
 		t.Fatal(err)
 	}
@@ -570,6 +603,12 @@ func TestTimerCutTakesNoCopy(t *testing.T) {
 	for _, g := range cut.KeyGroups {
 		events += len(g.Timers)
 		procs += len(g.ProcTimers)
+	}
+	if events != lazyEvents || procs != lazyProcs {
+		t.Fatalf("read in place: %d and %d timers; loaded: %d and %d", lazyEvents, lazyProcs, events, procs)
+	}
+	if data, err := cut.MarshalBinary(); err != nil || int64(len(data)) != lazySize {
+		t.Fatalf("Size read in place %d, MarshalBinary %d bytes (%v)", lazySize, len(data), err)
 	}
 	if want := (n + 6) / 7; events != n || procs != want {
 		t.Fatalf("the cut holds %d and %d timers, want %d and %d", events, procs, n, want)

@@ -39,7 +39,7 @@ const (
 // group holds processing-time timers, else 1.
 func SnapshotVersionFor(s *Snapshot) uint32 {
 	for _, g := range s.KeyGroups {
-		if g != nil && len(g.ProcTimers) > 0 {
+		if g.TimerCount(true) > 0 {
 			return 2
 		}
 	}

@@ -80,6 +80,22 @@ var errReleased = errors.New("host: the snapshot was released before its state w
 // memory: a restore does not load them). One goroutine at a time may call
 // Load.
 func (s *Snapshot) Load() error {
+	if err := s.LoadForEncoding(); err != nil {
+		return err
+	}
+	if s != nil {
+		for _, g := range s.KeyGroups {
+			g.materializeTimers()
+		}
+	}
+	return nil
+}
+
+// LoadForEncoding is Load, except that the timers of a memory backend's cut
+// stay in the cut's maps: its readers (the checkpoint encoder) read them
+// with KeyGroupState.TimerCount, EachTimer or TimerList, not Timers and
+// ProcTimers. A Load after it moves them there.
+func (s *Snapshot) LoadForEncoding() error {
 	if s != nil && len(s.Sources) > 0 {
 		groups := map[int]*KeyGroupState{}
 		if err := loadSources(s.Sources, groups); err != nil {
@@ -124,6 +140,86 @@ type KeyGroupState struct {
 	// backend (the encoders sort a savepoint's).
 	Timers     []Timer
 	ProcTimers []Timer
+	// timerMaps are the timers of a memory cut loaded by LoadForEncoding:
+	// the group's frozen maps (appendGroupTimer keys) by kind, read in
+	// place instead of Timers and ProcTimers (nil: those hold them). Load
+	// moves them into Timers and ProcTimers.
+	timerMaps [numTimerKinds]map[string][]byte
+}
+
+// TimerCount is the number of the group's event-time timers, or
+// processing-time ones (proc), wherever they are held (Timers, or a cut's
+// maps after LoadForEncoding).
+func (g *KeyGroupState) TimerCount(proc bool) int {
+	if g == nil {
+		return 0
+	}
+	k := kindOf(proc)
+	if m := g.timerMaps[k]; m != nil {
+		return len(m)
+	}
+	if proc {
+		return len(g.ProcTimers)
+	}
+	return len(g.Timers)
+}
+
+// EachTimer calls fn with each event-time timer of the group, or each
+// processing-time one (proc), in (TS, Key) order when they are in Timers
+// and ProcTimers, else in map order. key aliases the snapshot: fn must
+// not keep or change it.
+func (g *KeyGroupState) EachTimer(proc bool, fn func(key []byte, ts int64)) {
+	if g == nil {
+		return
+	}
+	k := kindOf(proc)
+	if m := g.timerMaps[k]; m != nil {
+		for tk := range m {
+			key := tk[8:]
+			fn(unsafe.Slice(unsafe.StringData(key), len(key)), groupTimerTS(tk))
+		}
+		return
+	}
+	ts := g.Timers
+	if proc {
+		ts = g.ProcTimers
+	}
+	for _, t := range ts {
+		fn(t.Key, t.TS)
+	}
+}
+
+// TimerList is the group's event-time timers, or processing-time ones
+// (proc), as a slice: Timers or ProcTimers, or a new slice of a cut's maps
+// after LoadForEncoding.
+func (g *KeyGroupState) TimerList(proc bool) []Timer {
+	if g == nil {
+		return nil
+	}
+	if m := g.timerMaps[kindOf(proc)]; m != nil {
+		return timersOf(m)
+	}
+	if proc {
+		return g.ProcTimers
+	}
+	return g.Timers
+}
+
+// materializeTimers moves timers held in a cut's maps into Timers and
+// ProcTimers.
+func (g *KeyGroupState) materializeTimers() {
+	if g == nil || g.timerMaps[eventTime] == nil && g.timerMaps[procTime] == nil {
+		return
+	}
+	g.Timers, g.ProcTimers = g.TimerList(false), g.TimerList(true)
+	g.timerMaps = [numTimerKinds]map[string][]byte{}
+}
+
+func kindOf(proc bool) timerKind {
+	if proc {
+		return procTime
+	}
+	return eventTime
 }
 
 // Timer is an event-time or processing-time timer of a key.
@@ -727,8 +823,16 @@ func loadCutGroups(out map[int]*KeyGroupState, groups []cutGroup) map[int]*KeyGr
 		}
 		ev, proc := tm[string(timerNames[eventTime])], tm[string(timerNames[procTime])]
 		if len(ev)+len(proc) > 0 {
+			// Read in place (EachTimer): a million timers as a []Timer
+			// were 24 MB of garbage a checkpoint; Load moves them into
+			// Timers and ProcTimers for readers of the fields.
 			g := groupIn(out, c.kg)
-			g.Timers, g.ProcTimers = timersOf(ev), timersOf(proc)
+			if len(ev) > 0 {
+				g.timerMaps[eventTime] = ev
+			}
+			if len(proc) > 0 {
+				g.timerMaps[procTime] = proc
+			}
 		}
 	}
 	return out

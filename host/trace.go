@@ -116,11 +116,8 @@ func (s *Snapshot) Size() int64 {
 				n += 8 + int64(len(k)+len(v))
 			}
 		}
-		for _, t := range g.Timers {
-			n += 4 + int64(len(t.Key)) + 8
-		}
-		for _, t := range g.ProcTimers {
-			n += 4 + int64(len(t.Key)) + 8
+		for _, proc := range []bool{false, true} {
+			g.EachTimer(proc, func(key []byte, _ int64) { n += 4 + int64(len(key)) + 8 })
 		}
 	}
 	for name, l := range s.Lists {

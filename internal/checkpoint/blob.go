@@ -53,8 +53,8 @@ func EncodeState(s *SubtaskState) ([]byte, error) {
 // its own trailer included: BlobRef.CRC32C) too, reading the operator
 // snapshot once for both checksums.
 func appendState(dst []byte, s *SubtaskState, sorted bool) ([]byte, uint32, error) {
-	n, size := 0, len(blobMagic)+8+4          // size: all but the operator snapshot's bytes
-	if err := s.Operator.Load(); err != nil { // a pebble cut: read it here, off the subtask's goroutine
+	n, size := 0, len(blobMagic)+8+4                     // size: all but the operator snapshot's bytes
+	if err := s.Operator.LoadForEncoding(); err != nil { // a pebble cut: read it here, off the subtask's goroutine
 		return nil, 0, fmt.Errorf("checkpoint: encode state: %w", err)
 	}
 	if s.Operator != nil {

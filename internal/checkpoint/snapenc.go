@@ -65,9 +65,9 @@ func appendSnapshot(b []byte, s *host.Snapshot, sorted bool) ([]byte, uint32, er
 				}
 			}
 		}
-		b = appendTimers(b, g.Timers, sorted)
+		b = appendTimers(b, g, false, sorted)
 		if version >= 2 {
-			b = appendTimers(b, g.ProcTimers, sorted)
+			b = appendTimers(b, g, true, sorted)
 		}
 	}
 	names := slices.Sorted(maps.Keys(s.Lists))
@@ -111,23 +111,31 @@ func appendKV(b []byte, k string, v []byte) []byte {
 	return append(b, v...)
 }
 
-// appendTimers appends a timer count and the timers, in (ts, key) order if
-// sorted, else in the order of ts (a cut of the memory backend holds them
-// in map order; readers take any).
-func appendTimers(b []byte, ts []host.Timer, sorted bool) []byte {
+// appendTimers appends a timer count and g's event-time timers, or
+// processing-time ones (proc), in (ts, key) order if sorted, else in the
+// order g holds them (a cut of the memory backend: map order, read in
+// place; readers take any).
+func appendTimers(b []byte, g *host.KeyGroupState, proc, sorted bool) []byte {
 	le := binary.LittleEndian
-	timers := ts
+	b = le.AppendUint32(b, uint32(g.TimerCount(proc)))
 	if sorted {
-		timers = slices.Clone(ts)
+		timers := slices.Clone(g.TimerList(proc))
 		sortTimers(timers)
+		for _, t := range timers {
+			b = appendTimer(b, t.Key, t.TS)
+		}
+		return b
 	}
-	b = le.AppendUint32(b, uint32(len(timers)))
-	for _, t := range timers {
-		b = le.AppendUint32(b, uint32(len(t.Key)))
-		b = append(b, t.Key...)
-		b = le.AppendUint64(b, uint64(t.TS))
-	}
+	g.EachTimer(proc, func(key []byte, ts int64) { b = appendTimer(b, key, ts) })
 	return b
+}
+
+// appendTimer appends one timer: bytes key, i64 ts.
+func appendTimer(b []byte, key []byte, ts int64) []byte {
+	le := binary.LittleEndian
+	b = le.AppendUint32(b, uint32(len(key)))
+	b = append(b, key...)
+	return le.AppendUint64(b, uint64(ts))
 }
 
 // sortTimers sorts timers by (TS, Key), the order of the host format.
