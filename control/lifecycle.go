@@ -3,6 +3,7 @@ package control
 import (
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 )
 
@@ -38,8 +39,11 @@ type Lifecycle struct {
 	executing bool  // the current attempt was started and has not ended
 	waiting   bool  // restarting: the next attempt starts at restartAt
 	restartAt int64 // tick
-	ended     bool
-	done      *JobDone // the coordinator's JobDone of the current attempt
+	// held: the next attempt (its number already counted) waits for the
+	// outcome of the checkpoints being persisted (startAttempt).
+	held  bool
+	ended bool
+	done  *JobDone // the coordinator's JobDone of the current attempt
 
 	latest  *RestorePoint            // the latest completed checkpoint or savepoint
 	kinds   map[int64]CheckpointKind // of the checkpoints being persisted
@@ -409,13 +413,17 @@ func (l *Lifecycle) Step(ev Event) error {
 		if l.latest == nil || e.CheckpointID > l.latest.ID {
 			l.latest = &RestorePoint{ID: e.CheckpointID, Kind: kind, Location: e.Location}
 		}
+		l.release()
 		return nil
 	}
 	if l.coord == nil {
 		return fmt.Errorf("control: job %q: %s without checkpointing: %w", l.g.Name, ev, ErrUnexpectedEvent)
 	}
-	if _, ok := ev.(PersistFailed); ok {
-		return l.stepCoord(ev) // its outcome counts after a failover too
+	if e, ok := ev.(PersistFailed); ok {
+		err := l.stepCoord(ev) // its outcome counts after a failover too
+		delete(l.kinds, e.CheckpointID)
+		l.release()
+		return err
 	}
 	if l.waiting || !l.executing {
 		return nil // a straggler between attempts
@@ -463,8 +471,21 @@ func (l *Lifecycle) stepCoord(ev Event) error {
 	return nil
 }
 
+// startAttempt starts attempt l.attempt, restored from the latest completed
+// checkpoint or savepoint (StartAttempt).
+//
+// An attempt restores the latest completed checkpoint, so it waits while
+// one is being persisted (held): its metadata may be in the store already.
+// Restored from an older one instead, the attempt would produce again what
+// the newer one's sinks hold pending, and remove their files as stale;
+// the next restore, from the newer one, would then find them gone, or
+// commit a second copy of records the attempt had committed.
 func (l *Lifecycle) startAttempt() {
-	l.waiting, l.executing, l.done, l.stopID = false, true, nil, 0
+	if len(l.kinds) > 0 {
+		l.held, l.waiting, l.restartAt, l.state = true, true, math.MaxInt64, JobRestarting
+		return
+	}
+	l.held, l.waiting, l.executing, l.done, l.stopID = false, false, true, nil, 0
 	if l.coord == nil {
 		l.state = JobRunning
 		l.restart.Running(l.now)
@@ -477,6 +498,13 @@ func (l *Lifecycle) startAttempt() {
 		from = &p
 	}
 	l.emit(StartAttempt{Attempt: l.attempt, Restore: from})
+}
+
+// release starts the held attempt once no checkpoint is being persisted.
+func (l *Lifecycle) release() {
+	if l.held && len(l.kinds) == 0 && !l.ended {
+		l.startAttempt()
+	}
 }
 
 // adoptAttempt takes the running attempt FirstAttempt over: executing, as
