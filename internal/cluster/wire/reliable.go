@@ -184,8 +184,11 @@ func Permanent(err error) error {
 // Transient reports whether err may go away when the same call is tried
 // again: a timeout, NATS disconnected or reconnecting, no responder (yet),
 // JetStream temporarily unavailable (an API error with code 503 other than
-// "not enabled"). Errors marked Permanent, a missing artifact, a digest
-// mismatch, a closed connection and anything else are not.
+// "not enabled"), an object read back corrupt (jetstream.ErrDigestMismatch:
+// the object store's own check, met on a NATS cluster reading an object
+// just written). Errors marked Permanent, a missing artifact, an object
+// whose content is not the digest asked for (ErrDigestMismatch), a closed
+// connection and anything else are not.
 func Transient(err error) bool {
 	var pe permanentError
 	switch {
@@ -197,7 +200,7 @@ func Transient(err error) bool {
 	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, nats.ErrTimeout),
 		errors.Is(err, nats.ErrConnectionReconnecting), errors.Is(err, nats.ErrDisconnected),
 		errors.Is(err, nats.ErrNoResponders), errors.Is(err, jetstream.ErrNoStreamResponse),
-		errors.Is(err, jetstream.ErrNoHeartbeat):
+		errors.Is(err, jetstream.ErrNoHeartbeat), errors.Is(err, jetstream.ErrDigestMismatch):
 		return true
 	}
 	var apiErr *jetstream.APIError

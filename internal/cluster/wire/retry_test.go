@@ -142,6 +142,10 @@ func TestTransient(t *testing.T) {
 		{nats.ErrConnectionClosed, false},
 		{context.Canceled, false},
 		{jetstream.ErrObjectNotFound, false},
+		// The object store's own check of what it read: a NATS cluster
+		// read the object before its chunks were all there.
+		{fmt.Errorf("cluster: fetch artifact op.wasm: %w", jetstream.ErrDigestMismatch), true},
+		{fmt.Errorf("%w: fetch artifact op.wasm: content has digest sha256:00", ErrDigestMismatch), false},
 		{errors.New("something else"), false},
 		{Permanent(nats.ErrTimeout), false},
 	} {
