@@ -12,6 +12,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -51,8 +52,10 @@ func newChaosProc(t *testing.T, name, bin string, args ...string) *chaosProc {
 		if t.Failed() {
 			s := p.out.String()
 			t.Logf("%s output (last 6 KiB):\n%s", name, before[max(0, len(before)-6<<10):])
-			// STREAMD_CHAOS_LOGS=dir keeps the whole output of each process.
-			if dir := os.Getenv("STREAMD_CHAOS_LOGS"); dir != "" {
+			// The whole output of each process, its goroutines' stacks
+			// included, is kept in STREAMD_CHAOS_LOGS=dir, or else in a
+			// directory of the system's temp dir that the test names.
+			if dir := chaosLogDir(t); dir != "" {
 				f := filepath.Join(dir, strings.ReplaceAll(name, " ", "-")+".log")
 				if err := os.WriteFile(f, []byte(s), 0o644); err != nil {
 					t.Log(err)
@@ -61,6 +64,30 @@ func newChaosProc(t *testing.T, name, bin string, args ...string) *chaosProc {
 		}
 	})
 	return p
+}
+
+// chaosLogDirs is the directory of each failed test's process logs.
+var chaosLogDirs sync.Map // *testing.T -> string
+
+// chaosLogDir is where the processes of failed test t leave their whole
+// output: STREAMD_CHAOS_LOGS, or a new directory in the system's temp dir,
+// made and named in the test's log on first use ("": none could be made).
+func chaosLogDir(t *testing.T) string {
+	if dir := os.Getenv("STREAMD_CHAOS_LOGS"); dir != "" {
+		return dir
+	}
+	if dir, ok := chaosLogDirs.Load(t); ok {
+		return dir.(string)
+	}
+	dir, err := os.MkdirTemp("", "streamd-chaos-logs-")
+	if err != nil {
+		t.Log(err)
+		dir = ""
+	} else {
+		t.Logf("the processes' whole output, with their goroutines' stacks: %s", dir)
+	}
+	chaosLogDirs.Store(t, dir)
+	return dir
 }
 
 func (p *chaosProc) start() {
