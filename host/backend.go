@@ -73,12 +73,14 @@ type stateBackend interface {
 	registerTimer(k timerKind, key []byte, ts int64) error
 	deleteTimer(k timerKind, key []byte, ts int64) error
 	// popDue appends every timer of kind k with ts <= w to dst in (ts,
-	// key) order. The caller checks hasTimer before firing each (an
-	// earlier timer call may have deleted it) and removes it with
-	// removeTimer.
+	// key) order. The caller removes each with removeTimer before it
+	// fires it, and skips those removeTimer did not find (an earlier
+	// timer call deleted them).
 	popDue(k timerKind, w int64, dst []timerID) ([]timerID, error)
 	hasTimer(k timerKind, id timerID) (bool, error)
-	removeTimer(k timerKind, id timerID) error
+	// removeTimer removes the timer id of kind k and reports whether it
+	// was there.
+	removeTimer(k timerKind, id timerID) (bool, error)
 	// nextTimer is the earliest ts of the timers of kind k.
 	nextTimer(k timerKind) (int64, bool, error)
 	// cut returns the keyed state and timers as they are now, by key group,

@@ -470,8 +470,11 @@ func TestTimerCutsUnderConcurrentWrites(t *testing.T) {
 				t.Fatalf("step %d: popDue(%d) = %v, want %v", step, watermark[kind], due, want)
 			}
 			for _, d := range due {
-				if err := s.removeTimer(kind, d); err != nil {
-					t.Fatal(err)
+				if ok, err := s.removeTimer(kind, d); err != nil || !ok {
+					t.Fatalf("step %d: removeTimer of due %v: %v, %v", step, d, ok, err)
+				}
+				if ok, _ := s.removeTimer(kind, d); ok {
+					t.Fatalf("step %d: removeTimer of %v again found it", step, d)
 				}
 				delete(model, tm{kind, d.key, d.ts})
 			}

@@ -353,13 +353,10 @@ func (i *Instance) fireDue(ctx context.Context, k timerKind, w int64, phase abi.
 		return i.stateError(phase, err)
 	}
 	for _, t := range i.due {
-		if ok, err := i.state.hasTimer(k, t); err != nil {
+		if ok, err := i.state.removeTimer(k, t); err != nil {
 			return i.stateError(phase, err)
 		} else if !ok {
 			continue // deleted by an earlier timer call
-		}
-		if err := i.state.removeTimer(k, t); err != nil {
-			return i.stateError(phase, err)
 		}
 		if fn == nil {
 			continue

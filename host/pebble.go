@@ -400,8 +400,11 @@ func (s *pebbleState) hasTimer(k timerKind, id timerID) (bool, error) {
 	return true, nil
 }
 
-func (s *pebbleState) removeTimer(k timerKind, id timerID) error {
-	return s.deleteTimer(k, []byte(id.key), id.ts)
+func (s *pebbleState) removeTimer(k timerKind, id timerID) (bool, error) {
+	if ok, err := s.hasTimer(k, id); err != nil || !ok {
+		return false, err
+	}
+	return true, s.deleteTimer(k, []byte(id.key), id.ts)
 }
 
 // nextTimer reads the first timer of kind k (cached until a delete of the

@@ -665,14 +665,16 @@ func (s *keyedState) registerTimer(k timerKind, key []byte, ts int64) error {
 
 func (s *keyedState) deleteTimer(k timerKind, key []byte, ts int64) error {
 	s.tbuf = appendGroupTimer(s.tbuf[:0], key, ts)
-	return s.removeFound(k)
+	s.removeFound(k)
+	return nil
 }
 
-// removeFound removes the timer of kind k whose group key is in s.tbuf.
-func (s *keyedState) removeFound(k timerKind) error {
+// removeFound removes the timer of kind k whose group key is in s.tbuf and
+// reports whether it was there.
+func (s *keyedState) removeFound(k timerKind) bool {
 	g, ok := s.findTimer(k)
 	if !ok {
-		return nil
+		return false
 	}
 	g.timers.remove(timerNames[k], s.tbuf)
 	h := &s.heaps[k]
@@ -680,7 +682,7 @@ func (s *keyedState) removeFound(k timerKind) error {
 	if len(h.heap) > 64 && len(h.heap) > 2*h.live {
 		s.compactHeap(k) // deleted timers dominate the heap
 	}
-	return nil
+	return true
 }
 
 // compactHeap drops the deleted timers and the duplicates from the heap of
@@ -704,9 +706,9 @@ func (s *keyedState) hasTimer(k timerKind, id timerID) (bool, error) {
 	return ok, nil
 }
 
-func (s *keyedState) removeTimer(k timerKind, id timerID) error {
+func (s *keyedState) removeTimer(k timerKind, id timerID) (bool, error) {
 	s.tbuf = append(binary.BigEndian.AppendUint64(s.tbuf[:0], uint64(id.ts)), id.key...)
-	return s.removeFound(k)
+	return s.removeFound(k), nil
 }
 
 // popDue moves every heap entry with ts <= w to dst in (ts, key) order. The
