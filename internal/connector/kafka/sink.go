@@ -456,10 +456,10 @@ func (s *Sink) Write(recs []abi.Record) error {
 // commit (the transactional id holds one transaction at a time, and the
 // entries go in order) and epochs last less than an eighth of
 // TransactionTimeout (the transaction stays open until the epoch's
-// checkpoint completes): the last epoch as timed from seal to seal, or
-// before two seals the job's checkpoint interval (CheckpointInterval). A live transaction older than a quarter of
-// TransactionTimeout is no longer filled: its commit aborts it and
-// produces the entry anew. The transaction holds exactly the records of
+// checkpoint completes): the last epoch as timed from seal to seal, or,
+// before two seals, the job's checkpoint interval (CheckpointInterval).
+// A live transaction older than a quarter of TransactionTimeout is no
+// longer filled: its commit aborts it and produces the entry anew. The transaction holds exactly the records of
 // one entry: those staged before it began, then every record written
 // until the seal.
 func (s *Sink) goLive() error {
@@ -517,9 +517,6 @@ func (s *Sink) seal(epoch int64) {
 // PreCommit seals the records written since the last checkpoint into the
 // entry of checkpoint id and returns every entry not committed yet.
 func (s *Sink) PreCommit(id int64) ([]byte, error) {
-	if err := s.failed(); err != nil {
-		return nil, err
-	}
 	parts, err := s.PreCommitParts(id)
 	switch {
 	case err != nil:
