@@ -35,7 +35,9 @@ import (
 // Write stages records in memory; PreCommit(id) seals the records of the
 // epoch that checkpoint id ends into an entry (with 16 random bytes, its
 // nonce) and returns every entry not yet committed as the sink's
-// checkpoint state, so the checkpoint holds the records themselves.
+// checkpoint state, so the checkpoint holds the records themselves (the
+// runtime takes it in parts, PreCommitParts: the staged records are
+// written into the checkpoint where they are, never joined or copied).
 // Commit(id), once checkpoint id is complete, produces each entry of an
 // epoch <= id in one Kafka transaction of its own that also commits, with
 // TxnOffsetCommit, the writer's marker: the offset of Topic's partition 0
