@@ -300,9 +300,35 @@ type jsDir struct {
 	objects  []string // full object names
 }
 
+// listFirstTry bounds the first try of a bucket listing (listObjects);
+// each try after it gets twice as long, up to listMaxTry.
+const (
+	listFirstTry = 2 * time.Second
+	listMaxTry   = 16 * time.Second
+)
+
+// listObjects is obs.List, each try bounded and a try that ran out tried
+// again until ctx ends. A listing reads the objects' infos on an ordered
+// consumer, which can stall for good when it started as NATS restarted: a
+// new leader's NextID for a job it took over waited two minutes in one
+// (TestChaos), and the controller answered nothing meanwhile. A listing
+// takes well under a second.
+func listObjects(ctx context.Context, obs jetstream.ObjectStore) ([]*jetstream.ObjectInfo, error) {
+	try := listFirstTry
+	for {
+		tctx, cancel := context.WithTimeout(ctx, try)
+		infos, err := obs.List(tctx)
+		cancel()
+		if !errors.Is(err, context.DeadlineExceeded) || ctx.Err() != nil {
+			return infos, err
+		}
+		try = min(2*try, listMaxTry)
+	}
+}
+
 // list groups the objects under prefix/ by directory, ascending by id.
 func listDirs(ctx context.Context, obs jetstream.ObjectStore, prefix string) ([]*jsDir, error) {
-	infos, err := obs.List(ctx)
+	infos, err := listObjects(ctx, obs)
 	if err != nil && !errors.Is(err, jetstream.ErrNoObjectsFound) {
 		return nil, fmt.Errorf("checkpoint: list %s: %w", prefix, err)
 	}

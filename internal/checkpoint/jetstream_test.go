@@ -2,6 +2,7 @@ package checkpoint
 
 import (
 	"context"
+	"errors"
 	"math/rand/v2"
 	"reflect"
 	"strings"
@@ -351,3 +352,38 @@ func TestJetStreamStreamedRestore(t *testing.T) {
 }
 
 func pathBase(loc string) string { return loc[strings.LastIndexByte(loc, '/')+1:] }
+
+// stallingObjects is an object store whose first listings stall until
+// their context ends, as an ordered consumer started while NATS restarted
+// did.
+type stallingObjects struct {
+	jetstream.ObjectStore
+	stalls int
+	tries  int
+}
+
+func (s *stallingObjects) List(ctx context.Context, _ ...jetstream.ListObjectsOpt) ([]*jetstream.ObjectInfo, error) {
+	s.tries++
+	if s.tries <= s.stalls {
+		<-ctx.Done()
+		return nil, ctx.Err()
+	}
+	return []*jetstream.ObjectInfo{{ObjectMeta: jetstream.ObjectMeta{Name: "job/chk-7/_metadata"}}}, nil
+}
+
+// TestListingTriesAgainAfterAStall: a listing whose try stalls is tried
+// again, with a longer bound, until it answers; one that stalls past its
+// caller's context fails with the context's error.
+func TestListingTriesAgainAfterAStall(t *testing.T) {
+	obs := &stallingObjects{stalls: 1}
+	dirs, err := listDirs(context.Background(), obs, "job")
+	if err != nil || len(dirs) != 1 || dirs[0].id != 7 || obs.tries != 2 {
+		t.Fatalf("listDirs after a stalled try: %d dirs, %d tries, %v; want chk-7 after 2 tries", len(dirs), obs.tries, err)
+	}
+	obs = &stallingObjects{stalls: 100}
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	if _, err := listDirs(ctx, obs, "job"); !errors.Is(err, context.DeadlineExceeded) || obs.tries != 1 {
+		t.Fatalf("listDirs past its context: %d tries, %v; want one try and the deadline", obs.tries, err)
+	}
+}
