@@ -17,6 +17,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	goruntime "runtime"
 	"sort"
 	"sync"
 	"sync/atomic"
@@ -143,9 +144,12 @@ type Controller struct {
 	lease               *core.Lease
 	leaseRev, leaseTerm uint64
 	leaseSent           time.Time
-	announced           atomic.Bool   // lead announced its term: renewals announce it again
-	firstTry            chan struct{} // closed once the first try for the lease (and lead) is done
-	firstOnce           sync.Once
+	announced           atomic.Bool // lead announced its term: renewals announce it again
+	// tickSince is when the tick running now began (UnixNano; 0: none
+	// runs): watchStalls reports a tick that waits too long.
+	tickSince atomic.Int64
+	firstTry  chan struct{} // closed once the first try for the lease (and lead) is done
+	firstOnce sync.Once
 	// The job records to write (persistLoop), per job the version durable,
 	// closed and replaced whenever a record was written; revs (under
 	// revMu) is each key's revision.
@@ -462,10 +466,43 @@ func (c *Controller) ticker() {
 		case <-c.done:
 			return
 		case now := <-t.C:
+			c.tickSince.Store(time.Now().UnixNano())
 			c.mu.Lock()
 			effects := c.tickLocked(now)
 			c.mu.Unlock()
 			c.run(effects)
+			c.tickSince.Store(0)
+		}
+	}
+}
+
+// stallReport is how long a tick may take before watchStalls logs every
+// goroutine's stack. A tick takes the controller's mutex, which nothing
+// should hold for long: a tick that waits seconds means every request and
+// heartbeat waits too, and the stacks show on what.
+var stallReport = 5 * time.Second
+
+// watchStalls logs, once per stalled tick, a warning with the stacks of
+// every goroutine when a tick has run for stallReport.
+func (c *Controller) watchStalls() {
+	defer c.wg.Done()
+	t := time.NewTicker(max(stallReport/5, 10*time.Millisecond))
+	defer t.Stop()
+	var reported int64
+	for {
+		select {
+		case <-c.done:
+			return
+		case <-t.C:
+			since := c.tickSince.Load()
+			if since == 0 || since == reported || time.Since(time.Unix(0, since)) < stallReport {
+				continue
+			}
+			reported = since
+			buf := make([]byte, 4<<20)
+			buf = buf[:goruntime.Stack(buf, true)]
+			c.log.Warn("controller stalled: a tick has waited for the controller's mutex (or its IO) since "+time.Unix(0, since).UTC().Format(time.RFC3339Nano),
+				"waited", time.Since(time.Unix(0, since)).Round(time.Millisecond), "stacks", string(buf))
 		}
 	}
 }

@@ -457,8 +457,9 @@ func (c *Controller) lead(term uint64) error {
 		c.log.Info("job adopted", "job", a.j.id, "attempt", a.attempt, "hosts", a.p.Hosts())
 		a.j.dist.adopt(a.attempt, a.p)
 	}
-	c.wg.Add(2)
+	c.wg.Add(3)
 	go c.ticker()
+	go c.watchStalls()
 	go c.watchRecords(w, wcancel)
 	c.log.Info("controller leads", "id", c.id, "term", term, "jobs", len(recs), "adopted", len(adopted))
 	return nil
