@@ -186,6 +186,13 @@ func TestChaos(t *testing.T) {
 		t.Fatal(err)
 	}
 	tc := &testCluster{t: t, client: client}
+	// A status nobody answered: the controllers' stacks now show where it
+	// waits (their whole output is kept, chaosLogDir).
+	tc.beforeFatal = func() {
+		for _, p := range ctls {
+			p.signal(syscall.SIGQUIT)
+		}
+	}
 	tc.waitHosts(3)
 	js, err := jetstream.New(connect(t, url))
 	if err != nil {

@@ -48,6 +48,10 @@ type testCluster struct {
 	engine *host.Engine
 	hosts  map[string]*agent.Host
 	hb     time.Duration // heartbeat interval of the controller and the hosts
+	// beforeFatal, if set, runs when waitJob's status request fails,
+	// before the test does: the chaos test has its controllers dump their
+	// goroutines then, while the request is still unanswered.
+	beforeFatal func()
 }
 
 func logger(t testing.TB) *slog.Logger {
@@ -176,6 +180,9 @@ func (tc *testCluster) waitJob(id string, what string, cond func(*wire.JobStatus
 	for time.Now().Before(deadline) {
 		st, err := tc.client.Status(context.Background(), id)
 		if err != nil {
+			if tc.beforeFatal != nil {
+				tc.beforeFatal()
+			}
 			tc.t.Fatal(err)
 		}
 		last = st
