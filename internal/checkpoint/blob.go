@@ -130,25 +130,37 @@ func appendState(dst []byte, s *SubtaskState, sorted bool) ([]byte, uint32, erro
 // snapshot and the state files: source position, sink pending-commit data
 // and channel state (of chanSize bytes).
 func appendMiddleSections(b []byte, s *SubtaskState, chanSize int64) ([]byte, error) {
+	for _, p := range positionAndPending(s) {
+		b = append(b, p...)
+	}
+	return appendChannelSection(b, s, chanSize)
+}
+
+// positionAndPending is the source position and sink pending-commit
+// sections in pieces, the data in place (not copied): encodeStateTo writes
+// them as they are.
+func positionAndPending(s *SubtaskState) [][]byte {
 	le := binary.LittleEndian
+	var pieces [][]byte
 	if s.SourcePosition != nil {
-		b = append(b, tagSourcePosition)
-		b = le.AppendUint64(b, uint64(len(s.SourcePosition)))
-		b = append(b, s.SourcePosition...)
+		pieces = append(pieces, le.AppendUint64([]byte{tagSourcePosition}, uint64(len(s.SourcePosition))), s.SourcePosition)
 	}
 	if parts, size, ok := s.sinkPending(); ok {
-		b = append(b, tagSinkPending)
-		b = le.AppendUint64(b, uint64(size))
-		for _, p := range parts {
-			b = append(b, p...)
-		}
+		pieces = append(pieces, le.AppendUint64([]byte{tagSinkPending}, uint64(size)))
+		pieces = append(pieces, parts...)
 	}
-	if chanSize > 0 {
-		b = append(b, tagChannelState)
-		b = le.AppendUint64(b, uint64(chanSize))
-		return s.Channels.appendTo(b)
+	return pieces
+}
+
+// appendChannelSection appends the channel state section (chanSize
+// bytes; none when 0).
+func appendChannelSection(b []byte, s *SubtaskState, chanSize int64) ([]byte, error) {
+	if chanSize == 0 {
+		return b, nil
 	}
-	return b, nil
+	b = append(b, tagChannelState)
+	b = binary.LittleEndian.AppendUint64(b, uint64(chanSize))
+	return s.Channels.appendTo(b)
 }
 
 // DecodeState decodes a state blob written by EncodeState. Errors wrap

@@ -585,7 +585,7 @@ func encodeStateTo(w io.Writer, st *SubtaskState) error {
 	n := 0
 	version := uint32(FormatVersion)
 	chanSize := st.Channels.EncodedSize()
-	parts, pending, hasPending := st.sinkPending()
+	_, _, hasPending := st.sinkPending()
 	if st.SourcePosition != nil {
 		n++
 	}
@@ -616,27 +616,13 @@ func encodeStateTo(w io.Writer, st *SubtaskState) error {
 			return err
 		}
 	}
-	if st.SourcePosition != nil {
-		if _, err := cw.Write(le.AppendUint64([]byte{tagSourcePosition}, uint64(len(st.SourcePosition)))); err != nil {
+	for _, p := range positionAndPending(st) {
+		if _, err := cw.Write(p); err != nil {
 			return err
-		}
-		if _, err := cw.Write(st.SourcePosition); err != nil {
-			return err
-		}
-	}
-	if hasPending {
-		if _, err := cw.Write(le.AppendUint64([]byte{tagSinkPending}, uint64(pending))); err != nil {
-			return err
-		}
-		for _, p := range parts {
-			if _, err := cw.Write(p); err != nil {
-				return err
-			}
 		}
 	}
 	if chanSize > 0 {
-		b := le.AppendUint64([]byte{tagChannelState}, uint64(chanSize))
-		b, err := st.Channels.appendTo(b)
+		b, err := appendChannelSection(nil, st, chanSize)
 		if err != nil {
 			return err
 		}

@@ -152,12 +152,11 @@ func TestSharedFilesCollected(t *testing.T) {
 	}
 }
 
-// TestWriteStateFrom: both stores write a blob streamed by encodeStateTo
-// that is byte for byte EncodeState's, readable as such; a write that fails
-// half way leaves no blob behind.
-func TestWriteStateFrom(t *testing.T) {
-	js := jetStream(t)
-	jss, err := OpenJetStream(context.Background(), js, "streamtest", "job")
+// streamStores opens both stores that stream blobs: a directory, and the
+// prefix "job" of bucket on an embedded JetStream.
+func streamStores(t *testing.T, bucket string) (*Dir, *JetStream) {
+	t.Helper()
+	jss, err := OpenJetStream(context.Background(), jetStream(t), bucket, "job")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -165,6 +164,14 @@ func TestWriteStateFrom(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return d, jss
+}
+
+// TestWriteStateFrom: both stores write a blob streamed by encodeStateTo
+// that is byte for byte EncodeState's, readable as such; a write that fails
+// half way leaves no blob behind.
+func TestWriteStateFrom(t *testing.T) {
+	d, jss := streamStores(t, "streamtest")
 	snaps, _ := keyedSnapshots(rand.New(rand.NewPCG(1, 2)), 1, 128, 500)
 	st := &SubtaskState{Operator: snaps[0], SourcePosition: []byte("pos"), SinkPending: []byte("pending")}
 	want, err := EncodeState(st)
@@ -213,15 +220,7 @@ func TestWriteStateFrom(t *testing.T) {
 // into a blob first, and the blob is byte for byte EncodeState's, with and
 // without a source position and channel state.
 func TestWriteSubtaskStateStreamsSinkPending(t *testing.T) {
-	js := jetStream(t)
-	jss, err := OpenJetStream(context.Background(), js, "sinkstream", "job")
-	if err != nil {
-		t.Fatal(err)
-	}
-	d, err := OpenDir(t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
+	d, jss := streamStores(t, "sinkstream")
 	pending := make([]byte, streamSinkPending+17)
 	rng := rand.New(rand.NewPCG(3, 4))
 	for i := range pending {
