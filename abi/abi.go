@@ -35,6 +35,10 @@ const (
 // Processing-time timers (additions to version 1, optional).
 const (
 	ExportOnProcessingTime = "streamd_on_processing_time" // (ts i64, key_ptr, key_len i32) -> status
+	// ExportRecordHeaders is never called: a guest that exports it reads
+	// record headers, and the host passes them in its batches (ABI.md,
+	// "Record headers"). A guest without it gets its records without them.
+	ExportRecordHeaders = "streamd_record_headers" // () -> ()
 )
 
 // Host imports, all in module ImportModule.
@@ -214,13 +218,17 @@ const (
 // max_record_bytes.
 var ErrRecordTooLarge = errors.New("record too large")
 
-// RecordBytes is the size max_record_bytes bounds: the key and value bytes of r.
-func RecordBytes(r Record) int { return len(r.Key) + len(r.Value) }
+// RecordBytes is the size max_record_bytes bounds: the key, value and header
+// bytes of r.
+func RecordBytes(r Record) int { return len(r.Key) + len(r.Value) + len(r.Headers) }
 
 // CheckRecordBytes returns an error wrapping ErrRecordTooLarge, naming the
 // record's size and the limit, if r is larger than max bytes.
 func CheckRecordBytes(r Record, max int) error {
-	if n := len(r.Key) + len(r.Value); n > max {
+	if n := RecordBytes(r); n > max {
+		if len(r.Headers) > 0 {
+			return fmt.Errorf("%w: a record of %d bytes (key %d, value %d, headers %d) is over max_record_bytes %d", ErrRecordTooLarge, n, len(r.Key), len(r.Value), len(r.Headers), max)
+		}
 		return fmt.Errorf("%w: a record of %d bytes (key %d, value %d) is over max_record_bytes %d", ErrRecordTooLarge, n, len(r.Key), len(r.Value), max)
 	}
 	return nil
@@ -267,4 +275,5 @@ var ExportSignatures = map[string]Signature{
 	ExportNotifyCheckpoint: {[]ValueType{I64}, []ValueType{I32}},
 	ExportClose:            {nil, []ValueType{I32}},
 	ExportOnProcessingTime: {[]ValueType{I64, I32, I32}, []ValueType{I32}},
+	ExportRecordHeaders:    {nil, nil},
 }

@@ -6,12 +6,18 @@ import (
 	"fmt"
 )
 
-// Record is one stream element: optional key, value and event timestamp
-// (NoTimestamp when it has none). An empty key means "no key".
+// Record is one stream element: optional key, value, event timestamp
+// (NoTimestamp when it has none) and headers. An empty key means "no key".
+//
+// Headers is the record's header block (nil: none), as the frame carries it:
+// entries of u32 name_len, name, u32 value_len, value. Build one with
+// AppendHeader and read it with EachHeader; names may repeat, and their
+// order is kept.
 type Record struct {
 	Key       []byte
 	Value     []byte
 	Timestamp int64
+	Headers   []byte
 }
 
 // ErrFrame is wrapped by every framing decode error.
@@ -19,11 +25,35 @@ var ErrFrame = errors.New("abi: malformed frame")
 
 const recordHeader = 8 + 4 + 4 // timestamp, key length, value length
 
+// HeadersFlag set in a record's u32 key_len says a header block follows its
+// value (u32 headers_len, headers). Key lengths are below max_record_bytes
+// (at most 1 GiB), so the bit was never set in a frame without headers.
+const HeadersFlag = 1 << 31
+
 // RecordSize is the encoded size of r inside a batch frame.
-func RecordSize(r Record) int { return recordHeader + len(r.Key) + len(r.Value) }
+func RecordSize(r Record) int {
+	n := recordHeader + len(r.Key) + len(r.Value)
+	if len(r.Headers) > 0 {
+		n += 4 + len(r.Headers)
+	}
+	return n
+}
+
+// RecordSizeNoHeaders is the encoded size of r without its headers, as
+// PutBatchNoHeaders frames it.
+func RecordSizeNoHeaders(r Record) int { return recordHeader + len(r.Key) + len(r.Value) }
 
 // BatchSize is the encoded size of a batch frame holding recs.
 func BatchSize(recs []Record) int {
+	n := 4
+	for i := range recs {
+		n += RecordSize(recs[i])
+	}
+	return n
+}
+
+// BatchSizeNoHeaders is BatchSize for PutBatchNoHeaders.
+func BatchSizeNoHeaders(recs []Record) int {
 	n := 4
 	for i := range recs {
 		n += recordHeader + len(recs[i].Key) + len(recs[i].Value)
@@ -34,6 +64,7 @@ func BatchSize(recs []Record) int {
 // AppendBatch appends the batch frame of recs to dst:
 //
 //	u32 count, then count times: i64 timestamp, u32 key_len, key, u32 value_len, value
+//	[, u32 headers_len, headers when key_len has HeadersFlag]
 //
 // all little-endian, unaligned.
 func AppendBatch(dst []byte, recs []Record) []byte {
@@ -46,33 +77,60 @@ func AppendBatch(dst []byte, recs []Record) []byte {
 
 // AppendRecord appends one record (without the batch count) to dst.
 func AppendRecord(dst []byte, r Record) []byte {
+	kl := uint32(len(r.Key))
+	if len(r.Headers) > 0 {
+		kl |= HeadersFlag
+	}
 	dst = binary.LittleEndian.AppendUint64(dst, uint64(r.Timestamp))
-	dst = binary.LittleEndian.AppendUint32(dst, uint32(len(r.Key)))
+	dst = binary.LittleEndian.AppendUint32(dst, kl)
 	dst = append(dst, r.Key...)
 	dst = binary.LittleEndian.AppendUint32(dst, uint32(len(r.Value)))
-	return append(dst, r.Value...)
+	dst = append(dst, r.Value...)
+	if len(r.Headers) > 0 {
+		dst = binary.LittleEndian.AppendUint32(dst, uint32(len(r.Headers)))
+		dst = append(dst, r.Headers...)
+	}
+	return dst
 }
 
 // PutBatch encodes recs into dst, which must be at least BatchSize(recs) long,
 // and returns the number of bytes written. It does not allocate.
-func PutBatch(dst []byte, recs []Record) int {
+func PutBatch(dst []byte, recs []Record) int { return putBatch(dst, recs, true) }
+
+// PutBatchNoHeaders is PutBatch without the records' headers, for a guest
+// that does not read them (ABI.md, "Record headers"); dst must be at least
+// BatchSizeNoHeaders(recs) long.
+func PutBatchNoHeaders(dst []byte, recs []Record) int { return putBatch(dst, recs, false) }
+
+func putBatch(dst []byte, recs []Record, headers bool) int {
 	binary.LittleEndian.PutUint32(dst, uint32(len(recs)))
 	off := 4
 	for i := range recs {
 		r := &recs[i]
+		kl := uint32(len(r.Key))
+		hdr := headers && len(r.Headers) > 0
+		if hdr {
+			kl |= HeadersFlag
+		}
 		binary.LittleEndian.PutUint64(dst[off:], uint64(r.Timestamp))
-		binary.LittleEndian.PutUint32(dst[off+8:], uint32(len(r.Key)))
+		binary.LittleEndian.PutUint32(dst[off+8:], kl)
 		off += 12
 		off += copy(dst[off:], r.Key)
 		binary.LittleEndian.PutUint32(dst[off:], uint32(len(r.Value)))
 		off += 4
 		off += copy(dst[off:], r.Value)
+		if hdr {
+			binary.LittleEndian.PutUint32(dst[off:], uint32(len(r.Headers)))
+			off += 4
+			off += copy(dst[off:], r.Headers)
+		}
 	}
 	return off
 }
 
-// DecodeBatch appends the records of the batch frame src to dst. The keys and
-// values alias src. Trailing bytes after the last record are an error.
+// DecodeBatch appends the records of the batch frame src to dst. The keys,
+// values and headers alias src. Trailing bytes after the last record are an
+// error.
 func DecodeBatch(src []byte, dst []Record) ([]Record, error) {
 	if len(src) < 4 {
 		return dst, fmt.Errorf("%w: batch of %d bytes has no record count", ErrFrame, len(src))
@@ -103,9 +161,10 @@ func decodeRecord(src []byte, off int) (Record, int, error) {
 		return Record{}, 0, fmt.Errorf("%w: record header truncated at byte %d", ErrFrame, off)
 	}
 	ts := int64(binary.LittleEndian.Uint64(src[off:]))
-	kl := int(binary.LittleEndian.Uint32(src[off+8:]))
+	klf := binary.LittleEndian.Uint32(src[off+8:])
+	kl := int(klf &^ HeadersFlag)
 	off += 12
-	if kl < 0 || kl > len(src)-off-4 {
+	if kl > len(src)-off-4 {
 		return Record{}, 0, fmt.Errorf("%w: key length %d runs past the frame at byte %d", ErrFrame, kl, off)
 	}
 	key := src[off : off+kl : off+kl]
@@ -120,7 +179,87 @@ func decodeRecord(src []byte, off int) (Record, int, error) {
 	if kl == 0 {
 		key = nil
 	}
-	return Record{Key: key, Value: val, Timestamp: ts}, off, nil
+	r := Record{Key: key, Value: val, Timestamp: ts}
+	if klf&HeadersFlag != 0 {
+		if len(src)-off < 4 {
+			return Record{}, 0, fmt.Errorf("%w: headers length truncated at byte %d", ErrFrame, off)
+		}
+		hl := int(binary.LittleEndian.Uint32(src[off:]))
+		off += 4
+		if hl < 0 || hl > len(src)-off {
+			return Record{}, 0, fmt.Errorf("%w: headers length %d runs past the frame at byte %d", ErrFrame, hl, off)
+		}
+		h := src[off : off+hl : off+hl]
+		if err := CheckHeaders(h); err != nil {
+			return Record{}, 0, fmt.Errorf("%w at byte %d", err, off)
+		}
+		off += hl
+		if hl > 0 {
+			r.Headers = h
+		}
+	}
+	return r, off, nil
+}
+
+// AppendHeader appends the header name: value to the header block h.
+func AppendHeader(h []byte, name string, value []byte) []byte {
+	h = binary.LittleEndian.AppendUint32(h, uint32(len(name)))
+	h = append(h, name...)
+	h = binary.LittleEndian.AppendUint32(h, uint32(len(value)))
+	return append(h, value...)
+}
+
+// EachHeader calls f with each header of the block h in order, until f
+// returns false. The name and value alias h. A malformed block (see
+// CheckHeaders) ends the walk at its first bad entry.
+func EachHeader(h []byte, f func(name, value []byte) bool) {
+	for off := 0; off < len(h); {
+		name, value, next, ok := nextHeader(h, off)
+		if !ok || !f(name, value) {
+			return
+		}
+		off = next
+	}
+}
+
+// HeaderCount is the number of headers in the block h.
+func HeaderCount(h []byte) int {
+	n := 0
+	EachHeader(h, func(_, _ []byte) bool { n++; return true })
+	return n
+}
+
+// CheckHeaders returns an error wrapping ErrFrame if h is not a sequence of
+// whole header entries.
+func CheckHeaders(h []byte) error {
+	n := 0
+	for off := 0; off < len(h); n++ {
+		_, _, next, ok := nextHeader(h, off)
+		if !ok {
+			return fmt.Errorf("%w: header %d runs past its block of %d bytes", ErrFrame, n, len(h))
+		}
+		off = next
+	}
+	return nil
+}
+
+func nextHeader(h []byte, off int) (name, value []byte, next int, ok bool) {
+	if len(h)-off < 4 {
+		return nil, nil, 0, false
+	}
+	nl := int(binary.LittleEndian.Uint32(h[off:]))
+	off += 4
+	if nl < 0 || nl > len(h)-off-4 {
+		return nil, nil, 0, false
+	}
+	name = h[off : off+nl : off+nl]
+	off += nl
+	vl := int(binary.LittleEndian.Uint32(h[off:]))
+	off += 4
+	if vl < 0 || vl > len(h)-off {
+		return nil, nil, 0, false
+	}
+	return name, h[off : off+vl : off+vl], off + vl, true
 }
 
 // OpenContext is what the host passes to the guest's open export.

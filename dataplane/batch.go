@@ -13,7 +13,7 @@ import (
 type Batch struct {
 	Records []abi.Record
 	arena   []byte
-	bytes   int // bytes of keys and values appended since the last reset
+	bytes   int // bytes of keys, values and headers appended since the last reset
 	// holds counts the Retain calls not matched by a Release yet.
 	holds atomic.Int32
 	// foreign: some records may point outside the arena (an older arena,
@@ -115,12 +115,12 @@ func (b *Batch) DecodeFrame(src []byte) error {
 // Len is the number of records in b.
 func (b *Batch) Len() int { return len(b.Records) }
 
-// Bytes is the number of key and value bytes in b.
+// Bytes is the number of key, value and header bytes appended to b.
 func (b *Batch) Bytes() int { return b.bytes }
 
 // Append copies r into b. An empty key is stored as nil (no key).
 func (b *Batch) Append(r abi.Record) {
-	n := len(r.Key) + len(r.Value)
+	n := len(r.Key) + len(r.Value) + len(r.Headers)
 	b.bytes += n
 	if cap(b.arena)-len(b.arena) < n {
 		// Start a new arena: records already appended keep pointing into the
@@ -140,9 +140,13 @@ func (b *Batch) Append(r abi.Record) {
 	mid := len(b.arena)
 	b.arena = append(b.arena, r.Value...)
 	end := len(b.arena)
-	var key []byte
+	var key, headers []byte
 	if mid > start {
 		key = b.arena[start:mid:mid]
 	}
-	b.Records = append(b.Records, abi.Record{Key: key, Value: b.arena[mid:end:end], Timestamp: r.Timestamp})
+	if len(r.Headers) > 0 {
+		b.arena = append(b.arena, r.Headers...)
+		headers = b.arena[end:len(b.arena):len(b.arena)]
+	}
+	b.Records = append(b.Records, abi.Record{Key: key, Value: b.arena[mid:end:end], Timestamp: r.Timestamp, Headers: headers})
 }

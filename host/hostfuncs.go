@@ -170,9 +170,13 @@ func (i *Instance) checkRecordSizes(what string, recs []abi.Record) {
 		limit = abi.DefaultMaxRecordBytes
 	}
 	for n := range recs {
-		if r := recs[n]; len(r.Key)+len(r.Value) > limit {
-			i.failure = &hostCallPanic{abi.ErrRecordTooLarge, fmt.Sprintf("%s: record %d of %d has %d bytes (key %d, value %d), over max_record_bytes %d",
-				what, n, len(recs), len(r.Key)+len(r.Value), len(r.Key), len(r.Value), limit)}
+		if r := recs[n]; abi.RecordBytes(r) > limit {
+			hdr := ""
+			if len(r.Headers) > 0 {
+				hdr = fmt.Sprintf(", headers %d", len(r.Headers))
+			}
+			i.failure = &hostCallPanic{abi.ErrRecordTooLarge, fmt.Sprintf("%s: record %d of %d has %d bytes (key %d, value %d%s), over max_record_bytes %d",
+				what, n, len(recs), abi.RecordBytes(r), len(r.Key), len(r.Value), hdr, limit)}
 			panic(i.failure)
 		}
 	}

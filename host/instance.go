@@ -85,6 +85,9 @@ type Instance struct {
 	fnInit, fnAlloc, fnOpen, fnProcess, fnWatermark, fnTimer api.Function
 	fnEndInput, fnFinish, fnSnapshot, fnNotify, fnClose      api.Function
 	fnProcTime                                               api.Function
+	// headers: the guest exports streamd_record_headers, so its batches
+	// carry the records' headers (without it they are left out).
+	headers bool
 
 	stack  [4]uint64 // reused for every guest call
 	bufPtr uint32    // the guest's input buffer (streamd_alloc)
@@ -239,6 +242,7 @@ func (m *Module) newInstance(ctx context.Context, cfg InstanceConfig, state stat
 	i.fnNotify = mod.ExportedFunction(abi.ExportNotifyCheckpoint)
 	i.fnClose = mod.ExportedFunction(abi.ExportClose)
 	i.fnProcTime = mod.ExportedFunction(abi.ExportOnProcessingTime)
+	i.headers = mod.ExportedFunction(abi.ExportRecordHeaders) != nil
 	e.instances.Store(mod, i)
 	if m.hasInit && i.fnInit != nil {
 		if err := i.invoke(ctx, abi.PhaseLoad, i.fnInit, 1); err != nil {
@@ -302,12 +306,21 @@ func (i *Instance) process(ctx context.Context, input int, recs []abi.Record, em
 	if input < 0 || (i.cfg.NumInputs > 0 && input >= i.cfg.NumInputs) {
 		return fmt.Errorf("host: operator %q subtask %d: input %d outside [0, %d)", i.cfg.Operator, i.cfg.Subtask, input, i.cfg.NumInputs)
 	}
-	size := abi.BatchSize(recs)
+	var size int
+	if i.headers {
+		size = abi.BatchSize(recs)
+	} else {
+		size = abi.BatchSizeNoHeaders(recs)
+	}
 	ptr, buf, err := i.buffer(ctx, abi.PhaseProcess, size)
 	if err != nil {
 		return err
 	}
-	abi.PutBatch(buf, recs)
+	if i.headers {
+		abi.PutBatch(buf, recs)
+	} else {
+		abi.PutBatchNoHeaders(buf, recs)
+	}
 	i.stack[0], i.stack[1], i.stack[2] = uint64(input), uint64(ptr), uint64(size)
 	i.undo = i.undo[:0]
 	i.emit = emit

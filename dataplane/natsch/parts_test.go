@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -61,6 +62,25 @@ func TestRecordsOfAnySizeAcrossHosts(t *testing.T) {
 	}
 	if ss.Messages != rs.Messages || ss.Bytes != rs.Bytes {
 		t.Errorf("sent %d messages (%d bytes), received %d (%d bytes)", ss.Messages, ss.Bytes, rs.Messages, rs.Bytes)
+	}
+}
+
+// TestRecordHeadersAcrossHosts: records with headers, small ones in one
+// message and one large enough to go as record parts, arrive with their
+// headers.
+func TestRecordHeadersAcrossHosts(t *testing.T) {
+	s := startServer(t, 0)
+	st := transport(t, connect(t, s))
+	r, snd := channelEnds(t, transport(t, connect(t, s)), st)
+	withH := func(r abi.Record, i int) abi.Record {
+		r.Headers = abi.AppendHeader(abi.AppendHeader(nil, "trace", fmt.Appendf(nil, "t-%d", i)), "empty", nil)
+		return r
+	}
+	want := []abi.Record{withH(rec(1, 10), 1), rec(2, 10), withH(bigRecord(3, 3<<20), 3), withH(rec(4, 10), 4)}
+	got := exchange(t, snd, r, []dataplane.Event{dataplane.RecordsEvent(batchOf(want...)), dataplane.EndOfPartitionEvent()})
+	sameRecords(t, got, want)
+	if rs := r.Stats(); rs.Parted != 1 {
+		t.Errorf("%d records reassembled, want the large one", rs.Parted)
 	}
 }
 
@@ -297,7 +317,7 @@ func sameRecords(t *testing.T, got []dataplane.Event, want []abi.Record) {
 				t.Fatalf("more records than sent")
 			}
 			w := want[next]
-			if !bytes.Equal(g.Key, w.Key) || !bytes.Equal(g.Value, w.Value) || g.Timestamp != w.Timestamp {
+			if !bytes.Equal(g.Key, w.Key) || !bytes.Equal(g.Value, w.Value) || g.Timestamp != w.Timestamp || !bytes.Equal(g.Headers, w.Headers) {
 				t.Fatalf("record %d: key %q, %d value bytes, ts %d; want key %q, %d bytes, ts %d (or the bytes differ)",
 					next, g.Key, len(g.Value), g.Timestamp, w.Key, len(w.Value), w.Timestamp)
 			}

@@ -457,7 +457,7 @@ func (r *Receiver) continuePart(cur []byte, partSeq, seq, total, off uint64, n i
 		if off != 0 {
 			return nil, fmt.Errorf("natsch: %s: %w: record part (seq %d) at offset %d of %d bytes, but no record is being reassembled (a first part has offset 0)", r.name, ErrWire, seq, off, total)
 		}
-		if limit := uint64(r.maxRecord) + recordFrameOverhead; total > limit || total < recordFrameOverhead {
+		if limit := uint64(r.maxRecord) + recordFrameOverhead + 4; total > limit || total < recordFrameOverhead {
 			if total > limit {
 				return nil, fmt.Errorf("natsch: %s: record parts (seq %d) announce a record of %d bytes: %w: over max_record_bytes %d", r.name, seq, total-recordFrameOverhead, abi.ErrRecordTooLarge, r.maxRecord)
 			}

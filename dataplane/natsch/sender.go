@@ -446,13 +446,21 @@ func (s *Sender) sendRecords(ctx context.Context, ev dataplane.Event, wait bool)
 // copied straight from r (the whole frame is never built).
 func (s *Sender) sendParts(ctx context.Context, ev dataplane.Event, r abi.Record, wait bool) error {
 	var head [4 + 8 + 4]byte // count 1, timestamp, key length
+	kl := uint32(len(r.Key))
+	if len(r.Headers) > 0 {
+		kl |= abi.HeadersFlag
+	}
 	binary.LittleEndian.PutUint32(head[0:], 1)
 	binary.LittleEndian.PutUint64(head[4:], uint64(r.Timestamp))
-	binary.LittleEndian.PutUint32(head[12:], uint32(len(r.Key)))
-	var vlen [4]byte
+	binary.LittleEndian.PutUint32(head[12:], kl)
+	var vlen, hlen [4]byte
 	binary.LittleEndian.PutUint32(vlen[:], uint32(len(r.Value)))
 	segs := [][]byte{head[:], r.Key, vlen[:], r.Value}
-	total := uint64(recordFrameOverhead + len(r.Key) + len(r.Value))
+	if len(r.Headers) > 0 {
+		binary.LittleEndian.PutUint32(hlen[:], uint32(len(r.Headers)))
+		segs = append(segs, hlen[:], r.Headers)
+	}
+	total := uint64(4 + abi.RecordSize(r))
 	chunk := uint64(s.t.maxMessage - HeaderLen - partHeaderLen)
 	if cap(s.buf) < s.t.maxMessage {
 		s.buf = make([]byte, 0, s.t.maxMessage)

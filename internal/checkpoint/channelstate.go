@@ -43,6 +43,9 @@ type ElementKind uint8
 const (
 	ElementRecord    ElementKind = 1
 	ElementWatermark ElementKind = 2
+	// elementRecordHeaders is the encoded kind of an ElementRecord whose
+	// record has headers; it decodes as an ElementRecord.
+	elementRecordHeaders ElementKind = 3
 )
 
 // Element is one record or watermark of a channel.
@@ -71,7 +74,10 @@ func (c *ChannelState) Empty() bool { return c == nil || len(c.Inputs)+len(c.Out
 //	u32 crc32c of everything before it
 //
 //	channel: bytes operator, u32 subtask, u32 input, u32 element_count, elements
-//	element: u8 kind; 1 record: bytes key, bytes value, i64 timestamp; 2 watermark: i64 ts
+//	element: u8 kind; 1 record: bytes key, bytes value, i64 timestamp; 2 watermark: i64 ts;
+//	         3 record with headers: bytes key, bytes value, i64 timestamp, bytes headers
+//	         (kind 3 is written only for a record with headers, so a state
+//	         without any reads as it did before headers)
 const (
 	channelMagic   = "SDCS"
 	channelVersion = 1
@@ -98,6 +104,9 @@ func (c *ChannelState) EncodedSize() int64 {
 				n += minElementBytes
 				if e.Kind == ElementRecord {
 					n += int64(8 + len(e.Record.Key) + len(e.Record.Value))
+					if len(e.Record.Headers) > 0 {
+						n += int64(4 + len(e.Record.Headers))
+					}
 				}
 			}
 		}
@@ -132,15 +141,25 @@ func (c *ChannelState) appendTo(b []byte) ([]byte, error) {
 			b = le.AppendUint32(b, uint32(ch.Input))
 			b = le.AppendUint32(b, uint32(len(ch.Elements)))
 			for i, e := range ch.Elements {
-				b = append(b, byte(e.Kind))
 				switch e.Kind {
 				case ElementRecord:
+					h := e.Record.Headers
+					if len(h) > 0 {
+						b = append(b, byte(elementRecordHeaders))
+					} else {
+						b = append(b, byte(e.Kind))
+					}
 					b = le.AppendUint32(b, uint32(len(e.Record.Key)))
 					b = append(b, e.Record.Key...)
 					b = le.AppendUint32(b, uint32(len(e.Record.Value)))
 					b = append(b, e.Record.Value...)
 					b = le.AppendUint64(b, uint64(e.Record.Timestamp))
+					if len(h) > 0 {
+						b = le.AppendUint32(b, uint32(len(h)))
+						b = append(b, h...)
+					}
 				case ElementWatermark:
+					b = append(b, byte(e.Kind))
 					b = le.AppendUint64(b, uint64(e.Watermark))
 				default:
 					return nil, fmt.Errorf("checkpoint: encode channel state: %s channel %s: element %d has unknown kind %d", sideName[side], ch.name(), i, e.Kind)
@@ -325,7 +344,7 @@ func (r *reader) element() (Element, error) {
 	kind := ElementKind(r.b[r.off])
 	r.off++
 	switch kind {
-	case ElementRecord:
+	case ElementRecord, elementRecordHeaders:
 		k, err := r.bytes("key")
 		if err != nil {
 			return Element{}, err
@@ -338,7 +357,17 @@ func (r *reader) element() (Element, error) {
 		if err != nil {
 			return Element{}, err
 		}
-		return RecordElement(abi.Record{Key: k, Value: v, Timestamp: ts}), nil
+		rec := abi.Record{Key: k, Value: v, Timestamp: ts}
+		if kind == elementRecordHeaders {
+			at := r.off
+			if rec.Headers, err = r.bytes("headers"); err != nil {
+				return Element{}, err
+			}
+			if err := abi.CheckHeaders(rec.Headers); err != nil {
+				return Element{}, fmt.Errorf("headers at byte %d: %w", at, err)
+			}
+		}
+		return RecordElement(rec), nil
 	case ElementWatermark:
 		ts, err := r.i64("watermark")
 		if err != nil {

@@ -106,15 +106,20 @@ func (d *deadLetters) holdSide(name string, recs []abi.Record) {
 // keep appends copies of recs (in the arena) to held.
 func (d *deadLetters) keep(held, recs []abi.Record) []abi.Record {
 	for _, r := range recs {
-		n := len(r.Key) + len(r.Value)
+		n := len(r.Key) + len(r.Value) + len(r.Headers)
 		if cap(d.arena)-len(d.arena) < n {
 			d.arena = make([]byte, 0, max(64<<10, n)) // earlier records keep the old one
 		}
 		at := len(d.arena)
 		d.arena = append(d.arena, r.Key...)
 		d.arena = append(d.arena, r.Value...)
+		d.arena = append(d.arena, r.Headers...)
 		b := d.arena[at:len(d.arena):len(d.arena)]
-		r.Key, r.Value = b[:len(r.Key):len(r.Key)], b[len(r.Key):]
+		kv := len(r.Key) + len(r.Value)
+		r.Key, r.Value = b[:len(r.Key):len(r.Key)], b[len(r.Key):kv:kv]
+		if len(r.Headers) > 0 {
+			r.Headers = b[kv:]
+		}
 		held = append(held, r)
 	}
 	return held

@@ -2,8 +2,10 @@ package runtime
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"maps"
+	"strings"
 	"testing"
 	"time"
 
@@ -151,4 +153,76 @@ operators:
 	t.Logf("lag held %v, then 0; group offsets = checkpoint positions %v", held, positions)
 	cancel()
 	<-done
+}
+
+// TestKafkaHeadersThroughGuests: Kafka record headers (repeated names and
+// empty values, in order) go through a job of kafka source (2 subtasks) ->
+// Go uppercase (2, rebalanced) -> Rust uppercase -> exactly-once kafka
+// sink, with unaligned checkpoints: every output record holds its input's
+// headers, and the records without headers stay without.
+func TestKafkaHeadersThroughGuests(t *testing.T) {
+	c := kafkatest.Start(t)
+	c.CreateTopic(t, "in", 2)
+	c.CreateTopic(t, "out", 3)
+	const n = 3000
+	want := map[string][]kgo.RecordHeader{}
+	recs := make([]*kgo.Record, n)
+	for i := range recs {
+		r := &kgo.Record{Topic: "in", Partition: int32(i % 2), Key: fmt.Appendf(nil, "k%d", i%10), Value: fmt.Appendf(nil, "v%d", i)}
+		if i%4 != 0 {
+			r.Headers = []kgo.RecordHeader{{Key: "trace", Value: fmt.Appendf(nil, "t%d", i)}, {Key: "empty"}, {Key: "trace", Value: []byte("again")}}
+		}
+		want[strings.ToUpper(string(r.Value))] = r.Headers
+		recs[i] = r
+	}
+	c.Produce(t, "in", recs...)
+	dir := t.TempDir()
+	job, err := jobfile.ParseJob(fmt.Appendf(nil, `
+name: kafka-headers
+checkpoint: {interval: 50ms, dir: chk, mode: unaligned}
+operators:
+  - uid: in
+    parallelism: 2
+    source: {type: kafka, brokers: [%s], topics: [in]}
+  - uid: go-upper
+    parallelism: 2
+    wasm: %s
+    inputs: [{from: in, partition: rebalance}]
+  - uid: rust-upper
+    wasm: %s
+    inputs: [{from: go-upper, partition: rebalance}]
+  - uid: out
+    sink: {type: kafka, brokers: [%s], topic: out}
+    inputs: [rust-upper]
+`, c.Brokers[0], testwasm.Path(t, "examples/wasm/uppercase/uppercase.wasm"), testwasm.Path(t, "examples/wasm/uppercase-rust/uppercase_rust.wasm"), c.Brokers[0]),
+		dir, jobfile.Options{Filename: "kafka-headers.yaml"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() {
+		_, err := Run(ctx, job.Graph, Options{Engine: cachedEngine(t), BatchSize: 64, Checkpoint: &CheckpointOptions{
+			Store: openStore(t, job.Checkpoint.Dir), Interval: job.Checkpoint.Interval, Mode: control.AlignUnaligned, Tick: 10 * time.Millisecond}})
+		done <- err
+	}()
+	c.CountCommitted(t, "out", n, 2*time.Minute)
+	cancel()
+	if err := <-done; err != nil && !errors.Is(err, context.Canceled) {
+		t.Fatal(err)
+	}
+	got := c.ReadCommitted(t, "out")
+	if len(got) != n {
+		t.Fatalf("out holds %d records, want %d", len(got), n)
+	}
+	for _, r := range got {
+		w, ok := want[string(r.Value)]
+		if !ok {
+			t.Fatalf("unexpected output record %q", r.Value)
+		}
+		if fmt.Sprint(r.Headers) != fmt.Sprint(w) {
+			t.Fatalf("record %q has headers %v, want %v", r.Value, r.Headers, w)
+		}
+	}
 }

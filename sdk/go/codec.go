@@ -14,6 +14,9 @@ import (
 const (
 	abiVersion   = 1
 	recordHeader = 8 + 4 + 4 // timestamp, key length, value length
+	// headersFlag in a record's key length: a header block follows its
+	// value (u32 length, entries).
+	headersFlag = 1 << 31
 
 	// flushThreshold is the size at which Emit sends the output frame to the
 	// host before the export call ends.
@@ -47,7 +50,8 @@ func checkBatch(src []byte) (int, error) {
 		if len(src)-off < recordHeader {
 			return 0, frameError("record header truncated", off)
 		}
-		kl := uint64(binary.LittleEndian.Uint32(src[off+8:]))
+		klf := binary.LittleEndian.Uint32(src[off+8:])
+		kl := uint64(klf &^ headersFlag)
 		off += 12
 		if kl > uint64(len(src)-off-4) {
 			return 0, frameError("key length "+strconv.FormatUint(kl, 10)+" runs past the frame", off)
@@ -59,6 +63,20 @@ func checkBatch(src []byte) (int, error) {
 			return 0, frameError("value length "+strconv.FormatUint(vl, 10)+" runs past the frame", off)
 		}
 		off += int(vl)
+		if klf&headersFlag != 0 {
+			if len(src)-off < 4 {
+				return 0, frameError("headers length truncated", off)
+			}
+			hl := uint64(binary.LittleEndian.Uint32(src[off:]))
+			off += 4
+			if hl > uint64(len(src)-off) {
+				return 0, frameError("headers length "+strconv.FormatUint(hl, 10)+" runs past the frame", off)
+			}
+			if !validHeaders(src[off : off+int(hl)]) {
+				return 0, frameError("header entry runs past its block", off)
+			}
+			off += int(hl)
+		}
 	}
 	if off != len(src) {
 		return 0, frameError(strconv.Itoa(len(src)-off)+" trailing bytes", off)
@@ -71,7 +89,8 @@ func checkBatch(src []byte) (int, error) {
 // empty key is nil.
 func nextRecord(src []byte, off int) (Record, int) {
 	ts := int64(binary.LittleEndian.Uint64(src[off:]))
-	kl := int(binary.LittleEndian.Uint32(src[off+8:]))
+	klf := binary.LittleEndian.Uint32(src[off+8:])
+	kl := int(klf &^ headersFlag)
 	off += 12
 	var key []byte
 	if kl > 0 {
@@ -81,7 +100,26 @@ func nextRecord(src []byte, off int) (Record, int) {
 	vl := int(binary.LittleEndian.Uint32(src[off:]))
 	off += 4
 	val := src[off : off+vl : off+vl]
-	return Record{Key: key, Value: val, Timestamp: ts}, off + vl
+	off += vl
+	r := Record{Key: key, Value: val, Timestamp: ts}
+	if klf&headersFlag != 0 {
+		r.Headers, off = headersAt(src, off)
+	}
+	return r, off
+}
+
+// headersAt returns the header block whose length is at off of a frame
+// checkBatch accepted, and the offset after it; out of line, as records
+// with headers are the rare case.
+//
+//go:noinline
+func headersAt(src []byte, off int) (Headers, int) {
+	hl := int(binary.LittleEndian.Uint32(src[off:]))
+	off += 4
+	if hl == 0 {
+		return nil, off
+	}
+	return Headers(src[off : off+hl : off+hl]), off + hl
 }
 
 // decodeRecords decodes a batch frame into records that own their bytes
@@ -96,7 +134,7 @@ func decodeRecords(frame []byte) ([]Record, error) {
 	var r Record
 	for i := 0; i < n; i++ {
 		r, off = nextRecord(frame, off)
-		recs = append(recs, Record{Key: bytes.Clone(r.Key), Value: bytes.Clone(r.Value), Timestamp: r.Timestamp})
+		recs = append(recs, Record{Key: bytes.Clone(r.Key), Value: bytes.Clone(r.Value), Timestamp: r.Timestamp, Headers: Headers(bytes.Clone([]byte(r.Headers)))})
 	}
 	return recs, nil
 }
@@ -139,6 +177,33 @@ func (o *outFrame) add(key, value []byte, ts int64) (full bool) {
 	if len(value) > 0 {
 		copy(b[off:], value)
 	}
+	o.count++
+	return need >= flushThreshold
+}
+
+// addWithHeaders is add for a record with headers h (not empty).
+//
+//go:noinline
+func (o *outFrame) addWithHeaders(key, value []byte, ts int64, h Headers) (full bool) {
+	off := len(o.buf)
+	if off == 0 {
+		off = 4 // room for the count
+	}
+	need := off + recordHeader + len(key) + len(value) + 4 + len(h)
+	if need > cap(o.buf) {
+		o.grow(need)
+	}
+	b := o.buf[:need]
+	binary.LittleEndian.PutUint64(b[off:], uint64(ts))
+	binary.LittleEndian.PutUint32(b[off+8:], uint32(len(key))|headersFlag)
+	off += 12
+	off += copy(b[off:], key)
+	binary.LittleEndian.PutUint32(b[off:], uint32(len(value)))
+	off += 4
+	off += copy(b[off:], value)
+	binary.LittleEndian.PutUint32(b[off:], uint32(len(h)))
+	copy(b[off+4:], h)
+	o.buf = b
 	o.count++
 	return need >= flushThreshold
 }

@@ -46,7 +46,11 @@ func TestOutFrame(t *testing.T) {
 		}
 		frames++
 		for _, r := range c.Records {
-			o.add(r.Key, r.Value, r.Timestamp)
+			if len(r.Headers) > 0 {
+				o.addWithHeaders(r.Key, r.Value, r.Timestamp, r.Headers)
+			} else {
+				o.add(r.Key, r.Value, r.Timestamp)
+			}
 		}
 		if !bytes.Equal(o.frame(), c.Frame) {
 			t.Fatalf("batch %d: the SDK encodes %x, the host %x", i, o.frame(), c.Frame)

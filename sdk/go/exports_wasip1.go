@@ -74,6 +74,12 @@ func exportNotifyCheckpointComplete(id int64) int32 { return doNotify(id) }
 //go:wasmexport streamd_close
 func exportClose() int32 { return doClose() }
 
+// The host passes record headers to a guest that exports this (ABI.md,
+// "Record headers"); it is never called.
+//
+//go:wasmexport streamd_record_headers
+func exportRecordHeaders() {}
+
 // input returns the n bytes at ptr, which must lie in the alloc buffer.
 func input(ptr, n int32) ([]byte, bool) {
 	if n == 0 {

@@ -48,7 +48,11 @@ func loadGolden(t testing.TB) *goldenFrames {
 func batch(recs ...Record) []byte {
 	var o outFrame
 	for _, r := range recs {
-		o.add(r.Key, r.Value, r.Timestamp)
+		if len(r.Headers) > 0 {
+			o.addWithHeaders(r.Key, r.Value, r.Timestamp, r.Headers)
+		} else {
+			o.add(r.Key, r.Value, r.Timestamp)
+		}
 	}
 	if f := o.frame(); f != nil {
 		return bytes.Clone(f)
@@ -59,7 +63,13 @@ func batch(recs ...Record) []byte {
 // decodeFrame decodes a batch with the SDK's decoder, copying the records.
 func decodeFrame(frame []byte) ([]Record, error) { return decodeRecords(frame) }
 
-func recordSize(r Record) int { return recordHeader + len(r.Key) + len(r.Value) }
+func recordSize(r Record) int {
+	n := recordHeader + len(r.Key) + len(r.Value)
+	if len(r.Headers) > 0 {
+		n += 4 + len(r.Headers)
+	}
+	return n
+}
 
 func frameSize(recs []Record) int {
 	n := 4
@@ -74,7 +84,8 @@ func sameRecords(a, b []Record) bool {
 		return false
 	}
 	for i := range a {
-		if !bytes.Equal(a[i].Key, b[i].Key) || !bytes.Equal(a[i].Value, b[i].Value) || a[i].Timestamp != b[i].Timestamp {
+		if !bytes.Equal(a[i].Key, b[i].Key) || !bytes.Equal(a[i].Value, b[i].Value) || a[i].Timestamp != b[i].Timestamp ||
+			!bytes.Equal(a[i].Headers, b[i].Headers) {
 			return false
 		}
 	}

@@ -42,15 +42,17 @@ const MinWatermark int64 = math.MinInt64
 const MaxWatermark int64 = math.MaxInt64
 
 // Record is one stream element. An empty Key means the record has no key;
-// Timestamp is event time in milliseconds since the Unix epoch, or NoTimestamp.
+// Timestamp is event time in milliseconds since the Unix epoch, or
+// NoTimestamp; Headers are its headers (none: empty).
 //
-// The Key and Value of a record passed to ProcessElement point into the
-// SDK's input buffer: they are valid only until ProcessElement returns. Copy
-// what must outlive the call.
+// The Key, Value and Headers of a record passed to ProcessElement point
+// into the SDK's input buffer: they are valid only until ProcessElement
+// returns. Copy what must outlive the call.
 type Record struct {
 	Key       []byte
 	Value     []byte
 	Timestamp int64
+	Headers   Headers
 }
 
 // HasTimestamp reports whether r carries an event time.
@@ -145,9 +147,10 @@ func (Base) SnapshotState(int64) error            { return nil }
 func (Base) NotifyCheckpointComplete(int64) error { return nil }
 func (Base) Close() error                         { return nil }
 
-// Map returns an operator that emits f(r) for every record r. The returned
-// record is copied into the output before the next call, so it may alias r or
-// a buffer that f reuses.
+// Map returns an operator that emits f(r) for every record r, its headers
+// included (so a function that changes r's value and returns r keeps r's
+// headers). The returned record is copied into the output before the next
+// call, so it may alias r or a buffer that f reuses.
 func Map(f func(r Record) Record) Operator { return &mapOp{f: f} }
 
 type mapOp struct {
@@ -156,13 +159,12 @@ type mapOp struct {
 }
 
 func (m *mapOp) ProcessElement(r Record, _ int) error {
-	o := m.f(r)
-	Emit(o.Key, o.Value, o.Timestamp)
+	EmitRecord(m.f(r))
 	return nil
 }
 
 // Filter returns an operator that emits the records for which keep returns
-// true, unchanged.
+// true, unchanged (headers included).
 func Filter(keep func(r Record) bool) Operator { return &filterOp{keep: keep} }
 
 type filterOp struct {
@@ -172,7 +174,7 @@ type filterOp struct {
 
 func (f *filterOp) ProcessElement(r Record, _ int) error {
 	if f.keep(r) {
-		Emit(r.Key, r.Value, r.Timestamp)
+		EmitRecord(r)
 	}
 	return nil
 }

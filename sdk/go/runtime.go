@@ -216,7 +216,8 @@ func doProcess(input int, frame []byte) int32 {
 		off := 4
 		for i := 0; i < n; i++ {
 			ts := int64(binary.LittleEndian.Uint64(frame[off:]))
-			kl := int(binary.LittleEndian.Uint32(frame[off+8:]))
+			klf := binary.LittleEndian.Uint32(frame[off+8:])
+			kl := int(klf &^ headersFlag)
 			off += 12
 			var key []byte
 			if kl > 0 {
@@ -227,8 +228,12 @@ func doProcess(input int, frame []byte) int32 {
 			off += 4
 			val := frame[off : off+vl : off+vl]
 			off += vl
+			var h Headers
+			if klf&headersFlag != 0 {
+				h, off = headersAt(frame, off)
+			}
 			curKey = key
-			if err := op.ProcessElement(Record{Key: key, Value: val, Timestamp: ts}, input); err != nil {
+			if err := op.ProcessElement(Record{Key: key, Value: val, Timestamp: ts, Headers: h}, input); err != nil {
 				return err
 			}
 		}
@@ -333,8 +338,20 @@ func emitOutside(what string) {
 		": records may be emitted only in ProcessElement, OnTimer, OnProcessingTime, OnWatermark, EndInput and Finish")
 }
 
-// EmitRecord is Emit(r.Key, r.Value, r.Timestamp).
-func EmitRecord(r Record) { Emit(r.Key, r.Value, r.Timestamp) }
+// EmitRecord is Emit(r.Key, r.Value, r.Timestamp) that also sends r's
+// headers: EmitRecord of an input record, changed or not, keeps its headers.
+func EmitRecord(r Record) {
+	if len(r.Headers) == 0 {
+		Emit(r.Key, r.Value, r.Timestamp)
+		return
+	}
+	if !emitOK {
+		emitOutside("EmitRecord")
+	}
+	if out.addWithHeaders(r.Key, r.Value, r.Timestamp, r.Headers) {
+		flush()
+	}
+}
 
 // flush sends the pending output frames: the main output's, then the side
 // outputs'.

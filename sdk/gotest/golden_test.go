@@ -98,6 +98,43 @@ func makeGolden() golden {
 		g.Batches = append(g.Batches, batchCase(frame))
 	}
 
+	// Records with headers, valid and mutated, from a second generator so
+	// that the frames above stay as they were.
+	hrng := rand.New(rand.NewPCG(3, 4))
+	withHeaders := func(n int) []abi.Record {
+		recs := randomRecords(hrng, n)
+		for i := range recs {
+			if hrng.IntN(3) == 0 {
+				continue
+			}
+			var h []byte
+			for range hrng.IntN(3) + 1 {
+				v := make([]byte, hrng.IntN(6))
+				for j := range v {
+					v[j] = byte(hrng.Uint32())
+				}
+				h = abi.AppendHeader(h, []string{"trace", "k", "", "content-type"}[hrng.IntN(4)], v)
+			}
+			recs[i].Headers = h
+		}
+		return recs
+	}
+	for _, n := range []int{1, 3, 20} {
+		g.Batches = append(g.Batches, batchCase(abi.AppendBatch(nil, withHeaders(n))))
+	}
+	for i := 0; i < 400; i++ {
+		frame := abi.AppendBatch(nil, withHeaders(hrng.IntN(4)+1))
+		switch hrng.IntN(4) {
+		case 0:
+			frame[hrng.IntN(len(frame))] = byte(hrng.Uint32())
+		case 1:
+			frame = frame[:hrng.IntN(len(frame)+1)]
+		case 2:
+			frame = append(frame, make([]byte, hrng.IntN(3)+1)...)
+		}
+		g.Batches = append(g.Batches, batchCase(frame))
+	}
+
 	full := abi.AppendOpenContext(nil, abi.OpenContext{
 		Job: "wc", Operator: "count", Subtask: 2, Parallelism: 4, MaxParallelism: 128,
 		Attempt: 3, NumInputs: 2, Restored: true,

@@ -17,8 +17,8 @@ import (
 // runtime calls at every checkpoint barrier, waits until every record is
 // acknowledged. A record written before a checkpoint is therefore in Kafka
 // when the checkpoint completes; a restore replays, and produces again,
-// what came after it: at least once. Key, value, timestamp and partitioning
-// are as in Sink.
+// what came after it: at least once. Key, value, timestamp, headers and
+// partitioning are as in Sink.
 type AtLeastOnceSink struct {
 	name    string
 	subtask int
@@ -68,16 +68,16 @@ func (s *AtLeastOnceSink) failed() error {
 }
 
 // Write produces recs. The client keeps the records until they are
-// acknowledged and copies nothing, so Write copies their keys and values,
-// all into one buffer, and allocates their kgo.Records in one slice: two
-// allocations a batch, not three a record.
+// acknowledged and copies nothing, so Write copies their keys, values and
+// headers, all into one buffer, and allocates their kgo.Records in one
+// slice: two allocations a batch, not three a record.
 func (s *AtLeastOnceSink) Write(recs []abi.Record) error {
 	if err := s.failed(); err != nil {
 		return err
 	}
 	size := 0
 	for i := range recs {
-		size += len(recs[i].Key) + len(recs[i].Value)
+		size += len(recs[i].Key) + len(recs[i].Value) + len(recs[i].Headers)
 	}
 	buf := make([]byte, 0, size)
 	krs := make([]kgo.Record, len(recs))
@@ -86,6 +86,11 @@ func (s *AtLeastOnceSink) Write(recs []abi.Record) error {
 		kr.Topic = s.topic
 		buf, kr.Key = appendField(buf, r.Key)
 		buf, kr.Value = appendField(buf, r.Value)
+		if len(r.Headers) > 0 {
+			var h []byte
+			buf, h = appendField(buf, r.Headers)
+			kr.Headers = kafkaHeaders(h)
+		}
 		if r.Timestamp != abi.NoTimestamp {
 			kr.Timestamp = time.UnixMilli(r.Timestamp)
 		}

@@ -18,7 +18,7 @@ func init() {
 		Summary("Reads Kafka topics (franz-go): partitions are the splits, their offsets the position in a checkpoint.").
 		Description("Each partition belongs to one subtask (SubtaskFor); a restore at another parallelism redistributes the offsets. "+
 			"Offsets are committed to the consumer group when a checkpoint completes, for monitoring only: a restore reads the checkpoint. "+
-			"Record key, value and timestamp go into the record; Kafka record headers are dropped (streamd records have none); "+
+			"Record key, value, timestamp and headers go into the record (a guest reads the headers when its SDK exports streamd_record_headers, as both SDKs do); "+
 			"event time is the record timestamp, with a watermark per partition and idleness. New partitions are found while running. "+
 			"The source's lag (records behind the high watermark) is in streamd_source_lag.").
 		Field(append(clientFields(),
@@ -63,7 +63,7 @@ func init() {
 		Description("Exactly once: a checkpoint's records are staged in its state and produced, once it completes, in one Kafka "+
 			"transaction that also commits a marker (the offset metadata of a marker group) naming the checkpoint, so a restore "+
 			"knows what is already in Kafka; transactional ids are per subtask and fence a zombie attempt. Readers must read "+
-			"read_committed. Key and partition come from the record's key. The topic must exist.").
+			"read_committed. Key and partition come from the record's key; its headers become the Kafka record's. The topic must exist.").
 		Field(append(clientFields(),
 			connector.NewStringField("topic").Description("The topic to write.").Require("a kafka sink writes to topic").Example("orders.upper"),
 			connector.NewStringField("delivery").Description("exactly_once (transactions) or at_least_once (idempotent produce, flushed at each checkpoint).").

@@ -25,8 +25,8 @@ import (
 
 // Sink is the exactly-once kafka sink of one subtask
 // (connector.TwoPhaseSink). A record becomes a Kafka record of Topic with
-// its key (none when empty), value and timestamp (the produce time when it
-// has none); the partition is the murmur2 hash of the key, as Kafka's own
+// its key (none when empty), value, headers and timestamp (the produce
+// time when it has none); the partition is the murmur2 hash of the key, as Kafka's own
 // clients choose it, so equal keys share a partition (records without a key
 // are spread).
 //
@@ -212,6 +212,7 @@ func (p *txnRecords) produce(ctx context.Context, cl *kgo.Client, r abi.Record) 
 	if r.Timestamp != abi.NoTimestamp {
 		kr.Timestamp = time.UnixMilli(r.Timestamp)
 	}
+	kr.Headers = kafkaHeaders(r.Headers)
 	cl.Produce(ctx, kr, p.done)
 }
 
@@ -233,10 +234,13 @@ func (p *txnRecords) failed() error {
 }
 
 // stagedBuf holds staged records: per record u32 key length, key, u32
-// value length, value, i64 timestamp (big-endian). The records follow
-// stateHeader reserved bytes, where seal writes the header of a sink state
-// of one entry (encodeEntries' layout), so that the state of a checkpoint
-// whose only pending entry is this one is the buffer itself, not a copy.
+// value length, value, i64 timestamp (big-endian), and when the key
+// length has stagedHeaders set, u32 length and the header block
+// (abi.Record.Headers); states written before headers never set it. The
+// records follow stateHeader reserved bytes, where seal writes the header
+// of a sink state of one entry (encodeEntries' layout), so that the state
+// of a checkpoint whose only pending entry is this one is the buffer
+// itself, not a copy.
 type stagedBuf struct {
 	data []byte // stateHeader bytes, then the records
 	n    int
@@ -274,16 +278,33 @@ func (b *stagedBuf) reserve(extra int) {
 	b.data = grown
 }
 
+// stagedHeaders in a staged record's key length: a header block follows.
+const stagedHeaders = 1 << 31
+
 // stagedSize is the size of r in a stagedBuf.
-func stagedSize(r *abi.Record) int { return 4 + len(r.Key) + 4 + len(r.Value) + 8 }
+func stagedSize(r *abi.Record) int {
+	n := 4 + len(r.Key) + 4 + len(r.Value) + 8
+	if len(r.Headers) > 0 {
+		n += 4 + len(r.Headers)
+	}
+	return n
+}
 
 func (b *stagedBuf) add(r abi.Record) {
 	b.reserve(stagedSize(&r))
-	b.data = binary.BigEndian.AppendUint32(b.data, uint32(len(r.Key)))
+	kl := uint32(len(r.Key))
+	if len(r.Headers) > 0 {
+		kl |= stagedHeaders
+	}
+	b.data = binary.BigEndian.AppendUint32(b.data, kl)
 	b.data = append(b.data, r.Key...)
 	b.data = binary.BigEndian.AppendUint32(b.data, uint32(len(r.Value)))
 	b.data = append(b.data, r.Value...)
 	b.data = binary.BigEndian.AppendUint64(b.data, uint64(r.Timestamp))
+	if len(r.Headers) > 0 {
+		b.data = binary.BigEndian.AppendUint32(b.data, uint32(len(r.Headers)))
+		b.data = append(b.data, r.Headers...)
+	}
 	b.n++
 }
 
@@ -294,7 +315,8 @@ func eachStaged(data []byte, fn func(r abi.Record)) error {
 		if len(data) < 4 {
 			return errors.New("truncated record")
 		}
-		kl := int(binary.BigEndian.Uint32(data))
+		klf := binary.BigEndian.Uint32(data)
+		kl := int(klf &^ stagedHeaders)
 		if len(data) < 4+kl+4 {
 			return errors.New("truncated record")
 		}
@@ -307,7 +329,22 @@ func eachStaged(data []byte, fn func(r abi.Record)) error {
 		val := data[4 : 4+vl]
 		ts := int64(binary.BigEndian.Uint64(data[4+vl:]))
 		data = data[4+vl+8:]
-		fn(abi.Record{Key: key, Value: val, Timestamp: ts})
+		r := abi.Record{Key: key, Value: val, Timestamp: ts}
+		if klf&stagedHeaders != 0 {
+			if len(data) < 4 {
+				return errors.New("truncated record headers")
+			}
+			hl := int(binary.BigEndian.Uint32(data))
+			if len(data) < 4+hl {
+				return errors.New("truncated record headers")
+			}
+			r.Headers = data[4 : 4+hl]
+			if err := abi.CheckHeaders(r.Headers); err != nil {
+				return err
+			}
+			data = data[4+hl:]
+		}
+		fn(r)
 	}
 	return nil
 }

@@ -54,6 +54,8 @@ type Source struct {
 
 	buf   []*kgo.Record // polled, not returned yet
 	bufAt int
+	// headers holds the records' header blocks.
+	headers headerArena
 
 	commitPos chan []byte // latest completed checkpoint's position to commit
 	commitErr error       // last group commit failure (under mu)
@@ -389,7 +391,7 @@ func (s *Source) Read(ctx context.Context, recs []abi.Record) (int, error) {
 		if ms := r.Timestamp.UnixMilli(); ms >= 0 {
 			ts = ms
 		}
-		recs[n] = abi.Record{Key: r.Key, Value: r.Value, Timestamp: ts}
+		recs[n] = abi.Record{Key: r.Key, Value: r.Value, Timestamp: ts, Headers: s.headers.block(r.Headers)}
 		n++
 		s.next[p] = r.Offset + 1
 		w := s.parts[p]

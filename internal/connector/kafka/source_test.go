@@ -53,7 +53,7 @@ func readN(t testing.TB, src *Source, n int) []abi.Record {
 			t.Fatalf("read after %d of %d records: %v", len(out), n, err)
 		}
 		for _, r := range buf[:k] {
-			out = append(out, abi.Record{Key: slices.Clone(r.Key), Value: slices.Clone(r.Value), Timestamp: r.Timestamp})
+			out = append(out, abi.Record{Key: slices.Clone(r.Key), Value: slices.Clone(r.Value), Timestamp: r.Timestamp, Headers: slices.Clone(r.Headers)})
 		}
 	}
 	return out

@@ -312,6 +312,11 @@ macro_rules! export_operator {
         pub extern "C" fn streamd_close() -> i32 {
             $crate::__rt::close(&__STREAMD_OPERATOR)
         }
+
+        /// Never called: the host passes record headers to a guest that
+        /// exports it (abi/ABI.md, "Record headers").
+        #[no_mangle]
+        pub extern "C" fn streamd_record_headers() {}
     };
 }
 

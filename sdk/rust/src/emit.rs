@@ -124,10 +124,19 @@ pub fn emit(key: &[u8], value: &[u8], timestamp: i64) {
     })
 }
 
-/// Emits `rec` unchanged.
+/// Emits `rec` unchanged, its headers included: `emit_record` of an input
+/// record, changed or not, keeps its headers.
 #[inline]
 pub fn emit_record(rec: &Record<'_>) {
-    emit(rec.key, rec.value, rec.timestamp)
+    if rec.headers.is_empty() {
+        return emit(rec.key, rec.value, rec.timestamp);
+    }
+    OUT.with(|o| {
+        let mut o = o.borrow_mut();
+        o.begin(rec.encoded_len());
+        crate::frame::encode_record(&mut o.buf, rec);
+        o.end();
+    })
 }
 
 /// Emits a record whose value `write` produces straight into the output
@@ -141,12 +150,28 @@ pub fn emit_record(rec: &Record<'_>) {
 /// `write` must not emit itself (that panics).
 #[inline]
 pub fn emit_with<F: FnOnce(&mut ValueWriter<'_>)>(key: &[u8], timestamp: i64, write: F) {
+    emit_written(key, timestamp, &[], write)
+}
+
+/// [`emit_with`] for a record with `headers` (an input record's, to keep
+/// them: `emit_with_headers(rec.key, rec.timestamp, rec.headers, |v| ...)`).
+#[inline]
+pub fn emit_with_headers<F: FnOnce(&mut ValueWriter<'_>)>(key: &[u8], timestamp: i64, headers: crate::Headers<'_>, write: F) {
+    emit_written(key, timestamp, headers.as_bytes(), write)
+}
+
+/// The record of key, timestamp, the value `write` produces and the header
+/// block `headers` (empty: none), framed in place. Inlined into each
+/// caller, so `emit_with`'s empty block costs no branch.
+#[inline(always)]
+fn emit_written<F: FnOnce(&mut ValueWriter<'_>)>(key: &[u8], timestamp: i64, headers: &[u8], write: F) {
+    let flag = if headers.is_empty() { 0 } else { crate::frame::HEADERS_FLAG };
     OUT.with(|o| {
         let mut o = o.borrow_mut();
-        o.begin(16 + key.len());
+        o.begin(16 + key.len() + if headers.is_empty() { 0 } else { 4 + headers.len() });
         let b = &mut o.buf;
         b.extend_from_slice(&timestamp.to_le_bytes());
-        b.extend_from_slice(&(key.len() as u32).to_le_bytes());
+        b.extend_from_slice(&(key.len() as u32 | flag).to_le_bytes());
         b.extend_from_slice(key);
         let len_at = b.len();
         b.extend_from_slice(&[0, 0, 0, 0]);
@@ -154,6 +179,10 @@ pub fn emit_with<F: FnOnce(&mut ValueWriter<'_>)>(key: &[u8], timestamp: i64, wr
         write(&mut ValueWriter { buf: b });
         let n = (b.len() - start) as u32;
         b[len_at..len_at + 4].copy_from_slice(&n.to_le_bytes());
+        if !headers.is_empty() {
+            b.extend_from_slice(&(headers.len() as u32).to_le_bytes());
+            b.extend_from_slice(headers);
+        }
         o.end();
     })
 }

@@ -13,8 +13,113 @@ pub const NO_TIMESTAMP: i64 = i64::MIN;
 /// u32 key length, u32 value length.
 pub const RECORD_HEADER: usize = 16;
 
+/// Set in a record's key length: a header block follows its value (u32
+/// length, then the entries; abi/ABI.md, "Record headers").
+pub const HEADERS_FLAG: u32 = 1 << 31;
+
+/// A record's headers: entries of a name and a value, in order, a name
+/// possibly repeated (a Kafka record's headers, for one), in the frame's
+/// encoding. Those of an input record borrow the SDK's input buffer.
+/// Build a block with [`append_header`]:
+///
+/// ```ignore
+/// let mut h = Vec::new();
+/// streamd::append_header(&mut h, b"trace-id", id);
+/// streamd::emit_record(&Record::new(key, value, ts).with_headers(Headers::new(&h)?));
+/// ```
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Headers<'a>(&'a [u8]);
+
+impl<'a> Headers<'a> {
+    /// No headers.
+    pub const EMPTY: Headers<'static> = Headers(&[]);
+
+    /// The headers encoded in `block`, which must be whole entries.
+    pub fn new(block: &'a [u8]) -> Result<Headers<'a>, FrameError> {
+        let mut it = HeaderIter { b: block, off: 0 };
+        while it.off < block.len() {
+            if it.next().is_none() {
+                return Err(FrameError::LengthOutOfBounds { at: it.off, what: "header", len: block.len() as u32 });
+            }
+        }
+        Ok(Headers(block))
+    }
+
+    /// `block` taken as it is; what reads it stops at a bad entry.
+    pub(crate) const fn unchecked(block: &'a [u8]) -> Headers<'a> {
+        Headers(block)
+    }
+
+    /// The encoded block.
+    pub fn as_bytes(&self) -> &'a [u8] {
+        self.0
+    }
+
+    /// Whether there is no header.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// The number of headers.
+    pub fn len(&self) -> usize {
+        self.iter().count()
+    }
+
+    /// The headers in order, as (name, value).
+    pub fn iter(&self) -> HeaderIter<'a> {
+        HeaderIter { b: self.0, off: 0 }
+    }
+
+    /// The value of the first header called `name`.
+    pub fn get(&self, name: &[u8]) -> Option<&'a [u8]> {
+        self.iter().find(|(n, _)| *n == name).map(|(_, v)| v)
+    }
+}
+
+/// Iterator over [`Headers`], yielding (name, value).
+#[derive(Clone, Debug)]
+pub struct HeaderIter<'a> {
+    b: &'a [u8],
+    off: usize,
+}
+
+impl<'a> Iterator for HeaderIter<'a> {
+    type Item = (&'a [u8], &'a [u8]);
+
+    fn next(&mut self) -> Option<(&'a [u8], &'a [u8])> {
+        let b = self.b;
+        let mut off = self.off;
+        if b.len() - off < 4 {
+            return None;
+        }
+        let nl = u32_at(b, off) as usize;
+        off += 4;
+        if nl > b.len() - off || b.len() - off - nl < 4 {
+            return None;
+        }
+        let name = &b[off..off + nl];
+        off += nl;
+        let vl = u32_at(b, off) as usize;
+        off += 4;
+        if vl > b.len() - off {
+            return None;
+        }
+        self.off = off + vl;
+        Some((name, &b[off..off + vl]))
+    }
+}
+
+/// Appends the header `name`: `value` to the header block `dst`.
+pub fn append_header(dst: &mut Vec<u8>, name: &[u8], value: &[u8]) {
+    dst.extend_from_slice(&(name.len() as u32).to_le_bytes());
+    dst.extend_from_slice(name);
+    dst.extend_from_slice(&(value.len() as u32).to_le_bytes());
+    dst.extend_from_slice(value);
+}
+
 /// One stream element. `key` is empty when the record has no key; `timestamp`
-/// is event time in milliseconds since the Unix epoch, or [`NO_TIMESTAMP`].
+/// is event time in milliseconds since the Unix epoch, or [`NO_TIMESTAMP`];
+/// `headers` are its headers (none: empty).
 ///
 /// The slices of a record passed to `process_element` point into the SDK's
 /// input buffer and are valid only during that call: copy what must outlive it.
@@ -26,12 +131,19 @@ pub struct Record<'a> {
     pub value: &'a [u8],
     /// Event time in ms since the Unix epoch, or [`NO_TIMESTAMP`].
     pub timestamp: i64,
+    /// The record's headers.
+    pub headers: Headers<'a>,
 }
 
 impl<'a> Record<'a> {
-    /// A record with key, value and timestamp.
+    /// A record with key, value and timestamp, and no headers.
     pub const fn new(key: &'a [u8], value: &'a [u8], timestamp: i64) -> Self {
-        Record { key, value, timestamp }
+        Record { key, value, timestamp, headers: Headers(&[]) }
+    }
+
+    /// The record with `headers`.
+    pub const fn with_headers(self, headers: Headers<'a>) -> Self {
+        Record { headers, ..self }
     }
 
     /// Whether the record carries a key.
@@ -46,7 +158,12 @@ impl<'a> Record<'a> {
 
     /// Its encoded size inside a batch frame.
     pub fn encoded_len(&self) -> usize {
-        RECORD_HEADER + self.key.len() + self.value.len()
+        let n = RECORD_HEADER + self.key.len() + self.value.len();
+        if self.headers.is_empty() {
+            n
+        } else {
+            n + 4 + self.headers.0.len()
+        }
     }
 }
 
@@ -119,7 +236,8 @@ fn i64_at(b: &[u8], at: usize) -> i64 {
 }
 
 /// A validated batch frame: `u32 count`, then per record `i64 timestamp,
-/// u32 key_len, key, u32 value_len, value`.
+/// u32 key_len, key, u32 value_len, value`, and `u32 headers_len, headers`
+/// when key_len has [`HEADERS_FLAG`].
 #[derive(Clone, Copy, Debug)]
 pub struct Batch<'a> {
     data: &'a [u8],
@@ -142,7 +260,8 @@ impl<'a> Batch<'a> {
             if data.len() - off < RECORD_HEADER {
                 return Err(FrameError::Truncated { at: off, what: "record header" });
             }
-            let kl = u32_at(data, off + 8);
+            let klf = u32_at(data, off + 8);
+            let kl = klf & !HEADERS_FLAG;
             off += 12;
             if kl as usize > data.len() - off - 4 {
                 return Err(FrameError::LengthOutOfBounds { at: off, what: "key", len: kl });
@@ -154,6 +273,18 @@ impl<'a> Batch<'a> {
                 return Err(FrameError::LengthOutOfBounds { at: off, what: "value", len: vl });
             }
             off += vl as usize;
+            if klf & HEADERS_FLAG != 0 {
+                if data.len() - off < 4 {
+                    return Err(FrameError::Truncated { at: off, what: "headers length" });
+                }
+                let hl = u32_at(data, off);
+                off += 4;
+                if hl as usize > data.len() - off {
+                    return Err(FrameError::LengthOutOfBounds { at: off, what: "headers", len: hl });
+                }
+                Headers::new(&data[off..off + hl as usize]).map_err(|_| FrameError::LengthOutOfBounds { at: off, what: "header", len: hl })?;
+                off += hl as usize;
+            }
         }
         if off != data.len() {
             return Err(FrameError::Trailing { bytes: data.len() - off });
@@ -210,15 +341,24 @@ impl<'a> Iterator for BatchIter<'a> {
         let d = self.data;
         let mut off = self.off;
         let timestamp = i64_at(d, off);
-        let kl = u32_at(d, off + 8) as usize;
+        let klf = u32_at(d, off + 8);
+        let kl = (klf & !HEADERS_FLAG) as usize;
         off += 12;
         let key = &d[off..off + kl];
         off += kl;
         let vl = u32_at(d, off) as usize;
         off += 4;
         let value = &d[off..off + vl];
-        self.off = off + vl;
-        Some(Record { key, value, timestamp })
+        off += vl;
+        let mut headers = Headers(&[]);
+        if klf & HEADERS_FLAG != 0 {
+            let hl = u32_at(d, off) as usize;
+            off += 4;
+            headers = Headers(&d[off..off + hl]);
+            off += hl;
+        }
+        self.off = off;
+        Some(Record { key, value, timestamp, headers })
     }
 
     fn size_hint(&self) -> (usize, Option<usize>) {
@@ -231,11 +371,17 @@ impl<'a> ExactSizeIterator for BatchIter<'a> {}
 /// Appends one record (without the batch count) to `dst`.
 pub fn encode_record(dst: &mut Vec<u8>, rec: &Record<'_>) {
     dst.reserve(rec.encoded_len());
+    let h = rec.headers.as_bytes();
+    let flag = if h.is_empty() { 0 } else { HEADERS_FLAG };
     dst.extend_from_slice(&rec.timestamp.to_le_bytes());
-    dst.extend_from_slice(&(rec.key.len() as u32).to_le_bytes());
+    dst.extend_from_slice(&(rec.key.len() as u32 | flag).to_le_bytes());
     dst.extend_from_slice(rec.key);
     dst.extend_from_slice(&(rec.value.len() as u32).to_le_bytes());
     dst.extend_from_slice(rec.value);
+    if !h.is_empty() {
+        dst.extend_from_slice(&(h.len() as u32).to_le_bytes());
+        dst.extend_from_slice(h);
+    }
 }
 
 /// Encodes `recs` as a batch frame.
@@ -248,11 +394,26 @@ pub fn encode_batch(recs: &[Record<'_>]) -> Vec<u8> {
     dst
 }
 
-/// Decodes a whole batch frame into owned `(key, value, timestamp)` triples;
-/// for tests and tools, not for the hot path.
+/// Decodes a whole batch frame into owned `(key, value, timestamp)` triples
+/// (without headers: [`decode_records_owned`] has them); for tests and
+/// tools, not for the hot path.
 pub fn decode_batch_owned(data: &[u8]) -> Result<Vec<(Vec<u8>, Vec<u8>, i64)>, FrameError> {
     let b = Batch::parse(data)?;
     Ok(b.iter().map(|r| (r.key.to_vec(), r.value.to_vec(), r.timestamp)).collect())
+}
+
+/// Decodes a whole batch frame into [`OwnedRecord`](crate::OwnedRecord)s,
+/// headers included; for tests and tools, not for the hot path.
+pub fn decode_records_owned(data: &[u8]) -> Result<Vec<crate::OwnedRecord>, FrameError> {
+    let b = Batch::parse(data)?;
+    Ok(b.iter()
+        .map(|r| crate::OwnedRecord {
+            key: r.key.to_vec(),
+            value: r.value.to_vec(),
+            timestamp: r.timestamp,
+            headers: r.headers.as_bytes().to_vec(),
+        })
+        .collect())
 }
 
 pub(crate) struct Reader<'a> {

@@ -6,7 +6,7 @@
 //!
 //! ```ignore
 //! fn shout(r: &streamd::Record) -> streamd::OwnedRecord {
-//!     streamd::OwnedRecord { key: r.key.to_vec(), value: r.value.to_ascii_uppercase(), timestamp: r.timestamp }
+//!     streamd::OwnedRecord { key: r.key.to_vec(), value: r.value.to_ascii_uppercase(), timestamp: r.timestamp, ..Default::default() }
 //! }
 //! streamd::export_map!(shout);
 //! ```
@@ -20,7 +20,8 @@
 
 use crate::{emit, Operator, Record, Result};
 
-/// A record that owns its key and value, returned by [`Map`] functions.
+/// A record that owns its key, value and headers, returned by [`Map`]
+/// functions.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct OwnedRecord {
     /// The key; empty means no key.
@@ -29,12 +30,21 @@ pub struct OwnedRecord {
     pub value: Vec<u8>,
     /// Event time in ms, or [`NO_TIMESTAMP`](crate::NO_TIMESTAMP).
     pub timestamp: i64,
+    /// The header block ([`Headers`](crate::Headers), built with
+    /// [`append_header`](crate::append_header)); empty: none.
+    pub headers: Vec<u8>,
 }
 
 impl OwnedRecord {
-    /// A record with copies of `key` and `value`.
+    /// A record with copies of `key` and `value`, without headers.
     pub fn new(key: &[u8], value: &[u8], timestamp: i64) -> OwnedRecord {
-        OwnedRecord { key: key.to_vec(), value: value.to_vec(), timestamp }
+        OwnedRecord { key: key.to_vec(), value: value.to_vec(), timestamp, headers: Vec::new() }
+    }
+
+    /// The record as a [`Record`] borrowing it. Its headers are emitted
+    /// as they are: a malformed block fails the subtask at the host.
+    pub fn as_record(&self) -> Record<'_> {
+        Record::new(&self.key, &self.value, self.timestamp).with_headers(crate::frame::Headers::unchecked(&self.headers))
     }
 }
 
@@ -44,7 +54,11 @@ pub struct Map<F>(pub F);
 impl<F: FnMut(&Record<'_>) -> OwnedRecord> Operator for Map<F> {
     fn process_element(&mut self, rec: &Record<'_>, _input: u32) -> Result<()> {
         let out = (self.0)(rec);
-        emit(&out.key, &out.value, out.timestamp);
+        if out.headers.is_empty() {
+            emit(&out.key, &out.value, out.timestamp);
+        } else {
+            crate::emit_record(&out.as_record());
+        }
         Ok(())
     }
 }
@@ -55,7 +69,7 @@ pub struct Filter<F>(pub F);
 impl<F: FnMut(&Record<'_>) -> bool> Operator for Filter<F> {
     fn process_element(&mut self, rec: &Record<'_>, _input: u32) -> Result<()> {
         if (self.0)(rec) {
-            emit(rec.key, rec.value, rec.timestamp);
+            crate::emit_record(rec);
         }
         Ok(())
     }

@@ -52,8 +52,8 @@ pub mod testing;
 
 pub use codec::{Bytes, BytesWriter, Codec, Encoder, Str, StrWriter, ViewCodec, WriteCodec, F64, I64};
 pub use context::Context;
-pub use emit::{emit, emit_record, emit_to, emit_with, flush, ValueWriter, FLUSH_BYTES};
-pub use frame::{Batch, Record, NO_TIMESTAMP};
+pub use emit::{emit, emit_record, emit_to, emit_with, emit_with_headers, flush, ValueWriter, FLUSH_BYTES};
+pub use frame::{append_header, Batch, Headers, Record, NO_TIMESTAMP};
 pub use helpers::{Collector, Filter, FlatMap, Map, OwnedRecord};
 pub use keyed::{current_key, phase, with_key};
 pub use list_state::ListMode;

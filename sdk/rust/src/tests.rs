@@ -49,6 +49,55 @@ fn batch_rejects_malformed_frames() {
 }
 
 #[test]
+fn headers_round_trip_and_pass_through() {
+    let mut h = Vec::new();
+    append_header(&mut h, b"trace", b"t1");
+    append_header(&mut h, b"empty", b"");
+    append_header(&mut h, b"trace", b"t2");
+    let hd = Headers::new(&h).unwrap();
+    assert_eq!(hd.len(), 3);
+    assert_eq!(hd.get(b"trace"), Some(&b"t1"[..]));
+    assert_eq!(hd.get(b"empty"), Some(&b""[..]));
+    assert_eq!(hd.get(b"none"), None);
+    let all: Vec<(&[u8], &[u8])> = hd.iter().collect();
+    assert_eq!(all, vec![(&b"trace"[..], &b"t1"[..]), (&b"empty"[..], &b""[..]), (&b"trace"[..], &b"t2"[..])]);
+    assert!(Headers::new(&h[..h.len() - 1]).is_err());
+
+    let recs = [Record::new(b"k", b"v", 3).with_headers(hd), Record::new(b"", b"plain", NO_TIMESTAMP)];
+    let frame = encode_batch(&recs);
+    // The first record's key length carries the flag.
+    assert_eq!(u32::from_le_bytes(frame[12..16].try_into().unwrap()), frame::HEADERS_FLAG | 1);
+    let b = Batch::parse(&frame).unwrap();
+    let got: Vec<Record> = b.iter().collect();
+    assert_eq!(&got[..], &recs[..]);
+    assert!(got[1].headers.is_empty());
+    for n in 4..frame.len() {
+        assert!(Batch::parse(&frame[..n]).is_err(), "prefix of {} bytes accepted", n);
+    }
+    // A header entry that runs past its block.
+    let mut bad = frame.clone();
+    let at = 4 + 16 + 1 + 1 + 4;
+    bad[at..at + 4].copy_from_slice(&100u32.to_le_bytes());
+    assert!(Batch::parse(&bad).is_err());
+
+    // emit_record keeps them, emit and a Filter's output too.
+    let _ = host(|h| std::mem::take(&mut h.frames));
+    emit_record(&got[0]);
+    emit(got[0].key, got[0].value, got[0].timestamp);
+    Filter((|_: &Record| true) as helpers::FilterFn).process_element(&got[0], 0).unwrap();
+    emit_with_headers(got[0].key, got[0].timestamp, got[0].headers, |v| v.extend(b"written".iter().copied()));
+    flush();
+    let frames = host(|h| std::mem::take(&mut h.frames));
+    let out: Vec<OwnedRecord> = frames.iter().flat_map(|f| frame::decode_records_owned(f).unwrap()).collect();
+    assert_eq!(out.len(), 4);
+    assert_eq!(out[0].headers, h);
+    assert!(out[1].headers.is_empty());
+    assert_eq!(out[2].headers, h);
+    assert_eq!((out[3].value.as_slice(), out[3].headers.as_slice(), out[3].timestamp), (&b"written"[..], h.as_slice(), 3));
+    assert_eq!(out[0].as_record(), got[0]);
+}
+
+#[test]
 fn context_round_trip_and_config() {
     let c = Context {
         subtask: 1,

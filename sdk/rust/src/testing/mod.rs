@@ -22,7 +22,7 @@
 #[doc(hidden)]
 pub mod sim;
 
-use crate::frame::{decode_batch_owned, encode_batch};
+use crate::frame::{decode_records_owned, encode_batch};
 use crate::helpers::OwnedRecord;
 use crate::{emit, Batch, Context, Error, Operator, Record, Result};
 use sim::{Entry, EntryKey, Failed, SimHost};
@@ -266,15 +266,11 @@ impl<T: Operator> Harness<T> {
             }
         }
         for f in std::mem::take(&mut self.host.frames) {
-            for (key, value, timestamp) in decode_batch_owned(&f).expect("harness: the SDK emitted a malformed frame") {
-                self.output.push(OwnedRecord { key, value, timestamp });
-            }
+            self.output.extend(decode_records_owned(&f).expect("harness: the SDK emitted a malformed frame"));
         }
         for (name, f) in std::mem::take(&mut self.host.side) {
             let out = self.side.entry(name).or_default();
-            for (key, value, timestamp) in decode_batch_owned(&f).expect("harness: the SDK emitted a malformed side frame") {
-                out.push(OwnedRecord { key, value, timestamp });
-            }
+            out.extend(decode_records_owned(&f).expect("harness: the SDK emitted a malformed side frame"));
         }
         if let Err(e) = &r {
             if !e.is_rejection() || phase != "process" {

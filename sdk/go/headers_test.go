@@ -1,0 +1,63 @@
+package streamd
+
+import (
+	"bytes"
+	"testing"
+)
+
+func TestHeaders(t *testing.T) {
+	var h Headers
+	if h.Len() != 0 {
+		t.Fatal("empty headers have a length")
+	}
+	h = h.Add("trace", []byte("t1")).Add("empty", nil).Add("trace", []byte("t2"))
+	if h.Len() != 3 {
+		t.Fatalf("Len = %d, want 3", h.Len())
+	}
+	if v, ok := h.Get("trace"); !ok || string(v) != "t1" {
+		t.Fatalf("Get(trace) = %q, %v: want the first, t1", v, ok)
+	}
+	if v, ok := h.Get("empty"); !ok || len(v) != 0 {
+		t.Fatalf("Get(empty) = %q, %v", v, ok)
+	}
+	if _, ok := h.Get("none"); ok {
+		t.Fatal("Get of a missing name found one")
+	}
+	var got []string
+	for n, v := range h.All() {
+		got = append(got, n+"="+string(v))
+	}
+	if want := []string{"trace=t1", "empty=", "trace=t2"}; len(got) != 3 || got[0] != want[0] || got[1] != want[1] || got[2] != want[2] {
+		t.Fatalf("All yields %q, want %q", got, want)
+	}
+	if validHeaders(h[:len(h)-1]) || !validHeaders(h) || !validHeaders(nil) {
+		t.Fatal("validHeaders is wrong about a cut block, a whole one or none")
+	}
+}
+
+// A record's headers reach ProcessElement, and EmitRecord of it sends them
+// on; Emit sends none.
+func TestHeadersPassThrough(t *testing.T) {
+	hd := Headers(nil).Add("trace", []byte("abc"))
+	var seen []Headers
+	h := install(t, &funcOp{process: func(r Record, input int) error {
+		seen = append(seen, Headers(bytes.Clone(r.Headers)))
+		EmitRecord(Record{Key: r.Key, Value: bytes.ToUpper(r.Value), Timestamp: r.Timestamp, Headers: r.Headers})
+		Emit(r.Key, r.Value, r.Timestamp)
+		return nil
+	}})
+	in := rec("a", "x", 5)
+	in.Headers = hd
+	if st := doProcess(0, batch(in, rec("b", "y", 6))); st != statusOK {
+		t.Fatalf("status %d, fails %q", st, h.fails)
+	}
+	if len(seen) != 2 || !bytes.Equal(seen[0], hd) || len(seen[1]) != 0 {
+		t.Fatalf("ProcessElement saw headers %q, want [%q none]", seen, hd)
+	}
+	up := rec("a", "X", 5)
+	up.Headers = hd
+	want := []Record{up, rec("a", "x", 5), rec("b", "Y", 6), rec("b", "y", 6)}
+	if got := h.emitted(); !sameRecords(got, want) {
+		t.Fatalf("emitted %v, want %v", got, want)
+	}
+}
