@@ -172,6 +172,9 @@ type ctlHost struct {
 	interval time.Duration
 	lastSeen time.Time
 	lost     bool
+	// unconfirmed: named by the job table when this controller took the
+	// lead (expectHostLocked), not heard from since.
+	unconfirmed bool
 	// busy are the attempts that hold slots here as far as the controller
 	// has seen: from their assignment until the host reported their end,
 	// answered their cancel, refused them, stopped listing them in its

@@ -438,6 +438,22 @@ func (c *Controller) lead(term uint64) error {
 		c.adoptLocked(j, now)
 		adoptions = append(adoptions, adoption{j, j.attempt, *j.placement})
 	}
+	// The hosts the attempts of the jobs not ended ran on: one that died
+	// before this leader took over is shown lost, as it was, instead of
+	// missing from the hosts.
+	for _, r := range recs {
+		if wire.TerminalJobState(r.State) {
+			continue
+		}
+		for _, id := range r.LastHosts {
+			c.expectHostLocked(id, now)
+		}
+		for _, a := range r.Attempts {
+			for _, id := range a.Hosts {
+				c.expectHostLocked(id, now)
+			}
+		}
+	}
 	for _, id := range c.order {
 		if j := c.jobs[id]; j.ver == 0 && !wire.TerminalJobState(j.state) {
 			c.saveLocked(j) // written in this term: a deposed leader's later write fails
@@ -500,9 +516,7 @@ func (c *Controller) adoptLocked(j *ctlJob, now time.Time) {
 		c.adoptUntil = until
 	}
 	for _, id := range j.placement.Hosts() {
-		if c.hosts[id] == nil {
-			c.hosts[id] = &ctlHost{id: id, interval: c.opts.HeartbeatInterval, lastSeen: now,
-				busy: map[wire.AttemptRef]*slotUse{}, ended: map[wire.AttemptRef]time.Time{}}
+		if c.expectHostLocked(id, now) {
 			c.awaiting[id] = true
 		}
 	}
@@ -511,6 +525,19 @@ func (c *Controller) adoptLocked(j *ctlJob, now time.Time) {
 		c.settleLocked(id, wire.AttemptRef{JobID: j.id, Attempt: j.attempt}, now)
 	}
 	c.saveLocked(j) // written in this term: a deposed leader's later write fails
+}
+
+// expectHostLocked adds host id, named by the job table, to the hosts
+// unless known: it counts no slots and is shown unconfirmed until its
+// first heartbeat, and is lost when none comes within the heartbeat
+// timeout (as if it had been seen now). It reports whether it added it.
+func (c *Controller) expectHostLocked(id string, now time.Time) bool {
+	if id == "" || c.hosts[id] != nil {
+		return false
+	}
+	c.hosts[id] = &ctlHost{id: id, interval: c.opts.HeartbeatInterval, lastSeen: now, unconfirmed: true,
+		busy: map[wire.AttemptRef]*slotUse{}, ended: map[wire.AttemptRef]time.Time{}}
+	return true
 }
 
 // catchUp takes job id from the bucket if this leader does not know it

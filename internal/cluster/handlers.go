@@ -337,11 +337,19 @@ func (c *Controller) handleHosts(msg micro.Request) {
 	}
 	for _, id := range c.hostIDs() {
 		h := c.hosts[id]
-		st := "alive"
-		if h.lost {
-			st = "lost"
+		st, seen := wire.HostAlive, h.lastSeen
+		switch {
+		case h.lost:
+			st = wire.HostLost
+		case h.unconfirmed:
+			st = wire.HostUnconfirmed
 		}
-		out.Hosts = append(out.Hosts, wire.HostStatus{ID: id, Slots: h.slots, Free: free[id], State: st, LastSeen: h.lastSeen})
+		if h.unconfirmed {
+			seen = time.Time{} // never by this controller
+		}
+		// An adopted attempt holds slots on a host before it reported
+		// how many it has: none are free, not fewer than none.
+		out.Hosts = append(out.Hosts, wire.HostStatus{ID: id, Slots: h.slots, Free: max(free[id], 0), State: st, LastSeen: seen})
 	}
 	c.mu.Unlock()
 	reply(msg, out)

@@ -73,11 +73,13 @@ func (c *Controller) handleHeartbeat(msg *nats.Msg) {
 		h = &ctlHost{id: hb.HostID, busy: map[wire.AttemptRef]*slotUse{}, ended: map[wire.AttemptRef]time.Time{}}
 		c.hosts[hb.HostID] = h
 		c.log.Info("host registered", "host", hb.HostID, "slots", hb.Slots)
+	case h.unconfirmed && !h.lost:
+		c.log.Info("host registered", "host", hb.HostID, "slots", hb.Slots)
 	case h.lost:
 		wasLost = true
 		c.log.Info("host is back", "host", hb.HostID, "slots", hb.Slots)
 	}
-	h.slots, h.interval, h.lastSeen, h.lost = hb.Slots, interval, now, false
+	h.slots, h.interval, h.lastSeen, h.lost, h.unconfirmed = hb.Slots, interval, now, false, false
 	delete(c.awaiting, hb.HostID)
 	c.reconcileSlotsLocked(h, hb, wasLost, now)
 	// A host that runs an attempt the controller no longer wants there (it

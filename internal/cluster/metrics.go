@@ -47,10 +47,14 @@ func (c *Controller) registerMetrics(mp metric.MeterProvider) (metric.Registrati
 		if c.term == 0 || c.closed {
 			return nil // a standby: nothing of its own to say
 		}
-		alive, lost, capacity := 0, 0, 0
+		alive, lost, unconfirmed, capacity := 0, 0, 0, 0
 		for _, h := range c.hosts {
-			if h.lost {
+			switch {
+			case h.lost:
 				lost++
+				continue
+			case h.unconfirmed:
+				unconfirmed++
 				continue
 			}
 			alive++
@@ -62,6 +66,7 @@ func (c *Controller) registerMetrics(mp metric.MeterProvider) (metric.Registrati
 		}
 		o.ObserveInt64(hosts, int64(alive), metric.WithAttributes(me, attribute.String("streamd.state", "alive")))
 		o.ObserveInt64(hosts, int64(lost), metric.WithAttributes(me, attribute.String("streamd.state", "lost")))
+		o.ObserveInt64(hosts, int64(unconfirmed), metric.WithAttributes(me, attribute.String("streamd.state", "unconfirmed")))
 		o.ObserveInt64(slots, int64(capacity), metric.WithAttributes(me, attribute.String("streamd.kind", "capacity")))
 		o.ObserveInt64(slots, int64(free), metric.WithAttributes(me, attribute.String("streamd.kind", "free")))
 		byState := map[string]int64{}

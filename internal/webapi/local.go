@@ -264,5 +264,5 @@ func (l *Local) Hosts(context.Context) ([]wire.HostStatus, error) {
 	if l.ended != nil {
 		free = 1
 	}
-	return []wire.HostStatus{{ID: "local", Slots: 1, Free: free, State: "alive", LastSeen: time.Now()}}, nil
+	return []wire.HostStatus{{ID: "local", Slots: 1, Free: free, State: wire.HostAlive, LastSeen: time.Now()}}, nil
 }

@@ -5,7 +5,9 @@ package cluster_test
 import (
 	"context"
 	"fmt"
+	"io"
 	"math/rand/v2"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -17,11 +19,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/streamd/streamd/internal/cluster/client"
 	"github.com/streamd/streamd/internal/cluster/wire"
 	"github.com/streamd/streamd/internal/jobfile"
+	"github.com/streamd/streamd/internal/natsutil"
 	"github.com/streamd/streamd/internal/testwasm"
 )
 
@@ -64,6 +68,49 @@ func newChaosProc(t *testing.T, name, bin string, args ...string) *chaosProc {
 		}
 	})
 	return p
+}
+
+// unansweredStatus logs, when a status request went unanswered, the
+// client connection's state, whether a status over a new connection is
+// answered, and keeps the NATS server's connections and subscriptions
+// (its monitoring endpoints) in the test's log directory.
+func unansweredStatus(t *testing.T, nc *nats.Conn, url string, monitor int) {
+	st := nc.Stats()
+	t.Logf("client connection: %v, url %s, %d reconnects, in %d msgs, out %d msgs, buffered %d",
+		nc.Status(), nc.ConnectedUrl(), nc.Reconnects, st.InMsgs, st.OutMsgs, bufferedOf(nc))
+	if fresh, err := natsutil.Connect(natsutil.URLs(url)); err != nil {
+		t.Logf("new connection: %v", err)
+	} else {
+		c, err := client.NewClient(fresh)
+		if err == nil {
+			c.LeaderWait = 3 * time.Second
+			_, err = c.Hosts(context.Background())
+		}
+		t.Logf("hosts over a new connection: err %v", err)
+		fresh.Close()
+	}
+	dir := chaosLogDir(t)
+	if dir == "" {
+		return
+	}
+	for name, path := range map[string]string{"connz": "/connz?subs=detail", "subsz": "/subsz?subs=1&limit=100000"} {
+		resp, err := http.Get(fmt.Sprintf("http://127.0.0.1:%d%s", monitor, path))
+		if err != nil {
+			t.Logf("nats monitor %s: %v", path, err)
+			continue
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		_ = os.WriteFile(filepath.Join(dir, "nats-"+name+".json"), b, 0o644)
+	}
+}
+
+func bufferedOf(nc *nats.Conn) int {
+	n, err := nc.Buffered()
+	if err != nil {
+		return -1
+	}
+	return n
 }
 
 // chaosLogDirs is the directory of each failed test's process logs.
@@ -166,9 +213,10 @@ func TestChaos(t *testing.T) {
 	t.Logf("seed %d (STREAMD_CHAOS_SEED=%d repeats this run)", seed, seed)
 	rng := rand.New(rand.NewPCG(seed, 0))
 
-	port := freePort(t)
+	port, monitor := freePort(t), freePort(t)
 	url := fmt.Sprintf("nats://127.0.0.1:%d", port)
-	natsProc := newChaosProc(t, "nats-server", natsServerBin(t), "-a", "127.0.0.1", "-p", fmt.Sprint(port), "-js", "-sd", t.TempDir(), "-n", "chaos")
+	natsProc := newChaosProc(t, "nats-server", natsServerBin(t), "-a", "127.0.0.1", "-p", fmt.Sprint(port), "-m", fmt.Sprint(monitor),
+		"-js", "-sd", t.TempDir(), "-n", "chaos")
 	waitJetStream(t, url)
 	hb := "--heartbeat-interval=100ms"
 	ctls := map[string]*chaosProc{}
@@ -181,17 +229,20 @@ func TestChaos(t *testing.T) {
 		id := fmt.Sprintf("h%d", i)
 		hosts[id] = newChaosProc(t, "host "+id, streamdBin(t), "host", "--nats", url, hb, "--host-id", id, "--slots", "2", "--data-dir", t.TempDir())
 	}
-	client, err := client.NewClient(connect(t, url))
+	clientNC := connect(t, url)
+	client, err := client.NewClient(clientNC)
 	if err != nil {
 		t.Fatal(err)
 	}
 	tc := &testCluster{t: t, client: client}
 	// A status nobody answered: the controllers' stacks now show where it
-	// waits (their whole output is kept, chaosLogDir).
+	// waits (their whole output is kept, chaosLogDir), and what the client
+	// connection, a new one and the NATS server say of it.
 	tc.beforeFatal = func() {
 		for _, p := range ctls {
 			p.signal(syscall.SIGQUIT)
 		}
+		unansweredStatus(t, clientNC, url, monitor)
 	}
 	tc.waitHosts(3)
 	js, err := jetstream.New(connect(t, url))

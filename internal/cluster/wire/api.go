@@ -277,12 +277,22 @@ type HostsReply struct {
 	Hosts []HostStatus `json:"hosts"`
 }
 
+// Host states (HostStatus.State).
+const (
+	HostAlive = "alive" // heartbeats come
+	HostLost  = "lost"  // none for the heartbeat timeout; its slots are not counted
+	// HostUnconfirmed: named by the job table (the previous leader placed
+	// jobs there) and not heard from since this controller took the lead;
+	// it is lost when it stays silent for the heartbeat timeout.
+	HostUnconfirmed = "unconfirmed"
+)
+
 // HostStatus is one host as the controller sees it.
 type HostStatus struct {
 	ID       string    `json:"id"`
 	Slots    int       `json:"slots"`
 	Free     int       `json:"free"`
-	State    string    `json:"state"` // "alive" or "lost"
+	State    string    `json:"state"` // HostAlive, HostLost or HostUnconfirmed
 	LastSeen time.Time `json:"last_seen"`
 }
 

@@ -533,7 +533,7 @@ async function readLogs(id) {
 async function renderHosts() {
   const data = await api("GET", "/hosts");
   const rows = data.hosts.map(h => el("tr", { "data-host": h.id },
-    el("td", {}, h.id), el("td", {}, el("span", { class: "state " + (h.state === "alive" ? "running" : "failed"), "data-state": h.state }, h.state)),
+    el("td", {}, h.id), el("td", {}, el("span", { class: "state " + (h.state === "alive" ? "running" : h.state === "unconfirmed" ? "restarting" : "failed"), "data-state": h.state }, h.state)),
     el("td", { class: "num" }, h.slots), el("td", { class: "num slots-free" }, h.free),
     el("td", {}, new Date(h.last_seen).toLocaleTimeString()),
     el("td", {}, h.jobs.map(j => el("a", { href: "#/jobs/" + encodeURIComponent(j) }, j, " ")))));
