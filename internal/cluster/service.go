@@ -6,6 +6,7 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/nats-io/nats.go/micro"
 
@@ -76,7 +77,7 @@ func (c *Controller) startService(term uint64) (micro.Service, error) {
 		return nil, fmt.Errorf("cluster: controller: add micro service %s: %w", ServiceName, err)
 	}
 	for _, e := range c.controlEndpoints() {
-		err := svc.AddEndpoint(e.name, micro.HandlerFunc(e.handle), micro.WithEndpointSubject(e.subject),
+		err := svc.AddEndpoint(e.name, c.logged(e.name, e.handle), micro.WithEndpointSubject(e.subject),
 			micro.WithEndpointMetadata(map[string]string{"description": e.what}))
 		if err != nil {
 			_ = svc.Stop()
@@ -84,6 +85,40 @@ func (c *Controller) startService(term uint64) (micro.Service, error) {
 		}
 	}
 	return svc, nil
+}
+
+// logged is handle with each request logged at debug level (received and
+// answered, with how long it took) and a reply that could not be sent
+// logged as a warning: a client that got no answer finds why here.
+func (c *Controller) logged(name string, handle func(micro.Request)) micro.Handler {
+	return micro.HandlerFunc(func(req micro.Request) {
+		start := time.Now()
+		c.log.Debug("control request", "endpoint", name, "reply_to", req.Reply())
+		handle(&loggedRequest{Request: req, c: c, name: name})
+		c.log.Debug("control request answered", "endpoint", name, "reply_to", req.Reply(), "took", time.Since(start))
+	})
+}
+
+// loggedRequest logs the failure of a reply to a control request.
+type loggedRequest struct {
+	micro.Request
+	c    *Controller
+	name string
+}
+
+func (r *loggedRequest) Respond(data []byte, opts ...micro.RespondOpt) error {
+	return r.failed(r.Request.Respond(data, opts...), len(data))
+}
+
+func (r *loggedRequest) Error(code, description string, data []byte, opts ...micro.RespondOpt) error {
+	return r.failed(r.Request.Error(code, description, data, opts...), len(data))
+}
+
+func (r *loggedRequest) failed(err error, n int) error {
+	if err != nil {
+		r.c.log.Warn("control request: reply not sent", "endpoint", r.name, "reply_to", r.Reply(), "bytes", n, "err", err)
+	}
+	return err
 }
 
 // semVerRE is micro's check of a service version (semver.org's expression).

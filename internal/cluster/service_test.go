@@ -3,6 +3,8 @@ package cluster
 import (
 	"context"
 	"encoding/json"
+	"log/slog"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -13,6 +15,7 @@ import (
 	"github.com/streamd/streamd/internal/cluster/client"
 	"github.com/streamd/streamd/internal/cluster/wire"
 	"github.com/streamd/streamd/internal/natstest"
+	"github.com/streamd/streamd/internal/testlog"
 )
 
 // srvRequest asks subject (a $SRV subject) and decodes the JSON answer into v.
@@ -149,5 +152,44 @@ func TestControlAPIIsAMicroService(t *testing.T) {
 	}
 	if st, err := cl.Status(ctx, dr.JobID); err != nil || st.ID != dr.JobID {
 		t.Fatalf("status from the new leader: %+v, %v", st, err)
+	}
+}
+
+// failingRequest is a control request whose replies cannot be sent.
+type failingRequest struct{ micro.Request }
+
+func (failingRequest) Reply() string { return "_INBOX.gone" }
+func (failingRequest) Respond([]byte, ...micro.RespondOpt) error {
+	return nats.ErrMaxPayload
+}
+func (failingRequest) Error(string, string, []byte, ...micro.RespondOpt) error {
+	return nats.ErrConnectionClosed
+}
+
+// A reply that could not be sent is logged with the endpoint, the reply
+// subject and why, instead of leaving the client's wait unexplained; each
+// request is logged at debug level with how long it took.
+func TestControlReplyFailureIsLogged(t *testing.T) {
+	logs := testlog.New()
+	c := &Controller{log: slog.New(logs)}
+	h := c.logged("status", func(req micro.Request) {
+		reply(req, wire.JobReply{})
+		reply(req, wire.JobReply{Reply: wire.ErrorReply(wire.Conflictf("busy"))})
+	})
+	h.Handle(failingRequest{})
+	var msgs, errs []string
+	for _, r := range logs.Matching("endpoint", "status") {
+		if r.Attrs["reply_to"] != "_INBOX.gone" {
+			t.Errorf("record %+v does not name the reply subject", r)
+		}
+		msgs = append(msgs, r.Level+" "+r.Msg)
+		errs = append(errs, r.Attrs["err"])
+	}
+	want := []string{"DEBUG control request", "WARN control request: reply not sent", "WARN control request: reply not sent", "DEBUG control request answered"}
+	if !slices.Equal(msgs, want) {
+		t.Fatalf("logged %q, want %q", msgs, want)
+	}
+	if errs[1] != nats.ErrMaxPayload.Error() || errs[2] != nats.ErrConnectionClosed.Error() {
+		t.Errorf("errors logged %q: want why each reply failed", errs[1:3])
 	}
 }
