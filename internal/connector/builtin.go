@@ -224,7 +224,7 @@ func natsSourceSpec() *ConfigSpec {
 	return NewConfigSpec().
 		Summary("Reads a NATS JetStream stream (subtask i of p: the messages whose stream sequence is i modulo p).").
 		Description("The value is the payload; the key is the Streamd-Key header (or the subject's last token); the timestamp "+
-			"the Streamd-Timestamp header, else the stream time. With parallelism p every subtask reads the whole stream and subtask i keeps "+
+			"the Streamd-Timestamp header, else the stream time; the message's other headers, but Streamd-* and Nats-*, are the record's headers (by name). With parallelism p every subtask reads the whole stream and subtask i keeps "+
 			"the messages whose stream sequence is i modulo p. The position in a checkpoint is the next stream sequence. It restores at "+
 			"another parallelism: new subtask j of p' keeps the sequences ≡ j (mod p') that no old subtask kept, each message exactly once "+
 			"(a bounded source then reads up to the largest of its old subtasks' bounds).").
@@ -360,7 +360,9 @@ func natsSinkSpec() *ConfigSpec {
 	return NewConfigSpec().
 		Summary("Publishes to a NATS subject captured by a JetStream stream, exactly once with checkpointing (atomic batches with commit markers).").
 		Description("With checkpointing each checkpoint's records are published when it completes, in atomic batches with a commit marker "+
-			"on `<commit_subject>.<writer>.<subtask>`, so a restore knows what is already in the stream; without, at once.").
+			"on `<commit_subject>.<writer>.<subtask>`, so a restore knows what is already in the stream; without, at once. "+
+			"A record's headers become the message's; a header NATS cannot carry (no name, a colon or space in it, a line break in "+
+			"the value) or named Streamd-* or Nats-* fails the write.").
 		Field(
 			natsURLField(),
 			NewStringField("subject").Description("The subject to publish to (no wildcards).").Example("results").

@@ -1,6 +1,7 @@
 package connector
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"crypto/sha256"
@@ -306,31 +307,99 @@ func (s *NATSSink) Write(recs []abi.Record) error {
 	if s.closed {
 		return fmt.Errorf("connector: %s: write after close", s.name)
 	}
+	// Every record is checked before any is staged or sent.
 	for i := range recs {
 		r := &recs[i]
-		if size := len(r.Key) + len(r.Value) + natsRecordOverhead; size > s.maxMsg {
-			return fmt.Errorf("connector: %s: a record of %d bytes (key %d, value %d) does not fit in a message of the stream %s (at most %d bytes with headers)",
-				s.name, len(r.Key)+len(r.Value), len(r.Key), len(r.Value), s.streamName, s.maxMsg)
+		if size := natsRecordSize(r.Key, r.Value, r.Headers); size > s.maxMsg {
+			return fmt.Errorf("connector: %s: a record of %d bytes (key %d, value %d, headers %d) does not fit in a message of the stream %s (at most %d bytes with headers)",
+				s.name, abi.RecordBytes(*r), len(r.Key), len(r.Value), len(r.Headers), s.streamName, s.maxMsg)
 		}
+		if err := checkNATSHeaders(r.Headers); err != nil {
+			return fmt.Errorf("connector: %s: record %d of the batch: %w", s.name, i, err)
+		}
+	}
+	for i := range recs {
+		r := &recs[i]
 		if s.direct {
 			if err := s.publishDirect(r); err != nil {
 				return err
 			}
 			continue
 		}
+		kl := uint32(len(r.Key))
+		if len(r.Headers) > 0 {
+			kl |= stagedHeaders
+		}
 		b := s.cur.data
-		b = binary.BigEndian.AppendUint32(b, uint32(len(r.Key)))
+		b = binary.BigEndian.AppendUint32(b, kl)
 		b = append(b, r.Key...)
 		b = binary.BigEndian.AppendUint32(b, uint32(len(r.Value)))
 		b = append(b, r.Value...)
-		s.cur.data = binary.BigEndian.AppendUint64(b, uint64(r.Timestamp))
+		b = binary.BigEndian.AppendUint64(b, uint64(r.Timestamp))
+		if len(r.Headers) > 0 {
+			b = binary.BigEndian.AppendUint32(b, uint32(len(r.Headers)))
+			b = append(b, r.Headers...)
+		}
+		s.cur.data = b
 		s.cur.n++
 	}
 	return nil
 }
 
-// recordMsg is the message of a record.
-func (s *NATSSink) recordMsg(key, value []byte, ts int64) *nats.Msg {
+// stagedHeaders in a staged record's key length: the record's header
+// block follows its timestamp (u32 length, block). States written before
+// headers never set it.
+const stagedHeaders = 1 << 31
+
+// natsRecordSize bounds the size of a record's message: key, value, its
+// headers as NATS headers (a name, ": ", a value and CRLF each) and the
+// sink's own headers.
+func natsRecordSize(key, value, headers []byte) int {
+	return len(key) + len(value) + len(headers) + natsRecordOverhead
+}
+
+// checkNATSHeaders refuses a record header that NATS cannot carry, or that
+// would change what the sink or JetStream do: an empty name, a name with a
+// colon, a space or a control character, a value with a line break, and
+// the names of streamd's and NATS' own headers (Streamd-*, Nats-*).
+func checkNATSHeaders(h []byte) error {
+	if len(h) == 0 {
+		return nil
+	}
+	if err := abi.CheckHeaders(h); err != nil {
+		return err
+	}
+	var bad error
+	abi.EachHeader(h, func(name, value []byte) bool {
+		switch {
+		case len(name) == 0:
+			bad = errors.New("a header without a name cannot be a NATS header")
+		case bytes.ContainsFunc(name, func(r rune) bool { return r == ':' || r <= ' ' || r == 0x7f }):
+			bad = fmt.Errorf("header name %q cannot be a NATS header name (no colon, space or control character)", name)
+		case reservedHeader(string(name)):
+			bad = fmt.Errorf("header %q: names starting with Streamd- or Nats- are the sink's and NATS' own", name)
+		case bytes.ContainsAny(value, "\r\n"):
+			bad = fmt.Errorf("header %q: a NATS header value cannot hold a line break", name)
+		}
+		return bad == nil
+	})
+	return bad
+}
+
+// reservedHeader reports whether a header called name is streamd's or
+// NATS' own (Streamd-*, Nats-*, any case): a nats source does not make it
+// a record header, and a nats sink refuses a record header of that name.
+func reservedHeader(name string) bool {
+	return hasPrefixFold(name, "Streamd-") || hasPrefixFold(name, "Nats-")
+}
+
+func hasPrefixFold(s, prefix string) bool {
+	return len(s) >= len(prefix) && strings.EqualFold(s[:len(prefix)], prefix)
+}
+
+// recordMsg is the message of a record: its value, and its key, timestamp
+// and headers as headers (checked by checkNATSHeaders).
+func (s *NATSSink) recordMsg(key, value []byte, ts int64, headers []byte) *nats.Msg {
 	m := &nats.Msg{Subject: s.subject, Data: value, Header: nats.Header{}}
 	if len(key) > 0 {
 		m.Header.Set(HeaderKey, string(key))
@@ -338,6 +407,10 @@ func (s *NATSSink) recordMsg(key, value []byte, ts int64) *nats.Msg {
 	if ts != abi.NoTimestamp {
 		m.Header.Set(HeaderTimestamp, strconv.FormatInt(ts, 10))
 	}
+	abi.EachHeader(headers, func(name, value []byte) bool {
+		m.Header.Add(string(name), string(value))
+		return true
+	})
 	return m
 }
 
@@ -347,7 +420,7 @@ func (s *NATSSink) publishDirect(r *abi.Record) error {
 			return err
 		}
 	}
-	f, err := s.js.PublishMsgAsync(s.recordMsg(r.Key, r.Value, r.Timestamp))
+	f, err := s.js.PublishMsgAsync(s.recordMsg(r.Key, r.Value, r.Timestamp, r.Headers))
 	if err != nil {
 		s.err = fmt.Errorf("connector: %s: publish: %w", s.name, err)
 		return s.err
@@ -403,8 +476,8 @@ func (s *NATSSink) seal(id int64) error {
 		return fmt.Errorf("connector: %s: nonce: %w", s.name, err)
 	}
 	var n, bytes uint32
-	err := eachRecord(e.data, func(k, v []byte, _ int64) error {
-		sz := uint32(len(k) + len(v) + natsRecordOverhead)
+	err := eachRecord(e.data, func(r abi.Record) error {
+		sz := uint32(natsRecordSize(r.Key, r.Value, r.Headers))
 		if n > 0 && (int(n) == s.batchSize-1 || bytes+sz > natsBatchBytes) {
 			e.batches = append(e.batches, n)
 			n, bytes = 0, 0
@@ -422,29 +495,54 @@ func (s *NATSSink) seal(id int64) error {
 	return nil
 }
 
-// eachRecord calls f for every record of staged data.
-func eachRecord(b []byte, f func(key, value []byte, ts int64) error) error {
-	field := func() ([]byte, bool) {
-		if len(b) < 4 {
+// eachRecord calls f for every record of staged data; its slices alias
+// the data.
+func eachRecord(b []byte, f func(r abi.Record) error) error {
+	field := func(l uint32) ([]byte, bool) {
+		if uint64(len(b)) < uint64(l) {
 			return nil, false
 		}
-		l := binary.BigEndian.Uint32(b)
-		if uint64(len(b)-4) < uint64(l) {
-			return nil, false
-		}
-		v := b[4 : 4+l : 4+l]
-		b = b[4+l:]
+		v := b[:l:l]
+		b = b[l:]
 		return v, true
 	}
+	length := func() (uint32, bool) {
+		if len(b) < 4 {
+			return 0, false
+		}
+		l := binary.BigEndian.Uint32(b)
+		b = b[4:]
+		return l, true
+	}
 	for len(b) > 0 {
-		k, ok1 := field()
-		v, ok2 := field()
-		if !ok1 || !ok2 || len(b) < 8 {
+		klf, ok := length()
+		if !ok {
 			return errors.New("truncated record")
 		}
-		ts := int64(binary.BigEndian.Uint64(b))
+		k, ok1 := field(klf &^ stagedHeaders)
+		vl, ok2 := length()
+		if !ok1 || !ok2 {
+			return errors.New("truncated record")
+		}
+		v, ok := field(vl)
+		if !ok || len(b) < 8 {
+			return errors.New("truncated record")
+		}
+		r := abi.Record{Key: k, Value: v, Timestamp: int64(binary.BigEndian.Uint64(b))}
 		b = b[8:]
-		if err := f(k, v, ts); err != nil {
+		if klf&stagedHeaders != 0 {
+			hl, ok := length()
+			if !ok {
+				return errors.New("truncated record headers")
+			}
+			if r.Headers, ok = field(hl); !ok {
+				return errors.New("truncated record headers")
+			}
+			if err := abi.CheckHeaders(r.Headers); err != nil {
+				return err
+			}
+		}
+		if err := f(r); err != nil {
 			return err
 		}
 	}
@@ -547,7 +645,7 @@ func decodeNATSState(b []byte) ([]*natsEntry, error) {
 		e.data = b[:dl:dl]
 		b = b[dl:]
 		var cnt uint64
-		if err := eachRecord(e.data, func([]byte, []byte, int64) error { cnt++; return nil }); err != nil {
+		if err := eachRecord(e.data, func(abi.Record) error { cnt++; return nil }); err != nil {
 			return bad(err.Error())
 		}
 		if cnt != total {
@@ -794,7 +892,7 @@ func (s *NATSSink) publishBatch(ctx context.Context, e *natsEntry, b int, expect
 		return nil, s.nc.PublishMsg(m)
 	}
 	var stop = errors.New("stop")
-	err := eachRecord(e.data, func(k, v []byte, ts int64) error {
+	err := eachRecord(e.data, func(r abi.Record) error {
 		j := i
 		i++
 		if j < first {
@@ -808,7 +906,7 @@ func (s *NATSSink) publishBatch(ctx context.Context, e *natsEntry, b int, expect
 				return errPermanent{err}
 			}
 		}
-		reply, err := send(s.recordMsg(k, v, ts), false)
+		reply, err := send(s.recordMsg(r.Key, r.Value, r.Timestamp, r.Headers), false)
 		if err != nil {
 			return err
 		}

@@ -574,8 +574,8 @@ func TestNATSSinkStateRoundTrip(t *testing.T) {
 		t.Fatalf("entries %+v", es)
 	}
 	var got []string
-	eachRecord(es[0].data, func(k, v []byte, ts int64) error {
-		got = append(got, fmt.Sprintf("%s/%s/%d", k, v, ts))
+	eachRecord(es[0].data, func(r abi.Record) error {
+		got = append(got, fmt.Sprintf("%s/%s/%d", r.Key, r.Value, r.Timestamp))
 		return nil
 	})
 	if got[0] != "k0/out-0/0" || got[1] != "/out-1/"+strconv.FormatInt(abi.NoTimestamp, 10) {

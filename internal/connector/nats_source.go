@@ -101,6 +101,8 @@ type NATSSource struct {
 
 	et     EventTime
 	stream string
+	// headers holds the records' header blocks.
+	headers HeaderArena
 }
 
 // NewNATSSource connects with o.Conn and opens a source subtask; pos is nil
@@ -371,7 +373,7 @@ func (s *NATSSource) take(m jetstream.Msg, recs []abi.Record, n int) (int, error
 	if len(h.Values(HeaderCommit)) > 0 {
 		return n, nil // a nats sink's commit marker, not a record
 	}
-	r := abi.Record{Value: m.Data(), Timestamp: meta.Timestamp.UnixMilli()}
+	r := abi.Record{Value: m.Data(), Timestamp: meta.Timestamp.UnixMilli(), Headers: natsHeaderBlock(&s.headers, h)}
 	if s.keyFromSubject {
 		subj := m.Subject()
 		r.Key = []byte(subj[strings.LastIndexByte(subj, '.')+1:])

@@ -62,6 +62,7 @@ func publishOrders(t *testing.T, js jetstream.JetStream, first, n int) {
 type readRec struct {
 	key, value string
 	ts         int64
+	headers    string // the header block, as bytes
 }
 
 // readSome reads until max records or EOF, chunk records per Read.
@@ -80,7 +81,7 @@ func readSome(t *testing.T, s *NATSSource, chunk, max int) ([]readRec, bool) {
 			t.Fatalf("read after %d records: %v", len(out), err)
 		}
 		for _, r := range buf[:n] {
-			out = append(out, readRec{string(r.Key), string(r.Value), r.Timestamp})
+			out = append(out, readRec{string(r.Key), string(r.Value), r.Timestamp, string(r.Headers)})
 		}
 	}
 	return out, false

@@ -4,6 +4,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/streamd/streamd/abi"
+	"github.com/streamd/streamd/internal/connector"
 )
 
 // kafkaHeaders are the Kafka record headers of the header block h
@@ -20,13 +21,8 @@ func kafkaHeaders(h []byte) []kgo.RecordHeader {
 	return out
 }
 
-// headerArena holds the header blocks of the records a source reads. A
-// block is never overwritten (a full chunk is replaced, not reused), so a
-// record's headers stay valid as long as it is referenced.
-type headerArena struct{ buf []byte }
-
-// block returns the header block of hs in the arena; nil for none.
-func (a *headerArena) block(hs []kgo.RecordHeader) []byte {
+// headerBlock is the header block of hs in the arena; nil for none.
+func headerBlock(a *connector.HeaderArena, hs []kgo.RecordHeader) []byte {
 	if len(hs) == 0 {
 		return nil
 	}
@@ -34,12 +30,9 @@ func (a *headerArena) block(hs []kgo.RecordHeader) []byte {
 	for _, h := range hs {
 		n += 8 + len(h.Key) + len(h.Value)
 	}
-	if cap(a.buf)-len(a.buf) < n {
-		a.buf = make([]byte, 0, max(64<<10, n))
-	}
-	at := len(a.buf)
+	b := a.Reserve(n)
 	for _, h := range hs {
-		a.buf = abi.AppendHeader(a.buf, h.Key, h.Value)
+		b = abi.AppendHeader(b, h.Key, h.Value)
 	}
-	return a.buf[at:len(a.buf):len(a.buf)]
+	return b
 }

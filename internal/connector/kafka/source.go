@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/streamd/streamd/abi"
+	"github.com/streamd/streamd/internal/connector"
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -55,7 +56,7 @@ type Source struct {
 	buf   []*kgo.Record // polled, not returned yet
 	bufAt int
 	// headers holds the records' header blocks.
-	headers headerArena
+	headers connector.HeaderArena
 
 	commitPos chan []byte // latest completed checkpoint's position to commit
 	commitErr error       // last group commit failure (under mu)
@@ -391,7 +392,7 @@ func (s *Source) Read(ctx context.Context, recs []abi.Record) (int, error) {
 		if ms := r.Timestamp.UnixMilli(); ms >= 0 {
 			ts = ms
 		}
-		recs[n] = abi.Record{Key: r.Key, Value: r.Value, Timestamp: ts, Headers: s.headers.block(r.Headers)}
+		recs[n] = abi.Record{Key: r.Key, Value: r.Value, Timestamp: ts, Headers: headerBlock(&s.headers, r.Headers)}
 		n++
 		s.next[p] = r.Offset + 1
 		w := s.parts[p]
