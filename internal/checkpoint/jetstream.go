@@ -313,7 +313,9 @@ const (
 // new leader's NextID for a job it took over waited two minutes in one
 // (TestChaos), and the controller answered nothing meanwhile. A listing
 // takes well under a second.
-func listObjects(ctx context.Context, obs jetstream.ObjectStore) ([]*jetstream.ObjectInfo, error) {
+//
+// A try that ran out is logged to log (nil: not logged).
+func listObjects(ctx context.Context, obs jetstream.ObjectStore, log *slog.Logger) ([]*jetstream.ObjectInfo, error) {
 	try := listFirstTry
 	for {
 		tctx, cancel := context.WithTimeout(ctx, try)
@@ -322,13 +324,16 @@ func listObjects(ctx context.Context, obs jetstream.ObjectStore) ([]*jetstream.O
 		if !errors.Is(err, context.DeadlineExceeded) || ctx.Err() != nil {
 			return infos, err
 		}
+		if log != nil {
+			log.Warn("checkpoint: a bucket listing stalled; trying again", "waited", try)
+		}
 		try = min(2*try, listMaxTry)
 	}
 }
 
 // list groups the objects under prefix/ by directory, ascending by id.
-func listDirs(ctx context.Context, obs jetstream.ObjectStore, prefix string) ([]*jsDir, error) {
-	infos, err := listObjects(ctx, obs)
+func listDirs(ctx context.Context, obs jetstream.ObjectStore, prefix string, log *slog.Logger) ([]*jsDir, error) {
+	infos, err := listObjects(ctx, obs, log)
 	if err != nil && !errors.Is(err, jetstream.ErrNoObjectsFound) {
 		return nil, fmt.Errorf("checkpoint: list %s: %w", prefix, err)
 	}
@@ -384,7 +389,7 @@ func listDirs(ctx context.Context, obs jetstream.ObjectStore, prefix string) ([]
 
 // cleanup applies retention after checkpoint committed was committed.
 func (s *JetStream) cleanup(ctx context.Context, committed int64) {
-	dirs, err := listDirs(ctx, s.obs, s.prefix)
+	dirs, err := listDirs(ctx, s.obs, s.prefix, s.log)
 	if err != nil {
 		s.log.Warn("checkpoint: retention: cannot list checkpoints", "store", s.Root(), "err", err)
 		return
@@ -453,7 +458,7 @@ func loadMeta(ctx context.Context, obs jetstream.ObjectStore, bucket, prefix, di
 
 // Completed lists the completed checkpoints under the prefix, ascending.
 func (s *JetStream) Completed(ctx context.Context) ([]*Metadata, error) {
-	dirs, err := listDirs(ctx, s.obs, s.prefix)
+	dirs, err := listDirs(ctx, s.obs, s.prefix, s.log)
 	if err != nil {
 		return nil, err
 	}
@@ -482,7 +487,7 @@ func (s *JetStream) Latest(ctx context.Context) (*Metadata, error) {
 // savepoints set the newest completed checkpoint or savepoint by id (a
 // corrupt newest _metadata is an error, as for latestIn).
 func latestJS(ctx context.Context, obs jetstream.ObjectStore, bucket, prefix string, savepoints bool) (*Metadata, error) {
-	dirs, err := listDirs(ctx, obs, prefix)
+	dirs, err := listDirs(ctx, obs, prefix, nil)
 	if err != nil {
 		return nil, err
 	}
@@ -585,7 +590,7 @@ func (s *JetStream) Discard(ctx context.Context, kind control.CheckpointKind, id
 // NextID is one more than the highest id of a checkpoint or savepoint under
 // the prefix, complete or not.
 func (s *JetStream) NextID(ctx context.Context) (int64, error) {
-	dirs, err := listDirs(ctx, s.obs, s.prefix)
+	dirs, err := listDirs(ctx, s.obs, s.prefix, s.log)
 	if err != nil {
 		return 0, err
 	}
@@ -647,7 +652,7 @@ func NewerThanJetStream(ctx context.Context, js jetstream.JetStream, md *Metadat
 	if err != nil {
 		return nil, err
 	}
-	dirs, err := listDirs(ctx, obs, prefix)
+	dirs, err := listDirs(ctx, obs, prefix, nil)
 	if err != nil {
 		return nil, err
 	}

@@ -376,14 +376,14 @@ func (s *stallingObjects) List(ctx context.Context, _ ...jetstream.ListObjectsOp
 // caller's context fails with the context's error.
 func TestListingTriesAgainAfterAStall(t *testing.T) {
 	obs := &stallingObjects{stalls: 1}
-	dirs, err := listDirs(context.Background(), obs, "job")
+	dirs, err := listDirs(context.Background(), obs, "job", nil)
 	if err != nil || len(dirs) != 1 || dirs[0].id != 7 || obs.tries != 2 {
 		t.Fatalf("listDirs after a stalled try: %d dirs, %d tries, %v; want chk-7 after 2 tries", len(dirs), obs.tries, err)
 	}
 	obs = &stallingObjects{stalls: 100}
 	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
 	defer cancel()
-	if _, err := listDirs(ctx, obs, "job"); !errors.Is(err, context.DeadlineExceeded) || obs.tries != 1 {
+	if _, err := listDirs(ctx, obs, "job", nil); !errors.Is(err, context.DeadlineExceeded) || obs.tries != 1 {
 		t.Fatalf("listDirs past its context: %d tries, %v; want one try and the deadline", obs.tries, err)
 	}
 }

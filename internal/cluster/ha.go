@@ -433,6 +433,10 @@ func (c *Controller) lead(term uint64) error {
 		p       control.Placement
 	}
 	adoptions := make([]adoption, 0, len(adopted))
+	// Taking the records can take seconds (each job's checkpoint store is
+	// listed): the adopted hosts' heartbeat timeout starts now, not
+	// before, or they would be lost before their next heartbeat.
+	now = time.Now()
 	c.mu.Lock()
 	for _, j := range adopted {
 		c.adoptLocked(j, now)

@@ -76,8 +76,8 @@ func newChaosProc(t *testing.T, name, bin string, args ...string) *chaosProc {
 // (its monitoring endpoints) in the test's log directory.
 func unansweredStatus(t *testing.T, nc *nats.Conn, url string, monitor int) {
 	st := nc.Stats()
-	t.Logf("client connection: %v, url %s, %d reconnects, in %d msgs, out %d msgs, buffered %d",
-		nc.Status(), nc.ConnectedUrl(), nc.Reconnects, st.InMsgs, st.OutMsgs, bufferedOf(nc))
+	t.Logf("%s: client connection: %v, url %s, %d reconnects, in %d msgs, out %d msgs, buffered %d",
+		time.Now().Format("15:04:05.000"), nc.Status(), nc.ConnectedUrl(), nc.Reconnects, st.InMsgs, st.OutMsgs, bufferedOf(nc))
 	if fresh, err := natsutil.Connect(natsutil.URLs(url)); err != nil {
 		t.Logf("new connection: %v", err)
 	} else {
@@ -86,7 +86,7 @@ func unansweredStatus(t *testing.T, nc *nats.Conn, url string, monitor int) {
 			c.LeaderWait = 3 * time.Second
 			_, err = c.Hosts(context.Background())
 		}
-		t.Logf("hosts over a new connection: err %v", err)
+		t.Logf("%s: hosts over a new connection: err %v", time.Now().Format("15:04:05.000"), err)
 		fresh.Close()
 	}
 	dir := chaosLogDir(t)
@@ -239,10 +239,10 @@ func TestChaos(t *testing.T) {
 	// waits (their whole output is kept, chaosLogDir), and what the client
 	// connection, a new one and the NATS server say of it.
 	tc.beforeFatal = func() {
+		unansweredStatus(t, clientNC, url, monitor) // while the controllers run
 		for _, p := range ctls {
 			p.signal(syscall.SIGQUIT)
 		}
-		unansweredStatus(t, clientNC, url, monitor)
 	}
 	tc.waitHosts(3)
 	js, err := jetstream.New(connect(t, url))
