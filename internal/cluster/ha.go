@@ -384,6 +384,7 @@ const (
 // reports decide whether they still run), subscribes to the control API
 // and the hosts, and announces its term.
 func (c *Controller) lead(term uint64) error {
+	leadStart := time.Now()
 	ctx, cancel := context.WithTimeout(context.Background(), wire.DefaultRetry.Total)
 	defer cancel()
 	// Records written after the table is read, by a leader of an older term
@@ -414,13 +415,20 @@ func (c *Controller) lead(term uint64) error {
 		return err
 	}
 	now := time.Now()
+	c.log.Debug("job table read", "records", len(recs), "took", now.Sub(leadStart))
 	c.mu.Lock()
 	c.term = term
 	c.mu.Unlock()
 	var adopted []*ctlJob
 	for _, r := range recs {
+		took := time.Now()
 		if j := c.takeRecord(r, term, now); j.dist != nil {
 			adopted = append(adopted, j)
+		}
+		if !wire.TerminalJobState(r.State) {
+			// A job not ended opens its checkpoint store and lists it:
+			// what a takeover spends its time on.
+			c.log.Debug("job record taken", "job", r.ID, "state", r.State, "took", time.Since(took))
 		}
 	}
 	// What each adopted job runs, read here: once this leader subscribes,
@@ -481,7 +489,7 @@ func (c *Controller) lead(term uint64) error {
 	go c.ticker()
 	go c.watchStalls()
 	go c.watchRecords(w, wcancel)
-	c.log.Info("controller leads", "id", c.id, "term", term, "jobs", len(recs), "adopted", len(adopted))
+	c.log.Info("controller leads", "id", c.id, "term", term, "jobs", len(recs), "adopted", len(adopted), "took", time.Since(leadStart).Round(time.Millisecond))
 	return nil
 }
 
