@@ -15,9 +15,11 @@ import (
 	"sync"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/streamd/streamd/control"
+	"github.com/streamd/streamd/internal/natsutil"
 )
 
 // JetStream location scheme and default bucket.
@@ -303,37 +305,53 @@ type jsDir struct {
 // listFirstTry bounds the first try of a bucket listing (listObjects);
 // each try after it gets twice as long, up to listMaxTry.
 const (
-	listFirstTry = 2 * time.Second
+	listFirstTry = 250 * time.Millisecond
 	listMaxTry   = 16 * time.Second
 )
 
+// lister is what a bucket listing needs besides the bucket: the
+// connection it waits for (nil: none) and where a stalled try is logged
+// (nil: nowhere).
+type lister struct {
+	nc  *nats.Conn
+	log *slog.Logger
+}
+
 // listObjects is obs.List, each try bounded and a try that ran out tried
 // again until ctx ends. A listing reads the objects' infos on an ordered
-// consumer, which can stall for good when it started as NATS restarted: a
-// new leader's NextID for a job it took over waited two minutes in one
-// (TestChaos), and the controller answered nothing meanwhile. A listing
-// takes well under a second.
-//
-// A try that ran out is logged to log (nil: not logged).
-func listObjects(ctx context.Context, obs jetstream.ObjectStore, log *slog.Logger) ([]*jetstream.ObjectInfo, error) {
+// consumer, which stalls for good when it starts while the connection is
+// down (a NATS restart: a new leader's NextID for a job it took over
+// waited two minutes in one in TestChaos, and the controller answered
+// nothing meanwhile), so each try first waits for the connection. A
+// listing takes well under a second; a try that ran out (the connection
+// dropped during it) is logged and tried again.
+func (l lister) listObjects(ctx context.Context, obs jetstream.ObjectStore) ([]*jetstream.ObjectInfo, error) {
 	try := listFirstTry
 	for {
+		if l.nc != nil {
+			if err := natsutil.WaitConnected(ctx, l.nc); err != nil {
+				return nil, err
+			}
+		}
 		tctx, cancel := context.WithTimeout(ctx, try)
 		infos, err := obs.List(tctx)
 		cancel()
 		if !errors.Is(err, context.DeadlineExceeded) || ctx.Err() != nil {
 			return infos, err
 		}
-		if log != nil {
-			log.Warn("checkpoint: a bucket listing stalled; trying again", "waited", try)
+		if l.log != nil {
+			l.log.Warn("checkpoint: a bucket listing stalled; trying again", "waited", try)
 		}
 		try = min(2*try, listMaxTry)
 	}
 }
 
+// lister is the store's: its connection and log.
+func (s *JetStream) lister() lister { return lister{nc: s.js.Conn(), log: s.log} }
+
 // list groups the objects under prefix/ by directory, ascending by id.
-func listDirs(ctx context.Context, obs jetstream.ObjectStore, prefix string, log *slog.Logger) ([]*jsDir, error) {
-	infos, err := listObjects(ctx, obs, log)
+func (l lister) listDirs(ctx context.Context, obs jetstream.ObjectStore, prefix string) ([]*jsDir, error) {
+	infos, err := l.listObjects(ctx, obs)
 	if err != nil && !errors.Is(err, jetstream.ErrNoObjectsFound) {
 		return nil, fmt.Errorf("checkpoint: list %s: %w", prefix, err)
 	}
@@ -389,7 +407,7 @@ func listDirs(ctx context.Context, obs jetstream.ObjectStore, prefix string, log
 
 // cleanup applies retention after checkpoint committed was committed.
 func (s *JetStream) cleanup(ctx context.Context, committed int64) {
-	dirs, err := listDirs(ctx, s.obs, s.prefix, s.log)
+	dirs, err := s.lister().listDirs(ctx, s.obs, s.prefix)
 	if err != nil {
 		s.log.Warn("checkpoint: retention: cannot list checkpoints", "store", s.Root(), "err", err)
 		return
@@ -458,7 +476,7 @@ func loadMeta(ctx context.Context, obs jetstream.ObjectStore, bucket, prefix, di
 
 // Completed lists the completed checkpoints under the prefix, ascending.
 func (s *JetStream) Completed(ctx context.Context) ([]*Metadata, error) {
-	dirs, err := listDirs(ctx, s.obs, s.prefix, s.log)
+	dirs, err := s.lister().listDirs(ctx, s.obs, s.prefix)
 	if err != nil {
 		return nil, err
 	}
@@ -480,14 +498,14 @@ func (s *JetStream) Completed(ctx context.Context) ([]*Metadata, error) {
 // (savepoints are not checkpoints: ResolveJetStream of the prefix considers
 // them too).
 func (s *JetStream) Latest(ctx context.Context) (*Metadata, error) {
-	return latestJS(ctx, s.obs, s.bucket, s.prefix, false)
+	return latestJS(ctx, s.lister(), s.obs, s.bucket, s.prefix, false)
 }
 
 // latestJS loads the newest completed checkpoint under prefix, and with
 // savepoints set the newest completed checkpoint or savepoint by id (a
 // corrupt newest _metadata is an error, as for latestIn).
-func latestJS(ctx context.Context, obs jetstream.ObjectStore, bucket, prefix string, savepoints bool) (*Metadata, error) {
-	dirs, err := listDirs(ctx, obs, prefix, nil)
+func latestJS(ctx context.Context, l lister, obs jetstream.ObjectStore, bucket, prefix string, savepoints bool) (*Metadata, error) {
+	dirs, err := l.listDirs(ctx, obs, prefix)
 	if err != nil {
 		return nil, err
 	}
@@ -590,7 +608,7 @@ func (s *JetStream) Discard(ctx context.Context, kind control.CheckpointKind, id
 // NextID is one more than the highest id of a checkpoint or savepoint under
 // the prefix, complete or not.
 func (s *JetStream) NextID(ctx context.Context) (int64, error) {
-	dirs, err := listDirs(ctx, s.obs, s.prefix, s.log)
+	dirs, err := s.lister().listDirs(ctx, s.obs, s.prefix)
 	if err != nil {
 		return 0, err
 	}
@@ -632,7 +650,7 @@ func ResolveJetStream(ctx context.Context, js jetstream.JetStream, loc string) (
 	if prefix != "" && (strings.HasPrefix(last, chkPrefix) || strings.HasPrefix(last, savepointPrefix)) {
 		return loadMeta(ctx, obs, bucket, prefix, last)
 	}
-	return latestJS(ctx, obs, bucket, path, true)
+	return latestJS(ctx, lister{nc: js.Conn()}, obs, bucket, path, true)
 }
 
 // NewerThanJetStream is NewerThan for md at jetstream://BUCKET/PREFIX/NAME:
@@ -652,7 +670,7 @@ func NewerThanJetStream(ctx context.Context, js jetstream.JetStream, md *Metadat
 	if err != nil {
 		return nil, err
 	}
-	dirs, err := listDirs(ctx, obs, prefix, nil)
+	dirs, err := lister{nc: js.Conn()}.listDirs(ctx, obs, prefix)
 	if err != nil {
 		return nil, err
 	}

@@ -3,7 +3,9 @@ package checkpoint
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math/rand/v2"
+	"net"
 	"reflect"
 	"strings"
 	"testing"
@@ -15,6 +17,7 @@ import (
 	"github.com/streamd/streamd/control"
 	"github.com/streamd/streamd/host"
 	"github.com/streamd/streamd/internal/natstest"
+	"github.com/streamd/streamd/internal/natsutil"
 )
 
 // jetStream starts an embedded NATS server with JetStream and returns a
@@ -376,14 +379,86 @@ func (s *stallingObjects) List(ctx context.Context, _ ...jetstream.ListObjectsOp
 // caller's context fails with the context's error.
 func TestListingTriesAgainAfterAStall(t *testing.T) {
 	obs := &stallingObjects{stalls: 1}
-	dirs, err := listDirs(context.Background(), obs, "job", nil)
+	dirs, err := lister{}.listDirs(context.Background(), obs, "job")
 	if err != nil || len(dirs) != 1 || dirs[0].id != 7 || obs.tries != 2 {
 		t.Fatalf("listDirs after a stalled try: %d dirs, %d tries, %v; want chk-7 after 2 tries", len(dirs), obs.tries, err)
 	}
 	obs = &stallingObjects{stalls: 100}
 	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
 	defer cancel()
-	if _, err := listDirs(ctx, obs, "job", nil); !errors.Is(err, context.DeadlineExceeded) || obs.tries != 1 {
+	if _, err := (lister{}).listDirs(ctx, obs, "job"); !errors.Is(err, context.DeadlineExceeded) || obs.tries != 1 {
 		t.Fatalf("listDirs past its context: %d tries, %v; want one try and the deadline", obs.tries, err)
 	}
+}
+
+// TestListingBegunWhileNATSIsDown: a bucket listing begun while the NATS
+// server restarts stalls for good in the client (its ordered consumer),
+// so a store's listing waits for the connection and cuts a stalled try
+// short: it ends soon after the server is back, however late in the
+// restart it began.
+func TestListingBegunWhileNATSIsDown(t *testing.T) {
+	dir := t.TempDir()
+	start := func(port int) *natsutil.Server {
+		srv, err := natsutil.StartEmbedded(natsutil.EmbeddedOptions{Port: port, NoLog: true, StoreDir: dir})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return srv
+	}
+	srv := start(-1)
+	port := srv.Addr().(*net.TCPAddr).Port
+	co, err := natsutil.NewConnectOptions(natsutil.URLs(srv.URL()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	nc, err := co.Connect(natsutil.KeepReconnecting()...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	obs, err := js.CreateObjectStore(ctx, jetstream.ObjectStoreConfig{Bucket: "LIST"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 50 {
+		if _, err := obs.PutBytes(ctx, fmt.Sprintf("job/chk-%d/_metadata", i+1), []byte("x")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	l := lister{nc: nc}
+	for _, down := range []time.Duration{0, 40 * time.Millisecond, 120 * time.Millisecond, 200 * time.Millisecond} {
+		srv.Shutdown()
+		begun := time.Now()
+		type result struct {
+			dirs int
+			err  error
+		}
+		done := make(chan result, 1)
+		go func() {
+			lctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+			defer cancel()
+			dirs, err := l.listDirs(lctx, obs, "job")
+			done <- result{len(dirs), err}
+		}()
+		time.Sleep(down)
+		srv = start(port)
+		back := time.Now()
+		r := <-done
+		if r.err != nil || r.dirs != 50 {
+			t.Fatalf("down %v: %d dirs, %v", down, r.dirs, r.err)
+		}
+		// The client's stall would last until the 20 s context; a
+		// reconnect takes about a quarter of a second, a stalled try of
+		// the listing as long.
+		t.Logf("down %v: the listing ended %v after the server was back", down, time.Since(back))
+		if after := time.Since(back); after > 1500*time.Millisecond {
+			t.Errorf("down %v: the listing ended %v after the server was back (begun %v before)", down, after, back.Sub(begun))
+		}
+	}
+	srv.Shutdown()
 }

@@ -465,7 +465,7 @@ func jsShared(md *Metadata, obs jetstream.ObjectStore, bucket, path string) (str
 
 // gcShared deletes the shared objects no retained checkpoint refers to.
 func (s *JetStream) gcShared(ctx context.Context, committed int64) {
-	infos, err := listObjects(ctx, s.obs, s.log)
+	infos, err := s.lister().listObjects(ctx, s.obs)
 	if err != nil {
 		return
 	}

@@ -40,6 +40,7 @@ import (
 	"github.com/streamd/streamd/control"
 	"github.com/streamd/streamd/internal/cluster/core"
 	"github.com/streamd/streamd/internal/cluster/wire"
+	"github.com/streamd/streamd/internal/natsutil"
 	"github.com/streamd/streamd/internal/runtime"
 )
 
@@ -368,14 +369,14 @@ func (c *Controller) Leader() (string, uint64) {
 	return c.id, c.term
 }
 
-// loadTableFirstTry bounds the first read of the job table when taking the
-// lead; each try after it gets twice as long, up to loadTableMaxTry. A
-// read takes well under a second; one that stalls (its ordered consumer
-// started as NATS restarted) is better cut early: clients wait for a
-// leader for DefaultLeaderWait (10 s), and a first try of 10 s took all of
-// it (TestChaos, round 18).
+// loadTableFirstTry bounds the first listing of the job table's keys when
+// taking the lead; each try after it gets twice as long, up to
+// loadTableMaxTry. A listing takes milliseconds; one that stalls (its
+// ordered consumer started as NATS restarted) is better cut early: clients
+// wait for a leader for DefaultLeaderWait (10 s), and a first try of 10 s
+// took all of it (TestChaos, round 18), one of 2 s most of a takeover.
 const (
-	loadTableFirstTry = 2 * time.Second
+	loadTableFirstTry = 250 * time.Millisecond
 	loadTableMaxTry   = 16 * time.Second
 )
 
@@ -390,24 +391,19 @@ func (c *Controller) lead(term uint64) error {
 	// Records written after the table is read, by a leader of an older term
 	// that has not stopped yet (its writes held up by a NATS outage), are
 	// watched from before the read: see lateRecord.
+	if err := natsutil.WaitConnected(ctx, c.nc); err != nil { // a watch begun while it is down stalls too
+		return err
+	}
 	wctx, wcancel := context.WithCancel(context.Background())
 	w, err := c.kv.Watch(wctx, jobPrefix+">", jetstream.UpdatesOnly())
 	if err != nil {
 		wcancel()
 		return fmt.Errorf("cluster: watch the jobs in bucket %s: %w", c.opts.Bucket, err)
 	}
-	// Each read of the table gets a part of the minute (2 s, then twice as
-	// long each time): its listing runs
-	// on an ordered consumer, which can stall when NATS restarts under it
-	// (a new leader takes over just then), and is tried again.
 	var recs []jobRecord
-	try := loadTableFirstTry
 	err = wire.DefaultRetry.Do(ctx, c.log, "read the job table", func(ctx context.Context) error {
-		tctx, tcancel := context.WithTimeout(ctx, try)
-		try = min(2*try, loadTableMaxTry)
-		defer tcancel()
 		var err error
-		recs, err = c.loadJobs(tctx)
+		recs, err = c.loadJobs(ctx)
 		return err
 	})
 	if err != nil {

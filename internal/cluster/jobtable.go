@@ -19,6 +19,7 @@ import (
 
 	"github.com/streamd/streamd/control"
 	"github.com/streamd/streamd/internal/cluster/wire"
+	"github.com/streamd/streamd/internal/natsutil"
 	"github.com/streamd/streamd/internal/runtime"
 )
 
@@ -287,18 +288,36 @@ func (c *Controller) setRev(key string, rev uint64) {
 
 // loadJobs reads the job table from the bucket.
 func (c *Controller) loadJobs(ctx context.Context) ([]jobRecord, error) {
-	lister, err := c.kv.ListKeysFiltered(ctx, jobPrefix+">")
-	if err != nil {
-		return nil, fmt.Errorf("cluster: list the jobs in bucket %s: %w", c.opts.Bucket, err)
-	}
 	var keys []string
-	for k := range lister.Keys() {
-		keys = append(keys, k)
-	}
-	if err := ctx.Err(); err != nil {
-		// The lister ends its keys silently when ctx ends: a table read
-		// in part must not pass for the whole.
-		return nil, fmt.Errorf("cluster: list the jobs in bucket %s: %d keys before %w", c.opts.Bucket, len(keys), err)
+	// Each listing of the keys gets a part of ctx (loadTableFirstTry, then
+	// twice as long each time): it runs on an ordered consumer, which can
+	// stall when NATS restarts under it (a new leader takes over just
+	// then), and is tried again. The records are read after it, within ctx.
+	try := loadTableFirstTry
+	err := wire.DefaultRetry.Do(ctx, c.log, "list the job table", func(ctx context.Context) error {
+		if err := natsutil.WaitConnected(ctx, c.nc); err != nil {
+			return err
+		}
+		tctx, tcancel := context.WithTimeout(ctx, try)
+		try = min(2*try, loadTableMaxTry)
+		defer tcancel()
+		lister, err := c.kv.ListKeysFiltered(tctx, jobPrefix+">")
+		if err != nil {
+			return fmt.Errorf("cluster: list the jobs in bucket %s: %w", c.opts.Bucket, err)
+		}
+		keys = keys[:0]
+		for k := range lister.Keys() {
+			keys = append(keys, k)
+		}
+		if err := tctx.Err(); err != nil {
+			// The lister ends its keys silently when ctx ends: a table
+			// read in part must not pass for the whole.
+			return fmt.Errorf("cluster: list the jobs in bucket %s: %d keys before %w", c.opts.Bucket, len(keys), err)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
 	}
 	var out []jobRecord
 	for _, k := range keys {

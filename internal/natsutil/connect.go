@@ -1,6 +1,7 @@
 package natsutil
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net/url"
@@ -293,4 +294,21 @@ func KeepReconnecting() []nats.Option {
 		nats.ReconnectWait(DefaultReconnectWait),
 		nats.ReconnectJitter(100*time.Millisecond, time.Second),
 	}
+}
+
+// WaitConnected waits until nc is connected, or ctx ends, or nc is closed.
+// A JetStream listing or watch (an ordered consumer) begun while the
+// connection is down stalls for good in the client, so they wait first.
+func WaitConnected(ctx context.Context, nc *nats.Conn) error {
+	for !nc.IsConnected() {
+		if nc.IsClosed() {
+			return nats.ErrConnectionClosed
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("natsutil: waiting for the NATS connection to %s: %w", nc.ConnectedUrlRedacted(), ctx.Err())
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+	return nil
 }
