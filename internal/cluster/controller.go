@@ -25,7 +25,6 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
-	"github.com/nats-io/nats.go/micro"
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/trace"
 
@@ -125,8 +124,8 @@ type Controller struct {
 	hosts map[string]*ctlHost
 
 	subs   []*nats.Subscription
-	svc    micro.Service  // the control API (service.go), while leading
-	wg     sync.WaitGroup // effects and the ticker
+	svc    *controlService // the control API (service.go), while leading
+	wg     sync.WaitGroup  // effects and the ticker
 	done   chan struct{}
 	closed bool
 
@@ -412,7 +411,7 @@ func (c *Controller) unsubscribe() {
 	c.subs, c.svc = nil, nil
 	c.mu.Unlock()
 	if svc != nil {
-		_ = svc.Stop()
+		svc.stop()
 	}
 	for _, s := range subs {
 		_ = s.Unsubscribe()

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/micro"
 
 	"github.com/streamd/streamd/internal/cluster/wire"
@@ -51,12 +52,54 @@ func (c *Controller) controlEndpoints() []controlEndpoint {
 	}
 }
 
-// startService adds the control API service of the leader of term on the
-// controller's connection, an endpoint per control subject. Each endpoint
-// has its own subscription, so its own goroutine: requests that wait on
-// hosts (cancel, savepoint, stop) do not hold up the others.
-func (c *Controller) startService(term uint64) (micro.Service, error) {
-	svc, err := micro.AddService(c.nc, micro.Config{
+// controlService is the control API of one leadership term: the micro
+// service and the connection it alone uses.
+type controlService struct {
+	svc micro.Service
+	nc  *nats.Conn
+}
+
+// stop stops the service and closes its connection. The connection goes
+// with it because micro stops a service by draining its subscriptions,
+// and nats.go loses a drain begun while the connection reconnects: it
+// sends the subscription again on reconnecting and forgets it once
+// drained, without an UNSUB. The server then kept the endpoint's queue
+// subscription on a controller that no longer serves it, and handed it
+// requests at random that nobody answered (TestChaos's unanswered status
+// requests: two controllers' connections held streamd.v1.ctl.status).
+// Closing the connection removes every subscription of it on the server.
+func (s *controlService) stop() {
+	_ = s.svc.Stop()
+	s.nc.Close()
+}
+
+// serviceConn is a new connection with the controller's connection's
+// servers and credentials, for the control API of one term. It does not
+// wait for the server: a leader taking over as NATS restarts subscribes
+// once it is back.
+func (c *Controller) serviceConn() (*nats.Conn, error) {
+	o := c.nc.Opts // a copy
+	o.Name = fmt.Sprintf("streamd controller %s control API", c.id)
+	o.ClosedCB, o.DisconnectedCB, o.DisconnectedErrCB, o.ConnectedCB, o.ReconnectedCB = nil, nil, nil, nil, nil
+	o.DiscoveredServersCB, o.AsyncErrorCB, o.ReconnectErrCB, o.LameDuckModeHandler = nil, nil, nil, nil
+	o.RetryOnFailedConnect, o.MaxReconnect = true, -1
+	nc, err := o.Connect()
+	if err != nil {
+		return nil, fmt.Errorf("cluster: controller %s: connect for the control API: %w", c.id, err)
+	}
+	return nc, nil
+}
+
+// startService adds the control API service of the leader of term, on a
+// connection of its own (serviceConn), an endpoint per control subject.
+// Each endpoint has its own subscription, so its own goroutine: requests
+// that wait on hosts (cancel, savepoint, stop) do not hold up the others.
+func (c *Controller) startService(term uint64) (*controlService, error) {
+	nc, err := c.serviceConn()
+	if err != nil {
+		return nil, err
+	}
+	svc, err := micro.AddService(nc, micro.Config{
 		Name:        ServiceName,
 		Version:     serviceVersion(c.opts.Version),
 		Description: "streamd controller: the control API (docs/subjects.md)",
@@ -74,17 +117,23 @@ func (c *Controller) startService(term uint64) (micro.Service, error) {
 		},
 	})
 	if err != nil {
+		nc.Close()
 		return nil, fmt.Errorf("cluster: controller: add micro service %s: %w", ServiceName, err)
 	}
+	cs := &controlService{svc: svc, nc: nc}
 	for _, e := range c.controlEndpoints() {
 		err := svc.AddEndpoint(e.name, c.logged(e.name, e.handle), micro.WithEndpointSubject(e.subject),
 			micro.WithEndpointMetadata(map[string]string{"description": e.what}))
 		if err != nil {
-			_ = svc.Stop()
+			cs.stop()
 			return nil, fmt.Errorf("cluster: controller: endpoint %s (%s): %w", e.name, e.subject, err)
 		}
 	}
-	return svc, nil
+	if err := nc.Flush(); err != nil && nc.IsConnected() {
+		cs.stop()
+		return nil, fmt.Errorf("cluster: controller: control API subscriptions: %w", err)
+	}
+	return cs, nil
 }
 
 // logged is handle with each request logged at debug level (received and

@@ -4,17 +4,20 @@ import (
 	"context"
 	"encoding/json"
 	"log/slog"
+	"net"
 	"slices"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/micro"
 
 	"github.com/streamd/streamd/internal/cluster/client"
 	"github.com/streamd/streamd/internal/cluster/wire"
 	"github.com/streamd/streamd/internal/natstest"
+	"github.com/streamd/streamd/internal/natsutil"
 	"github.com/streamd/streamd/internal/testlog"
 )
 
@@ -191,5 +194,74 @@ func TestControlReplyFailureIsLogged(t *testing.T) {
 	}
 	if errs[1] != nats.ErrMaxPayload.Error() || errs[2] != nats.ErrConnectionClosed.Error() {
 		t.Errorf("errors logged %q: want why each reply failed", errs[1:3])
+	}
+}
+
+// controlSubscribers is how many subscriptions the server holds on the
+// control API's status subject.
+func controlSubscribers(t *testing.T, srv *natsutil.Server) int {
+	t.Helper()
+	sz, err := srv.Subsz(&server.SubszOptions{Subscriptions: true, Test: wire.SubjectStatus, Limit: 1000})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return len(sz.Subs)
+}
+
+// A leader that stops while NATS restarts leaves no control API
+// subscription on the server once its connection is back. nats.go loses a
+// subscription drained while reconnecting (micro stops a service so): the
+// server kept it, routed requests of the endpoint's queue group to it, and
+// nobody answered them. Its control API has a connection of its own,
+// closed when it stops.
+func TestStoppedLeaderLeavesNoControlSubscription(t *testing.T) {
+	dir := t.TempDir()
+	start := func(port int) *natsutil.Server {
+		srv, err := natsutil.StartEmbedded(natsutil.EmbeddedOptions{Port: port, NoLog: true, StoreDir: dir})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return srv
+	}
+	srv := start(-1)
+	port := srv.Addr().(*net.TCPAddr).Port
+	co, err := natsutil.NewConnectOptions(natsutil.URLs(srv.URL()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	nc, err := co.Connect(natsutil.KeepReconnecting()...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	c, err := StartController(nc, ControllerOptions{ID: "a", HeartbeatInterval: 50 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, term := c.Leader(); term == 0 {
+		t.Fatal("the only controller does not lead")
+	}
+	if n := controlSubscribers(t, srv); n != 1 {
+		t.Fatalf("%d subscriptions on %s while leading, want 1", n, wire.SubjectStatus)
+	}
+	srv.Shutdown()
+	for deadline := time.Now().Add(10 * time.Second); nc.IsConnected(); time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the connection did not see the server go")
+		}
+	}
+	c.Close() // stops the service while the connection reconnects
+	srv = start(port)
+	defer srv.Shutdown()
+	for deadline := time.Now().Add(10 * time.Second); !nc.IsConnected(); time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the connection did not come back")
+		}
+	}
+	if err := nc.Flush(); err != nil { // its subscriptions are on the server again
+		t.Fatal(err)
+	}
+	if n := controlSubscribers(t, srv); n != 0 {
+		t.Fatalf("%d subscriptions on %s after the controller stopped, want none", n, wire.SubjectStatus)
 	}
 }
