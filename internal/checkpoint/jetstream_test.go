@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
-	"net"
 	"reflect"
 	"strings"
 	"testing"
@@ -17,7 +16,6 @@ import (
 	"github.com/streamd/streamd/control"
 	"github.com/streamd/streamd/host"
 	"github.com/streamd/streamd/internal/natstest"
-	"github.com/streamd/streamd/internal/natsutil"
 )
 
 // jetStream starts an embedded NATS server with JetStream and returns a
@@ -397,25 +395,8 @@ func TestListingTriesAgainAfterAStall(t *testing.T) {
 // short: it ends soon after the server is back, however late in the
 // restart it began.
 func TestListingBegunWhileNATSIsDown(t *testing.T) {
-	dir := t.TempDir()
-	start := func(port int) *natsutil.Server {
-		srv, err := natsutil.StartEmbedded(natsutil.EmbeddedOptions{Port: port, NoLog: true, StoreDir: dir})
-		if err != nil {
-			t.Fatal(err)
-		}
-		return srv
-	}
-	srv := start(-1)
-	port := srv.Addr().(*net.TCPAddr).Port
-	co, err := natsutil.NewConnectOptions(natsutil.URLs(srv.URL()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	nc, err := co.Connect(natsutil.KeepReconnecting()...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
+	rs := natstest.NewRestartable(t)
+	nc := rs.NC
 	js, err := jetstream.New(nc)
 	if err != nil {
 		t.Fatal(err)
@@ -432,7 +413,7 @@ func TestListingBegunWhileNATSIsDown(t *testing.T) {
 	}
 	l := lister{nc: nc}
 	for _, down := range []time.Duration{0, 40 * time.Millisecond, 120 * time.Millisecond, 200 * time.Millisecond} {
-		srv.Shutdown()
+		rs.Stop()
 		begun := time.Now()
 		type result struct {
 			dirs int
@@ -446,7 +427,7 @@ func TestListingBegunWhileNATSIsDown(t *testing.T) {
 			done <- result{len(dirs), err}
 		}()
 		time.Sleep(down)
-		srv = start(port)
+		rs.Start()
 		back := time.Now()
 		r := <-done
 		if r.err != nil || r.dirs != 50 {
@@ -460,5 +441,4 @@ func TestListingBegunWhileNATSIsDown(t *testing.T) {
 			t.Errorf("down %v: the listing ended %v after the server was back (begun %v before)", down, after, back.Sub(begun))
 		}
 	}
-	srv.Shutdown()
 }

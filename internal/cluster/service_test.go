@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"log/slog"
-	"net"
 	"slices"
 	"strings"
 	"testing"
@@ -215,25 +214,8 @@ func controlSubscribers(t *testing.T, srv *natsutil.Server) int {
 // nobody answered them. Its control API has a connection of its own,
 // closed when it stops.
 func TestStoppedLeaderLeavesNoControlSubscription(t *testing.T) {
-	dir := t.TempDir()
-	start := func(port int) *natsutil.Server {
-		srv, err := natsutil.StartEmbedded(natsutil.EmbeddedOptions{Port: port, NoLog: true, StoreDir: dir})
-		if err != nil {
-			t.Fatal(err)
-		}
-		return srv
-	}
-	srv := start(-1)
-	port := srv.Addr().(*net.TCPAddr).Port
-	co, err := natsutil.NewConnectOptions(natsutil.URLs(srv.URL()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	nc, err := co.Connect(natsutil.KeepReconnecting()...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
+	rs := natstest.NewRestartable(t)
+	nc := rs.NC
 	c, err := StartController(nc, ControllerOptions{ID: "a", HeartbeatInterval: 50 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
@@ -241,18 +223,17 @@ func TestStoppedLeaderLeavesNoControlSubscription(t *testing.T) {
 	if _, term := c.Leader(); term == 0 {
 		t.Fatal("the only controller does not lead")
 	}
-	if n := controlSubscribers(t, srv); n != 1 {
+	if n := controlSubscribers(t, rs.Srv); n != 1 {
 		t.Fatalf("%d subscriptions on %s while leading, want 1", n, wire.SubjectStatus)
 	}
-	srv.Shutdown()
+	rs.Stop()
 	for deadline := time.Now().Add(10 * time.Second); nc.IsConnected(); time.Sleep(5 * time.Millisecond) {
 		if time.Now().After(deadline) {
 			t.Fatal("the connection did not see the server go")
 		}
 	}
 	c.Close() // stops the service while the connection reconnects
-	srv = start(port)
-	defer srv.Shutdown()
+	rs.Start()
 	for deadline := time.Now().Add(10 * time.Second); !nc.IsConnected(); time.Sleep(5 * time.Millisecond) {
 		if time.Now().After(deadline) {
 			t.Fatal("the connection did not come back")
@@ -261,7 +242,7 @@ func TestStoppedLeaderLeavesNoControlSubscription(t *testing.T) {
 	if err := nc.Flush(); err != nil { // its subscriptions are on the server again
 		t.Fatal(err)
 	}
-	if n := controlSubscribers(t, srv); n != 0 {
+	if n := controlSubscribers(t, rs.Srv); n != 0 {
 		t.Fatalf("%d subscriptions on %s after the controller stopped, want none", n, wire.SubjectStatus)
 	}
 }

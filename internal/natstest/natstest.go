@@ -3,6 +3,7 @@
 package natstest
 
 import (
+	"net"
 	"testing"
 
 	"github.com/nats-io/nats.go"
@@ -44,4 +45,53 @@ func JetStream(t testing.TB, srv *natsutil.Server) jetstream.JetStream {
 		t.Fatal(err)
 	}
 	return js
+}
+
+// Restartable is an embedded NATS server with JetStream that a test stops
+// and starts again on the same port and store directory, and a connection
+// to it that reconnects for good.
+type Restartable struct {
+	t    testing.TB
+	dir  string
+	port int
+	Srv  *natsutil.Server // the running server; nil while stopped
+	NC   *nats.Conn
+}
+
+// NewRestartable starts the server and connects; both end with the test.
+func NewRestartable(t testing.TB) *Restartable {
+	t.Helper()
+	r := &Restartable{t: t, dir: t.TempDir(), port: -1}
+	r.Start()
+	r.port = r.Srv.Addr().(*net.TCPAddr).Port
+	co, err := natsutil.NewConnectOptions(natsutil.URLs(r.Srv.URL()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.NC, err = co.Connect(natsutil.KeepReconnecting()...); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		r.NC.Close()
+		r.Stop()
+	})
+	return r
+}
+
+// Start starts the server (again).
+func (r *Restartable) Start() {
+	r.t.Helper()
+	srv, err := natsutil.StartEmbedded(natsutil.EmbeddedOptions{Port: r.port, NoLog: true, StoreDir: r.dir})
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	r.Srv = srv
+}
+
+// Stop shuts the server down, if it runs.
+func (r *Restartable) Stop() {
+	if r.Srv != nil {
+		r.Srv.Shutdown()
+		r.Srv = nil
+	}
 }
