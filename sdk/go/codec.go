@@ -245,6 +245,22 @@ func (o *outFrame) end(lenAt int, buf []byte) {
 	o.count++
 }
 
+// endWithHeaders is end for a record with headers h, begun with a key of
+// keyLen bytes: it flags the record's key length and appends h after the
+// value. Out of line: records with headers are the rare case.
+//
+//go:noinline
+func (o *outFrame) endWithHeaders(lenAt int, buf []byte, keyLen int, h Headers) {
+	o.end(lenAt, buf)
+	if len(h) == 0 {
+		return
+	}
+	klAt := lenAt - keyLen - 4
+	binary.LittleEndian.PutUint32(o.buf[klAt:], uint32(keyLen)|headersFlag)
+	o.buf = binary.LittleEndian.AppendUint32(o.buf, uint32(len(h)))
+	o.buf = append(o.buf, h...)
+}
+
 // grow makes room for need bytes, at least doubling the buffer.
 //
 //go:noinline

@@ -215,6 +215,29 @@ func (o *Output[T]) Emit(key []byte, v T, ts int64) {
 	}
 }
 
+// EmitWithHeaders is Emit of a record with headers h (an input record's,
+// to keep them).
+func (o *Output[T]) EmitWithHeaders(key []byte, v T, ts int64, h Headers) {
+	if !emitOK {
+		emitOutside("Output.EmitWithHeaders")
+	}
+	at := out.begin(key, ts)
+	out.endWithHeaders(at, appendValue(out.buf, o.kind, o.codec, &v), len(key), h)
+	if out.size() >= flushThreshold {
+		flush()
+	}
+}
+
+// emitFor emits v for the input record r: with its key, event time and
+// headers (the typed helpers keep them, as Map does).
+func (o *Output[T]) emitFor(r *Record, v T) {
+	if len(r.Headers) == 0 {
+		o.Emit(r.Key, v, r.Timestamp)
+		return
+	}
+	o.EmitWithHeaders(r.Key, v, r.Timestamp, r.Headers)
+}
+
 // EmitTo sends v to the side output called output (see EmitTo).
 func (o *Output[T]) EmitTo(output string, key []byte, v T, ts int64) {
 	s := sideFor("Output.EmitTo", output)
@@ -258,7 +281,7 @@ func (m *mapOfOp[In, Out]) ProcessElement(r Record, _ int) error {
 	if err != nil {
 		return err
 	}
-	m.out.Emit(r.Key, o, r.Timestamp)
+	m.out.emitFor(&r, o)
 	return nil
 }
 
@@ -320,7 +343,7 @@ func (m *mapWord) ProcessElement(r Record, _ int) error {
 		return err
 	}
 	m.buf = binary.LittleEndian.AppendUint64(m.buf[:0], w)
-	Emit(r.Key, m.buf, r.Timestamp)
+	EmitRecord(Record{Key: r.Key, Value: m.buf, Timestamp: r.Timestamp, Headers: r.Headers})
 	return nil
 }
 
@@ -334,7 +357,7 @@ func (m *mapString) ProcessElement(r Record, _ int) error {
 	if err != nil {
 		return err
 	}
-	Emit(r.Key, unsafe.Slice(unsafe.StringData(v), len(v)), r.Timestamp) // Emit copies
+	EmitRecord(Record{Key: r.Key, Value: unsafe.Slice(unsafe.StringData(v), len(v)), Timestamp: r.Timestamp, Headers: r.Headers}) // copied
 	return nil
 }
 
@@ -348,7 +371,7 @@ func (m *mapBytes) ProcessElement(r Record, _ int) error {
 	if err != nil {
 		return err
 	}
-	Emit(r.Key, v, r.Timestamp)
+	EmitRecord(Record{Key: r.Key, Value: v, Timestamp: r.Timestamp, Headers: r.Headers})
 	return nil
 }
 
@@ -406,7 +429,7 @@ func (o *filterBuiltin) ProcessElement(r Record, _ int) error {
 		return err
 	}
 	if keep {
-		Emit(r.Key, r.Value, r.Timestamp)
+		EmitRecord(r)
 	}
 	return nil
 }
@@ -427,7 +450,7 @@ func (f *filterOfOp[T]) ProcessElement(r Record, _ int) error {
 		return err
 	}
 	if ok {
-		Emit(r.Key, r.Value, r.Timestamp)
+		EmitRecord(r)
 	}
 	return nil
 }
@@ -437,7 +460,7 @@ func (f *filterOfOp[T]) ProcessElement(r Record, _ int) error {
 // encoded with out and sent with the record's key and timestamp.
 func FlatMapOf[In, Out any](in Codec[In], out Codec[Out], f func(v In, emit func(Out)) error) Operator {
 	m := &flatMapOfOp[In, Out]{dec: newDecoder(in), out: *NewOutput(out), f: f}
-	m.emit = func(o Out) { m.out.Emit(m.rec.Key, o, m.rec.Timestamp) }
+	m.emit = func(o Out) { m.out.emitFor(&m.rec, o) }
 	return m
 }
 

@@ -693,3 +693,41 @@ fn a_rejection_undoes_the_batch_state_and_timers() {
     s.process_element(&rec("k", "", 0), 0).unwrap();
     assert_eq!(s.output()[0].value, b"Some(4) 4", "the batch's good record is replayed alone");
 }
+
+#[test]
+fn typed_helpers_keep_headers() {
+    let mut block = Vec::new();
+    append_header(&mut block, b"trace", b"t-1");
+    let hd = Headers::new(&block).unwrap();
+    let run = |op: Box<dyn Operator>, value: &[u8], per: usize| {
+        let mut h = Harness::new(op, Options::default());
+        h.open().unwrap();
+        h.process_element(&Record::new(b"k", value, 1).with_headers(hd), 0).unwrap();
+        h.process_element(&Record::new(b"k", value, 2), 0).unwrap();
+        let out = h.output().to_vec();
+        assert_eq!(out.len(), 2 * per);
+        for (i, o) in out.iter().enumerate() {
+            let want: &[u8] = if i < per { &block } else { &[] };
+            assert_eq!(o.headers.as_slice(), want, "output {} of {:?}", i, out);
+        }
+    };
+    let seven = 7i64.to_le_bytes();
+    run(Box::new(map_typed::<I64, I64, _>(|v: i64| Ok(v + 1))), &seven, 1);
+    run(Box::new(filter_typed::<I64, _>(|_: &i64| true)), &seven, 1);
+    run(Box::new(map_view::<Str, Str, _>(|s: &str, out: &mut StrWriter| {
+        out.push_str(s);
+        Ok(())
+    })), b"a", 1);
+    run(Box::new(filter_view::<Str, _>(|_: &str| true)), b"a", 1);
+    run(Box::new(flat_map_typed::<Str, Str, _>(|s: String, out: &mut typed::TypedCollector<'_, Str>| {
+        out.emit(&s);
+        out.emit_keyed(b"other", &s);
+        Ok(())
+    })), b"a", 2);
+    run(Box::new(flat_map_view::<Str, Str, _>(|s: &str, out: &mut typed::ViewCollector<'_, Str>| {
+        out.emit(|w| {
+            w.push_str(s);
+        });
+        Ok(())
+    })), b"a", 1);
+}

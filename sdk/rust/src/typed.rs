@@ -34,7 +34,7 @@
 //! ```
 
 use crate::codec::{Codec, ViewCodec, WriteCodec};
-use crate::{emit_with, reject, Operator, Record, Result};
+use crate::{emit_with, emit_with_headers, reject, Headers, Operator, Record, Result};
 use core::marker::PhantomData;
 
 /// Decodes the record value into the spare allocation `spare`.
@@ -60,6 +60,13 @@ pub fn emit_typed<C: Codec>(key: &[u8], v: &C::Item, timestamp: i64) {
     emit_with(key, timestamp, |w| C::encode(v, w.vec()))
 }
 
+/// [`emit_typed`] for a record with `headers` (an input record's, which the
+/// typed helpers keep on what they emit for it).
+#[inline]
+pub fn emit_typed_with_headers<C: Codec>(key: &[u8], v: &C::Item, timestamp: i64, headers: Headers<'_>) {
+    emit_with_headers(key, timestamp, headers, |w| C::encode(v, w.vec()))
+}
+
 /// See [`map_typed`].
 pub struct MapTyped<I, O, F> {
     f: F,
@@ -76,7 +83,7 @@ impl<I: Codec, O: Codec, F: FnMut(I::Item) -> Result<O::Item>> Operator for MapT
     #[inline]
     fn process_element(&mut self, rec: &Record<'_>, _input: u32) -> Result<()> {
         let out = (self.f)(decode::<I>("map_typed", rec, &mut self.spare)?)?;
-        emit_typed::<O>(rec.key, &out, rec.timestamp);
+        emit_typed_with_headers::<O>(rec.key, &out, rec.timestamp, rec.headers);
         keep::<O>(out, &mut self.spare);
         Ok(())
     }
@@ -99,7 +106,7 @@ impl<C: Codec, F: FnMut(&C::Item) -> bool> Operator for FilterTyped<C, F> {
     fn process_element(&mut self, rec: &Record<'_>, _input: u32) -> Result<()> {
         let v = decode::<C>("filter_typed", rec, &mut self.spare)?;
         if (self.f)(&v) {
-            crate::emit(rec.key, rec.value, rec.timestamp);
+            crate::emit_record(rec);
         }
         keep::<C>(v, &mut self.spare);
         Ok(())
@@ -107,24 +114,25 @@ impl<C: Codec, F: FnMut(&C::Item) -> bool> Operator for FilterTyped<C, F> {
 }
 
 /// Where a [`flat_map_typed`] function emits: typed values with the input
-/// record's key and timestamp, or with a key of their own.
+/// record's key, timestamp and headers, or with a key of their own.
 pub struct TypedCollector<'a, O> {
     key: &'a [u8],
     ts: i64,
+    headers: Headers<'a>,
     _c: PhantomData<fn() -> O>,
 }
 
 impl<'a, O: Codec> TypedCollector<'a, O> {
-    /// Emits `v` with the input record's key and timestamp.
+    /// Emits `v` with the input record's key, timestamp and headers.
     #[inline]
     pub fn emit(&mut self, v: &O::Item) {
-        emit_typed::<O>(self.key, v, self.ts)
+        emit_typed_with_headers::<O>(self.key, v, self.ts, self.headers)
     }
 
-    /// Emits `v` with key `key` and the input record's timestamp.
+    /// Emits `v` with key `key` and the input record's timestamp and headers.
     #[inline]
     pub fn emit_keyed(&mut self, key: &[u8], v: &O::Item) {
-        emit_typed::<O>(key, v, self.ts)
+        emit_typed_with_headers::<O>(key, v, self.ts, self.headers)
     }
 }
 
@@ -151,7 +159,7 @@ where
     #[inline]
     fn process_element(&mut self, rec: &Record<'_>, _input: u32) -> Result<()> {
         let v = decode::<I>("flat_map_typed", rec, &mut self.spare)?;
-        (self.f)(v, &mut TypedCollector { key: rec.key, ts: rec.timestamp, _c: PhantomData })
+        (self.f)(v, &mut TypedCollector { key: rec.key, ts: rec.timestamp, headers: rec.headers, _c: PhantomData })
     }
 }
 
@@ -209,7 +217,7 @@ impl<I: ViewCodec, O: WriteCodec, F: FnMut(&I::View, &mut O::Writer) -> Result<(
         let f = &mut self.f;
         with_view::<I, _>("map_view", rec, |v| {
             let mut r = Ok(());
-            emit_with(rec.key, rec.timestamp, |w| r = f(v, O::writer(w.vec())));
+            emit_with_headers(rec.key, rec.timestamp, rec.headers, |w| r = f(v, O::writer(w.vec())));
             r
         })
     }
@@ -232,7 +240,7 @@ impl<C: ViewCodec, F: FnMut(&C::View) -> bool> Operator for FilterView<C, F> {
     fn process_element(&mut self, rec: &Record<'_>, _input: u32) -> Result<()> {
         let f = &mut self.f;
         if with_view::<C, _>("filter_view", rec, |v| Ok(f(v)))? {
-            crate::emit(rec.key, rec.value, rec.timestamp);
+            crate::emit_record(rec);
         }
         Ok(())
     }
@@ -243,22 +251,23 @@ impl<C: ViewCodec, F: FnMut(&C::View) -> bool> Operator for FilterView<C, F> {
 pub struct ViewCollector<'a, O> {
     key: &'a [u8],
     ts: i64,
+    headers: Headers<'a>,
     _c: PhantomData<fn() -> O>,
 }
 
 impl<'a, O: WriteCodec> ViewCollector<'a, O> {
-    /// Emits the value `write` writes, with the input record's key and
-    /// timestamp. `write` must not emit itself.
+    /// Emits the value `write` writes, with the input record's key,
+    /// timestamp and headers. `write` must not emit itself.
     #[inline]
     pub fn emit(&mut self, write: impl FnOnce(&mut O::Writer)) {
-        emit_with(self.key, self.ts, |w| write(O::writer(w.vec())))
+        emit_with_headers(self.key, self.ts, self.headers, |w| write(O::writer(w.vec())))
     }
 
     /// Emits the value `write` writes, with key `key` and the input record's
-    /// timestamp.
+    /// timestamp and headers.
     #[inline]
     pub fn emit_keyed(&mut self, key: &[u8], write: impl FnOnce(&mut O::Writer)) {
-        emit_with(key, self.ts, |w| write(O::writer(w.vec())))
+        emit_with_headers(key, self.ts, self.headers, |w| write(O::writer(w.vec())))
     }
 }
 
@@ -284,7 +293,7 @@ where
     #[inline]
     fn process_element(&mut self, rec: &Record<'_>, _input: u32) -> Result<()> {
         let f = &mut self.f;
-        with_view::<I, _>("flat_map_view", rec, |v| f(v, &mut ViewCollector { key: rec.key, ts: rec.timestamp, _c: PhantomData }))
+        with_view::<I, _>("flat_map_view", rec, |v| f(v, &mut ViewCollector { key: rec.key, ts: rec.timestamp, headers: rec.headers, _c: PhantomData }))
     }
 }
 
