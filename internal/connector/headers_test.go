@@ -39,7 +39,7 @@ func TestNATSHeadersRoundTrip(t *testing.T) {
 				t.Fatalf("state: %v, %d entries", err, len(es))
 			}
 			var hs []string
-			if err := eachRecord(es[0].data, func(r abi.Record) error { hs = append(hs, string(r.Headers)); return nil }); err != nil {
+			if err := EachStaged(es[0].data, func(r abi.Record) error { hs = append(hs, string(r.Headers)); return nil }); err != nil {
 				t.Fatal(err)
 			}
 			if len(hs) != 2 || hs[0] != string(h) || hs[1] != "" {

@@ -326,30 +326,11 @@ func (s *NATSSink) Write(recs []abi.Record) error {
 			}
 			continue
 		}
-		kl := uint32(len(r.Key))
-		if len(r.Headers) > 0 {
-			kl |= stagedHeaders
-		}
-		b := s.cur.data
-		b = binary.BigEndian.AppendUint32(b, kl)
-		b = append(b, r.Key...)
-		b = binary.BigEndian.AppendUint32(b, uint32(len(r.Value)))
-		b = append(b, r.Value...)
-		b = binary.BigEndian.AppendUint64(b, uint64(r.Timestamp))
-		if len(r.Headers) > 0 {
-			b = binary.BigEndian.AppendUint32(b, uint32(len(r.Headers)))
-			b = append(b, r.Headers...)
-		}
-		s.cur.data = b
+		s.cur.data = AppendStaged(s.cur.data, r)
 		s.cur.n++
 	}
 	return nil
 }
-
-// stagedHeaders in a staged record's key length: the record's header
-// block follows its timestamp (u32 length, block). States written before
-// headers never set it.
-const stagedHeaders = 1 << 31
 
 // natsRecordSize bounds the size of a record's message: key, value, its
 // headers as NATS headers (a name, ": ", a value and CRLF each) and the
@@ -476,7 +457,7 @@ func (s *NATSSink) seal(id int64) error {
 		return fmt.Errorf("connector: %s: nonce: %w", s.name, err)
 	}
 	var n, bytes uint32
-	err := eachRecord(e.data, func(r abi.Record) error {
+	err := EachStaged(e.data, func(r abi.Record) error {
 		sz := uint32(natsRecordSize(r.Key, r.Value, r.Headers))
 		if n > 0 && (int(n) == s.batchSize-1 || bytes+sz > natsBatchBytes) {
 			e.batches = append(e.batches, n)
@@ -492,60 +473,6 @@ func (s *NATSSink) seal(id int64) error {
 	e.batches = append(e.batches, n)
 	s.pending = append(s.pending, e)
 	s.cur = stagedBuf{}
-	return nil
-}
-
-// eachRecord calls f for every record of staged data; its slices alias
-// the data.
-func eachRecord(b []byte, f func(r abi.Record) error) error {
-	field := func(l uint32) ([]byte, bool) {
-		if uint64(len(b)) < uint64(l) {
-			return nil, false
-		}
-		v := b[:l:l]
-		b = b[l:]
-		return v, true
-	}
-	length := func() (uint32, bool) {
-		if len(b) < 4 {
-			return 0, false
-		}
-		l := binary.BigEndian.Uint32(b)
-		b = b[4:]
-		return l, true
-	}
-	for len(b) > 0 {
-		klf, ok := length()
-		if !ok {
-			return errors.New("truncated record")
-		}
-		k, ok1 := field(klf &^ stagedHeaders)
-		vl, ok2 := length()
-		if !ok1 || !ok2 {
-			return errors.New("truncated record")
-		}
-		v, ok := field(vl)
-		if !ok || len(b) < 8 {
-			return errors.New("truncated record")
-		}
-		r := abi.Record{Key: k, Value: v, Timestamp: int64(binary.BigEndian.Uint64(b))}
-		b = b[8:]
-		if klf&stagedHeaders != 0 {
-			hl, ok := length()
-			if !ok {
-				return errors.New("truncated record headers")
-			}
-			if r.Headers, ok = field(hl); !ok {
-				return errors.New("truncated record headers")
-			}
-			if err := abi.CheckHeaders(r.Headers); err != nil {
-				return err
-			}
-		}
-		if err := f(r); err != nil {
-			return err
-		}
-	}
 	return nil
 }
 
@@ -645,7 +572,7 @@ func decodeNATSState(b []byte) ([]*natsEntry, error) {
 		e.data = b[:dl:dl]
 		b = b[dl:]
 		var cnt uint64
-		if err := eachRecord(e.data, func(abi.Record) error { cnt++; return nil }); err != nil {
+		if err := EachStaged(e.data, func(abi.Record) error { cnt++; return nil }); err != nil {
 			return bad(err.Error())
 		}
 		if cnt != total {
@@ -892,7 +819,7 @@ func (s *NATSSink) publishBatch(ctx context.Context, e *natsEntry, b int, expect
 		return nil, s.nc.PublishMsg(m)
 	}
 	var stop = errors.New("stop")
-	err := eachRecord(e.data, func(r abi.Record) error {
+	err := EachStaged(e.data, func(r abi.Record) error {
 		j := i
 		i++
 		if j < first {

@@ -574,7 +574,7 @@ func TestNATSSinkStateRoundTrip(t *testing.T) {
 		t.Fatalf("entries %+v", es)
 	}
 	var got []string
-	eachRecord(es[0].data, func(r abi.Record) error {
+	EachStaged(es[0].data, func(r abi.Record) error {
 		got = append(got, fmt.Sprintf("%s/%s/%d", r.Key, r.Value, r.Timestamp))
 		return nil
 	})

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/streamd/streamd/abi"
+	"github.com/streamd/streamd/internal/connector"
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -233,10 +234,7 @@ func (p *txnRecords) failed() error {
 	return p.err
 }
 
-// stagedBuf holds staged records: per record u32 key length, key, u32
-// value length, value, i64 timestamp (big-endian), and when the key
-// length has stagedHeaders set, u32 length and the header block
-// (abi.Record.Headers); states written before headers never set it. The
+// stagedBuf holds staged records (connector.AppendStaged's layout). The
 // records follow stateHeader reserved bytes, where seal writes the header
 // of a sink state of one entry (encodeEntries' layout), so that the state
 // of a checkpoint whose only pending entry is this one is the buffer
@@ -278,75 +276,16 @@ func (b *stagedBuf) reserve(extra int) {
 	b.data = grown
 }
 
-// stagedHeaders in a staged record's key length: a header block follows.
-const stagedHeaders = 1 << 31
-
-// stagedSize is the size of r in a stagedBuf.
-func stagedSize(r *abi.Record) int {
-	n := 4 + len(r.Key) + 4 + len(r.Value) + 8
-	if len(r.Headers) > 0 {
-		n += 4 + len(r.Headers)
-	}
-	return n
-}
-
 func (b *stagedBuf) add(r abi.Record) {
-	b.reserve(stagedSize(&r))
-	kl := uint32(len(r.Key))
-	if len(r.Headers) > 0 {
-		kl |= stagedHeaders
-	}
-	b.data = binary.BigEndian.AppendUint32(b.data, kl)
-	b.data = append(b.data, r.Key...)
-	b.data = binary.BigEndian.AppendUint32(b.data, uint32(len(r.Value)))
-	b.data = append(b.data, r.Value...)
-	b.data = binary.BigEndian.AppendUint64(b.data, uint64(r.Timestamp))
-	if len(r.Headers) > 0 {
-		b.data = binary.BigEndian.AppendUint32(b.data, uint32(len(r.Headers)))
-		b.data = append(b.data, r.Headers...)
-	}
+	b.reserve(connector.StagedSize(&r))
+	b.data = connector.AppendStaged(b.data, &r)
 	b.n++
 }
 
 // eachStaged calls fn for every record of data (stagedBuf layout); the
 // slices alias data.
 func eachStaged(data []byte, fn func(r abi.Record)) error {
-	for len(data) > 0 {
-		if len(data) < 4 {
-			return errors.New("truncated record")
-		}
-		klf := binary.BigEndian.Uint32(data)
-		kl := int(klf &^ stagedHeaders)
-		if len(data) < 4+kl+4 {
-			return errors.New("truncated record")
-		}
-		key := data[4 : 4+kl]
-		data = data[4+kl:]
-		vl := int(binary.BigEndian.Uint32(data))
-		if len(data) < 4+vl+8 {
-			return errors.New("truncated record")
-		}
-		val := data[4 : 4+vl]
-		ts := int64(binary.BigEndian.Uint64(data[4+vl:]))
-		data = data[4+vl+8:]
-		r := abi.Record{Key: key, Value: val, Timestamp: ts}
-		if klf&stagedHeaders != 0 {
-			if len(data) < 4 {
-				return errors.New("truncated record headers")
-			}
-			hl := int(binary.BigEndian.Uint32(data))
-			if len(data) < 4+hl {
-				return errors.New("truncated record headers")
-			}
-			r.Headers = data[4 : 4+hl]
-			if err := abi.CheckHeaders(r.Headers); err != nil {
-				return err
-			}
-			data = data[4+hl:]
-		}
-		fn(r)
-	}
-	return nil
+	return connector.EachStaged(data, func(r abi.Record) error { fn(r); return nil })
 }
 
 // WriterID names a sink operator of a job in its transactional ids and
@@ -473,7 +412,7 @@ func (s *Sink) Write(recs []abi.Record) error {
 	}
 	size := 0
 	for i := range recs {
-		size += stagedSize(&recs[i])
+		size += connector.StagedSize(&recs[i])
 	}
 	s.cur.reserve(size)
 	at := len(s.cur.data)
